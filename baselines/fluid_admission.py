@@ -1,0 +1,98 @@
+"""Per-instance threshold admission shared by WAIT and Nested WAIT (fluid-guided admission control).
+
+Placement is collocated-style (sticky; least-loaded at turn 0). Held turns are grouped by their target
+instance and a class (WAIT: the prompt type, by predicted output length; Nested WAIT: one entry class).
+A group is released when it holds at least its threshold ``n`` turns (the first ``n`` go; WAIT's batch
+takes ``min(n_j, count)`` of a type), when its oldest turn has waited ``max_wait_s`` (a finite trace
+needs flushing; the paper's model has infinite horizons), and only while the instance's running batch
+stays under ``max_active`` (the policy's cap on its active set). KV is guarded by vLLM itself
+(preemption) in this harness, as in the paper's baselines.
+
+The fluid coefficients of an instance come from its hardware profile via
+``harness.fluid.linear_iteration_coefficients`` (memory-bound decode roofline ``d0 + d1 * KV tokens``).
+Arrival rates per instance: turns/s of the workload (conversation rate x mean turns) split evenly over
+the instances.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from baselines.collocated import sticky_instance
+from harness.fluid import PromptType, linear_iteration_coefficients
+from harness.policy import Admission, ClusterView, Placement, PolicyContext, TurnView
+
+
+def instance_coefficients(ctx: PolicyContext, i: int) -> tuple[float, float]:
+    """``(d0_s, d1_s_per_token)`` of instance ``i`` from its hardware and model profile."""
+    perf = ctx.perf[i]
+    hw, model = perf.hw, perf.model
+    return linear_iteration_coefficients(model.weight_bytes, model.kv_bytes_per_token,
+                                         hw.mem_bandwidth_bytes_per_s, hw.memory_efficiency,
+                                         hw.step_overhead_s)
+
+
+def prompt_types(ctx: PolicyContext, edges: Sequence[int], num_instances: int
+                 ) -> tuple[list[PromptType], np.ndarray]:
+    """Fluid prompt types from the workload: one per output-length bin (``edges``, tokens).
+
+    Returns the types (rate per instance, mean prompt tokens, mean output tokens; empty bins are
+    dropped) and the bin index of each kept type. Raises ValueError for an open (fixed-arrival)
+    workload, which has no rate.
+    """
+    w = ctx.workload
+    if not np.isfinite(w.rate_per_s):
+        raise ValueError("fluid thresholds need an arrival rate (workload.arrival=poisson or gamma)")
+    turn_rate = w.rate_per_s * w.mean_turns / num_instances
+    bins = np.searchsorted(np.asarray(edges), w.turn_output_tokens, side="left")
+    types, kept = [], []
+    for b in range(len(edges) + 1):
+        m = bins == b
+        if m.any():
+            types.append(PromptType(turn_rate * m.mean(), float(w.turn_prompt_tokens[m].mean()),
+                                    float(w.turn_output_tokens[m].mean())))
+            kept.append(b)
+    return types, np.asarray(kept)
+
+
+class ThresholdAdmission:
+    """Base: group held turns by (instance, class) and release groups that reach their threshold."""
+
+    name = "threshold"
+
+    def __init__(self, thresholds: list[dict[int, int]], classify: Callable[[TurnView], int],
+                 max_wait_s: float, max_active: int, plan_note: str):
+        self.thresholds, self.classify = thresholds, classify
+        self.max_wait_s, self.max_active, self.plan_note = max_wait_s, max_active, plan_note
+
+    def admit(self, queue: Sequence[TurnView], view: ClusterView, now: float) -> Admission:
+        groups: dict[tuple[int, int], list[int]] = {}
+        for qi, t in enumerate(queue):
+            inst, _ = sticky_instance(t, view)
+            groups.setdefault((inst, self.classify(t)), []).append(qi)
+        admit: list[int] = []
+        active = {i.index: i.num_running for i in view.instances}
+        next_deadline = None
+        for (inst, cls), idx in groups.items():
+            n = self.thresholds[inst].get(cls, 1)
+            oldest = queue[idx[0]].submit_s
+            timed_out = now - oldest >= self.max_wait_s
+            if len(idx) >= n or timed_out:
+                take = idx if timed_out else idx[:n]
+                room = max(0, self.max_active - active[inst])
+                take = take[:room]
+                active[inst] += len(take)
+                admit.extend(take)
+            if len(admit) < len(queue):
+                d = oldest + self.max_wait_s
+                next_deadline = d if next_deadline is None else min(next_deadline, d)
+        reason = f"{self.name}: {self.plan_note}"
+        held = len(admit) < len(queue)
+        return Admission(tuple(sorted(admit)), reason, max(next_deadline, now + 1e-3) if held and next_deadline else
+                         (now + 0.05 if held else None))
+
+    def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement:
+        i, why = sticky_instance(turn, view)
+        return Placement(i, i, why)

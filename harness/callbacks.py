@@ -1,0 +1,27 @@
+"""Hydra callbacks: after a multirun, print and save one comparison table of every job's summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+
+class SummaryTableCallback(Callback):
+    """Writes ``comparison.md`` in the sweep directory and prints it (one column per job)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from harness.runner import summary_table
+        sweep = Path(config.hydra.sweep.dir)
+        summaries = {}
+        for p in sorted(sweep.glob("*/summary.json"), key=lambda p: int(p.parent.name.split("_")[0])
+                        if p.parent.name.split("_")[0].isdigit() else 0):
+            summaries[p.parent.name] = json.loads(p.read_text())
+        if not summaries:
+            return
+        table = summary_table(summaries)
+        (sweep / "comparison.md").write_text(table + "\n")
+        print(f"\nSweep {sweep} ({len(summaries)} runs):\n{table}")

@@ -1,0 +1,55 @@
+"""Clocks the controller runs against: the simulator's event heap (virtual time).
+
+``SimClock`` is a SimPy-sized event kernel: a heap of ``(time, priority, seq, fn, args)``; ties are
+broken by priority, then by insertion order, never by time alone, so runs are deterministic. The real
+backend provides the same two methods (``now``, ``call_at``) on the asyncio loop.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any, Callable
+
+
+class SimClock:
+    """Virtual time in seconds, advanced by ``run``.
+
+    Priorities (lower first at equal times): engine step ends and transfers (0) before controller
+    timers (1), so a turn finishing at t is recorded before a new turn that becomes ready at t.
+    """
+
+    __slots__ = ("_q", "_seq", "_now", "events")
+
+    def __init__(self) -> None:
+        self._q: list[tuple[float, int, int, Callable[..., Any], tuple]] = []
+        self._seq = 0
+        self._now = 0.0
+        self.events = 0
+
+    def now(self) -> float:
+        """Current virtual time, s."""
+        return self._now
+
+    def call_at(self, t: float, fn: Callable[..., Any], *args: Any, priority: int = 1) -> None:
+        """Run ``fn(*args)`` at virtual time ``t`` (s).
+
+        Raises:
+            ValueError: if ``t`` is earlier than now or not finite ("negative delay").
+        """
+        if not (t >= self._now and math.isfinite(t)):
+            raise ValueError(f"call_at: time {t!r} is before now ({self._now}) or not finite")
+        self._seq += 1
+        heapq.heappush(self._q, (t, priority, self._seq, fn, args))
+
+    def run(self, until: float = math.inf) -> None:
+        """Process events in order until the heap is empty or the next event is after ``until``."""
+        q = self._q
+        pop = heapq.heappop
+        n = 0
+        while q and q[0][0] <= until:
+            t, _, _, fn, args = pop(q)
+            self._now = t
+            fn(*args)
+            n += 1
+        self.events += n

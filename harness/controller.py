@@ -1,0 +1,221 @@
+"""The closed-loop controller: one state machine of conversations and turns for every backend.
+
+arrival -> (held) admission -> placement -> backend (prefill, KV transfer, decode) -> tool time ->
+next turn. Turn k+1 becomes ready when turn k finished plus the trace's tool time (closed loop), never at
+a recorded timestamp. Every admission and placement is logged with a digest of the view it was made on.
+
+The controller only needs a clock with ``now()`` and ``call_at(t, fn, *args)``: the simulator's event
+heap or a wall-clock loop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from harness.backend import Backend, TurnJob
+from harness.policy import Admission, ClusterView, InstanceView, Placement, Policy, TurnTruth, TurnView
+from harness.trace import ConversationRecord
+
+
+@dataclass(slots=True, eq=False)
+class ConversationState:
+    """Run-time state of one conversation (times in s)."""
+
+    index: int
+    record: ConversationRecord
+    arrival_s: float
+    reused: tuple
+    next_turn: int = 0
+    prev_prefill: int = -1
+    prev_decode: int = -1
+    prev_output: int = 0
+    counted_on: int = -1
+    context_tokens: int = 0
+    done: bool = False
+    failed: bool = False
+    finish_s: float = math.nan
+
+
+class Controller:
+    """Replays conversations through a policy on a backend.
+
+    Args:
+        clock: ``now()`` / ``call_at``. backend: executes turns. policy: admission + placement.
+        conversations: ``(arrival_s, ConversationRecord)`` pairs.
+        link_bandwidth_bytes_per_s, link_latency_s, kv_bytes_per_token: shown to policies in the view.
+        on_turn: called with each finished or failed ``TurnJob`` (the recorder).
+        on_conversation: called with each finished ``ConversationState``.
+        log_decisions: keep a decision log (``self.decisions``: list of dicts).
+
+    Raises (at decision time):
+        ValueError: a policy returned an invalid admission index or placement instance.
+    """
+
+    def __init__(self, clock: Any, backend: Backend, policy: Policy,
+                 conversations: Sequence[tuple[float, ConversationRecord]], *,
+                 link_bandwidth_bytes_per_s: float, link_latency_s: float, kv_bytes_per_token: int,
+                 on_turn: Callable[[TurnJob], None], on_conversation: Callable[[ConversationState], None],
+                 log_decisions: bool = True):
+        self.clock, self.backend, self.policy = clock, backend, policy
+        self.convs = [ConversationState(i, rec, t, tuple(tr.reused_tokens for tr in rec.turns))
+                      for i, (t, rec) in enumerate(conversations)]
+        self._by_id = {c.record.conversation_id: c for c in self.convs}
+        if len(self._by_id) != len(self.convs):
+            raise ValueError("conversation ids in a workload must be unique")
+        self._link = (link_bandwidth_bytes_per_s, link_latency_s)
+        self._kvb = kv_bytes_per_token
+        self.on_turn, self.on_conversation = on_turn, on_conversation
+        self.log_decisions = log_decisions
+        self.decisions: list[dict] = []
+        self.held: list[tuple[ConversationState, TurnView]] = []
+        n = len(backend.infos)
+        self._queued_prefill = [0] * n
+        self._conversations_on = [0] * n
+        self._context_on = [0] * n
+        self._recheck_at = math.inf
+        self.num_done = 0
+        self.in_flight = 0
+
+    # ---- truth for the predictor (oracle side; never part of a view) ---------------------------
+    def truth(self, conversation_id: str, turn: int) -> TurnTruth:
+        """True output tokens, tool time (s) and remaining turns of a turn (for ``Predictor``)."""
+        c = self._by_id[conversation_id]
+        tr = c.record.turns[turn]
+        return TurnTruth(tr.output_tokens, tr.tool_time_s, len(c.record.turns) - 1 - turn)
+
+    # ---- run ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Schedule every conversation's arrival."""
+        for c in self.convs:
+            self.clock.call_at(c.arrival_s, self._ready, c)
+
+    @property
+    def finished(self) -> bool:
+        """True when every conversation is done or failed."""
+        return self.num_done == len(self.convs)
+
+    def view(self) -> ClusterView:
+        """The snapshot a policy sees now: backend observations + the controller's bookkeeping."""
+        states = self.backend.observe()
+        inst = tuple(
+            InstanceView(info.index, info.name, info.role, info.hardware, info.kv_capacity_tokens,
+                         s.kv_used_tokens, s.num_running, s.num_waiting, self._queued_prefill[i],
+                         self._conversations_on[i], self._context_on[i], info.prefill_tokens_per_s,
+                         info.decode_step_s)
+            for i, (info, s) in enumerate(zip(self.backend.infos, states)))
+        return ClusterView(self.clock.now(), inst, self._kvb, self._link[0], self._link[1], len(self.held))
+
+    def _ready(self, c: ConversationState) -> None:
+        k = c.next_turn
+        tr = c.record.turns[k]
+        tv = TurnView(c.record.conversation_id, k, tr.prompt_tokens, tr.reused_tokens, tr.new_input_tokens,
+                      c.arrival_s, self.clock.now(), c.prev_prefill, c.prev_decode, c.prev_output)
+        self.held.append((c, tv))
+        self._poll()
+
+    def _poll(self) -> None:
+        if not self.held:
+            return
+        now = self.clock.now()
+        view = self.view()
+        queue = [tv for _, tv in self.held]
+        adm: Admission = self.policy.admit(queue, view, now)
+        chosen = sorted(set(adm.admit))
+        if chosen and (chosen[0] < 0 or chosen[-1] >= len(queue)):
+            raise ValueError(f"policy {self.policy.name}: admission index out of range: {adm.admit}")
+        if self.log_decisions and len(chosen) < len(queue):
+            self._log("hold", None, f"{len(queue) - len(chosen)} held: {adm.reason}", view)
+        released = [self.held[i] for i in chosen]
+        keep = set(chosen)
+        self.held = [h for i, h in enumerate(self.held) if i not in keep]
+        for c, tv in released:
+            self._launch(c, tv, view if len(released) == 1 else self.view(), adm.reason)
+        recheck = adm.recheck_at
+        if recheck is not None and self.held and recheck < self._recheck_at:
+            self._recheck_at = max(recheck, now)
+            self.clock.call_at(self._recheck_at, self._recheck)
+
+    def _recheck(self) -> None:
+        if self.clock.now() >= self._recheck_at:
+            self._recheck_at = math.inf
+            self._poll()
+
+    def _launch(self, c: ConversationState, tv: TurnView, view: ClusterView, admit_reason: str) -> None:
+        now = self.clock.now()
+        p: Placement = self.policy.place(tv, view, now)
+        n = len(view.instances)
+        if not (0 <= p.prefill_instance < n and 0 <= p.decode_instance < n):
+            raise ValueError(f"policy {self.policy.name}: placement {p} names an instance outside 0..{n - 1}")
+        if self.log_decisions:
+            self._log("place", tv, p.reason, view, p, admit_s=now)
+        tr = c.record.turns[tv.turn]
+        self._count(c, p.decode_instance, tr.prompt_tokens)
+        job = TurnJob(tv.conversation_id, tv.turn, tr.prompt_tokens, tr.output_tokens, c.reused, p,
+                      self._prefill_done, self._first_token, self._finish, self._fail,
+                      submit_s=tv.submit_s, admit_s=now)
+        self._queued_prefill[p.prefill_instance] += tr.prompt_tokens
+        self.in_flight += 1
+        self.backend.start_turn(job)
+
+    def _count(self, c: ConversationState, instance: int, context_tokens: int) -> None:
+        """Book conversation ``c`` (its context, tokens) on ``instance`` (-1: on none)."""
+        if c.counted_on >= 0:
+            self._conversations_on[c.counted_on] -= 1
+            self._context_on[c.counted_on] -= c.context_tokens
+        c.counted_on, c.context_tokens = instance, context_tokens
+        if instance >= 0:
+            self._conversations_on[instance] += 1
+            self._context_on[instance] += context_tokens
+
+    def _prefill_done(self, job: TurnJob) -> None:
+        self._queued_prefill[job.placement.prefill_instance] -= job.prompt_tokens
+
+    def _first_token(self, job: TurnJob) -> None:
+        pass
+
+    def _finish(self, job: TurnJob) -> None:
+        self.in_flight -= 1
+        c = self._by_id[job.conversation_id]
+        self.on_turn(job)
+        c.prev_prefill, c.prev_decode = job.placement.prefill_instance, job.placement.decode_instance
+        c.prev_output = job.output_tokens
+        self._count(c, c.counted_on, job.prompt_tokens + job.output_tokens)
+        tr = c.record.turns[job.turn]
+        c.next_turn = job.turn + 1
+        if c.next_turn < len(c.record.turns):
+            self.clock.call_at(self.clock.now() + tr.tool_time_s, self._ready, c)
+        else:
+            self._end(c, self.clock.now())
+        self._poll()
+
+    def _fail(self, job: TurnJob, reason: str) -> None:
+        self.in_flight -= 1
+        if job.prefill_done_s is None:
+            self._queued_prefill[job.placement.prefill_instance] -= job.prompt_tokens
+        c = self._by_id[job.conversation_id]
+        self.on_turn(job)
+        c.failed = True
+        self._end(c, self.clock.now())
+        self._poll()
+
+    def _end(self, c: ConversationState, t: float) -> None:
+        c.done = True
+        c.finish_s = t
+        self._count(c, -1, 0)
+        self.num_done += 1
+        self.on_conversation(c)
+
+    def _log(self, kind: str, tv: Optional[TurnView], reason: str, view: ClusterView,
+             p: Optional[Placement] = None, admit_s: float = math.nan) -> None:
+        self.decisions.append({
+            "t_s": view.now_s, "kind": kind,
+            "conversation_id": tv.conversation_id if tv else "", "turn": tv.turn if tv else -1,
+            "prefill_instance": p.prefill_instance if p else -1,
+            "decode_instance": p.decode_instance if p else -1,
+            "reason": reason,
+            "view_kv_used_frac": ",".join(f"{i.kv_used_frac:.3f}" for i in view.instances),
+            "view_queued_prefill_tokens": ",".join(str(i.queued_prefill_tokens) for i in view.instances),
+            "num_held": view.num_held,
+        })

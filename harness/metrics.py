@@ -1,0 +1,181 @@
+"""Metrics: per-turn and per-conversation tables, SLO attainment, goodput, energy, the summary.
+
+Definitions (PAPERS.md "Metrics"):
+  * TTFT = first output token - submission (turn ready); TPOT = (last - first token) / (output - 1)
+    (NaN for 1-token outputs); E2E = last token - submission; queue = admission - submission.
+  * TTFET = first token of the first user-visible turn - conversation arrival (``ttfet_definition``:
+    ``visible`` (default; SWE-bench: the final submission turn), ``first`` or ``last`` turn).
+  * Conversation latency = last token of the last turn - arrival.
+  * SLO: TTFET <= threshold, where the threshold is ``ttfet_s`` (absolute) or ``ttfet_multiple`` x the
+    conversation's *unloaded* TTFET (the conversation replayed alone on the idle cluster under the
+    reference scheduler, ``reference_scheduler``, the same for every variant); optionally last-turn
+    TPOT <= ``tbt_s``. Denominator: every conversation of the workload; failed conversations count as
+    violations.
+  * Goodput = conversations meeting the SLO / measured window (first arrival to last finish), conv/s.
+  * Energy: sum over GPUs of energy over the measured window, J (idle power included);
+    tokens_per_joule = (prompt tokens computed by prefill, recompute included + generated tokens) / J;
+    output_tokens_per_joule = generated tokens / J.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class SloConfig:
+    """Hydra schema of the ``slo`` group (see module docstring)."""
+
+    name: str = "relative"
+    ttfet_mode: str = "relative"
+    ttfet_multiple: float = 1.5
+    ttfet_s: Optional[float] = None
+    tbt_s: Optional[float] = None
+    ttfet_definition: str = "visible"
+    reference_scheduler: str = "collocated"
+
+    def validate(self, where: str = "slo") -> None:
+        """Raise ``ValueError`` naming ``slo.<field>`` for the first invalid value."""
+        if self.ttfet_mode not in ("relative", "absolute"):
+            raise ValueError(f"{where}.ttfet_mode must be 'relative' or 'absolute', got {self.ttfet_mode!r}")
+        if self.ttfet_mode == "relative" and not (self.ttfet_multiple and self.ttfet_multiple >= 1):
+            raise ValueError(f"{where}.ttfet_multiple must be >= 1, got {self.ttfet_multiple!r}")
+        if self.ttfet_mode == "absolute" and not (self.ttfet_s and self.ttfet_s > 0):
+            raise ValueError(f"{where}.ttfet_s must be > 0 (s) when ttfet_mode=absolute, got {self.ttfet_s!r}")
+        if self.tbt_s is not None and not self.tbt_s > 0:
+            raise ValueError(f"{where}.tbt_s must be > 0 (s) or null, got {self.tbt_s!r}")
+        if self.ttfet_definition not in ("visible", "first", "last"):
+            raise ValueError(f"{where}.ttfet_definition must be visible, first or last, got {self.ttfet_definition!r}")
+
+
+TURN_COLUMNS = ["conversation_id", "turn", "submit_s", "admit_s", "start_s", "prefill_done_s", "first_token_s",
+                "finish_s", "prompt_tokens", "cached_tokens", "prefill_computed_tokens", "output_tokens",
+                "prefill_instance", "decode_instance", "disaggregated", "transfer_tokens", "transfer_s",
+                "preemptions", "visible", "status", "error", "ttft_s", "tpot_s", "e2e_s", "queue_s"]
+
+
+def turn_row(job, names: list[str], visible: bool) -> dict:
+    """One ``turns.parquet`` row from a finished or failed ``TurnJob`` (instance names from ``names``)."""
+    ok = not job.error
+    first = job.first_token_s if job.first_token_s is not None else math.nan
+    fin = job.finish_s if job.finish_s is not None else math.nan
+    out = job.output_tokens
+    return {
+        "conversation_id": job.conversation_id, "turn": job.turn, "submit_s": job.submit_s,
+        "admit_s": job.admit_s, "start_s": job.start_s,
+        "prefill_done_s": job.prefill_done_s if job.prefill_done_s is not None else math.nan,
+        "first_token_s": first, "finish_s": fin, "prompt_tokens": job.prompt_tokens,
+        "cached_tokens": job.cached_tokens, "prefill_computed_tokens": job.prefill_computed_tokens,
+        "output_tokens": out if ok else 0,
+        "prefill_instance": names[job.placement.prefill_instance],
+        "decode_instance": names[job.placement.decode_instance],
+        "disaggregated": job.placement.disaggregated, "transfer_tokens": job.transfer_tokens,
+        "transfer_s": job.transfer_s, "preemptions": job.preemptions, "visible": visible,
+        "status": "ok" if ok else "failed", "error": job.error,
+        "ttft_s": first - job.submit_s, "tpot_s": (fin - first) / (out - 1) if out > 1 else math.nan,
+        "e2e_s": fin - job.submit_s, "queue_s": job.admit_s - job.submit_s,
+    }
+
+
+def ttfet_turn_index(visible: list[bool], definition: str) -> int:
+    """Index of the turn whose first token defines TTFET (first visible, first, or last turn)."""
+    if definition == "first":
+        return 0
+    if definition == "last":
+        return len(visible) - 1
+    return visible.index(True) if True in visible else len(visible) - 1
+
+
+def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.DataFrame:
+    """Per-conversation metrics (``conversations.parquet`` without SLO columns).
+
+    ``convs``: the controller's ``ConversationState`` objects. Columns: conversation_id, arrival_s,
+    num_turns, turns_done, ttfet_s, latency_s, finish_s, last_turn_tpot_s, failed, completed.
+    """
+    by = {cid: g for cid, g in turns.groupby("conversation_id", sort=False)} if len(turns) else {}
+    rows = []
+    for c in convs:
+        rec = c.record
+        g = by.get(rec.conversation_id)
+        k = ttfet_turn_index([t.visible for t in rec.turns], definition)
+        ttfet = latency = last_tpot = math.nan
+        done = 0
+        if g is not None:
+            ok = g[g.status == "ok"]
+            done = len(ok)
+            hit = ok[ok.turn == k]
+            if len(hit):
+                ttfet = float(hit.first_token_s.iloc[0]) - c.arrival_s
+            last = ok[ok.turn == len(rec.turns) - 1]
+            if len(last):
+                latency = float(last.finish_s.iloc[0]) - c.arrival_s
+                last_tpot = float(last.tpot_s.iloc[0])
+        rows.append({"conversation_id": rec.conversation_id, "arrival_s": c.arrival_s,
+                     "num_turns": len(rec.turns), "turns_done": done, "ttfet_s": ttfet,
+                     "latency_s": latency, "finish_s": c.finish_s, "last_turn_tpot_s": last_tpot,
+                     "failed": bool(c.failed), "completed": bool(c.done and not c.failed)})
+    return pd.DataFrame(rows)
+
+
+def apply_slo(conv: pd.DataFrame, slo: SloConfig, unloaded_ttfet_s: Optional[dict]) -> pd.DataFrame:
+    """Add ``unloaded_ttfet_s``, ``slo_ttfet_s`` (threshold, s) and ``slo_met`` columns (in place)."""
+    if slo.ttfet_mode == "relative":
+        conv["unloaded_ttfet_s"] = conv.conversation_id.map(unloaded_ttfet_s).astype(float)
+        conv["slo_ttfet_s"] = conv.unloaded_ttfet_s * slo.ttfet_multiple
+    else:
+        conv["unloaded_ttfet_s"] = math.nan
+        conv["slo_ttfet_s"] = float(slo.ttfet_s)
+    met = conv.completed & (conv.ttfet_s <= conv.slo_ttfet_s)
+    if slo.tbt_s is not None:
+        met &= conv.last_turn_tpot_s.fillna(0.0) <= slo.tbt_s
+    conv["slo_met"] = met.astype(bool)
+    return conv
+
+
+def _pct(x: pd.Series, q: float) -> float:
+    x = x.dropna()
+    return float(np.percentile(x, q)) if len(x) else math.nan
+
+
+def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: list[float],
+              window_s: float, preemptions: int) -> dict:
+    """The headline metrics (``summary.json``); NaN where there is no data, never 0 for missing."""
+    ok = turns[turns.status == "ok"] if len(turns) else turns
+    n_conv = len(conv)
+    met = int(conv.slo_met.sum()) if n_conv else 0
+    energy = float(sum(energy_j_per_instance))
+    gen = int(ok.output_tokens.sum()) if len(ok) else 0
+    pre = int(turns.prefill_computed_tokens.sum()) if len(turns) else 0
+    served = int(ok.prompt_tokens.sum()) + gen if len(ok) else 0
+    return {
+        "num_conversations": n_conv,
+        "num_conversations_completed": int(conv.completed.sum()) if n_conv else 0,
+        "num_conversations_failed": int(conv.failed.sum()) if n_conv else 0,
+        "num_turns": int(len(ok)),
+        "num_turns_failed": int((turns.status == "failed").sum()) if len(turns) else 0,
+        "ttfet_p50_s": _pct(conv.ttfet_s, 50), "ttfet_p95_s": _pct(conv.ttfet_s, 95),
+        "ttfet_mean_s": float(conv.ttfet_s.mean()) if n_conv else math.nan,
+        "latency_p50_s": _pct(conv.latency_s, 50), "latency_p95_s": _pct(conv.latency_s, 95),
+        "ttft_p50_s": _pct(ok.ttft_s, 50), "ttft_p95_s": _pct(ok.ttft_s, 95), "ttft_p99_s": _pct(ok.ttft_s, 99),
+        "tpot_p50_s": _pct(ok.tpot_s, 50), "tpot_p95_s": _pct(ok.tpot_s, 95),
+        "e2e_p50_s": _pct(ok.e2e_s, 50), "queue_p95_s": _pct(ok.queue_s, 95),
+        "slo_attainment": met / n_conv if n_conv else math.nan,
+        "slo_denominator": "all conversations of the workload (failed count as violations)",
+        "goodput_conv_per_s": met / window_s if window_s > 0 else math.nan,
+        "window_s": window_s,
+        "preemptions": int(preemptions),
+        "prefix_hit_frac": float(ok.cached_tokens.sum() / ok.prompt_tokens.sum()) if len(ok) else math.nan,
+        "kv_transfer_tokens": int(turns.transfer_tokens.sum()) if len(turns) else 0,
+        "disaggregated_turn_frac": float(ok.disaggregated.mean()) if len(ok) else math.nan,
+        "energy_j": energy,
+        "energy_j_per_instance": [float(e) for e in energy_j_per_instance],
+        "prefill_tokens_computed": pre, "output_tokens": gen, "tokens_served": served,
+        "tokens_per_joule": served / energy if energy > 0 else math.nan,
+        "tokens_per_joule_counts": "prompt + generated tokens of completed turns (tokens served)",
+        "output_tokens_per_joule": gen / energy if energy > 0 else math.nan,
+    }

@@ -1,0 +1,333 @@
+"""The policy interface: what a scheduler variant sees, what it decides, and the registry.
+
+A policy is pure and synchronous: ``(turns, ClusterView, now) -> decision``. It never touches the
+simulator or a server; it sees frozen snapshots that hold only what a production router can observe
+(per-instance role, hardware, queue length, running count, KV tokens used and capacity, what the
+controller itself sent where). The same policy objects drive the simulated and the real backends.
+
+The oracle boundary lives in the types: a :class:`TurnView` carries the prompt's token counts (the
+router sees the prompt) but not the true output length or tool time. A policy that needs those
+(AMPD, WAIT) gets them from an explicit :class:`Predictor` whose error is injected by config.
+
+``baselines/`` imports only this module (and ``harness.fluid`` for the fluid model).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+ROLES = ("prefiller", "decoder", "collocated")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnView:
+    """One LLM call (turn) as a router sees it.
+
+    Fields:
+        conversation_id: the conversation; turn: 0-based index of the call in it.
+        prompt_tokens: tokens of this call's prompt; reused_tokens: of which a prefix equal to the
+            previous call's context (prompt + output), tokens; new_input_tokens: the rest, tokens.
+        arrival_s: the conversation's arrival time; submit_s: when this turn became ready, s.
+        prev_prefill_instance / prev_decode_instance: where the previous turn ran (-1 for turn 0).
+        prev_output_tokens: tokens the previous turn generated (the router saw them stream), 0 for
+            turn 0.
+    """
+
+    conversation_id: str
+    turn: int
+    prompt_tokens: int
+    reused_tokens: int
+    new_input_tokens: int
+    arrival_s: float
+    submit_s: float
+    prev_prefill_instance: int
+    prev_decode_instance: int
+    prev_output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """Observable state of one serving instance at one moment.
+
+    Fields:
+        index: position in ``ClusterView.instances``; name: e.g. ``decoder1``.
+        role: ``prefiller``, ``decoder`` or ``collocated``; hardware: profile name.
+        kv_capacity_tokens: KV-cache capacity, tokens; kv_used_tokens: KV held by running or
+            waiting-for-transfer requests, tokens (vLLM's ``kv_cache_usage_perc`` x capacity).
+        num_running / num_waiting: requests in the engine's running batch / waiting queue.
+        queued_prefill_tokens: prompt tokens sent to this instance and not yet prefilled, tokens
+            (the controller's own bookkeeping of what it sent).
+        num_conversations: conversations whose decode was placed here and have not finished.
+        conversation_context_tokens: their current context lengths summed (last prompt + output, or
+            the prompt of a turn in flight), tokens: the KV those conversations will come back for
+            (held now, cached, or to be recomputed), from the controller's bookkeeping.
+        prefill_tokens_per_s: prefill throughput of the hardware, tokens/s (calibration estimate).
+        decode_step_s: an idle decode step time (batch of one, short context), s.
+    """
+
+    index: int
+    name: str
+    role: str
+    hardware: str
+    kv_capacity_tokens: int
+    kv_used_tokens: int
+    num_running: int
+    num_waiting: int
+    queued_prefill_tokens: int
+    num_conversations: int
+    conversation_context_tokens: int
+    prefill_tokens_per_s: float
+    decode_step_s: float
+
+    @property
+    def kv_used_frac(self) -> float:
+        """KV occupancy as a fraction of capacity, in [0, 1]."""
+        return self.kv_used_tokens / self.kv_capacity_tokens
+
+    @property
+    def context_frac(self) -> float:
+        """Conversation context booked here as a fraction of KV capacity (may exceed 1)."""
+        return self.conversation_context_tokens / self.kv_capacity_tokens
+
+    @property
+    def kv_free_tokens(self) -> int:
+        """Capacity minus used, tokens."""
+        return self.kv_capacity_tokens - self.kv_used_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Snapshot of the cluster for one decision.
+
+    Fields:
+        now_s: time of the snapshot, s; instances: one :class:`InstanceView` each.
+        kv_bytes_per_token: of the served model, bytes; link_bandwidth_bytes_per_s, link_latency_s:
+            the KV-transfer link.
+        num_held: turns the controller is holding back (admission queue length).
+    """
+
+    now_s: float
+    instances: tuple[InstanceView, ...]
+    kv_bytes_per_token: int
+    link_bandwidth_bytes_per_s: float
+    link_latency_s: float
+    num_held: int
+
+    def by_role(self, *roles: str) -> list[InstanceView]:
+        """Instances whose role is one of ``roles``."""
+        return [i for i in self.instances if i.role in roles]
+
+    def transfer_s(self, tokens: int) -> float:
+        """Predicted KV-transfer time of ``tokens`` tokens over the link, s."""
+        return self.link_latency_s + tokens * self.kv_bytes_per_token / self.link_bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one turn runs.
+
+    ``prefill_instance`` == ``decode_instance`` means local (collocated-style) execution on one
+    engine; otherwise the prompt is prefilled on ``prefill_instance`` (``max_tokens = 1``), its KV
+    moved to ``decode_instance`` (only the blocks not already cached there), and decoded there.
+    ``reason`` is free text for the decision log.
+    """
+
+    prefill_instance: int
+    decode_instance: int
+    reason: str = ""
+
+    @property
+    def disaggregated(self) -> bool:
+        """True when prefill and decode run on different instances."""
+        return self.prefill_instance != self.decode_instance
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Which held turns to release now.
+
+    ``admit``: indices into the queue passed to ``Policy.admit``; ``recheck_at``: ask to be polled
+    again at this time (s) even if nothing else happens (e.g. a hold timeout); ``None`` = no timer.
+    """
+
+    admit: tuple[int, ...]
+    reason: str = ""
+    recheck_at: Optional[float] = None
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A scheduler variant: admission (may hold turns back) and placement.
+
+    ``admit`` is called with the controller's FIFO queue of held turns whenever a turn becomes ready
+    or finishes; it returns the indices to release now (the rest stay held). ``place`` is called
+    once per released turn. Both must be pure functions of their arguments (plus the predictor and a
+    seeded generator given at construction).
+    """
+
+    name: str
+
+    def admit(self, queue: Sequence[TurnView], view: ClusterView, now: float) -> Admission: ...
+
+    def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement: ...
+
+
+class AdmitAll:
+    """Admission mixin: release every held turn at once (no admission control)."""
+
+    def admit(self, queue: Sequence[TurnView], view: ClusterView, now: float) -> Admission:
+        return Admission(tuple(range(len(queue))), "admit-all")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnTruth:
+    """What an oracle knows about a turn: true output tokens and tool time after it (s)."""
+
+    output_tokens: int
+    tool_time_s: float
+    remaining_turns: int
+
+
+class Predictor:
+    """Predictions of decode length and tool time: the true value times an injected error.
+
+    Error models (``mode``):
+      * ``lognormal``: multiply by ``exp(N(0, sigma))`` (sigma = 0 is the oracle);
+      * ``rate``: with probability ``error_rate`` the value is wrong by ``error_factor`` (multiplied or
+        divided, 50/50), otherwise exact.
+    The random stream is seeded, and the error of one (conversation, turn) is the same whichever
+    policy asks, so two variants see identical predictions.
+
+    Raises:
+        ValueError: unknown mode, negative sigma, error_rate outside [0, 1], error_factor < 1.
+    """
+
+    def __init__(self, truth: Callable[[str, int], TurnTruth], mode: str = "lognormal",
+                 sigma: float = 0.0, error_rate: float = 0.0, error_factor: float = 2.0, seed: int = 0):
+        if mode not in ("lognormal", "rate"):
+            raise ValueError(f"predictor.mode must be 'lognormal' or 'rate', got {mode!r}")
+        if not (sigma >= 0 and math.isfinite(sigma)):
+            raise ValueError(f"predictor.sigma must be a finite number >= 0, got {sigma!r}")
+        if not 0 <= error_rate <= 1:
+            raise ValueError(f"predictor.error_rate must be in [0, 1], got {error_rate!r}")
+        if not error_factor >= 1:
+            raise ValueError(f"predictor.error_factor must be >= 1, got {error_factor!r}")
+        self._truth, self.mode, self.sigma = truth, mode, sigma
+        self.error_rate, self.error_factor, self.seed = error_rate, error_factor, seed
+
+    def _factor(self, conversation_id: str, turn: int, what: int) -> float:
+        if (self.mode == "lognormal" and self.sigma == 0) or (self.mode == "rate" and self.error_rate == 0):
+            return 1.0
+        key = [self.seed, what, turn] + list(conversation_id.encode())
+        rng = np.random.default_rng(key)
+        if self.mode == "lognormal":
+            return float(math.exp(rng.normal(0.0, self.sigma)))
+        if rng.random() < self.error_rate:
+            return self.error_factor if rng.random() < 0.5 else 1.0 / self.error_factor
+        return 1.0
+
+    def output_tokens(self, turn: TurnView) -> float:
+        """Predicted output (decode) tokens of ``turn``, tokens (>= 1)."""
+        t = self._truth(turn.conversation_id, turn.turn)
+        return max(1.0, t.output_tokens * self._factor(turn.conversation_id, turn.turn, 1))
+
+    def tool_time_s(self, turn: TurnView) -> float:
+        """Predicted tool time after ``turn``, s."""
+        t = self._truth(turn.conversation_id, turn.turn)
+        return t.tool_time_s * self._factor(turn.conversation_id, turn.turn, 2)
+
+    def remaining_turns(self, turn: TurnView) -> float:
+        """Predicted number of turns after ``turn`` (drives KV-growth predictions)."""
+        t = self._truth(turn.conversation_id, turn.turn)
+        return t.remaining_turns * self._factor(turn.conversation_id, turn.turn, 3)
+
+
+# ---- registry -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A registered variant: its name, config dataclass and factory ``(cfg, ctx) -> Policy``."""
+
+    name: str
+    config_cls: type
+    factory: Callable[[Any, "PolicyContext"], Policy]
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy factory may use besides its own config.
+
+    truth: ``(conversation_id, turn) -> TurnTruth``, the oracle that a :class:`Predictor` wraps
+        (a policy must not call it directly); seed: for the policy's own generator;
+    cluster_roles: the role of each instance (validated by factories); workload: a description of
+    the workload for planning (``harness.workload.WorkloadStats``); perf: per-instance
+    ``harness.sim.perf.PerfModel`` (hardware knowledge, e.g. for fluid-model coefficients).
+    """
+
+    truth: Callable[[str, int], TurnTruth]
+    seed: int
+    cluster_roles: tuple[str, ...]
+    workload: Any
+    perf: tuple[Any, ...]
+    kv_capacity_tokens: tuple[int, ...]
+
+
+_REGISTRY: dict[str, PolicySpec] = {}
+
+
+def register(name: str, config_cls: type):
+    """Class/function decorator adding a policy factory to the registry under ``name``.
+
+    The Hydra option file ``conf/scheduler/<name>.yaml`` must use the same name.
+
+    Raises:
+        ValueError: if ``name`` is already registered.
+    """
+    def deco(factory):
+        if name in _REGISTRY:
+            raise ValueError(f"scheduler {name!r} registered twice")
+        _REGISTRY[name] = PolicySpec(name, config_cls, factory)
+        return factory
+    return deco
+
+
+def get_spec(name: str) -> PolicySpec:
+    """The registered spec of ``name``.
+
+    Raises:
+        KeyError: listing the valid names, if ``name`` is unknown.
+    """
+    import baselines  # noqa: F401  (fills the registry)
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown scheduler {name!r}; valid: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def registered() -> list[str]:
+    """Names of all registered variants, sorted."""
+    import baselines  # noqa: F401
+    return sorted(_REGISTRY)
+
+
+def require_roles(name: str, roles: Sequence[str], need: Sequence[str]) -> None:
+    """Raise ``ValueError`` if ``roles`` (the cluster's) lacks any of ``need`` (for variant ``name``)."""
+    for r in need:
+        if r not in roles:
+            raise ValueError(f"scheduler {name!r} needs at least one instance with role {r!r}; "
+                             f"cluster roles are {sorted(set(roles))}")
+
+
+def occupancy(i: InstanceView) -> float:
+    """Observed KV occupancy of an instance, as a fraction of capacity: the larger of the KV held now
+    and the context of the conversations booked on it (which they come back for after tool calls)."""
+    return max(i.kv_used_tokens, i.conversation_context_tokens) / i.kv_capacity_tokens
+
+
+def least_loaded(instances: Sequence[InstanceView]) -> InstanceView:
+    """The instance with the lowest :func:`occupancy`, then fewest conversations, then lowest index."""
+    return min(instances, key=lambda i: (occupancy(i), i.num_conversations, i.num_running + i.num_waiting,
+                                         i.index))

@@ -1,0 +1,241 @@
+"""Hardware, model, link and engine profiles: the constants the simulator is built from.
+
+These dataclasses are also the Hydra structured-config schemas of the `hardware/`, `model/` and
+`cluster/` groups (see `harness.config`), so a YAML option that misspells a key or gives a wrong type
+fails at start-up. Every constant in the shipped YAML files cites its source next to it; assumptions are
+labelled as such.
+
+Units are in the field names: ``_s`` seconds, ``_w`` watts, ``_bytes`` bytes, ``_flops`` FLOP/s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+def _require(cond: bool, where: str, rule: str, value: object) -> None:
+    """Raise ``ValueError("<where> must be <rule>, got <value>")`` unless ``cond``."""
+    if not cond:
+        raise ValueError(f"{where} must be {rule}, got {value!r}")
+
+
+def _positive(where: str, value: float) -> None:
+    _require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, where,
+             "a finite number > 0", value)
+
+
+def _fraction(where: str, value: float) -> None:
+    _require(isinstance(value, (int, float)) and 0 < value <= 1, where, "in (0, 1]", value)
+
+
+@dataclass
+class HardwareConfig:
+    """One GPU type (datasheet constants plus roofline efficiency factors).
+
+    Fields:
+        name: profile name (the key under ``hardware.``).
+        peak_flops: dense FP16/BF16 tensor throughput, FLOP/s (datasheet).
+        mem_bandwidth_bytes_per_s: DRAM bandwidth, bytes/s (datasheet).
+        mem_bytes: GPU memory, bytes (datasheet, decimal GB).
+        tdp_w: board power, W (datasheet).
+        power_cap_w: power limit set with ``nvidia-smi -pl``, W; ``None`` means the TDP.
+        idle_w: power with the model loaded and no work, W.
+        prefill_efficiency: fraction of ``peak_flops`` reached by prefill tokens (MFU).
+        decode_efficiency: fraction of ``peak_flops`` reached by decode tokens (MFU).
+        memory_efficiency: fraction of ``mem_bandwidth_bytes_per_s`` reached by streaming reads.
+        step_overhead_s: fixed time per engine step (scheduling, sampling, kernel launches), s.
+        memory_power_frac: dynamic power of a fully memory-bound step, as a fraction of
+            ``tdp_w - idle_w`` (a fully compute-bound step draws the full TDP).
+        dvfs_exponent: dynamic power ~ f**dvfs_exponent under DVFS; used to throttle compute when the
+            demanded power exceeds ``power_cap_w``.
+        source: where the constants come from (free text, shown in run metadata).
+    """
+
+    name: str = "???"
+    peak_flops: float = 0.0
+    mem_bandwidth_bytes_per_s: float = 0.0
+    mem_bytes: float = 0.0
+    tdp_w: float = 0.0
+    power_cap_w: Optional[float] = None
+    idle_w: float = 0.0
+    prefill_efficiency: float = 0.0
+    decode_efficiency: float = 0.0
+    memory_efficiency: float = 0.8
+    step_overhead_s: float = 0.0
+    memory_power_frac: float = 0.55
+    dvfs_exponent: float = 3.0
+    source: str = ""
+
+    def validate(self, where: str) -> None:
+        """Raise ``ValueError`` naming ``where.<field>`` for the first invalid field."""
+        for f in ("peak_flops", "mem_bandwidth_bytes_per_s", "mem_bytes", "tdp_w", "idle_w",
+                  "dvfs_exponent"):
+            _positive(f"{where}.{f}", getattr(self, f))
+        for f in ("prefill_efficiency", "decode_efficiency", "memory_efficiency", "memory_power_frac"):
+            _fraction(f"{where}.{f}", getattr(self, f))
+        _require(self.step_overhead_s >= 0, f"{where}.step_overhead_s", ">= 0", self.step_overhead_s)
+        _require(self.idle_w < self.tdp_w, f"{where}.idle_w", f"< tdp_w ({self.tdp_w})", self.idle_w)
+        if self.power_cap_w is not None:
+            _require(self.idle_w < self.power_cap_w <= self.tdp_w, f"{where}.power_cap_w",
+                     f"in (idle_w, tdp_w] = ({self.idle_w}, {self.tdp_w}]", self.power_cap_w)
+
+    @property
+    def cap_w(self) -> float:
+        """The effective power limit, W (the cap if set, else the TDP)."""
+        return self.tdp_w if self.power_cap_w is None else self.power_cap_w
+
+
+@dataclass
+class ModelConfig:
+    """A dense decoder-only transformer (the shapes the roofline needs).
+
+    Fields:
+        name: short name; hf_name: the Hugging Face id it describes.
+        num_layers, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, vocab_size:
+            from the model's ``config.json``.
+        tied_embeddings: input embedding and LM head share weights (counted once in weight bytes).
+        dtype_bytes: bytes per weight and per KV element (2 for bf16/fp16).
+        max_model_len: context limit, tokens (informational; the simulator does not enforce it).
+    """
+
+    name: str = "???"
+    hf_name: str = ""
+    num_layers: int = 0
+    hidden_size: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    tied_embeddings: bool = False
+    dtype_bytes: int = 2
+    max_model_len: int = 0
+    source: str = ""
+
+    def validate(self, where: str) -> None:
+        """Raise ``ValueError`` naming ``where.<field>`` for the first invalid field."""
+        for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                  "intermediate_size", "vocab_size", "dtype_bytes"):
+            v = getattr(self, f)
+            _require(isinstance(v, int) and v > 0, f"{where}.{f}", "an int > 0", v)
+        _require(self.num_heads % self.num_kv_heads == 0, f"{where}.num_kv_heads",
+                 f"a divisor of num_heads ({self.num_heads})", self.num_kv_heads)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes per token: 2 (K and V) x layers x KV heads x head_dim x dtype bytes.
+
+        Qwen3-0.6B: 2*28*8*128*2 = 114,688 B (PAPERS.md); Llama-2-7B: 2*32*32*128*2 = 524,288 B.
+        """
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        """Weights of one layer's matmuls (q, k, v, o projections and the gated MLP), parameters."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size
+
+    @property
+    def embedding_params(self) -> int:
+        """Embedding (+ untied LM head) parameters."""
+        return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights read once per engine step (norms ignored: < 0.1 %)."""
+        params = self.num_layers * self.linear_params_per_layer + self.embedding_params
+        return params * self.dtype_bytes
+
+
+@dataclass
+class InstanceGroupConfig:
+    """``count`` identical instances of one role on one hardware profile.
+
+    role: ``prefiller``, ``decoder`` or ``collocated`` (a hint to policies: every simulated engine can
+    prefill and decode; disaggregating policies prefill on prefillers and decode on decoders).
+    hardware: a key of the top-level ``hardware`` mapping.
+    """
+
+    role: str = "collocated"
+    hardware: str = "a40"
+    count: int = 1
+
+
+@dataclass
+class LinkConfig:
+    """The interconnect used for KV transfer between two instances.
+
+    Transfer time of ``b`` bytes = ``latency_s + b / bandwidth_bytes_per_s`` (one transfer at a time
+    per destination instance; later ones queue).
+    """
+
+    name: str = "pcie4_x16"
+    bandwidth_bytes_per_s: float = 31.5e9
+    latency_s: float = 1e-5
+
+    def validate(self, where: str) -> None:
+        """Raise ``ValueError`` naming the field."""
+        _positive(f"{where}.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
+        _require(self.latency_s >= 0, f"{where}.latency_s", ">= 0", self.latency_s)
+
+
+@dataclass
+class EngineConfig:
+    """vLLM-engine knobs (names as in vLLM's ``EngineArgs``).
+
+    block_size: tokens per KV block (vLLM default 16).
+    max_num_batched_tokens: per-step token budget for chunked prefill (vLLM V1 API-server default 8192).
+    max_num_seqs: running-batch cap (vLLM default 256).
+    gpu_memory_utilization: fraction of GPU memory vLLM may use (default 0.9).
+    activation_reserve_bytes: memory kept for activations/CUDA graphs, bytes (assumption: 2 GiB).
+    enable_prefix_caching: keep finished requests' full blocks for reuse, LRU-evicted.
+    max_coalesce_s: simulator-only: the longest run of identical decode-only steps simulated as one
+        event, s; also the maximum staleness of the engine state a policy observes (like a scraped
+        ``/metrics``). 0 disables coalescing (one event per step; results are the same).
+    """
+
+    block_size: int = 16
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    gpu_memory_utilization: float = 0.9
+    activation_reserve_bytes: float = 2 * 1024**3
+    enable_prefix_caching: bool = True
+    max_coalesce_s: float = 0.25
+
+    def validate(self, where: str) -> None:
+        """Raise ``ValueError`` naming the field."""
+        for f in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
+            v = getattr(self, f)
+            _require(isinstance(v, int) and v > 0, f"{where}.{f}", "an int > 0", v)
+        _fraction(f"{where}.gpu_memory_utilization", self.gpu_memory_utilization)
+        _require(self.activation_reserve_bytes >= 0, f"{where}.activation_reserve_bytes", ">= 0",
+                 self.activation_reserve_bytes)
+        _require(self.max_coalesce_s >= 0, f"{where}.max_coalesce_s", ">= 0", self.max_coalesce_s)
+
+
+@dataclass
+class ClusterConfig:
+    """A set of instances and the link between them."""
+
+    name: str = "???"
+    instances: list[InstanceGroupConfig] = field(default_factory=list)
+    link: LinkConfig = field(default_factory=LinkConfig)
+
+
+def kv_capacity_blocks(hw: HardwareConfig, model: ModelConfig, engine: EngineConfig) -> int:
+    """Paged-KV capacity of one instance, blocks.
+
+    ``floor((mem_bytes * gpu_memory_utilization - weight_bytes - activation_reserve_bytes)
+    / (kv_bytes_per_token * block_size))``, as vLLM sizes its KV cache after profiling.
+
+    Raises:
+        ValueError: if the model does not fit (capacity < 1 block).
+    """
+    free = hw.mem_bytes * engine.gpu_memory_utilization - model.weight_bytes - engine.activation_reserve_bytes
+    blocks = int(free // (model.kv_bytes_per_token * engine.block_size))
+    if blocks < 1:
+        raise ValueError(f"model {model.name} ({model.weight_bytes / 1e9:.2f} GB of weights) leaves no KV "
+                         f"cache on hardware {hw.name} ({hw.mem_bytes / 1e9:.0f} GB)")
+    return blocks

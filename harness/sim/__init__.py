@@ -1,0 +1,6 @@
+"""The simulated backend: a discrete-event model of a cluster of vLLM-like engines.
+
+Reading order: ``perf`` (roofline step time and power), ``engine`` (one vLLM-like engine:
+continuous batching, chunked prefill, paged KV with prefix caching, preemption by recompute),
+``backend`` (a cluster of engines, KV transfers over links, the event loop that drives them).
+"""

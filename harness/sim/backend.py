@@ -1,0 +1,135 @@
+"""The simulated cluster backend: engines, KV-transfer links, and the event loop."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from harness.backend import InstanceInfo, InstanceState, TurnJob
+from harness.clock import SimClock
+from harness.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks
+from harness.sim.engine import FAILED, Engine, Request
+from harness.sim.perf import PerfModel
+
+
+class SimBackend:
+    """A cluster of simulated vLLM engines sharing one :class:`SimClock`.
+
+    Args:
+        instances: ``(name, role, HardwareConfig)`` per instance, in index order.
+        model, engine, link: the served model, engine knobs and KV-transfer link.
+    KV transfers into one instance are serialised (one at a time, FIFO); transfer time =
+    ``latency_s + tokens * kv_bytes_per_token / bandwidth_bytes_per_s``.
+    """
+
+    def __init__(self, instances: Sequence[tuple[str, str, HardwareConfig]], model: ModelConfig,
+                 engine: EngineConfig, link: LinkConfig, clock: SimClock | None = None):
+        self.clock = clock or SimClock()
+        self.model, self.link = model, link
+        self.engines: list[Engine] = []
+        self.perf: list[PerfModel] = []
+        infos = []
+        for i, (name, role, hw) in enumerate(instances):
+            perf = PerfModel(hw, model)
+            cap = kv_capacity_blocks(hw, model, engine)
+            self.perf.append(perf)
+            self.engines.append(Engine(i, name, self.clock, perf, engine, cap, self._engine_fail))
+            infos.append(InstanceInfo(i, name, role, hw.name, cap * engine.block_size,
+                                      perf.prefill_tokens_per_s(), perf.decode_step(1, 1024).time_s,
+                                      hw.cap_w))
+        self.infos = tuple(infos)
+        self._link_free_at = [0.0] * len(self.engines)
+        self._kvb = model.kv_bytes_per_token
+
+    # ---- Backend protocol ---------------------------------------------------------------------
+    def start_turn(self, job: TurnJob) -> None:
+        """Submit ``job``: one local request, or a prefill-only request then a remote-KV decode."""
+        job.start_s = self.clock.now()
+        p = job.placement
+        if not p.disaggregated:
+            req = Request(job.conversation_id, job.turn, job.prompt_tokens, job.output_tokens, job.reused,
+                          on_first_token=lambda r: self._local_first_token(job, r),
+                          on_finish=lambda r: self._finish(job, r), owner=job)
+            self.engines[p.decode_instance].submit(req)
+            return
+        preq = Request(job.conversation_id, job.turn, job.prompt_tokens, 1, job.reused, prefill_only=True,
+                       on_finish=lambda r: self._prefill_finished(job, r), owner=job)
+        self.engines[p.prefill_instance].submit(preq)
+
+    def observe(self) -> tuple[InstanceState, ...]:
+        """KV used (tokens), running, waiting and cumulative energy (J) of each engine, now."""
+        now = self.clock.now()
+        out = []
+        for e in self.engines:
+            out.append(InstanceState(e.used_blocks * e.bs, len(e.running), len(e.waiting) + e.loading,
+                                     self.energy_j(e.index, now)))
+        return tuple(out)
+
+    def run(self) -> None:
+        """Process events until none are left."""
+        self.clock.run()
+
+    # ---- energy ---------------------------------------------------------------------------------
+    def energy_j(self, i: int, until_s: float) -> float:
+        """Energy of instance ``i`` from t=0 to ``until_s``, J: finished steps + idle power otherwise.
+
+        A step in flight is counted when it ends, so mid-run values lag by at most one step run.
+        """
+        e = self.engines[i]
+        idle_s = max(0.0, until_s - e.busy_s)
+        return e.energy_busy_j + e.perf.hw.idle_w * idle_s
+
+    # ---- callbacks ------------------------------------------------------------------------------
+    def _local_first_token(self, job: TurnJob, req: Request) -> None:
+        job.cached_tokens = max(req.hit_tokens, 0)
+        job.prefill_done_s = job.first_token_s = self.clock.now()
+        job.on_prefill_done(job)
+        job.on_first_token(job)
+
+    def _finish(self, job: TurnJob, req: Request) -> None:
+        job.finish_s = self.clock.now()
+        job.preemptions += req.preemptions
+        job.prefill_computed_tokens += req.prefill_computed
+        if job.first_token_s is None:  # decode request of a P/D pair
+            job.first_token_s = req.first_token_s
+        job.on_finish(job)
+
+    def _prefill_finished(self, job: TurnJob, preq: Request) -> None:
+        job.cached_tokens = max(preq.hit_tokens, 0)
+        job.prefill_done_s = self.clock.now()
+        job.preemptions += preq.preemptions
+        job.prefill_computed_tokens += preq.prefill_computed
+        job.on_prefill_done(job)
+        d = job.placement.decode_instance
+        dreq = Request(job.conversation_id, job.turn, job.prompt_tokens, job.output_tokens, job.reused,
+                       remote_kv=True,
+                       on_first_token=lambda r: self._remote_first_token(job, r),
+                       on_finish=lambda r: self._finish(job, r),
+                       on_loading=lambda r, tokens: self._transfer(job, preq, r, tokens), owner=job)
+        self.engines[d].submit(dreq)
+        if dreq.state == FAILED:  # the decoder can never hold it: free the prefiller's blocks
+            self.engines[job.placement.prefill_instance].release_held(preq)
+
+    def _remote_first_token(self, job: TurnJob, req: Request) -> None:
+        job.first_token_s = self.clock.now()
+        job.on_first_token(job)
+
+    def _transfer(self, job: TurnJob, preq: Request, dreq: Request, tokens: int) -> None:
+        now = self.clock.now()
+        d = job.placement.decode_instance
+        start = max(now, self._link_free_at[d])
+        done = start + self.link.latency_s + tokens * self._kvb / self.link.bandwidth_bytes_per_s
+        self._link_free_at[d] = done
+        job.transfer_tokens += tokens
+        job.decode_cached_tokens = job.prompt_tokens - tokens
+        job.transfer_s += done - now
+        self.clock.call_at(done, self._transfer_done, job, preq, dreq, priority=0)
+
+    def _transfer_done(self, job: TurnJob, preq: Request, dreq: Request) -> None:
+        self.engines[job.placement.prefill_instance].release_held(preq)
+        self.engines[job.placement.decode_instance].remote_loaded(dreq)
+
+    def _engine_fail(self, req: Request, reason: str) -> None:
+        job: TurnJob = req.owner
+        job.error = reason
+        job.on_fail(job, reason)

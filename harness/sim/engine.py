@@ -1,0 +1,421 @@
+"""One vLLM-like engine: continuous batching, chunked prefill, paged KV, prefix caching, preemption.
+
+The scheduler step follows vLLM V1 (``vllm/v1/core/sched/scheduler.py``): a per-step token budget
+(``max_num_batched_tokens``); RUNNING requests first (a prefilling request takes a chunk of its
+remaining prompt, a decoding one 1 token); when a running request cannot get the KV blocks it needs,
+the newest running request is preempted (its blocks freed, recomputed later: preemption by recompute);
+then WAITING requests in FCFS order, as long as budget, ``max_num_seqs`` and free blocks allow (a long
+prompt may be scheduled partially: chunked prefill). The step that completes a prompt samples the first
+output token; each decode step samples one token.
+
+KV blocks are counted, not materialised. Prefix caching is modelled per conversation: when a request
+finishes (or is preempted), its full blocks stay cached as the conversation's entry, LRU-ordered by
+release time; allocation evicts from the least recently released entry, tail blocks first (vLLM frees a
+request's blocks in reverse order, so its tail is evicted before its head). A later request of the same
+conversation hits ``min(cached tokens, reused prefix)`` tokens (block-aligned), where the reused prefix is
+the minimum of the trace's ``reused_tokens`` over the turns since the entry was written (an agent that
+rewrites old observations invalidates the cached tail).
+
+P/D: a prefill-only request (``max_tokens = 1``) keeps its blocks after finishing until the KV transfer
+is done (vLLM's delayed free with a KV connector); a remote-KV request on the decoder allocates blocks for
+its prompt (local prefix hits first), waits for the transfer, then decodes.
+
+Identical decode-only steps are simulated as one event (up to ``max_coalesce_s``); a new arrival cuts
+such a run at the next step boundary, so the results equal step-by-step simulation.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import OrderedDict, deque
+from typing import Callable, Optional
+
+from harness.clock import SimClock
+from harness.profiles import EngineConfig
+from harness.sim.perf import PerfModel
+
+WAITING, LOADING, RUNNING, HELD, DONE, FAILED = range(6)
+
+
+class Request:
+    """One engine request (one turn's prefill, decode, or both on this engine).
+
+    Token counts are in tokens, times in s. ``reused`` is the conversation's per-turn reused-prefix
+    list (from the trace), used to validate cached blocks.
+    """
+
+    __slots__ = ("conv", "turn", "prompt", "out_target", "reused", "prefill_only", "remote_kv",
+                 "computed", "prefill_target", "out_done", "blocks", "state", "hit_tokens",
+                 "first_token_s", "finish_s", "preemptions", "prefill_computed", "on_first_token",
+                 "on_finish", "on_loading", "sched_s", "enqueue_s", "owner")
+
+    def __init__(self, conv: str, turn: int, prompt: int, out_target: int, reused: tuple,
+                 prefill_only: bool = False, remote_kv: bool = False,
+                 on_first_token: Optional[Callable] = None, on_finish: Optional[Callable] = None,
+                 on_loading: Optional[Callable] = None, owner: object = None):
+        self.owner = owner              # opaque back-reference for the backend (the turn's job)
+        self.conv, self.turn, self.prompt, self.out_target, self.reused = conv, turn, prompt, out_target, reused
+        self.prefill_only, self.remote_kv = prefill_only, remote_kv
+        self.computed = 0
+        self.prefill_target = prompt
+        self.out_done = 0
+        self.blocks = 0
+        self.state = WAITING
+        self.hit_tokens = -1            # prefix-cache hit at first scheduling (-1: not yet scheduled)
+        self.first_token_s: Optional[float] = None
+        self.finish_s: Optional[float] = None
+        self.preemptions = 0
+        self.prefill_computed = 0       # prompt tokens actually computed here (incl. recompute)
+        self.on_first_token, self.on_finish, self.on_loading = on_first_token, on_finish, on_loading
+        self.sched_s: Optional[float] = None
+        self.enqueue_s = 0.0
+
+
+class Engine:
+    """A simulated vLLM instance.
+
+    Args:
+        index, name: identity in the cluster. clock: the shared event clock.
+        perf: step-time/energy model. cfg: engine knobs. capacity_blocks: KV capacity, blocks.
+        on_fail: called with a request that can never fit (prompt + output > capacity).
+    """
+
+    def __init__(self, index: int, name: str, clock: SimClock, perf: PerfModel, cfg: EngineConfig,
+                 capacity_blocks: int, on_fail: Callable[[Request, str], None]):
+        self.index, self.name, self.clock, self.perf, self.cfg = index, name, clock, perf, cfg
+        self.bs = cfg.block_size
+        self.capacity_blocks = capacity_blocks
+        self.free = capacity_blocks
+        self.cache: OrderedDict[str, list] = OrderedDict()   # conv -> [blocks, written_turn]
+        self.cached_total = 0
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.loading = 0
+        self.held = 0
+        self.on_fail = on_fail
+        self.busy = False
+        # the step run in flight
+        self._version = 0
+        self._run_start = 0.0
+        self._run_ends: list[float] = []
+        self._run_energy: list[float] = []
+        self._run_prefill: list[tuple[Request, int]] = []
+        self._run_decode: list[Request] = []
+        self._run_coalesced = False
+        # counters
+        self.busy_s = 0.0
+        self.energy_busy_j = 0.0
+        self.steps = 0
+        self.events = 0
+        self.preemptions = 0
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
+        self.queued_prefill_tokens = 0
+        self.idle_step = perf.decode_step(1, 1024).time_s
+
+    # ---- observation --------------------------------------------------------------------------
+    @property
+    def used_blocks(self) -> int:
+        """Blocks held by running, loading and held requests (not free, not cached-free)."""
+        return self.capacity_blocks - self.free - self.cached_total
+
+    # ---- KV blocks ------------------------------------------------------------------------------
+    def _allocate(self, n: int) -> None:
+        if n <= 0:
+            return
+        if self.free < n:
+            cache = self.cache
+            while self.free < n:
+                conv, entry = next(iter(cache.items()))
+                take = min(entry[0], n - self.free)
+                entry[0] -= take
+                self.free += take
+                self.cached_total -= take
+                if entry[0] == 0:
+                    del cache[conv]
+        self.free -= n
+
+    def _release(self, req: Request) -> None:
+        """Return ``req``'s blocks: full blocks become the conversation's cache entry."""
+        full = min(req.computed // self.bs, req.blocks) if self.cfg.enable_prefix_caching else 0
+        old = self.cache.pop(req.conv, None)
+        if old is not None:
+            self.free += old[0]
+            self.cached_total -= old[0]
+        self.free += req.blocks - full
+        if full:
+            self.cache[req.conv] = [full, req.turn]
+            self.cached_total += full
+        req.blocks = 0
+
+    def _lookup(self, req: Request) -> tuple[int, int]:
+        """(hit blocks, blocks of the conversation's cache entry) for ``req``; does not modify state."""
+        entry = self.cache.get(req.conv)
+        if entry is None:
+            return 0, 0
+        valid = entry[0] * self.bs
+        r = req.reused
+        for t in range(entry[1] + 1, req.turn + 1):
+            if r[t] < valid:
+                valid = r[t]
+        hit = min(valid, req.prefill_target - 1) // self.bs if not req.remote_kv else min(valid, req.prompt) // self.bs
+        return max(hit, 0), entry[0]
+
+    # ---- entry points ---------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        """Queue a request (FCFS) and make sure a step will run."""
+        need = -(-(req.prompt + req.out_target) // self.bs)
+        if need > self.capacity_blocks:
+            req.state = FAILED
+            self.on_fail(req, f"needs {need} KV blocks, instance {self.name} has {self.capacity_blocks}")
+            return
+        req.enqueue_s = self.clock.now()
+        self.waiting.append(req)
+        if not req.remote_kv:
+            self.queued_prefill_tokens += req.prompt
+        self.wake()
+
+    def remote_loaded(self, req: Request) -> None:
+        """The KV transfer of a LOADING request finished: it joins the running batch."""
+        self.loading -= 1
+        req.computed = req.prompt
+        req.state = RUNNING
+        self.running.append(req)
+        self.wake()
+
+    def release_held(self, req: Request) -> None:
+        """Free a prefill-only request's blocks once its KV has been transferred."""
+        self.held -= 1
+        req.state = DONE
+        self._release(req)
+        self.wake()
+
+    def wake(self) -> None:
+        """Something changed: start a step if idle, or cut a coalesced run at the next boundary."""
+        if not self.busy:
+            self.busy = True
+            self.clock.call_at(self.clock.now(), self._step_begin, self._version, priority=0)
+        elif self._run_coalesced:
+            self._truncate()
+
+    # ---- the step -------------------------------------------------------------------------------
+    def _truncate(self) -> None:
+        elapsed = self.clock.now() - self._run_start
+        ends = self._run_ends
+        j = bisect_left(ends, elapsed)           # the step in flight at `now` completes at ends[j]
+        if j >= len(ends) - 1:
+            return
+        del ends[j + 1:]
+        del self._run_energy[j + 1:]
+        self._version += 1
+        self.clock.call_at(self._run_start + ends[j], self._step_end, self._version, priority=0)
+
+    def _step_begin(self, version: int) -> None:
+        if version != self._version:
+            return
+        self.events += 1
+        now = self.clock.now()
+        cfg = self.cfg
+        bs = self.bs
+        budget = cfg.max_num_batched_tokens
+        prefill: list[tuple[Request, int]] = []
+        decode: list[Request] = []
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = req.prefill_target - req.computed
+            n = 1 if n <= 0 else min(n, budget)
+            need = -(-(req.computed + n) // bs) - req.blocks
+            while need > self.free + self.cached_total:
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if req.state != RUNNING:
+                break
+            self._allocate(need)
+            req.blocks += need
+            if req.computed < req.prefill_target:
+                prefill.append((req, n))
+            else:
+                decode.append(req)
+            budget -= n
+            i += 1
+        if not preempted:
+            waiting = self.waiting
+            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+                req = waiting[0]
+                hit, entry_blocks = self._lookup(req) if cfg.enable_prefix_caching else (0, 0)
+                if req.remote_kv:
+                    need = -(-req.prompt // bs) - hit
+                    n = 0
+                else:
+                    n = min(req.prefill_target - hit * bs, budget)
+                    need = -(-(hit * bs + n) // bs) - hit
+                avail = self.free + self.cached_total - hit
+                if need > avail:
+                    break
+                waiting.popleft()
+                if entry_blocks:
+                    entry = self.cache.pop(req.conv)
+                    self.cached_total -= entry[0]
+                    self.free += entry[0] - hit
+                self._allocate(need)
+                req.blocks = hit + need
+                req.computed = hit * bs
+                if req.hit_tokens < 0:
+                    req.hit_tokens = hit * bs
+                    req.sched_s = now
+                if req.remote_kv:
+                    req.state = LOADING
+                    self.loading += 1
+                    req.on_loading(req, req.prompt - hit * bs)
+                    continue
+                req.state = RUNNING
+                running.append(req)
+                prefill.append((req, n))
+                budget -= n
+        if not prefill and not decode:
+            self.busy = False
+            return
+        perf = self.perf
+        if prefill:
+            p_tok = p_ctx = p_samp = 0
+            p_pairs = 0.0
+            for req, n in prefill:
+                c = req.computed
+                p_tok += n
+                p_ctx += c
+                p_pairs += n * c + n * (n + 1) / 2
+                if c + n >= req.prefill_target:
+                    p_samp += 1
+            ctx = 0
+            for req in decode:
+                ctx += req.computed
+            cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)
+            ends, energy = [cost.time_s], [cost.energy_j]
+        else:
+            ends, energy = self._plan_decode_run(decode)
+        self._run_start = now
+        self._run_ends, self._run_energy = ends, energy
+        self._run_prefill, self._run_decode = prefill, decode
+        self._run_coalesced = len(ends) > 1
+        self._version += 1
+        self.clock.call_at(now + ends[-1], self._step_end, self._version, priority=0)
+
+    def _plan_decode_run(self, decode: list[Request]) -> tuple[list[float], list[float]]:
+        """Cumulative end times (s, from run start) and energies (J) of up to k identical decode steps.
+
+        k is limited by the first request to finish, by a request still owing its first token, by the
+        KV blocks available for the run's growth, and by ``max_coalesce_s``. A non-empty waiting queue
+        does not stop coalescing: the scheduler just failed to admit its head (no blocks or
+        ``max_num_seqs``), which cannot change before a request finishes or a transfer completes, and
+        those events cut the run (``wake``).
+        """
+        b = len(decode)
+        ctx = 0
+        kmax = 1 << 30
+        for req in decode:
+            ctx += req.computed
+            left = req.out_target - req.out_done
+            if left < kmax:
+                kmax = left
+            if req.out_done == 0:
+                kmax = 1
+        limit = self.cfg.max_coalesce_s
+        if limit <= 0:
+            kmax = 1
+        ends: list[float] = []
+        energy: list[float] = []
+        t = e = 0.0
+        step = self.perf.decode_step
+        for j in range(kmax):
+            c = step(b, ctx + j * b)
+            t += c.time_s
+            e += c.energy_j
+            ends.append(t)
+            energy.append(e)
+            if t >= limit:
+                break
+        k = len(ends)
+        if k > 1:   # blocks for k more tokens per request must be available (step 1's were allocated)
+            avail = self.free + self.cached_total
+            bs = self.bs
+            while True:
+                need = 0
+                for req in decode:
+                    need += -(-(req.computed + k) // bs) - req.blocks
+                if need <= avail or k == 1:
+                    break
+                k = max(1, k // 2)
+            del ends[k:]
+            del energy[k:]
+        return ends, energy
+
+    def _step_end(self, version: int) -> None:
+        if version != self._version:
+            return
+        self.events += 1
+        now = self.clock.now()
+        k = len(self._run_ends)
+        self.steps += k
+        self.busy_s += self._run_ends[-1]
+        self.energy_busy_j += self._run_energy[-1]
+        bs = self.bs
+        finished: list[Request] = []
+        for req, n in self._run_prefill:
+            req.computed += n
+            req.prefill_computed += n
+            self.prefill_tokens += n
+            if req.computed >= req.prefill_target:
+                req.out_done += 1
+                self.decode_tokens += 1
+                if req.first_token_s is None:
+                    req.first_token_s = now
+                    self.queued_prefill_tokens -= req.prompt
+                    if req.on_first_token is not None:
+                        req.on_first_token(req)
+                if req.out_done >= req.out_target:
+                    finished.append(req)
+        for req in self._run_decode:
+            if k > 1:
+                extra = -(-(req.computed + k) // bs) - req.blocks
+                if extra > 0:
+                    self._allocate(extra)
+                    req.blocks += extra
+            req.computed += k
+            req.out_done += k
+            self.decode_tokens += k
+            if req.first_token_s is None:
+                req.first_token_s = now
+                if req.on_first_token is not None:
+                    req.on_first_token(req)
+            if req.out_done >= req.out_target:
+                finished.append(req)
+        self._run_prefill, self._run_decode = [], []
+        self._run_coalesced = False
+        for req in finished:
+            self.running.remove(req)
+            req.finish_s = now
+            if req.prefill_only:
+                req.state = HELD
+                self.held += 1
+            else:
+                req.state = DONE
+                self._release(req)
+            req.on_finish(req)
+        self.busy = False
+        self.wake()
+
+    def _preempt(self, req: Request) -> None:
+        """Preemption by recompute: free the blocks (full ones stay cached), requeue at the front."""
+        self.preemptions += 1
+        req.preemptions += 1
+        self._release(req)
+        req.computed = 0
+        req.prefill_target = req.prompt + req.out_done
+        req.state = WAITING
+        self.waiting.appendleft(req)

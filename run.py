@@ -1,0 +1,40 @@
+"""Run the harness: ``python run.py [group=option ...] [key=value ...]`` (Hydra).
+
+Defaults: ConServe on the shipped SWE-bench trace, simulated A40 cluster (1 prefiller + 3 decoders).
+Sweep: ``python run.py -m scheduler=conserve,ampd workload.rate_per_s=0.1,0.2``.
+Results go to ``results/runs/<time>_<scheduler>/`` (or ``results/sweeps/<time>/<n>_<scheduler>/``).
+See README.md and conf/README.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from harness.config import ConfigError, register_configs, resolve
+from harness.trace import TraceError
+
+register_configs()
+
+
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> dict:
+    from harness.runner import execute, summary_table
+    try:
+        run = resolve(cfg)
+        out = Path(HydraConfig.get().runtime.output_dir)
+        summary = execute(run, out, OmegaConf.to_yaml(cfg))
+    except (ConfigError, TraceError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"\n{run.scheduler_name} on {run.cfg.cluster.name}, {run.cfg.workload.name} "
+          f"@ {run.cfg.workload.rate_per_s} conv/s -> {out}\n{summary_table({run.scheduler_name: summary})}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
