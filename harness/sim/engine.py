@@ -416,6 +416,7 @@ class Engine:
         req.preemptions += 1
         self._release(req)
         req.computed = 0
+        req.remote_kv = False           # a preempted P/D decode request recomputes locally, as in vLLM
         req.prefill_target = req.prompt + req.out_done
         req.state = WAITING
         self.waiting.appendleft(req)

@@ -18,10 +18,10 @@ token (written), ``kv_bytes_per_token`` each. Activation traffic is ignored.
 
 Power (energy per step, J)::
 
-    E = idle_w * step_s + (tdp_w - idle_w) * (compute_s + memory_power_frac * memory_s)
+    E = idle_w * step_s + (tdp_w - idle_w) * min(step_s, compute_s + memory_power_frac * memory_s)
 
-i.e. a fully compute-bound step draws the TDP and a memory-bound one ``memory_power_frac`` of the
-dynamic range (Splitwise, Patel et al., ISCA 2024, Sec. 3: token generation draws well below TDP and
+i.e. a fully compute-bound step draws the TDP (never more) and a memory-bound one ``memory_power_frac``
+of the dynamic range (Splitwise, Patel et al., ISCA 2024, Sec. 3: token generation draws well below TDP and
 is insensitive to power caps, prompt computation is power-hungry). If the step's mean power exceeds the
 cap, the clock is lowered to a fraction f = ((cap - idle) / (demand - idle)) ** (1 / dvfs_exponent)
 (dynamic power ~ f^3 under DVFS), compute_s is divided by f, and the power is the cap.
@@ -99,7 +99,8 @@ class PerfModel:
     def _finish(self, compute_s: float, memory_s: float) -> StepCost:
         hw = self.hw
         step_s = (compute_s if compute_s > memory_s else memory_s) + hw.step_overhead_s
-        dyn_j = self._dyn_w * (compute_s + hw.memory_power_frac * memory_s)
+        busy = compute_s + hw.memory_power_frac * memory_s
+        dyn_j = self._dyn_w * (busy if busy < step_s else step_s)
         if dyn_j > self._cap_dyn_w * step_s:  # mean power above the cap: lower the clock
             demand_dyn_w = dyn_j / step_s
             f = (self._cap_dyn_w / demand_dyn_w) ** (1.0 / hw.dvfs_exponent)
