@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import platform
 import subprocess
@@ -25,11 +26,14 @@ from omegaconf import OmegaConf
 
 from harness.config import PROJECT_ROOT, Resolved, scheduler_config
 from harness.controller import ConversationState, Controller
-from harness.metrics import TURN_COLUMNS, apply_slo, conversation_table, summarize, turn_row
+from harness.metrics import TURN_COLUMNS, apply_slo, conversation_table, summarize, ttfet_turn_index, turn_row
 from harness.policy import PolicyContext, get_spec
 from harness.sim.backend import SimBackend
 from harness.trace import ConversationRecord, load_trace
 from harness.workload import WorkloadStats, build_workload
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -124,8 +128,9 @@ def unloaded_ttfet(run: Resolved, conversations: Sequence[tuple[float, Conversat
     out = {}
     for _, rec in conversations:
         res = simulate(run, [(0.0, rec)], stats, slo.reference_scheduler, ref, max_coalesce_s=math.inf)
-        table = conversation_table(pd.DataFrame(res.turns, columns=TURN_COLUMNS), res.convs, slo.ttfet_definition)
-        out[rec.conversation_id] = float(table.ttfet_s.iloc[0])
+        k = ttfet_turn_index([t.visible for t in rec.turns], slo.ttfet_definition)
+        first = [r["first_token_s"] for r in res.turns if r["turn"] == k and r["status"] == "ok"]
+        out[rec.conversation_id] = first[0] if first else math.nan
     return out
 
 
@@ -173,7 +178,12 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "") -> dict:
             "instances": [{"name": n, "role": r, "hardware": dataclasses.asdict(h)} for n, r, h in run.instances],
             "model": dataclasses.asdict(cfg.model), "trace": str(run.trace_path)}
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2))
-    unloaded = unloaded_ttfet(run, conversations, stats) if cfg.slo.ttfet_mode == "relative" else None
+    log.info("workload: %d conversations, %d turns from %s", len(conversations),
+             sum(len(r.turns) for _, r in conversations), run.trace_path.name)
+    unloaded = None
+    if cfg.slo.ttfet_mode == "relative":
+        log.info("SLO baseline: replaying each conversation alone under %s", cfg.slo.reference_scheduler)
+        unloaded = unloaded_ttfet(run, conversations, stats)
 
     bar = None
     if cfg.logger.progress:
@@ -185,6 +195,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "") -> dict:
                    on_conversation=(lambda c: bar.update(1)) if bar else None)
     if bar:
         bar.close()
+    log.info("simulated %d events in %.2f s", res.events, res.wall_s)
     turns = pd.DataFrame(res.turns, columns=TURN_COLUMNS)
     conv = apply_slo(conversation_table(turns, res.convs, cfg.slo.ttfet_definition), cfg.slo, unloaded)
     summary = summarize(turns, conv, res.energy_j, res.window_end_s - res.window_start_s, res.preemptions)

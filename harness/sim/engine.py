@@ -328,18 +328,7 @@ class Engine:
         limit = self.cfg.max_coalesce_s
         if limit <= 0:
             kmax = 1
-        ends: list[float] = []
-        energy: list[float] = []
-        t = e = 0.0
-        step = self.perf.decode_step
-        for j in range(kmax):
-            c = step(b, ctx + j * b)
-            t += c.time_s
-            e += c.energy_j
-            ends.append(t)
-            energy.append(e)
-            if t >= limit:
-                break
+        ends, energy = self.perf.decode_run(b, ctx, kmax, limit)
         k = len(ends)
         if k > 1:   # blocks for k more tokens per request must be available (step 1's were allocated)
             avail = self.free + self.cached_total

@@ -96,6 +96,45 @@ class PerfModel:
         memory_s = self._weights_s + self._kv_s_per_token * (decode_ctx_tokens + decode_seqs)
         return self._finish(compute_s, memory_s)
 
+    def decode_run(self, decode_seqs: int, ctx_tokens: int, max_steps: int, limit_s: float
+                   ) -> tuple[list[float], list[float]]:
+        """Cumulative end times (s) and energies (J) of up to ``max_steps`` consecutive decode-only steps
+        of the same ``decode_seqs`` sequences, whose summed context starts at ``ctx_tokens`` and grows by
+        ``decode_seqs`` per step; stops after the step that reaches ``limit_s``.
+
+        Step ``j`` costs exactly ``decode_step(decode_seqs, ctx_tokens + j * decode_seqs)`` (the same
+        arithmetic, inlined: this is the simulator's hot loop).
+        """
+        hw = self.hw
+        b = decode_seqs
+        base_f = (self._lin_flops_per_token + self._head_flops_per_seq) * b
+        attn, rate_d = self._attn_flops_per_pair, self._decode_flops_rate
+        w_s, kv_s, ovh = self._weights_s, self._kv_s_per_token, hw.step_overhead_s
+        dyn_w, cap_dyn_w, mpf, idle = self._dyn_w, self._cap_dyn_w, hw.memory_power_frac, hw.idle_w
+        ends: list[float] = []
+        energy: list[float] = []
+        t = e = 0.0
+        ctx = ctx_tokens
+        for _ in range(max_steps):
+            compute_s = (base_f + attn * ctx) / rate_d
+            memory_s = w_s + kv_s * (ctx + b)
+            step_s = (compute_s if compute_s > memory_s else memory_s) + ovh
+            busy = compute_s + mpf * memory_s
+            dyn_j = dyn_w * (busy if busy < step_s else step_s)
+            if dyn_j > cap_dyn_w * step_s:
+                c = self._finish(compute_s, memory_s)
+                step_s, ej = c.time_s, c.energy_j
+            else:
+                ej = idle * step_s + dyn_j
+            t += step_s
+            e += ej
+            ends.append(t)
+            energy.append(e)
+            if t >= limit_s:
+                break
+            ctx += b
+        return ends, energy
+
     def _finish(self, compute_s: float, memory_s: float) -> StepCost:
         hw = self.hw
         step_s = (compute_s if compute_s > memory_s else memory_s) + hw.step_overhead_s
