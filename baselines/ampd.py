@@ -2,9 +2,10 @@
 
 (He et al., "Efficient Multi-round LLM Inference over Disaggregated Serving", arXiv 2602.14516;
 PAPERS.md "AMPD".) The paper's exact rule is not public; this is the emulation PAPERS.md describes:
-  * Turn 0: prefill on a prefiller, KV to the decoder with the most free KV after the conversation's
-    *predicted* KV growth (prompt + predicted remaining turns x (predicted output + mean new input));
-    the decode stays there (multi-round KV reuse).
+  * Turn 0: prefill on a prefiller, KV to the decoder with the lowest *predicted* peak KV demand: the
+    context of the conversations pinned there plus their predicted KV growth until they end
+    (``Predictor.kv_growth``); the decode stays there (multi-round KV reuse). ConServe makes the same
+    choice from observed occupancy alone.
   * Turn k >= 1: compare predicted costs (s) and take the cheaper::
 
         T_remote = q_P + prefill_P(new + prev_out) + transfer(new + prev_out)
@@ -24,7 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.policy import AdmitAll, ClusterView, Placement, PolicyContext, Predictor, TurnView, register, require_roles
+from harness.policy import (AdmitAll, ClusterView, InstanceView, Placement, PolicyContext, Predictor, TurnView, register,
+                            require_roles)
 from baselines.disaggregated import pick_prefiller
 
 
@@ -58,14 +60,19 @@ class Ampd(AdmitAll):
     def __init__(self, cfg: AmpdConfig, predictor: Predictor, mean_new_tokens: float):
         self.cfg, self.pred, self.mean_new = cfg, predictor, mean_new_tokens
 
+    def predicted_demand(self, inst: InstanceView) -> float:
+        """Predicted peak KV demand of a decoder as a fraction of capacity: the context of its pinned
+        conversations now plus their predicted KV growth until they end."""
+        growth = sum(self.pred.kv_growth(cid, k) for cid, k in inst.conversations)
+        return (inst.conversation_context_tokens + growth) / inst.kv_capacity_tokens
+
     def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement:
         p = view.instances[pick_prefiller(view)]
         pred_out = self.pred.output_tokens(turn)
         pred_left = self.pred.remaining_turns(turn)
         if turn.prev_decode_instance < 0:
-            growth = turn.prompt_tokens + pred_left * (pred_out + self.mean_new)
-            d = max(view.by_role("decoder"), key=lambda i: (i.kv_free_tokens - growth, -i.index))
-            return Placement(p.index, d.index, f"turn 0: predicted growth {growth:.0f} tok")
+            d = min(view.by_role("decoder"), key=lambda i: (self.predicted_demand(i), i.index))
+            return Placement(p.index, d.index, f"turn 0: predicted demand {self.predicted_demand(d):.3f}")
         d = view.instances[turn.prev_decode_instance]
         n_remote = turn.new_input_tokens + turn.prev_output_tokens
         t_remote = (p.queued_prefill_tokens + n_remote) / p.prefill_tokens_per_s + view.transfer_s(n_remote)

@@ -33,9 +33,19 @@ class ConversationState:
     prev_output: int = 0
     counted_on: int = -1
     context_tokens: int = 0
+    growth_after: tuple = ()
     done: bool = False
     failed: bool = False
     finish_s: float = math.nan
+
+
+def _growth_after(rec: ConversationRecord) -> tuple:
+    """Per turn k: sum of new input + output tokens of turns k+1.. (the KV growth still to come)."""
+    out, acc = [], 0
+    for tr in reversed(rec.turns):
+        out.append(acc)
+        acc += tr.new_input_tokens + tr.output_tokens
+    return tuple(reversed(out))
 
 
 class Controller:
@@ -47,7 +57,8 @@ class Controller:
         link_bandwidth_bytes_per_s, link_latency_s, kv_bytes_per_token: shown to policies in the view.
         on_turn: called with each finished or failed ``TurnJob`` (the recorder).
         on_conversation: called with each finished ``ConversationState``.
-        log_decisions: keep a decision log (``self.decisions``: list of dicts).
+        log_decisions: keep a decision log (``self.decisions``: list of dicts): every placement, and
+            an admission hold whenever the number of held turns changes.
 
     Raises (at decision time):
         ValueError: a policy returned an invalid admission index or placement instance.
@@ -59,7 +70,8 @@ class Controller:
                  on_turn: Callable[[TurnJob], None], on_conversation: Callable[[ConversationState], None],
                  log_decisions: bool = True):
         self.clock, self.backend, self.policy = clock, backend, policy
-        self.convs = [ConversationState(i, rec, t, tuple(tr.reused_tokens for tr in rec.turns))
+        self.convs = [ConversationState(i, rec, t, tuple(tr.reused_tokens for tr in rec.turns),
+                                        growth_after=_growth_after(rec))
                       for i, (t, rec) in enumerate(conversations)]
         self._by_id = {c.record.conversation_id: c for c in self.convs}
         if len(self._by_id) != len(self.convs):
@@ -74,7 +86,9 @@ class Controller:
         self._queued_prefill = [0] * n
         self._conversations_on = [0] * n
         self._context_on = [0] * n
+        self._convs_on: list[dict[str, int]] = [{} for _ in range(n)]
         self._recheck_at = math.inf
+        self._last_logged_hold = 0
         self.num_done = 0
         self.in_flight = 0
 
@@ -83,7 +97,8 @@ class Controller:
         """True output tokens, tool time (s) and remaining turns of a turn (for ``Predictor``)."""
         c = self._by_id[conversation_id]
         tr = c.record.turns[turn]
-        return TurnTruth(tr.output_tokens, tr.tool_time_s, len(c.record.turns) - 1 - turn)
+        return TurnTruth(tr.output_tokens, tr.tool_time_s, len(c.record.turns) - 1 - turn,
+                         c.growth_after[turn])
 
     # ---- run ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -102,7 +117,8 @@ class Controller:
         inst = tuple(
             InstanceView(info.index, info.name, info.role, info.hardware, info.kv_capacity_tokens,
                          s.kv_used_tokens, s.num_running, s.num_waiting, self._queued_prefill[i],
-                         self._conversations_on[i], self._context_on[i], info.prefill_tokens_per_s,
+                         self._conversations_on[i], self._context_on[i],
+                         tuple(self._convs_on[i].items()), info.prefill_tokens_per_s,
                          info.decode_step_s)
             for i, (info, s) in enumerate(zip(self.backend.infos, states)))
         return ClusterView(self.clock.now(), inst, self._kvb, self._link[0], self._link[1], len(self.held))
@@ -125,8 +141,10 @@ class Controller:
         chosen = sorted(set(adm.admit))
         if chosen and (chosen[0] < 0 or chosen[-1] >= len(queue)):
             raise ValueError(f"policy {self.policy.name}: admission index out of range: {adm.admit}")
-        if self.log_decisions and len(chosen) < len(queue):
-            self._log("hold", None, f"{len(queue) - len(chosen)} held: {adm.reason}", view)
+        n_held = len(queue) - len(chosen)
+        if self.log_decisions and n_held and n_held != self._last_logged_hold:
+            self._log("hold", None, f"{n_held} held: {adm.reason}", view)
+        self._last_logged_hold = n_held
         released = [self.held[i] for i in chosen]
         keep = set(chosen)
         self.held = [h for i, h in enumerate(self.held) if i not in keep]
@@ -161,13 +179,16 @@ class Controller:
 
     def _count(self, c: ConversationState, instance: int, context_tokens: int) -> None:
         """Book conversation ``c`` (its context, tokens) on ``instance`` (-1: on none)."""
+        cid = c.record.conversation_id
         if c.counted_on >= 0:
             self._conversations_on[c.counted_on] -= 1
             self._context_on[c.counted_on] -= c.context_tokens
+            del self._convs_on[c.counted_on][cid]
         c.counted_on, c.context_tokens = instance, context_tokens
         if instance >= 0:
             self._conversations_on[instance] += 1
             self._context_on[instance] += context_tokens
+            self._convs_on[instance][cid] = c.next_turn
 
     def _prefill_done(self, job: TurnJob) -> None:
         self._queued_prefill[job.placement.prefill_instance] -= job.prompt_tokens

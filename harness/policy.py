@@ -65,6 +65,8 @@ class InstanceView:
         conversation_context_tokens: their current context lengths summed (last prompt + output, or
             the prompt of a turn in flight), tokens: the KV those conversations will come back for
             (held now, cached, or to be recomputed), from the controller's bookkeeping.
+        conversations: ``(conversation_id, turn)`` of each of those conversations (its latest turn
+            placed), in placement order.
         prefill_tokens_per_s: prefill throughput of the hardware, tokens/s (calibration estimate).
         decode_step_s: an idle decode step time (batch of one, short context), s.
     """
@@ -80,6 +82,7 @@ class InstanceView:
     queued_prefill_tokens: int
     num_conversations: int
     conversation_context_tokens: int
+    conversations: tuple[tuple[str, int], ...]
     prefill_tokens_per_s: float
     decode_step_s: float
 
@@ -185,11 +188,13 @@ class AdmitAll:
 
 @dataclass(frozen=True, slots=True)
 class TurnTruth:
-    """What an oracle knows about a turn: true output tokens and tool time after it (s)."""
+    """What an oracle knows about a turn: true output tokens, tool time after it (s), turns after it,
+    and the KV growth still to come after it (new input + output tokens of the later turns)."""
 
     output_tokens: int
     tool_time_s: float
     remaining_turns: int
+    remaining_kv_tokens: int
 
 
 class Predictor:
@@ -241,9 +246,15 @@ class Predictor:
         return t.tool_time_s * self._factor(turn.conversation_id, turn.turn, 2)
 
     def remaining_turns(self, turn: TurnView) -> float:
-        """Predicted number of turns after ``turn`` (drives KV-growth predictions)."""
+        """Predicted number of turns after ``turn``."""
         t = self._truth(turn.conversation_id, turn.turn)
         return t.remaining_turns * self._factor(turn.conversation_id, turn.turn, 3)
+
+    def kv_growth(self, conversation_id: str, turn: int) -> float:
+        """Predicted KV growth of a conversation from the end of ``turn`` to its end, tokens
+        (new input + output of every later turn)."""
+        t = self._truth(conversation_id, turn)
+        return t.remaining_kv_tokens * self._factor(conversation_id, turn, 4)
 
 
 # ---- registry -------------------------------------------------------------------------------------
