@@ -13,6 +13,8 @@ its threshold (that needs an engine-side hook), and the paper's logarithmic memo
 
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass, field
 
 from baselines.fluid_admission import ThresholdAdmission, instance_coefficients, prompt_types
@@ -45,6 +47,8 @@ def make(cfg: NestedWaitConfig, ctx: PolicyContext) -> NestedWait:
         raise ValueError(f"scheduler.output_bins must be increasing positive token counts, got {edges}")
     if not cfg.total_cap_tl > 0:
         raise ValueError(f"scheduler.total_cap_tl must be > 0, got {cfg.total_cap_tl!r}")
+    if not 0 <= cfg.eta < 1:
+        raise ValueError(f"scheduler.eta must be in [0, 1), got {cfg.eta!r}")
     if not cfg.max_wait_s >= 0:
         raise ValueError(f"scheduler.max_wait_s must be >= 0, got {cfg.max_wait_s!r}")
     n_inst = len(ctx.cluster_roles)
@@ -60,7 +64,8 @@ def make(cfg: NestedWaitConfig, ctx: PolicyContext) -> NestedWait:
             thresholds.append({0: plan.thresholds_int[0]})
             caps.append(sum(d * n for d, n in zip(plan.segment_lengths, plan.thresholds_int)))
             notes.append(f"n_k={list(plan.thresholds_int)} q={[round(q, 3) for q in plan.q]}")
-        except ValueError as e:
+        except ValueError as e:  # the fluid model is infeasible at this load: no batching, said loudly
+            logging.getLogger(__name__).warning("instance %d: fluid thresholds infeasible (%s); using 1", i, e)
             thresholds.append({})
             caps.append(256)
             notes.append(f"thresholds 1 ({e})")

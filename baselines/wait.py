@@ -11,6 +11,8 @@ See ``baselines.fluid_admission`` for the release rule.
 
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +49,8 @@ def make(cfg: WaitConfig, ctx: PolicyContext) -> Wait:
         raise ValueError(f"scheduler.output_bins must be increasing positive token counts, got {edges}")
     if not cfg.max_wait_s >= 0:
         raise ValueError(f"scheduler.max_wait_s must be >= 0, got {cfg.max_wait_s!r}")
+    if not cfg.margin >= 0:
+        raise ValueError(f"scheduler.margin must be >= 0, got {cfg.margin!r}")
     if cfg.max_active < 1:
         raise ValueError(f"scheduler.max_active must be >= 1, got {cfg.max_active!r}")
     pc = cfg.predictor
@@ -60,7 +64,8 @@ def make(cfg: WaitConfig, ctx: PolicyContext) -> Wait:
             n, m_pi = wait_thresholds(types, d0, d1, ctx.kv_capacity_tokens[i], cfg.margin)
             thresholds.append({int(b): int(k) for b, k in zip(bins, n)})
             notes.append(f"n={n} M^pi={m_pi:.0f}")
-        except ValueError as e:
+        except ValueError as e:  # the fluid model is infeasible at this load: no batching, said loudly
+            logging.getLogger(__name__).warning("instance %d: fluid thresholds infeasible (%s); using 1", i, e)
             thresholds.append({})
             notes.append(f"thresholds 1 ({e})")
     edges_arr = np.asarray(edges)

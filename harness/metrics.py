@@ -55,7 +55,8 @@ class SloConfig:
 
 TURN_COLUMNS = ["conversation_id", "turn", "submit_s", "admit_s", "start_s", "prefill_done_s", "first_token_s",
                 "finish_s", "prompt_tokens", "cached_tokens", "prefill_computed_tokens", "output_tokens",
-                "prefill_instance", "decode_instance", "disaggregated", "transfer_tokens", "transfer_s",
+                "prefill_instance", "decode_instance", "disaggregated", "decode_cached_tokens", "transfer_tokens",
+                "transfer_s",
                 "preemptions", "visible", "status", "error", "ttft_s", "tpot_s", "e2e_s", "queue_s"]
 
 
@@ -74,8 +75,9 @@ def turn_row(job, names: list[str], visible: bool) -> dict:
         "output_tokens": out if ok else 0,
         "prefill_instance": names[job.placement.prefill_instance],
         "decode_instance": names[job.placement.decode_instance],
-        "disaggregated": job.placement.disaggregated, "transfer_tokens": job.transfer_tokens,
-        "transfer_s": job.transfer_s, "preemptions": job.preemptions, "visible": visible,
+        "disaggregated": job.placement.disaggregated, "decode_cached_tokens": job.decode_cached_tokens,
+        "transfer_tokens": job.transfer_tokens if job.transfer_tokens >= 0 else math.nan,
+        "transfer_s": job.transfer_s if job.transfer_tokens >= 0 else math.nan, "preemptions": job.preemptions, "visible": visible,
         "status": "ok" if ok else "failed", "error": job.error,
         "ttft_s": first - job.submit_s, "tpot_s": (fin - first) / (out - 1) if out > 1 else math.nan,
         "e2e_s": fin - job.submit_s, "queue_s": job.admit_s - job.submit_s,
@@ -170,7 +172,7 @@ def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: li
         "window_s": window_s,
         "preemptions": int(preemptions),
         "prefix_hit_frac": float(ok.cached_tokens.sum() / ok.prompt_tokens.sum()) if len(ok) else math.nan,
-        "kv_transfer_tokens": int(turns.transfer_tokens.sum()) if len(turns) else 0,
+        "kv_transfer_tokens": float(turns.transfer_tokens.sum(min_count=1)) if len(turns) else math.nan,
         "disaggregated_turn_frac": float(ok.disaggregated.mean()) if len(ok) else math.nan,
         "energy_j": energy,
         "energy_j_per_instance": [float(e) for e in energy_j_per_instance],

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 import pandas as pd
 from omegaconf import OmegaConf
 
-from harness.config import PROJECT_ROOT, Resolved, scheduler_config
+from harness.config import PROJECT_ROOT, ConfigError, Resolved, scheduler_config
 from harness.controller import ConversationState, Controller
 from harness.metrics import TURN_COLUMNS, apply_slo, conversation_table, summarize, ttfet_turn_index, turn_row
 from harness.policy import PolicyContext, get_spec
@@ -52,14 +52,16 @@ class SimResult:
     events: int
     wall_s: float
     error: str = ""
+    extra: dict = dataclasses.field(default_factory=dict)
 
 
-def make_policy(run: Resolved, name: str, sched_cfg: Any, controller: Controller, backend: SimBackend,
-                stats: WorkloadStats):
-    """Instantiate the registered policy ``name`` for this cluster and workload."""
+def make_policy(run: Resolved, name: str, sched_cfg: Any, controller: Controller, perf: Sequence,
+                kv_capacity_tokens: Sequence[int], stats: WorkloadStats):
+    """Instantiate the registered policy ``name`` for this cluster (``perf``: a ``PerfModel`` per
+    instance, its hardware knowledge; capacities in tokens) and workload."""
     ctx = PolicyContext(truth=controller.truth, seed=run.cfg.seed,
                         cluster_roles=tuple(r for _, r, _ in run.instances), workload=stats,
-                        perf=tuple(backend.perf), kv_capacity_tokens=tuple(i.kv_capacity_tokens for i in backend.infos))
+                        perf=tuple(perf), kv_capacity_tokens=tuple(kv_capacity_tokens))
     return get_spec(name).factory(sched_cfg, ctx)
 
 
@@ -86,7 +88,8 @@ def simulate(run: Resolved, conversations: Sequence[tuple[float, ConversationRec
                             link_latency_s=cfg.cluster.link.latency_s,
                             kv_bytes_per_token=cfg.model.kv_bytes_per_token, on_turn=on_turn,
                             on_conversation=on_conversation or (lambda c: None), log_decisions=log_decisions)
-    controller.policy = make_policy(run, scheduler_name, sched_cfg, controller, backend, stats)
+    controller.policy = make_policy(run, scheduler_name, sched_cfg, controller, backend.perf,
+                                    [i.kv_capacity_tokens for i in backend.infos], stats)
     samples: list[dict] = []
     clock = backend.clock
 
@@ -119,19 +122,74 @@ def simulate(run: Resolved, conversations: Sequence[tuple[float, ConversationRec
                      sum(e.preemptions for e in backend.engines), clock.events, wall, error)
 
 
+def check_policies(run: Resolved, conversations, stats: WorkloadStats) -> None:
+    """Build the run's policy (and the SLO reference policy) once on an idle simulated cluster, so a
+    policy that rejects its config or the cluster (e.g. no prefiller) fails before anything runs.
+
+    Raises:
+        ConfigError: naming the scheduler and the factory's message.
+    """
+    names = [(run.scheduler_name, run.scheduler)]
+    if run.cfg.slo.ttfet_mode == "relative":
+        ref = run.cfg.slo.reference_scheduler
+        names.append((ref, scheduler_config(ref, {"name": ref})))
+    for name, sched_cfg in names:
+        backend = SimBackend(run.instances, run.cfg.model, run.cfg.engine, run.cfg.cluster.link)
+        controller = Controller(backend.clock, backend, None, conversations[:1], link_bandwidth_bytes_per_s=1.0,
+                                link_latency_s=0.0, kv_bytes_per_token=1, on_turn=lambda j: None,
+                                on_conversation=lambda c: None)
+        try:
+            make_policy(run, name, sched_cfg, controller, backend.perf,
+                        [i.kv_capacity_tokens for i in backend.infos], stats)
+        except ValueError as e:
+            what = "scheduler" if name == run.scheduler_name else "slo.reference_scheduler"
+            raise ConfigError(f"{what} ({name}): {e}") from None
+
+
 def unloaded_ttfet(run: Resolved, conversations: Sequence[tuple[float, ConversationRecord]],
                    stats: WorkloadStats) -> dict[str, float]:
     """Each conversation's TTFET when replayed alone (arrival at 0) on the idle cluster under the SLO's
     reference scheduler, s. This is the denominator of the relative TTFET SLO."""
     slo = run.cfg.slo
     ref = scheduler_config(slo.reference_scheduler, {"name": slo.reference_scheduler})
+    key = _unloaded_cache_key(run, stats)
     out = {}
     for _, rec in conversations:
+        hit = _UNLOADED_CACHE.get((key, rec.turns))
+        if hit is not None:
+            out[rec.conversation_id] = hit
+            continue
         res = simulate(run, [(0.0, rec)], stats, slo.reference_scheduler, ref, max_coalesce_s=math.inf)
         k = ttfet_turn_index([t.visible for t in rec.turns], slo.ttfet_definition)
         first = [r["first_token_s"] for r in res.turns if r["turn"] == k and r["status"] == "ok"]
         out[rec.conversation_id] = first[0] if first else math.nan
+        if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
+            _UNLOADED_CACHE.clear()
+        _UNLOADED_CACHE[(key, rec.turns)] = out[rec.conversation_id]
     return out
+
+
+# In-process memo of unloaded TTFETs, s: ``(setup key, a conversation's turns) -> TTFET``. An unloaded replay
+# depends only on the conversation's turns and the setup below, so a sweep over rates, variants or seeds
+# in one process (Hydra's basic launcher, or one joblib worker) replays each distinct conversation once.
+_UNLOADED_CACHE: dict[tuple, float] = {}
+_UNLOADED_CACHE_MAX = 200_000
+# Reference schedulers whose placement reads neither the workload statistics nor the seed.
+_STATS_FREE_REFERENCES = ("collocated",)
+
+
+def _unloaded_cache_key(run: Resolved, stats: WorkloadStats) -> str:
+    """What an unloaded replay depends on besides the conversation: instances (hardware), model, engine,
+    link, backend, reference scheduler, TTFET definition (and the workload stats when the reference
+    scheduler may read them)."""
+    cfg, slo = run.cfg, run.cfg.slo
+    parts = [run.instances, cfg.model, cfg.engine, cfg.cluster.link, cfg.backend.name, slo.reference_scheduler,
+             slo.ttfet_definition]
+    if slo.reference_scheduler not in _STATS_FREE_REFERENCES:
+        parts += [cfg.seed, stats.rate_per_s, stats.mean_turns,
+                  *(a.tobytes() for a in (stats.turn_prompt_tokens, stats.turn_new_tokens,
+                                          stats.turn_output_tokens, stats.tool_time_s))]
+    return repr(parts)
 
 
 def code_version() -> dict:
@@ -165,13 +223,18 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "") -> dict:
 
     Raises:
         TraceError: the trace is missing or malformed (before anything runs).
+        ConfigError: the workload or the scheduler rejects the config (before anything runs).
         RuntimeError: the simulation failed; results up to the failure are written first.
     """
     cfg = run.cfg
     out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     records = load_trace(run.trace_path)
-    conversations, stats = build_workload(records, cfg.workload)
+    try:
+        conversations, stats = build_workload(records, cfg.workload)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    check_policies(run, conversations, stats)
     if resolved_yaml:
         (out_dir / "config.yaml").write_text(resolved_yaml)
     meta = {"code": code_version(), "packages": package_versions(), "platform": platform.platform(),
@@ -190,12 +253,17 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "") -> dict:
         from tqdm import tqdm
         bar = tqdm(total=len(conversations), unit="conv", desc=f"{run.scheduler_name}", mininterval=0.5,
                    leave=False)
-    res = simulate(run, conversations, stats, run.scheduler_name, run.scheduler,
-                   sample_interval_s=cfg.logger.metrics_interval_s, log_decisions=cfg.logger.log_decisions,
-                   on_conversation=(lambda c: bar.update(1)) if bar else None)
+    on_conv = (lambda c: bar.update(1)) if bar else None
+    if cfg.backend.name == "vllm":
+        from harness.vllm.replay import replay
+        res = replay(run, conversations, stats, out_dir, on_conversation=on_conv)
+    else:
+        res = simulate(run, conversations, stats, run.scheduler_name, run.scheduler,
+                       sample_interval_s=cfg.logger.metrics_interval_s, log_decisions=cfg.logger.log_decisions,
+                       on_conversation=on_conv)
     if bar:
         bar.close()
-    log.info("simulated %d events in %.2f s", res.events, res.wall_s)
+    log.info("%s run: %d events in %.2f s of wall time", cfg.backend.name, res.events, res.wall_s)
     turns = pd.DataFrame(res.turns, columns=TURN_COLUMNS)
     conv = apply_slo(conversation_table(turns, res.convs, cfg.slo.ttfet_definition), cfg.slo, unloaded)
     summary = summarize(turns, conv, res.energy_j, res.window_end_s - res.window_start_s, res.preemptions)
@@ -205,6 +273,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "") -> dict:
         "partial": bool(res.error), "error": res.error,
         "sim_events": res.events, "sim_wall_s": res.wall_s, "total_wall_s": time.perf_counter() - t_start,
         "sim_turns_per_wall_s": len(turns) / res.wall_s if res.wall_s > 0 else math.nan,
+        "backend": cfg.backend.name, **res.extra,
     })
     _write_parquet(turns, out_dir / "turns.parquet")
     _write_parquet(conv, out_dir / "conversations.parquet")

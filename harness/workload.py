@@ -1,4 +1,11 @@
-"""Workloads: conversations sampled from a trace with a seed, and their arrival times.
+"""Workloads: conversations sampled from a trace (or generated) with a seed, and their arrival times.
+
+Kinds (``kind``):
+  * ``trace``: conversations sampled from the trace file ``trace`` (below);
+  * ``synthetic``: ``num_conversations`` single-turn conversations, each of one of the ``prompt_types``
+    (``input_tokens`` in, ``output_tokens`` out, drawn with probability proportional to ``weight``) --
+    the WAIT paper's setting. The one turn is the visible one (TTFET = its TTFT), there is no tool time
+    and no prefix reuse; ids are ``syn<index>-t<type>``. The trace file is not read.
 
 Arrival processes (``arrival``):
   * ``poisson``: exponential inter-arrival gaps with mean ``1 / rate_per_s``;
@@ -20,15 +27,28 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from harness.trace import ConversationRecord
+from harness.trace import ConversationRecord, TurnRecord
 
-_STREAM_SAMPLE, _STREAM_ARRIVAL = 1, 2
+_STREAM_SAMPLE, _STREAM_ARRIVAL, _STREAM_SYNTHETIC = 1, 2, 3
+KINDS = ("trace", "synthetic")
+
+
+@dataclass
+class PromptTypeConfig:
+    """One prompt type of a synthetic workload: tokens in and out (ints >= 1) and a relative weight (> 0)."""
+
+    input_tokens: int = 512
+    output_tokens: int = 20
+    weight: float = 1.0
 
 
 @dataclass
 class WorkloadConfig:
     """Hydra schema of the ``workload`` group.
 
+    kind: ``trace`` | ``synthetic`` (module docstring).
+    prompt_types: the synthetic workload's prompt types (``kind=synthetic`` only), a list of
+        ``{input_tokens, output_tokens, weight}``.
     trace: path of a trace file (relative paths are relative to the project root).
     num_conversations: how many conversations (``None``: the whole trace).
     sample: ``shuffle`` | ``first`` | ``with_replacement``.
@@ -36,9 +56,13 @@ class WorkloadConfig:
     burstiness: coefficient of variation of Gamma gaps (> 0). seed: workload seed.
     max_turns: keep at most this many turns per conversation (``None``: all; the last kept turn
         becomes the visible one).
+    token_scale: multiply every turn's new-input and output tokens by this factor (> 0; 1 = as
+        recorded), e.g. to fit long agent contexts into a small test model (``scale_tokens``).
     """
 
     name: str = "swebench"
+    kind: str = "trace"
+    prompt_types: list[PromptTypeConfig] = field(default_factory=list)
     trace: str = "traces/swebench_verified_mini_gemini3pro.jsonl.gz"
     num_conversations: Optional[int] = None
     sample: str = "shuffle"
@@ -47,9 +71,28 @@ class WorkloadConfig:
     burstiness: float = 1.0
     seed: int = 0
     max_turns: Optional[int] = None
+    token_scale: float = 1.0
 
     def validate(self, where: str = "workload") -> None:
         """Raise ``ValueError`` naming ``workload.<field>`` for the first invalid value."""
+        if self.kind not in KINDS:
+            raise ValueError(f"{where}.kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.kind == "synthetic":
+            if self.num_conversations is None:
+                raise ValueError(f"{where}.num_conversations must be set (an int >= 1) when {where}.kind=synthetic")
+            if not self.prompt_types:
+                raise ValueError(f"{where}.prompt_types must list at least one "
+                                 f"{{input_tokens, output_tokens, weight}} when {where}.kind=synthetic")
+            for i, pt in enumerate(self.prompt_types):
+                for key in ("input_tokens", "output_tokens"):
+                    v = getattr(pt, key)
+                    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                        raise ValueError(f"{where}.prompt_types[{i}].{key} must be an int >= 1 (tokens), got {v!r}")
+                w = pt.weight
+                if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w > 0):
+                    raise ValueError(f"{where}.prompt_types[{i}].weight must be a finite number > 0, got {w!r}")
+        elif self.prompt_types:
+            raise ValueError(f"{where}.prompt_types is only used with {where}.kind=synthetic (kind is {self.kind!r})")
         if self.sample not in ("shuffle", "first", "with_replacement"):
             raise ValueError(f"{where}.sample must be one of shuffle, first, with_replacement, got {self.sample!r}")
         if self.arrival not in ("poisson", "gamma", "fixed"):
@@ -64,6 +107,8 @@ class WorkloadConfig:
             raise ValueError(f"{where}.num_conversations must be >= 1 or null, got {self.num_conversations!r}")
         if self.max_turns is not None and self.max_turns < 1:
             raise ValueError(f"{where}.max_turns must be >= 1 or null, got {self.max_turns!r}")
+        if not (isinstance(self.token_scale, (int, float)) and 0 < self.token_scale and math.isfinite(self.token_scale)):
+            raise ValueError(f"{where}.token_scale must be a finite number > 0, got {self.token_scale!r}")
 
 
 @dataclass(frozen=True)
@@ -93,9 +138,49 @@ def truncate_turns(rec: ConversationRecord, max_turns: int) -> ConversationRecor
     return replace(rec, turns=tuple(turns))
 
 
+def scale_tokens(rec: ConversationRecord, factor: float) -> ConversationRecord:
+    """Scale new-input and output tokens by ``factor`` (each >= 1 token), keeping the prefix structure:
+    a turn that reused its whole previous context still does; a partial reuse is scaled and capped at
+    the (scaled) previous context. Tool times are unchanged."""
+    if factor == 1.0:
+        return rec
+    turns = []
+    prev_ctx = prev_ctx_scaled = 0
+    for k, t in enumerate(rec.turns):
+        new = max(1, round(t.new_input_tokens * factor))
+        out = max(1, round(t.output_tokens * factor))
+        if k == 0:
+            reused = 0
+        elif t.reused_tokens == prev_ctx:
+            reused = prev_ctx_scaled
+        else:
+            reused = min(round(t.reused_tokens * factor), prev_ctx_scaled)
+        prev_ctx, prev_ctx_scaled = t.prompt_tokens + t.output_tokens, reused + new + out
+        turns.append(replace(t, new_input_tokens=new, reused_tokens=reused, output_tokens=out,
+                             output_tokens_raw=max(out, round(t.output_tokens_raw * factor))))
+    return replace(rec, turns=tuple(turns))
+
+
+def synthetic_conversations(cfg: WorkloadConfig) -> list[ConversationRecord]:
+    """``cfg.num_conversations`` single-turn conversations whose types are drawn with ``cfg.seed``
+    (stream ``_STREAM_SYNTHETIC``) in proportion to the prompt types' weights."""
+    w = np.array([float(pt.weight) for pt in cfg.prompt_types])
+    kinds = np.random.default_rng([cfg.seed, _STREAM_SYNTHETIC]).choice(len(w), size=cfg.num_conversations,
+                                                                         p=w / w.sum())
+    width = max(5, len(str(cfg.num_conversations - 1)))
+    out = []
+    for i, j in enumerate(kinds):
+        pt = cfg.prompt_types[int(j)]
+        turn = TurnRecord(new_input_tokens=int(pt.input_tokens), reused_tokens=0, output_tokens=int(pt.output_tokens),
+                          tool_time_s=0.0, visible=True, output_tokens_raw=int(pt.output_tokens))
+        out.append(ConversationRecord(f"syn{i:0{width}d}-t{int(j)}", (turn,), "synthetic"))
+    return out
+
+
 def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig
                    ) -> tuple[list[tuple[float, ConversationRecord]], WorkloadStats]:
-    """Sample conversations and draw arrival times.
+    """Sample conversations (``kind=trace``: from ``records``; ``kind=synthetic``: generated, ``records``
+    unused) and draw arrival times.
 
     Returns:
         ``[(arrival_s, record), ...]`` sorted by arrival time (ties keep sampling order), and stats.
@@ -105,7 +190,9 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig
     cfg.validate()
     n = len(records) if cfg.num_conversations is None else cfg.num_conversations
     rng_s = np.random.default_rng([cfg.seed, _STREAM_SAMPLE])
-    if cfg.sample == "with_replacement":
+    if cfg.kind == "synthetic":
+        chosen = synthetic_conversations(cfg)
+    elif cfg.sample == "with_replacement":
         idx = rng_s.integers(0, len(records), size=n)
         seen: dict[str, int] = {}
         chosen = []
@@ -122,6 +209,8 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig
         chosen = [records[int(i)] for i in order[:n]]
     if cfg.max_turns is not None:
         chosen = [truncate_turns(r, cfg.max_turns) for r in chosen]
+    if cfg.token_scale != 1.0:
+        chosen = [scale_tokens(r, cfg.token_scale) for r in chosen]
     rng_a = np.random.default_rng([cfg.seed, _STREAM_ARRIVAL])
     if cfg.arrival == "fixed":
         times = np.zeros(n)

