@@ -17,9 +17,16 @@ class SummaryTableCallback(Callback):
         from harness.runner import summary_table
         sweep = Path(config.hydra.sweep.dir)
         summaries = {}
-        for p in sorted(sweep.glob("*/summary.json"), key=lambda p: int(p.parent.name.split("_")[0])
-                        if p.parent.name.split("_")[0].isdigit() else 0):
-            summaries[p.parent.name] = json.loads(p.read_text())
+
+        def job(p: Path) -> str:  # the job's own directory (an override holding '/' nests deeper)
+            return p.relative_to(sweep).parts[0]
+
+        def num(p: Path) -> int:
+            head = job(p).split("_")[0]
+            return int(head) if head.isdigit() else 0
+
+        for p in sorted(sweep.rglob("summary.json"), key=num):
+            summaries[job(p)] = json.loads(p.read_text())
         if not summaries:
             return
         table = summary_table(summaries)

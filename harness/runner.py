@@ -134,11 +134,11 @@ def check_policies(run: Resolved, conversations, stats: WorkloadStats) -> None:
         ref = run.cfg.slo.reference_scheduler
         names.append((ref, scheduler_config(ref, {"name": ref})))
     for name, sched_cfg in names:
-        backend = SimBackend(run.instances, run.cfg.model, run.cfg.engine, run.cfg.cluster.link)
-        controller = Controller(backend.clock, backend, None, conversations[:1], link_bandwidth_bytes_per_s=1.0,
-                                link_latency_s=0.0, kv_bytes_per_token=1, on_turn=lambda j: None,
-                                on_conversation=lambda c: None)
         try:
+            backend = SimBackend(run.instances, run.cfg.model, run.cfg.engine, run.cfg.cluster.link)
+            controller = Controller(backend.clock, backend, None, conversations[:1], link_bandwidth_bytes_per_s=1.0,
+                                    link_latency_s=0.0, kv_bytes_per_token=1, on_turn=lambda j: None,
+                                    on_conversation=lambda c: None)
             make_policy(run, name, sched_cfg, controller, backend.perf,
                         [i.kv_capacity_tokens for i in backend.infos], stats)
         except ValueError as e:

@@ -4,12 +4,13 @@ before any simulated turn starts -- with an error that names the key (or the fil
 
 Bad inputs are checked in-process (``compose_run`` + ``harness.runner.execute`` with the simulator
 booby-trapped) and, for a few, through the real CLI (``python run.py ...``: non-zero exit, the key on
-stderr, no Python traceback, no results written). Cases that currently fail are marked
-``xfail(strict=True)`` with the reason; they turn into XPASS failures once fixed, so drop the marker then.
+stderr, no Python traceback, no results written).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -77,11 +78,27 @@ def run_tiny(run, scheduler: str, sched_cfg, monkeypatch) -> tuple[runner.SimRes
     return runner.simulate(run, conversations, stats, scheduler, sched_cfg), built
 
 
-def assert_completed(res: runner.SimResult) -> None:
-    assert res.error == ""
-    assert len(res.turns) == NUM_TURNS
-    assert all(r["status"] == "ok" for r in res.turns)
-    assert all(c.done and not c.failed for c in res.convs)
+def assert_completed(res: runner.SimResult, where: str = "") -> None:
+    assert res.error == "", where
+    assert len(res.turns) == NUM_TURNS, where
+    assert all(r["status"] == "ok" for r in res.turns), where
+    assert all(c.done and not c.failed for c in res.convs), where
+
+
+@functools.lru_cache(maxsize=None)
+def composed(*overrides: str):
+    """``compose_run`` cached per override list (Hydra's compose is the slow part of this file); callers
+    must not mutate the result."""
+    return compose_run(list(overrides))
+
+
+def cluster_run(cluster: str):
+    return composed(f"cluster={cluster}", "scheduler=collocated")  # collocated runs on any cluster
+
+
+def with_scheduler(run, scheduler: str):
+    """``run`` with the scheduler (and its YAML config) of ``conf/scheduler/<scheduler>.yaml``."""
+    return dataclasses.replace(run, scheduler_name=scheduler, scheduler=composed(f"scheduler={scheduler}").scheduler)
 
 
 # ---- every option composes and resolves --------------------------------------------------------------
@@ -96,14 +113,30 @@ def test_every_hardware_profile_is_composed_under_its_name():
 
 
 @pytest.mark.parametrize("model", options("model"))
-@pytest.mark.parametrize("hardware", options("hardware"))
-def test_every_hardware_runs_every_model(hardware, model, monkeypatch):
-    run = compose_run([f"model={model}", "cluster=a100_1x", f"cluster.instances.0.hardware={hardware}",
-                       "scheduler=collocated"])
-    assert [(r, h.name) for _, r, h in run.instances] == [("collocated", hardware)]
-    assert kv_capacity_blocks(run.instances[0][2], run.cfg.model, run.cfg.engine) >= 1
-    res, _ = run_tiny(run, "collocated", run.scheduler, monkeypatch)
-    assert_completed(res)
+def test_every_hardware_runs_every_model_that_fits(model, monkeypatch):
+    """On every hardware profile the model either runs the tiny workload or is refused with an error naming
+    both (e.g. llama2_7b on the 8 GB cpu profile); see the next test for the pairs that must fit."""
+    base = composed(f"model={model}", "cluster=a100_1x", "scheduler=collocated")
+    assert [r for _, r, _ in base.instances] == ["collocated"]
+    for key, hw in base.cfg.hardware.items():
+        try:
+            kv_capacity_blocks(hw, base.cfg.model, base.cfg.engine)
+        except ValueError as e:
+            assert model in str(e) and key in str(e), str(e)
+            continue
+        run = dataclasses.replace(base, instances=[("collocated0", "collocated", hw)])
+        res, _ = run_tiny(run, "collocated", run.scheduler, monkeypatch)
+        assert_completed(res, f"{model} on {key}")
+
+
+def test_default_model_fits_every_hardware_and_every_model_fits_default_hardware():
+    run = composed()
+    default_hw = run.instances[0][2]
+    for key, hw in run.cfg.hardware.items():
+        assert kv_capacity_blocks(hw, run.cfg.model, run.cfg.engine) >= 1, key
+    for model in options("model"):
+        m = composed(f"model={model}", "cluster=a100_1x", "scheduler=collocated").cfg.model
+        assert kv_capacity_blocks(default_hw, m, run.cfg.engine) >= 1, model
 
 
 GROUP_OPTIONS = [(g, o) for g in ("cluster", "scheduler", "model", "slo", "workload", "backend", "logger")
@@ -112,16 +145,44 @@ GROUP_OPTIONS = [(g, o) for g in ("cluster", "scheduler", "model", "slo", "workl
 
 @pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])
 def test_every_group_option_composes_and_resolves(group, option):
-    extra = ["scheduler=collocated"] if group == "cluster" else []  # collocated runs on any cluster
-    run = compose_run([f"{group}={option}", *extra])
+    if group == "cluster":
+        run = cluster_run(option)
+    elif group == "backend":  # the relative SLO's unloaded replays are sim-only
+        run = composed(f"backend={option}", "slo=absolute")
+    else:
+        run = composed(f"{group}={option}")
     name = run.scheduler_name if group == "scheduler" else getattr(run.cfg, group).name
     assert name == option, f"conf/{group}/{option}.yaml must set name: {option}"
     assert run.trace_path.is_file()
     assert run.instances
 
 
+EXPERIMENTS = options("experiment")
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_with_its_sweep_values(experiment):
+    """``+experiment=<name>``: the experiment itself, then with the first and with the last value of every
+    swept parameter; every swept group option (``scheduler: a,b``, ``+experiment/arm: ...``) must exist."""
+    params = OmegaConf.load(CONF / "experiment" / f"{experiment}.yaml").hydra.sweeper.params
+    swept = {k.lstrip("+"): str(v).split(",") for k, v in params.items()}
+    for key, values in swept.items():
+        if (CONF / key).is_dir():  # a config group: its values are option files
+            missing = [v for v in values if not (CONF / key / f"{v}.yaml").is_file()]
+            assert not missing, f"{experiment}: {key} options {missing} do not exist"
+    composed(f"+experiment={experiment}")
+    for pick in (0, -1):
+        run = composed(f"+experiment={experiment}", *(f"{k}={v[pick]}" for k, v in params.items()
+                                                      for v in [str(v).split(",")]))
+        for key, values in swept.items():
+            if key == "scheduler":
+                assert run.scheduler_name == values[pick]
+            elif key in ("cluster", "workload"):
+                assert getattr(run.cfg, key).name == values[pick]
+
+
 def test_default_config_resolves():
-    run = compose_run()
+    run = composed()
     assert run.scheduler_name == "conserve" and run.cfg.cluster.name == "a40_1p3d"
     assert [n for n, _, _ in run.instances] == ["prefiller0", "decoder0", "decoder1", "decoder2"]
 
@@ -145,34 +206,72 @@ def test_scheduler_yaml_equals_config_dataclass_defaults(name):
     assert from_yaml == defaults
 
 
-PAIRS = [(s, c) for s in registered() for c in options("cluster") if supports(s, c)]
+@pytest.mark.parametrize("scheduler", registered())
+def test_every_registered_scheduler_builds_and_runs_on_every_cluster_it_supports(scheduler, monkeypatch):
+    clusters = [c for c in options("cluster") if supports(scheduler, c)]
+    assert clusters
+    for cluster in clusters:
+        run = with_scheduler(cluster_run(cluster), scheduler)
+        res, built = run_tiny(run, scheduler, run.scheduler, monkeypatch)
+        assert len(built) == 1
+        policy = built[0]
+        assert isinstance(policy, Policy), cluster
+        assert policy.name == scheduler
+        assert_completed(res, cluster)
+        turn0 = [r for r in res.turns if r["turn"] == 0]
+        if scheduler in NEEDS_PD:  # turn 0 is prefilled on a prefiller and decoded on a decoder
+            assert all(r["disaggregated"] and r["prefill_instance"].startswith("prefiller")
+                       and r["decode_instance"].startswith("decoder") for r in turn0), cluster
+        else:
+            assert not any(r["disaggregated"] for r in res.turns), cluster
 
 
-@pytest.mark.parametrize(("scheduler", "cluster"), PAIRS, ids=[f"{s}@{c}" for s, c in PAIRS])
-def test_every_registered_scheduler_builds_and_runs(scheduler, cluster, monkeypatch):
-    run = compose_run([f"scheduler={scheduler}", f"cluster={cluster}"])
-    res, built = run_tiny(run, scheduler, run.scheduler, monkeypatch)
-    assert len(built) == 1
-    policy = built[0]
-    assert isinstance(policy, Policy)
-    assert policy.name == scheduler
-    assert_completed(res)
-    turn0 = [r for r in res.turns if r["turn"] == 0]
-    if scheduler in NEEDS_PD:  # turn 0 is prefilled on a prefiller and decoded on a decoder
-        assert all(r["disaggregated"] and r["prefill_instance"].startswith("prefiller")
-                   and r["decode_instance"].startswith("decoder") for r in turn0)
-    else:
-        assert not any(r["disaggregated"] for r in res.turns)
-
-
-def test_reference_scheduler_runs_on_every_cluster(monkeypatch):
+def test_reference_scheduler_runs_on_every_cluster():
     for cluster in options("cluster"):
-        run = compose_run([f"cluster={cluster}", "scheduler=collocated"])
-        ref = run.cfg.slo.reference_scheduler
+        run = cluster_run(cluster)
         conversations, stats = tiny_workload()
         out = runner.unloaded_ttfet(run, conversations, stats)
         assert set(out) == {c.conversation_id for c in CONVS}
-        assert all(v > 0 for v in out.values()), (cluster, ref, out)
+        assert all(v > 0 for v in out.values()), (cluster, run.cfg.slo.reference_scheduler, out)
+
+
+# ---- conf/README.md documents every key and option ----------------------------------------------------
+
+def schema_keys() -> dict[str, list[str]]:
+    """Every key of every group, as conf/README.md writes it (nested keys with their parent's prefix)."""
+    from harness.config import BackendConfig, LoggerConfig
+    from harness.metrics import SloConfig
+    from harness.profiles import ClusterConfig, EngineConfig, HardwareConfig, InstanceGroupConfig, ModelConfig
+    from harness.workload import WorkloadConfig
+
+    def fields(cls, prefix=""):
+        out = []
+        for f in dataclasses.fields(cls):
+            default = getattr(cls(), f.name)
+            if dataclasses.is_dataclass(default):
+                out += fields(type(default), f"{prefix}{f.name}.")
+            else:
+                out.append(prefix + f.name)
+        return out
+
+    keys = {"hardware": fields(HardwareConfig), "model": fields(ModelConfig), "cluster": fields(ClusterConfig),
+            "cluster.instances": fields(InstanceGroupConfig), "engine": fields(EngineConfig, "engine."),
+            "workload": fields(WorkloadConfig), "backend": fields(BackendConfig), "slo": fields(SloConfig),
+            "logger": fields(LoggerConfig)}
+    for name in registered():
+        keys[f"scheduler={name}"] = fields(get_spec(name).config_cls)
+    return keys
+
+
+def test_conf_readme_documents_every_key_and_option():
+    text = (CONF / "README.md").read_text()
+    missing = [f"{group}: {key}" for group, ks in schema_keys().items() for key in ks if f"`{key}`" not in text]
+    from harness.config import RunConfig
+    missing += [f"section ## {f.name}" for f in dataclasses.fields(RunConfig) if f"\n## {f.name}\n" not in text]
+    groups = [p.name for p in CONF.iterdir() if p.is_dir()]
+    missing += [f"section ## {g}" for g in groups if f"\n## {g}\n" not in text]
+    missing += [f"option {g}={o}" for g in groups for o in options(g) if f"`{o}`" not in text]
+    assert not missing, f"conf/README.md does not mention: {missing}"
 
 
 # ---- bad inputs fail fast with the key named -----------------------------------------------------------
@@ -187,19 +286,20 @@ def fail_before_simulation(overrides, monkeypatch, tmp_path) -> BaseException:
     def boom(self, job):
         raise SimulationStarted(f"turn {job.conversation_id}/{job.turn} started before the config error")
 
+    def no_replay(*args, **kwargs):
+        raise SimulationStarted("a real-vLLM replay started before the config error")
+
     monkeypatch.setattr(SimBackend, "start_turn", boom)
+    try:
+        import harness.vllm.replay
+        monkeypatch.setattr(harness.vllm.replay, "replay", no_replay)
+    except ImportError:  # the vllm extra (aiohttp) is not installed: execute() cannot reach a replay either
+        pass
     with pytest.raises(CONFIG_ERRORS) as ei:
         run = compose_run(overrides)
         runner.execute(run, tmp_path / "run")
     return ei.value
 
-
-def xfail(reason):
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
-LATE_FACTORY = ("validated only by the policy factory, which runs inside simulate() after the "
-                "unloaded-TTFET reference runs and raises a bare ValueError (CLI: traceback)")
 
 BAD = [
     # (overrides, substrings the message must contain)
@@ -242,46 +342,42 @@ BAD = [
     pytest.param(["slo=absolute", "slo.ttfet_s=null"], ["slo.ttfet_s"], id="absolute-slo-without-threshold"),
     pytest.param(["slo.tbt_s=0"], ["slo.tbt_s"], id="zero-tbt"),
     pytest.param(["slo.ttfet_definition=middle"], ["slo.ttfet_definition"], id="bad-ttfet-definition"),
-    pytest.param(["backend.name=vllm"], ["backend.name"], id="unbuilt-backend"),
+    pytest.param(["backend.name=tgi"], ["backend.name", "tgi"], id="unknown-backend"),
+    pytest.param(["backend=vllm"], ["slo.ttfet_mode"], id="vllm-with-relative-slo"),
+    pytest.param(["backend=vllm", "slo=absolute", "backend.device=tpu"], ["backend.device"], id="vllm-bad-device"),
+    pytest.param(["backend=vllm", "slo=absolute", "backend.launch=false"], ["backend.endpoints"],
+                 id="vllm-no-endpoints"),
+    pytest.param(["workload.kind=replay"], ["workload.kind", "replay"], id="bad-workload-kind"),
+    pytest.param(["workload=wait_single", "workload.prompt_types.0.output_tokens=0"],
+                 ["workload.prompt_types[0].output_tokens"], id="synthetic-zero-output"),
+    pytest.param(["workload.token_scale=0"], ["workload.token_scale"], id="zero-token-scale"),
     pytest.param(["logger.metrics_interval_s=0"], ["logger.metrics_interval_s"], id="zero-metrics-interval"),
-    # ---- currently failing (see the reasons; the exact fixes are in the report) ----
-    *[pytest.param(["cluster=a40_4x", f"scheduler={s}"], [s, "prefiller"], id=f"{s}-without-prefiller",
-                   marks=xfail(f"role check {LATE_FACTORY}"))
+    # ---- checked when the policy is built (before any simulation: runner.check_policies) ----
+    *[pytest.param(["cluster=a40_4x", f"scheduler={s}"], [s, "prefiller"], id=f"{s}-without-prefiller")
       for s in sorted(NEEDS_PD)],
-    pytest.param(["cluster.instances.0.role=decoder"], ["conserve", "prefiller"], id="conserve-no-prefiller-role",
-                 marks=xfail(f"role check {LATE_FACTORY}")),
+    pytest.param(["cluster.instances.0.role=decoder"], ["conserve", "prefiller"], id="conserve-no-prefiller-role"),
     pytest.param(["scheduler=ampd", "scheduler.predictor.sigma=-1"], ["predictor.sigma", "-1"],
-                 id="ampd-negative-sigma", marks=xfail(f"predictor.sigma {LATE_FACTORY}")),
+                 id="ampd-negative-sigma"),
     pytest.param(["scheduler=wait", "scheduler.predictor.mode=gaussian"], ["predictor.mode", "gaussian"],
-                 id="wait-bad-predictor-mode", marks=xfail(f"predictor.mode {LATE_FACTORY}")),
+                 id="wait-bad-predictor-mode"),
     pytest.param(["scheduler=disaggregated", "scheduler.decoder_choice=random"], ["scheduler.decoder_choice"],
-                 id="bad-decoder-choice", marks=xfail(f"decoder_choice {LATE_FACTORY}")),
-    pytest.param(["scheduler.kv_admit_frac=1.5"], ["scheduler.kv_admit_frac"], id="kv-admit-frac-above-1",
-                 marks=xfail(f"kv_admit_frac {LATE_FACTORY}")),
+                 id="bad-decoder-choice"),
+    pytest.param(["scheduler.kv_admit_frac=1.5"], ["scheduler.kv_admit_frac"], id="kv-admit-frac-above-1"),
     pytest.param(["scheduler=nested_wait", "scheduler.output_bins=[256,64]"], ["scheduler.output_bins"],
-                 id="decreasing-output-bins", marks=xfail(f"output_bins {LATE_FACTORY}")),
-    pytest.param(["scheduler.kv_admit_frac=abc"], ["kv_admit_frac"], id="scheduler-value-wrong-type",
-                 marks=xfail("scheduler_config keeps only the first line of OmegaConf's error, which does "
-                             "not name the key (it is in e.full_key)")),
-    pytest.param(["slo.reference_scheduler=foo"], ["slo.reference_scheduler", "foo"], id="unknown-reference-scheduler",
-                 marks=xfail("resolve() calls get_spec(slo.reference_scheduler) without turning its KeyError "
-                             "into a ConfigError (CLI: traceback)")),
+                 id="decreasing-output-bins"),
+    pytest.param(["scheduler=wait", "scheduler.margin=-1"], ["scheduler.margin", "-1"], id="wait-negative-margin"),
+    pytest.param(["scheduler=nested_wait", "scheduler.eta=-1"], ["scheduler.eta", "-1"], id="nested-wait-negative-eta"),
+    pytest.param(["scheduler.kv_admit_frac=abc"], ["kv_admit_frac"], id="scheduler-value-wrong-type"),
+    pytest.param(["slo.reference_scheduler=foo"], ["slo.reference_scheduler", "foo"], id="unknown-reference-scheduler"),
     pytest.param(["scheduler=collocated", "cluster=a40_4x", "slo.reference_scheduler=conserve"],
-                 ["conserve", "prefiller"], id="reference-scheduler-unsupported-by-cluster",
-                 marks=xfail(f"reference scheduler's role check {LATE_FACTORY}")),
+                 ["conserve", "prefiller"], id="reference-scheduler-unsupported-by-cluster"),
     pytest.param(["workload.num_conversations=501"], ["workload.num_conversations", "501"],
-                 id="more-conversations-than-trace",
-                 marks=xfail("build_workload raises a bare ValueError inside execute(), not a ConfigError "
-                             "(CLI: traceback)")),
-    pytest.param(["model=llama2_7b", "hardware.a40.mem_bytes=10e9"], ["llama2_7b", "a40"], id="model-does-not-fit",
-                 marks=xfail("kv_capacity_blocks raises a bare ValueError in SimBackend(), i.e. inside the first "
-                             "simulate(), never checked by resolve() (CLI: traceback)")),
-    pytest.param(["+workload.rat=1"], ["workload.rat"], id="appended-misspelt-key",
-                 marks=xfail("a '+key=value' override bypasses Hydra's struct check and resolve() drops keys "
-                             "that are not in the schema, so the typo is silently ignored")),
-    pytest.param(["+engine.max_num_seq=64"], ["engine.max_num_seq"], id="appended-misspelt-engine-key",
-                 marks=xfail("a '+key=value' override bypasses Hydra's struct check and resolve() drops keys "
-                             "that are not in the schema, so the typo is silently ignored")),
+                 id="more-conversations-than-trace"),
+    pytest.param(["model=llama2_7b", "hardware.a40.mem_bytes=10e9"], ["llama2_7b", "a40"], id="model-does-not-fit"),
+    pytest.param(["backend=vllm", "slo=absolute", "model=llama2_7b", "cluster=cpu_1x"], ["llama2_7b", "cpu"],
+                 id="vllm-model-does-not-fit-hardware-profile"),
+    pytest.param(["+workload.rat=1"], ["workload.rat"], id="appended-misspelt-key"),
+    pytest.param(["+engine.max_num_seq=64"], ["engine.max_num_seq"], id="appended-misspelt-engine-key"),
 ]
 
 
@@ -291,7 +387,9 @@ def test_bad_input_fails_before_simulation_naming_the_key(overrides, needles, mo
     msg = str(err)
     for needle in needles:
         assert needle in msg, f"{needle!r} not in error message: {msg}"
-    assert not (tmp_path / "run" / "turns.parquet").exists()
+    run_dir = tmp_path / "run"
+    written = sorted(f.name for f in run_dir.rglob("*")) if run_dir.exists() else []
+    assert not written, f"files written before the error: {written}"
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -319,65 +417,105 @@ def test_malformed_trace_fails_before_simulation(monkeypatch, tmp_path):
     assert f"{bad}:3:" in str(err) and "turns[1].output_tokens" in str(err)
 
 
-@xfail("an instance's hardware name is HardwareConfig.name (from the YAML), not the key it was composed under, "
-       "so '+hardware@hardware.<key>=<profile>' reports the base profile's name")
 def test_added_hardware_profile_is_named_by_its_key():
     run = compose_run(["+hardware@hardware.h100_b=h100", "cluster.instances.0.hardware=h100_b"])
     assert run.instances[0][2].name == "h100_b"
 
 
 # ---- through the real CLI -----------------------------------------------------------------------------
+# The CLI cases are independent processes: they are all started with the module's first test and run in
+# parallel with each other and with the in-process tests; each CLI test then waits for its own.
 
-def cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return subprocess.run([sys.executable, "run.py", *args, "logger.progress=false", f"hydra.run.dir={tmp_path / 'run'}"],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, env=env)
+BAD_TRACE, GOOD_TRACE = "<bad-trace>", "<good-trace>"
+CLI_BAD = [
+    # (args, substrings stderr must contain, whether it is a one-line 'error: ...' from the harness)
+    pytest.param(["scheduler=foo"], ["scheduler/foo", *registered()], False, id="unknown-scheduler-variant"),
+    pytest.param(["workload.rat=1"], ["workload.rat"], False, id="misspelt-key"),
+    pytest.param(["workload.rate_per_s=-1"], ["workload.rate_per_s"], True, id="negative-rate"),
+    pytest.param([f"workload.trace={BAD_TRACE}"], [f"{BAD_TRACE}:3:", "turns[1].output_tokens"], True,
+                 id="malformed-trace-names-file-and-line"),
+    pytest.param(["cluster=a40_4x", "scheduler=conserve"], ["prefiller"], True, id="conserve-without-prefiller"),
+    pytest.param(["scheduler=ampd", "scheduler.predictor.sigma=-1"], ["predictor.sigma"], True,
+                 id="ampd-negative-sigma"),
+]
+CLI_GOOD = {"tiny-run": [f"workload.trace={GOOD_TRACE}", "cluster=a40_1p3d"]}
 
 
-def assert_clean_cli_error(p: subprocess.CompletedProcess, needles: list[str], tmp_path: Path,
-                           one_line: bool) -> None:
+class CliRuns:
+    """Every CLI case; ``start()`` launches them all at once, ``get(case)`` (starting it if needed) waits
+    for one: ``(run_dir, CompletedProcess)``."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.traces = {BAD_TRACE: str(write_jsonl(base / "bad.jsonl", trace_rows(bad_line=3))),
+                       GOOD_TRACE: str(write_jsonl(base / "good.jsonl", trace_rows()))}
+        self.procs: dict[str, tuple[Path, subprocess.Popen]] = {}
+        self.done: dict[str, tuple[Path, subprocess.CompletedProcess]] = {}
+
+    def subst(self, text: str) -> str:
+        for k, v in self.traces.items():
+            text = text.replace(k, v)
+        return text
+
+    def start(self, only: str | None = None) -> None:
+        """Launch every case not yet started (or just ``only``)."""
+        env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+        for case, args in ({p.id: p.values[0] for p in CLI_BAD} | CLI_GOOD).items():
+            if case in self.procs or (only is not None and case != only):
+                continue
+            run_dir = self.base / case / "run"
+            cmd = [sys.executable, "run.py", *(self.subst(a) for a in args), "logger.progress=false",
+                   f"hydra.run.dir={run_dir}"]
+            self.procs[case] = (run_dir, subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, text=True,
+                                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+
+    def get(self, case: str) -> tuple[Path, subprocess.CompletedProcess]:
+        self.start(only=case)
+        if case not in self.done:
+            run_dir, p = self.procs[case]
+            out, err = p.communicate(timeout=120)
+            self.done[case] = (run_dir, subprocess.CompletedProcess(p.args, p.returncode, out, err))
+        return self.done[case]
+
+    def close(self) -> None:
+        for _, p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cli_runs(tmp_path_factory):
+    """Module-wide: without xdist the CLI runs all start with the module's first test and run on the spare
+    core while the in-process tests run; under xdist each worker starts a case only when it reaches it."""
+    runs = CliRuns(tmp_path_factory.mktemp("cli"))
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        runs.start()
+    yield runs
+    runs.close()
+
+
+@pytest.mark.parametrize(("args", "needles", "one_line"), CLI_BAD)
+def test_cli_bad_input(args, needles, one_line, request, cli_runs):
+    run_dir, p = cli_runs.get(request.node.callspec.id)
+    needles = [cli_runs.subst(n) for n in needles]
     assert p.returncode != 0, p.stdout + p.stderr
     assert "Traceback" not in p.stderr, p.stderr
     for needle in needles:
         assert needle in p.stderr, f"{needle!r} not in stderr:\n{p.stderr}"
-    if one_line:  # harness errors are one 'error: ...' line naming the key
-        assert p.returncode == 2
+    if one_line:  # harness errors are one 'error: ...' line naming the key, exit status 2
+        assert p.returncode == 2, p.stderr
         assert any(l.startswith("error: ") and needles[0] in l for l in p.stderr.splitlines()), p.stderr
-    written = [p.name for p in tmp_path.rglob("*.parquet")] + [p.name for p in tmp_path.rglob("summary.json")]
-    assert not written, f"results written despite the error: {written}"
+    # Nothing but Hydra's own files: the error came before the run wrote config.yaml / meta.json / results.
+    written = sorted(str(f.relative_to(run_dir)) for f in run_dir.rglob("*")
+                     if f.is_file() and f.name != "run.log" and ".hydra" not in f.parts) if run_dir.exists() else []
+    assert not written, f"files written despite the error: {written}"
 
 
-CLI_BAD = [
-    pytest.param(["scheduler=foo"], ["scheduler/foo", *registered()], False, id="unknown-scheduler-variant"),
-    pytest.param(["workload.rat=1"], ["workload.rat"], False, id="misspelt-key"),
-    pytest.param(["workload.rate_per_s=-1"], ["workload.rate_per_s"], True, id="negative-rate"),
-    pytest.param(["cluster.instances.0.hardware=xyz"], ["cluster.instances[0].hardware", "xyz"], True,
-                 id="unknown-hardware"),
-    pytest.param(["workload.trace=/nonexistent.jsonl"], ["workload.trace", "/nonexistent.jsonl"], True,
-                 id="missing-trace"),
-    pytest.param(["cluster=a40_4x", "scheduler=conserve", "workload.num_conversations=2"], ["prefiller"], True,
-                 id="conserve-without-prefiller", marks=xfail(f"role check {LATE_FACTORY}")),
-    pytest.param(["scheduler=ampd", "scheduler.predictor.sigma=-1", "workload.num_conversations=2"],
-                 ["predictor.sigma"], True, id="ampd-negative-sigma", marks=xfail(f"predictor.sigma {LATE_FACTORY}")),
-]
-
-
-@pytest.mark.parametrize(("args", "needles", "one_line"), CLI_BAD)
-def test_cli_bad_input(args, needles, one_line, tmp_path):
-    assert_clean_cli_error(cli(args, tmp_path), needles, tmp_path, one_line)
-
-
-def test_cli_malformed_trace_names_file_and_line(tmp_path):
-    bad = write_jsonl(tmp_path / "bad.jsonl", trace_rows(bad_line=3))
-    p = cli([f"workload.trace={bad}"], tmp_path)
-    assert_clean_cli_error(p, [f"{bad}:3:", "turns[1].output_tokens"], tmp_path, one_line=True)
-
-
-def test_cli_tiny_run_writes_results(tmp_path):
+def test_cli_tiny_run_writes_results(cli_runs):
     """Positive control for the CLI checks above: a valid run exits 0 and writes turns.parquet."""
-    good = write_jsonl(tmp_path / "good.jsonl", trace_rows())
-    p = cli([f"workload.trace={good}", "cluster=a40_1p3d"], tmp_path)
+    run_dir, p = cli_runs.get("tiny-run")
     assert p.returncode == 0, p.stderr
-    assert (tmp_path / "run" / "turns.parquet").is_file()
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (run_dir / "turns.parquet").is_file()
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["num_conversations"] == 3 and summary["num_conversations_failed"] == 0
