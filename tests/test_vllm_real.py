@@ -103,9 +103,11 @@ def test_ttft_agrees_with_server_histogram(collocated_server, tiny_model):
     url, _ = collocated_server
     cc = asyncio.run(crosscheck(url, tiny_model, requests=8, prompt_tokens=512))
     assert cc.server_count == 8
-    # ours = server's + HTTP/tokenisation overhead: within 25 % + 30 ms of the server's own mean
-    assert cc.ours_mean_s >= cc.server_mean_s * 0.9
-    assert abs(cc.ours_mean_s - cc.server_mean_s) <= 0.25 * cc.server_mean_s + 0.030, cc
+    # Ours = the server's (clocked from the engine's arrival) + the API server's request handling and
+    # HTTP. Stated tolerance on these 2 busy cores: ours >= 0.9 x server's and ours - server's <=
+    # 25 % + 100 ms (measured overhead here: 10-45 ms, larger while other jobs load the cores).
+    assert cc.ours_mean_s >= cc.server_mean_s * 0.9, cc
+    assert cc.ours_mean_s - cc.server_mean_s <= 0.25 * cc.server_mean_s + 0.100, cc
 
 
 def test_pd_pair_moves_kv_from_prefiller(pd_servers, tmp_path):
