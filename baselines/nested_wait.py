@@ -13,8 +13,6 @@ its threshold (that needs an engine-side hook), and the paper's logarithmic memo
 
 from __future__ import annotations
 
-import logging
-
 from dataclasses import dataclass, field
 
 from baselines.fluid_admission import ThresholdAdmission, instance_coefficients, prompt_types
@@ -64,9 +62,8 @@ def make(cfg: NestedWaitConfig, ctx: PolicyContext) -> NestedWait:
             thresholds.append({0: plan.thresholds_int[0]})
             caps.append(sum(d * n for d, n in zip(plan.segment_lengths, plan.thresholds_int)))
             notes.append(f"n_k={list(plan.thresholds_int)} q={[round(q, 3) for q in plan.q]}")
-        except ValueError as e:  # the fluid model is infeasible at this load: no batching, said loudly
-            logging.getLogger(__name__).warning("instance %d: fluid thresholds infeasible (%s); using 1", i, e)
+        except ValueError as e:  # the fluid model is infeasible here: no batching (plan_note says why)
             thresholds.append({})
             caps.append(256)
-            notes.append(f"thresholds 1 ({e})")
+            notes.append(f"fluid model infeasible, thresholds 1: {e}")
     return NestedWait(thresholds, lambda t: 0, cfg.max_wait_s, min(caps), notes[0])

@@ -11,8 +11,6 @@ See ``baselines.fluid_admission`` for the release rule.
 
 from __future__ import annotations
 
-import logging
-
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,10 +62,9 @@ def make(cfg: WaitConfig, ctx: PolicyContext) -> Wait:
             n, m_pi = wait_thresholds(types, d0, d1, ctx.kv_capacity_tokens[i], cfg.margin)
             thresholds.append({int(b): int(k) for b, k in zip(bins, n)})
             notes.append(f"n={n} M^pi={m_pi:.0f}")
-        except ValueError as e:  # the fluid model is infeasible at this load: no batching, said loudly
-            logging.getLogger(__name__).warning("instance %d: fluid thresholds infeasible (%s); using 1", i, e)
+        except ValueError as e:  # the fluid model is infeasible here: no batching (plan_note says why)
             thresholds.append({})
-            notes.append(f"thresholds 1 ({e})")
+            notes.append(f"fluid model infeasible, thresholds 1: {e}")
     edges_arr = np.asarray(edges)
     classify = lambda t: int(np.searchsorted(edges_arr, pred.output_tokens(t), side="left"))  # noqa: E731
     return Wait(thresholds, classify, cfg.max_wait_s, cfg.max_active, notes[0])

@@ -149,7 +149,7 @@ class Controller:
         keep = set(chosen)
         self.held = [h for i, h in enumerate(self.held) if i not in keep]
         for c, tv in released:
-            self._launch(c, tv, view if len(released) == 1 else self.view(), adm.reason)
+            self._launch(c, tv, self.view(), adm.reason)
         recheck = adm.recheck_at
         if recheck is not None and self.held and recheck < self._recheck_at:
             self._recheck_at = max(recheck, now)

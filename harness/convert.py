@@ -141,8 +141,11 @@ def load_qwen2_tokenizer(tokenizer_dir: str | os.PathLike | None = None):
         ConvertError: a file is missing or the special tokens do not get
             their Qwen2 ids (wrong vocabulary).
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import BPE
+    try:
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+        from tokenizers.models import BPE
+    except ImportError:
+        raise ConvertError("the converter needs Hugging Face 'tokenizers': pip install -e '.[convert]'") from None
 
     d = Path(tokenizer_dir) if tokenizer_dir is not None else DEFAULT_TOKENIZER_DIR
     vocab, merges = d / "vocab.json", d / "merges.txt"

@@ -92,6 +92,11 @@ def simulate(run: Resolved, conversations: Sequence[tuple[float, ConversationRec
                                     [i.kv_capacity_tokens for i in backend.infos], stats)
     samples: list[dict] = []
     clock = backend.clock
+    plan = getattr(controller.policy, "plan_note", "")
+    if plan and log_decisions:  # a policy's plan (e.g. WAIT's fluid thresholds), once, at t = 0
+        controller.decisions.append({"t_s": 0.0, "kind": "plan", "conversation_id": "", "turn": -1,
+                                     "prefill_instance": -1, "decode_instance": -1, "reason": plan,
+                                     "view_kv_used_frac": "", "view_queued_prefill_tokens": "", "num_held": 0})
 
     def sample():
         now = clock.now()
@@ -119,7 +124,8 @@ def simulate(run: Resolved, conversations: Sequence[tuple[float, ConversationRec
     start = min((t for t, _ in conversations), default=0.0)
     energy = [backend.energy_j(i, end) for i in range(len(backend.engines))]
     return SimResult(rows, controller.convs, samples, controller.decisions, energy, start, end,
-                     sum(e.preemptions for e in backend.engines), clock.events, wall, error)
+                     sum(e.preemptions for e in backend.engines), clock.events, wall, error,
+                     {"policy_plan": plan} if plan else {})
 
 
 def check_policies(run: Resolved, conversations, stats: WorkloadStats) -> None:
@@ -264,6 +270,8 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "") -> dict:
     if bar:
         bar.close()
     log.info("%s run: %d events in %.2f s of wall time", cfg.backend.name, res.events, res.wall_s)
+    if res.extra.get("policy_plan"):
+        log.info("%s plan: %s", run.scheduler_name, res.extra["policy_plan"])
     turns = pd.DataFrame(res.turns, columns=TURN_COLUMNS)
     conv = apply_slo(conversation_table(turns, res.convs, cfg.slo.ttfet_definition), cfg.slo, unloaded)
     summary = summarize(turns, conv, res.energy_j, res.window_end_s - res.window_start_s, res.preemptions)
@@ -291,8 +299,8 @@ SUMMARY_ROWS = [("conversations", "num_conversations", "{:.0f}"), ("turns", "num
                 ("TTFT p95 (s)", "ttft_p95_s", "{:.3f}"), ("TPOT p50 (ms)", "tpot_p50_s", "ms"),
                 ("SLO attainment", "slo_attainment", "{:.3f}"), ("goodput (conv/s)", "goodput_conv_per_s", "{:.4f}"),
                 ("preemptions", "preemptions", "{:.0f}"), ("prefix hit frac", "prefix_hit_frac", "{:.3f}"),
-                ("energy (kJ)", "energy_j", "kJ"), ("tokens / J", "tokens_per_joule", "{:.1f}"),
-                ("sim wall (s)", "sim_wall_s", "{:.1f}")]
+                ("energy (kJ)", "energy_j", "kJ"), ("tokens served / J", "tokens_per_joule", "{:.1f}"),
+                ("output tokens / J", "output_tokens_per_joule", "{:.3f}"), ("run wall (s)", "sim_wall_s", "{:.1f}")]
 
 
 def fmt(key_fmt: str, v: Any) -> str:
