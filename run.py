@@ -23,11 +23,13 @@ register_configs()
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
+    from harness.loggers import logged_run
     from harness.runner import execute, summary_table
     try:
         run = resolve(cfg)
         out = Path(HydraConfig.get().runtime.output_dir)
-        summary = execute(run, out, OmegaConf.to_yaml(cfg))
+        with logged_run(run.cfg.logger, out, OmegaConf.to_container(cfg, resolve=True)):
+            summary = execute(run, out, OmegaConf.to_yaml(cfg))
     except (ConfigError, TraceError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

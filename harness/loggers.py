@@ -1,0 +1,297 @@
+"""Run loggers: where a run's results go besides its run directory (which is always written).
+
+``logger=parquet``: nowhere else. ``logger=wandb``: a Weights & Biases run that gets the resolved config,
+the summary metrics, the per-turn / per-conversation / per-instance tables (``wandb.Table``), the
+instances' time series (history, against ``sim_time_s``) and two figures (TTFET CDF, KV occupancy).
+The default mode is ``offline``: no network and no account; the run is written under
+``<dir>/wandb/offline-run-*`` and can be uploaded later with ``wandb sync``.
+
+Use :func:`logged_run` around the run (``run.py`` does)::
+
+    with logged_run(cfg.logger, out_dir, config_dict):
+        execute(run, out_dir, ...)
+
+It starts the W&B run before the simulation and, in a ``finally``, logs what the run directory holds
+and closes the W&B run -- with exit code 1 and the error in its summary when the run failed -- so a
+failed simulation never leaves a W&B run open. If wandb is not installed, or ``wandb.init`` fails, a
+warning is logged and the run goes on with parquet only; a failure while logging results is logged and
+never replaces the run's own outcome.
+
+Secrets: every mapping logged (config, summary) goes through :func:`scrub`, which replaces the value of
+any key that names a credential (:func:`is_secret_key`: ``api_key``, ``token``, ``secret``,
+``password``, ... -- but not token *counts* such as ``max_num_batched_tokens`` or
+``kv_bytes_per_token``) with ``"<redacted>"``. W&B's own metadata (command line, git remote, code) is
+turned off, so an API key on the command line or in a git URL is not captured either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional, Protocol
+
+log = logging.getLogger(__name__)
+
+REDACTED = "<redacted>"
+# Credential-like key names. "token" must be a whole word (not "tokens"), and "per_token" (a unit) is not
+# a credential.
+_SECRET_WORDS = re.compile(r"api[_\-]?key|secret|passw(or)?d|credential|private[_\-]?key|bearer|authorization",
+                           re.IGNORECASE)
+_TOKEN_WORD = re.compile(r"(^|[^a-z])token($|[^a-z])", re.IGNORECASE)
+_UNIT_TOKEN = re.compile(r"per[_\-]token", re.IGNORECASE)
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a mapping key names a credential (its value must never be logged).
+
+    True for e.g. ``api_key``, ``WANDB_API_KEY``, ``hf_token``, ``token``, ``access-token``, ``client_secret``,
+    ``db_password``; false for token counts and units (``max_num_batched_tokens``, ``prompt_tokens``,
+    ``kv_bytes_per_token``, ``tokens_per_joule``).
+    """
+    k = str(key)
+    if _SECRET_WORDS.search(k):
+        return True
+    return bool(_TOKEN_WORD.search(k)) and not _UNIT_TOKEN.search(k)
+
+
+def scrub(obj: Any) -> Any:
+    """A copy of ``obj`` (nested dicts / lists) with the value of every secret key replaced by
+    ``"<redacted>"`` (:func:`is_secret_key`)."""
+    if isinstance(obj, dict):
+        return {k: (REDACTED if is_secret_key(k) else scrub(v)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [scrub(v) for v in obj]
+    return obj
+
+
+class RunLogger(Protocol):
+    """What :func:`logged_run` needs from a logger."""
+
+    def finish(self, out_dir: Path, error: Optional[BaseException]) -> None:
+        """Log what ``out_dir`` holds and close; ``error`` is the run's exception (``None``: success)."""
+
+
+class NullLogger:
+    """``logger=parquet``: the run directory is the whole record."""
+
+    def finish(self, out_dir: Path, error: Optional[BaseException]) -> None:
+        return None
+
+
+def _sweep_group() -> Optional[str]:
+    """The sweep directory's name when running inside a Hydra multirun, else ``None``."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        if not HydraConfig.initialized():
+            return None
+        hc = HydraConfig.get()
+        return Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
+    except Exception:
+        return None
+
+
+def _settings(wandb):
+    """W&B settings that keep it quiet and out of anything that may carry a secret (command line,
+    git remote URL, code); keys a given wandb version lacks are skipped."""
+    wanted = {"disable_git": True, "save_code": False, "disable_code": True, "silent": True,
+              "console": "off", "x_disable_meta": True, "x_disable_stats": True,
+              "_disable_meta": True, "_disable_stats": True}
+    kwargs = {}
+    for k, v in wanted.items():
+        try:
+            wandb.Settings(**kwargs, **{k: v})
+            kwargs[k] = v
+        except Exception:
+            continue
+    return wandb.Settings(**kwargs)
+
+
+class WandbLogger:
+    """One W&B run per harness run (see the module docstring)."""
+
+    def __init__(self, lc: Any, out_dir: Path, config: dict):
+        import wandb
+        self.wandb, self.lc = wandb, lc
+        # read $WANDB_DIR here: wandb reads its environment once per process
+        directory = lc.dir or os.environ.get("WANDB_DIR") or str(out_dir)
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        names = [config.get(g, {}).get("name") for g in ("scheduler", "cluster", "workload")
+                 if isinstance(config.get(g), dict)]
+        self.run = wandb.init(project=lc.project, entity=lc.entity, mode=lc.mode, dir=directory,
+                              name=out_dir.name, group=lc.group or _sweep_group(), job_type="sim",
+                              tags=list(dict.fromkeys([*lc.tags, *[n for n in names if n]])),
+                              config=scrub(config), settings=_settings(wandb))
+
+    def finish(self, out_dir: Path, error: Optional[BaseException]) -> None:
+        try:
+            self._log_results(Path(out_dir), error)
+        except Exception as e:  # the parquet files are the record; never fail the run for W&B
+            log.warning("wandb: logging the results failed: %s: %s", type(e).__name__, e)
+        finally:
+            self.run.finish(exit_code=1 if error is not None else 0)
+
+    def _log_results(self, out_dir: Path, error: Optional[BaseException]) -> None:
+        import pandas as pd
+        wandb, lc, run = self.wandb, self.lc, self.run
+        summary_path = out_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        if error is not None:
+            summary.setdefault("partial", True)
+            summary["error"] = summary.get("error") or f"{type(error).__name__}: {error}"
+        for k, v in scrub(summary).items():
+            if isinstance(v, float) and not math.isfinite(v):
+                v = None  # JSON has no NaN; a missing value stays missing
+            run.summary[k] = v
+        if lc.log_tables:
+            for name in ("conversations", "turns"):
+                p = out_dir / f"{name}.parquet"
+                if p.is_file():
+                    df = pd.read_parquet(p)
+                    run.log({name: wandb.Table(dataframe=df.head(lc.max_table_rows))})
+        p = out_dir / "instances.parquet"
+        if p.is_file():
+            inst = pd.read_parquet(p)
+            if len(inst):
+                if lc.log_tables:
+                    run.log({"instances": wandb.Table(dataframe=inst.head(lc.max_table_rows))})
+                self._log_series(inst)
+        if lc.log_figures and summary_path.is_file():
+            self._log_figures(out_dir)
+
+    def _log_series(self, inst) -> None:
+        """Instance time series into the history, at most ``max_history_points`` points per instance."""
+        run = self.run
+        run.define_metric("sim_time_s")
+        run.define_metric("instance/*", step_metric="sim_time_s")
+        cols = [c for c in ("kv_used_frac", "kv_used_tokens", "num_running", "num_waiting", "energy_j")
+                if c in inst.columns]
+        wide = inst.pivot_table(index="t_s", columns="instance", values=cols, aggfunc="last").sort_index()
+        step = max(1, math.ceil(len(wide) / self.lc.max_history_points))
+        for t, row in wide.iloc[::step].iterrows():
+            rec = {"sim_time_s": float(t)}
+            for (col, name), v in row.items():
+                if v == v:  # not NaN
+                    rec[f"instance/{name}/{col}"] = float(v)
+            run.log(rec)
+
+    def _log_figures(self, out_dir: Path) -> None:
+        from harness import report
+        with tempfile.TemporaryDirectory() as tmp:
+            sw = report.load_sweep(out_dir)
+            images = {}
+            for f in [*report.ttfet_cdf(sw, Path(tmp)), *report.kv_occupancy(sw, Path(tmp))]:
+                if f.suffix == ".png":
+                    images[f"figures/{f.stem}"] = self.wandb.Image(str(f))
+            if images:
+                self.run.log(images)
+
+
+def start_logger(lc: Any, out_dir: Path, config: dict) -> RunLogger:
+    """The logger ``lc.name`` names, started; falls back to :class:`NullLogger` (with a warning) when
+    wandb is missing or cannot start."""
+    if lc.name != "wandb" or lc.mode == "disabled":
+        return NullLogger()
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        log.warning("logger=wandb but wandb is not installed (pip install -e '.[wandb]'); parquet only")
+        return NullLogger()
+    try:
+        return WandbLogger(lc, Path(out_dir), config)
+    except Exception as e:
+        log.warning("wandb.init failed (%s: %s); parquet only", type(e).__name__, e)
+        return NullLogger()
+
+
+@contextmanager
+def logged_run(lc: Any, out_dir: Path, config: dict) -> Iterator[RunLogger]:
+    """Start the configured logger, run the body, then log the run directory and close the logger --
+    also when the body raises (the exception propagates unchanged)."""
+    logger = start_logger(lc, Path(out_dir), config)
+    error: Optional[BaseException] = None
+    try:
+        yield logger
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        logger.finish(Path(out_dir), error)
+
+
+# ---- reading an offline run back (no network, no account) --------------------------------------------
+
+_WANDB_MAGIC = b":W&B"
+_LOG_HEADER_BYTES = 7          # ":W&B", magic 0xBEE1 (2 bytes), version (1 byte)
+_LOG_BLOCK_BYTES = 32768       # LevelDB-log blocks; a record chunk never spans two blocks
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def iter_wandb_records(path: Path) -> Iterator[Any]:
+    """The records of a W&B transaction log (``run-<id>.wandb``), parsed with wandb's own protobuf schema
+    (``wandb.proto.wandb_internal_pb2.Record``). The file is a LevelDB-style log: a 7-byte header, then
+    32 KiB blocks of chunks (CRC (4 bytes), length (2), type (1): full / first / middle / last)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+    import struct
+    data = Path(path).read_bytes()
+    if data[:4] != _WANDB_MAGIC:
+        raise ValueError(f"{path}: not a W&B transaction log (header {data[:4]!r})")
+    pos, pending = _LOG_HEADER_BYTES, b""
+    while pos + 7 <= len(data):
+        left = _LOG_BLOCK_BYTES - pos % _LOG_BLOCK_BYTES
+        if left < 7:  # block trailer padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + length > len(data):  # a chunk still being written
+            break
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 0 and length == 0:  # zero padding up to the block's end
+            pos += left - 7
+            continue
+        if kind in (_FULL, _LAST):
+            rec = pb.Record()
+            rec.ParseFromString((pending if kind == _LAST else b"") + chunk)
+            pending = b""
+            yield rec
+        elif kind == _FIRST:
+            pending = chunk
+        elif kind == _MIDDLE:
+            pending += chunk
+
+
+def read_offline_run(run_dir: Path) -> dict[str, Any]:
+    """``{"config": {...}, "summary": {...}, "history": [{...}, ...], "exit_code": int | None}`` of an
+    offline W&B run directory (``.../wandb/offline-run-*``), from its transaction log; values are decoded
+    from their JSON. ``exit_code`` is ``None`` while the run is still open."""
+    run_dir = Path(run_dir)
+    logs = sorted(run_dir.glob("*.wandb"))
+    if not logs:
+        raise FileNotFoundError(f"{run_dir}: no .wandb transaction log")
+    out: dict[str, Any] = {"config": {}, "summary": {}, "history": [], "exit_code": None}
+
+    def key_of(item) -> str:
+        return ".".join(item.nested_key) if item.nested_key else item.key
+
+    for rec in iter_wandb_records(logs[0]):
+        kind = rec.WhichOneof("record_type")
+        if kind in ("config", "run"):
+            for it in (rec.config if kind == "config" else rec.run.config).update:
+                out["config"][key_of(it)] = json.loads(it.value_json)
+        elif kind == "summary":
+            for it in rec.summary.update:
+                out["summary"][key_of(it)] = json.loads(it.value_json)
+            for it in rec.summary.remove:
+                out["summary"].pop(key_of(it), None)
+        elif kind == "exit":
+            out["exit_code"] = int(rec.exit.exit_code)
+        elif kind == "history":
+            out["history"].append({key_of(it): json.loads(it.value_json) for it in rec.history.item})
+    return out

@@ -1,0 +1,679 @@
+"""Turn a sweep directory into a tidy table, a markdown summary with confidence intervals, and figures.
+
+    python -m harness.report SWEEP_DIR [--out DIR] [--no-figures]
+
+Reads every run directory under ``SWEEP_DIR`` (any directory holding a ``summary.json``, at any depth)
+with its ``config.yaml`` and, for the figures, ``conversations.parquet`` and ``instances.parquet``
+(``turns.parquet`` is summarised per run into a few columns). Writes into ``--out`` (default
+``SWEEP_DIR/report``):
+
+* ``runs.parquet`` / ``runs.csv``: the tidy table, one row per run: ``run`` (its directory, relative
+  to the sweep), the swept config keys as dotted columns (``workload.rate_per_s``, ``scheduler.name``,
+  ...; the usual identity keys even when they do not vary), ``variant`` (label of the non-axis swept
+  settings), then every scalar of ``summary.json``;
+* ``points.parquet`` / ``points.csv``: one row per sweep point (the runs that differ only in their
+  seeds), with ``<metric>_mean``, ``<metric>_ci95`` (half-width) and ``<metric>_n`` per metric;
+* ``report.md``: what was swept and, per point, mean +- 95 % confidence interval over the seeds
+  (Student's t with n - 1 degrees of freedom: ``t_{0.975, n-1} * sd / sqrt(n)``; no interval for n = 1);
+* ``figures/*.png`` and ``*.pdf`` (seaborn, Agg backend), only those whose inputs vary in the sweep:
+  TTFET CDFs; p95 TTFET, SLO attainment, conversation latency and preemptions vs arrival rate;
+  tokens per joule per variant and tier (cluster); metrics vs prediction error; KV occupancy over time.
+
+Which config keys are "swept" is read from the configs, not the command line: a key is swept when its
+value differs between runs. Keys whose last part contains ``seed`` are the repetition keys. A key that
+is fixed by a swept group's ``name`` (e.g. ``cluster.instances`` by ``cluster.name``) is kept in the
+table but is not a separate sweep dimension. Of the sweep dimensions, the arrival rate (else the
+prediction error) is the x axis; ``workload.name``, ``cluster.name`` and ``model.name`` are facets;
+the rest (the scheduler and e.g. ``engine.max_num_batched_tokens``) make up the ``variant``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+# Sweep dimensions that can serve as the x axis, in order of preference, with axis labels.
+X_AXES = {
+    "workload.rate_per_s": "arrival rate",
+    "scheduler.predictor.sigma": "prediction error sigma (log-normal, 0 = oracle)",
+    "scheduler.predictor.error_rate": "prediction error rate (fraction of predictions off)",
+}
+FACETS = ("workload.name", "cluster.name", "model.name")
+IDENTITY = ("scheduler.name", "cluster.name", "model.name", "workload.name", "workload.kind", "workload.rate_per_s",
+            "workload.seed", "logger.metrics_interval_s")
+SHORT = {"max_num_batched_tokens": "mnbt"}
+# (summary key, label with unit) of the metrics the markdown summary and figures use.
+METRICS = {
+    "ttfet_p50_s": "TTFET p50 (s)",
+    "ttfet_p95_s": "TTFET p95 (s)",
+    "slo_attainment": "SLO attainment (fraction of conversations)",
+    "goodput_conv_per_s": "goodput (conversations/s)",
+    "latency_p50_s": "conversation latency p50 (s)",
+    "latency_p95_s": "conversation latency p95 (s)",
+    "ttft_p95_s": "TTFT p95 (s)",
+    "tpot_p50_s": "TPOT p50 (s)",
+    "preemptions": "preemptions (count)",
+    "tokens_per_joule": "tokens per joule (tokens/J)",
+    "energy_j": "energy (J)",
+}
+# The metrics of the markdown table (points.csv has all of METRICS).
+MD_METRICS = ("ttfet_p50_s", "ttfet_p95_s", "slo_attainment", "goodput_conv_per_s", "latency_p95_s", "preemptions",
+              "tokens_per_joule")
+LOG_Y = {"ttfet_p50_s", "ttfet_p95_s", "latency_p50_s", "latency_p95_s", "ttft_p95_s"}
+FIGURE_FORMATS = ("png", "pdf")
+MAX_CDF_PANELS = 4
+MAX_SERIES_POINTS = 1500
+SMOOTH_FRACTION = 200  # KV series: moving mean over 1/200 of the run
+
+
+def t_quantile(n: int) -> float:
+    """Two-sided 95 % Student-t quantile for ``n`` observations (n - 1 degrees of freedom); NaN for n < 2."""
+    if n < 2:
+        return math.nan
+    from scipy import stats
+    return float(stats.t.ppf(0.975, n - 1))
+
+
+def mean_ci(values: Iterable[float]) -> tuple[float, float, int]:
+    """``(mean, 95 % CI half-width, n)`` of the finite values; NaN mean for n = 0, NaN half-width for n < 2."""
+    x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan, 0
+    half = t_quantile(n) * float(np.std(x, ddof=1)) / math.sqrt(n) if n >= 2 else math.nan
+    return float(np.mean(x)), half, n
+
+
+def t_interval(x: Sequence[float]) -> tuple[float, float]:
+    """seaborn ``errorbar`` callable: the 95 % t interval around the mean (the mean itself for n = 1)."""
+    m, h, _ = mean_ci(x)
+    h = 0.0 if not np.isfinite(h) else h
+    return m - h, m + h
+
+
+# ---- reading a sweep ---------------------------------------------------------------------------------
+
+
+def find_runs(sweep_dir: Path) -> list[Path]:
+    """Run directories under ``sweep_dir`` (those with a ``summary.json``), in job order."""
+    def order(p: Path):
+        rel = p.relative_to(sweep_dir)
+        head = rel.parts[0].split("_")[0] if rel.parts else ""
+        return (int(head) if head.isdigit() else math.inf, str(rel))
+    return sorted((p.parent for p in sweep_dir.rglob("summary.json")), key=order)
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings -> ``{"a.b.c": value}``; lists become JSON strings (hashable, comparable)."""
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    key = prefix[:-1]
+    out[key] = json.dumps(d, sort_keys=True) if isinstance(d, (list, tuple)) else d
+    return out
+
+
+def load_config(run_dir: Path) -> dict:
+    """The run's resolved ``config.yaml`` as a flat dict (empty when missing)."""
+    p = run_dir / "config.yaml"
+    if not p.is_file():
+        return {}
+    from omegaconf import OmegaConf
+    cfg = OmegaConf.load(p)
+    try:
+        container = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # an interpolation that needs Hydra (e.g. ${hydra:...}): keep it unresolved
+        container = OmegaConf.to_container(cfg, resolve=False)
+    return flatten(container)
+
+
+def turn_columns(run_dir: Path) -> dict:
+    """A few per-run columns from ``turns.parquet``: turns, mean queueing (s), preempted turns."""
+    p = run_dir / "turns.parquet"
+    if not p.is_file():
+        return {}
+    t = pd.read_parquet(p, columns=["queue_s", "preemptions", "status"])
+    ok = t[t.status == "ok"]
+    return {"turns_ok": int(len(ok)), "queue_mean_s": float(ok.queue_s.mean()) if len(ok) else math.nan,
+            "turns_preempted": int((t.preemptions > 0).sum())}
+
+
+def _norm(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return v
+
+
+@dataclass
+class Sweep:
+    """A loaded sweep: the tidy table and the roles of its swept keys.
+
+    swept: every config key that varies; seeds: the repetition keys among them; dims: the sweep
+    dimensions (swept, not seeds, not fixed by a swept group name); x: the x-axis key (or None);
+    facets: facet keys; variant_keys: the keys that make up ``variant``.
+    """
+
+    root: Path
+    runs: pd.DataFrame
+    swept: list[str]
+    seeds: list[str]
+    dims: list[str]
+    x: Optional[str]
+    facets: list[str]
+    variant_keys: list[str]
+    run_dirs: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def point_keys(self) -> list[str]:
+        """The columns that identify a sweep point (facets, x, variant)."""
+        return [*self.facets, *([self.x] if self.x else []), "variant"]
+
+
+def explained(key: str, configs: list[dict], swept: set[str]) -> bool:
+    """True when ``key`` is a function of its group's swept ``name`` (e.g. ``cluster.instances``)."""
+    group = key.split(".")[0]
+    name = f"{group}.name"
+    if key == name or name not in swept:
+        return False
+    seen: dict[Any, Any] = {}
+    for c in configs:
+        n, v = _norm(c.get(name)), _norm(c.get(key))
+        if seen.setdefault(n, v) != v:
+            return False
+    return True
+
+
+def variant_label(row: dict, keys: list[str]) -> str:
+    parts = []
+    for k in keys:
+        v = _norm(row.get(k))
+        if v is None:
+            continue
+        if k == "scheduler.name":
+            parts.insert(0, str(v))
+        else:
+            last = k.split(".")[-1]
+            parts.append(f"{SHORT.get(last, last)}={v:g}" if isinstance(v, float) else f"{SHORT.get(last, last)}={v}")
+    return ", ".join(parts) if parts else "all runs"
+
+
+def load_sweep(sweep_dir: Path) -> Sweep:
+    """Read every run of ``sweep_dir``.
+
+    Raises:
+        FileNotFoundError: no run directory (no ``summary.json``) under ``sweep_dir``.
+    """
+    sweep_dir = Path(sweep_dir)
+    dirs = find_runs(sweep_dir)
+    if not dirs:
+        raise FileNotFoundError(f"{sweep_dir}: no run directories (no summary.json below it)")
+    configs = [load_config(d) for d in dirs]
+    summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+    keys: list[str] = []
+    for c in configs:
+        keys += [k for k in c if k not in keys]
+    swept = [k for k in keys if len({json.dumps(_norm(c.get(k)), sort_keys=True, default=str) for c in configs}) > 1]
+    swept_set = set(swept)
+    fixed = {k for k in swept if explained(k, configs, swept_set)}
+    seeds = [k for k in swept if "seed" in k.split(".")[-1] and k not in fixed]
+    dims = [k for k in swept if k not in seeds and k not in fixed]
+    x = next((k for k in X_AXES if k in dims
+              and len({_norm(c.get(k)) for c in configs} - {None}) >= 2), None)
+    facets = [k for k in FACETS if k in dims]
+    variant_keys = [k for k in dims if k != x and k not in facets]
+    if "scheduler.name" in variant_keys:
+        variant_keys.remove("scheduler.name")
+        variant_keys.insert(0, "scheduler.name")
+    rows = []
+    run_dirs = {}
+    for d, c, s in zip(dirs, configs, summaries):
+        rel = str(d.relative_to(sweep_dir)) or "."
+        run_dirs[rel] = d
+        row: dict[str, Any] = {"run": rel}
+        for k in [*IDENTITY, *swept]:
+            row[k] = _norm(c.get(k))
+        row["variant"] = variant_label(row, variant_keys)
+        for k, v in s.items():
+            if isinstance(v, (bool, int, float, str)) or v is None:
+                row[k if k not in row else f"summary.{k}"] = v
+        row.update(turn_columns(d))
+        rows.append(row)
+    runs = pd.DataFrame(rows)
+    for k in runs.columns:  # numeric config columns stay numeric (None -> NaN)
+        if runs[k].dtype == object and runs[k].map(lambda v: v is None or isinstance(v, (int, float))
+                                                   and not isinstance(v, bool)).all():
+            runs[k] = pd.to_numeric(runs[k])
+    return Sweep(sweep_dir, runs, swept, seeds, dims, x, facets, variant_keys, run_dirs)
+
+
+def points_table(sw: Sweep, metrics: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    """One row per sweep point: the point keys, ``runs`` (n), and mean / CI half-width / n per metric."""
+    metrics = [m for m in (metrics or METRICS) if m in sw.runs.columns]
+    keys = sw.point_keys
+    rows = []
+    for key_vals, g in sw.runs.groupby(keys, dropna=False, sort=False):
+        key_vals = key_vals if isinstance(key_vals, tuple) else (key_vals,)
+        row = dict(zip(keys, key_vals))
+        row["runs"] = len(g)
+        for m in metrics:
+            mean, half, n = mean_ci(pd.to_numeric(g[m], errors="coerce"))
+            row[f"{m}_mean"], row[f"{m}_ci95"], row[f"{m}_n"] = mean, half, n
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---- markdown ----------------------------------------------------------------------------------------
+
+
+def _fmt(mean: float, half: float, n: int) -> str:
+    if n == 0 or not np.isfinite(mean):
+        return "nan"
+    if not np.isfinite(half):
+        return f"{mean:.4g} (n={n})"
+    return f"{mean:.4g} ± {half:.2g} (n={n})"
+
+
+def markdown(sw: Sweep, points: pd.DataFrame, figures: Sequence[Path] = ()) -> str:
+    """The markdown summary: what varied, then mean ± 95 % CI per point and metric."""
+    r = sw.runs
+    lines = [f"# Sweep report: `{sw.root}`", "",
+             f"{len(r)} runs. Cells: mean ± 95 % confidence half-width over the seeds (Student's t, n − 1 "
+             f"degrees of freedom), n = runs with a value. All metrics, with CI columns: `points.csv`; "
+             f"one row per run: `runs.csv`.", ""]
+    if "partial" in r.columns and r.partial.fillna(False).astype(bool).any():
+        lines += [f"**{int(r.partial.fillna(False).astype(bool).sum())} partial (failed) runs are included.**", ""]
+    lines.append("| swept key | role | values |")
+    lines.append("|---|---|---|")
+    fixed: dict[str, list[str]] = {}
+    for k in sw.swept:
+        if k not in sw.dims and k not in sw.seeds:
+            fixed.setdefault(f"{k.split('.')[0]}.name", []).append(f"`{k}`")
+            continue
+        role = ("repetition (seed)" if k in sw.seeds else "x axis" if k == sw.x else "facet" if k in sw.facets
+                else "variant")
+        vals = r[k].dropna().unique().tolist() if k in r.columns else []
+        shown = ", ".join(_num(v) for v in vals[:12]) + (", …" if len(vals) > 12 else "")
+        lines.append(f"| `{k}` | {role} | {shown} |")
+    lines.append("")
+    for name, ks in fixed.items():
+        lines.append(f"Set by `{name}` (not separate dimensions): {', '.join(ks)}.")
+    if fixed:
+        lines.append("")
+    metrics = [m for m in MD_METRICS if f"{m}_mean" in points.columns]
+    head = sw.point_keys
+    lines.append("| " + " | ".join(head) + " | " + " | ".join(METRICS[m] for m in metrics) + " |")
+    lines.append("|" + "---|" * (len(head) + len(metrics)))
+    for _, p in points.iterrows():
+        cells = ["" if _norm(p[k]) is None else _num(p[k]) for k in head]
+        cells += [_fmt(p[f"{m}_mean"], p[f"{m}_ci95"], int(p[f"{m}_n"])) for m in metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    if figures:
+        lines += ["", "## Figures", ""]
+        lines += [f"![{f.stem}]({f.relative_to(f.parents[1]).as_posix()})" for f in figures if f.suffix == ".png"]
+    return "\n".join(lines) + "\n"
+
+
+# ---- figures -----------------------------------------------------------------------------------------
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    sns.set_theme(context="paper", style="whitegrid", font_scale=1.1)
+    return plt, sns
+
+
+def rate_label(sw: Sweep) -> str:
+    single = "workload.kind" in sw.runs.columns and (sw.runs["workload.kind"] == "synthetic").all()
+    return "arrival rate (prompts/s)" if single else "arrival rate (conversations/s)"
+
+
+def x_label(sw: Sweep) -> str:
+    return rate_label(sw) if sw.x == "workload.rate_per_s" else X_AXES.get(sw.x or "", sw.x or "")
+
+
+def _save(fig, out: Path, name: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in FIGURE_FORMATS:
+        p = out / f"{name}.{fmt}"
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+        paths.append(p)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return paths
+
+
+def _log_x(values: pd.Series) -> bool:
+    """Log scale for an axis of positive values spanning at least a factor of 8."""
+    v = values.dropna()
+    return len(v) >= 2 and v.min() > 0 and v.max() / v.min() >= 8
+
+
+def _plain_log_ticks(ax, axis: str = "x", ticks: Optional[Sequence[float]] = None) -> None:
+    """Plain numbers (1, 2, 10, 0.5) instead of powers of ten on a log axis; ``ticks``: put the major
+    ticks there (e.g. the swept values)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    lo, hi = sorted(a.get_view_interval())
+    decades = math.log10(hi / lo) if lo > 0 and hi > 0 else math.inf
+    subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
+    a.set_major_locator(FixedLocator(list(ticks)) if ticks is not None else LogLocator(10, subs=subs))
+    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    a.set_minor_formatter(NullFormatter())
+
+
+def _num(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, (float, np.floating)) else str(v)
+
+
+def _styles(variants: Sequence[str]):
+    """Colour, dash pattern and marker per variant, so that variants with identical results (drawn on
+    top of each other) stay visible."""
+    import seaborn as sns
+    colors = sns.color_palette("tab10" if len(variants) <= 10 else "husl", len(variants))
+    dashes = ["", (4, 1.5), (1, 1), (3, 1, 1, 1), (6, 2), (2, 2, 6, 2), (1, 2), (5, 1, 1, 1, 1, 1)]
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+    return ({v: colors[i] for i, v in enumerate(variants)}, {v: dashes[i % len(dashes)] for i, v in enumerate(variants)},
+            {v: markers[i % len(markers)] for i, v in enumerate(variants)})
+
+
+def _dash_to_ls(d):
+    return "-" if d == "" else (0, d)
+
+
+def _x_value_title(sw: Sweep, v: Any) -> str:
+    if sw.x == "workload.rate_per_s":
+        unit = "prompts/s" if rate_label(sw).endswith("(prompts/s)") else "conv/s"
+        return f"rate = {v:g} {unit}"
+    return f"{sw.x.split('.')[-1] if sw.x else ''} = {v:g}"
+
+
+def _facet_title(keys: Sequence[str], vals: Sequence[Any]) -> str:
+    return ", ".join(f"{k.split('.')[0]}: {v}" for k, v in zip(keys, vals))
+
+
+def _facet_groups(sw: Sweep, df: pd.DataFrame):
+    if not sw.facets:
+        yield "", df
+        return
+    for vals, g in df.groupby(sw.facets, sort=False, dropna=False):
+        vals = vals if isinstance(vals, tuple) else (vals,)
+        yield _facet_title(sw.facets, vals), g
+
+
+def metric_vs_x(sw: Sweep, metrics: Sequence[str], out: Path, name: str) -> list[Path]:
+    """Lines of mean ± 95 % t-CI of each metric vs the x key, one colour per variant, one column per
+    facet; variants without an x value (e.g. ConServe on a prediction-error axis) are drawn as a flat
+    reference line with its band."""
+    plt, sns = _plt()
+    df = sw.runs
+    metrics = [m for m in metrics if m in df.columns and df[m].notna().any()]
+    if not metrics:
+        return []
+    facets = list(_facet_groups(sw, df))
+    variants = list(dict.fromkeys(df["variant"]))
+    palette, dashes, markers = _styles(variants)
+    # one row per metric and one column per facet; a single facet lays its metrics out in a row
+    across = len(facets) == 1
+    rows, cols = (1, len(metrics)) if across else (len(metrics), len(facets))
+    fig, grid = plt.subplots(rows, cols, figsize=(4.2 * cols + 1.5, 3.2 * rows), squeeze=False)
+    axes = [[grid[0][i]] for i in range(len(metrics))] if across else grid
+    for j, (title, g) in enumerate(facets):
+        with_x = g[g[sw.x].notna()]
+        ref = g[g[sw.x].isna()]
+        for i, m in enumerate(metrics):
+            ax = axes[i][j]
+            if len(with_x):
+                present = [v for v in variants if v in set(with_x["variant"])]
+                sns.lineplot(data=with_x, x=sw.x, y=m, hue="variant", style="variant", hue_order=present,
+                             style_order=present, palette=palette, dashes={v: dashes[v] for v in present},
+                             markers={v: markers[v] for v in present}, estimator="mean", errorbar=t_interval,
+                             ax=ax, legend=(i == 0 and j == 0))
+            for v, rg in ref.groupby("variant", sort=False):
+                mean, half, _ = mean_ci(rg[m])
+                ax.axhline(mean, color=palette[v], ls="--", label=f"{v} (no {sw.x.split('.')[-1]})")
+                if np.isfinite(half):
+                    ax.axhspan(mean - half, mean + half, color=palette[v], alpha=0.15)
+            if _log_x(g[sw.x]):
+                ax.set_xscale("log")
+                xs = sorted(g[sw.x].dropna().unique())
+                _plain_log_ticks(ax, "x", xs if len(xs) <= 10 else None)
+            ax.set_xlabel(x_label(sw))
+            ax.set_ylabel(METRICS.get(m, m))
+            if m == "slo_attainment":
+                ax.set_ylim(-0.03, 1.03)
+            elif m in LOG_Y and _log_x(g[m]):
+                ax.set_yscale("log")
+                _plain_log_ticks(ax, "y")
+            if title and i == 0:
+                ax.set_title(title)
+    handles, labels = [], []
+    for ax in fig.axes:
+        h, l = ax.get_legend_handles_labels()
+        for hh, ll in zip(h, l):
+            if ll not in labels:
+                handles.append(hh)
+                labels.append(ll)
+        if ax.get_legend():
+            ax.get_legend().remove()
+    fig.legend(handles, labels, title="variant", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    fig.tight_layout()
+    return _save(fig, out, name)
+
+
+def conversations_frame(sw: Sweep, runs: pd.DataFrame) -> pd.DataFrame:
+    """``conversations.parquet`` of ``runs`` concatenated, with the point keys attached."""
+    frames = []
+    for _, r in runs.iterrows():
+        p = sw.run_dirs[r["run"]] / "conversations.parquet"
+        if not p.is_file():
+            continue
+        c = pd.read_parquet(p, columns=["conversation_id", "ttfet_s", "latency_s"])
+        for k in sw.point_keys:
+            c[k] = r[k]
+        frames.append(c)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def pick_values(values: Sequence[Any], k: int) -> list[Any]:
+    """At most ``k`` of the sorted distinct ``values``, evenly spaced, first and last included."""
+    v = sorted(set(values))
+    if len(v) <= k:
+        return v
+    return [v[int(i)] for i in sorted(set(np.linspace(0, len(v) - 1, k).round().astype(int)))]
+
+
+def ttfet_cdf(sw: Sweep, out: Path) -> list[Path]:
+    """Empirical CDF of TTFET over all conversations of all seeds of a point; one colour per variant;
+    columns: up to four x values; rows: facets. Unfinished conversations (no TTFET) are left out."""
+    plt, sns = _plt()
+    runs = sw.runs
+    xs = pick_values(runs[sw.x].dropna().tolist(), MAX_CDF_PANELS) if sw.x else []
+    if sw.x:
+        runs = runs[runs[sw.x].isin(xs) | runs[sw.x].isna()]
+    conv = conversations_frame(sw, runs)
+    if conv.empty or conv.ttfet_s.notna().sum() == 0:
+        return []
+    conv = conv[conv.ttfet_s.notna() & (conv.ttfet_s > 0)]
+    facet_rows = list(_facet_groups(sw, conv))
+    cols = xs if xs else [None]
+    fig, axes = plt.subplots(len(facet_rows), len(cols), figsize=(3.8 * len(cols) + 1.5, 3.0 * len(facet_rows)),
+                             squeeze=False)
+    variants = list(dict.fromkeys(sw.runs["variant"]))
+    palette, dashes, _ = _styles(variants)
+    for i, (title, g) in enumerate(facet_rows):
+        for j, xv in enumerate(cols):
+            ax = axes[i][j]
+            sub = g if xv is None else g[(g[sw.x] == xv) | g[sw.x].isna()]
+            for v in variants:
+                sv = sub[sub["variant"] == v]
+                if len(sv):
+                    sns.ecdfplot(data=sv, x="ttfet_s", color=palette[v], linestyle=_dash_to_ls(dashes[v]), ax=ax,
+                                 log_scale=True)
+            _plain_log_ticks(ax)
+            ax.set_xlabel("TTFET (s)")
+            ax.set_ylabel("fraction of conversations")
+            head = [] if xv is None else [_x_value_title(sw, xv)]
+            ax.set_title(", ".join([t for t in [title, *head] if t]))
+    from matplotlib.lines import Line2D
+    fig.legend([Line2D([], [], color=palette[v], linestyle=_dash_to_ls(dashes[v])) for v in variants], variants,
+               title="variant", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    fig.tight_layout()
+    return _save(fig, out, "ttfet_cdf")
+
+
+def tokens_per_joule(sw: Sweep, out: Path) -> list[Path]:
+    """Bars of tokens/J (mean, 95 % t-CI) per variant and tier (cluster), one panel per x value."""
+    plt, sns = _plt()
+    df = sw.runs[sw.runs["tokens_per_joule"].notna()]
+    if df.empty:
+        return []
+    col = sw.x if sw.x else None
+    g = sns.catplot(data=df, kind="bar", x="variant", y="tokens_per_joule", hue="cluster.name", col=col,
+                    estimator="mean", errorbar=t_interval, capsize=0.1, height=3.4, aspect=1.0,
+                    sharey=True)
+    g.set_axis_labels("variant", "tokens per joule (tokens/J)")
+    if col:
+        g.set_titles(col_template=("rate = {col_name} " + ("conv/s" if "conv" in x_label(sw) else "prompts/s"))
+                     if sw.x == "workload.rate_per_s" else f"{sw.x.split('.')[-1]} = {{col_name}}")
+    if g._legend:
+        g._legend.set_title("tier (cluster)")
+    return _save(g.figure, out, "tokens_per_joule")
+
+
+def kv_occupancy(sw: Sweep, out: Path) -> list[Path]:
+    """KV-cache occupancy of every instance over time, one panel per variant, for one run per variant:
+    the first seed, the median x value, the first facet value."""
+    plt, sns = _plt()
+    runs = sw.runs
+    if sw.facets:
+        first = runs[sw.facets].iloc[0]
+        runs = runs[(runs[sw.facets] == first).all(axis=1)]
+    if sw.x:
+        xs = sorted(runs[sw.x].dropna().unique())
+        if xs:
+            mid = xs[(len(xs) - 1) // 2]
+            runs = runs[(runs[sw.x] == mid) | runs[sw.x].isna()]
+    chosen = runs.drop_duplicates("variant", keep="first")
+    frames, windows, orders = [], [], []
+    for _, r in chosen.iterrows():
+        p = sw.run_dirs[r["run"]] / "instances.parquet"
+        if not p.is_file():
+            continue
+        s = pd.read_parquet(p, columns=["t_s", "instance", "kv_used_frac"])
+        if s.empty:
+            continue
+        order = list(dict.fromkeys(s["instance"]))
+        s = s.sort_values(["instance", "t_s"])
+        n = int(s.groupby("instance").size().max())
+        window = max(1, n // SMOOTH_FRACTION)
+        s["kv_used_frac"] = (s.groupby("instance")["kv_used_frac"]
+                             .transform(lambda x: x.rolling(window, min_periods=1, center=True).mean()))
+        step = max(1, int(math.ceil(n / MAX_SERIES_POINTS)))
+        s = s[s.groupby("instance").cumcount() % step == 0].copy()
+        windows.append(window)
+        orders.append(order)
+        s["variant"] = r["variant"]
+        frames.append(s)
+    if not frames:
+        return []
+    df = pd.concat(frames, ignore_index=True)
+    n = df.variant.nunique()
+    hue_order = list(dict.fromkeys(i for o in orders for i in o))
+    g = sns.relplot(data=df, kind="line", x="t_s", y="kv_used_frac", hue="instance", hue_order=hue_order,
+                    col="variant",
+                    col_wrap=min(3, n), height=2.8, aspect=1.4, linewidth=0.8, facet_kws={"sharex": False})
+    g.set_axis_labels("simulated time (s)", "KV occupancy (fraction)")
+    where = []
+    if sw.facets:
+        where += [f"{k.split('.')[0]}: {chosen.iloc[0][k]}" for k in sw.facets]
+    if sw.x and len(chosen) and np.isfinite(chosen[sw.x].dropna().iloc[0] if chosen[sw.x].notna().any() else np.nan):
+        where.append(_x_value_title(sw, chosen[sw.x].dropna().iloc[0]))
+    if sw.seeds:
+        where.append(", ".join(f"{k} = {_num(chosen.iloc[0][k])}" for k in sw.seeds if k in chosen.columns))
+    g.set_titles(col_template="{col_name}")
+    interval = sw.runs.get("logger.metrics_interval_s")
+    step_s = float(interval.dropna().iloc[0]) if interval is not None and interval.notna().any() else None
+    if max(windows) > 1:
+        where.append(f"moving mean over {max(windows)} samples"
+                     + (f" ({max(windows) * step_s:g} s)" if step_s else ""))
+    if where:
+        g.figure.suptitle("; ".join(where), y=1.02)
+    return _save(g.figure, out, "kv_occupancy")
+
+
+def figures(sw: Sweep, out: Path) -> list[Path]:
+    """Draw every figure whose inputs vary in the sweep; returns the written files."""
+    made: list[Path] = []
+    r = sw.runs
+    made += ttfet_cdf(sw, out)
+    if sw.x == "workload.rate_per_s":
+        made += metric_vs_x(sw, ["ttfet_p95_s"], out, "p95_ttfet_vs_rate")
+        made += metric_vs_x(sw, ["slo_attainment"], out, "slo_attainment_vs_rate")
+        made += metric_vs_x(sw, ["latency_p50_s", "latency_p95_s"], out, "latency_vs_rate")
+        if "preemptions" in r.columns and (r.preemptions.fillna(0) > 0).any():
+            made += metric_vs_x(sw, ["preemptions"], out, "preemptions_vs_rate")
+    if sw.x in ("scheduler.predictor.sigma", "scheduler.predictor.error_rate"):
+        made += metric_vs_x(sw, ["ttfet_p95_s", "slo_attainment", "tokens_per_joule"], out,
+                            "metrics_vs_prediction_error")
+    if "cluster.name" in sw.dims:
+        made += tokens_per_joule(sw, out)
+    made += kv_occupancy(sw, out)
+    return made
+
+
+# ---- entry point -------------------------------------------------------------------------------------
+
+
+def report(sweep_dir: Path, out: Optional[Path] = None, draw: bool = True) -> dict[str, Any]:
+    """Write the tidy table, points table, markdown summary and figures; returns their paths."""
+    sweep_dir = Path(sweep_dir)
+    out = Path(out) if out else sweep_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    sw = load_sweep(sweep_dir)
+    sw.runs.to_parquet(out / "runs.parquet", index=False)
+    sw.runs.to_csv(out / "runs.csv", index=False)
+    pts = points_table(sw)
+    pts.to_parquet(out / "points.parquet", index=False)
+    pts.to_csv(out / "points.csv", index=False)
+    figs = figures(sw, out / "figures") if draw else []
+    (out / "report.md").write_text(markdown(sw, pts, figs))
+    return {"sweep": sw, "points": pts, "figures": figs, "out": out}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweep_dir", type=Path, help="a sweep directory (results/sweeps/<time>...)")
+    ap.add_argument("--out", type=Path, default=None, help="output directory (default: SWEEP_DIR/report)")
+    ap.add_argument("--no-figures", action="store_true", help="write the tables and markdown only")
+    args = ap.parse_args(argv)
+    try:
+        res = report(args.sweep_dir, args.out, draw=not args.no_figures)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sw = res["sweep"]
+    print(f"{len(sw.runs)} runs, {len(res['points'])} points; swept: {', '.join(sw.dims) or 'nothing'}"
+          f"{'; repetitions: ' + ', '.join(sw.seeds) if sw.seeds else ''}")
+    print(f"-> {res['out'] / 'report.md'}")
+    for f in res["figures"]:
+        if f.suffix == ".png":
+            print(f"   {f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

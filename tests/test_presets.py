@@ -1,0 +1,97 @@
+"""Every experiment preset (``conf/experiment/*.yaml``) composes with ``+experiment=<name>``, its sweep
+parses (fixed seeds, >= 3 repetitions, every swept group option exists), and one point of it runs on a
+tiny workload."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from harness.config import PROJECT_ROOT, register_configs
+from harness.runner import execute
+from tests.conftest import compose_run
+
+CONF = PROJECT_ROOT / "conf"
+PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def compose_with_hydra(overrides):
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+
+
+def sweep_params(name: str) -> dict[str, list[str]]:
+    """``hydra.sweeper.params`` of a preset, each parsed by Hydra's own override parser into its values."""
+    cfg = compose_with_hydra([f"+experiment={name}"])
+    params = cfg.hydra.sweeper.params
+    assert params, f"{name}: no hydra.sweeper.params"
+    parser = OverridesParser.create()
+    out = {}
+    for key, value in params.items():
+        (ov,) = parser.parse_overrides([f"{key}={value}"])
+        out[key] = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+    return out
+
+
+def test_the_four_paper_presets_exist():
+    assert {"conserve_rate_sweep", "conserve_energy", "ampd_robustness", "wait_paper"} <= set(PRESETS)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_sweep_parses_with_fixed_seeds(name):
+    text = (CONF / "experiment" / f"{name}.yaml").read_text()
+    assert text.startswith("# @package _global_"), "presets are override-only files in the global package"
+    params = sweep_params(name)
+    seeds = params.get("workload.seed")
+    assert seeds and len(seeds) >= 3 and all(s.isdigit() for s in seeds), f"{name}: >= 3 fixed seeds"
+    for key, values in params.items():
+        group = key.lstrip("+")
+        if (CONF / group).is_dir():  # a group choice: every option must exist
+            for v in values:
+                assert (CONF / group / f"{v}.yaml").is_file(), f"{name}: {key}={v} has no conf/{group}/{v}.yaml"
+    assert 4 <= len(list(itertools.product(*params.values()))) <= 400
+
+
+def one_point(name: str) -> list[str]:
+    """The first value of every swept key."""
+    return [f"{k}={v[0]}" for k, v in sweep_params(name).items()]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_one_point_of_each_preset_runs(name, tmp_path: Path):
+    point = one_point(name)
+    run = compose_run([f"+experiment={name}", *point, "workload.num_conversations=3", "workload.max_turns=3"])
+    summary = execute(run, tmp_path)
+    assert summary["num_conversations"] == 3 and not summary["partial"]
+    assert (tmp_path / "conversations.parquet").is_file()
+
+
+def test_every_ampd_robustness_arm_resolves():
+    params = sweep_params("ampd_robustness")
+    arms = params["+experiment/arm"]
+    assert "conserve" in arms and sum(a.startswith("ampd") for a in arms) >= 4
+    sigmas = []
+    for arm in arms:
+        run = compose_run(["+experiment=ampd_robustness", f"+experiment/arm={arm}"])
+        if arm == "conserve":
+            assert run.scheduler_name == "conserve"
+        else:
+            assert run.scheduler_name == "ampd"
+            sigmas.append(run.scheduler.predictor.sigma)
+    assert sigmas == sorted(sigmas) and sigmas[0] == 0.0 and sigmas[-1] >= 2.0
+
+
+def test_wait_paper_variants_are_the_papers_baselines():
+    params = sweep_params("wait_paper")
+    assert set(params["workload"]) == {"wait_single", "wait_two_types", "wait_long"}
+    assert {"collocated", "wait", "nested_wait"} <= set(params["scheduler"])
+    assert "512" in params["engine.max_num_batched_tokens"]  # Sarathi-style chunk of 512
+    cfg = compose_with_hydra(["+experiment=wait_paper"])
+    assert cfg.cluster.name == "a100_1x" and cfg.model.name == "llama2_7b"
