@@ -33,8 +33,9 @@ def main(cfg: DictConfig) -> dict:
     except (ConfigError, TraceError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(f"\n{run.scheduler_name} on {run.cfg.cluster.name}, {run.cfg.workload.name} "
-          f"@ {run.cfg.workload.rate_per_s} conv/s -> {out}\n{summary_table({run.scheduler_name: summary})}")
+    rate = "t=0" if run.cfg.workload.arrival == "fixed" else f"{run.cfg.workload.rate_per_s} conv/s"
+    print(f"\n{run.scheduler_name} on {run.cfg.cluster.name} ({run.cfg.backend.name}), {summary['workload']} "
+          f"@ {rate} -> {out}\n{summary_table({run.scheduler_name: summary})}")
     return summary
 
 

@@ -269,7 +269,7 @@ def resolve(dcfg: DictConfig) -> Resolved:
         except ConfigError as e:
             raise ConfigError(f"slo.reference_scheduler: {e}") from None
     trace = resolve_path(cfg.workload.trace)
-    if not trace.is_file():
+    if cfg.workload.kind == "trace" and not trace.is_file():
         raise ConfigError(f"workload.trace: file not found: {cfg.workload.trace} (looked for {trace})")
     if cfg.backend.name == "vllm" and not cfg.backend.launch and len(cfg.backend.endpoints) != len(instances):
         raise ConfigError(f"backend.endpoints has {len(cfg.backend.endpoints)} URLs for {len(instances)} cluster "

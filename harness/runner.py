@@ -235,7 +235,9 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "") -> dict:
     cfg = run.cfg
     out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    records = load_trace(run.trace_path)
+    synthetic = cfg.workload.kind == "synthetic"
+    records = [] if synthetic else load_trace(run.trace_path)
+    source = "synthetic prompt types" if synthetic else run.trace_path.name
     try:
         conversations, stats = build_workload(records, cfg.workload)
     except ValueError as e:
@@ -245,10 +247,10 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "") -> dict:
         (out_dir / "config.yaml").write_text(resolved_yaml)
     meta = {"code": code_version(), "packages": package_versions(), "platform": platform.platform(),
             "instances": [{"name": n, "role": r, "hardware": dataclasses.asdict(h)} for n, r, h in run.instances],
-            "model": dataclasses.asdict(cfg.model), "trace": str(run.trace_path)}
+            "model": dataclasses.asdict(cfg.model), "workload_source": "synthetic" if synthetic else str(run.trace_path)}
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2))
     log.info("workload: %d conversations, %d turns from %s", len(conversations),
-             sum(len(r.turns) for _, r in conversations), run.trace_path.name)
+             sum(len(r.turns) for _, r in conversations), source)
     unloaded = None
     if cfg.slo.ttfet_mode == "relative":
         log.info("SLO baseline: replaying each conversation alone under %s", cfg.slo.reference_scheduler)
@@ -277,6 +279,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "") -> dict:
     summary = summarize(turns, conv, res.energy_j, res.window_end_s - res.window_start_s, res.preemptions)
     summary.update({
         "scheduler": run.scheduler_name, "cluster": cfg.cluster.name, "model": cfg.model.name,
+        "workload": cfg.workload.name if synthetic else run.trace_path.name,
         "workload_rate_per_s": cfg.workload.rate_per_s, "seed": cfg.workload.seed,
         "partial": bool(res.error), "error": res.error,
         "sim_events": res.events, "sim_wall_s": res.wall_s, "total_wall_s": time.perf_counter() - t_start,
