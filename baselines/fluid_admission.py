@@ -57,6 +57,20 @@ def prompt_types(ctx: PolicyContext, edges: Sequence[int], num_instances: int
     return types, np.asarray(kept)
 
 
+def check_knobs(output_bins: Sequence[int], max_wait_s: float) -> list[int]:
+    """Validate the knobs WAIT and Nested WAIT share; returns the bins as a list.
+
+    Raises:
+        ValueError: naming ``scheduler.output_bins`` or ``scheduler.max_wait_s``.
+    """
+    edges = list(output_bins)
+    if sorted(edges) != edges or any(e < 1 for e in edges):
+        raise ValueError(f"scheduler.output_bins must be increasing positive token counts, got {edges}")
+    if not max_wait_s >= 0:
+        raise ValueError(f"scheduler.max_wait_s must be >= 0, got {max_wait_s!r}")
+    return edges
+
+
 class ThresholdAdmission:
     """Base: group held turns by (instance, class) and release groups that reach their threshold."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from baselines.fluid_admission import ThresholdAdmission, instance_coefficients, prompt_types
+from baselines.fluid_admission import ThresholdAdmission, check_knobs, instance_coefficients, prompt_types
 from harness.fluid import nested_wait_thresholds
 from harness.policy import PolicyContext, register
 
@@ -40,15 +40,11 @@ class NestedWait(ThresholdAdmission):
 
 @register("nested_wait", NestedWaitConfig)
 def make(cfg: NestedWaitConfig, ctx: PolicyContext) -> NestedWait:
-    edges = list(cfg.output_bins)
-    if sorted(edges) != edges or any(e < 1 for e in edges):
-        raise ValueError(f"scheduler.output_bins must be increasing positive token counts, got {edges}")
+    edges = check_knobs(cfg.output_bins, cfg.max_wait_s)
     if not cfg.total_cap_tl > 0:
         raise ValueError(f"scheduler.total_cap_tl must be > 0, got {cfg.total_cap_tl!r}")
     if not 0 <= cfg.eta < 1:
         raise ValueError(f"scheduler.eta must be in [0, 1), got {cfg.eta!r}")
-    if not cfg.max_wait_s >= 0:
-        raise ValueError(f"scheduler.max_wait_s must be >= 0, got {cfg.max_wait_s!r}")
     n_inst = len(ctx.cluster_roles)
     thresholds, caps, notes = [], [], []
     for i in range(n_inst):

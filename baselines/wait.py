@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from baselines.ampd import PredictorConfig
-from baselines.fluid_admission import ThresholdAdmission, instance_coefficients, prompt_types
+from baselines.fluid_admission import ThresholdAdmission, check_knobs, instance_coefficients, prompt_types
 from harness.fluid import wait_thresholds
 from harness.policy import PolicyContext, Predictor, register
 
@@ -42,11 +42,7 @@ class Wait(ThresholdAdmission):
 
 @register("wait", WaitConfig)
 def make(cfg: WaitConfig, ctx: PolicyContext) -> Wait:
-    edges = list(cfg.output_bins)
-    if sorted(edges) != edges or any(e < 1 for e in edges):
-        raise ValueError(f"scheduler.output_bins must be increasing positive token counts, got {edges}")
-    if not cfg.max_wait_s >= 0:
-        raise ValueError(f"scheduler.max_wait_s must be >= 0, got {cfg.max_wait_s!r}")
+    edges = check_knobs(cfg.output_bins, cfg.max_wait_s)
     if not cfg.margin >= 0:
         raise ValueError(f"scheduler.margin must be >= 0, got {cfg.margin!r}")
     if cfg.max_active < 1:

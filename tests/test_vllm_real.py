@@ -59,21 +59,24 @@ def tiny_model():
     return model_path("tiny")
 
 
+def launched(cluster: str, port_base: int, tiny_model: str, workdir: Path):
+    """Launch the servers of ``cluster`` (a context manager yielding their specs and the launcher)."""
+    run = compose_run(COMMON + [f"cluster={cluster}", "scheduler=collocated", f"backend.port_base={port_base}"])
+    specs = instance_specs(run, tiny_model, workdir)
+    return specs, Launcher(specs, workdir / "logs", 300)
+
+
 @pytest.fixture(scope="module")
 def collocated_server(tiny_model, tmp_path_factory):
-    run = compose_run(COMMON + ["cluster=cpu_1x", "scheduler=collocated", "backend.port_base=8210"])
-    d = tmp_path_factory.mktemp("colo")
-    specs = instance_specs(run, tiny_model, d)
-    with Launcher(specs, d / "logs", 300) as launcher:
+    specs, launcher = launched("cpu_1x", 8210, tiny_model, tmp_path_factory.mktemp("colo"))
+    with launcher:
         yield specs[0].url, launcher
 
 
 @pytest.fixture(scope="module")
 def pd_servers(tiny_model, tmp_path_factory):
-    run = compose_run(COMMON + ["cluster=cpu_1p1d", "scheduler=conserve", "backend.port_base=8220"])
-    d = tmp_path_factory.mktemp("pd")
-    specs = instance_specs(run, tiny_model, d)
-    with Launcher(specs, d / "logs", 300) as launcher:
+    specs, launcher = launched("cpu_1p1d", 8220, tiny_model, tmp_path_factory.mktemp("pd"))
+    with launcher:
         yield [s.url for s in specs], launcher
 
 
