@@ -14,7 +14,10 @@ release time; allocation evicts from the least recently released entry, tail blo
 request's blocks in reverse order, so its tail is evicted before its head). A later request of the same
 conversation hits ``min(cached tokens, reused prefix)`` tokens (block-aligned), where the reused prefix is
 the minimum of the trace's ``reused_tokens`` over the turns since the entry was written (an agent that
-rewrites old observations invalidates the cached tail).
+rewrites old observations invalidates the cached tail). Not modelled: blocks shared *across*
+conversations (vLLM hashes block contents, so an identical system prompt is cached once and hit by every
+conversation); for the shipped SWE-bench trace that is the first few hundred tokens of each turn-0
+prompt, a small share of the prefill work.
 
 P/D: a prefill-only request (``max_tokens = 1``) keeps its blocks after finishing until the KV transfer
 is done (vLLM's delayed free with a KV connector); a remote-KV request on the decoder allocates blocks for
