@@ -25,21 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.policy import (AdmitAll, ClusterView, InstanceView, Placement, PolicyContext, Predictor, TurnView, register,
+from harness.policy import (AdmitAll, ClusterView, InstanceView, Placement, PolicyContext, Predictor, PredictorConfig,
+                            TurnView, register,
                             require_roles)
 from baselines.disaggregated import pick_prefiller
-
-
-@dataclass
-class PredictorConfig:
-    """Error injection: mode ``lognormal`` (x exp(N(0, sigma))) or ``rate`` (a fraction
-    ``error_rate`` of predictions off by ``error_factor``); seed of the error stream."""
-
-    mode: str = "lognormal"
-    sigma: float = 0.0
-    error_rate: float = 0.0
-    error_factor: float = 2.0
-    seed: int = 0
 
 
 @dataclass
@@ -94,7 +83,6 @@ def make(cfg: AmpdConfig, ctx: PolicyContext) -> Ampd:
     if not 0 < cfg.kv_high_frac <= 1:
         raise ValueError(f"scheduler.kv_high_frac must be in (0, 1], got {cfg.kv_high_frac!r}")
     require_roles("ampd", ctx.cluster_roles, ("prefiller", "decoder"))
-    pc = cfg.predictor
-    pred = Predictor(ctx.truth, pc.mode, pc.sigma, pc.error_rate, pc.error_factor, pc.seed)
+    pred = Predictor.from_config(ctx.truth, cfg.predictor)
     mean_new = float(ctx.workload.turn_new_tokens.mean()) if len(ctx.workload.turn_new_tokens) else 0.0
     return Ampd(cfg, pred, mean_new)

@@ -20,9 +20,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from baselines.collocated import sticky_instance
+from baselines.collocated import Collocated, sticky_instance
 from harness.fluid import PromptType, linear_iteration_coefficients
-from harness.policy import Admission, ClusterView, Placement, PolicyContext, TurnView
+from harness.policy import Admission, ClusterView, PolicyContext, TurnView
 
 
 def instance_coefficients(ctx: PolicyContext, i: int) -> tuple[float, float]:
@@ -71,8 +71,9 @@ def check_knobs(output_bins: Sequence[int], max_wait_s: float) -> list[int]:
     return edges
 
 
-class ThresholdAdmission:
-    """Base: group held turns by (instance, class) and release groups that reach their threshold."""
+class ThresholdAdmission(Collocated):
+    """Base: group held turns by (instance, class) and release groups that reach their threshold;
+    placement is :class:`~baselines.collocated.Collocated`'s (sticky)."""
 
     name = "threshold"
 
@@ -91,22 +92,18 @@ class ThresholdAdmission:
         next_deadline = None
         for (inst, cls), idx in groups.items():
             n = self.thresholds[inst].get(cls, 1)
-            oldest = queue[idx[0]].submit_s
-            timed_out = now - oldest >= self.max_wait_s
+            deadline = queue[idx[0]].submit_s + self.max_wait_s
+            timed_out = now >= deadline     # the same float as the timer set below, so the timer releases
             if len(idx) >= n or timed_out:
                 take = idx if timed_out else idx[:n]
                 room = max(0, self.max_active - active[inst])
                 take = take[:room]
                 active[inst] += len(take)
                 admit.extend(take)
-            if len(admit) < len(queue):
-                d = oldest + self.max_wait_s
-                next_deadline = d if next_deadline is None else min(next_deadline, d)
+            elif next_deadline is None or deadline < next_deadline:
+                # below its threshold: poll again when its oldest turn times out. A group held only for
+                # lack of room needs no timer: every finish polls again.
+                next_deadline = deadline
         reason = f"{self.name}: {self.plan_note}"
-        held = len(admit) < len(queue)
-        return Admission(tuple(sorted(admit)), reason, max(next_deadline, now + 1e-3) if held and next_deadline else
-                         (now + 0.05 if held else None))
+        return Admission(tuple(sorted(admit)), reason, next_deadline)
 
-    def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement:
-        i, why = sticky_instance(turn, view)
-        return Placement(i, i, why)

@@ -13,7 +13,7 @@ its threshold (that needs an engine-side hook), and the paper's logarithmic memo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from baselines.fluid_admission import ThresholdAdmission, check_knobs, instance_coefficients, prompt_types
 from harness.fluid import nested_wait_thresholds
@@ -46,12 +46,11 @@ def make(cfg: NestedWaitConfig, ctx: PolicyContext) -> NestedWait:
     if not 0 <= cfg.eta < 1:
         raise ValueError(f"scheduler.eta must be in [0, 1), got {cfg.eta!r}")
     n_inst = len(ctx.cluster_roles)
+    types, _ = prompt_types(ctx, edges, n_inst)  # a config problem (no arrival rate) is an error
+    types = [replace(t, output_tokens=float(max(1, round(t.output_tokens)))) for t in types]
     thresholds, caps, notes = [], [], []
     for i in range(n_inst):
         try:
-            types, _ = prompt_types(ctx, edges, n_inst)
-            types = [t.__class__(t.rate_per_s, t.input_tokens, float(max(1, round(t.output_tokens))))
-                     for t in types]
             d0, d1 = instance_coefficients(ctx, i)
             plan = nested_wait_thresholds(types, d0, d1, ctx.kv_capacity_tokens[i], cfg.total_cap_tl,
                                           eta=cfg.eta)

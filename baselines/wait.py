@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from baselines.ampd import PredictorConfig
 from baselines.fluid_admission import ThresholdAdmission, check_knobs, instance_coefficients, prompt_types
 from harness.fluid import wait_thresholds
-from harness.policy import PolicyContext, Predictor, register
+from harness.policy import PolicyContext, Predictor, PredictorConfig, register
 
 
 @dataclass
@@ -47,13 +46,12 @@ def make(cfg: WaitConfig, ctx: PolicyContext) -> Wait:
         raise ValueError(f"scheduler.margin must be >= 0, got {cfg.margin!r}")
     if cfg.max_active < 1:
         raise ValueError(f"scheduler.max_active must be >= 1, got {cfg.max_active!r}")
-    pc = cfg.predictor
-    pred = Predictor(ctx.truth, pc.mode, pc.sigma, pc.error_rate, pc.error_factor, pc.seed)
+    pred = Predictor.from_config(ctx.truth, cfg.predictor)
     n_inst = len(ctx.cluster_roles)
+    types, bins = prompt_types(ctx, edges, n_inst)  # a config problem (no arrival rate) is an error
     thresholds, notes = [], []
     for i in range(n_inst):
         try:
-            types, bins = prompt_types(ctx, edges, n_inst)
             d0, d1 = instance_coefficients(ctx, i)
             n, m_pi = wait_thresholds(types, d0, d1, ctx.kv_capacity_tokens[i], cfg.margin)
             thresholds.append({int(b): int(k) for b, k in zip(bins, n)})

@@ -7,7 +7,7 @@ simulator; a real backend implements the same methods over ``vllm serve`` instan
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
 from harness.policy import Placement

@@ -43,6 +43,10 @@ class SimClock:
         self._seq += 1
         heapq.heappush(self._q, (t, priority, self._seq, fn, args))
 
+    def pending(self) -> int:
+        """Number of scheduled events not yet processed."""
+        return len(self._q)
+
     def run(self, until: float = math.inf) -> None:
         """Process events in order until the heap is empty or the next event is after ``until``."""
         q = self._q

@@ -11,7 +11,7 @@ heap or a wall-clock loop.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from harness.backend import Backend, TurnJob
@@ -152,7 +152,8 @@ class Controller:
             self._launch(c, tv, self.view(), adm.reason)
         recheck = adm.recheck_at
         if recheck is not None and self.held and recheck < self._recheck_at:
-            self._recheck_at = max(recheck, now)
+            # never "again right now": a policy that keeps asking for that would loop at one instant
+            self._recheck_at = max(recheck, now + 1e-6)
             self.clock.call_at(self._recheck_at, self._recheck)
 
     def _recheck(self) -> None:

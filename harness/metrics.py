@@ -13,8 +13,11 @@ Definitions (PAPERS.md "Metrics"):
     violations.
   * Goodput = conversations meeting the SLO / measured window (first arrival to last finish), conv/s.
   * Energy: sum over GPUs of energy over the measured window, J (idle power included);
-    tokens_per_joule = (prompt tokens computed by prefill, recompute included + generated tokens) / J;
-    output_tokens_per_joule = generated tokens / J.
+    tokens_per_joule = tokens served / J, where tokens served = prompt tokens + generated tokens of the
+    completed turns (a prefix-cache hit serves its tokens without recomputing them, so reuse raises
+    tokens/J; recomputation after preemption or eviction does not add to the numerator);
+    output_tokens_per_joule = generated tokens / J; ``prefill_tokens_computed`` reports the prefill work
+    actually done (recompute included).
 """
 
 from __future__ import annotations

@@ -197,6 +197,18 @@ class TurnTruth:
     remaining_kv_tokens: int
 
 
+@dataclass
+class PredictorConfig:
+    """Hydra schema of a policy's ``predictor`` node: error mode ``lognormal`` (x exp(N(0, sigma))) or
+    ``rate`` (a fraction ``error_rate`` of predictions off by ``error_factor``); seed of the errors."""
+
+    mode: str = "lognormal"
+    sigma: float = 0.0
+    error_rate: float = 0.0
+    error_factor: float = 2.0
+    seed: int = 0
+
+
 class Predictor:
     """Predictions of decode length and tool time: the true value times an injected error.
 
@@ -223,17 +235,28 @@ class Predictor:
             raise ValueError(f"predictor.error_factor must be >= 1, got {error_factor!r}")
         self._truth, self.mode, self.sigma = truth, mode, sigma
         self.error_rate, self.error_factor, self.seed = error_rate, error_factor, seed
+        self._cache: dict[tuple[str, int, int], float] = {}
+
+    @classmethod
+    def from_config(cls, truth: Callable[[str, int], "TurnTruth"], pc: PredictorConfig) -> "Predictor":
+        """A predictor from a policy's ``predictor`` config node (same errors as ``__init__``)."""
+        return cls(truth, pc.mode, pc.sigma, pc.error_rate, pc.error_factor, pc.seed)
 
     def _factor(self, conversation_id: str, turn: int, what: int) -> float:
         if (self.mode == "lognormal" and self.sigma == 0) or (self.mode == "rate" and self.error_rate == 0):
             return 1.0
-        key = [self.seed, what, turn] + list(conversation_id.encode())
-        rng = np.random.default_rng(key)
-        if self.mode == "lognormal":
-            return float(math.exp(rng.normal(0.0, self.sigma)))
-        if rng.random() < self.error_rate:
-            return self.error_factor if rng.random() < 0.5 else 1.0 / self.error_factor
-        return 1.0
+        key = (conversation_id, turn, what)
+        f = self._cache.get(key)
+        if f is None:
+            rng = np.random.default_rng([self.seed, what, turn] + list(conversation_id.encode()))
+            if self.mode == "lognormal":
+                f = float(math.exp(rng.normal(0.0, self.sigma)))
+            elif rng.random() < self.error_rate:
+                f = self.error_factor if rng.random() < 0.5 else 1.0 / self.error_factor
+            else:
+                f = 1.0
+            self._cache[key] = f
+        return f
 
     def output_tokens(self, turn: TurnView) -> float:
         """Predicted output (decode) tokens of ``turn``, tokens (>= 1)."""

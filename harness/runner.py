@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import pandas as pd
-from omegaconf import OmegaConf
 
 from harness.config import PROJECT_ROOT, ConfigError, Resolved, scheduler_config
 from harness.controller import ConversationState, Controller
@@ -105,7 +104,7 @@ def simulate(run: Resolved, conversations: Sequence[tuple[float, ConversationRec
                             "kv_used_tokens": st.kv_used_tokens, "kv_capacity_tokens": info.kv_capacity_tokens,
                             "kv_used_frac": st.kv_used_tokens / info.kv_capacity_tokens,
                             "num_running": st.num_running, "num_waiting": st.num_waiting, "energy_j": st.energy_j})
-        if not controller.finished:
+        if not controller.finished and clock.pending():  # nothing else queued: a stall, not a wait
             clock.call_at(now + sample_interval_s, sample, priority=2)
 
     controller.start()

@@ -94,10 +94,15 @@ def test_preemption_happens_under_tight_memory(checked_engines):
     assert not res.error and res.preemptions > 0
 
 
-@pytest.mark.parametrize("scheduler", ["conserve", "collocated"])
-def test_coalescing_does_not_change_results(scheduler):
-    run = compose_run([f"scheduler={scheduler}", *TIGHT])
-    convs, stats = workload(run, n=8, rate=1.0, max_turns=8)
+@pytest.mark.parametrize(("scheduler", "n", "mem", "ctx"), [
+    ("conserve", 8, "0.05", 5000), ("collocated", 8, "0.05", 5000),
+    ("disaggregated", 40, "0.1", 20000), ("ampd", 40, "0.1", 20000)])
+def test_coalescing_does_not_change_results(scheduler, n, mem, ctx):
+    """Coalesced decode runs give the step-by-step results, also under preemption (a step that preempts
+    is not coalesced) and for policies reading KV usage mid-run (``Engine.used_blocks_now``)."""
+    run = compose_run([f"scheduler={scheduler}", f"engine.gpu_memory_utilization={mem}",
+                       "engine.activation_reserve_bytes=268435456"])
+    convs, stats = workload(run, n=n, rate=1.0, max_turns=12, max_context=ctx)
     cfg = run.scheduler
     a = pd.DataFrame(simulate(run, convs, stats, scheduler, cfg, max_coalesce_s=0.25).turns)
     b = pd.DataFrame(simulate(run, convs, stats, scheduler, cfg, max_coalesce_s=0.0).turns)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 from harness.backend import InstanceInfo, InstanceState, TurnJob
@@ -35,7 +34,7 @@ class SimBackend:
             self.perf.append(perf)
             self.engines.append(Engine(i, name, self.clock, perf, engine, cap, self._engine_fail))
             infos.append(InstanceInfo(i, name, role, hw.name, cap * engine.block_size,
-                                      perf.prefill_tokens_per_s(), perf.decode_step(1, 1024).time_s,
+                                      perf.prefill_tokens_per_s(), perf.idle_decode_step_s(),
                                       hw.cap_w))
         self.infos = tuple(infos)
         self._link_free_at = [0.0] * len(self.engines)
@@ -61,7 +60,7 @@ class SimBackend:
         now = self.clock.now()
         out = []
         for e in self.engines:
-            out.append(InstanceState(e.used_blocks * e.bs, len(e.running), len(e.waiting) + e.loading,
+            out.append(InstanceState(e.used_blocks_now() * e.bs, len(e.running), len(e.waiting) + e.loading,
                                      self.energy_j(e.index, now)))
         return tuple(out)
 

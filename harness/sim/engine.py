@@ -29,7 +29,7 @@ such a run at the next step boundary, so the results equal step-by-step simulati
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict, deque
 from typing import Callable, Optional
 
@@ -50,7 +50,7 @@ class Request:
     __slots__ = ("conv", "turn", "prompt", "out_target", "reused", "prefill_only", "remote_kv",
                  "computed", "prefill_target", "out_done", "blocks", "state", "hit_tokens",
                  "first_token_s", "finish_s", "preemptions", "prefill_computed", "on_first_token",
-                 "on_finish", "on_loading", "sched_s", "enqueue_s", "owner")
+                 "on_finish", "on_loading", "owner")
 
     def __init__(self, conv: str, turn: int, prompt: int, out_target: int, reused: tuple,
                  prefill_only: bool = False, remote_kv: bool = False,
@@ -70,8 +70,6 @@ class Request:
         self.preemptions = 0
         self.prefill_computed = 0       # prompt tokens actually computed here (incl. recompute)
         self.on_first_token, self.on_finish, self.on_loading = on_first_token, on_finish, on_loading
-        self.sched_s: Optional[float] = None
-        self.enqueue_s = 0.0
 
 
 class Engine:
@@ -113,14 +111,27 @@ class Engine:
         self.preemptions = 0
         self.prefill_tokens = 0
         self.decode_tokens = 0
-        self.queued_prefill_tokens = 0
-        self.idle_step = perf.decode_step(1, 1024).time_s
 
     # ---- observation --------------------------------------------------------------------------
     @property
     def used_blocks(self) -> int:
         """Blocks held by running, loading and held requests (not free, not cached-free)."""
         return self.capacity_blocks - self.free - self.cached_total
+
+    def used_blocks_now(self) -> int:
+        """``used_blocks`` as step-by-step simulation would show it now: inside a coalesced decode run,
+        the blocks of the steps begun by now are counted (they are allocated at the run's end)."""
+        used = self.capacity_blocks - self.free - self.cached_total
+        if not self._run_coalesced:
+            return used
+        ends = self._run_ends
+        j = min(bisect_right(ends, self.clock.now() - self._run_start), len(ends) - 1)
+        bs = self.bs
+        for r in self._run_decode:
+            extra = -(-(r.computed + j + 1) // bs) - r.blocks
+            if extra > 0:
+                used += extra
+        return used
 
     # ---- KV blocks ------------------------------------------------------------------------------
     def _allocate(self, n: int) -> None:
@@ -172,10 +183,7 @@ class Engine:
             req.state = FAILED
             self.on_fail(req, f"needs {need} KV blocks, instance {self.name} has {self.capacity_blocks}")
             return
-        req.enqueue_s = self.clock.now()
         self.waiting.append(req)
-        if not req.remote_kv:
-            self.queued_prefill_tokens += req.prompt
         self.wake()
 
     def remote_loaded(self, req: Request) -> None:
@@ -271,7 +279,6 @@ class Engine:
                 req.computed = hit * bs
                 if req.hit_tokens < 0:
                     req.hit_tokens = hit * bs
-                    req.sched_s = now
                 if req.remote_kv:
                     req.state = LOADING
                     self.loading += 1
@@ -301,7 +308,7 @@ class Engine:
             cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)
             ends, energy = [cost.time_s], [cost.energy_j]
         else:
-            ends, energy = self._plan_decode_run(decode)
+            ends, energy = self._plan_decode_run(decode, 1 if preempted else None)
         self._run_start = now
         self._run_ends, self._run_energy = ends, energy
         self._run_prefill, self._run_decode = prefill, decode
@@ -309,18 +316,20 @@ class Engine:
         self._version += 1
         self.clock.call_at(now + ends[-1], self._step_end, self._version, priority=0)
 
-    def _plan_decode_run(self, decode: list[Request]) -> tuple[list[float], list[float]]:
+    def _plan_decode_run(self, decode: list[Request], max_steps: Optional[int] = None
+                         ) -> tuple[list[float], list[float]]:
         """Cumulative end times (s, from run start) and energies (J) of up to k identical decode steps.
 
         k is limited by the first request to finish, by a request still owing its first token, by the
-        KV blocks available for the run's growth, and by ``max_coalesce_s``. A non-empty waiting queue
-        does not stop coalescing: the scheduler just failed to admit its head (no blocks or
+        KV blocks available for the run's growth, by ``max_coalesce_s`` and by ``max_steps`` (1 after a
+        step that preempted: its victim may be re-admitted at the next step). A non-empty waiting queue
+        does not stop coalescing otherwise: the scheduler just failed to admit its head (no blocks or
         ``max_num_seqs``), which cannot change before a request finishes or a transfer completes, and
         those events cut the run (``wake``).
         """
         b = len(decode)
         ctx = 0
-        kmax = 1 << 30
+        kmax = max_steps or 1 << 30
         for req in decode:
             ctx += req.computed
             left = req.out_target - req.out_done
@@ -367,7 +376,6 @@ class Engine:
                 self.decode_tokens += 1
                 if req.first_token_s is None:
                     req.first_token_s = now
-                    self.queued_prefill_tokens -= req.prompt
                     if req.on_first_token is not None:
                         req.on_first_token(req)
                 if req.out_done >= req.out_target:

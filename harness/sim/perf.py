@@ -157,6 +157,7 @@ class PerfModel:
         c = self.step(chunk_tokens, pairs, 0, 1, 0, 0)
         return chunk_tokens / c.time_s
 
-    def transfer_s(self, tokens: int, bandwidth_bytes_per_s: float, latency_s: float) -> float:
-        """KV-transfer time of ``tokens`` tokens over a link: latency + bytes / bandwidth, s."""
-        return latency_s + tokens * self.kv_bytes_per_token / bandwidth_bytes_per_s
+    def idle_decode_step_s(self) -> float:
+        """One decode step of a single sequence with a 1024-token context, s: the "idle step time" a
+        router may know of an instance's hardware (1024 tokens: a short chat context)."""
+        return self.decode_step(1, 1024).time_s

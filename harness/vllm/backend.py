@@ -79,18 +79,20 @@ class VllmBackend:
     Args:
         endpoints: one per cluster instance, in index order. model: the served model name.
         clock: an ``AsyncioClock``. session: an aiohttp session. contexts: the token-id book.
+        prefill_tokens_per_s, decode_step_s: per instance, what a policy is told of its hardware
+            (tokens/s, s; from the hardware profile's roofline, ``PerfModel``).
         pd_kv_params: ``kv_transfer_params`` for P/D prefill requests (``None`` for connectors that
-            need none, e.g. ExampleConnector). request_timeout_s: per request.
+            need none, e.g. ExampleConnector). request_timeout_s: per request, s.
     Call ``await connect()`` (reads capacities), then the controller drives it.
     """
 
     def __init__(self, endpoints: Sequence[Endpoint], model: str, clock, session: aiohttp.ClientSession,
-                 contexts: ContextBook, pd_kv_params: Optional[dict] = None, request_timeout_s: float = 600.0,
-                 prefill_tokens_per_s: float = 20000.0, decode_step_s: float = 0.005):
+                 contexts: ContextBook, prefill_tokens_per_s: Sequence[float], decode_step_s: Sequence[float],
+                 pd_kv_params: Optional[dict] = None, request_timeout_s: float = 600.0):
         self.endpoints = list(endpoints)
         self.model, self.clock, self.session, self.contexts = model, clock, session, contexts
         self.pd_kv_params, self.timeout_s = pd_kv_params, request_timeout_s
-        self._pf_rate, self._dstep = prefill_tokens_per_s, decode_step_s
+        self._pf_rate, self._dstep = list(prefill_tokens_per_s), list(decode_step_s)
         self.infos: tuple[InstanceInfo, ...] = ()
         self.scrapes: list[Optional[Scrape]] = [None] * len(self.endpoints)
         self.scrape_s: list[float] = []
@@ -123,8 +125,8 @@ class VllmBackend:
             s = await self.scrape_one(i)
             if s is None:
                 raise RuntimeError(f"instance {e.name} at {e.url}: /metrics did not answer")
-            infos.append(InstanceInfo(i, e.name, e.role, e.hardware, kv_capacity_tokens(s), self._pf_rate,
-                                      self._dstep))
+            infos.append(InstanceInfo(i, e.name, e.role, e.hardware, kv_capacity_tokens(s), self._pf_rate[i],
+                                      self._dstep[i]))
         self.infos = tuple(infos)
 
     async def scrape_loop(self, interval_s: float, samples: list[dict], stop: asyncio.Event) -> None:
@@ -171,49 +173,60 @@ class VllmBackend:
     # ---- one turn -------------------------------------------------------------------------------
     async def _run_turn(self, job: TurnJob) -> None:
         try:
-            reused = job.reused[job.turn]
-            ids = self.contexts.prompt(job.conversation_id, job.turn, reused, job.prompt_tokens - reused)
-            p, d = job.placement.prefill_instance, job.placement.decode_instance
-            kv_params = None
-            if job.placement.disaggregated:
-                pre = await prefill_only(self.session, self.endpoints[p].url, self.model, ids, self.pd_kv_params,
-                                         self.timeout_s)
-                if pre.error:
-                    return self._fail(job, f"prefill on {self.endpoints[p].name}: {pre.error}")
-                job.prefill_done_s = self.clock.now()
-                job.cached_tokens = max(pre.cached_tokens, 0)
-                job.prefill_computed_tokens += job.prompt_tokens - job.cached_tokens
-                job.on_prefill_done(job)
-                kv_params = pre.kv_transfer_params
-
-            def first_token():
-                job.first_token_s = self.clock.now()
-                if not job.placement.disaggregated:
-                    job.prefill_done_s = job.first_token_s
-                    job.on_prefill_done(job)
-                job.on_first_token(job)
-
-            body = completion_body(self.model, ids, job.output_tokens, True, kv_params)
-            res: CompletionResult = await stream_completion(self.session, self.endpoints[d].url, body, first_token,
-                                                            self.timeout_s)
-            if res.error:
-                return self._fail(job, f"decode on {self.endpoints[d].name}: {res.error}")
-            if res.num_tokens != job.output_tokens:
-                self.mismatches += 1
-                return self._fail(job, f"token count mismatch: asked {job.output_tokens}, got {res.num_tokens}")
-            if job.placement.disaggregated:
-                # the decoder's reported cached tokens include KV loaded by the connector; how much of it
-                # came over the connector per request is not observable, so transfer_tokens stays unknown
-                job.decode_cached_tokens = max(res.cached_tokens, 0)
-                job.transfer_tokens = -1
-            else:
-                job.cached_tokens = max(res.cached_tokens, 0)
-                job.prefill_computed_tokens += job.prompt_tokens - job.cached_tokens
-            self.contexts.extend(job.conversation_id, res.token_ids[: job.output_tokens])
+            error = await self._execute(job)
+        except Exception as e:  # record, never hang the run
+            error = f"{type(e).__name__}: {e}"
+        if error:
+            self._fail(job, error)
+        else:  # outside the try: an exception in the controller or a policy is not this turn's failure
             job.finish_s = self.clock.now()
             job.on_finish(job)
-        except Exception as e:  # record, never hang the run
-            self._fail(job, f"{type(e).__name__}: {e}")
+
+    async def _execute(self, job: TurnJob) -> str:
+        """Send the turn's request(s); returns '' or the reason the turn failed."""
+        reused = job.reused[job.turn]
+        ids = self.contexts.prompt(job.conversation_id, job.turn, reused, job.prompt_tokens - reused)
+        p, d = job.placement.prefill_instance, job.placement.decode_instance
+        kv_params = None
+        if job.placement.disaggregated:
+            pre = await prefill_only(self.session, self.endpoints[p].url, self.model, ids, self.pd_kv_params,
+                                     self.timeout_s)
+            if pre.error:
+                return f"prefill on {self.endpoints[p].name}: {pre.error}"
+            if self.pd_kv_params is not None and pre.kv_transfer_params is None:
+                return f"prefill on {self.endpoints[p].name} returned no kv_transfer_params (is a KV connector set?)"
+            job.prefill_done_s = self.clock.now()
+            job.cached_tokens = max(pre.cached_tokens, 0)
+            job.prefill_computed_tokens += job.prompt_tokens - job.cached_tokens
+            job.on_prefill_done(job)
+            kv_params = pre.kv_transfer_params
+
+        def first_token():
+            job.first_token_s = self.clock.now()
+            if not job.placement.disaggregated:
+                job.prefill_done_s = job.first_token_s
+                job.on_prefill_done(job)
+            job.on_first_token(job)
+
+        body = completion_body(self.model, ids, job.output_tokens, True, kv_params)
+        res: CompletionResult = await stream_completion(self.session, self.endpoints[d].url, body, first_token,
+                                                        self.timeout_s)
+        if res.error:
+            return f"decode on {self.endpoints[d].name}: {res.error}"
+        if res.num_tokens != job.output_tokens or len(res.token_ids) != job.output_tokens:
+            self.mismatches += 1
+            return (f"token count mismatch: asked {job.output_tokens}, server reported {res.num_tokens}, "
+                    f"{len(res.token_ids)} token ids came back")
+        if job.placement.disaggregated:
+            # the decoder's reported cached tokens include KV loaded by the connector; how much of it
+            # came over the connector per request is not observable, so transfer_tokens stays unknown
+            job.decode_cached_tokens = max(res.cached_tokens, 0)
+            job.transfer_tokens = -1
+        else:
+            job.cached_tokens = max(res.cached_tokens, 0)
+            job.prefill_computed_tokens += job.prompt_tokens - job.cached_tokens
+        self.contexts.extend(job.conversation_id, res.token_ids)
+        return ""
 
     def _fail(self, job: TurnJob, reason: str) -> None:
         job.error = reason

@@ -28,7 +28,7 @@ class CompletionResult:
 
     first_token_s: float = float("nan")
     finish_s: float = float("nan")
-    itl_s: list[float] = field(default_factory=list)
+    itl_s: list[float] = field(default_factory=list)   # for ITL analyses; bursty on busy CPUs
     num_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
@@ -69,6 +69,10 @@ async def stream_completion(session: aiohttp.ClientSession, base_url: str, body:
                 if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
+                if chunk.get("error"):  # an error reported mid-stream ends the request
+                    err = chunk["error"]
+                    res.error = f"server error mid-stream: {err.get('message', err) if isinstance(err, dict) else err}"
+                    break
                 if chunk.get("usage"):
                     u = chunk["usage"]
                     res.num_tokens = int(u.get("completion_tokens", 0))

@@ -110,8 +110,9 @@ async def _replay(run: Resolved, endpoints: list[Endpoint], model: str,
     async with aiohttp.ClientSession() as session:
         contexts = ContextBook(vocab_size(model) if Path(model).is_dir() else cfg.model.vocab_size, cfg.workload.seed)
         pd_params = {"do_remote_decode": True} if b.kv_connector == "NixlConnector" else None
-        backend = VllmBackend(endpoints, model, clock, session, contexts, pd_params, b.request_timeout_s,
-                              perf[0].prefill_tokens_per_s(), perf[0].decode_step(1, 1024).time_s)
+        backend = VllmBackend(endpoints, model, clock, session, contexts,
+                              [pm.prefill_tokens_per_s() for pm in perf], [pm.idle_decode_step_s() for pm in perf],
+                              pd_params, b.request_timeout_s)
         await backend.connect()
         await _warmup(backend, b.warmup_requests)
 
@@ -129,6 +130,7 @@ async def _replay(run: Resolved, endpoints: list[Endpoint], model: str,
         controller.policy = make_policy(run, run.scheduler_name, run.scheduler, controller, perf,
                                         [i.kv_capacity_tokens for i in backend.infos], stats)
         stop = asyncio.Event()
+        preempt0 = [int(sc.get("num_preemptions_total", 0)) if sc else 0 for sc in backend.scrapes]
         clock.start()
         backend.energy.start()
         scraper = asyncio.create_task(backend.scrape_loop(b.scrape_interval_s, samples, stop))
@@ -143,18 +145,20 @@ async def _replay(run: Resolved, endpoints: list[Endpoint], model: str,
             error = f"max_run_s={b.max_run_s} reached: {len(conversations) - controller.num_done} conversations unfinished"
         wall = time.perf_counter() - t0
         end = clock.now()
+        energy = backend.energy.energy_j()  # exactly the measured window
         stop.set()
         await scraper
         for task in list(backend.tasks):
             task.cancel()
         await asyncio.gather(*backend.tasks, return_exceptions=True)
-        energy = backend.energy.energy_j()
+        await asyncio.gather(*(backend.scrape_one(i) for i in range(len(endpoints))))
+        preempt1 = [int(sc.get("num_preemptions_total", 0)) if sc else 0 for sc in backend.scrapes]
         scrape_s = sorted(backend.scrape_s)
     res = SimResult(rows, controller.convs, samples, controller.decisions, energy, 0.0, end, 0, clock.events, wall, error)
     res.extra = {"energy_reason": backend.energy.reason, "token_count_mismatches": backend.mismatches,
                  "scrape_p50_s": scrape_s[len(scrape_s) // 2] if scrape_s else math.nan,
                  "scrape_max_s": scrape_s[-1] if scrape_s else math.nan,
-                 "preemptions_server": sum(int(s.get("num_preemptions_total", 0)) for s in backend.scrapes if s)}
+                 "preemptions_server": sum(b1 - b0 for b0, b1 in zip(preempt0, preempt1))}
     res.preemptions = res.extra["preemptions_server"]
     return res
 
