@@ -46,8 +46,8 @@ class Ampd(AdmitAll):
 
     name = "ampd"
 
-    def __init__(self, cfg: AmpdConfig, predictor: Predictor, mean_new_tokens: float):
-        self.cfg, self.pred, self.mean_new = cfg, predictor, mean_new_tokens
+    def __init__(self, cfg: AmpdConfig, predictor: Predictor):
+        self.cfg, self.pred = cfg, predictor
 
     def predicted_demand(self, inst: InstanceView) -> float:
         """Predicted peak KV demand of a decoder as a fraction of capacity: the context of its pinned
@@ -84,5 +84,4 @@ def make(cfg: AmpdConfig, ctx: PolicyContext) -> Ampd:
         raise ValueError(f"scheduler.kv_high_frac must be in (0, 1], got {cfg.kv_high_frac!r}")
     require_roles("ampd", ctx.cluster_roles, ("prefiller", "decoder"))
     pred = Predictor.from_config(ctx.truth, cfg.predictor)
-    mean_new = float(ctx.workload.turn_new_tokens.mean()) if len(ctx.workload.turn_new_tokens) else 0.0
-    return Ampd(cfg, pred, mean_new)
+    return Ampd(cfg, pred)

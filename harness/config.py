@@ -234,8 +234,6 @@ def resolve(dcfg: DictConfig) -> Resolved:
             raise ConfigError(f"backend.kv_connector must be ExampleConnector or NixlConnector, got {b.kv_connector!r}")
         if not b.launch and not b.endpoints:
             raise ConfigError("backend.endpoints must list one URL per cluster instance when backend.launch=false")
-    if not cfg.logger.metrics_interval_s > 0:
-        raise ConfigError(f"logger.metrics_interval_s must be > 0, got {cfg.logger.metrics_interval_s!r}")
     if not cfg.cluster.instances:
         raise ConfigError("cluster.instances must list at least one instance group")
     instances: list[tuple[str, str, HardwareConfig]] = []

@@ -90,7 +90,6 @@ class Controller:
         self._recheck_at = math.inf
         self._last_logged_hold = 0
         self.num_done = 0
-        self.in_flight = 0
 
     # ---- truth for the predictor (oracle side; never part of a view) ---------------------------
     def truth(self, conversation_id: str, turn: int) -> TurnTruth:
@@ -149,7 +148,7 @@ class Controller:
         keep = set(chosen)
         self.held = [h for i, h in enumerate(self.held) if i not in keep]
         for c, tv in released:
-            self._launch(c, tv, self.view(), adm.reason)
+            self._launch(c, tv, self.view())
         recheck = adm.recheck_at
         if recheck is not None and self.held and recheck < self._recheck_at:
             # never "again right now": a policy that keeps asking for that would loop at one instant
@@ -161,7 +160,7 @@ class Controller:
             self._recheck_at = math.inf
             self._poll()
 
-    def _launch(self, c: ConversationState, tv: TurnView, view: ClusterView, admit_reason: str) -> None:
+    def _launch(self, c: ConversationState, tv: TurnView, view: ClusterView) -> None:
         now = self.clock.now()
         p: Placement = self.policy.place(tv, view, now)
         n = len(view.instances)
@@ -175,7 +174,6 @@ class Controller:
                       self._prefill_done, self._first_token, self._finish, self._fail,
                       submit_s=tv.submit_s, admit_s=now)
         self._queued_prefill[p.prefill_instance] += tr.prompt_tokens
-        self.in_flight += 1
         self.backend.start_turn(job)
 
     def _count(self, c: ConversationState, instance: int, context_tokens: int) -> None:
@@ -198,7 +196,6 @@ class Controller:
         pass
 
     def _finish(self, job: TurnJob) -> None:
-        self.in_flight -= 1
         c = self._by_id[job.conversation_id]
         self.on_turn(job)
         c.prev_prefill, c.prev_decode = job.placement.prefill_instance, job.placement.decode_instance
@@ -213,7 +210,6 @@ class Controller:
         self._poll()
 
     def _fail(self, job: TurnJob, reason: str) -> None:
-        self.in_flight -= 1
         if job.prefill_done_s is None:
             self._queued_prefill[job.placement.prefill_instance] -= job.prompt_tokens
         c = self._by_id[job.conversation_id]

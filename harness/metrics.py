@@ -87,6 +87,17 @@ def turn_row(job, names: list[str], visible: bool) -> dict:
     }
 
 
+def instance_row(now_s: float, info, state, **extra) -> dict:
+    """One ``instances.parquet`` row: instance ``info`` (``InstanceInfo``) in ``state``
+    (``InstanceState``) at ``now_s`` (s); KV in tokens and as a fraction of capacity, energy in J;
+    ``extra`` adds columns (e.g. ``power_w``)."""
+    return {"t_s": now_s, "instance": info.name, "role": info.role, "hardware": info.hardware,
+            "kv_used_tokens": state.kv_used_tokens, "kv_capacity_tokens": info.kv_capacity_tokens,
+            "kv_used_frac": state.kv_used_tokens / info.kv_capacity_tokens,
+            "num_running": state.num_running, "num_waiting": state.num_waiting, "energy_j": state.energy_j,
+            **extra}
+
+
 def ttfet_turn_index(visible: list[bool], definition: str) -> int:
     """Index of the turn whose first token defines TTFET (first visible, first, or last turn)."""
     if definition == "first":

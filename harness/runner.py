@@ -25,7 +25,7 @@ import pandas as pd
 
 from harness.config import PROJECT_ROOT, ConfigError, Resolved, scheduler_config
 from harness.controller import ConversationState, Controller
-from harness.metrics import TURN_COLUMNS, apply_slo, conversation_table, summarize, ttfet_turn_index, turn_row
+from harness.metrics import TURN_COLUMNS, apply_slo, conversation_table, instance_row, summarize, ttfet_turn_index, turn_row
 from harness.policy import PolicyContext, get_spec
 from harness.sim.backend import SimBackend
 from harness.trace import ConversationRecord, load_trace
@@ -100,10 +100,7 @@ def simulate(run: Resolved, conversations: Sequence[tuple[float, ConversationRec
     def sample():
         now = clock.now()
         for info, st in zip(backend.infos, backend.observe()):
-            samples.append({"t_s": now, "instance": info.name, "role": info.role, "hardware": info.hardware,
-                            "kv_used_tokens": st.kv_used_tokens, "kv_capacity_tokens": info.kv_capacity_tokens,
-                            "kv_used_frac": st.kv_used_tokens / info.kv_capacity_tokens,
-                            "num_running": st.num_running, "num_waiting": st.num_waiting, "energy_j": st.energy_j})
+            samples.append(instance_row(now, info, st))
         if not controller.finished and clock.pending():  # nothing else queued: a stall, not a wait
             clock.call_at(now + sample_interval_s, sample, priority=2)
 

@@ -24,6 +24,7 @@ import aiohttp
 import numpy as np
 
 from harness.backend import InstanceInfo, InstanceState, TurnJob
+from harness.metrics import instance_row
 from harness.vllm.client import CompletionResult, completion_body, prefill_only, stream_completion
 from harness.vllm.energy import EnergyMeter
 from harness.vllm.scrape import Scrape, kv_capacity_tokens, parse_metrics
@@ -136,11 +137,7 @@ class VllmBackend:
             now = self.clock.now()
             power = self.energy.power_w()
             for info, st, p in zip(self.infos, self.observe(), power):
-                samples.append({"t_s": now, "instance": info.name, "role": info.role, "hardware": info.hardware,
-                                "kv_used_tokens": st.kv_used_tokens, "kv_capacity_tokens": info.kv_capacity_tokens,
-                                "kv_used_frac": st.kv_used_tokens / info.kv_capacity_tokens,
-                                "num_running": st.num_running, "num_waiting": st.num_waiting,
-                                "energy_j": math.nan, "power_w": p})
+                samples.append(instance_row(now, info, st, power_w=p))
             try:
                 await asyncio.wait_for(stop.wait(), interval_s)
             except asyncio.TimeoutError:
