@@ -23,8 +23,9 @@ register_configs()
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
+    from harness.catalog import summary_table
     from harness.loggers import logged_run
-    from harness.runner import execute, summary_table
+    from harness.runner import execute
     try:
         run = resolve(cfg)
         out = Path(HydraConfig.get().runtime.output_dir)
@@ -34,7 +35,7 @@ def main(cfg: DictConfig) -> dict:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     rate = "t=0" if run.cfg.workload.arrival == "fixed" else f"{run.cfg.workload.rate_per_s} conv/s"
-    print(f"\n{run.scheduler_name} on {run.cfg.cluster.name} ({run.cfg.backend.name}), {summary['workload']} "
+    print(f"\n{run.scheduler_name} on {run.cfg.cluster.name} ({run.backend_name}), {summary['workload']} "
           f"@ {rate} -> {out}\n{summary_table({run.scheduler_name: summary})}")
     return summary
 

@@ -1,16 +1,14 @@
 """The scheduler variants, one small module each, registered by name (``harness.policy.register``).
 
-Each module imports only the policy interface (``harness.policy``) and, for WAIT, the fluid model
-(``harness.fluid``). The Hydra option ``conf/scheduler/<name>.yaml`` carries the same name.
-
-| name | admission | placement |
-|---|---|---|
-| collocated | none | sticky instance; least-loaded (KV occupancy) at turn 0 |
-| disaggregated | none | every turn: prefill on a prefiller, KV moved to a decoder |
-| conserve | reactive (prefiller queue, decoder-pool KV) | turn 0 P->D once, then pinned, local append-prefill |
-| ampd | none | turn 0 P->D; later turns remote or local by predicted cost |
-| wait | WAIT thresholds (fluid model, known output lengths) | as collocated |
-| nested_wait | Nested WAIT thresholds (unknown output lengths) | as collocated |
+Importing this package imports every module in it, so a new variant is its module (with its
+``@register(name, ConfigClass)`` factory) plus one row in ``docs/schedulers.md``; the registry makes it
+the Hydra option ``scheduler=<name>``. Each module imports only the policy interface and its shared
+helpers (``harness.policy``) and, for WAIT, the fluid model (``harness.fluid``). The variants, their
+rules and their sources: ``docs/schedulers.md``.
 """
 
-from baselines import ampd, collocated, conserve, disaggregated, nested_wait, wait  # noqa: F401
+import importlib
+import pkgutil
+
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_m}")

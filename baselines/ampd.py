@@ -1,7 +1,8 @@
 """AMPD: per-turn remote-vs-local (append-)prefill decided from *predicted* quantities.
 
 (He et al., "Efficient Multi-round LLM Inference over Disaggregated Serving", arXiv 2602.14516;
-PAPERS.md "AMPD".) The paper's exact rule is not public; this is the emulation PAPERS.md describes:
+docs/schedulers.md "ampd".) The paper's exact rule is not public; this is the emulation
+docs/schedulers.md describes:
   * Turn 0: prefill on a prefiller, KV to the decoder with the lowest *predicted* peak KV demand: the
     context of the conversations pinned there plus their predicted KV growth until they end
     (``Predictor.kv_growth``); the decode stays there (multi-round KV reuse). ConServe makes the same
@@ -26,9 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness.policy import (AdmitAll, ClusterView, InstanceView, Placement, PolicyContext, Predictor, PredictorConfig,
-                            TurnView, register,
-                            require_roles)
-from baselines.disaggregated import pick_prefiller
+                            TurnView, pick_prefiller, register, require_roles)
 
 
 @dataclass
@@ -56,12 +55,13 @@ class Ampd(AdmitAll):
         return (inst.conversation_context_tokens + growth) / inst.kv_capacity_tokens
 
     def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement:
-        p = view.instances[pick_prefiller(view)]
+        p = pick_prefiller(view)
         pred_out = self.pred.output_tokens(turn)
         pred_left = self.pred.remaining_turns(turn)
         if turn.prev_decode_instance < 0:
-            d = min(view.by_role("decoder"), key=lambda i: (self.predicted_demand(i), i.index))
-            return Placement(p.index, d.index, f"turn 0: predicted demand {self.predicted_demand(d):.3f}")
+            demand = [(i.index, self.predicted_demand(i)) for i in view.by_role("decoder")]
+            d, dem = min(demand, key=lambda c: (c[1], c[0]))
+            return Placement(p.index, d, f"turn 0: predicted demand {dem:.3f}", tuple(demand))
         d = view.instances[turn.prev_decode_instance]
         n_remote = turn.new_input_tokens + turn.prev_output_tokens
         t_remote = (p.queued_prefill_tokens + n_remote) / p.prefill_tokens_per_s + view.transfer_s(n_remote)
@@ -71,9 +71,10 @@ class Ampd(AdmitAll):
         if d.kv_used_tokens + turn.new_input_tokens + pred_out > self.cfg.kv_high_frac * d.kv_capacity_tokens:
             t_local += turn.prompt_tokens / d.prefill_tokens_per_s
         why = f"T_local={t_local * 1e3:.2f}ms T_remote={t_remote * 1e3:.2f}ms pred_out={pred_out:.0f}"
+        cands = ((d.index, t_local), (p.index, t_remote))
         if t_local <= t_remote:
-            return Placement(d.index, d.index, "local: " + why)
-        return Placement(p.index, d.index, "remote: " + why)
+            return Placement(d.index, d.index, "local: " + why, cands)
+        return Placement(p.index, d.index, "remote: " + why, cands)
 
 
 @register("ampd", AmpdConfig)

@@ -1,7 +1,7 @@
 """Collocated serving: every instance prefills and decodes; a conversation sticks to one instance.
 
 Turn 0 goes to the least-loaded instance (lowest KV occupancy, then fewest conversations); later turns
-go back to the same instance so prefix caching serves the shared context (PAPERS.md, "Collocated").
+go back to the same instance so prefix caching serves the shared context (docs/schedulers.md, "collocated").
 Instance roles are ignored: on a P/D cluster every instance serves as a collocated one.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.policy import AdmitAll, ClusterView, Placement, PolicyContext, TurnView, least_loaded, register
+from harness.policy import AdmitAll, ClusterView, Placement, PolicyContext, TurnView, occupancy, register, sticky_instance
 
 
 @dataclass
@@ -19,14 +19,6 @@ class CollocatedConfig:
     name: str = "collocated"
 
 
-def sticky_instance(turn: TurnView, view: ClusterView) -> tuple[int, str]:
-    """The instance a collocated-style conversation runs on: its previous one, or the least loaded."""
-    if turn.prev_decode_instance >= 0:
-        return turn.prev_decode_instance, "sticky"
-    i = least_loaded(view.instances)
-    return i.index, f"least-loaded kv={i.kv_used_frac:.3f}"
-
-
 class Collocated(AdmitAll):
     """Sticky collocated placement, no admission control."""
 
@@ -34,7 +26,8 @@ class Collocated(AdmitAll):
 
     def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement:
         i, why = sticky_instance(turn, view)
-        return Placement(i, i, why)
+        cands = () if turn.prev_decode_instance >= 0 else tuple((v.index, occupancy(v)) for v in view.instances)
+        return Placement(i, i, why, cands)
 
 
 @register("collocated", CollocatedConfig)

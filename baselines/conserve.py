@@ -1,8 +1,8 @@
 """ConServe: conversation-level disaggregation by observation, not prediction.
 
 (Ding et al., "Observation, Not Prediction: Conversation-Level Disaggregated Scheduling for Agentic
-Serving", arXiv 2606.01839; PAPERS.md "ConServe".)
-  * Turn 0: prefill on a prefiller (fewest queued prefill tokens), KV moved once to the decoder with the
+Serving", arXiv 2606.01839; docs/schedulers.md "conserve".)
+  * Turn 0: prefill on a prefiller (least queued prefill work), KV moved once to the decoder with the
     lowest observed KV occupancy (ties: fewest pinned conversations); the conversation is pinned there.
   * Turns >= 1: append-prefill and decode locally on the pinned decoder (prefix cache hit), no migration.
   * Reactive admission of *new* conversations only: admitted while the prefiller's queued prefill time
@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from harness.policy import (Admission, ClusterView, Placement, PolicyContext, TurnView, least_loaded, occupancy, register,
-                            require_roles)
-from baselines.disaggregated import pick_prefiller
+from harness.policy import (Admission, ClusterView, Placement, PolicyContext, TurnView, least_loaded, occupancy,
+                            pick_prefiller, pool_occupancy, prefill_queue_s, register, require_roles)
 
 
 @dataclass
@@ -43,12 +42,10 @@ class Conserve:
         self.cfg = cfg
 
     def admit(self, queue: Sequence[TurnView], view: ClusterView, now: float) -> Admission:
-        decoders = view.by_role("decoder")
-        used = sum(max(d.kv_used_tokens, d.conversation_context_tokens) for d in decoders)
-        cap = sum(d.kv_capacity_tokens for d in decoders)
-        pf = min(view.by_role("prefiller"), key=lambda p: p.queued_prefill_tokens / p.prefill_tokens_per_s)
-        queue_s = pf.queued_prefill_tokens / pf.prefill_tokens_per_s
-        open_ = used / cap < self.cfg.kv_admit_frac and queue_s < self.cfg.max_prefill_queue_s
+        pool = pool_occupancy(view.by_role("decoder"))
+        pf = pick_prefiller(view)
+        queue_s = prefill_queue_s(pf)
+        open_ = pool < self.cfg.kv_admit_frac and queue_s < self.cfg.max_prefill_queue_s
         admit = []
         blocked = False
         for i, t in enumerate(queue):
@@ -61,16 +58,18 @@ class Conserve:
             else:
                 blocked = True
         held = len(admit) < len(queue)
-        reason = f"pool kv={used / cap:.3f} prefill queue={queue_s:.2f}s"
+        reason = f"pool kv={pool:.3f} prefill queue={queue_s:.2f}s"
         return Admission(tuple(admit), reason, now + self.cfg.recheck_s if held else None)
 
     def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement:
         if turn.prev_decode_instance >= 0:
             d = turn.prev_decode_instance
             return Placement(d, d, "pinned: local append-prefill")
-        p = pick_prefiller(view)
-        d = least_loaded(view.by_role("decoder"))
-        return Placement(p, d.index, f"turn 0: P->D once, decoder occupancy={occupancy(d):.3f}")
+        p = pick_prefiller(view).index
+        decoders = view.by_role("decoder")
+        d = least_loaded(decoders)
+        return Placement(p, d.index, f"turn 0: P->D once, decoder occupancy={occupancy(d):.3f}",
+                         tuple((i.index, occupancy(i)) for i in decoders))
 
 
 @register("conserve", ConserveConfig)

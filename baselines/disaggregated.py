@@ -1,7 +1,7 @@
 """Fully disaggregated serving (vLLM's P/D proxy): every turn's prompt is prefilled on a prefiller and its
 KV moved to a decoder, which pulls only the blocks it does not already hold in its prefix cache.
 
-Prefiller: the one with the fewest queued prefill tokens. Decoder (``decoder_choice``):
+Prefiller: the one with the least queued prefill work (``harness.policy.pick_prefiller``). Decoder (``decoder_choice``):
 ``least_kv`` (lowest KV occupancy each turn, so a conversation may move and re-pull its whole context)
 or ``sticky`` (turn 0 least-loaded, then the same decoder, so only new blocks move).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.policy import (AdmitAll, ClusterView, Placement, PolicyContext, TurnView, least_loaded, register,
-                            require_roles)
+from harness.policy import (AdmitAll, ClusterView, Placement, PolicyContext, TurnView, least_loaded, occupancy,
+                            pick_prefiller, register, require_roles)
 
 
 @dataclass
@@ -20,11 +20,6 @@ class DisaggregatedConfig:
 
     name: str = "disaggregated"
     decoder_choice: str = "least_kv"
-
-
-def pick_prefiller(view: ClusterView) -> int:
-    """The prefiller with the fewest queued prefill tokens (then lowest index)."""
-    return min(view.by_role("prefiller"), key=lambda i: (i.queued_prefill_tokens, i.index)).index
 
 
 class Disaggregated(AdmitAll):
@@ -36,11 +31,13 @@ class Disaggregated(AdmitAll):
         self.decoder_choice = decoder_choice
 
     def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement:
-        p = pick_prefiller(view)
+        p = pick_prefiller(view).index
         if self.decoder_choice == "sticky" and turn.prev_decode_instance >= 0:
             return Placement(p, turn.prev_decode_instance, "sticky decoder")
-        d = least_loaded(view.by_role("decoder"))
-        return Placement(p, d.index, f"least-kv decoder kv={d.kv_used_frac:.3f}")
+        decoders = view.by_role("decoder")
+        d = least_loaded(decoders)
+        return Placement(p, d.index, f"least-kv decoder kv={d.kv_used_frac:.3f}",
+                         tuple((i.index, occupancy(i)) for i in decoders))
 
 
 @register("disaggregated", DisaggregatedConfig)

@@ -8,8 +8,8 @@ needs flushing; the paper's model has infinite horizons), and only while the ins
 stays under ``max_active`` (the policy's cap on its active set). KV is guarded by vLLM itself
 (preemption) in this harness, as in the paper's baselines.
 
-The fluid coefficients of an instance come from its hardware profile via
-``harness.fluid.linear_iteration_coefficients`` (memory-bound decode roofline ``d0 + d1 * KV tokens``).
+The fluid coefficients of an instance are its hardware hints (``PolicyContext.hints``: the memory-bound
+decode roofline ``d0 + d1 * KV tokens`` of ``harness.fluid.linear_iteration_coefficients``).
 Arrival rates per instance: turns/s of the workload (conversation rate x mean turns) split evenly over
 the instances.
 """
@@ -20,18 +20,16 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from baselines.collocated import Collocated, sticky_instance
-from harness.fluid import PromptType, linear_iteration_coefficients
-from harness.policy import Admission, ClusterView, PolicyContext, TurnView
+from baselines.collocated import Collocated
+from harness.fluid import PromptType
+from harness.policy import Admission, ClusterView, PolicyContext, TurnView, sticky_instance
 
 
 def instance_coefficients(ctx: PolicyContext, i: int) -> tuple[float, float]:
-    """``(d0_s, d1_s_per_token)`` of instance ``i`` from its hardware and model profile."""
-    perf = ctx.perf[i]
-    hw, model = perf.hw, perf.model
-    return linear_iteration_coefficients(model.weight_bytes, model.kv_bytes_per_token,
-                                         hw.mem_bandwidth_bytes_per_s, hw.memory_efficiency,
-                                         hw.step_overhead_s)
+    """``(d0_s, d1_s_per_token)`` of instance ``i``: its hardware hints (from the hardware and model
+    profiles)."""
+    h = ctx.hints[i]
+    return h.fluid_d0_s, h.fluid_d1_s_per_token
 
 
 def prompt_types(ctx: PolicyContext, edges: Sequence[int], num_instances: int

@@ -1,5 +1,5 @@
 """Nested WAIT: threshold admission with unknown output lengths (Ao et al., arXiv 2504.11320;
-PAPERS.md "WAIT and Nested WAIT"), per instance, with collocated placement.
+docs/schedulers.md "wait", "nested_wait"), per instance, with collocated placement.
 
 The decode horizon is split into segments at the workload's output-length bins (``output_bins``);
 ``harness.fluid.nested_wait_thresholds`` gives per-stage thresholds ``n_k`` with ratios ``q_k`` from the

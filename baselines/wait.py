@@ -1,5 +1,5 @@
 """WAIT: fluid-guided threshold admission with known output lengths (Ao, Luo, Simchi-Levi, Wang,
-arXiv 2504.11320; PAPERS.md "WAIT and Nested WAIT"), per instance, with collocated placement.
+arXiv 2504.11320; docs/schedulers.md "wait", "nested_wait"), per instance, with collocated placement.
 
 Prompt types are output-length bins (``output_bins``, tokens) of the workload's turns; a turn's type comes
 from its output length as predicted by the :class:`~harness.policy.Predictor` (``predictor.sigma = 0``,

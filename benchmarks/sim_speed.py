@@ -33,7 +33,7 @@ def main() -> None:
 
     from hydra import compose, initialize_config_dir
     from harness.config import PROJECT_ROOT, register_configs, resolve
-    from harness.runner import simulate, unloaded_ttfet
+    from harness.session import simulate, unloaded_ttfet
     from harness.trace import load_trace
     from harness.workload import build_workload
 

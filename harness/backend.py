@@ -1,14 +1,23 @@
-"""What the controller asks of a backend, and the job record it hands over for one turn.
+"""Backends as plug-ins: what the session asks of an opened cluster, the job record of one turn, and
+the registry of backends by name.
 
-A backend executes turns (local or P/D), reports events through the job's callbacks, and reports the
-observable per-instance state. ``harness.sim.backend.SimBackend`` implements it over the event
-simulator; a real backend implements the same methods over ``vllm serve`` instances.
+A backend plug-in registers ``(name, config dataclass, open)`` with :func:`register_backend`; ``open``
+returns a context manager that yields a :class:`Cluster` (sim: engines on a virtual clock; vllm:
+servers launched or connected, warmed up, torn down on exit whatever happens). A cluster executes
+turns (local or P/D), reports events through the job's callbacks, reports the observable per-instance
+state, and drives its clock until the controller is done or a limit is hit. ``harness.session`` is the
+only place a cluster is put together with a controller, a policy and a recorder.
+
+Built-in plug-ins: ``sim`` (``harness.sim.plugin``) and ``vllm`` (``harness.vllm.plugin``); another
+package can add one through the ``agentic_harness.backends`` entry-point group (the entry point names a
+module that calls :func:`register_backend` when imported).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Any, Callable, ContextManager, Optional, Protocol, Sequence
 
 from harness.policy import Placement
 
@@ -19,14 +28,14 @@ class TurnJob:
 
     Inputs: conversation_id, turn, prompt_tokens, output_tokens (the trace's, = ``max_tokens`` with
     ``ignore_eos``), reused (the conversation's per-turn reused-prefix tokens, for prefix validity),
-    placement, and the callbacks ``on_prefill_done(job)``, ``on_first_token(job)``,
-    ``on_finish(job)``, ``on_fail(job, reason)``.
+    placement, and the callbacks ``on_prefill_done(job)``, ``on_finish(job)``, ``on_fail(job, reason)``.
     submit_s: when the turn became ready; admit_s: when admission released it (s).
     Outputs (s for times, tokens for counts): start_s, prefill_done_s, first_token_s, finish_s,
     cached_tokens (prefix-cache hit where the prompt was prefilled), decode_cached_tokens (P/D: prompt
     tokens the decoder did not compute: its own prefix hits, plus connector loads on real vLLM),
     transfer_tokens and transfer_s (KV moved P->D and the time the transfer took, incl. link queueing;
-    -1 where not observable, i.e. on real vLLM), preemptions, error.
+    -1 where not observable, i.e. on real vLLM), preemptions, itl_s (the gaps between the turn's
+    successive output tokens on its decode instance, s; on real vLLM between stream chunks), error.
     """
 
     conversation_id: str
@@ -36,7 +45,6 @@ class TurnJob:
     reused: tuple
     placement: Placement
     on_prefill_done: Callable[["TurnJob"], None]
-    on_first_token: Callable[["TurnJob"], None]
     on_finish: Callable[["TurnJob"], None]
     on_fail: Callable[["TurnJob", str], None]
     submit_s: float = 0.0
@@ -51,6 +59,7 @@ class TurnJob:
     transfer_tokens: int = 0
     transfer_s: float = 0.0
     preemptions: int = 0
+    itl_s: Sequence[float] = ()
     error: str = ""
 
 
@@ -72,29 +81,104 @@ class InstanceState:
 
 @dataclass(frozen=True, slots=True)
 class InstanceInfo:
-    """Static description of one instance: name, role, hardware profile name, KV capacity (tokens),
-    prefill throughput (tokens/s) and idle decode step time (s) estimates."""
+    """Static description of one instance: index, name, role, hardware profile name, KV capacity
+    (tokens; simulated, or read from the server's ``/metrics``)."""
 
     index: int
     name: str
     role: str
     hardware: str
     kv_capacity_tokens: int
-    prefill_tokens_per_s: float
-    decode_step_s: float
-    power_cap_w: float = float("nan")
 
 
-class Backend(Protocol):
-    """The execution side of a run."""
+class Cluster(Protocol):
+    """An opened cluster: the execution side of a run (every backend implements exactly this).
+
+    ``clock``: ``now()`` (s) and ``call_at(t, fn, *args)``; virtual time on the simulator, wall time
+    since the measured window began on a real backend.
+    """
 
     infos: tuple[InstanceInfo, ...]
+    clock: Any
 
     def start_turn(self, job: TurnJob) -> None:
-        """Begin executing ``job`` now; callbacks report progress."""
+        """Begin executing ``job`` now; the job's callbacks report progress."""
 
     def observe(self) -> tuple[InstanceState, ...]:
         """Current state of each instance."""
 
-    def run(self) -> None:
-        """Drive the clock until no work is left."""
+    def power_w(self) -> list[float]:
+        """Current power draw per instance, W (NaN where not observed)."""
+
+    def drive(self, start: Callable[[], None], done: Callable[[], bool], on_tick: Callable[[], None],
+              tick_s: Optional[float]) -> str:
+        """Set t = 0, call ``start()`` (the controller schedules its arrivals), then run the clock until
+        ``done()`` or a limit, calling ``on_tick()`` every ``tick_s`` s of clock time (None: never; a real
+        backend ticks after each ``/metrics`` scrape). Returns ``""`` when done, else why it stopped (a
+        stall, a time limit).
+
+        Raises:
+            Exception: whatever the controller or a policy raised, at once (the run then ends).
+        """
+
+    def energy_j(self, end_s: float) -> list[float]:
+        """Energy per instance over the measured window up to ``end_s``, J."""
+
+    def preemptions(self) -> int:
+        """Preemptions over the run (all instances)."""
+
+    def measured(self) -> dict:
+        """Backend-specific measurements for ``summary.json`` (e.g. server start-up times)."""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A registered backend: its name, config dataclass (the ``backend`` config node's schema; it may
+    define ``validate(run)`` raising ``ValueError`` naming the key) and
+    ``open(run, run_dir) -> ContextManager[Cluster]`` (``run``: a ``harness.config.Resolved``)."""
+
+    name: str
+    config_cls: type
+    open: Callable[[Any, Any], ContextManager[Cluster]]
+
+
+_BACKENDS: dict[str, BackendSpec] = {}
+_BUILTIN = ("harness.sim.plugin", "harness.vllm.plugin")
+ENTRY_POINT_GROUP = "agentic_harness.backends"
+
+
+def register_backend(name: str, config_cls: type):
+    """Decorator registering ``open`` as backend ``name`` with its config dataclass.
+
+    Raises:
+        ValueError: if ``name`` is already registered.
+    """
+    def deco(open_fn):
+        if name in _BACKENDS:
+            raise ValueError(f"backend {name!r} registered twice")
+        _BACKENDS[name] = BackendSpec(name, config_cls, open_fn)
+        return open_fn
+    return deco
+
+
+def backends() -> dict[str, BackendSpec]:
+    """Every registered backend by name (built-ins and entry points), loading them on first use."""
+    if not _BACKENDS:
+        for mod in _BUILTIN:
+            importlib.import_module(mod)
+        from importlib.metadata import entry_points
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            importlib.import_module(ep.value.split(":")[0])
+    return dict(_BACKENDS)
+
+
+def get_backend(name: str) -> BackendSpec:
+    """The registered backend ``name``.
+
+    Raises:
+        KeyError: listing the valid names, if ``name`` is unknown.
+    """
+    specs = backends()
+    if name not in specs:
+        raise KeyError(f"unknown backend {name!r}; valid: {sorted(specs)}")
+    return specs[name]

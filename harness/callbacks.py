@@ -28,7 +28,7 @@ class SummaryTableCallback(Callback):
     the overrides that differ between the jobs (the scheduler by its name)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from harness.runner import summary_table
+        from harness.catalog import summary_table
         sweep = Path(config.hydra.sweep.dir)
         summaries = {}
 

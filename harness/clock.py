@@ -64,13 +64,16 @@ class AsyncioClock:
     """Wall time in seconds since ``start()``, on a running asyncio loop (the real backend's clock).
 
     Same interface as :class:`SimClock`; ``priority`` is accepted and ignored (the loop runs callbacks
-    due at the same time in scheduling order).
+    due at the same time in scheduling order). An exception raised by a callback is handed to
+    ``on_error`` (the run then ends with it) instead of the loop's default handler, which would only log
+    it.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_error: Callable[[BaseException], None]):
         self.loop = loop
         self._t0 = loop.time()
         self.events = 0
+        self.on_error = on_error
 
     def start(self) -> None:
         """Set t = 0 to now."""
@@ -89,4 +92,10 @@ class AsyncioClock:
         if not math.isfinite(t):
             raise ValueError(f"call_at: time {t!r} is not finite")
         self.events += 1
-        self.loop.call_at(self._t0 + t, fn, *args)
+        self.loop.call_at(self._t0 + t, self._guarded, fn, args)
+
+    def _guarded(self, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 -- handed over, never swallowed
+            self.on_error(e)

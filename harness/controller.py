@@ -2,20 +2,23 @@
 
 arrival -> (held) admission -> placement -> backend (prefill, KV transfer, decode) -> tool time ->
 next turn. Turn k+1 becomes ready when turn k finished plus the trace's tool time (closed loop), never at
-a recorded timestamp. Every admission and placement is logged with a digest of the view it was made on.
+a recorded timestamp. Every admission hold and placement goes to the recorder as a typed decision with a
+digest of the view it was made on.
 
-The controller only needs a clock with ``now()`` and ``call_at(t, fn, *args)``: the simulator's event
-heap or a wall-clock loop.
+The controller only needs a cluster (``harness.backend.Cluster``) whose clock has ``now()`` and
+``call_at(t, fn, *args)``: the simulator's event heap or a wall-clock loop. It is built in one place,
+``harness.session.run_session``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Sequence
 
-from harness.backend import Backend, TurnJob
-from harness.policy import Admission, ClusterView, InstanceView, Placement, Policy, TurnTruth, TurnView
+from harness.backend import Cluster, TurnJob
+from harness.policy import Admission, ClusterView, InstanceHints, InstanceView, Placement, Policy, TurnView
+from harness.recorder import HoldDecision, PlaceDecision, Recorder, ViewDigest
 from harness.trace import ConversationRecord
 
 
@@ -33,56 +36,44 @@ class ConversationState:
     prev_output: int = 0
     counted_on: int = -1
     context_tokens: int = 0
-    growth_after: tuple = ()
     done: bool = False
     failed: bool = False
     finish_s: float = math.nan
 
 
-def _growth_after(rec: ConversationRecord) -> tuple:
-    """Per turn k: sum of new input + output tokens of turns k+1.. (the KV growth still to come)."""
-    out, acc = [], 0
-    for tr in reversed(rec.turns):
-        out.append(acc)
-        acc += tr.new_input_tokens + tr.output_tokens
-    return tuple(reversed(out))
-
-
 class Controller:
-    """Replays conversations through a policy on a backend.
+    """Replays conversations through a policy on a cluster.
 
     Args:
-        clock: ``now()`` / ``call_at``. backend: executes turns. policy: admission + placement.
-        conversations: ``(arrival_s, ConversationRecord)`` pairs.
+        cluster: executes turns and has the clock (``now()`` / ``call_at``). policy: admission +
+            placement. conversations: ``(arrival_s, ConversationRecord)`` pairs.
+        recorder: receives every finished or failed turn and every decision (typed records: a
+            placement each, and an admission hold whenever the number of held turns changes).
+        hints: per-instance hardware hints shown to policies in the view.
         link_bandwidth_bytes_per_s, link_latency_s, kv_bytes_per_token: shown to policies in the view.
-        on_turn: called with each finished or failed ``TurnJob`` (the recorder).
         on_conversation: called with each finished ``ConversationState``.
-        log_decisions: keep a decision log (``self.decisions``: list of dicts): every placement, and
-            an admission hold whenever the number of held turns changes.
 
     Raises (at decision time):
         ValueError: a policy returned an invalid admission index or placement instance.
     """
 
-    def __init__(self, clock: Any, backend: Backend, policy: Policy,
-                 conversations: Sequence[tuple[float, ConversationRecord]], *,
-                 link_bandwidth_bytes_per_s: float, link_latency_s: float, kv_bytes_per_token: int,
-                 on_turn: Callable[[TurnJob], None], on_conversation: Callable[[ConversationState], None],
-                 log_decisions: bool = True):
-        self.clock, self.backend, self.policy = clock, backend, policy
-        self.convs = [ConversationState(i, rec, t, tuple(tr.reused_tokens for tr in rec.turns),
-                                        growth_after=_growth_after(rec))
+    def __init__(self, cluster: Cluster, policy: Policy, conversations: Sequence[tuple[float, ConversationRecord]],
+                 recorder: Recorder, hints: Sequence[InstanceHints], *, link_bandwidth_bytes_per_s: float,
+                 link_latency_s: float, kv_bytes_per_token: int,
+                 on_conversation: Callable[[ConversationState], None] = lambda c: None):
+        self.clock, self.backend, self.policy, self.recorder = cluster.clock, cluster, policy, recorder
+        self._hints = tuple(hints)
+        self.convs = [ConversationState(i, rec, t, tuple(tr.reused_tokens for tr in rec.turns))
                       for i, (t, rec) in enumerate(conversations)]
         self._by_id = {c.record.conversation_id: c for c in self.convs}
         if len(self._by_id) != len(self.convs):
             raise ValueError("conversation ids in a workload must be unique")
         self._link = (link_bandwidth_bytes_per_s, link_latency_s)
         self._kvb = kv_bytes_per_token
-        self.on_turn, self.on_conversation = on_turn, on_conversation
-        self.log_decisions = log_decisions
-        self.decisions: list[dict] = []
+        self.on_conversation = on_conversation
+        self.log_decisions = recorder.log_decisions
         self.held: list[tuple[ConversationState, TurnView]] = []
-        n = len(backend.infos)
+        n = len(cluster.infos)
         self._queued_prefill = [0] * n
         self._conversations_on = [0] * n
         self._context_on = [0] * n
@@ -90,14 +81,6 @@ class Controller:
         self._recheck_at = math.inf
         self._last_logged_hold = 0
         self.num_done = 0
-
-    # ---- truth for the predictor (oracle side; never part of a view) ---------------------------
-    def truth(self, conversation_id: str, turn: int) -> TurnTruth:
-        """True output tokens, tool time (s) and remaining turns of a turn (for ``Predictor``)."""
-        c = self._by_id[conversation_id]
-        tr = c.record.turns[turn]
-        return TurnTruth(tr.output_tokens, tr.tool_time_s, len(c.record.turns) - 1 - turn,
-                         c.growth_after[turn])
 
     # ---- run ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -117,8 +100,7 @@ class Controller:
             InstanceView(info.index, info.name, info.role, info.hardware, info.kv_capacity_tokens,
                          s.kv_used_tokens, s.num_running, s.num_waiting, self._queued_prefill[i],
                          self._conversations_on[i], self._context_on[i],
-                         tuple(self._convs_on[i].items()), info.prefill_tokens_per_s,
-                         info.decode_step_s)
+                         tuple(self._convs_on[i].items()), self._hints[i].prefill_tokens_per_s)
             for i, (info, s) in enumerate(zip(self.backend.infos, states)))
         return ClusterView(self.clock.now(), inst, self._kvb, self._link[0], self._link[1], len(self.held))
 
@@ -142,7 +124,7 @@ class Controller:
             raise ValueError(f"policy {self.policy.name}: admission index out of range: {adm.admit}")
         n_held = len(queue) - len(chosen)
         if self.log_decisions and n_held and n_held != self._last_logged_hold:
-            self._log("hold", None, f"{n_held} held: {adm.reason}", view)
+            self.recorder.decision(HoldDecision(view.now_s, f"{n_held} held: {adm.reason}", ViewDigest.of(view)))
         self._last_logged_hold = n_held
         released = [self.held[i] for i in chosen]
         keep = set(chosen)
@@ -167,11 +149,12 @@ class Controller:
         if not (0 <= p.prefill_instance < n and 0 <= p.decode_instance < n):
             raise ValueError(f"policy {self.policy.name}: placement {p} names an instance outside 0..{n - 1}")
         if self.log_decisions:
-            self._log("place", tv, p.reason, view, p, admit_s=now)
+            self.recorder.decision(PlaceDecision(view.now_s, tv.conversation_id, tv.turn, p.prefill_instance,
+                                                 p.decode_instance, p.reason, p.candidates, ViewDigest.of(view)))
         tr = c.record.turns[tv.turn]
         self._count(c, p.decode_instance, tr.prompt_tokens)
         job = TurnJob(tv.conversation_id, tv.turn, tr.prompt_tokens, tr.output_tokens, c.reused, p,
-                      self._prefill_done, self._first_token, self._finish, self._fail,
+                      self._prefill_done, self._finish, self._fail,
                       submit_s=tv.submit_s, admit_s=now)
         self._queued_prefill[p.prefill_instance] += tr.prompt_tokens
         self.backend.start_turn(job)
@@ -192,12 +175,9 @@ class Controller:
     def _prefill_done(self, job: TurnJob) -> None:
         self._queued_prefill[job.placement.prefill_instance] -= job.prompt_tokens
 
-    def _first_token(self, job: TurnJob) -> None:
-        pass
-
     def _finish(self, job: TurnJob) -> None:
         c = self._by_id[job.conversation_id]
-        self.on_turn(job)
+        self.recorder.turn(job)
         c.prev_prefill, c.prev_decode = job.placement.prefill_instance, job.placement.decode_instance
         c.prev_output = job.output_tokens
         self._count(c, c.counted_on, job.prompt_tokens + job.output_tokens)
@@ -213,7 +193,7 @@ class Controller:
         if job.prefill_done_s is None:
             self._queued_prefill[job.placement.prefill_instance] -= job.prompt_tokens
         c = self._by_id[job.conversation_id]
-        self.on_turn(job)
+        self.recorder.turn(job)
         c.failed = True
         self._end(c, self.clock.now())
         self._poll()
@@ -224,16 +204,3 @@ class Controller:
         self._count(c, -1, 0)
         self.num_done += 1
         self.on_conversation(c)
-
-    def _log(self, kind: str, tv: Optional[TurnView], reason: str, view: ClusterView,
-             p: Optional[Placement] = None, admit_s: float = math.nan) -> None:
-        self.decisions.append({
-            "t_s": view.now_s, "kind": kind,
-            "conversation_id": tv.conversation_id if tv else "", "turn": tv.turn if tv else -1,
-            "prefill_instance": p.prefill_instance if p else -1,
-            "decode_instance": p.decode_instance if p else -1,
-            "reason": reason,
-            "view_kv_used_frac": ",".join(f"{i.kv_used_frac:.3f}" for i in view.instances),
-            "view_queued_prefill_tokens": ",".join(str(i.queued_prefill_tokens) for i in view.instances),
-            "num_held": view.num_held,
-        })

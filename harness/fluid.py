@@ -2,7 +2,7 @@
 
 Source: Ao, Luo, Simchi-Levi, Wang, "Optimizing LLM Inference: Fluid-Guided Online
 Scheduling with Memory Constraints", arXiv 2504.11320 -- as summarised in
-``shared/PAPERS.md``, section "WAIT and Nested WAIT" (we cite that summary, not paper section
+``docs/schedulers.md``, section "WAIT and Nested WAIT" (we cite that summary, not paper section
 numbers).  The practical Nested WAIT parameterisation (segments, ``q_k``, total cap ``tl``) follows
 the paper's experiments and the public Vidur fork ``Luoxiaogan/vidur_or``
 (``general_nested_booking_limit_replica_scheduler.py``).
@@ -101,7 +101,7 @@ def _check_model(d0_s: object, d1_s_per_token: object, kv_capacity_tokens: objec
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class PromptType:
-    """One prompt type of the fluid model (Ao et al., arXiv 2504.11320; PAPERS.md "WAIT and Nested WAIT").
+    """One prompt type of the fluid model (Ao et al., arXiv 2504.11320; docs/schedulers.md "WAIT and Nested WAIT").
 
     Attributes:
         rate_per_s: ``lambda_j``, Poisson arrival rate in arrivals/s; must be finite and > 0.
@@ -129,7 +129,7 @@ def stage_token_weight(t: PromptType) -> float:
 
     ``w_j = sum_{s=0}^{l'_j} (l_j + s) = (l'_j + 1)(l_j + l'_j / 2)``  (tokens x iterations;
     iterations are a dimensionless count).  This is the per-arrival term of ``S`` and of
-    ``M^pi`` in Ao et al., arXiv 2504.11320 (PAPERS.md "WAIT and Nested WAIT").
+    ``M^pi`` in Ao et al., arXiv 2504.11320 (docs/schedulers.md "WAIT and Nested WAIT").
 
     Raises:
         ValueError: if ``t`` is not a ``PromptType``.
@@ -141,7 +141,7 @@ def stage_token_weight(t: PromptType) -> float:
 
 @dataclass(frozen=True, slots=True)
 class FluidEquilibrium:
-    """Fluid equilibrium of the single-GPU model (Ao et al., arXiv 2504.11320; PAPERS.md "WAIT and Nested WAIT").
+    """Fluid equilibrium of the single-GPU model (Ao et al., arXiv 2504.11320; docs/schedulers.md "WAIT and Nested WAIT").
 
     Attributes:
         s_tokens: ``S = sum_j lambda_j (l'_j + 1)(l_j + l'_j/2)`` in tokens/s -- the rate at which
@@ -167,7 +167,7 @@ class FluidEquilibrium:
 
 @dataclass(frozen=True, slots=True)
 class NestedWaitPlan:
-    """Nested WAIT segment plan (Ao et al., arXiv 2504.11320; PAPERS.md "WAIT and Nested WAIT").
+    """Nested WAIT segment plan (Ao et al., arXiv 2504.11320; docs/schedulers.md "WAIT and Nested WAIT").
 
     All tuples are indexed by segment ``k = 1..m`` (position ``k - 1``).  Segment ``k`` covers
     the decode stages ``(b_{k-1}, b_k]`` with ``b_0 = 0``.
@@ -221,7 +221,7 @@ def fluid_equilibrium(
 ) -> FluidEquilibrium:
     """Fluid equilibrium ``(S, M*, dT*, throughput)`` of the single-GPU model.
 
-    Source: Ao et al., arXiv 2504.11320, fluid model (PAPERS.md "WAIT and Nested WAIT").
+    Source: Ao et al., arXiv 2504.11320, fluid model (docs/schedulers.md "WAIT and Nested WAIT").
 
     Derivation.  In equilibrium every iteration takes ``dT``; in one iteration ``lambda_j dT``
     type-j prompts arrive, so each of the ``l'_j + 1`` stages of type j holds ``lambda_j dT``
@@ -299,7 +299,7 @@ def wait_thresholds(
 ) -> tuple[list[int], float]:
     """WAIT thresholds ``n_j`` (prompts) for known output lengths, and their memory ``M^pi``.
 
-    Source: Ao et al., arXiv 2504.11320, WAIT policy (PAPERS.md "WAIT and Nested WAIT").
+    Source: Ao et al., arXiv 2504.11320, WAIT policy (docs/schedulers.md "WAIT and Nested WAIT").
     Conditions (paper)::
 
         d0 + d1 M^pi <= n_j / lambda_j   for all j,
@@ -400,7 +400,7 @@ def nested_wait_thresholds(
     """Nested WAIT per-stage thresholds (unknown output lengths), practical parameterisation.
 
     Source: Ao et al., arXiv 2504.11320, Nested WAIT and its experimental parameterisation
-    (PAPERS.md "WAIT and Nested WAIT"); segment construction as in the public Vidur fork
+    (docs/schedulers.md "WAIT and Nested WAIT"); segment construction as in the public Vidur fork
     ``Luoxiaogan/vidur_or`` (``general_nested_booking_limit_replica_scheduler.py``).
 
     Segments.  Boundaries ``b_1 < ... < b_m`` (tokens of output) are the sorted distinct output
@@ -413,7 +413,7 @@ def nested_wait_thresholds(
     segment ``k``; for distinct-length boundaries and types sorted by output length this is
     ``sum_{j >= k} lambda_j``).  Continuation probability ``p_k = Lambda_k / Lambda_{k-1}``,
     ``p_1 = 1``; ``q_k = min(p_k + eta, 0.99)`` for ``k >= 2`` and ``q_1 = 1`` (unused).
-    Thresholds ``n_k = n_1 prod_{r=2}^{k} q_r``, so ``n_k / n_{k-1} = q_k``.  (PAPERS.md writes
+    Thresholds ``n_k = n_1 prod_{r=2}^{k} q_r``, so ``n_k / n_{k-1} = q_k``.  (docs/schedulers.md writes
     ``prod_{r<k} q_r``; with ``p_1 = 1`` that indexing would shift every ratio by one segment,
     so we index ``q`` so that the ratio into segment ``k`` uses ``p_k``, as the Vidur fork does.)
     The total cap fixes ``n_1``::
@@ -523,8 +523,8 @@ def linear_iteration_coefficients(
 ) -> tuple[float, float]:
     """Map a memory-bound decode roofline to the paper's ``tau(B) = d0 + d1 sum_i (l_i + s_i)``.
 
-    Source: iteration-time model of Ao et al., arXiv 2504.11320 (PAPERS.md "WAIT and Nested
-    WAIT"); efficiency factors as in PAPERS.md "Hardware constants".  A memory-bound decode
+    Source: iteration-time model of Ao et al., arXiv 2504.11320 (docs/schedulers.md "WAIT and
+    Nested WAIT"); efficiency factors as in docs/hardware.md.  A memory-bound decode
     iteration reads all weights once plus every resident KV token once at effective bandwidth
     ``bw * eff``::
 

@@ -1,8 +1,9 @@
 """Metrics: per-turn and per-conversation tables, SLO attainment, goodput, energy, the summary.
 
-Definitions (PAPERS.md "Metrics"):
+Definitions (docs/metrics.md):
   * TTFT = first output token - submission (turn ready); TPOT = (last - first token) / (output - 1)
-    (NaN for 1-token outputs); E2E = last token - submission; queue = admission - submission.
+    (NaN for 1-token outputs); E2E = last token - submission; queue = admission - submission; ITL =
+    the gaps between a turn's successive tokens (per turn: p50, p99, max in ``turns.parquet``).
   * TTFET = first token of the first user-visible turn - conversation arrival (``ttfet_definition``:
     ``visible`` (default; SWE-bench: the final submission turn), ``first`` or ``last`` turn).
   * Conversation latency = last token of the last turn - arrival.
@@ -56,48 +57,6 @@ class SloConfig:
             raise ValueError(f"{where}.ttfet_definition must be visible, first or last, got {self.ttfet_definition!r}")
 
 
-TURN_COLUMNS = ["conversation_id", "turn", "submit_s", "admit_s", "start_s", "prefill_done_s", "first_token_s",
-                "finish_s", "prompt_tokens", "cached_tokens", "prefill_computed_tokens", "output_tokens",
-                "prefill_instance", "decode_instance", "disaggregated", "decode_cached_tokens", "transfer_tokens",
-                "transfer_s",
-                "preemptions", "visible", "status", "error", "ttft_s", "tpot_s", "e2e_s", "queue_s"]
-
-
-def turn_row(job, names: list[str], visible: bool) -> dict:
-    """One ``turns.parquet`` row from a finished or failed ``TurnJob`` (instance names from ``names``)."""
-    ok = not job.error
-    first = job.first_token_s if job.first_token_s is not None else math.nan
-    fin = job.finish_s if job.finish_s is not None else math.nan
-    out = job.output_tokens
-    return {
-        "conversation_id": job.conversation_id, "turn": job.turn, "submit_s": job.submit_s,
-        "admit_s": job.admit_s, "start_s": job.start_s,
-        "prefill_done_s": job.prefill_done_s if job.prefill_done_s is not None else math.nan,
-        "first_token_s": first, "finish_s": fin, "prompt_tokens": job.prompt_tokens,
-        "cached_tokens": job.cached_tokens, "prefill_computed_tokens": job.prefill_computed_tokens,
-        "output_tokens": out if ok else 0,
-        "prefill_instance": names[job.placement.prefill_instance],
-        "decode_instance": names[job.placement.decode_instance],
-        "disaggregated": job.placement.disaggregated, "decode_cached_tokens": job.decode_cached_tokens,
-        "transfer_tokens": job.transfer_tokens if job.transfer_tokens >= 0 else math.nan,
-        "transfer_s": job.transfer_s if job.transfer_tokens >= 0 else math.nan, "preemptions": job.preemptions, "visible": visible,
-        "status": "ok" if ok else "failed", "error": job.error,
-        "ttft_s": first - job.submit_s, "tpot_s": (fin - first) / (out - 1) if out > 1 else math.nan,
-        "e2e_s": fin - job.submit_s, "queue_s": job.admit_s - job.submit_s,
-    }
-
-
-def instance_row(now_s: float, info, state, **extra) -> dict:
-    """One ``instances.parquet`` row: instance ``info`` (``InstanceInfo``) in ``state``
-    (``InstanceState``) at ``now_s`` (s); KV in tokens and as a fraction of capacity, energy in J;
-    ``extra`` adds columns (e.g. ``power_w``)."""
-    return {"t_s": now_s, "instance": info.name, "role": info.role, "hardware": info.hardware,
-            "kv_used_tokens": state.kv_used_tokens, "kv_capacity_tokens": info.kv_capacity_tokens,
-            "kv_used_frac": state.kv_used_tokens / info.kv_capacity_tokens,
-            "num_running": state.num_running, "num_waiting": state.num_waiting, "energy_j": state.energy_j,
-            **extra}
-
-
 def ttfet_turn_index(visible: list[bool], definition: str) -> int:
     """Index of the turn whose first token defines TTFET (first visible, first, or last turn)."""
     if definition == "first":
@@ -105,6 +64,10 @@ def ttfet_turn_index(visible: list[bool], definition: str) -> int:
     if definition == "last":
         return len(visible) - 1
     return visible.index(True) if True in visible else len(visible) - 1
+
+
+CONVERSATION_COLUMNS = ["conversation_id", "arrival_s", "num_turns", "turns_done", "ttfet_s", "latency_s", "finish_s",
+                        "last_turn_tpot_s", "failed", "completed"]
 
 
 def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.DataFrame:
@@ -135,7 +98,7 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
                      "num_turns": len(rec.turns), "turns_done": done, "ttfet_s": ttfet,
                      "latency_s": latency, "finish_s": c.finish_s, "last_turn_tpot_s": last_tpot,
                      "failed": bool(c.failed), "completed": bool(c.done and not c.failed)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=CONVERSATION_COLUMNS)
 
 
 def apply_slo(conv: pd.DataFrame, slo: SloConfig, unloaded_ttfet_s: Optional[dict]) -> pd.DataFrame:

@@ -9,7 +9,9 @@ The oracle boundary lives in the types: a :class:`TurnView` carries the prompt's
 router sees the prompt) but not the true output length or tool time. A policy that needs those
 (AMPD, WAIT) gets them from an explicit :class:`Predictor` whose error is injected by config.
 
-``baselines/`` imports only this module (and ``harness.fluid`` for the fluid model).
+Layering: this module imports only ``harness.profiles`` (the KV-transfer formula). ``baselines/``
+imports only this module (and ``harness.fluid`` for the fluid model); the registry is filled by
+importing ``baselines`` (``harness.schedulers``), never from here, so there is no import cycle.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+from harness.profiles import kv_transfer_s
 
 ROLES = ("prefiller", "decoder", "collocated")
 
@@ -67,8 +71,8 @@ class InstanceView:
             (held now, cached, or to be recomputed), from the controller's bookkeeping.
         conversations: ``(conversation_id, turn)`` of each of those conversations (its latest turn
             placed), in placement order.
-        prefill_tokens_per_s: prefill throughput of the hardware, tokens/s (calibration estimate).
-        decode_step_s: an idle decode step time (batch of one, short context), s.
+        prefill_tokens_per_s: prefill throughput of the hardware, tokens/s (a hint from the hardware
+            and model profiles, :class:`InstanceHints`, not a measurement).
     """
 
     index: int
@@ -84,22 +88,11 @@ class InstanceView:
     conversation_context_tokens: int
     conversations: tuple[tuple[str, int], ...]
     prefill_tokens_per_s: float
-    decode_step_s: float
 
     @property
     def kv_used_frac(self) -> float:
         """KV occupancy as a fraction of capacity, in [0, 1]."""
         return self.kv_used_tokens / self.kv_capacity_tokens
-
-    @property
-    def context_frac(self) -> float:
-        """Conversation context booked here as a fraction of KV capacity (may exceed 1)."""
-        return self.conversation_context_tokens / self.kv_capacity_tokens
-
-    @property
-    def kv_free_tokens(self) -> int:
-        """Capacity minus used, tokens."""
-        return self.kv_capacity_tokens - self.kv_used_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +118,9 @@ class ClusterView:
         return [i for i in self.instances if i.role in roles]
 
     def transfer_s(self, tokens: int) -> float:
-        """Predicted KV-transfer time of ``tokens`` tokens over the link, s."""
-        return self.link_latency_s + tokens * self.kv_bytes_per_token / self.link_bandwidth_bytes_per_s
+        """Predicted KV-transfer time of ``tokens`` tokens over the link, s (the formula the simulator
+        uses, :func:`harness.profiles.kv_transfer_s`)."""
+        return kv_transfer_s(tokens, self.kv_bytes_per_token, self.link_bandwidth_bytes_per_s, self.link_latency_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,12 +130,15 @@ class Placement:
     ``prefill_instance`` == ``decode_instance`` means local (collocated-style) execution on one
     engine; otherwise the prompt is prefilled on ``prefill_instance`` (``max_tokens = 1``), its KV
     moved to ``decode_instance`` (only the blocks not already cached there), and decoded there.
-    ``reason`` is free text for the decision log.
+    ``reason`` is free text for the decision log; ``candidates`` the ``(instance index, score)`` pairs
+    the policy compared, where it has them (lower is better unless the reason says otherwise), also
+    logged.
     """
 
     prefill_instance: int
     decode_instance: int
     reason: str = ""
+    candidates: tuple[tuple[int, float], ...] = ()
 
     @property
     def disaggregated(self) -> bool:
@@ -291,22 +288,39 @@ class PolicySpec:
     factory: Callable[[Any, "PolicyContext"], Policy]
 
 
+@dataclass(frozen=True, slots=True)
+class InstanceHints:
+    """What a router may know of an instance's hardware before serving anything: estimates from the
+    hardware and model profiles (``harness.profiles.instance_hints``), the same on every backend.
+
+    prefill_tokens_per_s: steady prefill throughput, tokens/s; decode_step_s: an idle decode step
+    (batch of one, 1024-token context), s; fluid_d0_s, fluid_d1_s_per_token: the memory-bound
+    iteration-time line ``tau = d0 + d1 * KV tokens`` of the WAIT fluid model (s, s/token).
+    """
+
+    prefill_tokens_per_s: float
+    decode_step_s: float
+    fluid_d0_s: float
+    fluid_d1_s_per_token: float
+
+
 @dataclass(frozen=True)
 class PolicyContext:
-    """What a policy factory may use besides its own config.
+    """Everything a policy factory may use besides its own config (given at construction).
 
-    truth: ``(conversation_id, turn) -> TurnTruth``, the oracle that a :class:`Predictor` wraps
-        (a policy must not call it directly); seed: for the policy's own generator;
-    cluster_roles: the role of each instance (validated by factories); workload: a description of
-    the workload for planning (``harness.workload.WorkloadStats``); perf: per-instance
-    ``harness.sim.perf.PerfModel`` (hardware knowledge, e.g. for fluid-model coefficients).
+    truth: ``(conversation_id, turn) -> TurnTruth``, the workload's oracle that a :class:`Predictor`
+        wraps (a policy must not call it directly);
+    seed: for the policy's own generator; cluster_roles: the role of each instance (validated by
+    factories); workload: a description of the workload for planning
+    (``harness.workload.WorkloadStats``); hints: one :class:`InstanceHints` per instance;
+    kv_capacity_tokens: per instance, tokens (the backend's: simulated, or read from ``/metrics``).
     """
 
     truth: Callable[[str, int], TurnTruth]
     seed: int
     cluster_roles: tuple[str, ...]
     workload: Any
-    perf: tuple[Any, ...]
+    hints: tuple[InstanceHints, ...]
     kv_capacity_tokens: tuple[int, ...]
 
 
@@ -316,7 +330,8 @@ _REGISTRY: dict[str, PolicySpec] = {}
 def register(name: str, config_cls: type):
     """Class/function decorator adding a policy factory to the registry under ``name``.
 
-    The Hydra option file ``conf/scheduler/<name>.yaml`` must use the same name.
+    ``harness.config.register_configs`` turns every registered config class into the Hydra option
+    ``scheduler=<name>`` (a YAML file in ``conf/scheduler/`` is not needed).
 
     Raises:
         ValueError: if ``name`` is already registered.
@@ -329,22 +344,9 @@ def register(name: str, config_cls: type):
     return deco
 
 
-def get_spec(name: str) -> PolicySpec:
-    """The registered spec of ``name``.
-
-    Raises:
-        KeyError: listing the valid names, if ``name`` is unknown.
-    """
-    import baselines  # noqa: F401  (fills the registry)
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown scheduler {name!r}; valid: {sorted(_REGISTRY)}")
-    return _REGISTRY[name]
-
-
-def registered() -> list[str]:
-    """Names of all registered variants, sorted."""
-    import baselines  # noqa: F401
-    return sorted(_REGISTRY)
+def registry() -> dict[str, PolicySpec]:
+    """The specs registered so far (``harness.schedulers`` imports ``baselines`` to fill it)."""
+    return dict(_REGISTRY)
 
 
 def require_roles(name: str, roles: Sequence[str], need: Sequence[str]) -> None:
@@ -355,13 +357,41 @@ def require_roles(name: str, roles: Sequence[str], need: Sequence[str]) -> None:
                              f"cluster roles are {sorted(set(roles))}")
 
 
+# ---- shared policy helpers (one rule each, used by several variants) ------------------------------
+
 def occupancy(i: InstanceView) -> float:
     """Observed KV occupancy of an instance, as a fraction of capacity: the larger of the KV held now
     and the context of the conversations booked on it (which they come back for after tool calls)."""
     return max(i.kv_used_tokens, i.conversation_context_tokens) / i.kv_capacity_tokens
 
 
+def pool_occupancy(instances: Sequence[InstanceView]) -> float:
+    """:func:`occupancy` of a pool of instances taken together: summed tokens over summed capacity."""
+    used = sum(max(i.kv_used_tokens, i.conversation_context_tokens) for i in instances)
+    return used / sum(i.kv_capacity_tokens for i in instances)
+
+
 def least_loaded(instances: Sequence[InstanceView]) -> InstanceView:
     """The instance with the lowest :func:`occupancy`, then fewest conversations, then lowest index."""
     return min(instances, key=lambda i: (occupancy(i), i.num_conversations, i.num_running + i.num_waiting,
                                          i.index))
+
+
+def prefill_queue_s(i: InstanceView) -> float:
+    """Prefill work queued on an instance, s: queued prefill tokens / its prefill throughput."""
+    return i.queued_prefill_tokens / i.prefill_tokens_per_s
+
+
+def pick_prefiller(view: ClusterView) -> InstanceView:
+    """The prefiller with the least queued prefill work (:func:`prefill_queue_s`), then lowest index:
+    the one rule every P/D variant uses (on identical prefillers: the fewest queued tokens)."""
+    return min(view.by_role("prefiller"), key=lambda i: (prefill_queue_s(i), i.index))
+
+
+def sticky_instance(turn: TurnView, view: ClusterView) -> tuple[int, str]:
+    """The instance a collocated-style conversation runs on: its previous one, or the least loaded
+    (:func:`least_loaded`) at turn 0. Returns ``(index, reason)``."""
+    if turn.prev_decode_instance >= 0:
+        return turn.prev_decode_instance, "sticky"
+    i = least_loaded(view.instances)
+    return i.index, f"least-loaded kv={i.kv_used_frac:.3f}"

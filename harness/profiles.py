@@ -127,7 +127,7 @@ class ModelConfig:
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes per token: 2 (K and V) x layers x KV heads x head_dim x dtype bytes.
 
-        Qwen3-0.6B: 2*28*8*128*2 = 114,688 B (PAPERS.md); Llama-2-7B: 2*32*32*128*2 = 524,288 B.
+        Qwen3-0.6B: 2*28*8*128*2 = 114,688 B (docs/hardware.md); Llama-2-7B: 2*32*32*128*2 = 524,288 B.
         """
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
@@ -181,6 +181,13 @@ class LinkConfig:
         _require(self.latency_s >= 0, f"{where}.latency_s", ">= 0", self.latency_s)
 
 
+def kv_transfer_s(tokens: float, kv_bytes_per_token: float, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    """Time to move the KV cache of ``tokens`` tokens over a link, s:
+    ``latency_s + tokens * kv_bytes_per_token / bandwidth_bytes_per_s`` (bytes over bandwidth plus a
+    fixed latency; the one formula the simulator's transfers and the policies' predictions use)."""
+    return latency_s + tokens * kv_bytes_per_token / bandwidth_bytes_per_s
+
+
 @dataclass
 class EngineConfig:
     """vLLM-engine knobs (names as in vLLM's ``EngineArgs``).
@@ -191,9 +198,8 @@ class EngineConfig:
     gpu_memory_utilization: fraction of GPU memory vLLM may use (default 0.9).
     activation_reserve_bytes: memory kept for activations/CUDA graphs, bytes (assumption: 2 GiB).
     enable_prefix_caching: keep finished requests' full blocks for reuse, LRU-evicted.
-    max_coalesce_s: simulator-only: the longest run of identical decode-only steps simulated as one
-        event, s; also the maximum staleness of the engine state a policy observes (like a scraped
-        ``/metrics``). 0 disables coalescing (one event per step; results are the same).
+    Every knob means the same on every backend: the real-vLLM backend passes each as its ``vllm serve``
+    flag (``VLLM_FLAGS``) or rejects a value it cannot honour before launch.
     """
 
     block_size: int = 16
@@ -202,7 +208,6 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     activation_reserve_bytes: float = 2 * 1024**3
     enable_prefix_caching: bool = True
-    max_coalesce_s: float = 0.25
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the field."""
@@ -212,7 +217,6 @@ class EngineConfig:
         _fraction(f"{where}.gpu_memory_utilization", self.gpu_memory_utilization)
         _require(self.activation_reserve_bytes >= 0, f"{where}.activation_reserve_bytes", ">= 0",
                  self.activation_reserve_bytes)
-        _require(self.max_coalesce_s >= 0, f"{where}.max_coalesce_s", ">= 0", self.max_coalesce_s)
 
 
 @dataclass

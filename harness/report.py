@@ -40,6 +40,8 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from harness.catalog import BY_KEY, REPORT, REPORT_TABLE
+
 # Sweep dimensions that can serve as the x axis, in order of preference, with axis labels.
 X_AXES = {
     "workload.rate_per_s": "arrival rate",
@@ -50,24 +52,10 @@ FACETS = ("workload.name", "cluster.name", "model.name")
 IDENTITY = ("scheduler.name", "cluster.name", "model.name", "workload.name", "workload.kind", "workload.rate_per_s",
             "workload.seed", "logger.metrics_interval_s")
 SHORT = {"max_num_batched_tokens": "mnbt"}
-# (summary key, label with unit) of the metrics the markdown summary and figures use.
-METRICS = {
-    "ttfet_p50_s": "TTFET p50 (s)",
-    "ttfet_p95_s": "TTFET p95 (s)",
-    "slo_attainment": "SLO attainment (fraction of conversations)",
-    "goodput_conv_per_s": "goodput (conversations/s)",
-    "latency_p50_s": "conversation latency p50 (s)",
-    "latency_p95_s": "conversation latency p95 (s)",
-    "ttft_p95_s": "TTFT p95 (s)",
-    "tpot_p50_s": "TPOT p50 (s)",
-    "preemptions": "preemptions (count)",
-    "tokens_per_joule": "tokens per joule (tokens/J)",
-    "energy_j": "energy (J)",
-}
-# The metrics of the markdown table (points.csv has all of METRICS).
-MD_METRICS = ("ttfet_p50_s", "ttfet_p95_s", "slo_attainment", "goodput_conv_per_s", "latency_p95_s", "preemptions",
-              "tokens_per_joule")
-LOG_Y = {"ttfet_p50_s", "ttfet_p95_s", "latency_p50_s", "latency_p95_s", "ttft_p95_s"}
+# The metrics the report aggregates and plots, with their labels: the metric catalog (harness.catalog).
+METRICS = {k: BY_KEY[k].axis_label for k in REPORT}
+MD_METRICS = REPORT_TABLE
+LOG_Y = {k for k in REPORT if BY_KEY[k].log_y}
 FIGURE_FORMATS = ("png", "pdf")
 MAX_CDF_PANELS = 4
 MAX_SERIES_POINTS = 1500

@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from harness.policy import TurnTruth
 from harness.trace import ConversationRecord, TurnRecord
 
 _STREAM_SAMPLE, _STREAM_ARRIVAL, _STREAM_SYNTHETIC = 1, 2, 3
@@ -126,6 +127,34 @@ class WorkloadStats:
     turn_new_tokens: np.ndarray = field(repr=False)
     turn_output_tokens: np.ndarray = field(repr=False)
     tool_time_s: np.ndarray = field(repr=False)
+
+
+class Oracle:
+    """The workload's ground truth per turn, for a policy's :class:`harness.policy.Predictor` (which
+    injects the configured error) and for the recorder (which turns are user-visible).
+
+    Callable as ``oracle(conversation_id, turn) -> TurnTruth``: the turn's true output tokens, the tool
+    time after it (s), the turns after it, and the KV growth still to come after it (new input +
+    output tokens of the later turns).
+    """
+
+    def __init__(self, conversations: Sequence[tuple[float, ConversationRecord]]):
+        self._by_id: dict[str, tuple[ConversationRecord, tuple[int, ...]]] = {}
+        for _, rec in conversations:
+            growth, acc = [], 0
+            for tr in reversed(rec.turns):
+                growth.append(acc)
+                acc += tr.new_input_tokens + tr.output_tokens
+            self._by_id[rec.conversation_id] = (rec, tuple(reversed(growth)))
+
+    def __call__(self, conversation_id: str, turn: int) -> TurnTruth:
+        rec, growth = self._by_id[conversation_id]
+        tr = rec.turns[turn]
+        return TurnTruth(tr.output_tokens, tr.tool_time_s, len(rec.turns) - 1 - turn, growth[turn])
+
+    def visible(self, conversation_id: str, turn: int) -> bool:
+        """Whether the turn's output is user-visible (from the trace)."""
+        return self._by_id[conversation_id][0].turns[turn].visible
 
 
 def truncate_turns(rec: ConversationRecord, max_turns: int) -> ConversationRecord:

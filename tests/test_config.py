@@ -22,8 +22,11 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 import harness.runner as runner
+import harness.session as session
 from harness.config import PROJECT_ROOT, ConfigError, resolve
-from harness.policy import Policy, get_spec, registered
+from harness.backend import backends
+from harness.policy import Policy
+from harness.schedulers import get_spec, registered
 from harness.profiles import kv_capacity_blocks
 from harness.sim.backend import SimBackend
 from harness.trace import TraceError
@@ -39,7 +42,12 @@ CONFIG_ERRORS = (ConfigError, TraceError, HydraException)
 
 
 def options(group: str) -> list[str]:
-    """The option names of a config group: the stems of ``conf/<group>/*.yaml``."""
+    """The option names of a config group: the stems of ``conf/<group>/*.yaml``; the ``scheduler`` and
+    ``backend`` options are the registered plug-ins (no YAML files)."""
+    if group == "scheduler":
+        return registered()
+    if group == "backend":
+        return sorted(backends())
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
@@ -64,18 +72,18 @@ def tiny_workload():
     return build_workload(CONVS, WorkloadConfig(arrival="poisson", rate_per_s=1.0))
 
 
-def run_tiny(run, scheduler: str, sched_cfg, monkeypatch) -> tuple[runner.SimResult, list]:
+def run_tiny(run, scheduler: str, sched_cfg, monkeypatch) -> tuple[session.SessionResult, list]:
     """Simulate the tiny workload under ``scheduler``; returns the result and the policies built."""
     built = []
-    make = runner.make_policy
+    make = session.make_policy
 
     def recording_make_policy(*args, **kwargs):
         built.append(make(*args, **kwargs))
         return built[-1]
 
-    monkeypatch.setattr(runner, "make_policy", recording_make_policy)
+    monkeypatch.setattr(session, "make_policy", recording_make_policy)
     conversations, stats = tiny_workload()
-    return runner.simulate(run, conversations, stats, scheduler, sched_cfg), built
+    return session.simulate(run, conversations, stats, scheduler, sched_cfg), built
 
 
 def assert_completed(res: runner.SimResult, where: str = "") -> None:
@@ -189,21 +197,15 @@ def test_default_config_resolves():
 
 # ---- the scheduler registry ---------------------------------------------------------------------------
 
-def test_registry_names_equal_scheduler_option_files():
-    assert registered() == options("scheduler"), \
-        "every registered variant needs conf/scheduler/<name>.yaml and vice versa"
+def test_every_registered_scheduler_is_an_option_with_a_docs_row_and_a_cluster():
+    """A variant is its module plus one docs row: the registry makes it ``scheduler=<name>`` (composed to
+    its config dataclass's defaults), ``docs/schedulers.md`` has its row, a shipped cluster supports it."""
+    rows = (PROJECT_ROOT / "docs" / "schedulers.md").read_text()
     for name in registered():
+        run = compose_run([f"scheduler={name}"] + ([] if supports(name, "a40_1p3d") else ["cluster=a40_4x"]))
+        assert run.scheduler == get_spec(name).config_cls(), name
+        assert f"| `{name}` |" in rows, f"docs/schedulers.md has no row for {name}"
         assert any(supports(name, c) for c in options("cluster")), f"no shipped cluster supports {name}"
-
-
-@pytest.mark.parametrize("name", options("scheduler"))
-def test_scheduler_yaml_equals_config_dataclass_defaults(name):
-    """The SLO baseline builds ``slo.reference_scheduler`` from its dataclass defaults, not from the YAML,
-    so the two must agree (and the YAML documents every knob)."""
-    spec = get_spec(name)
-    from_yaml = OmegaConf.to_container(OmegaConf.load(CONF / "scheduler" / f"{name}.yaml"))
-    defaults = OmegaConf.to_container(OmegaConf.structured(spec.config_cls))
-    assert from_yaml == defaults
 
 
 @pytest.mark.parametrize("scheduler", registered())
@@ -230,7 +232,7 @@ def test_reference_scheduler_runs_on_every_cluster():
     for cluster in options("cluster"):
         run = cluster_run(cluster)
         conversations, stats = tiny_workload()
-        out = runner.unloaded_ttfet(run, conversations, stats)
+        out = session.unloaded_ttfet(run, conversations, stats)
         assert set(out) == {c.conversation_id for c in CONVS}
         assert all(v > 0 for v in out.values()), (cluster, run.cfg.slo.reference_scheduler, out)
 
@@ -239,7 +241,7 @@ def test_reference_scheduler_runs_on_every_cluster():
 
 def schema_keys() -> dict[str, list[str]]:
     """Every key of every group, as conf/README.md writes it (nested keys with their parent's prefix)."""
-    from harness.config import BackendConfig, LoggerConfig
+    from harness.config import LoggerConfig
     from harness.metrics import SloConfig
     from harness.profiles import ClusterConfig, EngineConfig, HardwareConfig, InstanceGroupConfig, ModelConfig
     from harness.workload import WorkloadConfig
@@ -256,10 +258,11 @@ def schema_keys() -> dict[str, list[str]]:
 
     keys = {"hardware": fields(HardwareConfig), "model": fields(ModelConfig), "cluster": fields(ClusterConfig),
             "cluster.instances": fields(InstanceGroupConfig), "engine": fields(EngineConfig, "engine."),
-            "workload": fields(WorkloadConfig), "backend": fields(BackendConfig), "slo": fields(SloConfig),
-            "logger": fields(LoggerConfig)}
+            "workload": fields(WorkloadConfig), "slo": fields(SloConfig), "logger": fields(LoggerConfig)}
     for name in registered():
         keys[f"scheduler={name}"] = fields(get_spec(name).config_cls)
+    for name, spec in backends().items():
+        keys[f"backend={name}"] = fields(spec.config_cls)
     return keys
 
 
@@ -268,7 +271,7 @@ def test_conf_readme_documents_every_key_and_option():
     missing = [f"{group}: {key}" for group, ks in schema_keys().items() for key in ks if f"`{key}`" not in text]
     from harness.config import RunConfig
     missing += [f"section ## {f.name}" for f in dataclasses.fields(RunConfig) if f"\n## {f.name}\n" not in text]
-    groups = [p.name for p in CONF.iterdir() if p.is_dir()]
+    groups = [p.name for p in CONF.iterdir() if p.is_dir()] + ["scheduler", "backend"]
     missing += [f"section ## {g}" for g in groups if f"\n## {g}\n" not in text]
     missing += [f"option {g}={o}" for g in groups for o in options(g) if f"`{o}`" not in text]
     assert not missing, f"conf/README.md does not mention: {missing}"
@@ -286,14 +289,14 @@ def fail_before_simulation(overrides, monkeypatch, tmp_path) -> BaseException:
     def boom(self, job):
         raise SimulationStarted(f"turn {job.conversation_id}/{job.turn} started before the config error")
 
-    def no_replay(*args, **kwargs):
-        raise SimulationStarted("a real-vLLM replay started before the config error")
+    def no_launch(*args, **kwargs):
+        raise SimulationStarted("a real-vLLM cluster was opened before the config error")
 
     monkeypatch.setattr(SimBackend, "start_turn", boom)
     try:
-        import harness.vllm.replay
-        monkeypatch.setattr(harness.vllm.replay, "replay", no_replay)
-    except ImportError:  # the vllm extra (aiohttp) is not installed: execute() cannot reach a replay either
+        import harness.vllm.cluster
+        monkeypatch.setattr(harness.vllm.cluster, "open_cluster", no_launch)
+    except ImportError:  # the vllm extra (aiohttp) is not installed: execute() cannot open a cluster either
         pass
     with pytest.raises(CONFIG_ERRORS) as ei:
         run = compose_run(overrides)

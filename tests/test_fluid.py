@@ -1,4 +1,4 @@
-"""Hand-worked checks of harness/fluid.py (Ao et al., arXiv 2504.11320; PAPERS.md "WAIT and Nested WAIT").
+"""Hand-worked checks of harness/fluid.py (Ao et al., arXiv 2504.11320; docs/schedulers.md "WAIT and Nested WAIT").
 
 Every expected number below is worked out by hand in the comments, not by calling the code.
 Notation: w_j = (l'_j + 1)(l_j + l'_j/2) tokens, S = sum_j lambda_j w_j tokens/s.

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from harness.config import scheduler_config
-from harness.runner import simulate
+from harness.session import simulate
 from harness.workload import WorkloadConfig, build_workload
 from tests.conftest import compose_run, conversation
 
@@ -23,7 +23,7 @@ BW = 696e9 * 0.8                # A40 bytes/s x memory efficiency (conf/hardware
 EFF_P, EFF_D = 0.32, 0.08       # prefill / decode MFU (conf/hardware/a40.yaml)
 OVH = 0.001                     # step overhead, s
 L, H, KVH, D, HID, INTER, V = 28, 16, 8, 128, 1024, 3072, 151936   # Qwen3-0.6B
-KVB = 2 * L * KVH * D * 2       # = 114,688 bytes/token (PAPERS.md)
+KVB = 2 * L * KVH * D * 2       # = 114,688 bytes/token (docs/hardware.md)
 LIN = L * (HID * H * D + 2 * HID * KVH * D + H * D * HID + 3 * HID * INTER)  # matmul params
 WEIGHT_BYTES = (LIN + V * HID) * 2                                            # tied embeddings
 LINK_BW, LINK_LAT = 31.5e9, 1e-5
@@ -67,7 +67,7 @@ def run_one(scheduler: str, overrides=(), **sched):
 
 @pytest.mark.parametrize("coalesce", [0.25, 0.0])
 def test_conserve_single_conversation_by_hand(coalesce):
-    t = run_one("conserve", [f"engine.max_coalesce_s={coalesce}"])
+    t = run_one("conserve", [f"backend.max_coalesce_s={coalesce}"])
     # turn 0: prefill on the prefiller, KV of 1000 tokens moved once, first token from the decoder
     p0 = prefill_step(1000, 0)
     x0 = transfer(1000)

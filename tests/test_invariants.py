@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 
 from harness.config import scheduler_config
-from harness.policy import registered
-from harness.runner import execute, simulate
+from harness.schedulers import registered
+from harness.runner import execute
+from harness.session import simulate
 from harness.sim.engine import Engine
 from harness.trace import load_trace
 from harness.workload import WorkloadConfig, build_workload, truncate_turns

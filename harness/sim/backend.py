@@ -1,41 +1,42 @@
-"""The simulated cluster backend: engines, KV-transfer links, and the event loop."""
+"""The simulated cluster backend: engines, KV-transfer links, and the event loop (a ``Cluster``)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Callable, Optional, Sequence
 
 from harness.backend import InstanceInfo, InstanceState, TurnJob
 from harness.clock import SimClock
-from harness.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks
+from harness.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks, kv_transfer_s
 from harness.sim.engine import FAILED, Engine, Request
 from harness.sim.perf import PerfModel
 
 
 class SimBackend:
-    """A cluster of simulated vLLM engines sharing one :class:`SimClock`.
+    """A cluster of simulated vLLM engines sharing one :class:`SimClock` (implements
+    ``harness.backend.Cluster``).
 
     Args:
         instances: ``(name, role, HardwareConfig)`` per instance, in index order.
         model, engine, link: the served model, engine knobs and KV-transfer link.
-    KV transfers into one instance are serialised (one at a time, FIFO); transfer time =
-    ``latency_s + tokens * kv_bytes_per_token / bandwidth_bytes_per_s``.
+        max_coalesce_s: longest run of identical decode-only steps simulated as one event, s (also the
+            maximum staleness of the state a policy observes; results do not depend on it).
+    KV transfers into one instance are serialised (one at a time, FIFO); transfer time is
+    :func:`harness.profiles.kv_transfer_s`.
     """
 
     def __init__(self, instances: Sequence[tuple[str, str, HardwareConfig]], model: ModelConfig,
-                 engine: EngineConfig, link: LinkConfig, clock: SimClock | None = None):
+                 engine: EngineConfig, link: LinkConfig, clock: SimClock | None = None,
+                 max_coalesce_s: float = 0.25):
         self.clock = clock or SimClock()
         self.model, self.link = model, link
         self.engines: list[Engine] = []
-        self.perf: list[PerfModel] = []
         infos = []
         for i, (name, role, hw) in enumerate(instances):
-            perf = PerfModel(hw, model)
             cap = kv_capacity_blocks(hw, model, engine)
-            self.perf.append(perf)
-            self.engines.append(Engine(i, name, self.clock, perf, engine, cap, self._engine_fail))
-            infos.append(InstanceInfo(i, name, role, hw.name, cap * engine.block_size,
-                                      perf.prefill_tokens_per_s(), perf.idle_decode_step_s(),
-                                      hw.cap_w))
+            self.engines.append(Engine(i, name, self.clock, PerfModel(hw, model), engine, cap, self._engine_fail,
+                                       max_coalesce_s))
+            infos.append(InstanceInfo(i, name, role, hw.name, cap * engine.block_size))
         self.infos = tuple(infos)
         self._link_free_at = [0.0] * len(self.engines)
         self._kvb = model.kv_bytes_per_token
@@ -61,15 +62,46 @@ class SimBackend:
         out = []
         for e in self.engines:
             out.append(InstanceState(e.used_blocks_now() * e.bs, len(e.running), len(e.waiting) + e.loading,
-                                     self.energy_j(e.index, now)))
+                                     self.instance_energy_j(e.index, now)))
         return tuple(out)
 
-    def run(self) -> None:
-        """Process events until none are left."""
-        self.clock.run()
+    def power_w(self) -> list[float]:
+        """Not sampled on the simulator (NaN per instance): its energy model is integrated per step
+        (``energy_j``), not read as a power signal."""
+        return [math.nan] * len(self.engines)
+
+    def drive(self, start: Callable[[], None], done: Callable[[], bool], on_tick: Callable[[], None],
+              tick_s: Optional[float]) -> str:
+        """Call ``start()``, then process events until none are left, ticking every ``tick_s`` s of virtual
+        time while work remains (ticks run after engine and controller events at the same instant).
+        Returns ``""`` when ``done()``, else that the simulation stalled. Exceptions propagate."""
+        clock = self.clock
+        start()
+
+        def tick():
+            on_tick()
+            if not done() and clock.pending():  # nothing else queued: a stall, not a wait
+                clock.call_at(clock.now() + tick_s, tick, priority=2)
+
+        if tick_s:
+            clock.call_at(clock.now(), tick, priority=2)
+        clock.run()
+        return "" if done() else "simulation stalled"
+
+    def preemptions(self) -> int:
+        """Preemptions (by recompute) over all engines."""
+        return sum(e.preemptions for e in self.engines)
+
+    def measured(self) -> dict:
+        """Nothing backend-specific beyond the common summary."""
+        return {}
 
     # ---- energy ---------------------------------------------------------------------------------
-    def energy_j(self, i: int, until_s: float) -> float:
+    def energy_j(self, end_s: float) -> list[float]:
+        """Energy per instance from t=0 to ``end_s``, J: finished steps + idle power otherwise."""
+        return [self.instance_energy_j(i, end_s) for i in range(len(self.engines))]
+
+    def instance_energy_j(self, i: int, until_s: float) -> float:
         """Energy of instance ``i`` from t=0 to ``until_s``, J: finished steps + idle power otherwise.
 
         A step in flight is counted when it ends, so mid-run values lag by at most one step run.
@@ -83,7 +115,6 @@ class SimBackend:
         job.cached_tokens = max(req.hit_tokens, 0)
         job.prefill_done_s = job.first_token_s = self.clock.now()
         job.on_prefill_done(job)
-        job.on_first_token(job)
 
     def _finish(self, job: TurnJob, req: Request) -> None:
         job.finish_s = self.clock.now()
@@ -111,13 +142,12 @@ class SimBackend:
 
     def _remote_first_token(self, job: TurnJob, req: Request) -> None:
         job.first_token_s = self.clock.now()
-        job.on_first_token(job)
 
     def _transfer(self, job: TurnJob, preq: Request, dreq: Request, tokens: int) -> None:
         now = self.clock.now()
         d = job.placement.decode_instance
         start = max(now, self._link_free_at[d])
-        done = start + self.link.latency_s + tokens * self._kvb / self.link.bandwidth_bytes_per_s
+        done = start + kv_transfer_s(tokens, self._kvb, self.link.bandwidth_bytes_per_s, self.link.latency_s)
         self._link_free_at[d] = done
         job.transfer_tokens += tokens
         job.decode_cached_tokens = job.prompt_tokens - tokens

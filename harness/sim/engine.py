@@ -79,11 +79,14 @@ class Engine:
         index, name: identity in the cluster. clock: the shared event clock.
         perf: step-time/energy model. cfg: engine knobs. capacity_blocks: KV capacity, blocks.
         on_fail: called with a request that can never fit (prompt + output > capacity).
+        max_coalesce_s: the longest run of identical decode-only steps simulated as one event, s
+            (0: one event per step; the results are the same).
     """
 
     def __init__(self, index: int, name: str, clock: SimClock, perf: PerfModel, cfg: EngineConfig,
-                 capacity_blocks: int, on_fail: Callable[[Request, str], None]):
+                 capacity_blocks: int, on_fail: Callable[[Request, str], None], max_coalesce_s: float = 0.25):
         self.index, self.name, self.clock, self.perf, self.cfg = index, name, clock, perf, cfg
+        self.max_coalesce_s = max_coalesce_s
         self.bs = cfg.block_size
         self.capacity_blocks = capacity_blocks
         self.free = capacity_blocks
@@ -337,7 +340,7 @@ class Engine:
                 kmax = left
             if req.out_done == 0:
                 kmax = 1
-        limit = self.cfg.max_coalesce_s
+        limit = self.max_coalesce_s
         if limit <= 0:
             kmax = 1
         ends, energy = self.perf.decode_run(b, ctx, kmax, limit)

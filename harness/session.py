@@ -1,0 +1,231 @@
+"""One run session: the only place a controller, a policy, a cluster and a recorder are put together.
+
+``run_session`` is used for every run on every backend (the main run on the simulator or on real vLLM,
+each conversation's unloaded replay for the SLO baseline, the tests' fake backends). ``make_policy`` is
+the only place a policy is built, from a :class:`harness.policy.PolicyContext` that holds everything it
+may use: the workload's oracle (behind a ``Predictor``), hardware hints from the hardware and model
+profiles, KV capacities; ``check_policies`` builds the run's policies the same way before anything runs
+(no cluster needed), so a policy that rejects its config fails first.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from harness.backend import Cluster
+from harness.controller import ConversationState, Controller
+from harness.fluid import linear_iteration_coefficients
+from harness.policy import InstanceHints, Policy, PolicyContext
+from harness.profiles import HardwareConfig, ModelConfig, kv_capacity_blocks
+from harness.recorder import PlanDecision, Recorder
+from harness.trace import ConversationRecord
+from harness.workload import Oracle, WorkloadStats
+
+log = logging.getLogger(__name__)
+
+
+def instance_hints(hw: HardwareConfig, model: ModelConfig) -> InstanceHints:
+    """What a router may know of an instance before serving: the hardware profile's roofline (the
+    simulator's step model, ``harness.sim.perf.PerfModel``, evaluated on the profiles alone) for prefill
+    throughput (2048-token chunk, tokens/s) and an idle decode step (1 sequence, 1024-token context, s),
+    and the WAIT fluid model's iteration line ``d0 + d1 * KV tokens``
+    (``harness.fluid.linear_iteration_coefficients``)."""
+    from harness.sim.perf import PerfModel
+    perf = PerfModel(hw, model)
+    d0, d1 = linear_iteration_coefficients(model.weight_bytes, model.kv_bytes_per_token, hw.mem_bandwidth_bytes_per_s,
+                                           hw.memory_efficiency, hw.step_overhead_s)
+    return InstanceHints(perf.prefill_tokens_per_s(), perf.idle_decode_step_s(), d0, d1)
+
+
+def policy_context(run: Any, stats: WorkloadStats, oracle: Callable, kv_capacity_tokens: Sequence[int]
+                   ) -> PolicyContext:
+    """The context a policy of ``run`` (a ``harness.config.Resolved``) is built with."""
+    hints = tuple(instance_hints(hw, run.cfg.model) for _, _, hw in run.instances)
+    return PolicyContext(truth=oracle, seed=run.cfg.seed, cluster_roles=tuple(r for _, r, _ in run.instances),
+                         workload=stats, hints=hints, kv_capacity_tokens=tuple(kv_capacity_tokens))
+
+
+def make_policy(name: str, sched_cfg: Any, ctx: PolicyContext) -> Policy:
+    """Build the registered scheduler ``name`` from its config dataclass and the context.
+
+    Raises:
+        KeyError: unknown scheduler. ValueError: the factory rejects the config or the cluster.
+    """
+    from harness.schedulers import get_spec
+    return get_spec(name).factory(sched_cfg, ctx)
+
+
+def estimated_capacities(run: Any) -> list[int]:
+    """KV capacity per instance as the hardware profile sizes it, tokens (for checks before a cluster
+    exists; a real backend reads the servers' own)."""
+    e = run.cfg.engine
+    return [kv_capacity_blocks(hw, run.cfg.model, e) * e.block_size for _, _, hw in run.instances]
+
+
+@dataclass
+class SessionResult:
+    """What one session produced.
+
+    recorder: the rows (turns, decisions, instance samples); convs: the controller's conversation
+    states; energy_j: per instance over the measured window, J; window_start_s / window_end_s: first
+    arrival and last finish, s; preemptions; events (clock callbacks); wall_s: wall time of the drive, s;
+    error: ``""`` or why the run ended early (``"<Type>: <message>"`` for an exception);
+    error_traceback: the exception's traceback; extra: backend measurements and the policy plan.
+    """
+
+    recorder: Recorder
+    convs: list[ConversationState]
+    energy_j: list[float]
+    window_start_s: float
+    window_end_s: float
+    preemptions: int
+    events: int
+    wall_s: float
+    error: str = ""
+    error_traceback: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def turns(self) -> list[dict]:
+        """``turns.parquet`` rows."""
+        return self.recorder.turns
+
+
+def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
+                stats: WorkloadStats, scheduler_name: str, sched_cfg: Any, recorder: Recorder, *,
+                oracle: Optional[Oracle] = None, tick_s: Optional[float] = None,
+                on_conversation: Optional[Callable[[ConversationState], None]] = None) -> SessionResult:
+    """Replay ``conversations`` on an opened ``cluster`` under scheduler ``scheduler_name``.
+
+    The policy is built here (``make_policy``) with the cluster's KV capacities; the controller is built
+    here and nowhere else; every row goes to ``recorder``; ``tick_s``: instance-sample period (s of the
+    cluster's clock; None: no samples). An exception raised by the controller or a policy ends the run
+    at once on every backend; it is returned in ``error`` (with its traceback), never swallowed
+    silently, and what was measured until then is kept.
+    """
+    cfg = run.cfg
+    oracle = oracle or Oracle(conversations)
+    ctx = policy_context(run, stats, oracle, [i.kv_capacity_tokens for i in cluster.infos])
+    policy = make_policy(scheduler_name, sched_cfg, ctx)
+    recorder.bind([i.name for i in cluster.infos])
+    plan = getattr(policy, "plan_note", "")
+    if plan:  # a policy's plan (e.g. WAIT's fluid thresholds), once, at t = 0
+        recorder.decision(PlanDecision(0.0, plan))
+    controller = Controller(cluster, policy, conversations, recorder, ctx.hints,
+                            link_bandwidth_bytes_per_s=cfg.cluster.link.bandwidth_bytes_per_s,
+                            link_latency_s=cfg.cluster.link.latency_s, kv_bytes_per_token=cfg.model.kv_bytes_per_token,
+                            on_conversation=on_conversation or (lambda c: None))
+
+    def tick():
+        recorder.sample(cluster.clock.now(), cluster.infos, cluster.observe(), cluster.power_w())
+
+    t0 = time.perf_counter()
+    error = tb = ""
+    try:
+        reason = cluster.drive(controller.start, lambda: controller.finished, tick, tick_s)
+        if reason:
+            error = f"{reason}: {len(conversations) - controller.num_done} conversations unfinished"
+    except (Exception, KeyboardInterrupt) as e:  # keep what was measured; the caller marks the run partial
+        error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        tb = traceback.format_exc()
+        log.error("run ended by an error: %s", error)
+    wall = time.perf_counter() - t0
+    end = max([c.finish_s for c in controller.convs if c.done] or [cluster.clock.now()])
+    start = min((t for t, _ in conversations), default=0.0)
+    extra = dict(cluster.measured())
+    if plan:
+        extra["policy_plan"] = plan
+    return SessionResult(recorder, controller.convs, cluster.energy_j(end), start, end, cluster.preemptions(),
+                         cluster.clock.events, wall, error, tb, extra)
+
+
+def simulate(run: Any, conversations: Sequence[tuple[float, ConversationRecord]], stats: WorkloadStats,
+             scheduler_name: str, sched_cfg: Any, *, sample_interval_s: Optional[float] = None,
+             log_decisions: bool = False, max_coalesce_s: Optional[float] = None,
+             on_conversation: Optional[Callable[[ConversationState], None]] = None) -> SessionResult:
+    """``run_session`` on a fresh simulated cluster of ``run`` (``max_coalesce_s`` overrides
+    ``backend.max_coalesce_s``; the run's backend config is used only if it is the simulator's)."""
+    from harness.sim.plugin import open_sim
+    recorder = Recorder(Oracle(conversations).visible, log_decisions)
+    with open_sim(run, max_coalesce_s=max_coalesce_s) as cluster:
+        return run_session(cluster, run, conversations, stats, scheduler_name, sched_cfg, recorder,
+                           tick_s=sample_interval_s, on_conversation=on_conversation)
+
+
+def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRecord]], stats: WorkloadStats) -> None:
+    """Build the run's policy (and the SLO reference policy) once, with capacities estimated from the
+    profiles and no cluster, so a policy that rejects its config or the cluster's roles fails before
+    anything runs.
+
+    Raises:
+        ConfigError: naming the scheduler and the factory's message.
+    """
+    from harness.config import ConfigError, scheduler_config
+    names = [(run.scheduler_name, run.scheduler)]
+    if run.cfg.slo.ttfet_mode == "relative":
+        ref = run.cfg.slo.reference_scheduler
+        names.append((ref, scheduler_config(ref, {"name": ref})))
+    ctx = policy_context(run, stats, Oracle(conversations), estimated_capacities(run))
+    for name, sched_cfg in names:
+        try:
+            make_policy(name, sched_cfg, ctx)
+        except ValueError as e:
+            what = "scheduler" if name == run.scheduler_name else "slo.reference_scheduler"
+            raise ConfigError(f"{what} ({name}): {e}") from None
+
+
+# ---- the unloaded-TTFET baseline (the relative SLO's denominator) ----------------------------------------
+
+def unloaded_ttfet(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
+                   stats: WorkloadStats) -> dict[str, float]:
+    """Each conversation's TTFET when replayed alone (arrival at 0) on the idle simulated cluster under
+    the SLO's reference scheduler, s: a session per conversation, memoised in-process."""
+    from harness.config import scheduler_config
+    from harness.metrics import ttfet_turn_index
+    slo = run.cfg.slo
+    ref = scheduler_config(slo.reference_scheduler, {"name": slo.reference_scheduler})
+    key = _unloaded_cache_key(run, stats)
+    out = {}
+    for _, rec in conversations:
+        hit = _UNLOADED_CACHE.get((key, rec.turns))
+        if hit is not None:
+            out[rec.conversation_id] = hit
+            continue
+        res = simulate(run, [(0.0, rec)], stats, slo.reference_scheduler, ref, max_coalesce_s=math.inf)
+        if res.error:
+            raise RuntimeError(f"unloaded replay of {rec.conversation_id} failed: {res.error}")
+        k = ttfet_turn_index([t.visible for t in rec.turns], slo.ttfet_definition)
+        first = [r["first_token_s"] for r in res.turns if r["turn"] == k and r["status"] == "ok"]
+        out[rec.conversation_id] = first[0] if first else math.nan
+        if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
+            _UNLOADED_CACHE.clear()
+        _UNLOADED_CACHE[(key, rec.turns)] = out[rec.conversation_id]
+    return out
+
+
+# In-process memo of unloaded TTFETs, s: ``(setup key, a conversation's turns) -> TTFET``. An unloaded replay
+# depends only on the conversation's turns and the setup below, so a sweep over rates, variants or seeds
+# in one process (Hydra's basic launcher, or one joblib worker) replays each distinct conversation once.
+_UNLOADED_CACHE: dict[tuple, float] = {}
+_UNLOADED_CACHE_MAX = 200_000
+# Reference schedulers whose placement reads neither the workload statistics nor the seed.
+_STATS_FREE_REFERENCES = ("collocated",)
+
+
+def _unloaded_cache_key(run: Any, stats: WorkloadStats) -> str:
+    """What an unloaded replay depends on besides the conversation: instances (hardware), model, engine,
+    link, reference scheduler, TTFET definition (and the workload stats when the reference scheduler
+    may read them)."""
+    cfg, slo = run.cfg, run.cfg.slo
+    parts = [run.instances, cfg.model, cfg.engine, cfg.cluster.link, slo.reference_scheduler, slo.ttfet_definition]
+    if slo.reference_scheduler not in _STATS_FREE_REFERENCES:
+        parts += [cfg.seed, stats.rate_per_s, stats.mean_turns,
+                  *(a.tobytes() for a in (stats.turn_prompt_tokens, stats.turn_new_tokens,
+                                          stats.turn_output_tokens, stats.tool_time_s))]
+    return repr(parts)
+

