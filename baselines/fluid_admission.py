@@ -8,8 +8,9 @@ needs flushing; the paper's model has infinite horizons), and only while the ins
 stays under ``max_active`` (the policy's cap on its active set). KV is guarded by vLLM itself
 (preemption) in this harness, as in the paper's baselines.
 
-The fluid coefficients of an instance come from its hardware profile via
-``harness.fluid.linear_iteration_coefficients`` (memory-bound decode roofline ``d0 + d1 * KV tokens``).
+The fluid coefficients of an instance come from its step model via
+``PerfModel.decode_linear_coefficients`` (memory-bound decode step ``d0 + d1 * KV tokens``: weights and
+fixed overheads, KV reads at the KV-cache bandwidth efficiency).
 Arrival rates per instance: turns/s of the workload (conversation rate x mean turns) split evenly over
 the instances.
 """
@@ -21,17 +22,13 @@ from typing import Callable, Sequence
 import numpy as np
 
 from baselines.collocated import Collocated, sticky_instance
-from harness.fluid import PromptType, linear_iteration_coefficients
+from harness.fluid import PromptType
 from harness.policy import Admission, ClusterView, PolicyContext, TurnView
 
 
 def instance_coefficients(ctx: PolicyContext, i: int) -> tuple[float, float]:
-    """``(d0_s, d1_s_per_token)`` of instance ``i`` from its hardware and model profile."""
-    perf = ctx.perf[i]
-    hw, model = perf.hw, perf.model
-    return linear_iteration_coefficients(model.weight_bytes, model.kv_bytes_per_token,
-                                         hw.mem_bandwidth_bytes_per_s, hw.memory_efficiency,
-                                         hw.step_overhead_s)
+    """``(d0_s, d1_s_per_token)`` of instance ``i`` from its step model (hardware x model profile)."""
+    return ctx.perf[i].decode_linear_coefficients()
 
 
 def prompt_types(ctx: PolicyContext, edges: Sequence[int], num_instances: int

@@ -54,8 +54,10 @@ class HardwareConfig:
         kv_memory_efficiency: fraction of ``mem_bandwidth_bytes_per_s`` reached by KV-cache reads/writes
             (paged attention); ``None``: ``memory_efficiency``.
         layer_overhead_s: fixed time per layer per step (elementwise and attention kernels at one token), s.
-        attention_seq_overhead_s: attention time per decode sequence per layer, beyond its KV bytes, s.
-        attention_token_overhead_s: attention time per prefill token per layer, beyond its FLOPs, s.
+        attention_seq_overhead_s: attention time per decode sequence per layer, beyond its KV bytes, for a
+            model with 32 KV heads (scaled by ``num_kv_heads / 32``), s.
+        attention_token_overhead_s: attention time per prefill token per layer, beyond its FLOPs, for a
+            4096-wide attention (scaled by ``num_heads * head_dim / 4096``), s.
         step_overhead_s: fixed time per engine step (scheduling, sampling, input preparation), s.
         memory_power_frac: dynamic power of a fully memory-bound step, as a fraction of
             ``tdp_w - idle_w`` (a fully compute-bound step draws the full TDP).

@@ -10,9 +10,12 @@ Vidur's published A100/A40/H100 kernel profiles of Llama-2-7B, arXiv 2405.05465)
     T_lin  = (lin_c**k + lin_m**k) ** (1/k)          # k = roofline_exponent; k = None: max(lin_c, lin_m)
     T_attn = prefill attention FLOPs / (peak_flops * attention_efficiency)
            + KV bytes read and written / (mem_bandwidth * kv_memory_efficiency)
-           + num_layers * (attention_seq_overhead_s * decode_seqs + attention_token_overhead_s * prefill_tokens)
+           + num_layers * (attention_seq_overhead_s * decode_seqs * num_kv_heads / 32
+                           + attention_token_overhead_s * prefill_tokens * num_heads * head_dim / 4096)
     step_s = T_lin + T_attn + num_layers * layer_overhead_s + step_overhead_s
 
+The two attention overheads were fitted on Llama-2-7B (32 KV heads, 32 x 128 query width) and are
+scaled to other models by KV heads and query width (an assumption: the kernels' grids scale so).
 ``k`` near 1.5 (fitted) rounds the roofline's corner: at 64-256 tokens a GEMM is neither at peak FLOP/s
 nor at peak bandwidth (Vidur's profiles: 0.47 MFU and 0.57 of bandwidth at 128 tokens on an A100).
 Decode attention FLOPs are not counted (1-2 FLOP per KV byte, far under every GPU's ridge point).
@@ -49,6 +52,10 @@ from dataclasses import dataclass
 from harness.profiles import HardwareConfig, ModelConfig
 
 
+REF_KV_HEADS = 32      # Llama-2-7B, the model the attention overheads were fitted on (docs/calibration.md)
+REF_Q_WIDTH = 4096     # its num_heads * head_dim
+
+
 @dataclass(frozen=True, slots=True)
 class StepCost:
     """Result of one step: ``time_s`` (s), ``energy_j`` (J), and its FLOP time ``compute_s`` and byte
@@ -82,8 +89,10 @@ class PerfModel:
         kv_eff = hw.memory_efficiency if hw.kv_memory_efficiency is None else hw.kv_memory_efficiency
         self._kv_s_per_token = self.kv_bytes_per_token / (hw.mem_bandwidth_bytes_per_s * kv_eff)
         self._k = hw.roofline_exponent
-        self._seq_s = L * hw.attention_seq_overhead_s          # per decode sequence, s
-        self._tok_s = L * hw.attention_token_overhead_s        # per prefill token, s
+        # per decode sequence / per prefill token, s; fitted on Llama-2-7B (32 KV heads, 4096-wide
+        # attention), scaled to this model by its KV heads / its query width (an assumption)
+        self._seq_s = L * hw.attention_seq_overhead_s * model.num_kv_heads / REF_KV_HEADS
+        self._tok_s = L * hw.attention_token_overhead_s * model.num_heads * model.head_dim / REF_Q_WIDTH
         self._fixed_s = L * hw.layer_overhead_s + hw.step_overhead_s
         self._dyn_w = hw.tdp_w - hw.idle_w
         self._cap_dyn_w = hw.cap_w - hw.idle_w
