@@ -9,7 +9,8 @@ stays under ``max_active`` (the policy's cap on its active set). KV is guarded b
 (preemption) in this harness, as in the paper's baselines.
 
 The fluid coefficients of an instance are its hardware hints (``PolicyContext.hints``: the memory-bound
-decode roofline ``d0 + d1 * KV tokens`` of ``harness.fluid.linear_iteration_coefficients``).
+decode step ``d0 + d1 * KV tokens`` of the hardware profile's step model: weights and fixed overheads,
+KV reads at the KV-cache bandwidth efficiency).
 Arrival rates per instance: turns/s of the workload (conversation rate x mean turns) split evenly over
 the instances.
 """

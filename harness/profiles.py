@@ -38,14 +38,27 @@ class HardwareConfig:
         name: profile name (the key under ``hardware.``).
         peak_flops: dense FP16/BF16 tensor throughput, FLOP/s (datasheet).
         mem_bandwidth_bytes_per_s: DRAM bandwidth, bytes/s (datasheet).
-        mem_bytes: GPU memory, bytes (datasheet, decimal GB).
+        mem_bytes: GPU memory as the driver reports it (``nvidia-smi`` total), bytes
+            (``docs/calibration.md``: A40 46,068 MiB, A100 80GB 81,920 MiB, H100 80GB HBM3 81,559 MiB).
         tdp_w: board power, W (datasheet).
         power_cap_w: power limit set with ``nvidia-smi -pl``, W; ``None`` means the TDP.
         idle_w: power with the model loaded and no work, W.
-        prefill_efficiency: fraction of ``peak_flops`` reached by prefill tokens (MFU).
-        decode_efficiency: fraction of ``peak_flops`` reached by decode tokens (MFU).
-        memory_efficiency: fraction of ``mem_bandwidth_bytes_per_s`` reached by streaming reads.
-        step_overhead_s: fixed time per engine step (scheduling, sampling, kernel launches), s.
+        prefill_efficiency: fraction of ``peak_flops`` reached by the linear layers (GEMMs + LM head) on
+            prefill tokens (MFU).
+        decode_efficiency: the same for decode tokens (MFU).
+        memory_efficiency: fraction of ``mem_bandwidth_bytes_per_s`` reached when streaming weights.
+        roofline_exponent: k of the linear layers' soft roofline ``(c**k + m**k)**(1/k)``; ``None``: the
+            hard roofline ``max(c, m)``.
+        attention_efficiency: fraction of ``peak_flops`` reached by prefill attention (FlashAttention);
+            ``None``: ``prefill_efficiency``.
+        kv_memory_efficiency: fraction of ``mem_bandwidth_bytes_per_s`` reached by KV-cache reads/writes
+            (paged attention); ``None``: ``memory_efficiency``.
+        layer_overhead_s: fixed time per layer per step (elementwise and attention kernels at one token), s.
+        attention_seq_overhead_s: attention time per decode sequence per layer, beyond its KV bytes, for a
+            model with 32 KV heads (scaled by ``num_kv_heads / 32``), s.
+        attention_token_overhead_s: attention time per prefill token per layer, beyond its FLOPs, for a
+            4096-wide attention (scaled by ``num_heads * head_dim / 4096``), s.
+        step_overhead_s: fixed time per engine step (scheduling, sampling, input preparation), s.
         memory_power_frac: dynamic power of a fully memory-bound step, as a fraction of
             ``tdp_w - idle_w`` (a fully compute-bound step draws the full TDP).
         dvfs_exponent: dynamic power ~ f**dvfs_exponent under DVFS; used to throttle compute when the
@@ -63,6 +76,12 @@ class HardwareConfig:
     prefill_efficiency: float = 0.0
     decode_efficiency: float = 0.0
     memory_efficiency: float = 0.8
+    roofline_exponent: Optional[float] = None
+    attention_efficiency: Optional[float] = None
+    kv_memory_efficiency: Optional[float] = None
+    layer_overhead_s: float = 0.0
+    attention_seq_overhead_s: float = 0.0
+    attention_token_overhead_s: float = 0.0
     step_overhead_s: float = 0.0
     memory_power_frac: float = 0.55
     dvfs_exponent: float = 3.0
@@ -75,7 +94,17 @@ class HardwareConfig:
             _positive(f"{where}.{f}", getattr(self, f))
         for f in ("prefill_efficiency", "decode_efficiency", "memory_efficiency", "memory_power_frac"):
             _fraction(f"{where}.{f}", getattr(self, f))
-        _require(self.step_overhead_s >= 0, f"{where}.step_overhead_s", ">= 0", self.step_overhead_s)
+        for f in ("attention_efficiency", "kv_memory_efficiency"):
+            if getattr(self, f) is not None:
+                _fraction(f"{where}.{f}", getattr(self, f))
+        if self.roofline_exponent is not None:
+            _require(isinstance(self.roofline_exponent, (int, float)) and 1 <= self.roofline_exponent < math.inf,
+                     f"{where}.roofline_exponent", "null or a finite number >= 1", self.roofline_exponent)
+        for f in ("step_overhead_s", "layer_overhead_s", "attention_seq_overhead_s",
+                  "attention_token_overhead_s"):
+            v = getattr(self, f)
+            _require(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, f"{where}.{f}",
+                     "a finite number >= 0", v)
         _require(self.idle_w < self.tdp_w, f"{where}.idle_w", f"< tdp_w ({self.tdp_w})", self.idle_w)
         if self.power_cap_w is not None:
             _require(self.idle_w < self.power_cap_w <= self.tdp_w, f"{where}.power_cap_w",
@@ -144,8 +173,15 @@ class ModelConfig:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights read once per engine step (norms ignored: < 0.1 %)."""
+        """Bytes of weights held in GPU memory (norms ignored: < 0.1 %)."""
         params = self.num_layers * self.linear_params_per_layer + self.embedding_params
+        return params * self.dtype_bytes
+
+    @property
+    def step_weight_bytes(self) -> int:
+        """Bytes of weights streamed once per engine step: the layers and the LM head. An untied input
+        embedding is only looked up (a few rows per step), so it is left out; a tied one is the LM head."""
+        params = self.num_layers * self.linear_params_per_layer + self.vocab_size * self.hidden_size
         return params * self.dtype_bytes
 
 
@@ -193,9 +229,10 @@ class EngineConfig:
     """vLLM-engine knobs (names as in vLLM's ``EngineArgs``).
 
     block_size: tokens per KV block (vLLM default 16).
-    max_num_batched_tokens: per-step token budget for chunked prefill (vLLM V1 API-server default 8192).
-    max_num_seqs: running-batch cap (vLLM default 256).
-    gpu_memory_utilization: fraction of GPU memory vLLM may use (default 0.9).
+    max_num_batched_tokens: per-step token budget for chunked prefill (vLLM 0.32 ``vllm serve`` default on
+        GPUs under 70 GiB and on A100s: 2048; H100/H200-class: 8192; see ``docs/calibration.md``).
+    max_num_seqs: running-batch cap (vLLM 0.32 default 256; H100/H200-class 1024).
+    gpu_memory_utilization: fraction of GPU memory vLLM may use (vLLM 0.32 ``CacheConfig`` default 0.92).
     activation_reserve_bytes: memory kept for activations/CUDA graphs, bytes (assumption: 2 GiB).
     enable_prefix_caching: keep finished requests' full blocks for reuse, LRU-evicted.
     Every knob means the same on every backend: the real-vLLM backend passes each as its ``vllm serve``
@@ -203,9 +240,9 @@ class EngineConfig:
     """
 
     block_size: int = 16
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = 0.92
     activation_reserve_bytes: float = 2 * 1024**3
     enable_prefix_caching: bool = True
 

@@ -19,7 +19,6 @@ from typing import Any, Callable, Optional, Sequence
 
 from harness.backend import Cluster
 from harness.controller import ConversationState, Controller
-from harness.fluid import linear_iteration_coefficients
 from harness.policy import InstanceHints, Policy, PolicyContext
 from harness.profiles import HardwareConfig, ModelConfig, kv_capacity_blocks
 from harness.recorder import PlanDecision, Recorder
@@ -30,15 +29,13 @@ log = logging.getLogger(__name__)
 
 
 def instance_hints(hw: HardwareConfig, model: ModelConfig) -> InstanceHints:
-    """What a router may know of an instance before serving: the hardware profile's roofline (the
-    simulator's step model, ``harness.sim.perf.PerfModel``, evaluated on the profiles alone) for prefill
-    throughput (2048-token chunk, tokens/s) and an idle decode step (1 sequence, 1024-token context, s),
-    and the WAIT fluid model's iteration line ``d0 + d1 * KV tokens``
-    (``harness.fluid.linear_iteration_coefficients``)."""
+    """What a router may know of an instance before serving: the hardware profile's step model (the
+    simulator's, ``harness.sim.perf.PerfModel``, evaluated on the profiles alone) for prefill throughput
+    (2048-token chunk, tokens/s), an idle decode step (1 sequence, 1024-token context, s), and the WAIT
+    fluid model's iteration line ``d0 + d1 * KV tokens`` (``PerfModel.decode_linear_coefficients``)."""
     from harness.sim.perf import PerfModel
     perf = PerfModel(hw, model)
-    d0, d1 = linear_iteration_coefficients(model.weight_bytes, model.kv_bytes_per_token, hw.mem_bandwidth_bytes_per_s,
-                                           hw.memory_efficiency, hw.step_overhead_s)
+    d0, d1 = perf.decode_linear_coefficients()
     return InstanceHints(perf.prefill_tokens_per_s(), perf.idle_decode_step_s(), d0, d1)
 
 

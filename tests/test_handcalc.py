@@ -1,7 +1,8 @@
 """One conversation on an idle simulated cluster: TTFT, TPOT and KV-transfer time computed by hand.
 
-Everything expected here is written out from the roofline formulas (harness/sim/perf.py docstring) and
-the datasheet constants (NVIDIA A40: 149.7 TFLOP/s FP16 dense, 696 GB/s; Qwen3-0.6B config.json;
+Everything expected here is written out from the step-time formulas (harness/sim/perf.py docstring,
+docs/calibration.md) and the constants of conf/hardware/a40.yaml restated below (NVIDIA A40: 149.7
+TFLOP/s FP16 dense, 696 GB/s; fitted efficiencies from Vidur's A40 profiles; Qwen3-0.6B config.json;
 PCIe 4.0 x16 31.5 GB/s), not taken from the simulator.
 """
 
@@ -17,11 +18,17 @@ from harness.session import simulate
 from harness.workload import WorkloadConfig, build_workload
 from tests.conftest import compose_run, conversation
 
-# --- datasheet / config constants, restated -------------------------------------------------------
+# --- datasheet / config constants, restated (conf/hardware/a40.yaml) -------------------------------
 PEAK = 149.7e12                 # A40 dense FP16 tensor FLOP/s
-BW = 696e9 * 0.8                # A40 bytes/s x memory efficiency (conf/hardware/a40.yaml)
-EFF_P, EFF_D = 0.32, 0.08       # prefill / decode MFU (conf/hardware/a40.yaml)
-OVH = 0.001                     # step overhead, s
+BW_W = 696e9 * 0.772            # A40 bytes/s x memory_efficiency (weight streaming)
+BW_KV = 696e9 * 0.915           # A40 bytes/s x kv_memory_efficiency (paged attention)
+EFF_LIN = 0.69                  # prefill_efficiency = decode_efficiency (GEMM MFU)
+EFF_ATT = 0.444                 # attention_efficiency (prefill attention MFU)
+K = 1.48                        # roofline_exponent
+LAYER = 2.77e-5                 # layer_overhead_s
+SEQ = 1.97e-6 * 8 / 32         # attention_seq_overhead_s x KV heads / 32 (per layer)
+TOK = 2.63e-7 * 16 * 128 / 4096 # attention_token_overhead_s x query width / 4096 (per layer)
+OVH = 0.001                     # step_overhead_s
 L, H, KVH, D, HID, INTER, V = 28, 16, 8, 128, 1024, 3072, 151936   # Qwen3-0.6B
 KVB = 2 * L * KVH * D * 2       # = 114,688 bytes/token (docs/hardware.md)
 LIN = L * (HID * H * D + 2 * HID * KVH * D + H * D * HID + 3 * HID * INTER)  # matmul params
@@ -29,18 +36,25 @@ WEIGHT_BYTES = (LIN + V * HID) * 2                                            # 
 LINK_BW, LINK_LAT = 31.5e9, 1e-5
 
 
+def linear(flops: float) -> float:
+    """The linear layers' time (s): soft roofline (c^K + m^K)^(1/K) of their FLOPs and the weights."""
+    c, m = flops / (PEAK * EFF_LIN), WEIGHT_BYTES / BW_W
+    return (c ** K + m ** K) ** (1 / K)
+
+
 def prefill_step(n: int, prefix: int) -> float:
     """One prefill chunk of n tokens after a cached prefix, alone in the batch (s)."""
-    flops = 2 * LIN * n + 4 * L * H * D * (n * prefix + n * (n + 1) / 2) + 2 * HID * V
-    mem = WEIGHT_BYTES + (prefix + n) * KVB
-    return max(flops / (PEAK * EFF_P), mem / BW) + OVH
+    lin = linear(2 * LIN * n + 2 * HID * V)                     # GEMMs on n tokens + LM head on 1 row
+    attn = 4 * L * H * D * (n * prefix + n * (n + 1) / 2) / (PEAK * EFF_ATT)
+    kv = (prefix + n) * KVB / BW_KV                             # prefix read + new KV written
+    return lin + attn + kv + L * TOK * n + L * LAYER + OVH
 
 
 def decode_step(ctx: int) -> float:
     """One decode step of a single sequence whose KV holds ctx tokens (s)."""
-    flops = 2 * LIN + 2 * HID * V + 4 * L * H * D * ctx
-    mem = WEIGHT_BYTES + (ctx + 1) * KVB
-    return max(flops / (PEAK * EFF_D), mem / BW) + OVH
+    lin = linear(2 * LIN + 2 * HID * V)
+    kv = (ctx + 1) * KVB / BW_KV
+    return lin + kv + L * SEQ + L * LAYER + OVH
 
 
 def transfer(tokens: int) -> float:
@@ -112,11 +126,28 @@ def test_disaggregated_pulls_only_missing_blocks():
 def test_power_cap_slows_prefill_not_decode():
     """200 W cap: a compute-bound prefill is throttled by ((cap-idle)/(demand-idle))^(1/3); decode is not."""
     t = run_one("collocated", ["cluster=a40_4x", "hardware.a40.power_cap_w=200"])
-    flops = 2 * LIN * 1000 + 4 * L * H * D * (1000 * 1001 / 2) + 2 * HID * V
-    comp, mem = flops / (PEAK * EFF_P), (WEIGHT_BYTES + 1000 * KVB) / BW
-    step = max(comp, mem) + OVH
-    demand = 270 * min(step, comp + 0.55 * mem) / step          # dynamic W (tdp 300 - idle 30)
+    lin_c = (2 * LIN * 1000 + 2 * HID * V) / (PEAK * EFF_LIN)          # FLOP times
+    attn_c = 4 * L * H * D * (1000 * 1001 / 2) / (PEAK * EFF_ATT)
+    lin_m, kv_m = WEIGHT_BYTES / BW_W, 1000 * KVB / BW_KV              # byte times
+    fixed = L * TOK * 1000 + L * LAYER + OVH
+
+    def step(c_lin: float, c_attn: float) -> float:
+        return (c_lin ** K + lin_m ** K) ** (1 / K) + c_attn + kv_m + fixed
+
+    s = step(lin_c, attn_c)
+    demand = 270 * min(s, lin_c + attn_c + 0.55 * (lin_m + kv_m)) / s   # dynamic W (tdp 300 - idle 30)
+    assert demand > 170                                                  # above the cap's 200 - 30 W
     f = ((200 - 30) / demand) ** (1 / 3)
-    assert t.loc[0, "ttft_s"] == pytest.approx(max(comp / f, mem) + OVH, rel=1e-9)
-    # decode: 30 + 270 * (0.55 * mem_s + comp_s) / step_s < 200 W -> unthrottled
+    assert t.loc[0, "ttft_s"] == pytest.approx(step(lin_c / f, attn_c / f), rel=1e-9)
+    # decode: 30 + 270 * (comp_s + 0.55 * mem_s) / step_s < 200 W -> unthrottled
     assert t.loc[0, "tpot_s"] == pytest.approx(sum(decode_step(1000 + j) for j in range(9)) / 9, rel=1e-9)
+
+
+def test_fluid_coefficients_by_hand():
+    """WAIT's tau = d0 + d1 * KV tokens on an A40 x Qwen3-0.6B: weights at the weight-streaming
+    efficiency + fixed overheads, KV at the KV-cache efficiency."""
+    from harness.sim.perf import PerfModel
+    run = compose_run(["cluster=a40_1p3d"])
+    d0, d1 = PerfModel(run.cfg.hardware["a40"], run.cfg.model).decode_linear_coefficients()
+    assert d0 == pytest.approx(WEIGHT_BYTES / BW_W + L * LAYER + OVH, rel=1e-12)
+    assert d1 == pytest.approx(KVB / BW_KV, rel=1e-12)

@@ -106,7 +106,7 @@ def test_wandb_offline_run_holds_config_summary_tables_and_series(monkeypatch, t
         assert logged["summary"][key] == pytest.approx(summary[key]), key
     assert logged["exit_code"] == 0
     assert logged["config"]["scheduler"]["name"] == "conserve"
-    assert logged["config"]["engine"]["max_num_batched_tokens"] == 8192  # a token count, kept
+    assert logged["config"]["engine"]["max_num_batched_tokens"] == 2048  # a token count, kept (conf/config.yaml)
     assert logged["config"]["backend"]["hf_token"] == "<redacted>"
     assert logged["config"]["logger"]["wandb_api_key"] == "<redacted>"
     series = [h for h in logged["history"] if "sim_time_s" in h]

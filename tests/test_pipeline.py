@@ -220,16 +220,19 @@ def test_engine_knobs_reach_vllm_serve_as_flags(tmp_path):
     (["backend.extra_args=[--max-num-seqs,4]"], "engine.max_num_seqs"),
     (["cluster=cpu_1p1d", "engine.max_num_batched_tokens=1024"], "engine.max_num_batched_tokens"),
     (["backend.port_base=99999"], "backend.port_base"),
+    (["engine.block_size=16"], "engine.block_size"),
     (["backend.launch=false", "backend.endpoints=[127.0.0.1:8000]"], "backend.endpoints"),
 ])
 def test_engine_values_vllm_cannot_honour_are_rejected_naming_the_key(overrides, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
-        compose_run(["backend=vllm", "model=tiny", "slo=absolute", "cluster=cpu_1x", *overrides])
+        compose_run(["backend=vllm", "model=tiny", "slo=absolute", "cluster=cpu_1x", "engine.block_size=128",
+                     *overrides])
 
 
 def test_a_sim_key_is_not_a_vllm_key():
     with pytest.raises(Exception, match="max_coalesce_s"):
-        compose_run(["backend=vllm", "model=tiny", "slo=absolute", "cluster=cpu_1x", "backend.max_coalesce_s=1"])
+        compose_run(["backend=vllm", "model=tiny", "slo=absolute", "cluster=cpu_1x", "engine.block_size=128",
+                     "backend.max_coalesce_s=1"])
 
 
 # ---- layering -----------------------------------------------------------------------------------------

@@ -1,30 +1,48 @@
-"""Roofline step-time and power model of one engine step.
+"""Step-time and power model of one engine step: a roofline per operator class, fitted to measured kernels.
 
-Step time (DESIGN.md; the roofline form used by BLIS, the llm-d simulator)::
+A decoder step runs its kernels one after another, so its time is the SUM of two operator classes,
+each bounded by a roofline of its own (``docs/calibration.md`` derives every constant below from
+Vidur's published A100/A40/H100 kernel profiles of Llama-2-7B, arXiv 2405.05465)::
 
-    compute_s = prefill_flops / (peak_flops * prefill_efficiency)
-              + decode_flops  / (peak_flops * decode_efficiency)
-    memory_s  = (weight_bytes + kv_read_bytes + kv_write_bytes) / (mem_bandwidth * memory_efficiency)
-    step_s    = max(compute_s, memory_s) + step_overhead_s
+    lin_c  = prefill linear FLOPs / (peak_flops * prefill_efficiency)
+           + decode linear FLOPs  / (peak_flops * decode_efficiency)         # GEMMs + LM head
+    lin_m  = streamed weight bytes / (mem_bandwidth * memory_efficiency)      # weights, once per step
+    T_lin  = (lin_c**k + lin_m**k) ** (1/k)          # k = roofline_exponent; k = None: max(lin_c, lin_m)
+    T_attn = prefill attention FLOPs / (peak_flops * attention_efficiency)
+           + KV bytes read and written / (mem_bandwidth * kv_memory_efficiency)
+           + num_layers * (attention_seq_overhead_s * decode_seqs * num_kv_heads / 32
+                           + attention_token_overhead_s * prefill_tokens * num_heads * head_dim / 4096)
+    step_s = T_lin + T_attn + num_layers * layer_overhead_s + step_overhead_s
+
+The two attention overheads were fitted on Llama-2-7B (32 KV heads, 32 x 128 query width) and are
+scaled to other models by KV heads and query width (an assumption: the kernels' grids scale so).
+``k`` near 1.5 (fitted) rounds the roofline's corner: at 64-256 tokens a GEMM is neither at peak FLOP/s
+nor at peak bandwidth (Vidur's profiles: 0.47 MFU and 0.57 of bandwidth at 128 tokens on an A100).
+Decode attention FLOPs are not counted (1-2 FLOP per KV byte, far under every GPU's ridge point).
 
 FLOPs per step (dense decoder, 2 FLOPs per multiply-add; Kaplan et al. 2020, "Scaling Laws", Sec. 2.1):
   * matmuls: ``2 * num_layers * linear_params_per_layer`` per token processed;
   * LM head: ``2 * hidden_size * vocab_size`` per sequence that samples a token this step;
   * attention: ``4 * num_layers * num_heads * head_dim`` per (query token, key token) pair
-    (QK^T and PV); a decode token with context c has c pairs; a prefill chunk of n tokens after a
-    prefix of p tokens has ``n*p + n*(n+1)/2`` pairs (causal).
-Bytes per step: all weights once; the KV of every context token attended to (read) and of every new
-token (written), ``kv_bytes_per_token`` each. Activation traffic is ignored.
+    (QK^T and PV); a prefill chunk of n tokens after a prefix of p tokens has ``n*p + n*(n+1)/2`` pairs
+    (causal).
+Bytes per step: the streamed weights once (``ModelConfig.step_weight_bytes``: an untied input embedding is
+looked up, not streamed); the KV of every context token attended to (read) and of every new token
+(written), ``kv_bytes_per_token`` each. Activation traffic is not modelled separately: the fitted
+``prefill_efficiency`` absorbs the elementwise kernels that scale with tokens and ``layer_overhead_s``
+the per-layer floor (norms, rotary, activation and attention kernels at one token).
 
 Power (energy per step, J)::
 
+    compute_s = lin_c + prefill attention FLOP time;  memory_s = lin_m + KV time
     E = idle_w * step_s + (tdp_w - idle_w) * min(step_s, compute_s + memory_power_frac * memory_s)
 
-i.e. a fully compute-bound step draws the TDP (never more) and a memory-bound one ``memory_power_frac``
-of the dynamic range (Splitwise, Patel et al., ISCA 2024, Sec. 3: token generation draws well below TDP and
-is insensitive to power caps, prompt computation is power-hungry). If the step's mean power exceeds the
-cap, the clock is lowered to a fraction f = ((cap - idle) / (demand - idle)) ** (1 / dvfs_exponent)
-(dynamic power ~ f^3 under DVFS), compute_s is divided by f, and the power is the cap.
+i.e. FLOP time draws the full dynamic range, byte time ``memory_power_frac`` of it, fixed overheads none
+(Splitwise, Patel et al., ISCA 2024, Sec. 3: token generation draws well below TDP, prompt computation
+is power-hungry). Decode power rises with the batch as its GEMM FLOP time grows. If the step's mean
+power exceeds the cap, the clock is lowered to a fraction f = ((cap - idle) / (demand - idle)) **
+(1 / dvfs_exponent) (dynamic power ~ f^3 under DVFS), every FLOP time is divided by f, and the power is
+the cap.
 """
 
 from __future__ import annotations
@@ -34,9 +52,14 @@ from dataclasses import dataclass
 from harness.profiles import HardwareConfig, ModelConfig
 
 
+REF_KV_HEADS = 32      # Llama-2-7B, the model the attention overheads were fitted on (docs/calibration.md)
+REF_Q_WIDTH = 4096     # its num_heads * head_dim
+
+
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """Result of one step: ``time_s`` (s), ``energy_j`` (J), and the two roofline terms (s)."""
+    """Result of one step: ``time_s`` (s), ``energy_j`` (J), and its FLOP time ``compute_s`` and byte
+    time ``memory_s`` (s; see the module docstring)."""
 
     time_s: float
     energy_j: float
@@ -54,16 +77,34 @@ class PerfModel:
         self.hw = hw
         self.model = model
         self.kv_bytes_per_token = model.kv_bytes_per_token
-        self._lin_flops_per_token = 2.0 * model.num_layers * model.linear_params_per_layer
+        L = model.num_layers
+        self._lin_flops_per_token = 2.0 * L * model.linear_params_per_layer
         self._head_flops_per_seq = 2.0 * model.hidden_size * model.vocab_size
-        self._attn_flops_per_pair = 4.0 * model.num_layers * model.num_heads * model.head_dim
+        self._attn_flops_per_pair = 4.0 * L * model.num_heads * model.head_dim
         self._prefill_flops_rate = hw.peak_flops * hw.prefill_efficiency
         self._decode_flops_rate = hw.peak_flops * hw.decode_efficiency
-        self._mem_rate = hw.mem_bandwidth_bytes_per_s * hw.memory_efficiency
-        self._weights_s = model.weight_bytes / self._mem_rate
-        self._kv_s_per_token = self.kv_bytes_per_token / self._mem_rate
+        attn_eff = hw.prefill_efficiency if hw.attention_efficiency is None else hw.attention_efficiency
+        self._attn_flops_rate = hw.peak_flops * attn_eff
+        self._weights_s = model.step_weight_bytes / (hw.mem_bandwidth_bytes_per_s * hw.memory_efficiency)
+        kv_eff = hw.memory_efficiency if hw.kv_memory_efficiency is None else hw.kv_memory_efficiency
+        self._kv_s_per_token = self.kv_bytes_per_token / (hw.mem_bandwidth_bytes_per_s * kv_eff)
+        self._k = hw.roofline_exponent
+        # per decode sequence / per prefill token, s; fitted on Llama-2-7B (32 KV heads, 4096-wide
+        # attention), scaled to this model by its KV heads / its query width (an assumption)
+        self._seq_s = L * hw.attention_seq_overhead_s * model.num_kv_heads / REF_KV_HEADS
+        self._tok_s = L * hw.attention_token_overhead_s * model.num_heads * model.head_dim / REF_Q_WIDTH
+        self._fixed_s = L * hw.layer_overhead_s + hw.step_overhead_s
         self._dyn_w = hw.tdp_w - hw.idle_w
         self._cap_dyn_w = hw.cap_w - hw.idle_w
+
+    def _lin(self, c: float, m: float) -> float:
+        """The linear operators' time, s: ``(c**k + m**k)**(1/k)`` (``max(c, m)`` when k is None)."""
+        k = self._k
+        if k is None:
+            return c if c > m else m
+        if c <= 0.0:
+            return m
+        return m * (1.0 + (c / m) ** k) ** (1.0 / k)
 
     def step(self, prefill_tokens: int, prefill_pairs: float, prefill_ctx_tokens: int,
              prefill_seqs_sampling: int, decode_seqs: int, decode_ctx_tokens: int) -> StepCost:
@@ -79,22 +120,19 @@ class PerfModel:
         Returns:
             StepCost with time (s) and energy (J), throttled to the power cap.
         """
-        pf = (self._lin_flops_per_token * prefill_tokens + self._attn_flops_per_pair * prefill_pairs
-              + self._head_flops_per_seq * prefill_seqs_sampling)
-        df = (self._lin_flops_per_token + self._head_flops_per_seq) * decode_seqs \
-            + self._attn_flops_per_pair * decode_ctx_tokens
-        compute_s = pf / self._prefill_flops_rate + df / self._decode_flops_rate
-        memory_s = self._weights_s + self._kv_s_per_token * (
-            prefill_ctx_tokens + prefill_tokens + decode_ctx_tokens + decode_seqs)
-        return self._finish(compute_s, memory_s)
+        lin_c = (self._lin_flops_per_token * prefill_tokens
+                 + self._head_flops_per_seq * prefill_seqs_sampling) / self._prefill_flops_rate \
+            + (self._lin_flops_per_token + self._head_flops_per_seq) * decode_seqs / self._decode_flops_rate
+        attn_c = self._attn_flops_per_pair * prefill_pairs / self._attn_flops_rate
+        kv_m = self._kv_s_per_token * (prefill_ctx_tokens + prefill_tokens + decode_ctx_tokens + decode_seqs)
+        extra = self._seq_s * decode_seqs + self._tok_s * prefill_tokens
+        return self._finish(lin_c, attn_c, kv_m, extra)
 
     def decode_step(self, decode_seqs: int, decode_ctx_tokens: int) -> StepCost:
         """Cost of a decode-only step (``step`` with no prefill), the simulator's hot path."""
-        df = (self._lin_flops_per_token + self._head_flops_per_seq) * decode_seqs \
-            + self._attn_flops_per_pair * decode_ctx_tokens
-        compute_s = df / self._decode_flops_rate
-        memory_s = self._weights_s + self._kv_s_per_token * (decode_ctx_tokens + decode_seqs)
-        return self._finish(compute_s, memory_s)
+        lin_c = (self._lin_flops_per_token + self._head_flops_per_seq) * decode_seqs / self._decode_flops_rate
+        kv_m = self._kv_s_per_token * (decode_ctx_tokens + decode_seqs)
+        return self._finish(lin_c, 0.0, kv_m, self._seq_s * decode_seqs)
 
     def decode_run(self, decode_seqs: int, ctx_tokens: int, max_steps: int, limit_s: float
                    ) -> tuple[list[float], list[float]]:
@@ -105,24 +143,24 @@ class PerfModel:
         Step ``j`` costs exactly ``decode_step(decode_seqs, ctx_tokens + j * decode_seqs)`` (the same
         arithmetic, inlined: this is the simulator's hot loop).
         """
-        hw = self.hw
         b = decode_seqs
-        base_f = (self._lin_flops_per_token + self._head_flops_per_seq) * b
-        attn, rate_d = self._attn_flops_per_pair, self._decode_flops_rate
-        w_s, kv_s, ovh = self._weights_s, self._kv_s_per_token, hw.step_overhead_s
-        dyn_w, cap_dyn_w, mpf, idle = self._dyn_w, self._cap_dyn_w, hw.memory_power_frac, hw.idle_w
+        lin_c = (self._lin_flops_per_token + self._head_flops_per_seq) * b / self._decode_flops_rate
+        lin_m = self._weights_s
+        base_s = self._lin(lin_c, lin_m) + self._seq_s * b + self._fixed_s
+        kv_s = self._kv_s_per_token
+        dyn_w, cap_dyn_w, mpf, idle = self._dyn_w, self._cap_dyn_w, self.hw.memory_power_frac, self.hw.idle_w
+        busy0 = lin_c + mpf * lin_m
         ends: list[float] = []
         energy: list[float] = []
         t = e = 0.0
         ctx = ctx_tokens
         for _ in range(max_steps):
-            compute_s = (base_f + attn * ctx) / rate_d
-            memory_s = w_s + kv_s * (ctx + b)
-            step_s = (compute_s if compute_s > memory_s else memory_s) + ovh
-            busy = compute_s + mpf * memory_s
+            kv_m = kv_s * (ctx + b)
+            step_s = base_s + kv_m
+            busy = busy0 + mpf * kv_m
             dyn_j = dyn_w * (busy if busy < step_s else step_s)
             if dyn_j > cap_dyn_w * step_s:
-                c = self._finish(compute_s, memory_s)
+                c = self._finish(lin_c, 0.0, kv_m, self._seq_s * b)
                 step_s, ej = c.time_s, c.energy_j
             else:
                 ej = idle * step_s + dyn_j
@@ -135,18 +173,30 @@ class PerfModel:
             ctx += b
         return ends, energy
 
-    def _finish(self, compute_s: float, memory_s: float) -> StepCost:
+    def _finish(self, lin_c: float, attn_c: float, kv_m: float, extra_s: float) -> StepCost:
+        """Step time and energy from the FLOP times (lin_c, attn_c), the byte time of the KV (kv_m) and
+        the per-sequence/per-token attention overheads (extra_s), all s; throttled to the power cap."""
         hw = self.hw
-        step_s = (compute_s if compute_s > memory_s else memory_s) + hw.step_overhead_s
+        lin_m = self._weights_s
+        fixed = self._fixed_s + extra_s
+        step_s = self._lin(lin_c, lin_m) + attn_c + kv_m + fixed
+        compute_s, memory_s = lin_c + attn_c, lin_m + kv_m
         busy = compute_s + hw.memory_power_frac * memory_s
         dyn_j = self._dyn_w * (busy if busy < step_s else step_s)
         if dyn_j > self._cap_dyn_w * step_s:  # mean power above the cap: lower the clock
             demand_dyn_w = dyn_j / step_s
             f = (self._cap_dyn_w / demand_dyn_w) ** (1.0 / hw.dvfs_exponent)
-            compute_s = compute_s / f
-            step_s = max(compute_s, memory_s) + hw.step_overhead_s
-            return StepCost(step_s, hw.cap_w * step_s, compute_s, memory_s)
+            lin_c, attn_c = lin_c / f, attn_c / f
+            step_s = self._lin(lin_c, lin_m) + attn_c + kv_m + fixed
+            return StepCost(step_s, hw.cap_w * step_s, lin_c + attn_c, memory_s)
         return StepCost(step_s, hw.idle_w * step_s + dyn_j, compute_s, memory_s)
+
+    def decode_linear_coefficients(self) -> tuple[float, float]:
+        """``(d0_s, d1_s_per_token)`` of a memory-bound decode step ``tau = d0 + d1 * KV tokens``: the
+        fluid model's iteration time (Ao et al., arXiv 2504.11320). d0 = weight time + fixed overheads,
+        d1 = KV read time per token; the per-sequence and FLOP terms are left out (they are second order
+        for a memory-bound decode step)."""
+        return self._weights_s + self._fixed_s, self._kv_s_per_token
 
     def prefill_tokens_per_s(self, chunk_tokens: int = 2048) -> float:
         """Steady prefill throughput estimate for a chunk of ``chunk_tokens`` with no prefix, tokens/s.

