@@ -8,6 +8,7 @@ See README.md and conf/README.md.
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -21,19 +22,40 @@ from harness.trace import TraceError
 register_configs()
 
 
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
+    from hydra.types import RunMode
+
     from harness.catalog import summary_table
     from harness.loggers import logged_run
-    from harness.runner import execute
+    from harness.runner import completed_run, execute
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    signal.signal(signal.SIGTERM, _sigterm)  # like Ctrl-C: what was measured is written, partial
+    out = Path(HydraConfig.get().runtime.output_dir)
     try:
         run = resolve(cfg)
-        out = Path(HydraConfig.get().runtime.output_dir)
+        resolved_yaml = OmegaConf.to_yaml(cfg)
+        done = completed_run(out, resolved_yaml)
+        if done is not None:
+            print(f"{out}: already complete with this config; skipped (delete it to run again)")
+            return done
         with logged_run(run.cfg.logger, out, OmegaConf.to_container(cfg, resolve=True)):
-            summary = execute(run, out, OmegaConf.to_yaml(cfg))
+            summary = execute(run, out, resolved_yaml)
     except (ConfigError, TraceError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt as e:
+        print(f"interrupted ({e or 'Ctrl-C'}); what was measured is in {out} (partial)", file=sys.stderr)
+        sys.exit(130)
+    except RuntimeError as e:  # the run failed; partial results are written
+        print(f"error: {e}", file=sys.stderr)
+        if multirun:  # the sweep goes on; its comparison table marks this job
+            return {"partial": True, "error": str(e)}
+        sys.exit(1)
     rate = "t=0" if run.cfg.workload.arrival == "fixed" else f"{run.cfg.workload.rate_per_s} conv/s"
     print(f"\n{run.scheduler_name} on {run.cfg.cluster.name} ({run.backend_name}), {summary['workload']} "
           f"@ {rate} -> {out}\n{summary_table({run.scheduler_name: summary})}")

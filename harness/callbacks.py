@@ -1,14 +1,16 @@
-"""Hydra callbacks: after a multirun, print and save one comparison table of every job's summary."""
+"""Hydra callbacks: before a multirun, validate every job's config; after it, print and save one comparison
+table of every job's summary (failed jobs marked)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
 def _overrides(run_dir: Path) -> dict[str, str]:
@@ -49,9 +51,48 @@ class SummaryTableCallback(Callback):
         if not summaries:
             return
         table = summary_table(summaries)
+        failed = [label for label, smr in summaries.items() if smr.get("partial")]
+        if failed:
+            table += (f"\n\n{len(failed)} of {len(summaries)} jobs failed (partial results): "
+                      + "; ".join(f"{label}: {summaries[label].get('error', '')}" for label in failed))
         (sweep / "comparison.md").write_text(table + "\n")
         if len(summaries) <= 12:
             print(f"\nSweep {sweep} ({len(summaries)} runs):\n{table}")
         else:
             print(f"\nSweep {sweep}: {len(summaries)} runs; table in {sweep / 'comparison.md'}; "
                   f"figures: python -m harness.report {sweep}")
+
+
+def sweep_jobs(config: DictConfig) -> list[list[str]]:
+    """Every job's overrides of a multirun, expanded as Hydra's basic sweeper expands them: the
+    ``hydra.sweeper.params`` of the config (e.g. an experiment preset's) then the command line."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    node = config.hydra.sweeper.get("params")
+    params = OmegaConf.to_container(node, resolve=False) if node else {}
+    args = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    overrides = OverridesParser.create().parse_overrides(args)
+    return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+
+
+class ValidateSweepCallback(Callback):
+    """Before the first job of a multirun runs, compose and validate (``harness.config.resolve``) every
+    job's config; if any is invalid, print every invalid job with its error and exit (status 2) before
+    anything runs. (Hydra turns an exception raised by a callback into a warning, so this exits.)"""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra import compose
+        from harness.config import ConfigError, resolve
+        jobs = sweep_jobs(config)
+        bad = []
+        for i, job in enumerate(jobs):
+            try:
+                resolve(compose(config_name=config.hydra.job.config_name, overrides=job))
+            except ConfigError as e:
+                bad.append(f"  job {i} ({' '.join(job)}): {e}")
+            except Exception as e:  # noqa: BLE001 -- composition errors are reported the same way
+                bad.append(f"  job {i} ({' '.join(job)}): {type(e).__name__}: {str(e).splitlines()[0]}")
+        if bad:
+            print(f"error: {len(bad)} of {len(jobs)} sweep jobs are invalid; nothing was run:\n" + "\n".join(bad),
+                  file=sys.stderr)
+            sys.exit(2)

@@ -47,17 +47,22 @@ class SimClock:
         """Number of scheduled events not yet processed."""
         return len(self._q)
 
-    def run(self, until: float = math.inf) -> None:
-        """Process events in order until the heap is empty or the next event is after ``until``."""
+    def next_time(self) -> float:
+        """Time of the earliest scheduled event, s (``inf`` if none)."""
+        return self._q[0][0] if self._q else math.inf
+
+    def run(self, until: float = math.inf, max_events: float = math.inf) -> None:
+        """Process events in order until the heap is empty, the next event is after ``until`` (s), or
+        ``max_events`` events (over the clock's life) have been processed."""
         q = self._q
         pop = heapq.heappop
-        n = 0
-        while q and q[0][0] <= until:
+        n = self.events
+        while q and q[0][0] <= until and n < max_events:
             t, _, _, fn, args = pop(q)
             self._now = t
             fn(*args)
             n += 1
-        self.events += n
+        self.events = n
 
 
 class AsyncioClock:

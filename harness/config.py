@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -95,7 +96,10 @@ class RunConfig:
 def register_configs() -> None:
     """Register ``run_schema`` in Hydra's ConfigStore, and every registered scheduler and backend config
     class as the options of the ``scheduler`` and ``backend`` groups (``scheduler=<name>``,
-    ``backend=<name>``: no YAML file needed). Idempotent."""
+    ``backend=<name>``: no YAML file needed); and the ``${pid:}`` resolver (this process's id) that the
+    run directories use. Idempotent."""
+    if not OmegaConf.has_resolver("pid"):  # run directories: two runs started in the same second differ
+        OmegaConf.register_new_resolver("pid", os.getpid)
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     for name in registered():
@@ -203,6 +207,23 @@ def _reject_unknown_keys(node: Any, path: str) -> None:
             _reject_unknown_keys(item, f"{path}[{i}]")
 
 
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]{0,127}$")
+
+
+def _check_names(cfg: RunConfig) -> None:
+    """Names that become parts of run-directory paths must be plain file names (no ``/``, no ``..``).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    named = {"cluster.name": cfg.cluster.name, "model.name": cfg.model.name, "workload.name": cfg.workload.name,
+             "slo.name": cfg.slo.name, "logger.name": cfg.logger.name,
+             **{f"hardware.{k} (its key)": k for k in cfg.hardware}}
+    for key, v in named.items():
+        if not (isinstance(v, str) and _SAFE_NAME.match(v) and ".." not in v):
+            raise ConfigError(f"{key} must be a plain name (letters, digits, _ . + = -; no '/' or '..'), got {v!r}")
+
+
 def resolve(dcfg: DictConfig) -> Resolved:
     """Validate a composed config and expand the cluster.
 
@@ -214,6 +235,7 @@ def resolve(dcfg: DictConfig) -> Resolved:
         cfg: RunConfig = OmegaConf.to_object(dcfg)
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e)) from None
+    _check_names(cfg)
     for key, hw in cfg.hardware.items():
         hw.name = key  # the key a profile is composed under is its name
     try:

@@ -228,8 +228,10 @@ class Predictor:
             raise ValueError(f"predictor.sigma must be a finite number >= 0, got {sigma!r}")
         if not 0 <= error_rate <= 1:
             raise ValueError(f"predictor.error_rate must be in [0, 1], got {error_rate!r}")
-        if not error_factor >= 1:
-            raise ValueError(f"predictor.error_factor must be >= 1, got {error_factor!r}")
+        if not (error_factor >= 1 and math.isfinite(error_factor)):
+            raise ValueError(f"predictor.error_factor must be a finite number >= 1, got {error_factor!r}")
+        if not (isinstance(seed, int) and 0 <= seed < 2**63):
+            raise ValueError(f"predictor.seed must be an int in [0, 2**63), got {seed!r}")
         self._truth, self.mode, self.sigma = truth, mode, sigma
         self.error_rate, self.error_factor, self.seed = error_rate, error_factor, seed
         self._cache: dict[tuple[str, int, int], float] = {}

@@ -26,6 +26,11 @@ def _positive(where: str, value: float) -> None:
              "a finite number > 0", value)
 
 
+def _at_most(where: str, value: float, limit: float, what: str) -> None:
+    """Reject an absurd magnitude (a typo, or a unit slip) before it overflows a simulation."""
+    _require(value <= limit, where, f"<= {limit:g} ({what})", value)
+
+
 def _fraction(where: str, value: float) -> None:
     _require(isinstance(value, (int, float)) and 0 < value <= 1, where, "in (0, 1]", value)
 
@@ -105,6 +110,11 @@ class HardwareConfig:
             v = getattr(self, f)
             _require(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, f"{where}.{f}",
                      "a finite number >= 0", v)
+        _at_most(f"{where}.mem_bytes", self.mem_bytes, 2.0**50, "1 PiB: no accelerator has more")
+        _at_most(f"{where}.peak_flops", self.peak_flops, 1e18, "1 EFLOP/s")
+        _at_most(f"{where}.mem_bandwidth_bytes_per_s", self.mem_bandwidth_bytes_per_s, 1e15, "1 PB/s")
+        _at_most(f"{where}.tdp_w", self.tdp_w, 1e5, "100 kW")
+        _at_most(f"{where}.step_overhead_s", self.step_overhead_s, 10.0, "10 s per engine step")
         _require(self.idle_w < self.tdp_w, f"{where}.idle_w", f"< tdp_w ({self.tdp_w})", self.idle_w)
         if self.power_cap_w is not None:
             _require(self.idle_w < self.power_cap_w <= self.tdp_w, f"{where}.power_cap_w",
@@ -214,7 +224,9 @@ class LinkConfig:
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the field."""
         _positive(f"{where}.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
-        _require(self.latency_s >= 0, f"{where}.latency_s", ">= 0", self.latency_s)
+        _at_most(f"{where}.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s, 1e15, "1 PB/s")
+        _require(isinstance(self.latency_s, (int, float)) and 0 <= self.latency_s <= 60, f"{where}.latency_s",
+                 "a finite number in [0, 60] (s)", self.latency_s)
 
 
 def kv_transfer_s(tokens: float, kv_bytes_per_token: float, bandwidth_bytes_per_s: float, latency_s: float) -> float:

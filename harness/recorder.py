@@ -225,11 +225,25 @@ def write_parquet(df: pd.DataFrame, path: Path) -> None:
     _atomic(path, lambda tmp: df.to_parquet(tmp, index=False, engine="pyarrow"))
 
 
+def strict_json(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, inf) replaced by ``None``, so the JSON is strict (RFC 8259
+    has no NaN; strict parsers reject it): a missing value stays missing, never 0."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return strict_json(obj.item())
+    return obj
+
+
 def write_json(obj: Any, path: Path) -> None:
-    """``obj`` to ``path`` as indented JSON, atomically."""
+    """``obj`` to ``path`` as indented strict JSON (non-finite numbers as ``null``), atomically."""
     def w(tmp: str) -> None:
         with open(tmp, "w") as f:
-            f.write(json.dumps(obj, indent=2, allow_nan=True))
+            f.write(json.dumps(strict_json(obj), indent=2, allow_nan=False))
     _atomic(path, w)
 
 

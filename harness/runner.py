@@ -13,6 +13,7 @@ written and ``summary.json`` says ``"partial": true`` with the error.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import platform
@@ -35,10 +36,16 @@ log = logging.getLogger(__name__)
 
 
 def code_version() -> dict:
-    """Git sha and dirty flag of the project (``unknown`` outside a git checkout)."""
+    """Git sha and dirty flag of the project, read only when the project root is itself the top of a git
+    checkout (outside one, or inside another repository, both are ``unknown``/``None``, never another
+    repository's)."""
     def git(*args):
-        return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        r = subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() if r.returncode == 0 else ""
     try:
+        top = git("rev-parse", "--show-toplevel")
+        if not top or Path(top).resolve() != PROJECT_ROOT.resolve():
+            return {"git_sha": "unknown", "git_dirty": None, "git_note": "the project is not a git checkout"}
         return {"git_sha": git("rev-parse", "HEAD") or "unknown", "git_dirty": bool(git("status", "--porcelain"))}
     except (OSError, subprocess.SubprocessError):
         return {"git_sha": "unknown", "git_dirty": None}
@@ -54,6 +61,27 @@ def package_versions() -> dict:
         except metadata.PackageNotFoundError:
             out[p] = None
     return out
+
+
+def completed_run(out_dir: Path, resolved_yaml: str) -> Optional[dict]:
+    """The summary of a run already completed in ``out_dir`` with the same resolved config (a sweep
+    re-run with the same ``hydra.sweep.dir`` resumes by skipping it), else None.
+
+    Raises:
+        ConfigError: ``out_dir`` already holds results of a different config (never overwritten).
+    """
+    summary_p, config_p = out_dir / "summary.json", out_dir / "config.yaml"
+    if not summary_p.is_file() and not (out_dir / "turns.parquet").is_file():
+        return None
+    same = config_p.is_file() and config_p.read_text() == resolved_yaml
+    if not same:
+        raise ConfigError(f"run directory {out_dir} already holds the results of another config; refusing to "
+                          f"overwrite them (choose another hydra.run.dir / hydra.sweep.dir)")
+    try:
+        summary = json.loads(summary_p.read_text()) if summary_p.is_file() else {}
+    except ValueError:
+        return None
+    return summary if summary and not summary.get("partial") else None
 
 
 def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwargs: Optional[dict] = None) -> dict:
@@ -131,6 +159,8 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         summary["error_traceback"] = res.error_traceback
     write_run_files(out_dir, turns, conv, recorder.instances_frame(),
                     recorder.decisions_frame() if cfg.logger.log_decisions else None, summary)
+    if res.error.startswith("KeyboardInterrupt"):
+        raise KeyboardInterrupt(res.error)
     if res.error:
         raise RuntimeError(f"run failed ({res.error}); partial results written to {out_dir}")
     return summary

@@ -27,7 +27,7 @@ class SimBackend:
 
     def __init__(self, instances: Sequence[tuple[str, str, HardwareConfig]], model: ModelConfig,
                  engine: EngineConfig, link: LinkConfig, clock: SimClock | None = None,
-                 max_coalesce_s: float = 0.25):
+                 max_coalesce_s: float = 0.25, max_sim_time_s: float = math.inf, max_events: float = math.inf):
         self.clock = clock or SimClock()
         self.model, self.link = model, link
         self.engines: list[Engine] = []
@@ -40,6 +40,7 @@ class SimBackend:
         self.infos = tuple(infos)
         self._link_free_at = [0.0] * len(self.engines)
         self._kvb = model.kv_bytes_per_token
+        self.max_sim_time_s, self.max_events = max_sim_time_s, max_events
 
     # ---- Backend protocol ---------------------------------------------------------------------
     def start_turn(self, job: TurnJob) -> None:
@@ -73,20 +74,38 @@ class SimBackend:
     def drive(self, start: Callable[[], None], done: Callable[[], bool], on_tick: Callable[[], None],
               tick_s: Optional[float]) -> str:
         """Call ``start()``, then process events until none are left, ticking every ``tick_s`` s of virtual
-        time while work remains (ticks run after engine and controller events at the same instant).
-        Returns ``""`` when ``done()``, else that the simulation stalled. Exceptions propagate."""
+        time while work remains (ticks run after engine and controller events at the same instant). An
+        idle stretch (no event at all for longer than ``tick_s``) gets no ticks: the state cannot change
+        there, so the next tick is the first grid point at or after the next event, and the number of
+        samples is bounded by the events, whatever the arrival rate or tool times.
+
+        Returns ``""`` when ``done()``, else why it stopped: a stall, or a limit (``max_sim_time_s`` of
+        virtual time, ``max_events`` events) naming the key. Exceptions propagate."""
         clock = self.clock
         start()
 
         def tick():
             on_tick()
-            if not done() and clock.pending():  # nothing else queued: a stall, not a wait
-                clock.call_at(clock.now() + tick_s, tick, priority=2)
+            if done() or not clock.pending():  # nothing else queued: a stall, not a wait
+                return
+            now = clock.now()
+            t = now + tick_s
+            nxt = clock.next_time()
+            if nxt > t:  # idle until nxt: skip the grid points in between
+                t = now + tick_s * math.ceil((nxt - now) / tick_s)
+            clock.call_at(t, tick, priority=2)
 
         if tick_s:
             clock.call_at(clock.now(), tick, priority=2)
-        clock.run()
-        return "" if done() else "simulation stalled"
+        clock.run(self.max_sim_time_s, self.max_events)
+        if done():
+            return ""
+        if clock.pending() and clock.next_time() > self.max_sim_time_s:
+            return (f"simulated time reached backend.max_sim_time_s={self.max_sim_time_s:g} s (a tool time or "
+                    f"arrival far in the future? a rate far too low?)")
+        if clock.events >= self.max_events:
+            return f"the simulation processed backend.max_events={self.max_events:g} events"
+        return "simulation stalled"
 
     def preemptions(self) -> int:
         """Preemptions (by recompute) over all engines."""

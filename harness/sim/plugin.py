@@ -17,16 +17,26 @@ class SimBackendConfig:
     max_coalesce_s: the longest run of identical decode-only steps simulated as one event, s; also the
         maximum staleness of the engine state a policy observes (like a scraped ``/metrics``). 0 = one
         event per step; the results are the same (tested).
+    max_sim_time_s: a run whose virtual clock passes this stops, partial, naming this key, s (default
+        one year: far beyond any trace; a tool time given as an epoch timestamp is caught here).
+    max_events: a run that processes more events stops, partial, naming this key (the full shipped
+        trace takes about 3e5).
     """
 
     name: str = "sim"
     max_coalesce_s: float = 0.25
+    max_sim_time_s: float = 3.156e7
+    max_events: int = 200_000_000
 
     def validate(self, run: Any) -> None:
         """Raise ``ValueError`` naming the key: ``backend.max_coalesce_s`` must be >= 0. (That the model
         fits every instance's hardware is checked for every backend by ``harness.config.resolve``.)"""
         if not self.max_coalesce_s >= 0:
             raise ValueError(f"backend.max_coalesce_s must be >= 0 (s), got {self.max_coalesce_s!r}")
+        if not (isinstance(self.max_sim_time_s, (int, float)) and self.max_sim_time_s > 0):
+            raise ValueError(f"backend.max_sim_time_s must be > 0 (s), got {self.max_sim_time_s!r}")
+        if not (isinstance(self.max_events, int) and self.max_events > 0):
+            raise ValueError(f"backend.max_events must be an int > 0, got {self.max_events!r}")
 
 
 @register_backend("sim", SimBackendConfig)
@@ -37,6 +47,7 @@ def open_sim(run: Any, run_dir: Path | None = None, *, max_coalesce_s: float | N
     down."""
     from harness.sim.backend import SimBackend
     cfg = run.cfg
-    if max_coalesce_s is None:  # the run's own setting when it runs on the simulator, else the default
-        max_coalesce_s = getattr(run.backend, "max_coalesce_s", SimBackendConfig.max_coalesce_s)
-    yield SimBackend(run.instances, cfg.model, cfg.engine, cfg.cluster.link, max_coalesce_s=max_coalesce_s)
+    b = run.backend if isinstance(run.backend, SimBackendConfig) else SimBackendConfig()
+    yield SimBackend(run.instances, cfg.model, cfg.engine, cfg.cluster.link,
+                     max_coalesce_s=b.max_coalesce_s if max_coalesce_s is None else max_coalesce_s,
+                     max_sim_time_s=b.max_sim_time_s, max_events=b.max_events)
