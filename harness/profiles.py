@@ -181,6 +181,10 @@ class LinkConfig:
         _require(self.latency_s >= 0, f"{where}.latency_s", ">= 0", self.latency_s)
 
 
+STEP_MODES = ("v1_mixed", "v0_prefill_first")
+PREEMPTION_ORDERS = ("lifo_admission", "lifo_arrival")
+
+
 @dataclass
 class EngineConfig:
     """vLLM-engine knobs (names as in vLLM's ``EngineArgs``).
@@ -194,6 +198,18 @@ class EngineConfig:
     max_coalesce_s: simulator-only: the longest run of identical decode-only steps simulated as one
         event, s; also the maximum staleness of the engine state a policy observes (like a scraped
         ``/metrics``). 0 disables coalescing (one event per step; results are the same).
+    step_mode: the engine's default batch rule (``harness.batching``): ``v1_mixed`` (vLLM V1: running
+        requests then waiting ones, prefill and decode in one step) or ``v0_prefill_first`` (vLLM V0
+        without chunked prefill: prefill-only steps whenever a prompt is mid-prefill or the waiting head
+        fits, else decode-only steps). A policy's batch rule (WAIT) replaces it.
+    preemption_order: victim order on KV overflow: ``lifo_admission`` (the most recently admitted
+        running request, vLLM V1's ``self.running.pop()``) or ``lifo_arrival`` (the latest-arriving
+        one, vLLM V0's FCFS running queue and Vidur's ``_preempted_requests`` sorted by arrival).
+    kv_watermark_frac: fraction of the KV blocks an admission must leave free,
+        ``int(kv_watermark_frac * capacity_blocks)`` blocks (vLLM V0 ``BlockSpaceManager`` watermark,
+        Vidur ``watermark_blocks_fraction``, 0.01 in both); 0 = vLLM V1 (no watermark).
+    max_prefill_chunk_tokens: per-request cap on a prefill chunk, tokens (vLLM's
+        ``long_prefill_token_threshold``); 0 = no cap (a prompt takes what the step budget leaves).
     """
 
     block_size: int = 16
@@ -203,9 +219,20 @@ class EngineConfig:
     activation_reserve_bytes: float = 2 * 1024**3
     enable_prefix_caching: bool = True
     max_coalesce_s: float = 0.25
+    step_mode: str = "v1_mixed"
+    preemption_order: str = "lifo_admission"
+    kv_watermark_frac: float = 0.0
+    max_prefill_chunk_tokens: int = 0
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the field."""
+        _require(self.step_mode in STEP_MODES, f"{where}.step_mode", f"one of {STEP_MODES}", self.step_mode)
+        _require(self.preemption_order in PREEMPTION_ORDERS, f"{where}.preemption_order",
+                 f"one of {PREEMPTION_ORDERS}", self.preemption_order)
+        _require(isinstance(self.kv_watermark_frac, (int, float)) and 0 <= self.kv_watermark_frac < 1,
+                 f"{where}.kv_watermark_frac", "in [0, 1)", self.kv_watermark_frac)
+        _require(isinstance(self.max_prefill_chunk_tokens, int) and self.max_prefill_chunk_tokens >= 0,
+                 f"{where}.max_prefill_chunk_tokens", "an int >= 0", self.max_prefill_chunk_tokens)
         for f in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
             v = getattr(self, f)
             _require(isinstance(v, int) and v > 0, f"{where}.{f}", "an int > 0", v)
