@@ -89,6 +89,9 @@ def simulate(run: Resolved, conversations: Sequence[tuple[float, ConversationRec
                             on_conversation=on_conversation or (lambda c: None), log_decisions=log_decisions)
     controller.policy = make_policy(run, scheduler_name, sched_cfg, controller, backend.perf,
                                     [i.kv_capacity_tokens for i in backend.infos], stats)
+    rule_of = getattr(controller.policy, "batch_rule", None)  # engine-level batch formation (WAIT)
+    for i in range(len(backend.engines)):
+        backend.set_batch_rule(i, rule_of(i) if rule_of else None)
     samples: list[dict] = []
     clock = backend.clock
     plan = getattr(controller.policy, "plan_note", "")
@@ -141,8 +144,11 @@ def check_policies(run: Resolved, conversations, stats: WorkloadStats) -> None:
             controller = Controller(backend.clock, backend, None, conversations[:1], link_bandwidth_bytes_per_s=1.0,
                                     link_latency_s=0.0, kv_bytes_per_token=1, on_turn=lambda j: None,
                                     on_conversation=lambda c: None)
-            make_policy(run, name, sched_cfg, controller, backend.perf,
-                        [i.kv_capacity_tokens for i in backend.infos], stats)
+            policy = make_policy(run, name, sched_cfg, controller, backend.perf,
+                                 [i.kv_capacity_tokens for i in backend.infos], stats)
+            if run.cfg.backend.name == "vllm" and getattr(policy, "batch_rule", None):
+                raise ValueError("forms batches inside the engine (a batch rule); backend=vllm has no "
+                                 "scheduler-class wrapper for it yet (docs/wait.md)")
         except ValueError as e:
             what = "scheduler" if name == run.scheduler_name else "slo.reference_scheduler"
             raise ConfigError(f"{what} ({name}): {e}") from None
