@@ -1,7 +1,7 @@
 """The scheduler variants, one small module each, registered by name (``harness.policy.register``).
 
 Each module imports only the policy interface (``harness.policy``) and, for WAIT, the fluid model
-(``harness.fluid``). The Hydra option ``conf/scheduler/<name>.yaml`` carries the same name.
+(``harness.fluid``) and the engine batch-rule interface (``harness.batching``). The Hydra option ``conf/scheduler/<name>.yaml`` carries the same name.
 
 | name | admission | placement |
 |---|---|---|
@@ -9,8 +9,8 @@ Each module imports only the policy interface (``harness.policy``) and, for WAIT
 | disaggregated | none | every turn: prefill on a prefiller, KV moved to a decoder |
 | conserve | reactive (prefiller queue, decoder-pool KV) | turn 0 P->D once, then pinned, local append-prefill |
 | ampd | none | turn 0 P->D; later turns remote or local by predicted cost |
-| wait | WAIT thresholds (fluid model, known output lengths) | as collocated |
-| nested_wait | Nested WAIT thresholds (unknown output lengths) | as collocated |
+| wait | none; WAIT batch rule in each engine (known output lengths) | as collocated |
+| nested_wait | none; Nested WAIT batch rule in each engine (unknown output lengths) | as collocated |
 """
 
 from baselines import ampd, collocated, conserve, disaggregated, nested_wait, wait  # noqa: F401
