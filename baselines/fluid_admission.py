@@ -253,15 +253,18 @@ def segment_stage_caps(segment_lengths: Sequence[int], thresholds: Sequence[floa
     """Per-stage caps of each Nested WAIT segment (prompts), as in the paper's experiments.
 
     Segment ``k``'s cap ``B_k = Delta_k n_k`` is rounded half up to an integer and spread as evenly as
-    possible over its ``Delta_k`` stages: ``B_k // Delta_k`` each, one more on the first ``B_k % Delta_k``
-    stages (arXiv 2504.11320, Sec. "Numerical experiments", real-data threshold construction). A stage cap
-    of 0 is raised to 1 (ours: a stage with cap 0 would never advance).
+    possible over its ``Delta_k`` stages: ``B_k // Delta_k`` each, one more on the **last**
+    ``B_k % Delta_k`` stages (arXiv 2504.11320, Sec. "Numerical experiments", real-data threshold
+    construction: "rounded to an integer and spread as evenly as possible"; which stages get the extra
+    one is ours: caps that never decrease along a segment keep its entry the bottleneck, so no backlog
+    builds up inside the segment; the authors' code rotates the extra ones from batch to batch). A stage
+    cap of 0 is raised to 1 (ours: a stage with cap 0 would never advance).
     """
     caps = []
     for d, n in zip(segment_lengths, thresholds):
         b = math.floor(d * n + 0.5)
         base, extra = divmod(b, d)
-        caps.append([max(1, base + (1 if i < extra else 0)) for i in range(d)])
+        caps.append([max(1, base + (1 if i >= d - extra else 0)) for i in range(d)])
     return caps
 
 

@@ -251,11 +251,13 @@ def test_wait_type_not_eligible_pauses_its_decodes():
 def test_segment_stage_caps_spread_evenly():
     """tl = 30 over segments of 20 and 30 stages with n_2 / n_1 = 0.3 (the paper's two-type example):
     20 n_1 + 30 (0.3 n_1) = 30 -> n_1 = 30/29; B_1 = 20 n_1 = 20.69 -> 21 = 1 per stage + 1 extra on
-    the first stage; B_2 = 9 n_1 = 9.31 -> 9 < 30 stages: 9 stages get 1, the rest 0 raised to 1."""
+    the last stage; B_2 = 9 n_1 = 9.31 -> 9 < 30 stages: 9 stages get 1, the rest 0 raised to 1.
+    B = 45 over 20 stages: 2 each, the last 5 get 3."""
     n1 = 30 / 29
     caps = segment_stage_caps([20, 30], [n1, 0.3 * n1])
-    assert caps[0] == [2] + [1] * 19
+    assert caps[0] == [1] * 19 + [2]
     assert caps[1] == [1] * 30
+    assert segment_stage_caps([20], [2.25]) == [[2] * 15 + [3] * 5]
 
 
 class OnlyFirst:
