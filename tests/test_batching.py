@@ -363,3 +363,20 @@ def test_wait_rule_rejects_zero_threshold():
     with pytest.raises(ValueError):
         WaitRule([0], lambda r: 0, 1.0)
     assert math.isfinite(WaitRule([1], lambda r: 0, 1.0).max_wait_s)
+
+
+def test_backend_vllm_rejects_engine_batch_rules():
+    """WAIT forms batches inside the engine; with no vLLM scheduler-class wrapper, backend=vllm must
+    refuse it before anything runs (docs/wait.md), and still accept collocated."""
+    from harness.config import ConfigError
+    from harness.runner import check_policies
+    from harness.workload import build_workload
+    from tests.conftest import compose_run
+    base = ["backend=vllm", "slo=absolute", "model=tiny", "cluster=cpu_1x", "workload=wait_single",
+            "workload.num_conversations=2"]
+    run = compose_run([*base, "scheduler=wait"])
+    convs, stats = build_workload([], run.cfg.workload)
+    with pytest.raises(ConfigError, match="backend=vllm"):
+        check_policies(run, convs, stats)
+    run = compose_run([*base, "scheduler=collocated"])
+    check_policies(run, convs, stats)
