@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from itertools import islice
 from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
 
@@ -212,11 +213,21 @@ class WaitRule:
                 stages[j].setdefault(s, []).append(r)
             if r.idle_since_s < oldest[j]:
                 oldest[j] = r.idle_since_s
+        # the waiting queue is FCFS: a type's first request is its oldest, and no type needs more than
+        # n_j of them, so the scan stops once every type has its n_j (the queue can be long in overload)
+        short = sum(1 for j in range(m) if len(res0[j]) < self.n[j])
         for r in inp.waiting:
+            if not short:
+                break
             j = cls(r)
-            wait0[j].append(r)
+            w = wait0[j]
+            if len(res0[j]) + len(w) >= self.n[j]:
+                continue
+            w.append(r)
             if r.idle_since_s < oldest[j]:
                 oldest[j] = r.idle_since_s
+            if len(res0[j]) + len(w) == self.n[j]:
+                short -= 1
         now, mw = inp.now_s, self.max_wait_s
         eligible = []
         wake = math.inf
@@ -323,7 +334,7 @@ class NestedWaitRule:
             k = self.segment(s)
             if r.idle_since_s < oldest[k]:
                 oldest[k] = r.idle_since_s
-        waiting = list(inp.waiting)
+        waiting = list(islice(inp.waiting, max(0, self.cap(0, 0) - len(res0))))  # FCFS: head is oldest
         for r in waiting:
             if r.idle_since_s < oldest[0]:
                 oldest[0] = r.idle_since_s

@@ -107,7 +107,8 @@ class StepPlan:
     Fields:
         run: residents to advance, ``(request, tokens)`` in execution order: a prefill chunk size, or 1
             for a decode. The sum must not exceed the token budget. Residents not listed are paused.
-        admit: waiting requests to admit, in order; the engine gives each a prefill chunk of
+        admit: waiting requests to admit, in order (``StepInput.waiting`` itself = the whole queue, head
+            first, without a copy); the engine gives each a prefill chunk of
             ``min(prompt tokens not cached, budget left, chunk_cap)`` and stops at the first that does
             not fit (see the module docstring).
         evict_first: preferred preemption victims on KV overflow, in order (then the engine's order).
@@ -117,9 +118,9 @@ class StepPlan:
             steps as one event). Only the selected requests advance in such a run.
     """
 
-    run: tuple = ()
-    admit: tuple = ()
-    evict_first: tuple = ()
+    run: Sequence = ()
+    admit: Sequence = ()
+    evict_first: Sequence = ()
     wake_at_s: Optional[float] = None
     repeatable: bool = False
 
@@ -147,9 +148,9 @@ class VllmV1Rule:
 
     Running requests in admission order while the budget lasts (chunked prefill for a prompt that does
     not fit the budget or exceeds ``chunk_cap``), then every waiting request as an admission candidate.
-    Source: vLLM V1 ``Scheduler.schedule`` (running loop, then waiting loop; ``vllm/v1/core/sched/
-    scheduler.py``, vLLM 0.8-0.11). Decode-only plans are repeatable: the next step selects the same
-    running set unless something arrives, finishes or is transferred.
+    Source: vLLM V1 ``Scheduler.schedule`` (running loop, then waiting loop, in
+    ``vllm/v1/core/sched/scheduler.py``; read in vLLM 0.32). Decode-only plans are repeatable: the next
+    step selects the same running set unless something arrives, finishes or is transferred.
     """
 
     name = "vllm_v1"
@@ -159,15 +160,21 @@ class VllmV1Rule:
         cap = inp.chunk_cap
         run = []
         prefill = False
-        for req in inp.running:
+        for req in inp.running:          # prefill_chunk() inlined: this is the simulator's hot loop
             if budget <= 0:
                 break
-            n = prefill_chunk(req, budget, cap)
-            if req.computed < req.prefill_target:
+            n = req.prefill_target - req.computed
+            if n <= 0:
+                n = 1
+            else:
                 prefill = True
+                if n > budget:
+                    n = budget
+                if 0 < cap < n:
+                    n = cap
             run.append((req, n))
             budget -= n
-        return StepPlan(tuple(run), tuple(inp.waiting), repeatable=not prefill)
+        return StepPlan(run, inp.waiting, repeatable=not prefill)
 
 
 class VllmV0Rule:
@@ -208,7 +215,7 @@ class VllmV0Rule:
                 n = prefill_chunk(req, budget, cap)
                 run.append((req, n))
                 budget -= n
-            return StepPlan(tuple(run), tuple(inp.waiting))
+            return StepPlan(tuple(run), inp.waiting)
         run = tuple((r, 1) for r in inp.running[:budget])
         return StepPlan(run, (), repeatable=True)
 
