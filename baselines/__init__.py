@@ -3,7 +3,8 @@
 Importing this package imports every module in it, so a new variant is its module (with its
 ``@register(name, ConfigClass)`` factory) plus one row in ``docs/schedulers.md``; the registry makes it
 the Hydra option ``scheduler=<name>``. Each module imports only the policy interface and its shared
-helpers (``harness.policy``) and, for WAIT, the fluid model (``harness.fluid``). The variants, their
+helpers (``harness.policy``) and, for WAIT, the engine batch-rule interface (``harness.batching``) and
+the fluid model (``harness.fluid``). The variants, their
 rules and their sources: ``docs/schedulers.md``.
 """
 

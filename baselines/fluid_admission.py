@@ -1,29 +1,43 @@
-"""Per-instance threshold admission shared by WAIT and Nested WAIT (fluid-guided admission control).
+"""WAIT and Nested WAIT as engine batch rules (Ao, Luo, Simchi-Levi, Wang, arXiv 2504.11320,
+Algorithms 1 and 2; docs/wait.md), and what the two policies share.
 
-Placement is collocated-style (sticky; least-loaded at turn 0). Held turns are grouped by their target
-instance and a class (WAIT: the prompt type, by predicted output length; Nested WAIT: one entry class).
-A group is released when it holds at least its threshold ``n`` turns (the first ``n`` go; WAIT's batch
-takes ``min(n_j, count)`` of a type), when its oldest turn has waited ``max_wait_s`` (a finite trace
-needs flushing; the paper's model has infinite horizons), and only while the instance's running batch
-stays under ``max_active`` (the policy's cap on its active set). KV is guarded by vLLM itself
-(preemption) in this harness, as in the paper's baselines.
+Both policies admit every turn at once (no controller-side hold) and place it collocated-style (sticky;
+least-loaded at turn 0). The algorithm runs inside each engine: the policy hands every instance a batch
+rule (``batch_rule(i)``, ``harness.batching``) that decides, at every engine step, which of the engine's
+requests advance; a resident request left out is paused with its KV kept. On KV overflow the engine evicts
+the rule's unselected residents first, most recently admitted first, then selected ones in
+``engine.preemption_order`` (the paper: LIFO, restart from prefill).
 
-The fluid coefficients of an instance are its hardware hints (``PolicyContext.hints``: the memory-bound
-decode step ``d0 + d1 * KV tokens`` of the hardware profile's step model: weights and fixed overheads,
-KV reads at the KV-cache bandwidth efficiency).
+Stages (docs/wait.md): a request that will generate ``o`` output tokens passes through ``o`` engine
+iterations, stage ``s = 0`` (prefill; it samples the first token) to ``o - 1``; the paper's output length
+is ``l' = o - 1`` (stages ``0..l'``), and at stage ``s`` it holds ``l + s`` KV tokens. So a WAIT batch with
+one prompt of each stage of a type holds ``sum_{s=0}^{o-1} (l + s) = o (l + (o - 1)/2)`` tokens:
+``(l' + 1)(l + l'/2)``, the paper's per-type term of ``M^pi``.
+
+The fluid coefficients of an instance are its hardware hints (``PolicyContext.hints``, from the hardware
+and model profiles): the memory-bound decode step ``d0 + d1 * KV tokens`` of the profile's step model, and
+``d2`` (compute-bound prefill, s per prompt token, ``harness.fluid.prefill_iteration_coefficient``).
 Arrival rates per instance: turns/s of the workload (conversation rate x mean turns) split evenly over
 the instances.
 """
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
+from itertools import islice
+from types import SimpleNamespace
 from typing import Callable, Sequence
 
 import numpy as np
 
 from baselines.collocated import Collocated
+from harness.batching import RequestState, StepInput, StepPlan, prefill_chunk
 from harness.fluid import PromptType
-from harness.policy import Admission, ClusterView, PolicyContext, TurnView, sticky_instance
+from harness.policy import PolicyContext, Predictor
+
+THRESHOLD_SOURCES = ("fluid", "tl")
+IDLE_POLICIES = ("wait", "decode_residents")
 
 
 def instance_coefficients(ctx: PolicyContext, i: int) -> tuple[float, float]:
@@ -33,17 +47,23 @@ def instance_coefficients(ctx: PolicyContext, i: int) -> tuple[float, float]:
     return h.fluid_d0_s, h.fluid_d1_s_per_token
 
 
+def prefill_coefficient(ctx: PolicyContext, i: int) -> float:
+    """``d2`` of instance ``i``, s per prompt token: its hardware hint
+    (``harness.fluid.prefill_iteration_coefficient`` of the profile)."""
+    return ctx.hints[i].fluid_d2_s_per_token
+
+
 def prompt_types(ctx: PolicyContext, edges: Sequence[int], num_instances: int
                  ) -> tuple[list[PromptType], np.ndarray]:
-    """Fluid prompt types from the workload: one per output-length bin (``edges``, tokens).
+    """Prompt types from the workload: one per output-length bin (``edges``, tokens).
 
-    Returns the types (rate per instance, mean prompt tokens, mean output tokens; empty bins are
-    dropped) and the bin index of each kept type. Raises ValueError for an open (fixed-arrival)
-    workload, which has no rate.
+    Returns the types (rate per instance, mean prompt tokens, **mean output tokens** ``o`` = engine
+    iterations, not yet the paper's ``l' = o - 1``; empty bins are dropped) and the bin index of each kept
+    type. Raises ValueError for an open (fixed-arrival) workload, which has no rate.
     """
     w = ctx.workload
     if not np.isfinite(w.rate_per_s):
-        raise ValueError("fluid thresholds need an arrival rate (workload.arrival=poisson or gamma)")
+        raise ValueError("WAIT thresholds need an arrival rate (workload.arrival=poisson or gamma)")
     turn_rate = w.rate_per_s * w.mean_turns / num_instances
     bins = np.searchsorted(np.asarray(edges), w.turn_output_tokens, side="left")
     types, kept = [], []
@@ -56,53 +76,294 @@ def prompt_types(ctx: PolicyContext, edges: Sequence[int], num_instances: int
     return types, np.asarray(kept)
 
 
-def check_knobs(output_bins: Sequence[int], max_wait_s: float) -> list[int]:
+def paper_types(types: Sequence[PromptType]) -> list[PromptType]:
+    """The same types with the paper's output length ``l' = o - 1`` (``o`` iterations, stages 0..l')."""
+    return [PromptType(t.rate_per_s, t.input_tokens, max(0.0, t.output_tokens - 1.0)) for t in types]
+
+
+def check_knobs(output_bins: Sequence[int], max_wait_s: float, thresholds: str, total_cap_tl: float,
+                idle_policy: str) -> list[int]:
     """Validate the knobs WAIT and Nested WAIT share; returns the bins as a list.
 
     Raises:
-        ValueError: naming ``scheduler.output_bins`` or ``scheduler.max_wait_s``.
+        ValueError: naming the ``scheduler.<key>``.
     """
     edges = list(output_bins)
-    if sorted(edges) != edges or any(e < 1 for e in edges):
+    if sorted(edges) != edges or len(set(edges)) != len(edges) or any(e < 1 for e in edges):
         raise ValueError(f"scheduler.output_bins must be increasing positive token counts, got {edges}")
     if not max_wait_s >= 0:
         raise ValueError(f"scheduler.max_wait_s must be >= 0, got {max_wait_s!r}")
+    if thresholds not in THRESHOLD_SOURCES:
+        raise ValueError(f"scheduler.thresholds must be one of {THRESHOLD_SOURCES}, got {thresholds!r}")
+    if not (total_cap_tl > 0 and math.isfinite(total_cap_tl)):
+        raise ValueError(f"scheduler.total_cap_tl must be a finite number > 0, got {total_cap_tl!r}")
+    if idle_policy not in IDLE_POLICIES:
+        raise ValueError(f"scheduler.idle_policy must be one of {IDLE_POLICIES}, got {idle_policy!r}")
     return edges
 
 
-class ThresholdAdmission(Collocated):
-    """Base: group held turns by (instance, class) and release groups that reach their threshold;
-    placement is :class:`~baselines.collocated.Collocated`'s (sticky)."""
+def output_classifier(pred: Predictor, edges: Sequence[int]) -> Callable[[RequestState], int]:
+    """``request -> output-length bin`` by the request's *predicted* output tokens (cached per turn)."""
+    edges_arr = np.asarray(edges)
+    cache: dict[tuple[str, int], int] = {}
 
-    name = "threshold"
+    def classify(req: RequestState) -> int:
+        key = (req.conv, req.turn)
+        b = cache.get(key)
+        if b is None:
+            out = pred.output_tokens(SimpleNamespace(conversation_id=req.conv, turn=req.turn))
+            b = cache[key] = int(np.searchsorted(edges_arr, out, side="left"))
+        return b
 
-    def __init__(self, thresholds: list[dict[int, int]], classify: Callable[[TurnView], int],
-                 max_wait_s: float, max_active: int, plan_note: str):
-        self.thresholds, self.classify = thresholds, classify
-        self.max_wait_s, self.max_active, self.plan_note = max_wait_s, max_active, plan_note
+    return classify
 
-    def admit(self, queue: Sequence[TurnView], view: ClusterView, now: float) -> Admission:
-        groups: dict[tuple[int, int], list[int]] = {}
-        for qi, t in enumerate(queue):
-            inst, _ = sticky_instance(t, view)
-            groups.setdefault((inst, self.classify(t)), []).append(qi)
-        admit: list[int] = []
-        active = {i.index: i.num_running for i in view.instances}
-        next_deadline = None
-        for (inst, cls), idx in groups.items():
-            n = self.thresholds[inst].get(cls, 1)
-            deadline = queue[idx[0]].submit_s + self.max_wait_s
-            timed_out = now >= deadline     # the same float as the timer set below, so the timer releases
-            if len(idx) >= n or timed_out:
-                take = idx if timed_out else idx[:n]
-                room = max(0, self.max_active - active[inst])
-                take = take[:room]
-                active[inst] += len(take)
-                admit.extend(take)
-            elif next_deadline is None or deadline < next_deadline:
-                # below its threshold: poll again when its oldest turn times out. A group held only for
-                # lack of room needs no timer: every finish polls again.
-                next_deadline = deadline
-        reason = f"{self.name}: {self.plan_note}"
-        return Admission(tuple(sorted(admit)), reason, next_deadline)
 
+def kv_reservation_tokens(caps: Sequence[int], input_tokens: float) -> float:
+    """KV tokens of a batch that fills every stage ``s`` to ``caps[s]`` prompts of ``input_tokens``:
+    ``sum_s caps[s] (l + s)`` (the paper's ``M^pi`` term of one type, with ``caps[s] = n_j``)."""
+    return math.fsum(c * (input_tokens + s) for s, c in enumerate(caps))
+
+
+class BatchRulePolicy(Collocated):
+    """Admit-all, sticky collocated placement, and one engine batch rule per instance."""
+
+    name = "batch_rule"
+
+    def __init__(self, rules: Sequence, plan_note: str):
+        self.rules, self.plan_note = list(rules), plan_note
+
+    def batch_rule(self, instance_index: int):
+        """The batch rule for instance ``instance_index`` (``harness.batching.BatchRule``)."""
+        return self.rules[instance_index]
+
+
+def _take_stage0(res: list, wait: list, cap: int, budget: int, chunk_cap: int, run: list, admit: list
+                 ) -> int:
+    """Select up to ``cap`` stage-0 requests: prefilling residents first, then waiting ones (FCFS).
+    Appends to ``run`` / ``admit``; returns the budget left (tokens)."""
+    k = 0
+    for r in res:
+        if k >= cap or budget <= 0:
+            break
+        n = prefill_chunk(r, budget, chunk_cap)
+        run.append((r, n))
+        budget -= n
+        k += 1
+    if k < cap:
+        admit.extend(wait[:cap - k])
+    return budget
+
+
+def _plan(run: list, admit: list, running: Sequence, wake: float) -> StepPlan:
+    """A plan whose preferred victims are the unselected residents, most recently admitted first."""
+    chosen = {id(r) for r, _ in run}
+    paused = [r for r in running if id(r) not in chosen]
+    paused.sort(key=lambda r: r.admit_seq, reverse=True)
+    admit.sort(key=lambda r: r.submit_s)
+    return StepPlan(tuple(run), tuple(admit), tuple(paused), None if wake == math.inf else wake)
+
+
+class WaitRule:
+    """WAIT (Algorithm 1 of arXiv 2504.11320) as an engine batch rule.
+
+    Per type ``j`` (``classify``) a threshold ``n_j`` (prompts). Stage 0 holds the type's waiting requests
+    and any resident still prefilling. Type ``j`` is *eligible* when at least ``n_j`` of its requests are
+    at stage 0. A step takes, for every eligible type and every stage ``s``, ``min(n_j, count)`` requests
+    (oldest admitted first; at stage 0 prefilling residents, then waiting ones FCFS); every other resident
+    is paused with its KV kept. If no type is eligible the engine idles until an arrival (the paper:
+    "the server waits for more arrivals").
+
+    Finite horizons (not in the paper, whose arrivals never stop; the authors' simulator instead drops the
+    queue once the last request arrived): a type whose oldest request (waiting since its submission, or
+    resident since it last advanced) has waited ``max_wait_s`` is eligible too, and the rule asks the
+    engine for a step at that time. ``idle_policy='decode_residents'`` (a deviation, off by default)
+    serves the residents' stages >= 1 with the same caps when no type is eligible, instead of idling.
+
+    Args:
+        thresholds: ``n_j`` per type index (ints >= 1). classify: request -> type index.
+        max_wait_s: timeout, s. idle_policy: ``wait`` or ``decode_residents``.
+    """
+
+    name = "wait"
+
+    def __init__(self, thresholds: Sequence[int], classify: Callable[[RequestState], int],
+                 max_wait_s: float, idle_policy: str = "wait"):
+        self.n = [int(x) for x in thresholds]
+        if any(x < 1 for x in self.n):
+            raise ValueError(f"WAIT thresholds must be >= 1, got {self.n}")
+        self.classify, self.max_wait_s, self.idle_policy = classify, max_wait_s, idle_policy
+
+    def plan(self, inp: StepInput) -> StepPlan:
+        m = len(self.n)
+        cls = self.classify
+        res0: list[list] = [[] for _ in range(m)]
+        wait0: list[list] = [[] for _ in range(m)]
+        stages: list[dict[int, list]] = [{} for _ in range(m)]
+        oldest = [math.inf] * m
+        for r in inp.running:
+            j = cls(r)
+            s = r.stage
+            if s == 0:
+                res0[j].append(r)
+            else:
+                stages[j].setdefault(s, []).append(r)
+            if r.idle_since_s < oldest[j]:
+                oldest[j] = r.idle_since_s
+        # the waiting queue is FCFS: a type's first request is its oldest, and no type needs more than
+        # n_j of them, so the scan stops once every type has its n_j (the queue can be long in overload)
+        short = sum(1 for j in range(m) if len(res0[j]) < self.n[j])
+        for r in inp.waiting:
+            if not short:
+                break
+            j = cls(r)
+            w = wait0[j]
+            if len(res0[j]) + len(w) >= self.n[j]:
+                continue
+            w.append(r)
+            if r.idle_since_s < oldest[j]:
+                oldest[j] = r.idle_since_s
+            if len(res0[j]) + len(w) == self.n[j]:
+                short -= 1
+        now, mw = inp.now_s, self.max_wait_s
+        eligible = []
+        wake = math.inf
+        for j in range(m):
+            if len(res0[j]) + len(wait0[j]) >= self.n[j]:
+                eligible.append(j)
+            elif oldest[j] < math.inf:
+                if oldest[j] + mw <= now:
+                    eligible.append(j)
+                elif oldest[j] + mw < wake:
+                    wake = oldest[j] + mw
+        run: list = []
+        admit: list = []
+        budget = inp.token_budget
+        serve = eligible
+        admit_ok = True
+        if not eligible and self.idle_policy == "decode_residents":
+            serve, admit_ok = list(range(m)), False
+        for j in serve:                                  # decode stages: 1 token each
+            cap = self.n[j]
+            for grp in stages[j].values():
+                for r in grp[:cap]:
+                    if budget <= 0:
+                        break
+                    run.append((r, 1))
+                    budget -= 1
+        if admit_ok:
+            for j in serve:                              # stage 0: prefill chunks and admissions
+                budget = _take_stage0(res0[j], wait0[j], self.n[j], budget, inp.chunk_cap, run, admit)
+        return _plan(run, admit, inp.running, wake)
+
+
+def segment_stage_caps(segment_lengths: Sequence[int], thresholds: Sequence[float]) -> list[list[int]]:
+    """Per-stage caps of each Nested WAIT segment (prompts), as in the paper's experiments.
+
+    Segment ``k``'s cap ``B_k = Delta_k n_k`` is rounded half up to an integer and spread as evenly as
+    possible over its ``Delta_k`` stages: ``B_k // Delta_k`` each, one more on the **last**
+    ``B_k % Delta_k`` stages (arXiv 2504.11320, Sec. "Numerical experiments", real-data threshold
+    construction: "rounded to an integer and spread as evenly as possible"; which stages get the extra
+    one is ours: caps that never decrease along a segment keep its entry the bottleneck, so no backlog
+    builds up inside the segment; the authors' code rotates the extra ones from batch to batch). A stage
+    cap of 0 is raised to 1 (ours: a stage with cap 0 would never advance).
+    """
+    caps = []
+    for d, n in zip(segment_lengths, thresholds):
+        b = math.floor(d * n + 0.5)
+        base, extra = divmod(b, d)
+        caps.append([max(1, base + (1 if i >= d - extra else 0)) for i in range(d)])
+    return caps
+
+
+class NestedWaitRule:
+    """Nested WAIT (Algorithm 2 of arXiv 2504.11320) as an engine batch rule.
+
+    Segment boundaries ``b_1 < ... < b_m`` in iterations (output tokens): segment ``k`` holds stages
+    ``b_{k-1} .. b_k - 1`` (``b_0 = 0``; stages past ``b_m`` count in segment ``m``). Its entry queue is
+    its first stage: for segment 1 the waiting and prefilling requests (stage 0), for ``k >= 2`` the
+    residents that produced exactly ``b_{k-1}`` tokens and continue (the paper's resident boundary queue).
+    A step serves the longest prefix of segments ``1..k`` whose entry queues all hold at least their
+    entry-stage cap ``n_k``; at every stage of those segments it takes ``min(cap, count)`` requests;
+    later segments pause (KV kept). Output lengths are never used.
+
+    Finite horizons, ``max_wait_s`` and ``idle_policy``: as in :class:`WaitRule`; a segment also passes
+    its gate when some request in it or in a later segment has waited ``max_wait_s`` (so the tail of a
+    finite trace drains).
+
+    Args:
+        boundaries: ``b_1..b_m`` (ints, increasing). stage_caps: per segment, the cap of each of its
+            stages (``segment_stage_caps``). max_wait_s: s. idle_policy: ``wait`` or ``decode_residents``.
+    """
+
+    name = "nested_wait"
+
+    def __init__(self, boundaries: Sequence[int], stage_caps: Sequence[Sequence[int]], max_wait_s: float,
+                 idle_policy: str = "wait"):
+        self.bounds = [int(b) for b in boundaries]
+        self.caps = [list(c) for c in stage_caps]
+        if len(self.caps) != len(self.bounds) or any(
+                len(c) != b - a for c, a, b in zip(self.caps, [0] + self.bounds[:-1], self.bounds)):
+            raise ValueError("stage_caps must give one cap per stage of every segment")
+        self.starts = [0] + self.bounds[:-1]
+        self.max_wait_s, self.idle_policy = max_wait_s, idle_policy
+
+    def segment(self, stage: int) -> int:
+        """0-based segment index of ``stage``."""
+        return min(bisect_right(self.bounds, stage), len(self.bounds) - 1)
+
+    def cap(self, k: int, stage: int) -> int:
+        """The cap of ``stage`` in segment ``k`` (prompts per step)."""
+        c = self.caps[k]
+        return c[min(stage - self.starts[k], len(c) - 1)]
+
+    def plan(self, inp: StepInput) -> StepPlan:
+        m = len(self.bounds)
+        res0: list = []
+        stages: dict[int, list] = {}
+        oldest = [math.inf] * m
+        for r in inp.running:
+            s = r.stage
+            if s == 0:
+                res0.append(r)
+            else:
+                stages.setdefault(s, []).append(r)
+            k = self.segment(s)
+            if r.idle_since_s < oldest[k]:
+                oldest[k] = r.idle_since_s
+        waiting = list(islice(inp.waiting, max(0, self.cap(0, 0) - len(res0))))  # FCFS: head is oldest
+        for r in waiting:
+            if r.idle_since_s < oldest[0]:
+                oldest[0] = r.idle_since_s
+        suffix = oldest[:]
+        for k in range(m - 2, -1, -1):
+            suffix[k] = min(suffix[k], suffix[k + 1])
+        now, mw = inp.now_s, self.max_wait_s
+        kstar = 0
+        wake = math.inf
+        for k in range(m):
+            entry = len(res0) + len(waiting) if k == 0 else len(stages.get(self.starts[k], ()))
+            if entry >= self.cap(k, self.starts[k]) or suffix[k] + mw <= now:
+                kstar = k + 1
+                continue
+            wake = suffix[k] + mw
+            break
+        run: list = []
+        admit: list = []
+        budget = inp.token_budget
+        serve_upto, admit_ok = kstar, True
+        if kstar == 0 and self.idle_policy == "decode_residents":
+            serve_upto, admit_ok = m, False
+        if serve_upto:
+            limit = self.bounds[serve_upto - 1] if serve_upto < m else math.inf
+            for s in sorted(stages):
+                if s >= limit:
+                    break
+                cap = self.cap(self.segment(s), s)
+                for r in stages[s][:cap]:
+                    if budget <= 0:
+                        break
+                    run.append((r, 1))
+                    budget -= 1
+            if admit_ok:
+                _take_stage0(res0, waiting, self.cap(0, 0), budget, inp.chunk_cap, run, admit)
+        return _plan(run, admit, inp.running, wake)

@@ -1,64 +1,85 @@
-"""Nested WAIT: threshold admission with unknown output lengths (Ao et al., arXiv 2504.11320;
-docs/schedulers.md "wait", "nested_wait"), per instance, with collocated placement.
+"""Nested WAIT: threshold batching with unknown output lengths (Ao et al., arXiv 2504.11320,
+Algorithm 2; docs/wait.md), run by each engine as its batch rule, with collocated placement.
 
-The decode horizon is split into segments at the workload's output-length bins (``output_bins``);
-``harness.fluid.nested_wait_thresholds`` gives per-stage thresholds ``n_k`` with ratios ``q_k`` from the
-continuation probabilities and ``sum_k Delta_k n_k = total_cap_tl``. New turns enter segment 1: they are
-released to an instance when ``n_1`` of them are held for it (or after ``max_wait_s``), and the instance's
-running batch is capped at ``sum_k Delta_k n_k`` (the plan's active set, = tl up to rounding). No output length is used or predicted.
+The decode horizon is split into segments at the workload's output lengths: the mean output tokens of
+each non-empty ``output_bins`` bin (``num_segments = 0``), or ``num_segments`` equal segments of the
+longest one. Per-stage thresholds follow the paper's practical parameterisation
+(``harness.fluid.nested_wait_thresholds``): ``q_k = min(p_k + eta, 0.99)`` from the continuation
+probabilities, ``n_k = n_1 prod q``, ``sum_k Delta_k n_k = tl``; each segment's cap ``Delta_k n_k`` is
+rounded and spread over its stages (``segment_stage_caps``). ``thresholds`` chooses ``tl``:
 
-Not modelled (stated, left for later): pausing running requests of later segments when a segment misses
-its threshold (that needs an engine-side hook), and the paper's logarithmic memory safety buffer.
+* ``tl``: ``total_cap_tl`` as given (the paper's experiments tune it on a grid);
+* ``fluid``: ``tl = dT* sum_j lambda_j (l'_j + 1)``, the prompts in service at the fluid equilibrium
+  (Little's law), with the prefill-aware cycle ``dT* = d0 / (1 - d1 S - d2 P)``
+  (``harness.fluid.prefill_aware_cycle_s``); ``total_cap_tl`` if the fluid model is overloaded.
+
+No output length is used at run time. The rule is :class:`baselines.fluid_admission.NestedWaitRule`.
+Not modelled: the paper's logarithmic memory buffer on the boundary queues (the engine evicts paused
+residents, most recently admitted first, when KV runs out).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from baselines.fluid_admission import ThresholdAdmission, check_knobs, instance_coefficients, prompt_types
-from harness.fluid import nested_wait_thresholds
+from baselines.fluid_admission import (BatchRulePolicy, NestedWaitRule, check_knobs, instance_coefficients,
+                                       paper_types, prefill_coefficient, prompt_types, segment_stage_caps)
+from harness.fluid import nested_wait_thresholds, prefill_aware_cycle_s
 from harness.policy import PolicyContext, register
 
 
 @dataclass
 class NestedWaitConfig:
-    """output_bins: segment boundaries (tokens of output); total_cap_tl: the paper's system-wide batch
-    cap tl; eta: q_k slack; max_wait_s: hold timeout, s."""
+    """output_bins: where segment boundaries come from (tokens of output); thresholds: ``tl`` or
+    ``fluid``; total_cap_tl: the paper's ``tl``; eta: q_k slack; num_segments: 0 = one segment per
+    non-empty bin, else equal segments; max_wait_s: finite-horizon timeout, s; idle_policy: ``wait``
+    (Algorithm 2) or ``decode_residents``."""
 
     name: str = "nested_wait"
     output_bins: list[int] = field(default_factory=lambda: [64, 256, 1024])
+    thresholds: str = "tl"
     total_cap_tl: float = 256.0
     eta: float = 0.05
+    num_segments: int = 0
     max_wait_s: float = 0.5
+    idle_policy: str = "wait"
 
 
-class NestedWait(ThresholdAdmission):
-    """Nested WAIT admission + sticky collocated placement."""
+class NestedWait(BatchRulePolicy):
+    """Nested WAIT batching in every engine + sticky collocated placement, no admission hold."""
 
     name = "nested_wait"
 
 
 @register("nested_wait", NestedWaitConfig)
 def make(cfg: NestedWaitConfig, ctx: PolicyContext) -> NestedWait:
-    edges = check_knobs(cfg.output_bins, cfg.max_wait_s)
-    if not cfg.total_cap_tl > 0:
-        raise ValueError(f"scheduler.total_cap_tl must be > 0, got {cfg.total_cap_tl!r}")
+    edges = check_knobs(cfg.output_bins, cfg.max_wait_s, cfg.thresholds, cfg.total_cap_tl, cfg.idle_policy)
     if not 0 <= cfg.eta < 1:
         raise ValueError(f"scheduler.eta must be in [0, 1), got {cfg.eta!r}")
+    if not (isinstance(cfg.num_segments, int) and cfg.num_segments >= 0):
+        raise ValueError(f"scheduler.num_segments must be an int >= 0, got {cfg.num_segments!r}")
     n_inst = len(ctx.cluster_roles)
     types, _ = prompt_types(ctx, edges, n_inst)  # a config problem (no arrival rate) is an error
     types = [replace(t, output_tokens=float(max(1, round(t.output_tokens)))) for t in types]
-    thresholds, caps, notes = [], [], []
+    longest = int(max(t.output_tokens for t in types))
+    if cfg.num_segments > longest:
+        raise ValueError(f"scheduler.num_segments must be <= the longest mean output ({longest}), "
+                         f"got {cfg.num_segments}")
+    rules, notes = [], []
     for i in range(n_inst):
-        try:
-            d0, d1 = instance_coefficients(ctx, i)
-            plan = nested_wait_thresholds(types, d0, d1, ctx.kv_capacity_tokens[i], cfg.total_cap_tl,
-                                          eta=cfg.eta)
-            thresholds.append({0: plan.thresholds_int[0]})
-            caps.append(sum(d * n for d, n in zip(plan.segment_lengths, plan.thresholds_int)))
-            notes.append(f"n_k={list(plan.thresholds_int)} q={[round(q, 3) for q in plan.q]}")
-        except ValueError as e:  # the fluid model is infeasible here: no batching (plan_note says why)
-            thresholds.append({})
-            caps.append(256)
-            notes.append(f"fluid model infeasible, thresholds 1: {e}")
-    return NestedWait(thresholds, lambda t: 0, cfg.max_wait_s, min(caps), notes[0])
+        d0, d1 = instance_coefficients(ctx, i)
+        tl, how = cfg.total_cap_tl, f"tl={cfg.total_cap_tl:g}"
+        if cfg.thresholds == "fluid":
+            try:
+                dt = prefill_aware_cycle_s(paper_types(types), d0, d1, prefill_coefficient(ctx, i))
+                tl = dt * sum(t.rate_per_s * t.output_tokens for t in types)
+                how = f"fluid tl={tl:.2f} (cycle {dt * 1e3:.1f} ms)"
+            except ValueError as e:
+                how = f"fluid infeasible, tl={tl:g}: {e}"
+        plan = nested_wait_thresholds(types, d0, d1, ctx.kv_capacity_tokens[i], tl,
+                                      num_segments=cfg.num_segments or None, eta=cfg.eta)
+        caps = segment_stage_caps(plan.segment_lengths, plan.thresholds)
+        rules.append(NestedWaitRule(plan.boundaries_tokens, caps, cfg.max_wait_s, cfg.idle_policy))
+        notes.append(f"{how}; boundaries={list(plan.boundaries_tokens)} n_k={[round(x, 3) for x in plan.thresholds]} "
+                     f"segment caps={[sum(c) for c in caps]} q={[round(q, 3) for q in plan.q]}")
+    return NestedWait(rules, notes[0])

@@ -39,6 +39,8 @@ __all__ = [
     "wait_thresholds",
     "nested_wait_thresholds",
     "linear_iteration_coefficients",
+    "prefill_iteration_coefficient",
+    "prefill_aware_cycle_s",
     "stage_token_weight",
 ]
 
@@ -296,6 +298,7 @@ def wait_thresholds(
     d1_s_per_token: float,
     kv_capacity_tokens: float,
     margin: float = 0.0,
+    d2_s_per_prefill_token: float = 0.0,
 ) -> tuple[list[int], float]:
     """WAIT thresholds ``n_j`` (prompts) for known output lengths, and their memory ``M^pi``.
 
@@ -322,11 +325,22 @@ def wait_thresholds(
     ``T_i <= T^`` so ``n(T_i) <= n*``.  Integer rounding uses a relative tolerance of 1e-12, so
     the inequalities hold up to that relative float tolerance.
 
+    Prefill term (our extension, ``d2_s_per_prefill_token > 0``).  The paper's iteration time counts
+    only resident KV tokens, so on hardware where a prompt's prefill is compute-bound (e.g. 512-token
+    prompts of a 7B model on an A100: ~58 ms of matmuls against ~9 ms of weight reads) the fluid cycle
+    comes out far too short and every threshold is 1.  With ``tau(B) = d0 + d1 * KV(B) + d2 * P(B)``,
+    ``P(B)`` the prompt tokens prefilled in the batch, a full WAIT batch prefills ``sum_j n_j l_j``
+    tokens and the conditions become ``d0 + d1 M^pi + d2 sum_j n_j l_j <= n_j / lambda_j``.  With
+    ``n_j = lambda_j T`` this reads ``T >= d0 + (d1 S + d2 P) T``, ``P = sum_j lambda_j l_j``
+    (prompt tokens/s), so ``T_0 = d0 / (1 - d1 S - d2 P)`` and the loop below is unchanged otherwise.
+    ``d2 = 0`` is the paper's model.
+
     Args:
         types: non-empty sequence of ``PromptType``.
         d0_s: ``d0`` (s), > 0.
         d1_s_per_token: ``d1`` (s/token), >= 0.
         kv_capacity_tokens: ``C`` (tokens), > 0.
+        d2_s_per_prefill_token: ``d2`` (s per prompt token prefilled), >= 0; see above.
         margin: relative headroom (dimensionless, >= 0) on the cycle condition: the thresholds
             satisfy ``n_j / lambda_j >= (1 + margin)(d0 + d1 M^pi)``; the start is then
             ``T_0 = (1 + margin) d0 / (1 - (1 + margin) d1 S)``.  ``0`` is the paper's condition.
@@ -342,18 +356,22 @@ def wait_thresholds(
     ts = _check_types(types)
     d0, d1, cap = _check_model(d0_s, d1_s_per_token, kv_capacity_tokens)
     m = _non_negative("margin", margin)
+    d2 = _non_negative("d2_s_per_prefill_token", d2_s_per_prefill_token)
     k = 1.0 + m
     weights = [stage_token_weight(t) for t in ts]
     rates = [t.rate_per_s for t in ts]
+    inputs = [t.input_tokens for t in ts]
     s = math.fsum(r * w for r, w in zip(rates, weights))
-    load = k * d1 * s
+    p_rate = math.fsum(r * li for r, li in zip(rates, inputs))
+    load = k * (d1 * s + d2 * p_rate)
     if load >= 1.0:
         raise ValueError(
-            f"WAIT infeasible: (1+margin)*d1*S = {load:.6g} >= 1 "
-            f"(S = {s:.6g} tokens/s, d1 = {d1:.6g} s/token, margin = {m:.6g}); "
-            "the cycle condition d0 + d1*M^pi <= n_j/lambda_j cannot hold for any n"
+            f"WAIT infeasible: (1+margin)*(d1*S + d2*P) = {load:.6g} >= 1 "
+            f"(S = {s:.6g} tokens/s, d1 = {d1:.6g} s/token, P = {p_rate:.6g} prompt tokens/s, "
+            f"d2 = {d2:.6g} s/token, margin = {m:.6g}); "
+            "the cycle condition d0 + d1*M^pi + d2*sum_j n_j l_j <= n_j/lambda_j cannot hold for any n"
         )
-    m_star = d0 * s / (1.0 - d1 * s)
+    m_star = d0 * s / (1.0 - d1 * s - d2 * p_rate)
     if m_star > cap:
         raise ValueError(
             f"WAIT infeasible: M^pi >= M* = {m_star:.6g} tokens > kv_capacity_tokens C = {cap:.6g}"
@@ -361,7 +379,8 @@ def wait_thresholds(
 
     def required_cycle(n: list[int]) -> tuple[float, float]:
         mem = math.fsum(ni * w for ni, w in zip(n, weights))
-        return mem, k * (d0 + d1 * mem)
+        pre = math.fsum(ni * li for ni, li in zip(n, inputs))
+        return mem, k * (d0 + d1 * mem + d2 * pre)
 
     t_cycle = k * d0 / (1.0 - load)
     n = [max(1, _ceil_tol(r * t_cycle)) for r in rates]
@@ -553,3 +572,57 @@ def linear_iteration_coefficients(
     ov = _non_negative("overhead_s", overhead_s)
     eff_bw = bw * eff
     return wb / eff_bw + ov, kvb / eff_bw
+
+
+def prefill_iteration_coefficient(
+    linear_flops_per_token: float,
+    peak_flops: float,
+    prefill_efficiency: float,
+) -> float:
+    """``d2``: seconds one prompt token adds to an iteration when prefill is compute-bound, s/token.
+
+    ``d2 = linear_flops_per_token / (peak_flops * prefill_efficiency)`` with
+    ``linear_flops_per_token = 2 * num_layers * linear_params_per_layer`` (2 FLOPs per multiply-add;
+    Kaplan et al. 2020, Sec. 2.1), the matmul FLOPs of one token.  The attention FLOPs of a chunk
+    (quadratic in its length) are left out: for 512-token prompts of Llama-2-7B they are about 1 % of
+    the matmul FLOPs.  Adding ``d2 * P(B)`` to ``d0 + d1 * KV(B)`` over-approximates the roofline's
+    ``max(compute, memory)`` step (``harness/sim/perf.py``) by at most the memory term; it is the term
+    the paper's memory-bound model lacks (see ``wait_thresholds``).
+
+    Raises:
+        ValueError: a non-finite or non-positive argument, or an efficiency above 1.
+    """
+    f = _positive("linear_flops_per_token", linear_flops_per_token)
+    peak = _positive("peak_flops", peak_flops)
+    eff = _positive("prefill_efficiency", prefill_efficiency)
+    if eff > 1.0:
+        raise ValueError(f"prefill_efficiency must be in (0, 1], got {prefill_efficiency!r}")
+    return f / (peak * eff)
+
+
+def prefill_aware_cycle_s(
+    types: Sequence[PromptType],
+    d0_s: float,
+    d1_s_per_token: float,
+    d2_s_per_prefill_token: float,
+) -> float:
+    """Fluid iteration time with a prefill term, ``dT* = d0 / (1 - d1 S - d2 P)`` (s).
+
+    ``S`` as in ``fluid_equilibrium`` (tokens/s), ``P = sum_j lambda_j l_j`` (prompt tokens/s); the
+    derivation is the one in ``wait_thresholds`` (``d2 = 0`` gives the paper's ``dT*``).  Every stage of
+    type ``j`` then holds ``lambda_j dT*`` prompts, so a batch holds
+    ``dT* sum_j lambda_j (l'_j + 1)`` prompts (Little's law over the ``l'_j + 1`` stages).
+
+    Raises:
+        ValueError: invalid inputs, or ``d1 S + d2 P >= 1`` (overloaded: no finite cycle).
+    """
+    ts = _check_types(types)
+    d0 = _positive("d0_s", d0_s)
+    d1 = _non_negative("d1_s_per_token", d1_s_per_token)
+    d2 = _non_negative("d2_s_per_prefill_token", d2_s_per_prefill_token)
+    s = math.fsum(t.rate_per_s * stage_token_weight(t) for t in ts)
+    p_rate = math.fsum(t.rate_per_s * t.input_tokens for t in ts)
+    load = d1 * s + d2 * p_rate
+    if load >= 1.0:
+        raise ValueError(f"overloaded: d1*S + d2*P = {load:.6g} >= 1 (no finite fluid cycle)")
+    return d0 / (1.0 - load)

@@ -167,6 +167,10 @@ class Policy(Protocol):
     or finishes; it returns the indices to release now (the rest stay held). ``place`` is called
     once per released turn. Both must be pure functions of their arguments (plus the predictor and a
     seeded generator given at construction).
+
+    Optional: ``batch_rule(instance) -> harness.batching.BatchRule | None`` (the policy forms each step's
+    batch inside that engine, e.g. WAIT; only backends whose config has ``supports_batch_rules`` take it),
+    ``plan_note`` (a string logged once as the ``plan`` decision).
     """
 
     name: str
@@ -297,13 +301,15 @@ class InstanceHints:
 
     prefill_tokens_per_s: steady prefill throughput, tokens/s; decode_step_s: an idle decode step
     (batch of one, 1024-token context), s; fluid_d0_s, fluid_d1_s_per_token: the memory-bound
-    iteration-time line ``tau = d0 + d1 * KV tokens`` of the WAIT fluid model (s, s/token).
+    iteration-time line ``tau = d0 + d1 * KV tokens`` of the WAIT fluid model (s, s/token);
+    fluid_d2_s_per_token: what one prompt token adds to an iteration when prefill is compute-bound, s/token.
     """
 
     prefill_tokens_per_s: float
     decode_step_s: float
     fluid_d0_s: float
     fluid_d1_s_per_token: float
+    fluid_d2_s_per_token: float
 
 
 @dataclass(frozen=True)

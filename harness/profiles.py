@@ -236,6 +236,10 @@ def kv_transfer_s(tokens: float, kv_bytes_per_token: float, bandwidth_bytes_per_
     return latency_s + tokens * kv_bytes_per_token / bandwidth_bytes_per_s
 
 
+STEP_MODES = ("v1_mixed", "v0_prefill_first")
+PREEMPTION_ORDERS = ("lifo_admission", "lifo_arrival")
+
+
 @dataclass
 class EngineConfig:
     """vLLM-engine knobs (names as in vLLM's ``EngineArgs``).
@@ -247,6 +251,18 @@ class EngineConfig:
     gpu_memory_utilization: fraction of GPU memory vLLM may use (vLLM 0.32 ``CacheConfig`` default 0.92).
     activation_reserve_bytes: memory kept for activations/CUDA graphs, bytes (assumption: 2 GiB).
     enable_prefix_caching: keep finished requests' full blocks for reuse, LRU-evicted.
+    step_mode: the engine's default batch rule (``harness.batching``): ``v1_mixed`` (vLLM V1: running
+        requests then waiting ones, prefill and decode in one step) or ``v0_prefill_first`` (vLLM V0
+        without chunked prefill: prefill-only steps whenever a prompt is mid-prefill or the waiting head
+        fits, else decode-only steps). A policy's batch rule (WAIT) replaces it.
+    preemption_order: victim order on KV overflow: ``lifo_admission`` (the most recently admitted
+        running request, vLLM V1's ``self.running.pop()``) or ``lifo_arrival`` (the latest-arriving
+        one, vLLM V0's FCFS running queue and Vidur's ``_preempted_requests`` sorted by arrival).
+    kv_watermark_frac: fraction of the KV blocks an admission must leave free,
+        ``int(kv_watermark_frac * capacity_blocks)`` blocks (vLLM V0 ``BlockSpaceManager`` watermark,
+        Vidur ``watermark_blocks_fraction``, 0.01 in both); 0 = vLLM V1 (no watermark).
+    max_prefill_chunk_tokens: per-request cap on a prefill chunk, tokens (vLLM's
+        ``long_prefill_token_threshold``); 0 = no cap (a prompt takes what the step budget leaves).
     Every knob means the same on every backend: the real-vLLM backend passes each as its ``vllm serve``
     flag (``VLLM_FLAGS``) or rejects a value it cannot honour before launch.
     """
@@ -257,9 +273,20 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.92
     activation_reserve_bytes: float = 2 * 1024**3
     enable_prefix_caching: bool = True
+    step_mode: str = "v1_mixed"
+    preemption_order: str = "lifo_admission"
+    kv_watermark_frac: float = 0.0
+    max_prefill_chunk_tokens: int = 0
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the field."""
+        _require(self.step_mode in STEP_MODES, f"{where}.step_mode", f"one of {STEP_MODES}", self.step_mode)
+        _require(self.preemption_order in PREEMPTION_ORDERS, f"{where}.preemption_order",
+                 f"one of {PREEMPTION_ORDERS}", self.preemption_order)
+        _require(isinstance(self.kv_watermark_frac, (int, float)) and 0 <= self.kv_watermark_frac < 1,
+                 f"{where}.kv_watermark_frac", "in [0, 1)", self.kv_watermark_frac)
+        _require(isinstance(self.max_prefill_chunk_tokens, int) and self.max_prefill_chunk_tokens >= 0,
+                 f"{where}.max_prefill_chunk_tokens", "an int >= 0", self.max_prefill_chunk_tokens)
         for f in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
             v = getattr(self, f)
             _require(isinstance(v, int) and v > 0, f"{where}.{f}", "an int > 0", v)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from harness.backend import Cluster
 from harness.controller import ConversationState, Controller
+from harness.fluid import prefill_iteration_coefficient
 from harness.policy import InstanceHints, Policy, PolicyContext
 from harness.profiles import HardwareConfig, ModelConfig, kv_capacity_blocks
 from harness.recorder import PlanDecision, Recorder
@@ -32,11 +33,21 @@ def instance_hints(hw: HardwareConfig, model: ModelConfig) -> InstanceHints:
     """What a router may know of an instance before serving: the hardware profile's step model (the
     simulator's, ``harness.sim.perf.PerfModel``, evaluated on the profiles alone) for prefill throughput
     (2048-token chunk, tokens/s), an idle decode step (1 sequence, 1024-token context, s), and the WAIT
-    fluid model's iteration line ``d0 + d1 * KV tokens`` (``PerfModel.decode_linear_coefficients``)."""
+    fluid model's iteration line ``d0 + d1 * KV tokens`` (``PerfModel.decode_linear_coefficients``) with its
+    prefill term ``d2`` (``harness.fluid.prefill_iteration_coefficient``: linear-layer FLOPs per token over
+    peak x prefill efficiency)."""
     from harness.sim.perf import PerfModel
     perf = PerfModel(hw, model)
     d0, d1 = perf.decode_linear_coefficients()
-    return InstanceHints(perf.prefill_tokens_per_s(), perf.idle_decode_step_s(), d0, d1)
+    d2 = prefill_iteration_coefficient(2.0 * model.num_layers * model.linear_params_per_layer, hw.peak_flops,
+                                       hw.prefill_efficiency)
+    return InstanceHints(perf.prefill_tokens_per_s(), perf.idle_decode_step_s(), d0, d1, d2)
+
+
+def batch_rules(policy: Policy, n: int) -> list:
+    """The policy's engine batch rule per instance (``None``: the engine's default rule)."""
+    rule_of = getattr(policy, "batch_rule", None)
+    return [rule_of(i) if rule_of else None for i in range(n)]
 
 
 def policy_context(run: Any, stats: WorkloadStats, oracle: Callable, kv_capacity_tokens: Sequence[int]
@@ -109,6 +120,11 @@ def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float,
     oracle = oracle or Oracle(conversations)
     ctx = policy_context(run, stats, oracle, [i.kv_capacity_tokens for i in cluster.infos])
     policy = make_policy(scheduler_name, sched_cfg, ctx)
+    for i, rule in enumerate(batch_rules(policy, len(cluster.infos))):  # engine-level batch formation (WAIT)
+        if rule is not None:
+            if not hasattr(cluster, "set_batch_rule"):
+                raise ValueError(f"scheduler {scheduler_name} forms batches inside the engine; this backend cannot")
+            cluster.set_batch_rule(i, rule)
     recorder.bind([i.name for i in cluster.infos])
     plan = getattr(policy, "plan_note", "")
     if plan:  # a policy's plan (e.g. WAIT's fluid thresholds), once, at t = 0
@@ -170,7 +186,10 @@ def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRe
     ctx = policy_context(run, stats, Oracle(conversations), estimated_capacities(run))
     for name, sched_cfg in names:
         try:
-            make_policy(name, sched_cfg, ctx)
+            policy = make_policy(name, sched_cfg, ctx)
+            if any(batch_rules(policy, len(run.instances))) and not getattr(run.backend, "supports_batch_rules", False):
+                raise ValueError(f"forms batches inside the engine (a batch rule); backend={run.backend_name} cannot "
+                                 f"take one (a vLLM --scheduler-cls wrapper is not built: docs/wait.md)")
         except ValueError as e:
             what = "scheduler" if name == run.scheduler_name else "slo.reference_scheduler"
             raise ConfigError(f"{what} ({name}): {e}") from None

@@ -8,7 +8,6 @@ PCIe 4.0 x16 31.5 GB/s), not taken from the simulator.
 
 from __future__ import annotations
 
-import math
 
 import pandas as pd
 import pytest

@@ -8,7 +8,6 @@ import hashlib
 import pandas as pd
 import pytest
 
-from harness.config import scheduler_config
 from harness.schedulers import registered
 from harness.runner import execute
 from harness.session import simulate

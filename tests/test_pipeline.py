@@ -129,8 +129,20 @@ def run_files(out: Path) -> dict[str, object]:
 
 @pytest.mark.parametrize("scheduler", registered())
 def test_backend_conformance_same_files_columns_and_decision_kinds(scheduler, tmp_path):
+    """Every registered scheduler runs on the simulator and on the fake backend with the same files, columns and
+    decision kinds -- or, if it forms batches inside the engine (which the fake backend, like vLLM, cannot
+    take), is refused before anything runs with an error naming the backend."""
     # the fake backend composes as backend=fake once registered (register_configs runs per compose)
     base = SMALL + [f"scheduler={scheduler}", f"cluster={cluster_for(scheduler)}", "slo=absolute"]
+    if not FakeBackendConfig.__dict__.get("supports_batch_rules") and scheduler in ("wait", "nested_wait"):
+        with pytest.raises(ConfigError, match="backend=fake cannot take one"):
+            execute(compose_run(base + ["backend=fake"]), tmp_path / "fake")
+        assert not (tmp_path / "fake" / "turns.parquet").exists()
+        base += ["backend=sim"]
+        execute(compose_run(base), tmp_path / "sim")
+        kinds = set(pd.read_parquet(tmp_path / "sim" / "decisions.parquet").kind)
+        assert "plan" in kinds and "place" in kinds
+        return
     outs = {}
     for backend in ("sim", "fake"):
         out = tmp_path / backend
@@ -142,8 +154,6 @@ def test_backend_conformance_same_files_columns_and_decision_kinds(scheduler, tm
     assert kinds["sim"] == kinds["fake"] and "place" in kinds["sim"]
     plans = {b: json.loads((outs[b] / "summary.json").read_text()).get("policy_plan") for b in outs}
     assert plans["sim"] == plans["fake"]
-    if scheduler in ("wait", "nested_wait"):  # their fluid plan is logged on every backend
-        assert "plan" in kinds["sim"] and plans["sim"]
     for b in outs:
         t = pd.read_parquet(outs[b] / "turns.parquet")
         assert (t.status == "ok").all() and len(t) > 0
@@ -286,8 +296,9 @@ def test_no_import_cycles_and_no_simulator_import_from_vllm_or_baselines():
     bad = [(m, d) for m, ds in graph.items() for d in ds
            if (m.startswith("harness.vllm") or m.startswith("baselines")) and d.startswith("harness.sim")]
     assert not bad, bad
-    # baselines import only the policy interface (with its helpers), the fluid model and each other
-    allowed = ("harness.policy", "harness.fluid", "baselines")
+    # baselines import only the policy interface (with its helpers and the engine batch-rule interface),
+    # the fluid model and each other
+    allowed = ("harness.policy", "harness.batching", "harness.fluid", "baselines")
     assert all(d.startswith(allowed) for m, ds in graph.items() if m.startswith("baselines") for d in ds), graph
 
 

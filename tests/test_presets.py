@@ -89,9 +89,25 @@ def test_every_ampd_robustness_arm_resolves():
 
 
 def test_wait_paper_variants_are_the_papers_baselines():
+    """The four arms of docs/wait.md: vLLM-like (V0 prefill-first, <= 4096 batched tokens), Sarathi-like
+    (512-token mixed steps), WAIT and Nested WAIT (engine batch rules); the paper's engine (no prefix
+    caching, 1 % watermark, LIFO eviction, ~1.37e5 KV tokens for Llama-2-7B on an A100 80 GB)."""
     params = sweep_params("wait_paper")
     assert set(params["workload"]) == {"wait_single", "wait_two_types", "wait_long"}
-    assert {"collocated", "wait", "nested_wait"} <= set(params["scheduler"])
-    assert "512" in params["engine.max_num_batched_tokens"]  # Sarathi-style chunk of 512
-    cfg = compose_with_hydra(["+experiment=wait_paper"])
-    assert cfg.cluster.name == "a100_1x" and cfg.model.name == "llama2_7b"
+    assert set(params["+experiment/arm"]) == {"wait_vllm", "wait_sarathi", "wait_wait", "wait_nested"}
+    expect = {"wait_vllm": ("collocated", "v0_prefill_first", 4096),
+              "wait_sarathi": ("collocated", "v1_mixed", 512),
+              "wait_wait": ("wait", "v1_mixed", 16384),
+              "wait_nested": ("nested_wait", "v1_mixed", 16384)}
+    for arm, (sched, mode, budget) in expect.items():
+        run = compose_run(["+experiment=wait_paper", f"+experiment/arm={arm}"])
+        e = run.cfg.engine
+        assert (run.scheduler_name, e.step_mode, e.max_num_batched_tokens) == (sched, mode, budget)
+        assert not e.enable_prefix_caching and e.kv_watermark_frac == 0.01
+        assert e.preemption_order == "lifo_arrival"
+        assert run.cfg.cluster.name == "a100_1x" and run.cfg.model.name == "llama2_7b"
+        # KV: (80 GiB x 0.99 - 13.48e9 B of weights) / 0.5 MiB per token = 136,496 tokens (1.37e5)
+        from harness.profiles import kv_capacity_blocks
+        cap = kv_capacity_blocks(run.cfg.hardware["a100"], run.cfg.model, e) * e.block_size
+        assert abs(cap - 1.37e5) / 1.37e5 < 0.01
+        assert run.cfg.workload.num_conversations >= 5000

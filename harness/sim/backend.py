@@ -57,6 +57,11 @@ class SimBackend:
                        on_finish=lambda r: self._prefill_finished(job, r), owner=job)
         self.engines[p.prefill_instance].submit(preq)
 
+    def set_batch_rule(self, instance_index: int, rule) -> None:
+        """Install a batch rule (``harness.batching.BatchRule``) on one engine; ``None`` restores the
+        engine's default (``engine.step_mode``)."""
+        self.engines[instance_index].set_rule(rule)
+
     def observe(self) -> tuple[InstanceState, ...]:
         """KV used (tokens), running, waiting and cumulative energy (J) of each engine, now."""
         now = self.clock.now()

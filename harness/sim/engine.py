@@ -1,12 +1,16 @@
 """One vLLM-like engine: continuous batching, chunked prefill, paged KV, prefix caching, preemption.
 
-The scheduler step follows vLLM V1 (``vllm/v1/core/sched/scheduler.py``): a per-step token budget
-(``max_num_batched_tokens``); RUNNING requests first (a prefilling request takes a chunk of its
-remaining prompt, a decoding one 1 token); when a running request cannot get the KV blocks it needs,
-the newest running request is preempted (its blocks freed, recomputed later: preemption by recompute);
-then WAITING requests in FCFS order, as long as budget, ``max_num_seqs`` and free blocks allow (a long
-prompt may be scheduled partially: chunked prefill). The step that completes a prompt samples the first
-output token; each decode step samples one token.
+Which requests a step advances is decided by a batch rule (``harness.batching``): by default vLLM V1's
+step (``vllm/v1/core/sched/scheduler.py``): a per-step token budget (``max_num_batched_tokens``); RUNNING
+requests first (a prefilling request takes a chunk of its remaining prompt, a decoding one 1 token); then
+WAITING requests in FCFS order, as long as budget, ``max_num_seqs`` and free blocks allow (a long prompt
+may be scheduled partially: chunked prefill). ``engine.step_mode=v0_prefill_first`` selects vLLM V0's
+prefill-first step instead, and a policy may install its own rule (WAIT); a resident request the rule
+leaves out of a step is paused (KV and progress kept). The engine executes the plan: when a request
+cannot get the KV blocks it needs, a victim is preempted (the rule's preferred victims first, then the
+newest by ``engine.preemption_order``; its blocks freed, recomputed later: preemption by recompute), and
+a step that preempted admits nothing. The step that completes a prompt samples the first output token;
+each decode step samples one token.
 
 KV blocks are counted, not materialised. Prefix caching is modelled per conversation: when a request
 finishes (or is preempted), its full blocks stay cached as the conversation's entry, LRU-ordered by
@@ -23,8 +27,9 @@ P/D: a prefill-only request (``max_tokens = 1``) keeps its blocks after finishin
 is done (vLLM's delayed free with a KV connector); a remote-KV request on the decoder allocates blocks for
 its prompt (local prefix hits first), waits for the transfer, then decodes.
 
-Identical decode-only steps are simulated as one event (up to ``max_coalesce_s``); a new arrival cuts
-such a run at the next step boundary, so the results equal step-by-step simulation.
+Identical decode-only steps are simulated as one event (up to ``max_coalesce_s``) when the rule marks
+its plan repeatable; only the plan's requests advance in such a run (paused ones do not); a new arrival
+cuts such a run at the next step boundary, so the results equal step-by-step simulation.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict, deque
 from typing import Callable, Optional
 
+from harness.batching import BatchRule, StepInput, default_rule
 from harness.clock import SimClock
 from harness.profiles import EngineConfig
 from harness.sim.perf import PerfModel
@@ -50,7 +56,7 @@ class Request:
     __slots__ = ("conv", "turn", "prompt", "out_target", "reused", "prefill_only", "remote_kv",
                  "computed", "prefill_target", "out_done", "blocks", "state", "hit_tokens",
                  "first_token_s", "finish_s", "preemptions", "prefill_computed", "on_first_token",
-                 "on_finish", "on_loading", "owner")
+                 "on_finish", "on_loading", "owner", "admit_seq", "submit_s", "idle_since_s", "in_step")
 
     def __init__(self, conv: str, turn: int, prompt: int, out_target: int, reused: tuple,
                  prefill_only: bool = False, remote_kv: bool = False,
@@ -70,6 +76,18 @@ class Request:
         self.preemptions = 0
         self.prefill_computed = 0       # prompt tokens actually computed here (incl. recompute)
         self.on_first_token, self.on_finish, self.on_loading = on_first_token, on_finish, on_loading
+        self.admit_seq = -1             # admission order into the running set (-1 while waiting)
+        self.submit_s = 0.0             # when it reached this engine, s
+        self.idle_since_s = 0.0         # when it last advanced (or was submitted), s
+        self.in_step = False            # scheduled in the step being planned
+
+    @property
+    def stage(self) -> int:
+        """The WAIT paper's stage: 0 while waiting or prefilling, else the iterations served so far (output
+        tokens produced; a P/D decode request counts the prefiller's iteration as its stage 0)."""
+        if self.computed < self.prefill_target:
+            return 0
+        return self.out_done + (1 if self.remote_kv else 0)
 
 
 class Engine:
@@ -98,6 +116,10 @@ class Engine:
         self.held = 0
         self.on_fail = on_fail
         self.busy = False
+        self.rule: BatchRule = default_rule(cfg.step_mode)
+        self.watermark_blocks = int(cfg.kv_watermark_frac * capacity_blocks)
+        self._admit_counter = 0
+        self._timer_at: Optional[float] = None
         # the step run in flight
         self._version = 0
         self._run_start = 0.0
@@ -114,6 +136,8 @@ class Engine:
         self.preemptions = 0
         self.prefill_tokens = 0
         self.decode_tokens = 0
+        self.peak_used_blocks = 0       # the most KV blocks held at once (at a step's start, after allocation)
+        self.paused_steps = 0           # sum over steps of resident requests the step left out
 
     # ---- observation --------------------------------------------------------------------------
     @property
@@ -179,13 +203,19 @@ class Engine:
         return max(hit, 0), entry[0]
 
     # ---- entry points ---------------------------------------------------------------------------
+    def set_rule(self, rule: Optional[BatchRule]) -> None:
+        """Install a batch rule (``None``: the default of ``engine.step_mode``)."""
+        self.rule = rule if rule is not None else default_rule(self.cfg.step_mode)
+
     def submit(self, req: Request) -> None:
         """Queue a request (FCFS) and make sure a step will run."""
         need = -(-(req.prompt + req.out_target) // self.bs)
-        if need > self.capacity_blocks:
+        if need > self.capacity_blocks - self.watermark_blocks:
             req.state = FAILED
-            self.on_fail(req, f"needs {need} KV blocks, instance {self.name} has {self.capacity_blocks}")
+            wm = f" above a watermark of {self.watermark_blocks}" if self.watermark_blocks else ""
+            self.on_fail(req, f"needs {need} KV blocks, instance {self.name} has {self.capacity_blocks}{wm}")
             return
+        req.submit_s = req.idle_since_s = self.clock.now()
         self.waiting.append(req)
         self.wake()
 
@@ -194,6 +224,8 @@ class Engine:
         self.loading -= 1
         req.computed = req.prompt
         req.state = RUNNING
+        req.admit_seq = self._admit_counter
+        self._admit_counter += 1
         self.running.append(req)
         self.wake()
 
@@ -224,6 +256,38 @@ class Engine:
         self._version += 1
         self.clock.call_at(self._run_start + ends[j], self._step_end, self._version, priority=0)
 
+    def _hit_blocks(self, req: Request) -> int:
+        """Prefix-cache hit of a waiting request now, blocks (0 without prefix caching)."""
+        return self._lookup(req)[0] if self.cfg.enable_prefix_caching else 0
+
+    def _arm_timer(self, t: float) -> None:
+        """Make sure a step is attempted at time ``t`` (a rule's timeout)."""
+        now = self.clock.now()
+        if self._timer_at is not None and now < self._timer_at <= t:
+            return
+        self._timer_at = t
+        self.clock.call_at(max(t, now), self._timer_fire, t, priority=0)
+
+    def _timer_fire(self, t: float) -> None:
+        if self._timer_at == t:
+            self._timer_at = None
+        self.wake()
+
+    def _victim(self, prefer: list) -> Request:
+        """The next preemption victim: the rule's preferred ones first, then by ``preemption_order``."""
+        while prefer:
+            v = prefer.pop()
+            if v.state == RUNNING:
+                return v
+        running = self.running
+        if self.cfg.preemption_order == "lifo_admission":
+            return running[-1]
+        best = running[-1]
+        for r in running:
+            if (r.submit_s, r.admit_seq) > (best.submit_s, best.admit_seq):
+                best = r
+        return best
+
     def _step_begin(self, version: int) -> None:
         if version != self._version:
             return
@@ -231,48 +295,75 @@ class Engine:
         now = self.clock.now()
         cfg = self.cfg
         bs = self.bs
+        running = self.running
+        waiting = self.waiting
+        plan = self.rule.plan(StepInput(now, running, waiting, cfg.max_num_batched_tokens,
+                                        self.free + self.cached_total, self.watermark_blocks,
+                                        self.capacity_blocks, bs, cfg.max_num_seqs,
+                                        cfg.max_prefill_chunk_tokens, self._hit_blocks))
+        if plan.wake_at_s is not None:
+            self._arm_timer(plan.wake_at_s)
         budget = cfg.max_num_batched_tokens
         prefill: list[tuple[Request, int]] = []
         decode: list[Request] = []
-        running = self.running
+        prefer = list(reversed(plan.evict_first)) if plan.evict_first else []
         preempted = False
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            n = req.prefill_target - req.computed
-            n = 1 if n <= 0 else min(n, budget)
+        for req, n in plan.run:
+            if req.state != RUNNING:        # preempted earlier in this step
+                continue
             need = -(-(req.computed + n) // bs) - req.blocks
             while need > self.free + self.cached_total:
-                victim = running.pop()
+                victim = self._victim(prefer)
+                if victim.in_step:          # scheduled earlier in this step: drop it from the step
+                    victim.in_step = False
+                    prefill = [(r, k) for r, k in prefill if r is not victim]
+                    decode = [r for r in decode if r is not victim]
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
                     break
             if req.state != RUNNING:
-                break
+                continue
             self._allocate(need)
             req.blocks += need
+            req.in_step = True
             if req.computed < req.prefill_target:
                 prefill.append((req, n))
             else:
                 decode.append(req)
             budget -= n
-            i += 1
-        if not preempted:
-            waiting = self.waiting
-            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-                req = waiting[0]
+        if not preempted and plan.admit:
+            wm = self.watermark_blocks
+            chunk_cap = cfg.max_prefill_chunk_tokens
+            whole_queue = plan.admit is waiting
+            cands = iter(()) if whole_queue else iter(plan.admit)
+            while budget > 0 and len(running) < cfg.max_num_seqs:
+                if whole_queue:
+                    if not waiting:
+                        break
+                    req = waiting[0]
+                else:
+                    req = next(cands, None)
+                    if req is None:
+                        break
+                    if req.state != WAITING:
+                        continue
                 hit, entry_blocks = self._lookup(req) if cfg.enable_prefix_caching else (0, 0)
                 if req.remote_kv:
                     need = -(-req.prompt // bs) - hit
                     n = 0
                 else:
                     n = min(req.prefill_target - hit * bs, budget)
+                    if chunk_cap and n > chunk_cap:
+                        n = chunk_cap
                     need = -(-(hit * bs + n) // bs) - hit
                 avail = self.free + self.cached_total - hit
-                if need > avail:
+                if need > avail - wm:
                     break
-                waiting.popleft()
+                if waiting[0] is req:
+                    waiting.popleft()
+                else:
+                    waiting.remove(req)
                 if entry_blocks:
                     entry = self.cache.pop(req.conv)
                     self.cached_total -= entry[0]
@@ -288,12 +379,23 @@ class Engine:
                     req.on_loading(req, req.prompt - hit * bs)
                     continue
                 req.state = RUNNING
+                req.admit_seq = self._admit_counter
+                self._admit_counter += 1
+                req.in_step = True
                 running.append(req)
                 prefill.append((req, n))
                 budget -= n
+        for req, _ in prefill:
+            req.in_step = False
+        for req in decode:
+            req.in_step = False
         if not prefill and not decode:
             self.busy = False
             return
+        used = self.capacity_blocks - self.free - self.cached_total
+        if used > self.peak_used_blocks:
+            self.peak_used_blocks = used
+        self.paused_steps += len(running) - len(prefill) - len(decode)
         perf = self.perf
         if prefill:
             p_tok = p_ctx = p_samp = 0
@@ -311,7 +413,7 @@ class Engine:
             cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)
             ends, energy = [cost.time_s], [cost.energy_j]
         else:
-            ends, energy = self._plan_decode_run(decode, 1 if preempted else None)
+            ends, energy = self._plan_decode_run(decode, 1 if preempted or not plan.repeatable else None)
         self._run_start = now
         self._run_ends, self._run_energy = ends, energy
         self._run_prefill, self._run_decode = prefill, decode
@@ -371,6 +473,7 @@ class Engine:
         bs = self.bs
         finished: list[Request] = []
         for req, n in self._run_prefill:
+            req.idle_since_s = now
             req.computed += n
             req.prefill_computed += n
             self.prefill_tokens += n
@@ -384,6 +487,7 @@ class Engine:
                 if req.out_done >= req.out_target:
                     finished.append(req)
         for req in self._run_decode:
+            req.idle_since_s = now
             if k > 1:
                 extra = -(-(req.computed + k) // bs) - req.blocks
                 if extra > 0:
@@ -399,6 +503,10 @@ class Engine:
             if req.out_done >= req.out_target:
                 finished.append(req)
         self._run_prefill, self._run_decode = [], []
+        if k > 1:
+            used = self.capacity_blocks - self.free - self.cached_total
+            if used > self.peak_used_blocks:
+                self.peak_used_blocks = used
         self._run_coalesced = False
         for req in finished:
             self.running.remove(req)
@@ -422,4 +530,9 @@ class Engine:
         req.remote_kv = False           # a preempted P/D decode request recomputes locally, as in vLLM
         req.prefill_target = req.prompt + req.out_done
         req.state = WAITING
+        req.admit_seq = -1
+        if self.running and self.running[-1] is req:
+            self.running.pop()
+        else:
+            self.running.remove(req)
         self.waiting.appendleft(req)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 from harness.backend import register_backend
 
@@ -23,6 +23,7 @@ class SimBackendConfig:
         trace takes about 3e5).
     """
 
+    supports_batch_rules: ClassVar[bool] = True  # the engines take a policy's batch rule (harness.batching)
     name: str = "sim"
     max_coalesce_s: float = 0.25
     max_sim_time_s: float = 3.156e7
