@@ -32,13 +32,23 @@ DECISION_COLUMNS = ["t_s", "kind", "conversation_id", "turn", "prefill_instance"
                     "candidates", "view_kv_used_frac", "view_queued_prefill_tokens", "num_held"]
 
 
+def sorted_percentile(a: np.ndarray, q: float) -> float:
+    """The ``q``-th percentile (0-100) of an ascending-sorted array, linearly interpolated between the two
+    nearest ranks: numpy's default (``method="linear"``) rule, ``a[i] + (a[i+1] - a[i]) * frac`` at rank
+    ``(n - 1) * q / 100`` -- computed directly, as ``np.percentile`` costs ~100 us per call."""
+    r = (len(a) - 1) * q / 100.0
+    i = int(r)
+    if i + 1 >= len(a):
+        return float(a[-1])
+    return float(a[i] + (a[i + 1] - a[i]) * (r - i))
+
+
 def _itl_stats(itl_s: Sequence[float]) -> tuple[float, float, float]:
     """p50, p99 and max of a turn's inter-token gaps, s (NaN for fewer than one gap)."""
     if len(itl_s) == 0:
         return math.nan, math.nan, math.nan
-    a = np.asarray(itl_s, dtype=float)
-    p50, p99 = np.percentile(a, [50, 99])
-    return float(p50), float(p99), float(a.max())
+    a = np.sort(np.asarray(itl_s, dtype=float))
+    return sorted_percentile(a, 50), sorted_percentile(a, 99), float(a[-1])
 
 
 def turn_row(job, names: Sequence[str], visible: bool) -> dict:

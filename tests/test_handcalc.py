@@ -92,6 +92,10 @@ def test_conserve_single_conversation_by_hand(coalesce):
     # decode tokens 2..10: the context grows by one token per step from 1001
     tpot0 = sum(decode_step(1000 + j) for j in range(1, 10)) / 9
     assert t.loc[0, "tpot_s"] == pytest.approx(tpot0, rel=1e-9)
+    # ITL on the decoder: its first token is its first decode step; the 9 later gaps are decode steps at
+    # contexts 1001..1009, in whatever runs the coalescing made of them
+    assert t.loc[0, "itl_max_s"] == pytest.approx(decode_step(1009), rel=1e-9)
+    assert t.loc[0, "itl_p50_s"] == pytest.approx(decode_step(1005), rel=1e-9)
     # turn 1: pinned, local append-prefill; the decoder cached floor(1010/16) = 63 blocks = 1008 tokens
     assert t.loc[1, "prefill_instance"] == "decoder0" and t.loc[1, "transfer_tokens"] == 0
     assert t.loc[1, "cached_tokens"] == 1008
@@ -107,6 +111,13 @@ def test_collocated_single_conversation_by_hand():
     assert t.loc[0, "ttft_s"] == pytest.approx(prefill_step(1000, 0), rel=1e-9)
     # collocated: the prefill step samples token 1, so decode steps 2..10 see contexts 1000..1008
     assert t.loc[0, "tpot_s"] == pytest.approx(sum(decode_step(1000 + j) for j in range(9)) / 9, rel=1e-9)
+    # ITL: tokens 2..10 come one decode step apart, with contexts 1000..1008 (increasing step times), so
+    # the 9 gaps sorted are decode_step(1000..1008): p50 is the 5th, p99 interpolates the 8th and 9th at
+    # rank 8 x 0.99 = 7.92, the max is the last
+    gaps = [decode_step(1000 + j) for j in range(9)]
+    assert t.loc[0, "itl_p50_s"] == pytest.approx(gaps[4], rel=1e-9)
+    assert t.loc[0, "itl_p99_s"] == pytest.approx(gaps[7] + 0.92 * (gaps[8] - gaps[7]), rel=1e-9)
+    assert t.loc[0, "itl_max_s"] == pytest.approx(gaps[8], rel=1e-9)
     # KV after turn 0 = 1000 + 9 computed tokens -> 63 full blocks cached
     assert t.loc[1, "cached_tokens"] == 1008
     assert t.loc[1, "ttft_s"] == pytest.approx(prefill_step(202, 1008), rel=1e-9)

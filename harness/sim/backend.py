@@ -142,6 +142,7 @@ class SimBackend:
 
     def _finish(self, job: TurnJob, req: Request) -> None:
         job.finish_s = self.clock.now()
+        job.itl_s = req.itl_gaps()
         job.preemptions += req.preemptions
         job.prefill_computed_tokens += req.prefill_computed
         if job.first_token_s is None:  # decode request of a P/D pair

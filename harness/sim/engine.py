@@ -35,6 +35,8 @@ cuts such a run at the next step boundary, so the results equal step-by-step sim
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+
+import numpy as np
 from collections import OrderedDict, deque
 from typing import Callable, Optional
 
@@ -56,7 +58,8 @@ class Request:
     __slots__ = ("conv", "turn", "prompt", "out_target", "reused", "prefill_only", "remote_kv",
                  "computed", "prefill_target", "out_done", "blocks", "state", "hit_tokens",
                  "first_token_s", "finish_s", "preemptions", "prefill_computed", "on_first_token",
-                 "on_finish", "on_loading", "owner", "admit_seq", "submit_s", "idle_since_s", "in_step")
+                 "on_finish", "on_loading", "owner", "admit_seq", "submit_s", "idle_since_s", "in_step",
+                 "last_token_s", "token_times")
 
     def __init__(self, conv: str, turn: int, prompt: int, out_target: int, reused: tuple,
                  prefill_only: bool = False, remote_kv: bool = False,
@@ -80,6 +83,19 @@ class Request:
         self.submit_s = 0.0             # when it reached this engine, s
         self.idle_since_s = 0.0         # when it last advanced (or was submitted), s
         self.in_step = False            # scheduled in the step being planned
+        self.token_times: list = []     # when its output tokens were sampled, in order: a time (s) for a
+        #                                 prefill-completing step, (run start, step-end offsets) for a decode run
+
+    def itl_gaps(self) -> np.ndarray:
+        """The gaps between this request's successive output tokens on this engine, s (shape: tokens - 1).
+
+        Rebuilt from the steps it took part in: a run of k decode steps started at t0 samples its tokens at
+        ``t0 + ends[j]``; a gap across a pause or a preemption is one long gap, as a client sees it.
+        """
+        if not self.token_times:
+            return np.empty(0)
+        t = np.concatenate([np.array((p,)) if isinstance(p, float) else p[1] + p[0] for p in self.token_times])
+        return np.diff(t)
 
     @property
     def stage(self) -> int:
@@ -480,13 +496,16 @@ class Engine:
             if req.computed >= req.prefill_target:
                 req.out_done += 1
                 self.decode_tokens += 1
+                req.token_times.append(now)
                 if req.first_token_s is None:
                     req.first_token_s = now
                     if req.on_first_token is not None:
                         req.on_first_token(req)
                 if req.out_done >= req.out_target:
                     finished.append(req)
+        run = (self._run_start, np.asarray(self._run_ends)) if self._run_decode else None  # shared by the batch
         for req in self._run_decode:
+            req.token_times.append(run)
             req.idle_since_s = now
             if k > 1:
                 extra = -(-(req.computed + k) // bs) - req.blocks
