@@ -278,7 +278,8 @@ def resolve(dcfg: DictConfig) -> Resolved:
             raise ConfigError(f"slo.reference_scheduler: {e}") from None
     trace = resolve_path(cfg.workload.trace)
     if cfg.workload.kind == "trace" and not trace.is_file():
-        raise ConfigError(f"workload.trace: file not found: {cfg.workload.trace} (looked for {trace})")
+        why = "is a directory, not a trace file" if trace.is_dir() else "file not found"
+        raise ConfigError(f"workload.trace: {why}: {cfg.workload.trace} (looked for {trace})")
     backend_name, backend_obj = _plugin_choice(cfg.backend, "backend", backend_config)
     run = Resolved(cfg, instances, name, sched_obj, trace, backend_name, backend_obj)
     if hasattr(backend_obj, "validate"):

@@ -60,14 +60,41 @@ def is_secret_key(key: str) -> bool:
     return bool(_TOKEN_WORD.search(k)) and not _UNIT_TOKEN.search(k)
 
 
+# Secret-looking values, whatever their key: well-known credential prefixes (OpenAI/Anthropic ``sk-``,
+# Hugging Face ``hf_``, GitHub ``ghp_``/``github_pat_``, Slack ``xox?-``, AWS access key ids, W&B's
+# 40-hex API keys, JWTs), and ``Bearer`` headers; a ``KEY=value`` string whose key is a credential.
+_SECRET_VALUE = re.compile(
+    r"\b(sk-[A-Za-z0-9_\-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+    r"|xox[abpors]-[A-Za-z0-9\-]{10,}|AKIA[0-9A-Z]{16}|[0-9a-f]{40}|eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]+)\b"
+    r"|bearer\s+\S+", re.IGNORECASE)
+# CLI flags whose next argument is a credential (``--api-key sk-...``); also ``--api-key=...``.
+_SECRET_FLAG = re.compile(r"^--?[a-z0-9_\-]*(api[_\-]?key|token|secret|passw(or)?d|credential)$", re.IGNORECASE)
+
+
+def _scrub_value(v: Any) -> Any:
+    if not isinstance(v, str):
+        return v
+    if "=" in v:
+        k, _, rest = v.partition("=")
+        if (is_secret_key(k.lstrip("-")) or _SECRET_FLAG.match(k)) and rest:
+            return f"{k}={REDACTED}"
+    return _SECRET_VALUE.sub(REDACTED, v)
+
+
 def scrub(obj: Any) -> Any:
-    """A copy of ``obj`` (nested dicts / lists) with the value of every secret key replaced by
-    ``"<redacted>"`` (:func:`is_secret_key`)."""
+    """A copy of ``obj`` (nested dicts / lists) with credentials replaced by ``"<redacted>"``: the value of
+    every secret key (:func:`is_secret_key`), every secret-looking string whatever its key (credential
+    prefixes such as ``sk-``/``hf_``, 40-hex keys, JWTs, ``Bearer ...``, ``KEY=value`` with a credential
+    key), and in a list the argument after a credential flag (``["--api-key", "sk-..."]``)."""
     if isinstance(obj, dict):
         return {k: (REDACTED if is_secret_key(k) else scrub(v)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [scrub(v) for v in obj]
-    return obj
+        out, redact_next = [], False
+        for v in obj:
+            out.append(REDACTED if redact_next else scrub(v))
+            redact_next = isinstance(v, str) and bool(_SECRET_FLAG.match(v))
+        return out
+    return _scrub_value(obj)
 
 
 class RunLogger(Protocol):
@@ -124,8 +151,12 @@ class WandbLogger:
         Path(directory).mkdir(parents=True, exist_ok=True)
         names = [config.get(g, {}).get("name") for g in ("scheduler", "cluster", "workload")
                  if isinstance(config.get(g), dict)]
+        backend = (config.get("backend") or {}).get("name", "sim") if isinstance(config.get("backend"), dict) else "sim"
+        if lc.mode == "offline":  # offline never touches the network (no version check, no login)
+            os.environ.setdefault("WANDB_MODE", "offline")
+            os.environ.setdefault("WANDB_DISABLE_SERVICE_CHECK", "true")
         self.run = wandb.init(project=lc.project, entity=lc.entity, mode=lc.mode, dir=directory,
-                              name=out_dir.name, group=lc.group or _sweep_group(), job_type="sim",
+                              name=out_dir.name, group=lc.group or _sweep_group(), job_type=backend,
                               tags=list(dict.fromkeys([*lc.tags, *[n for n in names if n]])),
                               config=scrub(config), settings=_settings(wandb))
 

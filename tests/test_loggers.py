@@ -149,3 +149,17 @@ def test_without_wandb_or_with_parquet_nothing_breaks(monkeypatch, tmp_path: Pat
         execute(run, out)
     assert (out / "turns.parquet").is_file() and (out / "summary.json").is_file()
     assert not (tmp_path / "wandb_dir").exists()
+
+
+def test_secrets_are_scrubbed_by_value_whatever_the_key():
+    """A credential in a value is redacted wherever it sits (a list after --api-key, a KEY=value string, a
+    well-known token prefix), and token counts and units are left alone."""
+    cfg = {"backend": {"extra_args": ["--api-key", "sk-abcdefghijklmnopqrstuvwx", "--max-model-len", "2048",
+                                      "--hf-token=hf_abcdefghijklmnopqrstuvwxyz"]},
+           "note": "see Bearer abcdef123456", "wandb_key": "x" * 3,
+           "model": {"prompt_tokens": 5, "kv_bytes_per_token": 114688}, "path": "traces/a.jsonl.gz"}
+    out = scrub(cfg)
+    assert out["backend"]["extra_args"] == ["--api-key", "<redacted>", "--max-model-len", "2048",
+                                            "--hf-token=<redacted>"]
+    assert "abcdef123456" not in out["note"]
+    assert out["model"] == cfg["model"] and out["path"] == cfg["path"]

@@ -58,16 +58,18 @@ def tiny_model():
     return model_path("tiny")
 
 
-def launched(cluster: str, port_base: int, tiny_model: str, workdir: Path):
-    """Launch the servers of ``cluster`` (a context manager yielding their specs and the launcher)."""
-    run = compose_run(COMMON + [f"cluster={cluster}", "scheduler=collocated", f"backend.port_base={port_base}"])
+def launched(cluster: str, port_base: int, tiny_model: str, workdir: Path, cpu_bind_offset: int = 0):
+    """Launch the servers of ``cluster`` (a context manager yielding their specs and the launcher); the
+    collocated server binds to core 1, the P/D pair to cores 0 and 1, so not all of them share core 0."""
+    run = compose_run(COMMON + [f"cluster={cluster}", "scheduler=collocated", f"backend.port_base={port_base}",
+                                f"backend.cpu_bind_offset={cpu_bind_offset}"])
     specs = instance_specs(run, tiny_model, workdir)
     return specs, Launcher(specs, workdir / "logs", 300)
 
 
 @pytest.fixture(scope="module")
 def collocated_server(tiny_model, tmp_path_factory):
-    specs, launcher = launched("cpu_1x", 8210, tiny_model, tmp_path_factory.mktemp("colo"))
+    specs, launcher = launched("cpu_1x", 8210, tiny_model, tmp_path_factory.mktemp("colo"), cpu_bind_offset=1)
     with launcher:
         yield specs[0].url, launcher
 

@@ -98,19 +98,25 @@ class VllmBackend:
         self.on_progress: Callable[[], None] = lambda: None
         self.infos: tuple[InstanceInfo, ...] = ()
         self.scrapes: list[Optional[Scrape]] = [None] * len(self.endpoints)
+        self.scrape_error: list[str] = [""] * len(self.endpoints)
         self.scrape_s: list[float] = []
         self.energy = EnergyMeter([e.device for e in self.endpoints])
         self.tasks: set[asyncio.Task] = set()
         self.mismatches = 0
 
     async def scrape_one(self, i: int) -> Optional[Scrape]:
-        """Fetch and parse instance ``i``'s ``/metrics`` (None if it does not answer)."""
+        """Fetch and parse instance ``i``'s ``/metrics`` (None if it does not answer; ``scrape_error[i]``
+        then says why)."""
         t0 = time.perf_counter()
         try:
             async with self.session.get(self.endpoints[i].url + "/metrics",
                                         timeout=aiohttp.ClientTimeout(total=10)) as r:
+                if r.status != 200:
+                    self.scrape_error[i] = f"HTTP {r.status}"
+                    return None
                 text = await r.text()
-        except (aiohttp.ClientError, TimeoutError, ConnectionError):
+        except (aiohttp.ClientError, TimeoutError, ConnectionError, OSError) as e:
+            self.scrape_error[i] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             return None
         self.scrape_s.append(time.perf_counter() - t0)
         s = parse_metrics(text)
@@ -127,7 +133,7 @@ class VllmBackend:
         for i, e in enumerate(self.endpoints):
             s = await self.scrape_one(i)
             if s is None:
-                raise RuntimeError(f"instance {e.name} at {e.url}: /metrics did not answer")
+                raise RuntimeError(f"instance {e.name} at {e.url}: /metrics did not answer ({self.scrape_error[i]})")
             infos.append(InstanceInfo(i, e.name, e.role, e.hardware, kv_capacity_tokens(s)))
         self.infos = tuple(infos)
 

@@ -75,7 +75,7 @@ def instance_specs(run: Resolved, model: str, run_dir: Path) -> list[InstanceSpe
         device = None
         if b.device == "cpu":
             env.update(CPU_ENV)
-            env["VLLM_CPU_OMP_THREADS_BIND"] = str(i % ncpu)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str((b.cpu_bind_offset + i) % ncpu)
             args += ["--kv-cache-memory-bytes", str(b.kv_cache_bytes)]
         else:
             device = str(i)

