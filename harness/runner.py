@@ -27,6 +27,7 @@ from harness.config import PROJECT_ROOT, ConfigError, Resolved, scheduler_config
 from harness.controller import ConversationState, Controller
 from harness.metrics import TURN_COLUMNS, apply_slo, conversation_table, instance_row, summarize, ttfet_turn_index, turn_row
 from harness.policy import PolicyContext, get_spec
+from harness.prefix import BlockContent
 from harness.sim.backend import SimBackend
 from harness.trace import ConversationRecord, load_trace
 from harness.workload import WorkloadStats, build_workload
@@ -74,7 +75,9 @@ def simulate(run: Resolved, conversations: Sequence[tuple[float, ConversationRec
     """
     cfg = run.cfg
     engine_cfg = cfg.engine if max_coalesce_s is None else dataclasses.replace(cfg.engine, max_coalesce_s=max_coalesce_s)
-    backend = SimBackend(run.instances, cfg.model, engine_cfg, cfg.cluster.link)
+    backend = SimBackend(run.instances, cfg.model, engine_cfg, cfg.cluster.link,
+                         content=BlockContent([r for _, r in conversations],
+                                              shared_prefix_tokens=cfg.workload.shared_prefix_tokens))
     names = [i.name for i in backend.infos]
     rows: list[dict] = []
     convs_by_id = {r.conversation_id: r for _, r in conversations}

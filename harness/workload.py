@@ -72,6 +72,7 @@ class WorkloadConfig:
     seed: int = 0
     max_turns: Optional[int] = None
     token_scale: float = 1.0
+    shared_prefix_tokens: int = 0
 
     def validate(self, where: str = "workload") -> None:
         """Raise ``ValueError`` naming ``workload.<field>`` for the first invalid value."""

@@ -6,6 +6,7 @@ from typing import Sequence
 
 from harness.backend import InstanceInfo, InstanceState, TurnJob
 from harness.clock import SimClock
+from harness.prefix import BlockContent, block_ranges
 from harness.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks
 from harness.sim.engine import FAILED, Engine, Request
 from harness.sim.perf import PerfModel
@@ -17,13 +18,21 @@ class SimBackend:
     Args:
         instances: ``(name, role, HardwareConfig)`` per instance, in index order.
         model, engine, link: the served model, engine knobs and KV-transfer link.
+        content: which KV blocks the workload's turns share (``harness.prefix.BlockContent`` over the
+            workload's conversations, with its shared system prompt if any). ``None``: each
+            conversation's own prefix only, learnt from the turns as they start (exact for the trace's
+            ``reused_tokens``; no sharing across conversations).
     KV transfers into one instance are serialised (one at a time, FIFO); transfer time =
     ``latency_s + tokens * kv_bytes_per_token / bandwidth_bytes_per_s``.
     """
 
     def __init__(self, instances: Sequence[tuple[str, str, HardwareConfig]], model: ModelConfig,
-                 engine: EngineConfig, link: LinkConfig, clock: SimClock | None = None):
+                 engine: EngineConfig, link: LinkConfig, clock: SimClock | None = None,
+                 content: BlockContent | None = None):
         self.clock = clock or SimClock()
+        self.content = content
+        self._learnt = BlockContent() if content is None else None
+        self._bs = engine.block_size
         self.model, self.link = model, link
         self.engines: list[Engine] = []
         self.perf: list[PerfModel] = []
@@ -45,15 +54,24 @@ class SimBackend:
         """Submit ``job``: one local request, or a prefill-only request then a remote-KV decode."""
         job.start_s = self.clock.now()
         p = job.placement
+        ranges = self._ranges(job)
         if not p.disaggregated:
             req = Request(job.conversation_id, job.turn, job.prompt_tokens, job.output_tokens, job.reused,
                           on_first_token=lambda r: self._local_first_token(job, r),
-                          on_finish=lambda r: self._finish(job, r), owner=job)
+                          on_finish=lambda r: self._finish(job, r), owner=job, ranges=ranges)
             self.engines[p.decode_instance].submit(req)
             return
         preq = Request(job.conversation_id, job.turn, job.prompt_tokens, 1, job.reused, prefill_only=True,
-                       on_finish=lambda r: self._prefill_finished(job, r), owner=job)
+                       on_finish=lambda r: self._prefill_finished(job, r), owner=job, ranges=ranges)
         self.engines[p.prefill_instance].submit(preq)
+
+    def _ranges(self, job: TurnJob) -> tuple:
+        """The turn's full KV blocks by content (``harness.prefix.block_ranges``)."""
+        if self.content is not None:
+            return block_ranges(self.content.segments(job.conversation_id, job.turn), self._bs)
+        segs = self._learnt.learn(job.conversation_id, job.turn, job.reused[job.turn],
+                                  job.prompt_tokens, job.output_tokens)
+        return block_ranges(segs, self._bs)
 
     def observe(self) -> tuple[InstanceState, ...]:
         """KV used (tokens), running, waiting and cumulative energy (J) of each engine, now."""
@@ -104,7 +122,8 @@ class SimBackend:
                        remote_kv=True,
                        on_first_token=lambda r: self._remote_first_token(job, r),
                        on_finish=lambda r: self._finish(job, r),
-                       on_loading=lambda r, tokens: self._transfer(job, preq, r, tokens), owner=job)
+                       on_loading=lambda r, tokens: self._transfer(job, preq, r, tokens), owner=job,
+                       ranges=preq.kv.ranges)
         self.engines[d].submit(dreq)
         if dreq.state == FAILED:  # the decoder can never hold it: free the prefiller's blocks
             self.engines[job.placement.prefill_instance].release_held(preq)
