@@ -509,3 +509,11 @@ def write_trace(path: str | os.PathLike, conversations: Iterable[ConversationRec
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+if __name__ == "__main__":
+    import sys as _sys
+
+    from harness.tracestats import main as _main
+
+    _sys.exit(_main())
