@@ -77,7 +77,7 @@ def simulate(run: Resolved, conversations: Sequence[tuple[float, ConversationRec
     engine_cfg = cfg.engine if max_coalesce_s is None else dataclasses.replace(cfg.engine, max_coalesce_s=max_coalesce_s)
     backend = SimBackend(run.instances, cfg.model, engine_cfg, cfg.cluster.link,
                          content=BlockContent([r for _, r in conversations],
-                                              shared_prefix_tokens=cfg.workload.shared_prefix_tokens))
+                                              shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens()))
     names = [i.name for i in backend.infos]
     rows: list[dict] = []
     convs_by_id = {r.conversation_id: r for _, r in conversations}

@@ -91,6 +91,11 @@ class WorkloadConfig:
     window_start_s: float = 0.0
     window_duration_s: Optional[float] = None
 
+    def effective_shared_prefix_tokens(self) -> int:
+        """``shared_prefix_tokens`` x ``token_scale``, rounded (tokens): the common system prompt of the
+        (scaled) conversations the run replays."""
+        return round(self.shared_prefix_tokens * self.token_scale)
+
     def validate(self, where: str = "workload") -> None:
         """Raise ``ValueError`` naming ``workload.<field>`` for the first invalid value."""
         if self.kind not in KINDS:

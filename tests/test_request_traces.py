@@ -222,3 +222,72 @@ def test_sim_mooncake_hits_match_trace_stats():
     assert abs(sim - ideal) < 0.01, (sim, ideal, cap)
     assert not math.isclose(ideal, ideal_hit_ratio(recs, 16)[0])  # the cache size matters here
     assert np.isfinite(sim)
+
+
+# ---- the real-vLLM client's prompts -----------------------------------------------------------------
+def _blocks(ids, bs):
+    """vLLM-style chained block hashes of the full blocks of a token-id list."""
+    out, parent = [], None
+    for j in range(len(ids) // bs):
+        parent = hash((parent, tuple(ids[j * bs:(j + 1) * bs])))
+        out.append(parent)
+    return out
+
+
+def test_context_book_follows_hash_ids(tmp_path):
+    from harness.vllm.backend import ContextBook
+    rows = [{"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [1, 2, 3]},
+            {"timestamp": 1, "input_length": 48, "output_length": 2, "hash_ids": [1, 2, 9]},
+            {"timestamp": 2, "input_length": 20, "output_length": 2, "hash_ids": [7, 2]},
+            {"session_id": "s", "timestamp": 3, "input_length": 16, "output_length": 2, "hash_ids": [1]},
+            {"session_id": "s", "delay": 0, "input_length": 16, "output_length": 2, "hash_ids": [1]}]
+    recs = load_trace(write_jsonl(tmp_path / "t.jsonl", rows), hash_block_tokens=16)
+    book = ContextBook(1000, seed=3, records=recs)
+    a = book.prompt("req000000", 0, 0, 40)
+    b = book.prompt("req000001", 0, 0, 48)
+    c = book.prompt("req000002", 0, 0, 20)
+    assert len(a) == 40 and len(b) == 48 and len(c) == 20
+    assert a[:32] == b[:32] and a[32:40] != b[32:40]         # ids 1, 2 shared; 3 vs 9 differ
+    assert c[16:20] != a[16:20]                              # id 2 after 7 is not id 2 after 1 (chained)
+    s0 = book.prompt("s", 0, 0, 16)
+    assert s0 == a[:16]                                      # a session's first turn shares id 1
+    book.extend("s", [5, 6])
+    s1 = book.prompt("s", 1, 18, 16)
+    assert s1[:18] == s0 + [5, 6] and s1[18:] != a[:16]      # later turn: history + private blocks
+    # same book, same chain -> the same ids again (a repeat of request 0)
+    assert ContextBook(1000, seed=3, records=recs).prompt("req000000", 0, 0, 40) == a
+
+
+def test_context_book_blocks_give_the_simulators_hits():
+    # the first 300 Mooncake requests, scaled by 1/32 (512-token hash blocks -> 16 ids): hashing the
+    # token ids the client sends, block by block as vLLM does, gives the same ideal hits (infinite cache)
+    # as the simulator's content model
+    from harness.vllm.backend import ContextBook
+    from harness.workload import scale_tokens
+    recs = [scale_tokens(r, 1 / 32) for r in load_trace("traces/mooncake/conversation_trace.jsonl.gz")[:300]]
+    assert recs[0].hash_block_tokens == 16
+    book = ContextBook(50_000, seed=0, records=recs)
+    seen: set = set()
+    hits = prompts = 0
+    for r in recs:
+        t = r.turns[0]
+        ids = book.prompt(r.conversation_id, 0, 0, t.new_input_tokens)
+        blocks = _blocks(ids, 16)
+        h = 0
+        while h < min(len(blocks), (len(ids) - 1) // 16) and blocks[h] in seen:
+            h += 1
+        hits += 16 * h
+        prompts += len(ids)
+        seen.update(blocks)
+    ideal, _ = ideal_hit_ratio(recs, 16)
+    assert hits / prompts == ideal and ideal > 0.05   # (0.081: sharing is there to be found)
+
+
+def test_context_book_shared_system_prompt():
+    from harness.vllm.backend import ContextBook
+    a = conversation("a", [(0, 300, 5, 1.0), (305, 10, 5, 0.0)])
+    b = conversation("b", [(0, 200, 5, 0.0)])
+    book = ContextBook(1000, seed=0, records=[a, b], shared_prefix_tokens=124)
+    pa, pb = book.prompt("a", 0, 0, 300), book.prompt("b", 0, 0, 200)
+    assert pa[:124] == pb[:124] and pa[124:200] != pb[124:200]
+    assert ContextBook(1000, seed=0, records=[a, b]).prompt("a", 0, 0, 300)[:124] != pb[:124]

@@ -108,7 +108,8 @@ async def _replay(run: Resolved, endpoints: list[Endpoint], model: str,
     done = asyncio.Event()
     perf = [PerfModel(hw, cfg.model) for _, _, hw in run.instances]
     async with aiohttp.ClientSession() as session:
-        contexts = ContextBook(vocab_size(model) if Path(model).is_dir() else cfg.model.vocab_size, cfg.workload.seed)
+        contexts = ContextBook(vocab_size(model) if Path(model).is_dir() else cfg.model.vocab_size, cfg.workload.seed,
+                               records=by_id.values(), shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens())
         pd_params = {"do_remote_decode": True} if b.kv_connector == "NixlConnector" else None
         backend = VllmBackend(endpoints, model, clock, session, contexts,
                               [pm.prefill_tokens_per_s() for pm in perf], [pm.idle_decode_step_s() for pm in perf],
