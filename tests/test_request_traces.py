@@ -291,3 +291,11 @@ def test_context_book_shared_system_prompt():
     pa, pb = book.prompt("a", 0, 0, 300), book.prompt("b", 0, 0, 200)
     assert pa[:124] == pb[:124] and pa[124:200] != pb[124:200]
     assert ContextBook(1000, seed=0, records=[a, b]).prompt("a", 0, 0, 300)[:124] != pb[:124]
+
+
+def test_write_trace_rejects_request_traces(tmp_path):
+    from harness.trace import write_trace
+    recs = load_trace(write_jsonl(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 5, "output_length": 1,
+                                                          "hash_ids": [1]}]))
+    with pytest.raises(TraceError, match=r"out\.jsonl:1: 'req000000' has hash_ids"):
+        write_trace(tmp_path / "out.jsonl", recs)

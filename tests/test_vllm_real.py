@@ -102,7 +102,15 @@ def test_collocated_replay_of_real_conversations(collocated_server, tmp_path):
     assert len(inst) > 0 and inst.kv_capacity_tokens.iloc[0] > 0
 
 
-def test_mooncake_prefix_hits_agree_with_simulator(collocated_server, tmp_path):
+@pytest.fixture(scope="module")
+def fresh_server(tiny_model, tmp_path_factory):
+    """A collocated server of its own (empty prefix cache, its own port)."""
+    specs, launcher = launched("cpu_1x", 8290, tiny_model, tmp_path_factory.mktemp("fresh"))
+    with launcher:
+        yield specs[0].url, launcher
+
+
+def test_mooncake_prefix_hits_agree_with_simulator(fresh_server, tmp_path):
     """The first 40 Mooncake requests that fit the tiny model's 4096-token context once scaled by 1/4
     (512-token hash blocks -> 128 tokens = one KV block of the CPU build), replayed open loop at their
     timestamps on the real server (ideal hit ratio 0.083 by ``harness.tracestats``): the ids the client sends follow
@@ -118,7 +126,7 @@ def test_mooncake_prefix_hits_agree_with_simulator(collocated_server, tmp_path):
     from harness.runner import simulate
     from harness.trace import load_trace
     from harness.workload import build_workload
-    url, _ = collocated_server
+    url, _ = fresh_server
     with _gzip.open(PROJECT_ROOT / "traces" / "mooncake" / "conversation_trace.jsonl.gz", "rt") as f:
         rows = [json.loads(line) for line in f]
     keep = [r for r in rows if (r["input_length"] + r["output_length"]) / 4 <= 3500][:40]
@@ -134,7 +142,8 @@ def test_mooncake_prefix_hits_agree_with_simulator(collocated_server, tmp_path):
     t = pd.read_parquet(tmp_path / "real" / "turns.parquet")
     assert (t.status == "ok").all() and len(t) == 40
     real_hits = int(t.cached_tokens.sum())
-    assert after["prefix_cache_hits_total"] - before["prefix_cache_hits_total"] == real_hits
+    assert after.get("prefix_cache_hits_total", 0.0) - before.get("prefix_cache_hits_total", 0.0) == real_hits, \
+        (after.get("prefix_cache_hits_total"), before.get("prefix_cache_hits_total"), real_hits)
     sim_run = compose_run(["backend=sim", "model=tiny", "slo=absolute", "cluster=cpu_1x", "scheduler=collocated",
                            "engine.block_size=128", *wl])
     convs, stats = build_workload(load_trace(trace), sim_run.cfg.workload)
@@ -143,6 +152,7 @@ def test_mooncake_prefix_hits_agree_with_simulator(collocated_server, tmp_path):
     sim_hits = sum(r["cached_tokens"] for r in res.turns)
     prompts = int(t.prompt_tokens.sum())
     assert sim_hits > 0.05 * prompts                          # there is sharing to find
+    print(f"mooncake40: real hits {real_hits}, sim hits {sim_hits}, prompt tokens {prompts}")
     assert abs(real_hits - sim_hits) <= 0.02 * prompts, (real_hits, sim_hits, prompts)
 
 
