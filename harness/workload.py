@@ -59,7 +59,8 @@ class WorkloadConfig:
     trace: path of a trace file (relative paths are relative to the project root).
     num_conversations: how many conversations (``None``: the whole trace).
     sample: ``shuffle`` | ``first`` | ``with_replacement``.
-    arrival: ``poisson`` | ``gamma`` | ``fixed``. rate_per_s: conversations/s (> 0 unless fixed).
+    arrival: ``poisson`` | ``gamma`` | ``fixed`` | ``trace`` (module docstring). rate_per_s: conversations/s
+        (> 0 unless fixed or trace).
     burstiness: coefficient of variation of Gamma gaps (> 0). seed: workload seed.
     max_turns: keep at most this many turns per conversation (``None``: all; the last kept turn
         becomes the visible one).
