@@ -134,8 +134,10 @@ class Cluster(Protocol):
 @dataclass(frozen=True)
 class BackendSpec:
     """A registered backend: its name, config dataclass (the ``backend`` config node's schema; it may
-    define ``validate(run)`` raising ``ValueError`` naming the key) and
-    ``open(run, run_dir) -> ContextManager[Cluster]`` (``run``: a ``harness.config.Resolved``)."""
+    define ``validate(run)`` raising ``ValueError`` naming the key, and a class attribute
+    ``supports_batch_rules``) and ``open(run, run_dir, *, conversations, ...) -> ContextManager[Cluster]``
+    (``run``: a ``harness.config.Resolved``; ``conversations``: the workload's ``(arrival_s, record)``
+    pairs, for what a backend derives from them, e.g. which KV blocks they share)."""
 
     name: str
     config_cls: type

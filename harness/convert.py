@@ -361,6 +361,31 @@ def _swe_messages(raw: object, where: str) -> tuple[Message, ...]:
     return tuple(out)
 
 
+PHANTOM_EXIT_TEXT = "Exit due to context window"
+
+
+def is_phantom_exit_step(step: object) -> bool:
+    """Whether a SWE-agent trajectory step is the synthetic context-window exit, not a model call.
+
+    When the query for the next call exceeds the model's context window, SWE-agent 1.0
+    (``sweagent/agent/agents.py``: ``except ContextWindowExceededError`` ->
+    ``handle_error_with_autosubmission("exit_context", "Exit due to context window")``) appends a
+    step whose ``thought`` and ``response`` are that message and autosubmits; the model never
+    served that query (it is not counted in ``info.model_stats.api_calls``, which then equals the
+    number of steps - 1). Its prompt, the query that did not fit, must not be replayed.
+
+    Returns True when the step's ``response`` or ``thought`` starts with
+    ``"Exit due to context window"``.
+    """
+    if not isinstance(step, dict):
+        return False
+    for key in ("response", "thought"):
+        v = step.get(key)
+        if isinstance(v, str) and v.strip().startswith(PHANTOM_EXIT_TEXT):
+            return True
+    return False
+
+
 def swe_agent_calls(data: dict, where: str) -> list[Call]:
     """Calls of a SWE-agent 1.0 ``.traj`` trajectory.
 
@@ -376,6 +401,10 @@ def swe_agent_calls(data: dict, where: str) -> list[Call]:
     the token-level common prefix. Model calls that are not trajectory steps
     (re-queries after format errors) are not in the file and are not counted.
 
+    A final step that SWE-agent synthesised after the model's context window
+    was exceeded (:func:`is_phantom_exit_step`) is not a model call and is
+    dropped: the previous step becomes the last (visible) call.
+
     Raises:
         ConvertError: missing ``trajectory`` / ``history``, an empty
             trajectory, or an unusable step.
@@ -386,6 +415,8 @@ def swe_agent_calls(data: dict, where: str) -> list[Call]:
         raise ConvertError(f"{where}: trajectory must be a non-empty list of steps")
     if not isinstance(history, list) or len(history) < 2:
         raise ConvertError(f"{where}: history must be a list with the system prompt and the task")
+    if len(traj) > 1 and is_phantom_exit_step(traj[-1]):
+        traj = traj[:-1]  # the previous (served) call becomes the last, visible one
     calls = []
     for i, step in enumerate(traj):
         w = f"{where}: trajectory[{i}]"

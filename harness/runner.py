@@ -128,7 +128,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     recorder = Recorder(oracle.visible, cfg.logger.log_decisions)
     spec = get_backend(run.backend_name)
     try:
-        with spec.open(run, out_dir, **(open_kwargs or {})) as cluster:
+        with spec.open(run, out_dir, conversations=conversations, **(open_kwargs or {})) as cluster:
             res = run_session(cluster, run, conversations, stats, run.scheduler_name, run.scheduler, recorder,
                               oracle=oracle, tick_s=cfg.logger.metrics_interval_s,
                               on_conversation=(lambda c: bar.update(1)) if bar else None)

@@ -165,7 +165,7 @@ def simulate(run: Any, conversations: Sequence[tuple[float, ConversationRecord]]
     ``backend.max_coalesce_s``; the run's backend config is used only if it is the simulator's)."""
     from harness.sim.plugin import open_sim
     recorder = Recorder(Oracle(conversations).visible, log_decisions)
-    with open_sim(run, max_coalesce_s=max_coalesce_s) as cluster:
+    with open_sim(run, conversations=conversations, max_coalesce_s=max_coalesce_s) as cluster:
         return run_session(cluster, run, conversations, stats, scheduler_name, sched_cfg, recorder,
                            tick_s=sample_interval_s, on_conversation=on_conversation)
 

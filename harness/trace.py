@@ -36,6 +36,7 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 __all__ = [
     "TurnRecord",
@@ -44,6 +45,7 @@ __all__ = [
     "load_trace",
     "write_trace",
     "dumps_conversation",
+    "HASH_BLOCK_TOKENS",
 ]
 
 
@@ -68,6 +70,10 @@ class TurnRecord:
             the time to first externally visible token (TTFET).
         output_tokens_raw: generated tokens before clipping (tokens;
             >= ``output_tokens``).
+        hash_ids: request traces only (``None`` otherwise): ids of the
+            ``ConversationRecord.hash_block_tokens``-token blocks of this
+            call's new input, in order (equal leading ids = equal token
+            prefix, across conversations; see ``harness.prefix``).
     """
 
     new_input_tokens: int
@@ -76,6 +82,7 @@ class TurnRecord:
     tool_time_s: float
     visible: bool
     output_tokens_raw: int
+    hash_ids: Optional[tuple[int, ...]] = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -92,11 +99,21 @@ class ConversationRecord:
         turns: the LLM calls in order (at least one).
         source: the trajectory format it was converted from, e.g.
             ``"mini-swe-agent-1"``.
+        arrival_s: request traces only: when the conversation's first call
+            was sent, from the trace's ``timestamp`` (s from the trace's
+            start; ``None``: the trace has no timestamps).
+        hash_block_tokens: request traces only: tokens per ``hash_ids`` block
+            (512 in Mooncake's traces; 0: no ``hash_ids``).
     """
 
     conversation_id: str
     turns: tuple[TurnRecord, ...]
     source: str
+    arrival_s: Optional[float] = None
+    hash_block_tokens: int = 0
+
+
+HASH_BLOCK_TOKENS = 512  # tokens per hash_ids block in Mooncake's FAST'25 traces (and AIPerf's default)
 
 
 class TraceError(ValueError):
@@ -225,11 +242,17 @@ def _parse_conversation(obj: object, where: str) -> ConversationRecord:
     return ConversationRecord(cid, tuple(turns), source)
 
 
-def load_trace(path: str | os.PathLike) -> list[ConversationRecord]:
+def load_trace(path: str | os.PathLike, hash_block_tokens: int = HASH_BLOCK_TOKENS) -> list[ConversationRecord]:
     """Load and fully validate a trace file.
+
+    Two formats are recognised by their first line: the conversation trace (``conversation_id``,
+    ``turns``; module docstring) and the request trace of Mooncake / NVIDIA Dynamo / AIPerf
+    (``input_length``, ``output_length``, ``hash_ids``, ...; see :func:`_load_request_trace`).
 
     Args:
         path: a ``.jsonl`` file, or a gzip-compressed one ending in ``.gz``.
+        hash_block_tokens: request traces: tokens per ``hash_ids`` block (512 in Mooncake's traces
+            and AIPerf's default).
 
     Returns:
         The conversations in file order.
@@ -262,6 +285,8 @@ def load_trace(path: str | os.PathLike) -> list[ConversationRecord]:
     except UnicodeDecodeError as e:
         raise TraceError(f"{name}: not UTF-8 text: {e}") from e
 
+    if _looks_like_request_trace(text):
+        return _load_request_trace(name, text, hash_block_tokens)
     conversations: list[ConversationRecord] = []
     first_line: dict[str, int] = {}
     loads = json.loads
@@ -284,6 +309,123 @@ def load_trace(path: str | os.PathLike) -> list[ConversationRecord]:
     if not conversations:
         raise TraceError(f"{name}: empty trace: no conversations")
     return conversations
+
+
+_REQ_KEYS = frozenset(("timestamp", "input_length", "output_length", "hash_ids", "session_id", "delay"))
+
+
+def _looks_like_request_trace(text: str) -> bool:
+    for line in text.split("\n"):
+        if line.strip():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                return False
+            return isinstance(obj, dict) and "input_length" in obj and "turns" not in obj
+    return False
+
+
+def _number(v: object) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def _load_request_trace(name: str, text: str, hash_block_tokens: int) -> list[ConversationRecord]:
+    """Parse a request trace (one JSON object per line, one LLM request each) into conversations.
+
+    Fields (Mooncake FAST'25 traces; NVIDIA Dynamo's and AIPerf's ``mooncake_trace`` replay):
+    ``timestamp`` (ms from the trace's start: when the request was sent), ``input_length`` and
+    ``output_length`` (tokens, ints >= 1), ``hash_ids`` (ids of the prompt's consecutive
+    ``hash_block_tokens``-token blocks, the last possibly partial; equal leading ids = equal prefix,
+    across requests), and for multi-turn sessions ``session_id`` and ``delay`` (ms). A row without
+    ``session_id`` is a one-turn conversation ``req<row index>`` arriving at its ``timestamp``. Rows
+    with the same ``session_id`` are one conversation, turns in file order (AIPerf's semantics): the
+    first row's ``timestamp`` is the arrival; a later turn's prompt is the session's history (previous
+    prompts and outputs, all reused) followed by its ``input_length`` new tokens (its ``hash_ids``
+    describe those), and it is sent ``delay`` ms after the previous turn finished (closed loop: the
+    previous turn's ``tool_time_s``). Every turn is user-visible (a chat reply).
+
+    Raises:
+        TraceError: naming ``file:line`` and the field: a missing or unknown key, a bad value,
+            ``hash_ids`` covering fewer tokens than ``input_length``, timestamps on some first rows
+            but not others, ``delay`` on a session's first row, or no rows.
+    """
+    if not (isinstance(hash_block_tokens, int) and hash_block_tokens >= 1):
+        raise TraceError(f"{name}: hash_block_tokens must be an int >= 1, got {hash_block_tokens!r}")
+    sessions: dict[str, list] = {}
+    order: list[str] = []
+    n_rows = 0
+    with_ts = without_ts = 0
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{name}:{lineno}"
+        try:
+            obj = json.loads(line, parse_constant=_reject_constant)
+        except (json.JSONDecodeError, ValueError) as e:
+            raise TraceError(f"{where}: not valid JSON: {e}") from None
+        if type(obj) is not dict:
+            raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        extra = sorted(obj.keys() - _REQ_KEYS)
+        if extra:
+            raise TraceError(f"{where}: request has unsupported key(s) {', '.join(map(repr, extra))} "
+                             f"(supported: {', '.join(sorted(_REQ_KEYS))})")
+        for key in ("input_length", "output_length"):
+            v = obj.get(key)
+            if type(v) is not int or v < 1:
+                raise TraceError(f"{where}: {key} must be an int >= 1 (tokens), got {v!r}")
+        ids = obj.get("hash_ids")
+        if ids is not None:
+            if type(ids) is not list or any(type(h) is not int for h in ids):
+                raise TraceError(f"{where}: hash_ids must be a list of ints, got {ids!r:.80}")
+            if obj["input_length"] > hash_block_tokens * len(ids):
+                raise TraceError(f"{where}: hash_ids has {len(ids)} blocks of {hash_block_tokens} tokens, "
+                                 f"fewer than input_length={obj['input_length']}")
+            ids = tuple(ids)
+        ts = obj.get("timestamp")
+        if ts is not None and not (_number(ts) and ts >= 0):
+            raise TraceError(f"{where}: timestamp must be a finite number >= 0 (ms), got {ts!r}")
+        delay = obj.get("delay")
+        if delay is not None and not (_number(delay) and delay >= 0):
+            raise TraceError(f"{where}: delay must be a finite number >= 0 (ms), got {delay!r}")
+        sid = obj.get("session_id")
+        if sid is not None and (type(sid) not in (str, int) or sid == ""):
+            raise TraceError(f"{where}: session_id must be a non-empty string or an int, got {sid!r}")
+        cid = f"req{n_rows:06d}" if sid is None else str(sid)
+        n_rows += 1
+        rows = sessions.get(cid)
+        if rows is None:
+            if delay is not None:
+                raise TraceError(f"{where}: delay is only allowed on a session's later rows (this is the first "
+                                 f"row of {cid!r}; its arrival is timestamp)")
+            if ts is None:
+                without_ts += 1
+            else:
+                with_ts += 1
+            if with_ts and without_ts:
+                raise TraceError(f"{where}: timestamp: some conversations' first rows have one and others do not")
+            rows = sessions[cid] = []
+            order.append(cid)
+        rows.append((obj["input_length"], obj["output_length"], ids, ts, delay))
+    if not order:
+        raise TraceError(f"{name}: empty trace: no requests")
+    out = []
+    for cid in order:
+        rows = sessions[cid]
+        turns = []
+        ctx = 0
+        for k, (inp, outp, ids, _, _) in enumerate(rows):
+            nxt_delay = rows[k + 1][4] if k + 1 < len(rows) else None
+            turns.append(TurnRecord(new_input_tokens=inp, reused_tokens=ctx, output_tokens=outp,
+                                    tool_time_s=(nxt_delay or 0.0) / 1000.0, visible=True,
+                                    output_tokens_raw=outp, hash_ids=ids))
+            ctx += inp + outp
+        if any(t.hash_ids is None for t in turns) and any(t.hash_ids is not None for t in turns):
+            raise TraceError(f"{name}: session {cid!r}: hash_ids on some rows but not on others")
+        ts0 = rows[0][3]
+        out.append(ConversationRecord(cid, tuple(turns), "request-trace",
+                                      arrival_s=None if ts0 is None else ts0 / 1000.0,
+                                      hash_block_tokens=hash_block_tokens if turns[0].hash_ids is not None else 0))
+    return out
 
 
 def _reject_constant(name: str) -> float:
@@ -335,6 +477,9 @@ def write_trace(path: str | os.PathLike, conversations: Iterable[ConversationRec
             raise TraceError(
                 f"{name}:{lineno}: expected a ConversationRecord, got {type(conv).__name__}"
             )
+        if any(t.hash_ids is not None for t in conv.turns):
+            raise TraceError(f"{name}:{lineno}: {conv.conversation_id!r} has hash_ids, which the conversation "
+                             f"trace format cannot hold (it is a request trace)")
         line = dumps_conversation(conv)
         _parse_conversation(json.loads(line), f"{name}:{lineno}")
         if conv.conversation_id in first_line:
@@ -364,3 +509,11 @@ def write_trace(path: str | os.PathLike, conversations: Iterable[ConversationRec
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+if __name__ == "__main__":
+    import sys as _sys
+
+    from harness.tracestats import main as _main
+
+    _sys.exit(_main())

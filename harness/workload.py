@@ -8,6 +8,12 @@ Kinds (``kind``):
     and no prefix reuse; ids are ``syn<index>-t<type>``. The trace file is not read.
 
 Arrival processes (``arrival``):
+  * ``trace``: open loop, from the trace's own timestamps (request traces: ``ConversationRecord
+    .arrival_s``), divided by ``time_scale`` (a speed-up factor) after keeping the conversations that
+    arrive in the window ``[window_start_s, window_start_s + window_duration_s)`` of trace time and
+    shifting that window to start at t = 0; conversations keep the trace's order (``sample`` must be
+    ``first``) and ``num_conversations`` keeps the first n of the window. Later turns of a session
+    still follow closed loop (previous turn's finish + its ``tool_time_s``, the trace's ``delay``);
   * ``poisson``: exponential inter-arrival gaps with mean ``1 / rate_per_s``;
   * ``gamma``: Gamma gaps with mean ``1 / rate_per_s`` and coefficient of variation ``burstiness``
     (shape ``k = 1 / burstiness**2``, scale ``1 / (rate_per_s * k)``; burstiness 1 is Poisson, > 1
@@ -32,6 +38,7 @@ from harness.trace import ConversationRecord, TurnRecord
 
 _STREAM_SAMPLE, _STREAM_ARRIVAL, _STREAM_SYNTHETIC = 1, 2, 3
 KINDS = ("trace", "synthetic")
+ARRIVALS = ("poisson", "gamma", "fixed", "trace")
 
 
 @dataclass
@@ -53,12 +60,20 @@ class WorkloadConfig:
     trace: path of a trace file (relative paths are relative to the project root).
     num_conversations: how many conversations (``None``: the whole trace).
     sample: ``shuffle`` | ``first`` | ``with_replacement``.
-    arrival: ``poisson`` | ``gamma`` | ``fixed``. rate_per_s: conversations/s (> 0 unless fixed).
+    arrival: ``poisson`` | ``gamma`` | ``fixed`` | ``trace`` (module docstring). rate_per_s: conversations/s
+        (> 0 unless fixed or trace).
     burstiness: coefficient of variation of Gamma gaps (> 0). seed: workload seed.
     max_turns: keep at most this many turns per conversation (``None``: all; the last kept turn
         becomes the visible one).
     token_scale: multiply every turn's new-input and output tokens by this factor (> 0; 1 = as
         recorded), e.g. to fit long agent contexts into a small test model (``scale_tokens``).
+    shared_prefix_tokens: tokens at the start of every conversation's first prompt that all
+        conversations share (a common system prompt), cached once and hit across conversations
+        (``harness.prefix``; tokens, >= 0; 0 = only each conversation's own prefix is reused).
+        Request traces state their sharing through ``hash_ids`` instead.
+    time_scale: ``arrival=trace`` only: speed-up of the trace's timestamps (> 0; 2 = twice the
+        request rate). window_start_s, window_duration_s: ``arrival=trace`` only: the slice of trace
+        time replayed (s, before scaling; duration ``None``: to the end).
     """
 
     name: str = "swebench"
@@ -73,6 +88,15 @@ class WorkloadConfig:
     seed: int = 0
     max_turns: Optional[int] = None
     token_scale: float = 1.0
+    shared_prefix_tokens: int = 0
+    time_scale: float = 1.0
+    window_start_s: float = 0.0
+    window_duration_s: Optional[float] = None
+
+    def effective_shared_prefix_tokens(self) -> int:
+        """``shared_prefix_tokens`` x ``token_scale``, rounded (tokens): the common system prompt of the
+        (scaled) conversations the run replays."""
+        return round(self.shared_prefix_tokens * self.token_scale)
 
     def validate(self, where: str = "workload") -> None:
         """Raise ``ValueError`` naming ``workload.<field>`` for the first invalid value."""
@@ -96,9 +120,32 @@ class WorkloadConfig:
             raise ValueError(f"{where}.prompt_types is only used with {where}.kind=synthetic (kind is {self.kind!r})")
         if self.sample not in ("shuffle", "first", "with_replacement"):
             raise ValueError(f"{where}.sample must be one of shuffle, first, with_replacement, got {self.sample!r}")
-        if self.arrival not in ("poisson", "gamma", "fixed"):
-            raise ValueError(f"{where}.arrival must be one of poisson, gamma, fixed, got {self.arrival!r}")
-        if self.arrival != "fixed" and not (isinstance(self.rate_per_s, (int, float))
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"{where}.arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
+        if self.arrival == "trace":
+            if self.kind != "trace":
+                raise ValueError(f"{where}.arrival=trace needs {where}.kind=trace (timestamps come from the trace)")
+            if self.sample != "first":
+                raise ValueError(f"{where}.sample must be 'first' with {where}.arrival=trace (the trace's "
+                                 f"timestamps fix the order), got {self.sample!r}")
+        for key in ("time_scale",):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{where}.{key} must be a finite number > 0, got {v!r}")
+        v = self.window_start_s
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"{where}.window_start_s must be a finite number >= 0 (s), got {v!r}")
+        v = self.window_duration_s
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0)):
+            raise ValueError(f"{where}.window_duration_s must be a finite number > 0 (s) or null, got {v!r}")
+        if self.arrival != "trace" and (self.time_scale != 1.0 or self.window_start_s != 0.0
+                                        or self.window_duration_s is not None):
+            raise ValueError(f"{where}.time_scale, window_start_s and window_duration_s apply only to "
+                             f"{where}.arrival=trace (arrival is {self.arrival!r})")
+        v = self.shared_prefix_tokens
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{where}.shared_prefix_tokens must be an int >= 0 (tokens), got {v!r}")
+        if self.arrival not in ("fixed", "trace") and not (isinstance(self.rate_per_s, (int, float))
                                             and math.isfinite(self.rate_per_s) and self.rate_per_s > 0):
             raise ValueError(f"{where}.rate_per_s must be a finite number > 0 (conversations/s), "
                              f"got {self.rate_per_s!r}")
@@ -170,7 +217,8 @@ def truncate_turns(rec: ConversationRecord, max_turns: int) -> ConversationRecor
 def scale_tokens(rec: ConversationRecord, factor: float) -> ConversationRecord:
     """Scale new-input and output tokens by ``factor`` (each >= 1 token), keeping the prefix structure:
     a turn that reused its whole previous context still does; a partial reuse is scaled and capped at
-    the (scaled) previous context. Tool times are unchanged."""
+    the (scaled) previous context; a request trace's ``hash_block_tokens`` is scaled too (>= 1), so
+    equal ``hash_ids`` still mean equal (scaled) blocks. Tool times are unchanged."""
     if factor == 1.0:
         return rec
     turns = []
@@ -187,7 +235,8 @@ def scale_tokens(rec: ConversationRecord, factor: float) -> ConversationRecord:
         prev_ctx, prev_ctx_scaled = t.prompt_tokens + t.output_tokens, reused + new + out
         turns.append(replace(t, new_input_tokens=new, reused_tokens=reused, output_tokens=out,
                              output_tokens_raw=max(out, round(t.output_tokens_raw * factor))))
-    return replace(rec, turns=tuple(turns))
+    block = max(1, round(rec.hash_block_tokens * factor)) if rec.hash_block_tokens else 0
+    return replace(rec, turns=tuple(turns), hash_block_tokens=block)
 
 
 def synthetic_conversations(cfg: WorkloadConfig) -> list[ConversationRecord]:
@@ -206,6 +255,31 @@ def synthetic_conversations(cfg: WorkloadConfig) -> list[ConversationRecord]:
     return out
 
 
+def _trace_window(records: Sequence[ConversationRecord], cfg: WorkloadConfig
+                  ) -> tuple[list[ConversationRecord], np.ndarray]:
+    """The conversations arriving in the configured window of trace time, by arrival time (ties: file
+    order), and their arrival times (s) shifted to the window's start and divided by ``time_scale``.
+
+    Raises:
+        ValueError: a conversation has no timestamp, or none arrives in the window.
+    """
+    missing = [r.conversation_id for r in records if r.arrival_s is None]
+    if missing:
+        raise ValueError(f"workload.arrival=trace needs timestamps, but conversation {missing[0]!r} (and "
+                         f"{len(missing) - 1} more) has none (a conversation trace has no timestamps: use "
+                         f"poisson, gamma or fixed)")
+    start = cfg.window_start_s
+    end = math.inf if cfg.window_duration_s is None else start + cfg.window_duration_s
+    order = sorted(range(len(records)), key=lambda i: records[i].arrival_s)
+    chosen = [records[i] for i in order if start <= records[i].arrival_s < end]
+    if not chosen:
+        raise ValueError(f"workload.window_start_s={start}, window_duration_s={cfg.window_duration_s}: no "
+                         f"conversation arrives in that window (trace time "
+                         f"{records[order[0]].arrival_s:.3f}-{records[order[-1]].arrival_s:.3f} s)")
+    times = (np.array([r.arrival_s for r in chosen]) - start) / cfg.time_scale
+    return chosen, times
+
+
 def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig
                    ) -> tuple[list[tuple[float, ConversationRecord]], WorkloadStats]:
     """Sample conversations (``kind=trace``: from ``records``; ``kind=synthetic``: generated, ``records``
@@ -217,6 +291,9 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig
         ValueError: invalid config, or ``num_conversations`` > trace size without replacement.
     """
     cfg.validate()
+    trace_times = None
+    if cfg.arrival == "trace":
+        records, trace_times = _trace_window(records, cfg)
     n = len(records) if cfg.num_conversations is None else cfg.num_conversations
     rng_s = np.random.default_rng([cfg.seed, _STREAM_SAMPLE])
     if cfg.kind == "synthetic":
@@ -241,7 +318,11 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig
     if cfg.token_scale != 1.0:
         chosen = [scale_tokens(r, cfg.token_scale) for r in chosen]
     rng_a = np.random.default_rng([cfg.seed, _STREAM_ARRIVAL])
-    if cfg.arrival == "fixed":
+    if trace_times is not None:
+        times = trace_times[:n]
+        span = float(times[-1] - times[0]) if n > 1 else 0.0
+        rate = (n - 1) / span if span > 0 else math.inf
+    elif cfg.arrival == "fixed":
         times = np.zeros(n)
         rate = math.inf
     else:

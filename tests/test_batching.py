@@ -136,12 +136,11 @@ def resident(eng, name, prompt, out_done, out_target=10):
     r = Request(name, 0, prompt, out_target, (0,), on_finish=lambda r: None, on_first_token=lambda r: None)
     r.computed = prompt + out_done - 1
     r.out_done = out_done
-    r.blocks = r.computed
+    eng.kv.grow(r.kv, r.computed, r.computed)   # block size 1: one block per computed token
     r.state = RUNNING
     r.admit_seq = eng._admit_counter
     eng._admit_counter += 1
     eng.running.append(r)
-    eng.free -= r.blocks
     return r
 
 

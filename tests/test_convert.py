@@ -386,3 +386,32 @@ def test_convert_duplicate_ids(tmp_path):
         cv.convert("mini-swe-agent", [tmp_path], tmp_path / "o.jsonl", jobs=1, progress=False)
     with pytest.raises(cv.ConvertError, match="no such file or directory"):
         cv.convert("mini-swe-agent", [tmp_path / "missing"], tmp_path / "o.jsonl", jobs=1, progress=False)
+
+
+def test_swe_agent_phantom_context_window_exit_dropped(tok, tmp_path):
+    """SWE-agent appends a synthetic step when the next query exceeds the context window: 5 steps,
+    4 API calls (``api_calls`` = steps - 1), last step "Exit due to context window". The converter
+    must give the 4 served calls only, the 4th becoming the visible one with no tool time after it."""
+    data = _swe_fixture()
+    last = data["trajectory"][-1]
+    # the query that did not fit: the whole history after step 3 (with its observation)
+    phantom = {"action": "exit_context", "observation": "", "response": "Exit due to context window",
+               "thought": "Exit due to context window", "execution_time": 0.0, "state": {},
+               "messages": last["messages"], "extra_info": {}}
+    data["trajectory"][-1] = {**last, "execution_time": 3.0}
+    data["trajectory"].append(phantom)
+    data["info"] = {"exit_status": "submitted (exit_context)", "model_stats": {"api_calls": 4}}
+    assert len(data["trajectory"]) == 5
+    path = tmp_path / "repo__issue-42.traj"
+    path.write_text(json.dumps(data))
+    conv, _ = cv.convert_file(path, "swe-agent", cv.TokenCounter(tok))
+    assert len(conv.turns) == 4
+    assert [t.visible for t in conv.turns] == [False, False, False, True]
+    assert [t.tool_time_s for t in conv.turns] == [0.25, 1.5, 0.125, 0.0]
+    # the same turns as the 4-step trajectory without the phantom step (computed by hand above)
+    base = _swe_fixture()
+    path2 = tmp_path / "base.traj"
+    path2.write_text(json.dumps(base))
+    conv2, _ = cv.convert_file(path2, "swe-agent", cv.TokenCounter(tok))
+    assert conv.turns == conv2.turns
+    assert cv.is_phantom_exit_step(phantom) and not cv.is_phantom_exit_step(last)

@@ -30,9 +30,10 @@ def workload(run, n=12, rate=0.5, max_turns=12, seed=3, max_context=5000):
 
 
 def check_engine(e: Engine) -> None:
-    held = sum(r.blocks for r in e.running)
+    # blocks private to running requests (shared cached blocks are counted once, in the pool's check)
+    held = sum(r.kv.blocks - r.kv.hashed for r in e.running)
     assert 0 <= e.free <= e.capacity_blocks
-    assert e.cached_total == sum(v[0] for v in e.cache.values())
+    e.kv.check()                                     # the block pool's own bookkeeping
     assert e.used_blocks >= held                     # + LOADING and HELD requests' blocks
     assert e.free + e.cached_total + e.used_blocks == e.capacity_blocks
     assert e.used_blocks <= e.capacity_blocks       # KV used never exceeds capacity

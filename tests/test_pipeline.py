@@ -110,7 +110,7 @@ class FakeCluster:
 if "fake" not in backends():
     @register_backend("fake", FakeBackendConfig)
     @contextlib.contextmanager
-    def open_fake(run, run_dir=None):
+    def open_fake(run, run_dir=None, *, conversations=()):
         yield FakeCluster(run, run.backend.step_s)
 
 
@@ -255,10 +255,16 @@ def internal_imports() -> dict[str, set[str]]:
             rel = p.relative_to(PROJECT_ROOT).with_suffix("")
             name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
             mods[name] = p
+    def is_main_block(node) -> bool:  # ``if __name__ == "__main__":``: a CLI entry, not a dependency
+        t = getattr(node, "test", None)
+        return (isinstance(node, ast.If) and isinstance(t, ast.Compare) and getattr(t.left, "id", "") == "__name__")
+
     graph: dict[str, set[str]] = {}
     for name, p in mods.items():
         deps = set()
-        for node in ast.walk(ast.parse(p.read_text())):
+        tree = ast.parse(p.read_text())
+        tree.body = [n for n in tree.body if not is_main_block(n)]
+        for node in ast.walk(tree):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]

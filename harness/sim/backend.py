@@ -7,6 +7,7 @@ from typing import Callable, Optional, Sequence
 
 from harness.backend import InstanceInfo, InstanceState, TurnJob
 from harness.clock import SimClock
+from harness.prefix import BlockContent, block_ranges
 from harness.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks, kv_transfer_s
 from harness.sim.engine import FAILED, Engine, Request
 from harness.sim.perf import PerfModel
@@ -21,14 +22,23 @@ class SimBackend:
         model, engine, link: the served model, engine knobs and KV-transfer link.
         max_coalesce_s: longest run of identical decode-only steps simulated as one event, s (also the
             maximum staleness of the state a policy observes; results do not depend on it).
+        max_sim_time_s, max_events: limits of ``drive`` (s of virtual time, events).
+        content: which KV blocks the workload's turns share (``harness.prefix.BlockContent`` over the
+            workload's conversations, with its shared system prompt if any). ``None``: each
+            conversation's own prefix only, learnt from the turns as they start (exact for the trace's
+            ``reused_tokens``; no sharing across conversations).
     KV transfers into one instance are serialised (one at a time, FIFO); transfer time is
     :func:`harness.profiles.kv_transfer_s`.
     """
 
     def __init__(self, instances: Sequence[tuple[str, str, HardwareConfig]], model: ModelConfig,
                  engine: EngineConfig, link: LinkConfig, clock: SimClock | None = None,
-                 max_coalesce_s: float = 0.25, max_sim_time_s: float = math.inf, max_events: float = math.inf):
+                 max_coalesce_s: float = 0.25, max_sim_time_s: float = math.inf, max_events: float = math.inf,
+                 content: BlockContent | None = None):
         self.clock = clock or SimClock()
+        self.content = content
+        self._learnt = BlockContent() if content is None else None
+        self._bs = engine.block_size
         self.model, self.link = model, link
         self.engines: list[Engine] = []
         infos = []
@@ -47,20 +57,29 @@ class SimBackend:
         """Submit ``job``: one local request, or a prefill-only request then a remote-KV decode."""
         job.start_s = self.clock.now()
         p = job.placement
+        ranges = self._ranges(job)
         if not p.disaggregated:
             req = Request(job.conversation_id, job.turn, job.prompt_tokens, job.output_tokens, job.reused,
                           on_first_token=lambda r: self._local_first_token(job, r),
-                          on_finish=lambda r: self._finish(job, r), owner=job)
+                          on_finish=lambda r: self._finish(job, r), owner=job, ranges=ranges)
             self.engines[p.decode_instance].submit(req)
             return
         preq = Request(job.conversation_id, job.turn, job.prompt_tokens, 1, job.reused, prefill_only=True,
-                       on_finish=lambda r: self._prefill_finished(job, r), owner=job)
+                       on_finish=lambda r: self._prefill_finished(job, r), owner=job, ranges=ranges)
         self.engines[p.prefill_instance].submit(preq)
 
     def set_batch_rule(self, instance_index: int, rule) -> None:
         """Install a batch rule (``harness.batching.BatchRule``) on one engine; ``None`` restores the
         engine's default (``engine.step_mode``)."""
         self.engines[instance_index].set_rule(rule)
+
+    def _ranges(self, job: TurnJob) -> tuple:
+        """The turn's full KV blocks by content (``harness.prefix.block_ranges``)."""
+        if self.content is not None:
+            return block_ranges(self.content.segments(job.conversation_id, job.turn), self._bs)
+        segs = self._learnt.learn(job.conversation_id, job.turn, job.reused[job.turn],
+                                  job.prompt_tokens, job.output_tokens)
+        return block_ranges(segs, self._bs)
 
     def observe(self) -> tuple[InstanceState, ...]:
         """KV used (tokens), running, waiting and cumulative energy (J) of each engine, now."""
@@ -160,7 +179,8 @@ class SimBackend:
                        remote_kv=True,
                        on_first_token=lambda r: self._remote_first_token(job, r),
                        on_finish=lambda r: self._finish(job, r),
-                       on_loading=lambda r, tokens: self._transfer(job, preq, r, tokens), owner=job)
+                       on_loading=lambda r, tokens: self._transfer(job, preq, r, tokens), owner=job,
+                       ranges=preq.kv.ranges)
         self.engines[d].submit(dreq)
         if dreq.state == FAILED:  # the decoder can never hold it: free the prefiller's blocks
             self.engines[job.placement.prefill_instance].release_held(preq)

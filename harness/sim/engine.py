@@ -12,16 +12,12 @@ newest by ``engine.preemption_order``; its blocks freed, recomputed later: preem
 a step that preempted admits nothing. The step that completes a prompt samples the first output token;
 each decode step samples one token.
 
-KV blocks are counted, not materialised. Prefix caching is modelled per conversation: when a request
-finishes (or is preempted), its full blocks stay cached as the conversation's entry, LRU-ordered by
-release time; allocation evicts from the least recently released entry, tail blocks first (vLLM frees a
-request's blocks in reverse order, so its tail is evicted before its head). A later request of the same
-conversation hits ``min(cached tokens, reused prefix)`` tokens (block-aligned), where the reused prefix is
-the minimum of the trace's ``reused_tokens`` over the turns since the entry was written (an agent that
-rewrites old observations invalidates the cached tail). Not modelled: blocks shared *across*
-conversations (vLLM hashes block contents, so an identical system prompt is cached once and hit by every
-conversation); for the shipped SWE-bench trace that is the first few hundred tokens of each turn-0
-prompt, a small share of the prefill work.
+KV blocks are counted, not materialised, in a content-addressed block pool
+(``harness.sim.kvcache.PrefixBlockPool``, vLLM's ``BlockPool``): a request's full blocks are identified
+by their content (``harness.prefix``: a conversation's own prefix, a shared system prompt, or a request
+trace's ``hash_ids``), shared by every request that has them, hashed when scheduled, and LRU-evicted
+after release (unhashed blocks are reused first; a released request's tail is evicted before its head).
+A request hits the longest run of its leading blocks that is cached, capped at ``prompt - 1`` tokens.
 
 P/D: a prefill-only request (``max_tokens = 1``) keeps its blocks after finishing until the KV transfer
 is done (vLLM's delayed free with a KV connector); a remote-KV request on the decoder allocates blocks for
@@ -37,12 +33,13 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 
 import numpy as np
-from collections import OrderedDict, deque
-from typing import Callable, Optional
+from collections import deque
+from typing import Callable, Optional, Sequence
 
 from harness.batching import BatchRule, StepInput, default_rule
 from harness.clock import SimClock
 from harness.profiles import EngineConfig
+from harness.sim.kvcache import KVLease, PrefixBlockPool
 from harness.sim.perf import PerfModel
 
 WAITING, LOADING, RUNNING, HELD, DONE, FAILED = range(6)
@@ -52,11 +49,13 @@ class Request:
     """One engine request (one turn's prefill, decode, or both on this engine).
 
     Token counts are in tokens, times in s. ``reused`` is the conversation's per-turn reused-prefix
-    list (from the trace), used to validate cached blocks.
+    list (from the trace). ``ranges``: the full KV blocks of the turn's context (prompt + output) by
+    content, ``(key, first block, end block)`` (``harness.prefix.block_ranges``); blocks of equal key
+    and index are shared with other requests. Empty: nothing is shared.
     """
 
     __slots__ = ("conv", "turn", "prompt", "out_target", "reused", "prefill_only", "remote_kv",
-                 "computed", "prefill_target", "out_done", "blocks", "state", "hit_tokens",
+                 "computed", "prefill_target", "out_done", "kv", "state", "hit_tokens",
                  "first_token_s", "finish_s", "preemptions", "prefill_computed", "on_first_token",
                  "on_finish", "on_loading", "owner", "admit_seq", "submit_s", "idle_since_s", "in_step",
                  "last_token_s", "token_times")
@@ -64,14 +63,15 @@ class Request:
     def __init__(self, conv: str, turn: int, prompt: int, out_target: int, reused: tuple,
                  prefill_only: bool = False, remote_kv: bool = False,
                  on_first_token: Optional[Callable] = None, on_finish: Optional[Callable] = None,
-                 on_loading: Optional[Callable] = None, owner: object = None):
+                 on_loading: Optional[Callable] = None, owner: object = None,
+                 ranges: Sequence[tuple[int, int, int]] = ()):
         self.owner = owner              # opaque back-reference for the backend (the turn's job)
         self.conv, self.turn, self.prompt, self.out_target, self.reused = conv, turn, prompt, out_target, reused
         self.prefill_only, self.remote_kv = prefill_only, remote_kv
         self.computed = 0
         self.prefill_target = prompt
         self.out_done = 0
-        self.blocks = 0
+        self.kv = KVLease(ranges)
         self.state = WAITING
         self.hit_tokens = -1            # prefix-cache hit at first scheduling (-1: not yet scheduled)
         self.first_token_s: Optional[float] = None
@@ -105,6 +105,11 @@ class Request:
             return 0
         return self.out_done + (1 if self.remote_kv else 0)
 
+    @property
+    def blocks(self) -> int:
+        """KV blocks allocated to this request (blocks)."""
+        return self.kv.blocks
+
 
 class Engine:
     """A simulated vLLM instance.
@@ -123,9 +128,7 @@ class Engine:
         self.max_coalesce_s = max_coalesce_s
         self.bs = cfg.block_size
         self.capacity_blocks = capacity_blocks
-        self.free = capacity_blocks
-        self.cache: OrderedDict[str, list] = OrderedDict()   # conv -> [blocks, written_turn]
-        self.cached_total = 0
+        self.kv = PrefixBlockPool(capacity_blocks, self.bs, cfg.enable_prefix_caching)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.loading = 0
@@ -157,14 +160,24 @@ class Engine:
 
     # ---- observation --------------------------------------------------------------------------
     @property
+    def free(self) -> int:
+        """Free blocks holding no cached content (blocks)."""
+        return self.kv.free
+
+    @property
+    def cached_total(self) -> int:
+        """Cached (hashed, unreferenced, evictable) blocks (blocks)."""
+        return self.kv.cached
+
+    @property
     def used_blocks(self) -> int:
         """Blocks held by running, loading and held requests (not free, not cached-free)."""
-        return self.capacity_blocks - self.free - self.cached_total
+        return self.kv.used
 
     def used_blocks_now(self) -> int:
         """``used_blocks`` as step-by-step simulation would show it now: inside a coalesced decode run,
         the blocks of the steps begun by now are counted (they are allocated at the run's end)."""
-        used = self.capacity_blocks - self.free - self.cached_total
+        used = self.kv.used
         if not self._run_coalesced:
             return used
         ends = self._run_ends
@@ -177,46 +190,14 @@ class Engine:
         return used
 
     # ---- KV blocks ------------------------------------------------------------------------------
-    def _allocate(self, n: int) -> None:
-        if n <= 0:
-            return
-        if self.free < n:
-            cache = self.cache
-            while self.free < n:
-                conv, entry = next(iter(cache.items()))
-                take = min(entry[0], n - self.free)
-                entry[0] -= take
-                self.free += take
-                self.cached_total -= take
-                if entry[0] == 0:
-                    del cache[conv]
-        self.free -= n
-
     def _release(self, req: Request) -> None:
-        """Return ``req``'s blocks: full blocks become the conversation's cache entry."""
-        full = min(req.computed // self.bs, req.blocks) if self.cfg.enable_prefix_caching else 0
-        old = self.cache.pop(req.conv, None)
-        if old is not None:
-            self.free += old[0]
-            self.cached_total -= old[0]
-        self.free += req.blocks - full
-        if full:
-            self.cache[req.conv] = [full, req.turn]
-            self.cached_total += full
-        req.blocks = 0
+        """Return ``req``'s blocks to the pool (hashed ones stay cached, LRU)."""
+        self.kv.release(req.kv)
 
     def _lookup(self, req: Request) -> tuple[int, int]:
-        """(hit blocks, blocks of the conversation's cache entry) for ``req``; does not modify state."""
-        entry = self.cache.get(req.conv)
-        if entry is None:
-            return 0, 0
-        valid = entry[0] * self.bs
-        r = req.reused
-        for t in range(entry[1] + 1, req.turn + 1):
-            if r[t] < valid:
-                valid = r[t]
-        hit = min(valid, req.prefill_target - 1) // self.bs if not req.remote_kv else min(valid, req.prompt) // self.bs
-        return max(hit, 0), entry[0]
+        """(hit blocks, hit blocks now in the free queue) for ``req``; does not modify state. The hit is
+        at most ``prefill_target - 1`` tokens (``prompt`` for a remote-KV request)."""
+        return self.kv.lookup(req.kv, req.prompt if req.remote_kv else req.prefill_target - 1)
 
     # ---- entry points ---------------------------------------------------------------------------
     def set_rule(self, rule: Optional[BatchRule]) -> None:
@@ -328,7 +309,7 @@ class Engine:
             if req.state != RUNNING:        # preempted earlier in this step
                 continue
             need = -(-(req.computed + n) // bs) - req.blocks
-            while need > self.free + self.cached_total:
+            while need > self.kv.available:
                 victim = self._victim(prefer)
                 if victim.in_step:          # scheduled earlier in this step: drop it from the step
                     victim.in_step = False
@@ -340,8 +321,7 @@ class Engine:
                     break
             if req.state != RUNNING:
                 continue
-            self._allocate(need)
-            req.blocks += need
+            self.kv.grow(req.kv, need, req.computed + n)
             req.in_step = True
             if req.computed < req.prefill_target:
                 prefill.append((req, n))
@@ -364,7 +344,7 @@ class Engine:
                         break
                     if req.state != WAITING:
                         continue
-                hit, entry_blocks = self._lookup(req) if cfg.enable_prefix_caching else (0, 0)
+                hit, evictable = self._lookup(req)
                 if req.remote_kv:
                     need = -(-req.prompt // bs) - hit
                     n = 0
@@ -373,19 +353,14 @@ class Engine:
                     if chunk_cap and n > chunk_cap:
                         n = chunk_cap
                     need = -(-(hit * bs + n) // bs) - hit
-                avail = self.free + self.cached_total - hit
-                if need > avail - wm:
+                if need + evictable > self.kv.available - wm:
                     break
                 if waiting[0] is req:
                     waiting.popleft()
                 else:
                     waiting.remove(req)
-                if entry_blocks:
-                    entry = self.cache.pop(req.conv)
-                    self.cached_total -= entry[0]
-                    self.free += entry[0] - hit
-                self._allocate(need)
-                req.blocks = hit + need
+                self.kv.acquire(req.kv, hit)
+                self.kv.grow(req.kv, need, req.prompt if req.remote_kv else hit * bs + n)
                 req.computed = hit * bs
                 if req.hit_tokens < 0:
                     req.hit_tokens = hit * bs
@@ -464,7 +439,7 @@ class Engine:
         ends, energy = self.perf.decode_run(b, ctx, kmax, limit)
         k = len(ends)
         if k > 1:   # blocks for k more tokens per request must be available (step 1's were allocated)
-            avail = self.free + self.cached_total
+            avail = self.kv.available
             bs = self.bs
             while True:
                 need = 0
@@ -508,10 +483,7 @@ class Engine:
             req.token_times.append(run)
             req.idle_since_s = now
             if k > 1:
-                extra = -(-(req.computed + k) // bs) - req.blocks
-                if extra > 0:
-                    self._allocate(extra)
-                    req.blocks += extra
+                self.kv.grow(req.kv, -(-(req.computed + k) // bs) - req.blocks, req.computed + k)
             req.computed += k
             req.out_done += k
             self.decode_tokens += k

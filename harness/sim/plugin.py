@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Sequence
 
 from harness.backend import register_backend
 
@@ -42,13 +42,19 @@ class SimBackendConfig:
 
 @register_backend("sim", SimBackendConfig)
 @contextlib.contextmanager
-def open_sim(run: Any, run_dir: Path | None = None, *, max_coalesce_s: float | None = None) -> Iterator[Any]:
-    """A fresh simulated cluster for ``run`` (a ``harness.config.Resolved``), on its own virtual clock.
-    ``max_coalesce_s`` overrides the config's (the unloaded-TTFET replays use ``inf``). Nothing to tear
-    down."""
+def open_sim(run: Any, run_dir: Path | None = None, *, conversations: Sequence = (),
+             max_coalesce_s: float | None = None) -> Iterator[Any]:
+    """A fresh simulated cluster for ``run`` (a ``harness.config.Resolved``), on its own virtual clock,
+    whose KV block pools know which blocks the workload's ``conversations`` (``(arrival_s, record)``)
+    share (``harness.prefix.BlockContent``: each conversation's own prefix, plus the workload's shared
+    system prompt). ``max_coalesce_s`` overrides the config's (the unloaded-TTFET replays use ``inf``).
+    Nothing to tear down."""
+    from harness.prefix import BlockContent
     from harness.sim.backend import SimBackend
     cfg = run.cfg
     b = run.backend if isinstance(run.backend, SimBackendConfig) else SimBackendConfig()
+    content = BlockContent([r for _, r in conversations],
+                           shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens())
     yield SimBackend(run.instances, cfg.model, cfg.engine, cfg.cluster.link,
                      max_coalesce_s=b.max_coalesce_s if max_coalesce_s is None else max_coalesce_s,
-                     max_sim_time_s=b.max_sim_time_s, max_events=b.max_events)
+                     max_sim_time_s=b.max_sim_time_s, max_events=b.max_events, content=content)

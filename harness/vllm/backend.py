@@ -18,12 +18,13 @@ import hashlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import aiohttp
 import numpy as np
 
 from harness.backend import InstanceInfo, InstanceState, TurnJob
+from harness.trace import ConversationRecord
 from harness.vllm.client import CompletionResult, completion_body, prefill_only, stream_completion
 from harness.vllm.energy import EnergyMeter
 from harness.vllm.scrape import Scrape, kv_capacity_tokens, parse_metrics
@@ -44,16 +45,61 @@ class Endpoint:
 
 
 class ContextBook:
-    """Token-id contexts of every conversation (the prompts the replay sends)."""
+    """Token-id contexts of every conversation (the prompts the replay sends).
 
-    def __init__(self, vocab_size: int, seed: int):
+    Args:
+        vocab_size: the served model's vocabulary; ids are drawn from ``[FIRST_ID, vocab_size)``.
+        seed: the workload seed (every draw is seeded by it).
+        records: the workload's conversations (optional). Needed for the two kinds of sharing across
+            conversations (``docs/prefix_caching.md``): a request trace's ``hash_ids`` (a turn's new input
+            is its ``hash_block_tokens``-id blocks, each block drawn from a generator seeded by
+            ``(seed, digest of the id chain up to it)``, so equal id chains give equal blocks in every
+            request -- a session's later turns chain from the session and turn, private), and
+            ``shared_prefix_tokens``.
+        shared_prefix_tokens: the first N ids of every conversation's first prompt (capped as in
+            ``harness.prefix.BlockContent``) are the same ids in all conversations.
+    Other new input is fresh ids from a generator seeded by ``(seed, conversation, turn)``.
+    """
+
+    def __init__(self, vocab_size: int, seed: int, records: Iterable[ConversationRecord] = (),
+                 shared_prefix_tokens: int = 0):
         if vocab_size <= FIRST_ID + 1:
             raise ValueError(f"vocab_size must be > {FIRST_ID + 1}, got {vocab_size}")
         self.vocab, self.seed = vocab_size, seed
         self._ctx: dict[str, list[int]] = {}
+        self._records = {r.conversation_id: r for r in records}
+        self.shared_prefix_tokens = shared_prefix_tokens
+        self._blocks: dict[int, list[int]] = {}
+
+    def _draw(self, key: Sequence[int], n: int) -> list[int]:
+        return np.random.default_rng([self.seed, *key]).integers(FIRST_ID, self.vocab, size=n).tolist()
+
+    @staticmethod
+    def _digest(*parts: object) -> int:
+        return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
+
+    def _hash_block_ids(self, rec: ConversationRecord, turn: int, new: int) -> list[int]:
+        """``new`` ids of a request-trace turn's new input, block by block from its ``hash_ids``."""
+        size = rec.hash_block_tokens
+        ids: list[int] = []
+        chain = self._digest("root") if turn == 0 else self._digest("session", rec.conversation_id, turn)
+        hash_ids = rec.turns[turn].hash_ids
+        for i, h in enumerate(hash_ids):
+            if len(ids) >= new:
+                break
+            chain = self._digest(chain, h)
+            last = i == len(hash_ids) - 1
+            want = max(size, new - len(ids)) if last else size   # the last id covers any rest
+            block = self._blocks.get(chain)
+            if block is None or len(block) < want:
+                block = self._blocks[chain] = self._draw((chain,), want)
+            ids.extend(block[:min(want, new - len(ids))])
+        if len(ids) < new:                                     # no ids at all: private input
+            ids.extend(self._draw((self._digest("in", rec.conversation_id, turn),), new - len(ids)))
+        return ids
 
     def prompt(self, conversation_id: str, turn: int, reused: int, new: int) -> list[int]:
-        """Turn ``turn``'s prompt ids: ``reused`` ids of the previous context + ``new`` fresh ids.
+        """Turn ``turn``'s prompt ids: ``reused`` ids of the previous context + ``new`` new ids.
 
         Raises:
             ValueError: if ``reused`` exceeds the previous context.
@@ -61,9 +107,17 @@ class ContextBook:
         prev = self._ctx.get(conversation_id, [])
         if reused > len(prev):
             raise ValueError(f"{conversation_id} turn {turn}: reused_tokens={reused} > previous context {len(prev)}")
-        h = int.from_bytes(hashlib.sha256(conversation_id.encode()).digest()[:8], "little")
-        rng = np.random.default_rng([self.seed, h, turn])
-        fresh = rng.integers(FIRST_ID, self.vocab, size=new).tolist()
+        rec = self._records.get(conversation_id)
+        if rec is not None and turn < len(rec.turns) and rec.turns[turn].hash_ids is not None:
+            fresh = self._hash_block_ids(rec, turn, new)
+        else:
+            h = int.from_bytes(hashlib.sha256(conversation_id.encode()).digest()[:8], "little")
+            rng = np.random.default_rng([self.seed, h, turn])
+            fresh = rng.integers(FIRST_ID, self.vocab, size=new).tolist()
+            if turn == 0 and rec is not None and self.shared_prefix_tokens:
+                t = rec.turns
+                n = min(self.shared_prefix_tokens, t[0].prompt_tokens, *(x.reused_tokens for x in t[1:]), new)
+                fresh[:n] = self._draw((self._digest("shared-prefix"),), n)
         ids = prev[:reused] + fresh
         self._ctx[conversation_id] = ids
         return ids

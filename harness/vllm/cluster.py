@@ -93,8 +93,9 @@ class VllmCluster:
     """
 
     def __init__(self, run: Resolved, endpoints: list[Endpoint], model: str, hooks: Sequence = (),
-                 launcher: Optional[Launcher] = None):
+                 launcher: Optional[Launcher] = None, conversations: Sequence = ()):
         self.run, self.endpoints, self.model, self.hooks, self.launcher = run, endpoints, model, hooks, launcher
+        self.records = [r for _, r in conversations]
         self.loop = asyncio.new_event_loop()
         self.clock = AsyncioClock(self.loop, self._fatal)
         self._error: Optional[BaseException] = None
@@ -119,7 +120,8 @@ class VllmCluster:
         self._wake = asyncio.Event()
         self.session = aiohttp.ClientSession()
         contexts = ContextBook(vocab_size(self.model) if Path(self.model).is_dir() else cfg.model.vocab_size,
-                               cfg.workload.seed)
+                               cfg.workload.seed, records=self.records,
+                               shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens())
         pd_params = {"do_remote_decode": True} if b.kv_connector == "NixlConnector" else None
         self.backend = VllmBackend(self.endpoints, self.model, self.clock, self.session, contexts, pd_params,
                                    b.request_timeout_s, on_error=self._fatal)
@@ -250,7 +252,8 @@ class VllmCluster:
 
 
 @contextlib.contextmanager
-def open_cluster(run: Resolved, run_dir: Path, hooks: Sequence = ()) -> Iterator[VllmCluster]:
+def open_cluster(run: Resolved, run_dir: Path, conversations: Sequence = (), hooks: Sequence = ()
+                 ) -> Iterator[VllmCluster]:
     """Launch (``backend.launch``) or connect to the servers and yield an opened :class:`VllmCluster`;
     on exit, whatever happened, close it and stop every launched server."""
     b = run.backend
@@ -264,7 +267,7 @@ def open_cluster(run: Resolved, run_dir: Path, hooks: Sequence = ()) -> Iterator
             eps = [Endpoint(s.name, s.role, s.url, hw.name, s.device) for s, (_, _, hw) in zip(specs, run.instances)]
         else:
             eps = [Endpoint(n, r, u.rstrip("/"), hw.name) for (n, r, hw), u in zip(run.instances, b.endpoints)]
-        cluster = VllmCluster(run, eps, model, hooks, launcher)
+        cluster = VllmCluster(run, eps, model, hooks, launcher, conversations)
         stack.callback(cluster.close)
         cluster.open()
         yield cluster

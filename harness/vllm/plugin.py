@@ -116,15 +116,16 @@ class VllmBackendConfig:
 
 @register_backend("vllm", VllmBackendConfig)
 @contextlib.contextmanager
-def open_vllm(run: Any, run_dir: Path, *, hooks: Sequence = ()) -> Iterator[Any]:
+def open_vllm(run: Any, run_dir: Path, *, conversations: Sequence = (), hooks: Sequence = ()) -> Iterator[Any]:
     """Launch (or connect to) the servers of ``run``, warm them up, and yield a
-    :class:`harness.vllm.cluster.VllmCluster`; on exit, whatever happened, close the client and stop
-    every launched server. ``hooks``: ``(t_s, fn(cluster))`` called at run time ``t_s`` (fault
-    injection in tests).
+    :class:`harness.vllm.cluster.VllmCluster` whose prompts share token ids where the workload's
+    ``conversations`` share KV blocks; on exit, whatever happened, close the client and stop every
+    launched server. ``hooks``: ``(t_s, fn(cluster))`` called at run time ``t_s`` (fault injection in
+    tests).
 
     Raises:
         RuntimeError: a server did not start or does not answer.
     """
     from harness.vllm.cluster import open_cluster
-    with open_cluster(run, Path(run_dir), hooks) as cluster:
+    with open_cluster(run, Path(run_dir), conversations, hooks) as cluster:
         yield cluster
