@@ -56,9 +56,12 @@ def main(cfg: DictConfig) -> dict:
         if multirun:  # the sweep goes on; its comparison table marks this job
             return {"partial": True, "error": str(e)}
         sys.exit(1)
-    rate = "t=0" if run.cfg.workload.arrival == "fixed" else f"{run.cfg.workload.rate_per_s} conv/s"
+    w = run.cfg.workload
+    rate = {"fixed": "t=0", "trace": f"the trace's timestamps x{1 / w.time_scale:g}"}.get(w.arrival,
+                                                                                       f"{w.rate_per_s} conv/s")
+    verdict = "VALID" if summary.get("valid") else "INVALID: " + "; ".join(summary.get("invalid_reasons", []))
     print(f"\n{run.scheduler_name} on {run.cfg.cluster.name} ({run.backend_name}), {summary['workload']} "
-          f"@ {rate} -> {out}\n{summary_table({run.scheduler_name: summary})}")
+          f"@ {rate} -> {out}\n{summary_table({run.scheduler_name: summary})}\nrun {verdict}")
     return summary
 
 

@@ -45,6 +45,7 @@ class Metric:
 CATALOG: tuple[Metric, ...] = (
     Metric("num_conversations", "conversations", 0, axis="conversations (count)"),
     Metric("num_turns", "turns", 0, axis="turns completed (count)"),
+    Metric("num_conversations_failed", "failed conversations", 0, axis="failed conversations (count)"),
     Metric("ttfet_p50_s", "TTFET p50 (s)", 2, log_y=True),
     Metric("ttfet_p95_s", "TTFET p95 (s)", 2, log_y=True),
     Metric("ttft_p95_s", "TTFT p95 (s)", 3, log_y=True),
@@ -63,7 +64,7 @@ CATALOG: tuple[Metric, ...] = (
 BY_KEY: Mapping[str, Metric] = {m.key: m for m in CATALOG}
 
 # The rows of the printed run table and of the sweep comparison.md, in order.
-TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "ttfet_p50_s", "ttfet_p95_s", "ttft_p95_s",
+TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "num_conversations_failed", "ttfet_p50_s", "ttfet_p95_s", "ttft_p95_s",
                           "tpot_p50_s", "slo_attainment", "goodput_conv_per_s", "preemptions", "prefix_hit_frac",
                           "energy_j", "tokens_per_joule", "output_tokens_per_joule", "sim_wall_s")
 # The metrics a sweep report aggregates (points.csv) and plots against the x axis, and the subset of its

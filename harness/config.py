@@ -25,6 +25,7 @@ from harness.metrics import SloConfig
 from harness.policy import ROLES
 from harness.profiles import ClusterConfig, EngineConfig, HardwareConfig, ModelConfig, kv_capacity_blocks
 from harness.schedulers import get_spec, registered
+from harness.validity import ValidityConfig
 from harness.workload import WorkloadConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +47,7 @@ class LoggerConfig:
     directory's name in a multirun), tags, dir (``None``: ``$WANDB_DIR``, else the run directory),
     log_tables (per-turn / per-conversation / instance tables), log_figures, max_table_rows (rows per
     table; the parquet files keep them all), max_history_points (instance time-series points per run).
+    percentiles: the percentiles of TTFT, TPOT, E2E and ITL in ``summary.json`` (``harness.validity``).
     """
 
     name: str = "parquet"
@@ -62,6 +64,7 @@ class LoggerConfig:
     log_figures: bool = True
     max_table_rows: int = 100_000
     max_history_points: int = 2000
+    percentiles: list[float] = field(default_factory=lambda: [50.0, 90.0, 95.0, 99.0])
 
     def validate(self, where: str = "logger") -> None:
         """Raise ``ValueError`` naming ``logger.<field>`` for the first invalid value."""
@@ -75,6 +78,9 @@ class LoggerConfig:
             raise ValueError(f"{where}.max_table_rows must be >= 1, got {self.max_table_rows!r}")
         if self.max_history_points < 1:
             raise ValueError(f"{where}.max_history_points must be >= 1, got {self.max_history_points!r}")
+        if not self.percentiles or not all(isinstance(q, (int, float)) and 0 <= q <= 100 for q in self.percentiles):
+            raise ValueError(f"{where}.percentiles must be a non-empty list of numbers in [0, 100], "
+                             f"got {self.percentiles!r}")
 
 
 @dataclass
@@ -90,6 +96,7 @@ class RunConfig:
     backend: Any = None
     slo: SloConfig = field(default_factory=SloConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    validity: ValidityConfig = field(default_factory=ValidityConfig)
     seed: int = 0
 
 
@@ -247,6 +254,7 @@ def resolve(dcfg: DictConfig) -> Resolved:
         cfg.slo.validate("slo")
         cfg.cluster.link.validate("cluster.link")
         cfg.logger.validate("logger")
+        cfg.validity.validate("validity")
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if not cfg.cluster.instances:

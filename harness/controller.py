@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from harness.backend import Cluster, TurnJob
 from harness.policy import Admission, ClusterView, InstanceHints, InstanceView, Placement, Policy, TurnView
@@ -52,6 +52,9 @@ class Controller:
         hints: per-instance hardware hints shown to policies in the view.
         link_bandwidth_bytes_per_s, link_latency_s, kv_bytes_per_token: shown to policies in the view.
         on_conversation: called with each finished ``ConversationState``.
+        max_context_tokens: the served model's context limit, tokens; a turn whose prompt + output
+            exceed it fails at once, as a server rejects it (``workload.context_overflow=fail``; the other
+            policies removed such turns before the run). ``None``: no limit.
 
     Raises (at decision time):
         ValueError: a policy returned an invalid admission index or placement instance.
@@ -60,7 +63,8 @@ class Controller:
     def __init__(self, cluster: Cluster, policy: Policy, conversations: Sequence[tuple[float, ConversationRecord]],
                  recorder: Recorder, hints: Sequence[InstanceHints], *, link_bandwidth_bytes_per_s: float,
                  link_latency_s: float, kv_bytes_per_token: int,
-                 on_conversation: Callable[[ConversationState], None] = lambda c: None):
+                 on_conversation: Callable[[ConversationState], None] = lambda c: None,
+                 max_context_tokens: Optional[int] = None):
         self.clock, self.backend, self.policy, self.recorder = cluster.clock, cluster, policy, recorder
         self._hints = tuple(hints)
         self.convs = [ConversationState(i, rec, t, tuple(tr.reused_tokens for tr in rec.turns))
@@ -71,6 +75,7 @@ class Controller:
         self._link = (link_bandwidth_bytes_per_s, link_latency_s)
         self._kvb = kv_bytes_per_token
         self.on_conversation = on_conversation
+        self.max_context_tokens = max_context_tokens
         self.log_decisions = recorder.log_decisions
         self.held: list[tuple[ConversationState, TurnView]] = []
         n = len(cluster.infos)
@@ -157,6 +162,12 @@ class Controller:
                       self._prefill_done, self._finish, self._fail,
                       submit_s=tv.submit_s, admit_s=now)
         self._queued_prefill[p.prefill_instance] += tr.prompt_tokens
+        if self.max_context_tokens and tr.prompt_tokens + tr.output_tokens > self.max_context_tokens:
+            job.start_s = now
+            job.error = (f"context_length: prompt {tr.prompt_tokens} + output {tr.output_tokens} tokens exceed the "
+                         f"model's context of {self.max_context_tokens}")
+            self._fail(job, job.error)
+            return
         self.backend.start_turn(job)
 
     def _count(self, c: ConversationState, instance: int, context_tokens: int) -> None:

@@ -179,6 +179,7 @@ class Recorder:
         self.turns: list[dict] = []
         self.decisions: list[Any] = []
         self.samples: list[dict] = []
+        self.itl: list[np.ndarray] = []   # every completed turn's inter-token gaps, s (pooled ITL percentiles)
 
     def bind(self, names: Sequence[str]) -> None:
         """The cluster's instance names, in index order."""
@@ -187,6 +188,12 @@ class Recorder:
     def turn(self, job) -> None:
         """Record a finished or failed ``TurnJob``."""
         self.turns.append(turn_row(job, self.names, self.visible(job.conversation_id, job.turn)))
+        if not job.error and len(job.itl_s):
+            self.itl.append(np.asarray(job.itl_s, dtype=float))
+
+    def itl_gaps(self) -> np.ndarray:
+        """Every completed turn's inter-token gaps, pooled, s."""
+        return np.concatenate(self.itl) if self.itl else np.empty(0)
 
     def decision(self, d) -> None:
         """Record a typed decision (:class:`HoldDecision`, :class:`PlaceDecision`, :class:`PlanDecision`)."""

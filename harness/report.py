@@ -320,6 +320,8 @@ def _plt():
     import matplotlib.pyplot as plt
     import seaborn as sns
     sns.set_theme(context="paper", style="whitegrid", font_scale=1.1)
+    # embed TrueType (Type 42) fonts in PDF/PS, never Type 3 (journals and arXiv reject Type 3)
+    matplotlib.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42})
     return plt, sns
 
 

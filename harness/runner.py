@@ -28,8 +28,9 @@ from harness.config import PROJECT_ROOT, ConfigError, Resolved
 from harness.controller import ConversationState
 from harness.metrics import apply_slo, conversation_table, summarize
 from harness.recorder import Recorder, write_json, write_run_files, write_text
-from harness.session import SessionResult, check_policies, run_session, unloaded_ttfet
+from harness.session import SessionResult, check_policies, context_limit, run_session, unloaded_ttfet
 from harness.trace import load_trace
+from harness.validity import failures_by_reason, serving_metrics, verdict
 from harness.workload import Oracle, build_workload
 
 log = logging.getLogger(__name__)
@@ -101,9 +102,13 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     records = [] if synthetic else load_trace(run.trace_path)
     source = "synthetic prompt types" if synthetic else run.trace_path.name
     try:
-        conversations, stats = build_workload(records, cfg.workload)
+        conversations, stats = build_workload(records, cfg.workload, context_limit(run))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if stats.context_dropped or stats.context_truncated:
+        log.warning("workload.context_overflow=%s: %d conversations dropped, %d truncated: a turn needs more "
+                    "than the model's %s-token context", cfg.workload.context_overflow, stats.context_dropped,
+                    stats.context_truncated, context_limit(run))
     check_policies(run, conversations, stats)
     out_dir.mkdir(parents=True, exist_ok=True)
     if resolved_yaml:
@@ -149,12 +154,26 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     summary.update({
         "scheduler": run.scheduler_name, "cluster": cfg.cluster.name, "model": cfg.model.name,
         "workload": cfg.workload.name if synthetic else run.trace_path.name,
-        "workload_rate_per_s": cfg.workload.rate_per_s, "seed": cfg.workload.seed,
+        "workload_rate_per_s": stats.rate_per_s if cfg.workload.arrival == "trace" else cfg.workload.rate_per_s,
+        "workload_arrival": cfg.workload.arrival, "seed": cfg.workload.seed,
         "partial": bool(res.error), "error": res.error,
         "sim_events": res.events, "sim_wall_s": res.wall_s, "total_wall_s": time.perf_counter() - t_start,
         "sim_turns_per_wall_s": len(turns) / res.wall_s if res.wall_s > 0 else math.nan,
         "backend": run.backend_name, **res.extra,
+        "context_limit_tokens": context_limit(run), "context_overflow": cfg.workload.context_overflow,
+        "num_conversations_context_dropped": stats.context_dropped,
+        "num_conversations_context_truncated": stats.context_truncated,
     })
+    summary.update(serving_metrics(turns, res.window_end_s - res.window_start_s, cfg.logger.percentiles,
+                                   recorder.itl_gaps()))
+    summary["failed_turns_by_reason"] = failures_by_reason(turns)
+    summary.update(verdict(summary, conv, cfg.validity))
+    if summary["num_conversations_failed"]:
+        log.warning("%d of %d conversations failed (%s)", summary["num_conversations_failed"],
+                    summary["num_conversations"], ", ".join(f"{k}: {v} turns" for k, v in
+                                                           summary["failed_turns_by_reason"].items()))
+    if not summary["valid"]:
+        log.warning("run INVALID: %s", "; ".join(summary["invalid_reasons"]))
     if res.error_traceback:
         summary["error_traceback"] = res.error_traceback
     write_run_files(out_dir, turns, conv, recorder.instances_frame(),

@@ -58,6 +58,17 @@ def policy_context(run: Any, stats: WorkloadStats, oracle: Callable, kv_capacity
                          workload=stats, hints=hints, kv_capacity_tokens=tuple(kv_capacity_tokens))
 
 
+def context_limit(run: Any) -> Optional[int]:
+    """The served model's context, tokens: ``model.max_model_len`` (its ``config.json``), and on a
+    backend that serves with a shorter one (``backend.context_limit``, e.g. vLLM's ``--max-model-len``),
+    that. ``None`` when neither says."""
+    limits = [run.cfg.model.max_model_len or None]
+    own = getattr(run.backend, "context_limit", None)
+    limits.append(own() if own else None)
+    limits = [x for x in limits if x]
+    return min(limits) if limits else None
+
+
 def make_policy(name: str, sched_cfg: Any, ctx: PolicyContext) -> Policy:
     """Build the registered scheduler ``name`` from its config dataclass and the context.
 
@@ -132,7 +143,8 @@ def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float,
     controller = Controller(cluster, policy, conversations, recorder, ctx.hints,
                             link_bandwidth_bytes_per_s=cfg.cluster.link.bandwidth_bytes_per_s,
                             link_latency_s=cfg.cluster.link.latency_s, kv_bytes_per_token=cfg.model.kv_bytes_per_token,
-                            on_conversation=on_conversation or (lambda c: None))
+                            on_conversation=on_conversation or (lambda c: None),
+                            max_context_tokens=context_limit(run))
 
     def tick():
         recorder.sample(cluster.clock.now(), cluster.infos, cluster.observe(), cluster.power_w())

@@ -74,6 +74,11 @@ class WorkloadConfig:
     time_scale: ``arrival=trace`` only: speed-up of the trace's timestamps (> 0; 2 = twice the
         request rate). window_start_s, window_duration_s: ``arrival=trace`` only: the slice of trace
         time replayed (s, before scaling; duration ``None``: to the end).
+    context_overflow: what happens to a conversation with a turn whose prompt + output exceed the served
+        model's context (``model.max_model_len``, and a real server's ``--max-model-len``): ``drop`` it
+        before the run (the default), ``truncate`` it before that turn (the last kept turn becomes the
+        visible one; dropped if no turn fits), or ``fail`` that turn at run time, as a server rejects it
+        (its conversation fails). The counts are in ``summary.json`` and the printed table.
     """
 
     name: str = "swebench"
@@ -92,6 +97,7 @@ class WorkloadConfig:
     time_scale: float = 1.0
     window_start_s: float = 0.0
     window_duration_s: Optional[float] = None
+    context_overflow: str = "drop"
 
     def effective_shared_prefix_tokens(self) -> int:
         """``shared_prefix_tokens`` x ``token_scale``, rounded (tokens): the common system prompt of the
@@ -118,6 +124,9 @@ class WorkloadConfig:
                     raise ValueError(f"{where}.prompt_types[{i}].weight must be a finite number > 0, got {w!r}")
         elif self.prompt_types:
             raise ValueError(f"{where}.prompt_types is only used with {where}.kind=synthetic (kind is {self.kind!r})")
+        if self.context_overflow not in CONTEXT_OVERFLOW:
+            raise ValueError(f"{where}.context_overflow must be one of {', '.join(CONTEXT_OVERFLOW)}, "
+                             f"got {self.context_overflow!r}")
         if self.sample not in ("shuffle", "first", "with_replacement"):
             raise ValueError(f"{where}.sample must be one of shuffle, first, with_replacement, got {self.sample!r}")
         if self.arrival not in ARRIVALS:
@@ -174,6 +183,8 @@ class WorkloadStats:
     turn_new_tokens: np.ndarray = field(repr=False)
     turn_output_tokens: np.ndarray = field(repr=False)
     tool_time_s: np.ndarray = field(repr=False)
+    context_dropped: int = 0
+    context_truncated: int = 0
 
 
 class Oracle:
@@ -202,6 +213,18 @@ class Oracle:
     def visible(self, conversation_id: str, turn: int) -> bool:
         """Whether the turn's output is user-visible (from the trace)."""
         return self._by_id[conversation_id][0].turns[turn].visible
+
+
+CONTEXT_OVERFLOW = ("drop", "truncate", "fail")
+
+
+def fits_context(rec: ConversationRecord, max_context_tokens: int) -> int:
+    """How many leading turns of ``rec`` fit a context of ``max_context_tokens`` tokens (prompt + output of
+    each turn; its KV must hold both)."""
+    for k, t in enumerate(rec.turns):
+        if t.prompt_tokens + t.output_tokens > max_context_tokens:
+            return k
+    return len(rec.turns)
 
 
 def truncate_turns(rec: ConversationRecord, max_turns: int) -> ConversationRecord:
@@ -280,10 +303,12 @@ def _trace_window(records: Sequence[ConversationRecord], cfg: WorkloadConfig
     return chosen, times
 
 
-def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig
+def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig,
+                   max_context_tokens: Optional[int] = None
                    ) -> tuple[list[tuple[float, ConversationRecord]], WorkloadStats]:
     """Sample conversations (``kind=trace``: from ``records``; ``kind=synthetic``: generated, ``records``
-    unused) and draw arrival times.
+    unused), apply the served model's context limit (``max_context_tokens``, tokens; ``None``: none) by
+    ``cfg.context_overflow``, and draw arrival times.
 
     Returns:
         ``[(arrival_s, record), ...]`` sorted by arrival time (ties keep sampling order), and stats.
@@ -317,9 +342,24 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig
         chosen = [truncate_turns(r, cfg.max_turns) for r in chosen]
     if cfg.token_scale != 1.0:
         chosen = [scale_tokens(r, cfg.token_scale) for r in chosen]
+    dropped = truncated = 0
+    keep = list(range(len(chosen)))
+    if max_context_tokens and cfg.context_overflow != "fail":
+        kept = []
+        for i, r in enumerate(chosen):
+            k = fits_context(r, max_context_tokens)
+            if k == len(r.turns):
+                kept.append((i, r))
+            elif k > 0 and cfg.context_overflow == "truncate":
+                kept.append((i, truncate_turns(r, k)))
+                truncated += 1
+            else:
+                dropped += 1
+        keep, chosen = [i for i, _ in kept], [r for _, r in kept]
+        n = len(chosen)
     rng_a = np.random.default_rng([cfg.seed, _STREAM_ARRIVAL])
     if trace_times is not None:
-        times = trace_times[:n]
+        times = np.asarray(trace_times)[keep]
         span = float(times[-1] - times[0]) if n > 1 else 0.0
         rate = (n - 1) / span if span > 0 else math.inf
     elif cfg.arrival == "fixed":
@@ -340,5 +380,6 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig
         turn_prompt_tokens=np.array([t.prompt_tokens for t in turns], dtype=np.int64),
         turn_new_tokens=np.array([t.new_input_tokens for t in turns], dtype=np.int64),
         turn_output_tokens=np.array([t.output_tokens for t in turns], dtype=np.int64),
-        tool_time_s=np.array([t.tool_time_s for t in turns], dtype=np.float64))
+        tool_time_s=np.array([t.tool_time_s for t in turns], dtype=np.float64),
+        context_dropped=dropped, context_truncated=truncated)
     return [(float(t), r) for t, r in zip(times, chosen)], stats

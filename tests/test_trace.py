@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import gzip
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -201,13 +200,11 @@ def test_tool_time_int_accepted(tmp_path):
 
 @pytest.fixture(scope="module")
 def shipped():
-    t0 = time.perf_counter()
-    convs = load_trace(SHIPPED)
-    return convs, time.perf_counter() - t0
+    return load_trace(SHIPPED), None  # (its load time is a benchmark, not a test: benchmarks/sim_speed.py)
 
 
 def test_shipped_trace_loads(shipped):
-    convs, load_s = shipped
+    convs, _ = shipped
     assert len(convs) == 500
     assert len({c.conversation_id for c in convs}) == 500
     assert [c.conversation_id for c in convs] == sorted(c.conversation_id for c in convs)
@@ -218,7 +215,6 @@ def test_shipped_trace_loads(shipped):
         assert c.turns[-1].tool_time_s == 0.0
     n_turns = sum(len(c.turns) for c in convs)
     assert n_turns == 20163  # = sum of api_calls (SOURCE.md)
-    assert load_s < 1.0, f"loading the shipped trace took {load_s:.2f} s"
 
 
 def test_shipped_trace_invariants(shipped):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from harness.backend import register_backend
 from harness.profiles import EngineConfig
@@ -55,6 +55,11 @@ class VllmBackendConfig:
     scrape_interval_s: float = 0.5
     warmup_requests: int = 2
     max_run_s: float = 1800.0
+
+    def context_limit(self) -> Optional[int]:
+        """The servers' context, tokens: ``--max-model-len`` in ``extra_args`` (None if not set)."""
+        v = flag_value(self.extra_args, "--max-model-len")
+        return int(v) if v is not None else None
 
     def validate(self, run: Any) -> None:
         """Reject, naming the key, what this backend cannot run as configured (before any launch).

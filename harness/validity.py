@@ -1,0 +1,129 @@
+"""Serving metrics as ``vllm bench serve`` and AIPerf report them, steady-state metrics, and a validity
+verdict per run (as MLPerf LoadGen marks a run VALID/INVALID with its reasons).
+
+Definitions (``docs/metrics.md``):
+
+* Throughput over the measured window (first arrival to last finish, s): completed turns (requests) per
+  s; prompt, generated and total tokens per s.
+* Percentiles (``logger.percentiles``, default 50/90/95/99) of TTFT, TPOT, E2E and ITL (over every
+  inter-token gap of every completed turn, as ``vllm bench serve`` pools them), in s; percentiles use
+  numpy's linear interpolation.
+* Steady state: the conversations that arrive after the first ``warmup_frac`` and before the last
+  ``cooldown_frac`` of the arrival span (the span from the first to the last arrival) -- the run's ramp-up
+  and drain are excluded; their TTFET p50/p95 and SLO attainment.
+* Valid when: the run finished (not partial); at least ``min_conversations`` conversations are in the
+  steady state; the failed conversations are at most ``max_failed_frac`` of all; the real backend counted
+  no token-count mismatch. Otherwise invalid, with every reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class ValidityConfig:
+    """The ``validity`` node: the rules of a run's verdict (module docstring).
+
+    warmup_frac, cooldown_frac: fractions of the arrival span excluded at the start and at the end,
+    [0, 1) with their sum < 1. min_conversations: steady-state conversations needed (int >= 1).
+    max_failed_frac: failed conversations allowed, a fraction of all, [0, 1].
+    """
+
+    warmup_frac: float = 0.1
+    cooldown_frac: float = 0.1
+    min_conversations: int = 100
+    max_failed_frac: float = 0.01
+
+    def validate(self, where: str = "validity") -> None:
+        """Raise ``ValueError`` naming ``validity.<field>`` for the first invalid value."""
+        for key in ("warmup_frac", "cooldown_frac"):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and 0 <= v < 1):
+                raise ValueError(f"{where}.{key} must be in [0, 1), got {v!r}")
+        if not self.warmup_frac + self.cooldown_frac < 1:
+            raise ValueError(f"{where}.warmup_frac + {where}.cooldown_frac must be < 1, got "
+                             f"{self.warmup_frac + self.cooldown_frac}")
+        if not (isinstance(self.min_conversations, int) and self.min_conversations >= 1):
+            raise ValueError(f"{where}.min_conversations must be an int >= 1, got {self.min_conversations!r}")
+        if not (isinstance(self.max_failed_frac, (int, float)) and 0 <= self.max_failed_frac <= 1):
+            raise ValueError(f"{where}.max_failed_frac must be in [0, 1], got {self.max_failed_frac!r}")
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    v = values[np.isfinite(values)] if len(values) else values
+    return float(np.percentile(v, q)) if len(v) else math.nan
+
+
+def pname(q: float) -> str:
+    """The key part of a percentile: 50 -> ``p50``, 99.9 -> ``p99.9``."""
+    return f"p{q:g}"
+
+
+def serving_metrics(turns: pd.DataFrame, window_s: float, percentiles: Sequence[float],
+                    itl_gaps: Optional[np.ndarray]) -> dict:
+    """Throughput and latency percentiles of the completed turns (module docstring); units in the keys."""
+    ok = turns[turns.status == "ok"] if len(turns) else turns
+    prompt = int(ok.prompt_tokens.sum()) if len(ok) else 0
+    gen = int(ok.output_tokens.sum()) if len(ok) else 0
+    per_s = (lambda x: x / window_s) if window_s > 0 else (lambda x: math.nan)
+    out = {"request_throughput_per_s": per_s(len(ok)), "prompt_token_throughput_per_s": per_s(prompt),
+           "output_token_throughput_per_s": per_s(gen), "total_token_throughput_per_s": per_s(prompt + gen)}
+    cols = {"ttft": ok.ttft_s, "tpot": ok.tpot_s, "e2e": ok.e2e_s} if len(ok) else {}
+    for name in ("ttft", "tpot", "e2e"):
+        v = cols[name].to_numpy(dtype=float) if name in cols else np.empty(0)
+        for q in percentiles:
+            out[f"{name}_{pname(q)}_s"] = _pct(v, q)
+    gaps = itl_gaps if itl_gaps is not None else np.empty(0)
+    out["itl_mean_s"] = float(gaps.mean()) if len(gaps) else math.nan
+    for q in percentiles:
+        out[f"itl_{pname(q)}_s"] = _pct(gaps, q)
+    return out
+
+
+def steady_state(conv: pd.DataFrame, cfg: ValidityConfig) -> tuple[pd.DataFrame, float, float]:
+    """The steady-state conversations and the window of arrivals they come from, ``(rows, from_s, to_s)``."""
+    if not len(conv):
+        return conv, math.nan, math.nan
+    t0, t1 = float(conv.arrival_s.min()), float(conv.arrival_s.max())
+    lo, hi = t0 + cfg.warmup_frac * (t1 - t0), t1 - cfg.cooldown_frac * (t1 - t0)
+    return conv[(conv.arrival_s >= lo) & (conv.arrival_s <= hi)], lo, hi
+
+
+def verdict(summary: dict, conv: pd.DataFrame, cfg: ValidityConfig) -> dict:
+    """Steady-state metrics and the run's verdict: ``valid`` and ``invalid_reasons`` (module docstring)."""
+    steady, lo, hi = steady_state(conv, cfg)
+    n = len(steady)
+    out = {"steady_from_s": lo, "steady_to_s": hi, "steady_conversations": n,
+           "steady_ttfet_p50_s": _pct(steady.ttfet_s.to_numpy(dtype=float), 50) if n else math.nan,
+           "steady_ttfet_p95_s": _pct(steady.ttfet_s.to_numpy(dtype=float), 95) if n else math.nan,
+           "steady_slo_attainment": float(steady.slo_met.mean()) if n and "slo_met" in steady else math.nan}
+    reasons = []
+    if summary.get("partial"):
+        reasons.append(f"the run did not finish: {summary.get('error', '')}")
+    if n < cfg.min_conversations:
+        reasons.append(f"{n} steady-state conversations < validity.min_conversations={cfg.min_conversations}")
+    total = summary.get("num_conversations") or 0
+    failed = summary.get("num_conversations_failed") or 0
+    if total and failed / total > cfg.max_failed_frac:
+        reasons.append(f"{failed} of {total} conversations failed (> validity.max_failed_frac={cfg.max_failed_frac})")
+    if summary.get("token_count_mismatches"):
+        reasons.append(f"{summary['token_count_mismatches']} responses had the wrong token count")
+    out.update(valid=not reasons, invalid_reasons=reasons)
+    return out
+
+
+def failures_by_reason(turns: pd.DataFrame) -> dict[str, int]:
+    """Failed turns counted by the reason's first word (e.g. ``context_length``, ``needs``, ``decode``)."""
+    failed = turns[turns.status == "failed"] if len(turns) else turns
+    out: dict[str, int] = {}
+    for err in failed.error if len(failed) else []:
+        key = (str(err).split(":")[0].split(" ")[0] or "unknown")[:40]
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
