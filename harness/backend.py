@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from harness.policy import Placement
+from harness.registry import Registry, Spec
 
 
 @dataclass(slots=True, eq=False)
@@ -131,20 +132,14 @@ class Cluster(Protocol):
         """Backend-specific measurements for ``summary.json`` (e.g. server start-up times)."""
 
 
-@dataclass(frozen=True)
-class BackendSpec:
-    """A registered backend: its name, config dataclass (the ``backend`` config node's schema; it may
-    define ``validate(run)`` raising ``ValueError`` naming the key, and a class attribute
-    ``supports_batch_rules``) and ``open(run, run_dir, *, conversations, ...) -> ContextManager[Cluster]``
-    (``run``: a ``harness.config.Resolved``; ``conversations``: the workload's ``(arrival_s, record)``
-    pairs, for what a backend derives from them, e.g. which KV blocks they share)."""
+BackendSpec = Spec
+"""A registered backend (``harness.registry.Spec``): its name, config dataclass (the ``backend`` config
+node's schema; it may define ``validate(run)`` raising ``ValueError`` naming the key, and a class attribute
+``supports_batch_rules``) and ``open(run, run_dir, *, conversations, ...) -> ContextManager[Cluster]``
+(``run``: a ``harness.config.Resolved``; ``conversations``: the workload's ``(arrival_s, record)`` pairs,
+for what a backend derives from them, e.g. which KV blocks they share)."""
 
-    name: str
-    config_cls: type
-    open: Callable[[Any, Any], ContextManager[Cluster]]
-
-
-_BACKENDS: dict[str, BackendSpec] = {}
+_BACKENDS = Registry("backend")
 _BUILTIN = ("harness.sim.plugin", "harness.vllm.plugin")
 ENTRY_POINT_GROUP = "agentic_harness.backends"
 
@@ -155,23 +150,18 @@ def register_backend(name: str, config_cls: type):
     Raises:
         ValueError: if ``name`` is already registered.
     """
-    def deco(open_fn):
-        if name in _BACKENDS:
-            raise ValueError(f"backend {name!r} registered twice")
-        _BACKENDS[name] = BackendSpec(name, config_cls, open_fn)
-        return open_fn
-    return deco
+    return _BACKENDS.register(name, config_cls)
 
 
 def backends() -> dict[str, BackendSpec]:
     """Every registered backend by name (built-ins and entry points), loading them on first use."""
-    if not _BACKENDS:
+    if not _BACKENDS.specs():
         for mod in _BUILTIN:
             importlib.import_module(mod)
         from importlib.metadata import entry_points
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             importlib.import_module(ep.value.split(":")[0])
-    return dict(_BACKENDS)
+    return _BACKENDS.specs()
 
 
 def get_backend(name: str) -> BackendSpec:
@@ -180,7 +170,5 @@ def get_backend(name: str) -> BackendSpec:
     Raises:
         KeyError: listing the valid names, if ``name`` is unknown.
     """
-    specs = backends()
-    if name not in specs:
-        raise KeyError(f"unknown backend {name!r}; valid: {sorted(specs)}")
-    return specs[name]
+    backends()
+    return _BACKENDS.get(name)

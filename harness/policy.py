@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkabl
 import numpy as np
 
 from harness.profiles import kv_transfer_s
+from harness.registry import Registry, Spec
 
 ROLES = ("prefiller", "decoder", "collocated")
 
@@ -285,15 +286,6 @@ class Predictor:
 
 # ---- registry -------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class PolicySpec:
-    """A registered variant: its name, config dataclass and factory ``(cfg, ctx) -> Policy``."""
-
-    name: str
-    config_cls: type
-    factory: Callable[[Any, "PolicyContext"], Policy]
-
-
 @dataclass(frozen=True, slots=True)
 class InstanceHints:
     """What a router may know of an instance's hardware before serving anything: estimates from the
@@ -332,29 +324,24 @@ class PolicyContext:
     kv_capacity_tokens: tuple[int, ...]
 
 
-_REGISTRY: dict[str, PolicySpec] = {}
+_SCHEDULERS = Registry("scheduler")
+PolicySpec = Spec
 
 
 def register(name: str, config_cls: type):
-    """Class/function decorator adding a policy factory to the registry under ``name``.
-
-    ``harness.config.register_configs`` turns every registered config class into the Hydra option
+    """Class/function decorator adding a policy factory ``(cfg, ctx) -> Policy`` to the registry under
+    ``name``. ``harness.config.register_configs`` turns every registered config class into the Hydra option
     ``scheduler=<name>`` (a YAML file in ``conf/scheduler/`` is not needed).
 
     Raises:
         ValueError: if ``name`` is already registered.
     """
-    def deco(factory):
-        if name in _REGISTRY:
-            raise ValueError(f"scheduler {name!r} registered twice")
-        _REGISTRY[name] = PolicySpec(name, config_cls, factory)
-        return factory
-    return deco
+    return _SCHEDULERS.register(name, config_cls)
 
 
 def registry() -> dict[str, PolicySpec]:
     """The specs registered so far (``harness.schedulers`` imports ``baselines`` to fill it)."""
-    return dict(_REGISTRY)
+    return _SCHEDULERS.specs()
 
 
 def require_roles(name: str, roles: Sequence[str], need: Sequence[str]) -> None:

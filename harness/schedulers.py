@@ -5,7 +5,7 @@ never imports the variants built on it (no import cycle)."""
 from __future__ import annotations
 
 import baselines  # noqa: F401  (fills the registry)
-from harness.policy import PolicySpec, registry
+from harness.policy import _SCHEDULERS, PolicySpec
 
 
 def get_spec(name: str) -> PolicySpec:
@@ -14,12 +14,9 @@ def get_spec(name: str) -> PolicySpec:
     Raises:
         KeyError: listing the valid names, if ``name`` is unknown.
     """
-    specs = registry()
-    if name not in specs:
-        raise KeyError(f"unknown scheduler {name!r}; valid: {sorted(specs)}")
-    return specs[name]
+    return _SCHEDULERS.get(name)
 
 
 def registered() -> list[str]:
     """Names of all registered variants, sorted."""
-    return sorted(registry())
+    return sorted(_SCHEDULERS.specs())

@@ -42,3 +42,16 @@ def shared_dir():
     if not SHARED.is_dir():
         pytest.skip("../shared not present")
     return SHARED
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie that nobody reaped counts as gone)."""
+    import os
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False

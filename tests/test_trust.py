@@ -23,7 +23,7 @@ import pytest
 from harness.config import PROJECT_ROOT, ConfigError
 from harness.runner import completed_run, execute
 from harness.workload import WorkloadConfig, build_workload
-from tests.conftest import compose_run, conversation
+from tests.conftest import compose_run, conversation, pid_alive
 
 TINY = ["workload.num_conversations=4", "workload.max_turns=3", "logger.progress=false", "slo=absolute"]
 
@@ -280,17 +280,6 @@ def test_metrics_parsing_survives_braces_in_labels_and_averages_kv_usage_over_en
 
 # ---- servers die with the harness ------------------------------------------------------------------------
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def test_a_launched_server_dies_when_the_harness_is_killed_with_sigkill(tmp_path):
     """The launcher starts servers with a parent-death signal: SIGKILL the parent, the child goes too."""
     parent = subprocess.Popen([sys.executable, "-c", (
@@ -299,14 +288,14 @@ def test_a_launched_server_dies_when_the_harness_is_killed_with_sigkill(tmp_path
         "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], preexec_fn=_die_with_parent)\n"
         "print(c.pid, flush=True); time.sleep(120)\n")], cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
-    assert _alive(child)
+    assert pid_alive(child)
     parent.kill()
     parent.wait(timeout=30)
     for _ in range(100):
-        if not _alive(child):
+        if not pid_alive(child):
             break
         time.sleep(0.1)
-    assert not _alive(child)
+    assert not pid_alive(child)
 
 
 def test_a_server_left_behind_on_a_port_is_stopped_at_the_next_launch(tmp_path, monkeypatch):
@@ -326,6 +315,6 @@ def test_a_server_left_behind_on_a_port_is_stopped_at_the_next_launch(tmp_path, 
     # a record naming a process that is not a server of ours is dropped, nothing is killed
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     (tmp_path / f"{port}.json").write_text(json.dumps({"pgid": other.pid}))
-    assert L.stop_stale(port) is False and _alive(other.pid)
+    assert L.stop_stale(port) is False and pid_alive(other.pid)
     other.kill()
     other.wait()

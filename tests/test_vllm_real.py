@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import urllib.request
@@ -26,7 +25,7 @@ from harness.vllm.crosscheck import crosscheck
 from harness.vllm.launcher import Launcher, port_free
 from harness.vllm.cluster import instance_specs, model_path
 from harness.vllm.scrape import parse_metrics
-from tests.conftest import compose_run
+from tests.conftest import compose_run, pid_alive
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
@@ -39,18 +38,6 @@ COMMON = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false",
 def metrics(url: str):
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         return parse_metrics(r.read().decode())
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie reaped by nobody still answers kill(0); treat it as gone
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
