@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -274,9 +274,10 @@ def test_slurm_sweep_runs_two_jobs_as_slurm_jobs_and_resumes(slurm, tmp_path):
     assert [p.parent.name for p in summaries] == ["0_conserve", "1_conserve"]
     assert all(not json.loads(p.read_text()).get("partial") for p in summaries)
     assert (sweep / "comparison.md").exists()
-    # each job ran as a Slurm job: submitit's folder per Slurm job id, holding that job's result
-    jobs = sorted(p.name for p in (sweep / ".submitit").iterdir() if p.name.isdigit())
-    assert len(jobs) == 2 and all(list((sweep / ".submitit" / j).glob(f"{j}_*_result.pkl")) for j in jobs)
+    # each job ran as a task of one Slurm job array (submitit's folder <array job id>_<task>, holding its result)
+    tasks = sorted(p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name))
+    assert len(tasks) == 2 and {t.split("_")[1] for t in tasks} == {"0", "1"}
+    assert all(list((sweep / ".submitit" / t).glob(f"{t}_*_result.pkl")) for t in tasks)
     # resume: the same command again submits the jobs, each finds its complete summary.json and skips
     mtimes = [p.stat().st_mtime_ns for p in summaries]
     r = subprocess.run(cmd, cwd=PROJECT_ROOT, env=slurm.env, capture_output=True, text=True, timeout=600)
