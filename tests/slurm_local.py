@@ -18,7 +18,6 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
 
 
 def free_port() -> int:
@@ -143,13 +142,3 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
 
-
-def stepd_pids() -> list[int]:
-    """Pids of slurmstepd processes on this machine (job steps still running)."""
-    out = subprocess.run(["pgrep", "-x", "slurmstepd"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def node_count(env: Optional[dict] = None) -> int:
-    out = subprocess.run(["sinfo", "-h", "-o", "%D"], env=env, capture_output=True, text=True).stdout
-    return int(out.strip() or 0)

@@ -322,3 +322,20 @@ def test_slurm_launcher_runs_a_real_vllm_instance_as_a_job_step(slurm, tmp_path,
     assert port_free(8480) and port_free(8480 + 250)
     q = subprocess.run(["squeue", "-h"], env=slurm.env, capture_output=True, text=True)
     assert q.returncode == 0 and q.stdout.strip() == ""
+
+
+def test_ray_sweep_runs_two_jobs_as_ray_tasks(tmp_path):
+    """hydra/launcher=ray with a local Ray (started and stopped by Hydra's Ray launcher, on loopback)."""
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install -e '.[ray]'")
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "run.py", "-m", "hydra/launcher=ray", "+hydra.launcher.ray.init.include_dashboard=false",
+           "+hydra.launcher.ray.init.num_cpus=2", "scheduler=conserve", "workload.seed=0,1",
+           "workload.num_conversations=3", "workload.max_turns=2", "slo=absolute", "logger.progress=false",
+           f"hydra.sweep.dir={sweep}"]
+    r = subprocess.run(cmd, cwd=PROJECT_ROOT, env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summaries = sorted(sweep.glob("*/summary.json"))
+    assert [p.parent.name for p in summaries] == ["0_conserve", "1_conserve"]
+    assert (sweep / "comparison.md").exists()
+    assert "_run_job pid=" in r.stdout + r.stderr            # the jobs ran as Ray tasks (their output is prefixed)
