@@ -26,7 +26,7 @@ import numpy as np
 from harness.backend import InstanceInfo, InstanceState, TurnJob
 from harness.trace import ConversationRecord
 from harness.vllm.client import CompletionResult, completion_body, prefill_only, stream_completion
-from harness.vllm.energy import EnergyMeter
+from harness.vllm.energy import EnergyMeter, local_counters
 from harness.vllm.scrape import Scrape, kv_capacity_tokens, parse_metrics
 
 # ids below this are the tiny tokenizer's special tokens (<|endoftext|>, <|im_start|>, <|im_end|>)
@@ -144,7 +144,7 @@ class VllmBackend:
 
     def __init__(self, endpoints: Sequence[Endpoint], model: str, clock, session: aiohttp.ClientSession,
                  contexts: ContextBook, pd_kv_params: Optional[dict] = None, request_timeout_s: float = 600.0,
-                 on_error: Callable[[BaseException], None] = lambda e: None):
+                 on_error: Callable[[BaseException], None] = lambda e: None, energy: Optional[EnergyMeter] = None):
         self.endpoints = list(endpoints)
         self.model, self.clock, self.session, self.contexts = model, clock, session, contexts
         self.pd_kv_params, self.timeout_s = pd_kv_params, request_timeout_s
@@ -154,7 +154,9 @@ class VllmBackend:
         self.scrapes: list[Optional[Scrape]] = [None] * len(self.endpoints)
         self.scrape_error: list[str] = [""] * len(self.endpoints)
         self.scrape_s: list[float] = []
-        self.energy = EnergyMeter([e.device for e in self.endpoints])
+        # energy: gathered per node by the launcher; else NVML on this machine for each endpoint's devices
+        self.energy = energy if energy is not None else EnergyMeter(
+            [local_counters(e.device).read for e in self.endpoints])
         self.tasks: set[asyncio.Task] = set()
         self.mismatches = 0
 

@@ -5,7 +5,8 @@ Warm-up: ``backend.warmup_requests`` short requests per instance before t = 0, n
 Failures of a turn (an instance dies, a request errors or returns the wrong token count) fail that turn
 and its conversation; the run goes on. An exception raised by the controller or a policy (in a timer or
 in a turn's completion callback) ends the run at once and is re-raised from :meth:`VllmCluster.drive`.
-A wall-clock limit (``backend.max_run_s``) ends a run that cannot finish.
+A wall-clock limit (``backend.max_run_s``, by default derived from the workload's span: :func:`run_limit_s`) ends
+a run that cannot finish.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from harness.clock import AsyncioClock
 from harness.config import PROJECT_ROOT, Resolved
 from harness.vllm.backend import ContextBook, Endpoint, VllmBackend
 from harness.vllm.client import completion_body, stream_completion
+from harness.vllm.energy import EnergyMeter
 from harness.vllm.launcher import InstanceSpec, Launcher
+from harness.vllm.nodes import node_address
 from harness.vllm.flags import engine_args
 
 log = logging.getLogger(__name__)
@@ -58,8 +61,14 @@ def instance_specs(run: Resolved, model: str, run_dir: Path) -> list[InstanceSpe
     b = run.backend
     specs = []
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    tp = b.tensor_parallel_size
+    host = node_address(b.host) if b.launcher == "local" else "127.0.0.1"  # remote: set on the node
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = [g for g in visible.split(",") if g] if visible else None  # as Slurm gave them: never overwritten
     for i, (name, role, _hw) in enumerate(run.instances):
         args = engine_args(run.cfg.engine) + list(b.extra_args)
+        if tp > 1:
+            args += ["--tensor-parallel-size", str(tp)]
         env: dict[str, str] = {}
         kv = None
         if role in ("prefiller", "decoder"):
@@ -70,17 +79,50 @@ def instance_specs(run: Resolved, model: str, run_dir: Path) -> list[InstanceSpe
             else:
                 kv = {"kv_connector": "NixlConnector", "kv_role": kv_role,
                       **({"kv_buffer_device": "cpu"} if b.device == "cpu" else {})}
-                env.update({"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                env.update({"VLLM_NIXL_SIDE_CHANNEL_HOST": host,
                             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(b.port_base + 500 + i)})
         device = None
         if b.device == "cpu":
             env.update(CPU_ENV)
             env["VLLM_CPU_OMP_THREADS_BIND"] = str((b.cpu_bind_offset + i) % ncpu)
             args += ["--kv-cache-memory-bytes", str(b.kv_cache_bytes)]
-        else:
-            device = str(i)
-        specs.append(InstanceSpec(name, role, b.port_base + i, model, args, env, kv, device))
+        elif b.launcher == "local":  # instance i: GPUs i*tp .. i*tp+tp-1 of what this process may use
+            if gpus is None:
+                device = ",".join(str(g) for g in range(i * tp, (i + 1) * tp))
+            elif (i + 1) * tp <= len(gpus):
+                device = ",".join(gpus[i * tp:(i + 1) * tp])
+            else:
+                raise RuntimeError(f"CUDA_VISIBLE_DEVICES={visible} has {len(gpus)} GPU(s); {len(run.instances)} "
+                                   f"instance(s) x backend.tensor_parallel_size={tp} need {len(run.instances) * tp}")
+        specs.append(InstanceSpec(name, role, b.port_base + i, model, args, env, kv, device, host))
     return specs
+
+
+def run_limit_s(backend: Any, conversations: Sequence = ()) -> float:
+    """The replay's wall-clock limit, s: ``backend.max_run_s`` if set, else the workload's span with zero
+    service time -- ``max over conversations of (arrival_s + sum of its turns' tool_time_s)`` -- plus
+    ``backend.max_run_margin_s`` (service and queueing must fit in the margin)."""
+    if backend.max_run_s is not None:
+        return float(backend.max_run_s)
+    span = max((float(t) + sum(turn.tool_time_s for turn in r.turns) for t, r in conversations), default=0.0)
+    return span + float(backend.max_run_margin_s)
+
+
+def make_launcher(run: Resolved, specs: list[InstanceSpec], run_dir: Path):
+    """The ``backend.launcher`` implementation of :class:`harness.vllm.launcher.ServerLauncher` for ``specs``
+    (not started)."""
+    b = run.backend
+    gpus = b.tensor_parallel_size if b.device == "gpu" else 0
+    common = dict(gpus=gpus, cpus=b.cpus_per_instance, host_mode=b.host, placement=b.placement,
+                  port_base=b.port_base, cpu_bind_offset=b.cpu_bind_offset)
+    if b.launcher == "ray":
+        from harness.vllm.ray_launcher import RayLauncher
+        return RayLauncher(specs, run_dir / "logs", b.startup_timeout_s, address=b.ray_address, **common)
+    if b.launcher == "slurm":
+        from harness.vllm.slurm_launcher import SlurmLauncher
+        return SlurmLauncher(specs, run_dir, b.startup_timeout_s, nodes=b.nodes, gpus_per_node=b.gpus_per_node,
+                             srun_args=b.srun_args, **common)
+    return Launcher(specs, run_dir / "logs", b.startup_timeout_s)
 
 
 class VllmCluster:
@@ -93,8 +135,9 @@ class VllmCluster:
     """
 
     def __init__(self, run: Resolved, endpoints: list[Endpoint], model: str, hooks: Sequence = (),
-                 launcher: Optional[Launcher] = None, conversations: Sequence = ()):
+                 launcher: Optional[Any] = None, conversations: Sequence = ()):
         self.run, self.endpoints, self.model, self.hooks, self.launcher = run, endpoints, model, hooks, launcher
+        self.max_run_s = run_limit_s(run.backend, conversations)
         self.records = [r for _, r in conversations]
         self.loop = asyncio.new_event_loop()
         self.clock = AsyncioClock(self.loop, self._fatal)
@@ -123,8 +166,9 @@ class VllmCluster:
                                cfg.workload.seed, records=self.records,
                                shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens())
         pd_params = {"do_remote_decode": True} if b.kv_connector == "NixlConnector" else None
+        energy = EnergyMeter(self.launcher.energy_readers()) if self.launcher is not None else None
         self.backend = VllmBackend(self.endpoints, self.model, self.clock, self.session, contexts, pd_params,
-                                   b.request_timeout_s, on_error=self._fatal)
+                                   b.request_timeout_s, on_error=self._fatal, energy=energy)
         await self.backend.connect()
         for e in self.endpoints:
             for k in range(b.warmup_requests):
@@ -212,9 +256,10 @@ class VllmCluster:
             check()
             reason = ""
             try:
-                await asyncio.wait_for(self._wake.wait(), b.max_run_s)
+                await asyncio.wait_for(self._wake.wait(), self.max_run_s)
             except asyncio.TimeoutError:
-                reason = f"backend.max_run_s={b.max_run_s} reached"
+                reason = (f"backend.max_run_s={self.max_run_s:.0f} reached" + (
+                    "" if b.max_run_s is not None else " (derived: workload span + backend.max_run_margin_s)"))
             self._energy = backend.energy.energy_j()  # exactly the measured window
         finally:
             stop.set()
@@ -245,9 +290,11 @@ class VllmCluster:
             "energy_reason": backend.energy.reason, "token_count_mismatches": backend.mismatches,
             "scrape_p50_s": scrape_s[len(scrape_s) // 2] if scrape_s else math.nan,
             "scrape_max_s": scrape_s[-1] if scrape_s else math.nan,
-            "preemptions_server": self._preemptions}
+            "preemptions_server": self._preemptions, "max_run_s": self.max_run_s}
         if self.launcher is not None:
             out["startup_s"] = dict(self.launcher.startup_s)
+            out["placement"] = self.launcher.placement()
+            out["energy_gpu_uuids"] = self.backend.energy.uuids
         return out
 
 
@@ -261,10 +308,10 @@ def open_cluster(run: Resolved, run_dir: Path, conversations: Sequence = (), hoo
     with contextlib.ExitStack() as stack:
         launcher = None
         if b.launch:
-            specs = instance_specs(run, model, run_dir)
-            launcher = stack.enter_context(Launcher(specs, run_dir / "logs", b.startup_timeout_s))
+            launcher = stack.enter_context(make_launcher(run, instance_specs(run, model, run_dir), run_dir))
             log.info("servers healthy: %s", {k: round(v, 1) for k, v in launcher.startup_s.items()})
-            eps = [Endpoint(s.name, s.role, s.url, hw.name, s.device) for s, (_, _, hw) in zip(specs, run.instances)]
+            eps = [Endpoint(s.name, s.role, s.url, hw.name, s.device)
+                   for s, (_, _, hw) in zip(launcher.specs, run.instances)]
         else:
             eps = [Endpoint(n, r, u.rstrip("/"), hw.name) for (n, r, hw), u in zip(run.instances, b.endpoints)]
         cluster = VllmCluster(run, eps, model, hooks, launcher, conversations)

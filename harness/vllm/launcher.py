@@ -21,17 +21,20 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 
 @dataclass
 class InstanceSpec:
     """One server to launch.
 
-    name, role: identity (``prefiller``/``decoder``/``collocated``); port: TCP port on 127.0.0.1;
+    name, role: identity (``prefiller``/``decoder``/``collocated``); port: TCP port on ``host``;
     model: path or name given to ``--model``; args: extra vLLM CLI args; env: extra environment;
     kv_transfer_config: dict passed as ``--kv-transfer-config`` JSON (``None``: no connector);
-    device: value for ``CUDA_VISIBLE_DEVICES`` (``None``: leave unset, e.g. on CPU).
+    device: value for ``CUDA_VISIBLE_DEVICES`` (``None``: leave it as the environment has it -- unset on
+    CPU, or as Slurm/Ray set it for a remote instance). host: the address the server binds to and is
+    reached at (``127.0.0.1``, or a node's own address for a remote launcher). node: where it runs
+    (``local``, a Ray node id or a Slurm node name), filled in by the launcher.
     """
 
     name: str
@@ -42,27 +45,29 @@ class InstanceSpec:
     env: dict[str, str] = field(default_factory=dict)
     kv_transfer_config: Optional[dict] = None
     device: Optional[str] = None
+    host: str = "127.0.0.1"
+    node: str = "local"
 
     @property
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:8100``."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
         """The full command line of this server."""
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-               "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+               "--host", self.host, "--port", str(self.port), *self.args]
         if self.kv_transfer_config is not None:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
         return cmd
 
 
-def port_free(port: int) -> bool:
-    """True if nothing listens on 127.0.0.1:``port``."""
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True if nothing listens on ``host``:``port`` (of this machine)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
             return True
         except OSError:
             return False
@@ -202,16 +207,16 @@ class Launcher:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             STATE_DIR.mkdir(parents=True, exist_ok=True)
             for s in self.specs:
-                if not port_free(s.port) and stop_stale(s.port):
+                if not port_free(s.port, s.host) and stop_stale(s.port):
                     time.sleep(1.0)  # let the killed server release its port
-                if not port_free(s.port):
+                if not port_free(s.port, s.host):
                     raise RuntimeError(f"instance {s.name}: port {s.port} is already in use (not by a server this "
                                        f"harness left behind)")
             t0 = time.monotonic()
             for s in self.specs:
                 env = {**os.environ, **self.base_env, **s.env}
-                if s.device is not None:
-                    env["CUDA_VISIBLE_DEVICES"] = s.device
+                if s.device is not None:  # NVML's order, so energy.visible_gpu_uuids names the same GPUs
+                    env.update({"CUDA_VISIBLE_DEVICES": s.device, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
                 log = open(self.log_dir / f"{s.name}.log", "w")
                 self._logs[s.name] = log
                 proc = subprocess.Popen(s.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -281,3 +286,37 @@ class Launcher:
     def pids(self) -> list[int]:
         """Process-group ids of the launched servers (== their leader pids)."""
         return [p.pid for p in self.procs.values()]
+
+    def energy_readers(self) -> list:
+        """Per instance, a reader of its GPUs' NVML counters on this machine (``harness.vllm.energy``)."""
+        from harness.vllm.energy import local_counters
+        return [local_counters(s.device).read for s in self.specs]
+
+    def placement(self) -> list[dict]:
+        """Where each instance runs: name, node, url, devices (for the run's files)."""
+        return [{"name": s.name, "node": s.node, "url": s.url, "devices": s.device} for s in self.specs]
+
+
+class ServerLauncher(Protocol):
+    """What ``harness.vllm.cluster.open_cluster`` needs of a launcher (``backend.launcher``): local
+    (:class:`Launcher`), Ray (``harness.vllm.ray_launcher.RayLauncher``) or Slurm
+    (``harness.vllm.slurm_launcher.SlurmLauncher``).
+
+    ``specs``: the instances as placed (``host``/``port``/``node`` of where each runs, so ``spec.url``
+    reaches it), valid after ``start()``; ``startup_s``: per instance, seconds from the launch of the
+    first server until this one was healthy. ``start()`` raises ``RuntimeError`` (after stopping whatever
+    started) when a server cannot start; ``stop()`` is idempotent and leaves no process behind;
+    ``kill(name)`` kills one server at once (fault injection); ``energy_readers()`` one NVML reader per
+    instance, read on the instance's own node; ``placement()`` rows for ``measured()``.
+    """
+
+    specs: list
+    startup_s: dict
+
+    def __enter__(self) -> "ServerLauncher": ...
+    def __exit__(self, *exc) -> None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def kill(self, name: str) -> None: ...
+    def energy_readers(self) -> list: ...
+    def placement(self) -> list[dict]: ...

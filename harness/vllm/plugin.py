@@ -36,7 +36,23 @@ class VllmBackendConfig:
         ``engine`` group, ``VLLM_FLAGS``).
     startup_timeout_s: until all servers are healthy, s. request_timeout_s: per request, s.
     scrape_interval_s: ``/metrics`` scrape period, s. warmup_requests: per instance, not measured.
-    max_run_s: wall-clock limit of the replay, s.
+    max_run_s: wall-clock limit of the replay, s; ``null`` (default): derived from the workload's span,
+        ``max(arrival + sum of the conversation's tool times) + max_run_margin_s`` (the span the replay
+        would take with zero service time, plus a margin for service; ``harness.vllm.cluster.run_limit_s``).
+    max_run_margin_s: that margin, s.
+
+    Where the servers run (``docs/clusters.md``):
+    launcher: ``local`` (processes on this machine, ``harness.vllm.launcher.Launcher``), ``ray`` (one Ray
+        actor per instance on a node with its resources, ``harness.vllm.ray_launcher``) or ``slurm`` (one
+        ``srun`` job step per instance on the allocation's nodes, ``harness.vllm.slurm_launcher``).
+    tensor_parallel_size: GPUs per instance (``--tensor-parallel-size``; ``device=gpu`` only).
+    host: ``loopback`` (servers bind to 127.0.0.1: one machine) or ``node`` (each server binds to its
+        node's own address, and so does its NIXL side channel).
+    placement: ``pack`` (fill a node before the next) or ``spread`` (round-robin over nodes); ray/slurm.
+    cpus_per_instance: CPUs each instance asks Ray/Slurm for. gpus_per_node: GPUs of a node (``pack``
+        capacity on Slurm). nodes: Slurm node names to use (default: the allocation's).
+    srun_args: extra ``srun`` arguments (``--partition=...``, ``--account=...``, ``--time=...``).
+    ray_address: ``ray.init`` address when the harness is not yet connected (``auto``: a running cluster).
     """
 
     name: str = "vllm"
@@ -54,7 +70,17 @@ class VllmBackendConfig:
     request_timeout_s: float = 300.0
     scrape_interval_s: float = 0.5
     warmup_requests: int = 2
-    max_run_s: float = 1800.0
+    max_run_s: Optional[float] = None
+    max_run_margin_s: float = 1800.0
+    launcher: str = "local"
+    tensor_parallel_size: int = 1
+    host: str = "loopback"
+    placement: str = "pack"
+    cpus_per_instance: int = 1
+    gpus_per_node: int = 8
+    nodes: list[str] = field(default_factory=list)
+    srun_args: list[str] = field(default_factory=list)
+    ray_address: str = "auto"
 
     def context_limit(self) -> Optional[int]:
         """The servers' context, tokens: ``--max-model-len`` in ``extra_args`` (None if not set)."""
@@ -87,8 +113,11 @@ class VllmBackendConfig:
                 and self.port_base + 500 + len(run.instances) <= 65535):
             raise ValueError(f"backend.port_base must leave ports port_base..port_base+500+instances within "
                              f"1024..65535, got {self.port_base!r}")
-        for key in ("startup_timeout_s", "request_timeout_s", "scrape_interval_s", "max_run_s"):
+        self._validate_placement(run)
+        for key in ("startup_timeout_s", "request_timeout_s", "scrape_interval_s", "max_run_s", "max_run_margin_s"):
             v = getattr(self, key)
+            if key == "max_run_s" and v is None:
+                continue
             if not (isinstance(v, (int, float)) and 0 < v < float("inf")):
                 raise ValueError(f"backend.{key} must be a finite number > 0 (s), got {v!r}")
         if self.warmup_requests < 0:
@@ -117,6 +146,47 @@ class VllmBackendConfig:
                     f"backend.kv_connector=ExampleConnector: the prefiller must never chunk a prompt (the decoder "
                     f"then fails on a KV shape mismatch), so it must be >= the --max-model-len in "
                     f"backend.extra_args ({mml or 'not set'})")
+
+
+    def _validate_placement(self, run: Any) -> None:
+        """The launcher keys (``launcher``, ``tensor_parallel_size``, ``host``, ``placement``, ...).
+
+        Raises:
+            ValueError: naming the key.
+        """
+        if self.launcher not in ("local", "ray", "slurm"):
+            raise ValueError(f"backend.launcher must be local, ray or slurm, got {self.launcher!r}")
+        if self.launcher != "local" and not self.launch:
+            raise ValueError(f"backend.launcher={self.launcher} starts servers, but backend.launch=false connects to "
+                             f"backend.endpoints; set backend.launch=true or backend.launcher=local")
+        for key in ("tensor_parallel_size", "cpus_per_instance", "gpus_per_node"):
+            v = getattr(self, key)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise ValueError(f"backend.{key} must be an integer >= 1, got {v!r}")
+        if self.device == "cpu" and self.tensor_parallel_size != 1:
+            raise ValueError(f"backend.tensor_parallel_size={self.tensor_parallel_size} needs backend.device=gpu (a "
+                             f"CPU instance here is one OMP core)")
+        if self.device == "gpu" and self.launcher == "slurm" and self.tensor_parallel_size > self.gpus_per_node:
+            raise ValueError(f"backend.tensor_parallel_size={self.tensor_parallel_size} exceeds "
+                             f"backend.gpus_per_node={self.gpus_per_node} (an instance runs on one node)")
+        if self.host not in ("loopback", "node"):
+            raise ValueError(f"backend.host must be 'loopback' or 'node', got {self.host!r}")
+        if self.placement not in ("pack", "spread"):
+            raise ValueError(f"backend.placement must be 'pack' or 'spread', got {self.placement!r}")
+        if self.nodes and self.launcher != "slurm":
+            raise ValueError(f"backend.nodes names Slurm nodes; it needs backend.launcher=slurm (got "
+                             f"{self.launcher!r}; Ray places instances by its own resources)")
+        if self.srun_args and self.launcher != "slurm":
+            raise ValueError("backend.srun_args needs backend.launcher=slurm")
+        if self.launcher == "ray":
+            import importlib.util
+            if importlib.util.find_spec("ray") is None:
+                raise ValueError("backend.launcher=ray needs Ray: pip install -e '.[ray]'")
+        if self.launcher == "slurm":
+            import shutil
+            if shutil.which("srun") is None:
+                raise ValueError("backend.launcher=slurm needs Slurm's srun on PATH (run inside a Slurm cluster; "
+                                 "scripts/install-cluster-tools.sh installs a local one for tests)")
 
 
 @register_backend("vllm", VllmBackendConfig)
