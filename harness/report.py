@@ -15,6 +15,8 @@ with its ``config.yaml`` and, for the figures, ``conversations.parquet`` and ``i
   seeds), with ``<metric>_mean``, ``<metric>_ci95`` (half-width) and ``<metric>_n`` per metric;
 * ``report.md``: what was swept and, per point, mean +- 95 % confidence interval over the seeds
   (Student's t with n - 1 degrees of freedom: ``t_{0.975, n-1} * sd / sqrt(n)``; no interval for n = 1);
+* ``claims.md`` (also appended to ``report.md``) when the sweep runs ConServe against AMPD: ConServe's
+  claims with paired ratios and their sensitivity (``harness.claims``);
 * ``figures/*.png`` and ``*.pdf`` (seaborn, Agg backend), only those whose inputs vary in the sweep:
   TTFET CDFs; p95 TTFET, SLO attainment, conversation latency and preemptions vs arrival rate;
   tokens per joule per variant and tier (cluster); metrics vs prediction error; KV occupancy over time.
@@ -638,8 +640,13 @@ def report(sweep_dir: Path, out: Optional[Path] = None, draw: bool = True) -> di
     pts.to_parquet(out / "points.parquet", index=False)
     pts.to_csv(out / "points.csv", index=False)
     figs = figures(sw, out / "figures") if draw else []
-    (out / "report.md").write_text(markdown(sw, pts, figs))
-    return {"sweep": sw, "points": pts, "figures": figs, "out": out}
+    md = markdown(sw, pts, figs)
+    from harness.claims import write_claims
+    claims = write_claims(sw.runs, out)  # ConServe-vs-AMPD sweeps: claims.md (paired ratios, sensitivity)
+    if claims:
+        md += "\n" + claims.replace("# ConServe's claims vs AMPD", "## ConServe's claims vs AMPD (claims.md)", 1)
+    (out / "report.md").write_text(md)
+    return {"sweep": sw, "points": pts, "figures": figs, "out": out, "claims": claims}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

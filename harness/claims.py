@@ -1,0 +1,349 @@
+"""ConServe's claims against AMPD, measured on a sweep, with paired confidence intervals and the
+sensitivity of each verdict to the simulator's uncalibrated constants (``+experiment=conserve_sensitivity``).
+
+The claims (ConServe, arXiv 2606.01839, abstract; docs/schedulers.md):
+  C1 p95 TTFET -51.08 % vs AMPD; C2 zero SLO violations at the tested rates; C3 tokens/J +7.51 % vs AMPD
+  (homogeneous tier); C4 a further +22.75 % tokens/J on the heterogeneous tier (ConServe hetero over
+  ConServe homogeneous); C5 AMPD degrades linearly with prediction error while ConServe is flat.
+
+Runs are classified from their config columns (``harness.report.load_sweep``): variant (``conserve``,
+``ampd_rd`` = AMPD ``mode=remote_default``, ``ampd_cost``), tier (``cluster.name``), rate, seed,
+prediction error (``scheduler.predictor.*``) and the sensitivity arm (the one ``hardware.*`` constant
+that differs from its most common value). Ratios are paired: the two runs share the seed (the same
+conversations and arrival times); cells show mean +- 95 % Student-t half-width over the seeds
+(``harness.report.mean_ci``), or the single value for one seed.
+
+Verdicts: for a reduction claim (C1), "reproduced" when the whole interval is below 0 and the mean is
+at least half the paper's size, "not reproduced" otherwise (the cell says whether the direction agrees);
+for a gain claim (C3, C4) the mirror image; C2 "reproduced" when every seed at every rate has
+attainment 1.0; C5 "reproduced" when AMPD's p95 TTFET at the largest error rate is above its oracle value
+with the interval excluding 0 and the means grow linearly (R^2 >= 0.8 over the error rates). A claim
+whose verdict differs between readings, AMPD modes, rates or sensitivity arms is "depends on X" with X
+named.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+PAPER = {"C1": -51.08, "C3": 7.51, "C4": 22.75}
+READINGS = ("first", "visible")
+MODES = ("ampd_rd", "ampd_cost")
+MODE_LABEL = {"ampd_rd": "AMPD remote_default", "ampd_cost": "AMPD cost"}
+HW_KEYS = ("kv_memory_efficiency", "prefill_efficiency", "memory_power_frac", "idle_w", "memory_efficiency")
+
+
+def _col(df: pd.DataFrame, key: str) -> pd.Series:
+    return df[key] if key in df.columns else pd.Series([None] * len(df), index=df.index, dtype=object)
+
+
+def classify(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with ``_variant``, ``_error`` (float error rate, or ``sigma<x>``; 0 = none), ``_error_label``,
+    ``_sens`` (``base`` or ``<key>=<value>``), ``_tier``, ``_rate``, ``_seed`` columns added."""
+    r = runs.copy()
+    name = _col(r, "scheduler.name").astype(str)
+    mode = _col(r, "scheduler.mode").fillna("remote_default").astype(str)
+    r["_variant"] = np.where(name == "ampd", np.where(mode == "cost", "ampd_cost", "ampd_rd"), name)
+    er = pd.to_numeric(_col(r, "scheduler.predictor.error_rate"), errors="coerce").fillna(0.0)
+    sg = pd.to_numeric(_col(r, "scheduler.predictor.sigma"), errors="coerce").fillna(0.0)
+    pm = _col(r, "scheduler.predictor.mode").fillna("lognormal").astype(str)
+    r["_error_label"] = [("none" if (m == "rate" and e == 0) or (m != "rate" and s == 0)
+                          else f"rate {e:g}" if m == "rate" else f"sigma {s:g}") for m, e, s in zip(pm, er, sg)]
+    r["_error"] = [0.0 if lab == "none" else (e if m == "rate" else math.nan)
+                   for lab, m, e in zip(r["_error_label"], pm, er)]
+    sens = ["base"] * len(r)
+    for key in HW_KEYS:
+        cols = [c for c in r.columns if c.startswith("hardware.") and c.endswith("." + key)]
+        for c in cols:
+            v = pd.to_numeric(r[c], errors="coerce")
+            if v.nunique() < 2:
+                continue
+            mode_v = v.mode().iloc[0]
+            for i, x in enumerate(v):
+                if np.isfinite(x) and x != mode_v and sens[i] == "base":
+                    sens[i] = f"{key}={x:g}"
+    r["_sens"] = sens
+    r["_tier"] = _col(r, "cluster.name").astype(str)
+    r["_rate"] = pd.to_numeric(_col(r, "workload.rate_per_s"), errors="coerce")
+    r["_seed"] = pd.to_numeric(_col(r, "workload.seed"), errors="coerce")
+    return r
+
+
+def _ci(values) -> tuple[float, float, int]:
+    from harness.report import mean_ci
+    return mean_ci(values)
+
+
+def paired(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> tuple[float, float, int]:
+    """Mean +- CI over seeds of ``a[metric] / b[metric] - 1`` (in %), runs matched on the seed."""
+    m = a[["_seed", metric]].merge(b[["_seed", metric]], on="_seed", suffixes=("_a", "_b"))
+    x = (m[f"{metric}_a"] / m[f"{metric}_b"] - 1.0) * 100.0
+    return _ci(x[np.isfinite(x)])
+
+
+def fmt(mean: float, half: float, n: int, unit: str = " %") -> str:
+    if n == 0 or not np.isfinite(mean):
+        return "n/a"
+    if n == 1 or not np.isfinite(half):
+        return f"{mean:+.1f}{unit} (n=1)"
+    return f"{mean:+.1f} ± {half:.1f}{unit} (n={n})"
+
+
+def verdict_change(mean: float, half: float, n: int, paper: float) -> str:
+    """Reduction (paper < 0) or gain claim: ``reproduced`` / ``not reproduced`` with the direction."""
+    if n == 0 or not np.isfinite(mean):
+        return "no data"
+    half = half if np.isfinite(half) else 0.0
+    sign = -1 if paper < 0 else 1
+    significant = (mean + half < 0) if sign < 0 else (mean - half > 0)
+    if significant and abs(mean) >= abs(paper) / 2:
+        return "reproduced"
+    if significant:
+        return "not reproduced (same direction, smaller)"
+    opposite = (mean - half > 0) if sign < 0 else (mean + half < 0)
+    return "not reproduced (opposite direction)" if opposite else "not reproduced (no significant difference)"
+
+
+def _base(r: pd.DataFrame) -> pd.DataFrame:
+    return r[(r._sens == "base") & (r._error_label == "none")]
+
+
+def _depends(cells: list[dict], factors: list[str]) -> str:
+    """``reproduced`` / ``not reproduced`` when every cell agrees, else ``depends on`` the factors along
+    which two cells that differ only in that factor get different verdicts."""
+    kinds = {c["verdict"].split(" (")[0] for c in cells if c["verdict"] != "no data"}
+    if len(kinds) <= 1:
+        return next(iter(kinds), "no data")
+    dep = []
+    for f in factors:
+        others = [g for g in factors if g != f]
+        groups: dict = {}
+        for c in cells:
+            groups.setdefault(tuple(c[g] for g in others), set()).add(c["verdict"].split(" (")[0])
+        if any(len(v) > 1 for v in groups.values()):
+            dep.append(f)
+    return "depends on " + (", ".join(dep) if dep else "the combination of " + ", ".join(factors))
+
+
+def claim_ttfet(r: pd.DataFrame, homo: str) -> tuple[list[str], str, list[dict]]:
+    """C1: paired p95 TTFET ratio ConServe / AMPD - 1 per reading, AMPD mode and rate (homogeneous tier)."""
+    b = _base(r)
+    b = b[b._tier == homo]
+    lines = ["| rate (conv/s) | reading | vs | ConServe / AMPD − 1 (p95 TTFET) | verdict |", "|---|---|---|---|---|"]
+    cells = []
+    for rate in sorted(b._rate.dropna().unique()):
+        for rd in READINGS:
+            for m in MODES:
+                cs, am = b[(b._variant == "conserve") & (b._rate == rate)], b[(b._variant == m) & (b._rate == rate)]
+                if cs.empty or am.empty:
+                    continue
+                mean, half, n = paired(cs, am, f"ttfet_{rd}_p95_s")
+                v = verdict_change(mean, half, n, PAPER["C1"])
+                cells.append({"rate": rate, "reading": rd, "mode": m, "verdict": v, "mean": mean})
+                lines.append(f"| {rate:g} | {rd} | {MODE_LABEL[m]} | {fmt(mean, half, n)} | {v} |")
+    return lines, _depends(cells, ["reading", "mode", "rate"]), cells
+
+
+def claim_slo(r: pd.DataFrame, homo: str) -> tuple[list[str], str, list[dict]]:
+    """C2: SLO attainment per reading and rate (mean, min over seeds), ConServe and the AMPD modes."""
+    b = _base(r)
+    b = b[b._tier == homo]
+    lines = ["| rate (conv/s) | reading | ConServe attainment: mean ± CI (min) | AMPD remote_default | AMPD cost |",
+             "|---|---|---|---|---|"]
+    cells = []
+    for rate in sorted(b._rate.dropna().unique()):
+        for rd in READINGS:
+            col = f"slo_attainment_{rd}"
+            if col not in b.columns:
+                continue
+            row = [f"{rate:g}", rd]
+            for v in ("conserve", *MODES):
+                x = pd.to_numeric(b[(b._variant == v) & (b._rate == rate)][col], errors="coerce").dropna()
+                mean, half, n = _ci(x)
+                row.append(f"{mean:.3f} ± {half:.3f} (min {x.min():.3f})" if n > 1 else
+                           (f"{mean:.3f}" if n else "n/a"))
+                if v == "conserve" and n:
+                    ok = bool((x >= 1.0).all())
+                    cells.append({"rate": rate, "reading": rd,
+                                  "verdict": "reproduced" if ok else "not reproduced"})
+            lines.append("| " + " | ".join(row) + " |")
+    return lines, _depends(cells, ["reading", "rate"]), cells
+
+
+def claim_energy(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list[str], dict, list[dict], list[dict]]:
+    """C3 (ConServe / AMPD tokens/J, homogeneous) and C4 (ConServe hetero / ConServe homogeneous)."""
+    b = _base(r)
+    lines = ["| rate (conv/s) | comparison | tokens/J ratio − 1 | paper | verdict |", "|---|---|---|---|---|"]
+    c3, c4 = [], []
+    for rate in sorted(b._rate.dropna().unique()):
+        cs_h = b[(b._variant == "conserve") & (b._rate == rate) & (b._tier == homo)]
+        for m in MODES:
+            am = b[(b._variant == m) & (b._rate == rate) & (b._tier == homo)]
+            if cs_h.empty or am.empty:
+                continue
+            mean, half, n = paired(cs_h, am, "tokens_per_joule")
+            v = verdict_change(mean, half, n, PAPER["C3"])
+            c3.append({"rate": rate, "mode": m, "verdict": v, "mean": mean})
+            lines.append(f"| {rate:g} | C3: ConServe / {MODE_LABEL[m]}, {homo} | {fmt(mean, half, n)} | "
+                         f"+{PAPER['C3']} % | {v} |")
+        if hetero:
+            cs_x = b[(b._variant == "conserve") & (b._rate == rate) & (b._tier == hetero)]
+            if not cs_x.empty and not cs_h.empty:
+                mean, half, n = paired(cs_x, cs_h, "tokens_per_joule")
+                v = verdict_change(mean, half, n, PAPER["C4"])
+                c4.append({"rate": rate, "verdict": v, "mean": mean})
+                lines.append(f"| {rate:g} | C4: ConServe on {hetero} / on {homo} | {fmt(mean, half, n)} | "
+                             f"+{PAPER['C4']} % | {v} |")
+    return lines, {"C3": _depends(c3, ["mode", "rate"]), "C4": _depends(c4, ["rate"])}, c3, c4
+
+
+def claim_robustness(r: pd.DataFrame, homo: str) -> tuple[list[str], str, list[dict]]:
+    """C5: AMPD's metrics at each error level over its own error-free run on the same seed (paired),
+    ConServe's value beside; the linear fit of the mean ratios over the error rate."""
+    b = r[(r._sens == "base") & (r._tier == homo)]
+    err = b[b._error_label != "none"]
+    if err.empty:
+        return [], "no data", []
+    rate = float(err._rate.dropna().iloc[0])
+    b = b[b._rate == rate]
+    metrics = [("ttfet_first_p95_s", "p95 TTFET first"), ("ttfet_visible_p95_s", "p95 TTFET visible"),
+               ("slo_attainment_first", "SLO attainment first"), ("slo_attainment_visible", "SLO attainment visible")]
+    lines = [f"At {rate:g} conv/s on {homo}; each cell: AMPD at that error / AMPD error-free (same mode, same "
+             f"seed) − 1; decision flips = share of turns ≥ 1 whose remote/local choice differs from the error-free "
+             f"predictor's on the same view.", "",
+             "| AMPD mode | error | decision flips | " + " | ".join(lab for _, lab in metrics) + " |",
+             "|---|---|---|" + "---|" * len(metrics)]
+    cells = []
+    for m in MODES:
+        zero = b[(b._variant == m) & (b._error_label == "none")]
+        if zero.empty:
+            continue
+        labels = sorted(set(b[(b._variant == m)]._error_label) - {"none"},
+                        key=lambda s: (s.startswith("sigma"), float(s.split()[1])))
+        pts = {}
+        for lab in labels:
+            e = b[(b._variant == m) & (b._error_label == lab)]
+            flips = _ci(pd.to_numeric(e.get("ampd_decision_flip_frac", pd.Series(dtype=float)), errors="coerce"))
+            row = [MODE_LABEL[m], lab, f"{flips[0]:.3f}" if flips[2] else "n/a"]
+            for key, _ in metrics:
+                mean, half, n = paired(e, zero, key)
+                row.append(fmt(mean, half, n))
+                if lab.startswith("rate"):
+                    pts.setdefault(key, []).append((float(lab.split()[1]), mean, half, n))
+            lines.append("| " + " | ".join(row) + " |")
+        for key, lab in metrics[:2]:
+            p = sorted([(0.0, 0.0, 0.0, 0)] + pts.get(key, []))
+            if len(p) < 3:
+                continue
+            x, y = np.array([q[0] for q in p]), np.array([q[1] for q in p])
+            slope, icpt = np.polyfit(x, y, 1)
+            ss = float(((y - (slope * x + icpt)) ** 2).sum())
+            tot = float(((y - y.mean()) ** 2).sum())
+            r2 = 1 - ss / tot if tot > 0 else math.nan
+            top = p[-1]
+            sig = top[3] > 1 and top[1] - top[2] > 0
+            ok = sig and np.isfinite(r2) and r2 >= 0.8
+            v = "reproduced" if ok else "not reproduced"
+            cells.append({"mode": m, "reading": lab.split()[-1], "verdict": v, "slope": slope, "r2": r2})
+            lines.append(f"| {MODE_LABEL[m]} | linear fit, {lab} | | slope {slope:+.1f} % per unit error rate, "
+                         f"R² {r2:.2f}; at rate {top[0]:g}: {fmt(top[1], top[2], top[3])} → {v} | | | |")
+    cs = b[(b._variant == "conserve") & (b._error_label == "none")]
+    if not cs.empty:
+        vals = [f"{_ci(cs[k])[0]:.3g}" for k, _ in metrics]
+        lines.append("| ConServe (predicts nothing: flat by construction) | — | — | " + " | ".join(vals) + " |")
+    return lines, _depends(cells, ["mode", "reading"]), cells
+
+
+def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list[str], dict]:
+    """Each sensitivity arm (1 seed) against the base runs of the same seed and rate: the C1, C3, C4
+    ratios, and whether their sign differs from the base seed's (the verdict moves)."""
+    arms = sorted(set(r._sens) - {"base"})
+    if not arms:
+        return [], {}
+    s_rate = float(r[r._sens != "base"]._rate.dropna().iloc[0])
+    seed = float(r[r._sens != "base"]._seed.dropna().iloc[0])
+    base = r[(r._error_label == "none") & (r._rate == s_rate) & (r._seed == seed)]
+
+    def one(df, v, tier):
+        x = df[(df._variant == v) & (df._tier == tier)]
+        return x.iloc[0] if len(x) else None
+
+    def ratio(a, b, k):
+        return (a[k] / b[k] - 1) * 100 if a is not None and b is not None else math.nan
+
+    cols = [("C1 first", "ttfet_first_p95_s", "conserve", homo, "ampd_rd", homo),
+            ("C1 visible", "ttfet_visible_p95_s", "conserve", homo, "ampd_rd", homo),
+            ("C1 first (cost)", "ttfet_first_p95_s", "conserve", homo, "ampd_cost", homo),
+            ("C1 visible (cost)", "ttfet_visible_p95_s", "conserve", homo, "ampd_cost", homo),
+            ("C3", "tokens_per_joule", "conserve", homo, "ampd_rd", homo),
+            ("C3 (cost)", "tokens_per_joule", "conserve", homo, "ampd_cost", homo)]
+    if hetero:
+        cols.append(("C4", "tokens_per_joule", "conserve", hetero, "conserve", homo))
+    lines = [f"One seed ({seed:g}) at {s_rate:g} conv/s; each cell: the ratio − 1 (%) with that constant moved "
+             f"(the base row: all constants as shipped). A sign different from the base row's is marked ⚠.", "",
+             "| arm | " + " | ".join(c[0] for c in cols) + " |", "|---|" + "---|" * len(cols)]
+    base_vals = [ratio(one(base[base._sens == "base"], a, ta), one(base[base._sens == "base"], bb, tb), k)
+                 for _, k, a, ta, bb, tb in cols]
+    lines.append("| base | " + " | ".join(f"{v:+.1f}" for v in base_vals) + " |")
+    moved: dict[str, list[str]] = {}
+    for arm in arms:
+        a_df = r[(r._sens == arm)]
+        vals = []
+        for (lab, k, a, ta, bb, tb), bv in zip(cols, base_vals):
+            v = ratio(one(a_df, a, ta), one(a_df, bb, tb), k)
+            flip = np.isfinite(v) and np.isfinite(bv) and np.sign(v) != np.sign(bv)
+            if flip:
+                moved.setdefault(lab.split()[0], []).append(arm)
+            vals.append(f"{v:+.1f}{' ⚠' if flip else ''}")
+        lines.append(f"| {arm} | " + " | ".join(vals) + " |")
+    return lines, moved
+
+
+def claims_markdown(runs: pd.DataFrame) -> str:
+    """The claims report (markdown) for a sweep's tidy runs table; empty when the sweep has no
+    ConServe-vs-AMPD runs."""
+    r = classify(runs)
+    if not {"conserve"} <= set(r._variant) or not set(MODES) & set(r._variant):
+        return ""
+    tiers = sorted(set(r._tier))
+    homo = next((t for t in tiers if not t.endswith("_hetero")), tiers[0])
+    hetero = next((t for t in tiers if t.endswith("_hetero")), None)
+    l1, v1, _ = claim_ttfet(r, homo)
+    l2, v2, _ = claim_slo(r, homo)
+    l3, v34, _, _ = claim_energy(r, homo, hetero)
+    l5, v5, _ = claim_robustness(r, homo)
+    ls, moved = sensitivity(r, homo, hetero)
+
+    def mv(c):
+        return ("; moves under " + ", ".join(sorted(set(moved[c])))) if c in moved else (
+            "; no sensitivity arm changes its sign" if ls else "")
+    out = ["# ConServe's claims vs AMPD", "",
+           "Paired ratios on the same seed (mean ± 95 % Student-t half-width over seeds); definitions and "
+           "verdict rules: `harness/claims.py`.", "",
+           "| claim | paper | verdict |", "|---|---|---|",
+           f"| C1 p95 TTFET vs AMPD | {PAPER['C1']} % | {v1}{mv('C1')} |",
+           f"| C2 zero SLO violations at every rate | 0 violations | {v2} |",
+           f"| C3 tokens/J vs AMPD, {homo} | +{PAPER['C3']} % | {v34['C3']}{mv('C3')} |",
+           f"| C4 further tokens/J on {hetero} | +{PAPER['C4']} % | {v34['C4']}{mv('C4')} |",
+           f"| C5 AMPD degrades linearly with error, ConServe flat | linear / flat | {v5} |", "",
+           "## C1: p95 TTFET, ConServe vs AMPD", "", *l1, "",
+           "## C2: SLO attainment (each variant against its own unloaded TTFET)", "", *l2, "",
+           "## C3, C4: tokens per joule", "", *l3, ""]
+    if l5:
+        out += ["## C5: AMPD vs prediction error", "", *l5, ""]
+    if ls:
+        out += ["## Sensitivity to the uncalibrated constants", "", *ls, ""]
+    return "\n".join(out) + "\n"
+
+
+def write_claims(runs: pd.DataFrame, out_dir: Any) -> Optional[str]:
+    """Write ``claims.md`` into ``out_dir`` when the sweep compares ConServe with AMPD; returns the text."""
+    from pathlib import Path
+    text = claims_markdown(runs)
+    if text:
+        (Path(out_dir) / "claims.md").write_text(text)
+    return text or None
