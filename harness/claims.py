@@ -10,14 +10,15 @@ Runs are classified from their config columns (``harness.report.load_sweep``): v
 ``ampd_rd`` = AMPD ``mode=remote_default``, ``ampd_cost``), tier (``cluster.name``), rate, seed,
 prediction error (``scheduler.predictor.*``) and the sensitivity arm (the one ``hardware.*`` constant
 that differs from its most common value). Ratios are paired: the two runs share the seed (the same
-conversations and arrival times); cells show mean +- 95 % Student-t half-width over the seeds
-(``harness.report.mean_ci``), or the single value for one seed.
+conversations and arrival times); cells show the geometric-mean ratio - 1 with the 95 % Student-t
+interval of the mean log ratio over the seeds (``harness.stats.mean_ci``) transformed back, or the single
+value for one seed.
 
-Verdicts: for a reduction claim (C1), "reproduced" when the whole interval is below 0 and the mean is
+Verdicts: for a reduction claim (C1), "reproduced" when the whole interval (or the single value) is below 0 and the mean is
 at least half the paper's size, "not reproduced" otherwise (the cell says whether the direction agrees);
 for a gain claim (C3, C4) the mirror image; C2 "reproduced" when every seed at every rate has
-attainment 1.0; C5 "reproduced" when AMPD's p95 TTFET at the largest error rate is above its oracle value
-with the interval excluding 0 and the means grow linearly (R^2 >= 0.8 over the error rates). A claim
+attainment 1.0; C5 "reproduced" when AMPD's p95 TTFET at the largest error rate is above its error-free
+value with the interval above 0 and the means grow linearly (R^2 >= 0.8 over the error rates). A claim
 whose verdict differs between readings, AMPD modes, rates or sensitivity arms is "depends on X" with X
 named.
 """
@@ -34,6 +35,10 @@ PAPER = {"C1": -51.08, "C3": 7.51, "C4": 22.75}
 READINGS = ("first", "visible")
 MODES = ("ampd_rd", "ampd_cost")
 MODE_LABEL = {"ampd_rd": "AMPD remote_default", "ampd_cost": "AMPD cost"}
+# A sensitivity arm "moves" a ratio when its sign differs from the base run's and one of the two is at
+# least this far from 0 (%): single-seed ratios closer to 0 than that are within seed-to-seed noise (the
+# visible-reading ratios at 0.03 conv/s, where nothing queues, spread by about +-0.5 % over seeds).
+SIGN_RESOLUTION_PCT = 1.0
 HW_KEYS = ("kv_memory_efficiency", "prefill_efficiency", "memory_power_frac", "idle_w", "memory_efficiency")
 
 
@@ -74,37 +79,75 @@ def classify(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _ci(values) -> tuple[float, float, int]:
-    from harness.report import mean_ci
+    from harness.stats import mean_ci
     return mean_ci(values)
 
 
-def paired(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> tuple[float, float, int]:
-    """Mean +- CI over seeds of ``a[metric] / b[metric] - 1`` (in %), runs matched on the seed."""
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    sns.set_theme(context="paper", style="whitegrid", font_scale=1.1)
+    return plt, sns
+
+
+def _save(fig, out, name: str) -> list:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in ("png", "pdf"):
+        p = out / f"{name}.{fmt}"
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+        paths.append(p)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return paths
+
+
+def paired(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> tuple[float, tuple[float, float], int]:
+    """The paired ratio ``a[metric] / b[metric]`` over seeds (runs matched on the seed), in % change:
+    ``(geometric mean - 1, (low, high) of its 95 % interval - 1, n)``, all x 100. The interval is the
+    Student-t interval of the mean log ratio, transformed back (ratios are multiplicative: one seed at
+    50x must not swamp the others as it does in an arithmetic mean). n = 0 when either side lacks the
+    metric; the interval is NaN for n = 1."""
+    nan = (math.nan, math.nan)
+    if metric not in a.columns or metric not in b.columns:
+        return math.nan, nan, 0
     m = a[["_seed", metric]].merge(b[["_seed", metric]], on="_seed", suffixes=("_a", "_b"))
-    x = (m[f"{metric}_a"] / m[f"{metric}_b"] - 1.0) * 100.0
-    return _ci(x[np.isfinite(x)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.log(pd.to_numeric(m[f"{metric}_a"], errors="coerce") / pd.to_numeric(m[f"{metric}_b"], errors="coerce"))
+    mean, half, n = _ci(x[np.isfinite(x)])
+    if n == 0:
+        return math.nan, nan, 0
+    pct = (math.exp(mean) - 1) * 100
+    if not np.isfinite(half):
+        return pct, nan, n
+    return pct, ((math.exp(mean - half) - 1) * 100, (math.exp(mean + half) - 1) * 100), n
 
 
-def fmt(mean: float, half: float, n: int, unit: str = " %") -> str:
+def fmt(mean: float, ci: tuple[float, float], n: int, unit: str = " %") -> str:
+    """``-20.4 % [-41.0, +7.8] (n=3)``; the single value for n = 1."""
     if n == 0 or not np.isfinite(mean):
         return "n/a"
-    if n == 1 or not np.isfinite(half):
-        return f"{mean:+.1f}{unit} (n=1)"
-    return f"{mean:+.1f} ± {half:.1f}{unit} (n={n})"
+    if n == 1 or not np.isfinite(ci[0]):
+        return f"{mean:+.1f}{unit} (n={n})"
+    return f"{mean:+.1f}{unit} [{ci[0]:+.1f}, {ci[1]:+.1f}] (n={n})"
 
 
-def verdict_change(mean: float, half: float, n: int, paper: float) -> str:
-    """Reduction (paper < 0) or gain claim: ``reproduced`` / ``not reproduced`` with the direction."""
+def verdict_change(mean: float, ci: tuple[float, float], n: int, paper: float) -> str:
+    """Reduction (paper < 0) or gain claim: ``reproduced`` / ``not reproduced`` with the direction
+    (module docstring); ``ci`` is the interval's (low, high) in %, NaN for one seed (then the single
+    value decides)."""
     if n == 0 or not np.isfinite(mean):
         return "no data"
-    half = half if np.isfinite(half) else 0.0
+    lo, hi = (ci if np.isfinite(ci[0]) else (mean, mean))
     sign = -1 if paper < 0 else 1
-    significant = (mean + half < 0) if sign < 0 else (mean - half > 0)
+    significant = hi < 0 if sign < 0 else lo > 0
     if significant and abs(mean) >= abs(paper) / 2:
         return "reproduced"
     if significant:
         return "not reproduced (same direction, smaller)"
-    opposite = (mean - half > 0) if sign < 0 else (mean + half < 0)
+    opposite = lo > 0 if sign < 0 else hi < 0
     return "not reproduced (opposite direction)" if opposite else "not reproduced (no significant difference)"
 
 
@@ -236,7 +279,7 @@ def claim_robustness(r: pd.DataFrame, homo: str) -> tuple[list[str], str, list[d
                     pts.setdefault(key, []).append((float(lab.split()[1]), mean, half, n))
             lines.append("| " + " | ".join(row) + " |")
         for key, lab in metrics[:2]:
-            p = sorted([(0.0, 0.0, 0.0, 0)] + pts.get(key, []))
+            p = sorted([(0.0, 0.0, (0.0, 0.0), 0)] + pts.get(key, []))
             if len(p) < 3:
                 continue
             x, y = np.array([q[0] for q in p]), np.array([q[1] for q in p])
@@ -245,7 +288,7 @@ def claim_robustness(r: pd.DataFrame, homo: str) -> tuple[list[str], str, list[d
             tot = float(((y - y.mean()) ** 2).sum())
             r2 = 1 - ss / tot if tot > 0 else math.nan
             top = p[-1]
-            sig = top[3] > 1 and top[1] - top[2] > 0
+            sig = top[3] > 1 and top[2][0] > 0
             ok = sig and np.isfinite(r2) and r2 >= 0.8
             v = "reproduced" if ok else "not reproduced"
             cells.append({"mode": m, "reading": lab.split()[-1], "verdict": v, "slope": slope, "r2": r2})
@@ -253,7 +296,7 @@ def claim_robustness(r: pd.DataFrame, homo: str) -> tuple[list[str], str, list[d
                          f"R² {r2:.2f}; at rate {top[0]:g}: {fmt(top[1], top[2], top[3])} → {v} | | | |")
     cs = b[(b._variant == "conserve") & (b._error_label == "none")]
     if not cs.empty:
-        vals = [f"{_ci(cs[k])[0]:.3g}" for k, _ in metrics]
+        vals = [f"{_ci(cs[k])[0]:.3g}" if k in cs.columns else "n/a" for k, _ in metrics]
         lines.append("| ConServe (predicts nothing: flat by construction) | — | — | " + " | ".join(vals) + " |")
     return lines, _depends(cells, ["mode", "reading"]), cells
 
@@ -273,7 +316,9 @@ def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list
         return x.iloc[0] if len(x) else None
 
     def ratio(a, b, k):
-        return (a[k] / b[k] - 1) * 100 if a is not None and b is not None else math.nan
+        if a is None or b is None or k not in a.index or k not in b.index:
+            return math.nan
+        return (a[k] / b[k] - 1) * 100
 
     cols = [("C1 first", "ttfet_first_p95_s", "conserve", homo, "ampd_rd", homo),
             ("C1 visible", "ttfet_visible_p95_s", "conserve", homo, "ampd_rd", homo),
@@ -284,7 +329,8 @@ def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list
     if hetero:
         cols.append(("C4", "tokens_per_joule", "conserve", hetero, "conserve", homo))
     lines = [f"One seed ({seed:g}) at {s_rate:g} conv/s; each cell: the ratio − 1 (%) with that constant moved "
-             f"(the base row: all constants as shipped). A sign different from the base row's is marked ⚠.", "",
+             f"(the base row: all constants as shipped). A sign different from the base row's, one of the two beyond "
+             f"±{SIGN_RESOLUTION_PCT:g} %, is marked ⚠.", "",
              "| arm | " + " | ".join(c[0] for c in cols) + " |", "|---|" + "---|" * len(cols)]
     base_vals = [ratio(one(base[base._sens == "base"], a, ta), one(base[base._sens == "base"], bb, tb), k)
                  for _, k, a, ta, bb, tb in cols]
@@ -295,7 +341,8 @@ def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list
         vals = []
         for (lab, k, a, ta, bb, tb), bv in zip(cols, base_vals):
             v = ratio(one(a_df, a, ta), one(a_df, bb, tb), k)
-            flip = np.isfinite(v) and np.isfinite(bv) and np.sign(v) != np.sign(bv)
+            flip = (np.isfinite(v) and np.isfinite(bv) and np.sign(v) != np.sign(bv)
+                    and max(abs(v), abs(bv)) >= SIGN_RESOLUTION_PCT)
             if flip:
                 moved.setdefault(lab.split()[0], []).append(arm)
             vals.append(f"{v:+.1f}{' ⚠' if flip else ''}")
@@ -322,8 +369,8 @@ def claims_markdown(runs: pd.DataFrame) -> str:
         return ("; moves under " + ", ".join(sorted(set(moved[c])))) if c in moved else (
             "; no sensitivity arm changes its sign" if ls else "")
     out = ["# ConServe's claims vs AMPD", "",
-           "Paired ratios on the same seed (mean ± 95 % Student-t half-width over seeds); definitions and "
-           "verdict rules: `harness/claims.py`.", "",
+           "Paired ratios on the same seed: geometric mean of the per-seed ratios − 1, with the 95 % Student-t "
+           "interval of the mean log ratio [low, high]; definitions and verdict rules: `harness/claims.py`.", "",
            "| claim | paper | verdict |", "|---|---|---|",
            f"| C1 p95 TTFET vs AMPD | {PAPER['C1']} % | {v1}{mv('C1')} |",
            f"| C2 zero SLO violations at every rate | 0 violations | {v2} |",
@@ -340,10 +387,104 @@ def claims_markdown(runs: pd.DataFrame) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_claims(runs: pd.DataFrame, out_dir: Any) -> Optional[str]:
-    """Write ``claims.md`` into ``out_dir`` when the sweep compares ConServe with AMPD; returns the text."""
+def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
+    """Figures of the claims (PNG + PDF into ``out_dir``): ``claims_vs_rate`` (p95 TTFET of both readings
+    -- geometric mean and the t-interval of the mean log over seeds, log axis -- and SLO attainment of
+    both readings -- mean and t-interval -- vs the arrival rate, base runs on the homogeneous tier), ``claims_tokens_per_joule`` (tokens/J per variant and tier vs rate) and
+    ``claims_vs_error`` (AMPD's p95 TTFET and SLO attainment, both readings, vs the error rate, paired
+    ratio to its error-free run; ConServe's error-free value as a reference line)."""
+    from pathlib import Path
+
+    from harness.stats import mean_ci
+    r = classify(runs)
+    if not {"conserve"} <= set(r._variant):
+        return []
+    plt, sns = _plt()
+    out = Path(out_dir)
+    tiers = sorted(set(r._tier))
+    homo = next((t for t in tiers if not t.endswith("_hetero")), tiers[0])
+    b = _base(r)
+    labels = {"conserve": "ConServe", **MODE_LABEL}
+    made = []
+    h = b[b._tier == homo]
+    metrics = [("ttfet_first_p95_s", "p95 TTFET, first turn (s)"), ("ttfet_visible_p95_s", "p95 TTFET, visible turn (s)"),
+               ("slo_attainment_first", "SLO attainment, first turn"), ("slo_attainment_visible", "SLO attainment, visible turn")]
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
+    for ax, (k, lab) in zip(axes, metrics):
+        for v in ("conserve", *MODES):
+            g = h[h._variant == v]
+            if k not in g.columns:
+                continue
+            xs, ms, err = [], [], []
+            for x, gg in g.groupby("_rate"):
+                vals = pd.to_numeric(gg[k], errors="coerce")
+                if k.startswith("slo"):  # arithmetic mean +- t half-width
+                    m, hh, n = mean_ci(vals)
+                    lo, hi = (m - hh, m + hh) if np.isfinite(hh) else (m, m)
+                else:  # times span decades: geometric mean, t interval of the mean log
+                    lm, hh, n = mean_ci(np.log(vals[vals > 0]))
+                    m = math.exp(lm) if n else math.nan
+                    lo, hi = (math.exp(lm - hh), math.exp(lm + hh)) if np.isfinite(hh) else (m, m)
+                if n:
+                    xs.append(x), ms.append(m), err.append((m - lo, hi - m))
+            if xs:
+                ax.errorbar(xs, ms, yerr=np.array(err).T, marker="o", capsize=3, label=labels[v])
+        ax.set_xlabel("arrival rate (conversations/s)")
+        ax.set_ylabel(lab)
+        if k.startswith("slo"):
+            ax.set_ylim(-0.03, 1.03)
+        else:
+            ax.set_yscale("log")
+    axes[0].legend(frameon=False)
+    fig.suptitle(f"{homo}; p95 TTFET: geometric mean over seeds with the 95 % t-interval of the mean log; "
+                 f"SLO attainment (against each variant's own unloaded TTFET): mean ± 95 % t-interval", y=1.02)
+    fig.tight_layout()
+    made += _save(fig, out, "claims_vs_rate")
+    e = b.copy()
+    e["variant"] = e._variant.map(lambda v: labels[v].replace(" ", "\n", 1))
+    g = sns.catplot(data=e, kind="bar", x="variant", y="tokens_per_joule", hue="_tier", col="_rate",
+                    errorbar=lambda x: (mean_ci(x)[0] - np.nan_to_num(mean_ci(x)[1]),
+                                        mean_ci(x)[0] + np.nan_to_num(mean_ci(x)[1])),
+                    capsize=0.1, height=3.2, aspect=1.1)
+    g.set_axis_labels("", "tokens per joule (tokens/J)")
+    g.set_titles(col_template="rate = {col_name} conv/s")
+    if g._legend:
+        g._legend.set_title("tier (cluster)")
+    made += _save(g.figure, out, "claims_tokens_per_joule")
+    er = r[(r._sens == "base") & (r._tier == homo) & r._error.notna()]
+    if (er._error > 0).any():
+        rate = float(er[er._error > 0]._rate.iloc[0])
+        er = er[er._rate == rate]
+        fig, axes = plt.subplots(1, 4, figsize=(17, 4.0))
+        for ax, (k, lab) in zip(axes, metrics):
+            for v in MODES:
+                z = er[(er._variant == v) & (er._error == 0)]
+                xs, ms, hs = [], [], []
+                for x in sorted(er[er._variant == v]._error.unique()):
+                    m, ci, n = paired(er[(er._variant == v) & (er._error == x)], z, k) if x > 0 else (0.0, (0.0, 0.0), 1)
+                    if n:
+                        lo, hi = ci if np.isfinite(ci[0]) else (m, m)
+                        xs.append(x), ms.append(m), hs.append((m - lo, hi - m))
+                if len(xs) > 1:
+                    ax.errorbar(xs, ms, yerr=np.array(hs).T, marker="o", capsize=3, label=labels[v])
+            ax.axhline(0.0, color="grey", ls="--", lw=1, label="error-free (ConServe: no predictions)")
+            ax.set_xlabel("prediction error rate (fraction of predictions x or / 2)")
+            ax.set_ylabel(f"{lab}\nvs error-free (%)")
+        axes[0].legend(frameon=False, fontsize=8)
+        fig.suptitle(f"AMPD vs prediction error at {rate:g} conv/s on {homo}; paired on the seed, mean ± 95 % t-interval",
+                     y=1.02)
+        fig.tight_layout()
+        made += _save(fig, out, "claims_vs_error")
+    return made
+
+
+def write_claims(runs: pd.DataFrame, out_dir: Any, draw: bool = False) -> Optional[str]:
+    """Write ``claims.md`` (and, with ``draw``, the claims figures into ``out_dir/figures``) when the
+    sweep compares ConServe with AMPD; returns the text."""
     from pathlib import Path
     text = claims_markdown(runs)
     if text:
         (Path(out_dir) / "claims.md").write_text(text)
+        if draw:
+            claims_figures(runs, Path(out_dir) / "figures")
     return text or None

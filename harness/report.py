@@ -37,12 +37,13 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from harness.catalog import BY_KEY, REPORT, REPORT_TABLE
+from harness.stats import mean_ci, t_quantile  # noqa: F401  (re-exported: the report's interval)
 
 # Sweep dimensions that can serve as the x axis, in order of preference, with axis labels.
 X_AXES = {
@@ -62,24 +63,6 @@ FIGURE_FORMATS = ("png", "pdf")
 MAX_CDF_PANELS = 4
 MAX_SERIES_POINTS = 1500
 SMOOTH_FRACTION = 200  # KV series: moving mean over 1/200 of the run
-
-
-def t_quantile(n: int) -> float:
-    """Two-sided 95 % Student-t quantile for ``n`` observations (n - 1 degrees of freedom); NaN for n < 2."""
-    if n < 2:
-        return math.nan
-    from scipy import stats
-    return float(stats.t.ppf(0.975, n - 1))
-
-
-def mean_ci(values: Iterable[float]) -> tuple[float, float, int]:
-    """``(mean, 95 % CI half-width, n)`` of the finite values; NaN mean for n = 0, NaN half-width for n < 2."""
-    x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
-    n = len(x)
-    if n == 0:
-        return math.nan, math.nan, 0
-    half = t_quantile(n) * float(np.std(x, ddof=1)) / math.sqrt(n) if n >= 2 else math.nan
-    return float(np.mean(x)), half, n
 
 
 def t_interval(x: Sequence[float]) -> tuple[float, float]:
@@ -642,7 +625,7 @@ def report(sweep_dir: Path, out: Optional[Path] = None, draw: bool = True) -> di
     figs = figures(sw, out / "figures") if draw else []
     md = markdown(sw, pts, figs)
     from harness.claims import write_claims
-    claims = write_claims(sw.runs, out)  # ConServe-vs-AMPD sweeps: claims.md (paired ratios, sensitivity)
+    claims = write_claims(sw.runs, out, draw)  # ConServe-vs-AMPD sweeps: claims.md (+ figures)
     if claims:
         md += "\n" + claims.replace("# ConServe's claims vs AMPD", "## ConServe's claims vs AMPD (claims.md)", 1)
     (out / "report.md").write_text(md)

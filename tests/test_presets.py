@@ -108,8 +108,8 @@ def test_cell_presets_cover_their_grids():
     split = sweep_params("pd_split")["+experiment/cell"]
     for c in split:
         y = yaml.safe_load((CONF / "experiment" / "cell" / f"{c}.yaml").read_text())
-        sched = next(d for d in y["defaults"] if "/scheduler" in d).split(": ")[-1]
-        cluster = next(d for d in y["defaults"] if "/cluster" in d).split(": ")[-1]
+        groups = {k.split("/")[-1]: v for d in y["defaults"] for k, v in d.items()}
+        sched, cluster = groups["scheduler"], groups["cluster"]
         assert (sched == "collocated") == cluster.endswith("x"), c
     for c in ("cs_sens_mpf0p40_ampd_cost_hetero", "cs_err_rate0p3_ampd_rd_s1", split[-1]):
         run = compose_run(["+experiment=" + ("pd_split" if c.startswith("split") else "conserve_sensitivity"),
