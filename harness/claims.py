@@ -387,6 +387,54 @@ def claims_markdown(runs: pd.DataFrame) -> str:
     return "\n".join(out) + "\n"
 
 
+def gpu_count(instances_json: Any) -> float:
+    """GPUs of a cluster from the runs table's ``cluster.instances`` column (a JSON list of groups)."""
+    import json
+    try:
+        groups = json.loads(instances_json) if isinstance(instances_json, str) else instances_json
+        return float(sum(int(g.get("count", 1)) for g in groups))
+    except (TypeError, ValueError, AttributeError):
+        return math.nan
+
+
+def split_markdown(runs: pd.DataFrame) -> str:
+    """The P/D split on equal GPU counts (``+experiment=pd_split``): per GPU count, cluster and variant,
+    the p95 TTFET of both readings (geometric mean over seeds [t-interval of the mean log]), SLO
+    attainment (mean), tokens/J (mean), and the paired p95 ratios to collocated serving on the same GPU
+    count and seed. Empty unless the sweep has collocated runs beside P/D runs on as many GPUs."""
+    r = classify(runs)
+    if "cluster.instances" not in r.columns or "collocated" not in set(r._variant):
+        return ""
+    r["_gpus"] = r["cluster.instances"].map(gpu_count)
+    r = r[r._sens == "base"]
+    lines = ["## The P/D split on equal GPU counts", "",
+             "Per GPU count: p95 TTFET (geometric mean over seeds [95 % interval]), SLO attainment and tokens/J "
+             "(mean over seeds), and the paired p95 ratio to collocated serving on the same GPUs and seed.", "",
+             "| GPUs | rate (conv/s) | cluster | variant | p95 TTFET first (s) | p95 TTFET visible (s) | SLO first | "
+             "SLO visible | tokens/J | first vs collocated | visible vs collocated |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    found = False
+    for g, grp in r.groupby("_gpus"):
+        col = grp[grp._variant == "collocated"]
+        if col.empty or len(set(grp._variant)) < 2:
+            continue
+        found = True
+        for (cl, v), x in grp.groupby(["_tier", "_variant"], sort=True):
+            cells = []
+            for k in ("ttfet_first_p95_s", "ttfet_visible_p95_s"):
+                vals = pd.to_numeric(x[k], errors="coerce")
+                lm, hh, n = _ci(np.log(vals[vals > 0]))
+                cells.append(f"{math.exp(lm):.3g} [{math.exp(lm - hh):.3g}, {math.exp(lm + hh):.3g}]"
+                             if n > 1 and np.isfinite(hh) else (f"{math.exp(lm):.3g}" if n else "n/a"))
+            for k in ("slo_attainment_first", "slo_attainment_visible", "tokens_per_joule"):
+                cells.append(f"{_ci(pd.to_numeric(x[k], errors='coerce'))[0]:.3g}" if k in x.columns else "n/a")
+            for k in ("ttfet_first_p95_s", "ttfet_visible_p95_s"):
+                cells.append("—" if v == "collocated" else fmt(*paired(x, col, k)))
+            rate = x._rate.dropna()
+            lines.append(f"| {g:g} | {rate.iloc[0]:g} | {cl} | {v} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" if found else ""
+
+
 def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
     """Figures of the claims (PNG + PDF into ``out_dir``): ``claims_vs_rate`` (p95 TTFET of both readings
     -- geometric mean and the t-interval of the mean log over seeds, log axis -- and SLO attainment of
@@ -435,7 +483,8 @@ def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
             ax.set_ylim(-0.03, 1.03)
         else:
             ax.set_yscale("log")
-    axes[0].legend(frameon=False)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(frameon=False)
     fig.suptitle(f"{homo}; p95 TTFET: geometric mean over seeds with the 95 % t-interval of the mean log; "
                  f"SLO attainment (against each variant's own unloaded TTFET): mean ± 95 % t-interval", y=1.02)
     fig.tight_layout()
@@ -480,9 +529,13 @@ def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
 
 def write_claims(runs: pd.DataFrame, out_dir: Any, draw: bool = False) -> Optional[str]:
     """Write ``claims.md`` (and, with ``draw``, the claims figures into ``out_dir/figures``) when the
-    sweep compares ConServe with AMPD; returns the text."""
+    sweep compares ConServe with AMPD (plus the P/D-split table when it also runs collocated serving on
+    as many GPUs); returns the text."""
     from pathlib import Path
     text = claims_markdown(runs)
+    split = split_markdown(runs)
+    if split:
+        text = (text or "# ConServe's claims vs AMPD\n\n") + "\n" + split
     if text:
         (Path(out_dir) / "claims.md").write_text(text)
         if draw:

@@ -67,3 +67,21 @@ def test_claims_table_depends_on_reading_and_flags_sensitivity():
     # over error 0, 0.1, 0.3, 0.5: slope 20 % per unit error rate
     fit = next(l for l in md.splitlines() if "linear fit, p95 TTFET first" in l)
     assert "slope +20.0 %" in fit and "R² 1.00" in fit
+
+
+def test_split_table_pairs_with_collocated_on_the_same_gpus():
+    import json
+    from harness.claims import split_markdown
+    pd4 = json.dumps([{"role": "prefiller", "hardware": "a40", "count": 1}, {"role": "decoder", "hardware": "a40", "count": 3}])
+    col4 = json.dumps([{"role": "collocated", "hardware": "a40", "count": 4}])
+    rows = []
+    for s in range(3):
+        a = row("conserve", seed=s, ttfet_visible_p95_s=120.0)
+        a["cluster.instances"] = pd4
+        c = row("conserve", tier="a40_4x", seed=s, ttfet_visible_p95_s=100.0)
+        c.update({"scheduler.name": "collocated", "cluster.instances": col4})
+        rows += [a, c]
+    md = split_markdown(pd.DataFrame(rows))
+    line = next(l for l in md.splitlines() if l.startswith("| 4 |") and "| conserve |" in l)
+    assert "+20.0 % [+20.0, +20.0] (n=3)" in line      # 120 / 100 on every seed
+    assert split_markdown(pd.DataFrame([r for r in rows if r["scheduler.name"] != "collocated"])) == ""
