@@ -199,7 +199,7 @@ def apply_slo(conv: pd.DataFrame, slo: SloConfig, unloaded: Optional[dict]) -> p
     needed when any threshold is relative (``SloConfig.needs_unloaded``).
     Headline (``ttfet_definition``, ``ttfet_mode``): ``unloaded_ttfet_s``, ``slo_ttfet_s`` (threshold, s),
     ``slo_met`` (bool). Per reading r in (first, visible): ``unloaded_ttfet_<r>_s``, ``slo_ttfet_<r>_s``
-    and ``slo_met_<r>`` (nullable boolean, NA when the reading has no SLO). A failed or unfinished
+    and ``slo_met_<r>`` (True / False, or None when the reading has no SLO). A failed or unfinished
     conversation meets no SLO; ``tbt_s`` (last-turn TPOT) applies to every reading.
     """
     head = ("relative", slo.ttfet_multiple) if slo.ttfet_mode == "relative" else ("absolute", slo.ttfet_s)
@@ -209,8 +209,10 @@ def apply_slo(conv: pd.DataFrame, slo: SloConfig, unloaded: Optional[dict]) -> p
     for r in READINGS:
         rs = slo.reading(r)
         conv[f"unloaded_ttfet_{r}_s"], conv[f"slo_ttfet_{r}_s"] = _threshold(conv, rs, unloaded, r)
-        met = (conv.completed & (conv[f"ttfet_{r}_s"] <= conv[f"slo_ttfet_{r}_s"]) & tbt_ok).astype("boolean")
-        conv[f"slo_met_{r}"] = met if rs is not None else pd.Series(pd.NA, index=conv.index, dtype="boolean")
+        met = (conv.completed & (conv[f"ttfet_{r}_s"] <= conv[f"slo_ttfet_{r}_s"]) & tbt_ok).astype(bool)
+        # object dtype (True / False / None): a null stays a null in parquet and in a wandb.Table
+        conv[f"slo_met_{r}"] = met.astype(object) if rs is not None else pd.Series([None] * len(conv), index=conv.index,
+                                                                                    dtype=object)
     return conv
 
 
