@@ -18,8 +18,9 @@ with its ``config.yaml`` and, for the figures, ``conversations.parquet`` and ``i
 * ``claims.md`` (also appended to ``report.md``) when the sweep runs ConServe against AMPD: ConServe's
   claims with paired ratios and their sensitivity (``harness.claims``);
 * ``figures/*.png`` and ``*.pdf`` (seaborn, Agg backend), only those whose inputs vary in the sweep:
-  TTFET CDFs; p95 TTFET, SLO attainment, conversation latency and preemptions vs arrival rate;
-  tokens per joule per variant and tier (cluster); metrics vs prediction error; KV occupancy over time.
+  TTFET CDFs; p95 TTFET and SLO attainment (both TTFET readings, where the runs report them),
+  conversation latency and preemptions vs arrival rate; tokens per joule per variant and tier
+  (cluster); metrics vs prediction error; KV occupancy over time.
 
 Which config keys are "swept" is read from the configs, not the command line: a key is swept when its
 value differs between runs. Keys whose last part contains ``seed`` are the repetition keys. A key that
@@ -593,15 +594,18 @@ def figures(sw: Sweep, out: Path) -> list[Path]:
     made: list[Path] = []
     r = sw.runs
     made += ttfet_cdf(sw, out)
+    # both TTFET readings and their SLO attainments where the runs have them (older runs: the headline)
+    ttfet = [k for k in ("ttfet_first_p95_s", "ttfet_visible_p95_s") if k in r.columns] or ["ttfet_p95_s"]
+    slo = [k for k in ("slo_attainment_first", "slo_attainment_visible") if k in r.columns and r[k].notna().any()]
+    slo = slo or ["slo_attainment"]
     if sw.x == "workload.rate_per_s":
-        made += metric_vs_x(sw, ["ttfet_p95_s"], out, "p95_ttfet_vs_rate")
-        made += metric_vs_x(sw, ["slo_attainment"], out, "slo_attainment_vs_rate")
+        made += metric_vs_x(sw, ttfet, out, "p95_ttfet_vs_rate")
+        made += metric_vs_x(sw, slo, out, "slo_attainment_vs_rate")
         made += metric_vs_x(sw, ["latency_p50_s", "latency_p95_s"], out, "latency_vs_rate")
         if "preemptions" in r.columns and (r.preemptions.fillna(0) > 0).any():
             made += metric_vs_x(sw, ["preemptions"], out, "preemptions_vs_rate")
     if sw.x in ("scheduler.predictor.sigma", "scheduler.predictor.error_rate"):
-        made += metric_vs_x(sw, ["ttfet_p95_s", "slo_attainment", "tokens_per_joule"], out,
-                            "metrics_vs_prediction_error")
+        made += metric_vs_x(sw, [*ttfet, *slo, "tokens_per_joule"], out, "metrics_vs_prediction_error")
     if "cluster.name" in sw.dims:
         made += tokens_per_joule(sw, out)
     made += kv_occupancy(sw, out)
