@@ -85,7 +85,9 @@ TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "ttfet_p50_s", "ttfe
                           "ttfet_visible_p99_s", "latency_p95_s", "last_turn_tpot_p50_s", "ttft_p95_s", "tpot_p50_s",
                           "slo_attainment", "slo_attainment_first", "slo_attainment_visible", "goodput_conv_per_s",
                           "preemptions", "prefix_hit_frac", "energy_j", "tokens_per_joule", "output_tokens_per_joule",
-                          "sim_wall_s")
+                          "ampd_remote_frac", "ampd_decision_flip_frac", "sim_wall_s")
+# Rows a table shows only when at least one of its runs has the key (a policy's own summary, e.g. AMPD's).
+OPTIONAL: frozenset[str] = frozenset({"ampd_remote_frac", "ampd_decision_flip_frac"})
 # The metrics a sweep report aggregates (points.csv) and plots against the x axis, and the subset of its
 # markdown table.
 REPORT: tuple[str, ...] = ("ttfet_p50_s", "ttfet_p95_s", "ttfet_first_p50_s", "ttfet_first_p95_s", "ttfet_first_p99_s",
@@ -100,10 +102,13 @@ REPORT_TABLE: tuple[str, ...] = ("ttfet_p95_s", "ttfet_first_p95_s", "ttfet_visi
 
 
 def summary_table(summaries: Mapping[str, Mapping[str, Any]], rows: Sequence[str] = TABLE) -> str:
-    """A markdown table: one column per run (label -> summary), one row per metric of ``rows``."""
+    """A markdown table: one column per run (label -> summary), one row per metric of ``rows`` (a key of
+    ``OPTIONAL`` only when some run has it)."""
     labels = list(summaries)
     lines = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for key in rows:
+        if key in OPTIONAL and not any(key in summaries[l] for l in labels):
+            continue
         m = BY_KEY[key]
         lines.append(f"| {m.label} | " + " | ".join(m.fmt(summaries[l].get(key)) for l in labels) + " |")
     return "\n".join(lines)
