@@ -516,12 +516,12 @@ def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
                         xs.append(x), ms.append(m), hs.append((m - lo, hi - m))
                 if len(xs) > 1:
                     ax.errorbar(xs, ms, yerr=np.array(hs).T, marker="o", capsize=3, label=labels[v])
-            ax.axhline(0.0, color="grey", ls="--", lw=1, label="error-free (ConServe: no predictions)")
+            ax.axhline(0.0, color="grey", ls="--", lw=1, label="error-free (ConServe predicts nothing: flat)")
             ax.set_xlabel("prediction error rate (fraction of predictions x or / 2)")
             ax.set_ylabel(f"{lab}\nvs error-free (%)")
         axes[0].legend(frameon=False, fontsize=8)
-        fig.suptitle(f"AMPD vs prediction error at {rate:g} conv/s on {homo}; paired on the seed, mean ± 95 % t-interval",
-                     y=1.02)
+        fig.suptitle(f"AMPD vs prediction error at {rate:g} conv/s on {homo}; paired on the seed: geometric-mean "
+                     f"ratio − 1 with the 95 % t-interval of the mean log", y=1.02)
         fig.tight_layout()
         made += _save(fig, out, "claims_vs_error")
     return made
