@@ -48,6 +48,22 @@ CATALOG: tuple[Metric, ...] = (
     Metric("num_conversations_failed", "failed conversations", 0, axis="failed conversations (count)"),
     Metric("ttfet_p50_s", "TTFET p50 (s)", 2, log_y=True),
     Metric("ttfet_p95_s", "TTFET p95 (s)", 2, log_y=True),
+    Metric("ttfet_p99_s", "TTFET p99 (s)", 2, log_y=True),
+    Metric("ttfet_first_p50_s", "TTFET first-turn p50 (s)", 3, log_y=True),
+    Metric("ttfet_first_p95_s", "TTFET first-turn p95 (s)", 3, log_y=True),
+    Metric("ttfet_first_p99_s", "TTFET first-turn p99 (s)", 3, log_y=True),
+    Metric("ttfet_visible_p50_s", "TTFET visible-turn p50 (s)", 2, log_y=True),
+    Metric("ttfet_visible_p95_s", "TTFET visible-turn p95 (s)", 2, log_y=True),
+    Metric("ttfet_visible_p99_s", "TTFET visible-turn p99 (s)", 2, log_y=True),
+    Metric("last_turn_tpot_p50_s", "last-turn TBT p50 (ms)", 2, scale=1e3, axis="last-turn TBT (TPOT) p50 (s)"),
+    Metric("last_turn_tpot_p95_s", "last-turn TBT p95 (ms)", 2, scale=1e3, axis="last-turn TBT (TPOT) p95 (s)"),
+    Metric("slo_attainment_first", "SLO attainment (first)", 3,
+           axis="SLO attainment, first-turn TTFET (fraction of conversations)"),
+    Metric("slo_attainment_visible", "SLO attainment (visible)", 3,
+           axis="SLO attainment, visible-turn TTFET (fraction of conversations)"),
+    Metric("ampd_decision_flip_frac", "AMPD decision flips", 3,
+           axis="AMPD remote/local decisions flipped vs the error-free predictor (fraction of turns >= 1)"),
+    Metric("ampd_remote_frac", "AMPD remote frac", 3, axis="AMPD turns >= 1 prefilled remotely (fraction)"),
     Metric("ttft_p95_s", "TTFT p95 (s)", 3, log_y=True),
     Metric("tpot_p50_s", "TPOT p50 (ms)", 2, scale=1e3, axis="TPOT p50 (s)"),
     Metric("slo_attainment", "SLO attainment", 3, axis="SLO attainment (fraction of conversations)"),
@@ -60,26 +76,40 @@ CATALOG: tuple[Metric, ...] = (
     Metric("sim_wall_s", "run wall (s)", 1, axis="run wall time (s)"),
     Metric("latency_p50_s", "latency p50 (s)", 2, axis="conversation latency p50 (s)", log_y=True),
     Metric("latency_p95_s", "latency p95 (s)", 2, axis="conversation latency p95 (s)", log_y=True),
+    Metric("latency_p99_s", "latency p99 (s)", 2, axis="conversation latency p99 (s)", log_y=True),
 )
 BY_KEY: Mapping[str, Metric] = {m.key: m for m in CATALOG}
 
 # The rows of the printed run table and of the sweep comparison.md, in order.
-TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "num_conversations_failed", "ttfet_p50_s", "ttfet_p95_s", "ttft_p95_s",
-                          "tpot_p50_s", "slo_attainment", "goodput_conv_per_s", "preemptions", "prefix_hit_frac",
-                          "energy_j", "tokens_per_joule", "output_tokens_per_joule", "sim_wall_s")
+TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "num_conversations_failed", "ttfet_p50_s", "ttfet_p95_s", "ttfet_first_p50_s",
+                          "ttfet_first_p95_s", "ttfet_first_p99_s", "ttfet_visible_p50_s", "ttfet_visible_p95_s",
+                          "ttfet_visible_p99_s", "latency_p95_s", "last_turn_tpot_p50_s", "ttft_p95_s", "tpot_p50_s",
+                          "slo_attainment", "slo_attainment_first", "slo_attainment_visible", "goodput_conv_per_s",
+                          "preemptions", "prefix_hit_frac", "energy_j", "tokens_per_joule", "output_tokens_per_joule",
+                          "ampd_remote_frac", "ampd_decision_flip_frac", "sim_wall_s")
+# Rows a table shows only when at least one of its runs has the key (a policy's own summary, e.g. AMPD's).
+OPTIONAL: frozenset[str] = frozenset({"ampd_remote_frac", "ampd_decision_flip_frac"})
 # The metrics a sweep report aggregates (points.csv) and plots against the x axis, and the subset of its
 # markdown table.
-REPORT: tuple[str, ...] = ("ttfet_p50_s", "ttfet_p95_s", "slo_attainment", "goodput_conv_per_s", "latency_p50_s",
-                           "latency_p95_s", "ttft_p95_s", "tpot_p50_s", "preemptions", "tokens_per_joule", "energy_j")
-REPORT_TABLE: tuple[str, ...] = ("ttfet_p50_s", "ttfet_p95_s", "slo_attainment", "goodput_conv_per_s",
-                                 "latency_p95_s", "preemptions", "tokens_per_joule")
+REPORT: tuple[str, ...] = ("ttfet_p50_s", "ttfet_p95_s", "ttfet_first_p50_s", "ttfet_first_p95_s", "ttfet_first_p99_s",
+                           "ttfet_visible_p50_s", "ttfet_visible_p95_s", "ttfet_visible_p99_s", "slo_attainment",
+                           "slo_attainment_first", "slo_attainment_visible", "goodput_conv_per_s", "latency_p50_s",
+                           "latency_p95_s", "latency_p99_s", "last_turn_tpot_p50_s", "last_turn_tpot_p95_s",
+                           "ttft_p95_s", "tpot_p50_s", "preemptions", "tokens_per_joule", "energy_j",
+                           "ampd_decision_flip_frac", "ampd_remote_frac")
+REPORT_TABLE: tuple[str, ...] = ("ttfet_p95_s", "ttfet_first_p95_s", "ttfet_visible_p95_s", "slo_attainment",
+                                 "slo_attainment_first", "slo_attainment_visible", "latency_p95_s",
+                                 "last_turn_tpot_p50_s", "preemptions", "tokens_per_joule")
 
 
 def summary_table(summaries: Mapping[str, Mapping[str, Any]], rows: Sequence[str] = TABLE) -> str:
-    """A markdown table: one column per run (label -> summary), one row per metric of ``rows``."""
+    """A markdown table: one column per run (label -> summary), one row per metric of ``rows`` (a key of
+    ``OPTIONAL`` only when some run has it)."""
     labels = list(summaries)
     lines = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for key in rows:
+        if key in OPTIONAL and not any(key in summaries[l] for l in labels):
+            continue
         m = BY_KEY[key]
         lines.append(f"| {m.label} | " + " | ".join(m.fmt(summaries[l].get(key)) for l in labels) + " |")
     return "\n".join(lines)

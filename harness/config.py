@@ -279,7 +279,7 @@ def resolve(dcfg: DictConfig) -> Resolved:
         except ValueError as e:
             raise ConfigError(f"{where}.hardware: {e}") from None
     name, sched_obj = _plugin_choice(cfg.scheduler, "scheduler", scheduler_config)
-    if cfg.slo.ttfet_mode == "relative":
+    if cfg.slo.needs_unloaded() and cfg.slo.reference_scheduler != "same":
         try:
             scheduler_config(cfg.slo.reference_scheduler, {"name": cfg.slo.reference_scheduler})
         except ConfigError as e:

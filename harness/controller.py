@@ -80,9 +80,14 @@ class Controller:
         self.held: list[tuple[ConversationState, TurnView]] = []
         n = len(cluster.infos)
         self._queued_prefill = [0] * n
+        self._queued_uncached = [0] * n
+        self._uncached_of: dict[tuple[str, int], int] = {}
         self._conversations_on = [0] * n
         self._context_on = [0] * n
-        self._convs_on: list[dict[str, int]] = [{} for _ in range(n)]
+        # per instance: conversation id -> (latest turn placed, context tokens, turn in flight)
+        self._convs_on: list[dict[str, tuple[int, int, bool]]] = [{} for _ in range(n)]
+        # per conversation: instance -> tokens of its context that instance holds (where its turns ran)
+        self._holds: dict[str, dict[int, int]] = {}
         self._recheck_at = math.inf
         self._last_logged_hold = 0
         self.num_done = 0
@@ -105,15 +110,19 @@ class Controller:
             InstanceView(info.index, info.name, info.role, info.hardware, info.kv_capacity_tokens,
                          s.kv_used_tokens, s.num_running, s.num_waiting, self._queued_prefill[i],
                          self._conversations_on[i], self._context_on[i],
-                         tuple(self._convs_on[i].items()), self._hints[i].prefill_tokens_per_s)
+                         tuple((cid, v[0]) for cid, v in self._convs_on[i].items()), self._hints[i].prefill_tokens_per_s,
+                         self._queued_uncached[i], tuple(v[1] for v in self._convs_on[i].values()),
+                         tuple(v[2] for v in self._convs_on[i].values()))
             for i, (info, s) in enumerate(zip(self.backend.infos, states)))
         return ClusterView(self.clock.now(), inst, self._kvb, self._link[0], self._link[1], len(self.held))
 
     def _ready(self, c: ConversationState) -> None:
         k = c.next_turn
         tr = c.record.turns[k]
+        holds = self._holds.get(c.record.conversation_id, {})
+        cached = tuple((i, min(n, tr.reused_tokens)) for i, n in sorted(holds.items()) if min(n, tr.reused_tokens) > 0)
         tv = TurnView(c.record.conversation_id, k, tr.prompt_tokens, tr.reused_tokens, tr.new_input_tokens,
-                      c.arrival_s, self.clock.now(), c.prev_prefill, c.prev_decode, c.prev_output)
+                      c.arrival_s, self.clock.now(), c.prev_prefill, c.prev_decode, c.prev_output, cached)
         self.held.append((c, tv))
         self._poll()
 
@@ -157,7 +166,10 @@ class Controller:
             self.recorder.decision(PlaceDecision(view.now_s, tv.conversation_id, tv.turn, p.prefill_instance,
                                                  p.decode_instance, p.reason, p.candidates, ViewDigest.of(view)))
         tr = c.record.turns[tv.turn]
-        self._count(c, p.decode_instance, tr.prompt_tokens)
+        self._count(c, p.decode_instance, tr.prompt_tokens, in_flight=True)
+        uncached = tr.prompt_tokens - tv.cached_on(p.prefill_instance)
+        self._uncached_of[(tv.conversation_id, tv.turn)] = uncached
+        self._queued_uncached[p.prefill_instance] += uncached
         job = TurnJob(tv.conversation_id, tv.turn, tr.prompt_tokens, tr.output_tokens, c.reused, p,
                       self._prefill_done, self._finish, self._fail,
                       submit_s=tv.submit_s, admit_s=now)
@@ -170,8 +182,9 @@ class Controller:
             return
         self.backend.start_turn(job)
 
-    def _count(self, c: ConversationState, instance: int, context_tokens: int) -> None:
-        """Book conversation ``c`` (its context, tokens) on ``instance`` (-1: on none)."""
+    def _count(self, c: ConversationState, instance: int, context_tokens: int, in_flight: bool = False) -> None:
+        """Book conversation ``c`` (its context, tokens; whether a turn of it is being served) on
+        ``instance`` (-1: on none)."""
         cid = c.record.conversation_id
         if c.counted_on >= 0:
             self._conversations_on[c.counted_on] -= 1
@@ -181,10 +194,15 @@ class Controller:
         if instance >= 0:
             self._conversations_on[instance] += 1
             self._context_on[instance] += context_tokens
-            self._convs_on[instance][cid] = c.next_turn
+            self._convs_on[instance][cid] = (c.next_turn, context_tokens, in_flight)
+
+    def _unqueue(self, job: TurnJob) -> None:
+        """The job's prompt left its prefill instance's queue (prefilled, or failed before that)."""
+        self._queued_prefill[job.placement.prefill_instance] -= job.prompt_tokens
+        self._queued_uncached[job.placement.prefill_instance] -= self._uncached_of.pop((job.conversation_id, job.turn), 0)
 
     def _prefill_done(self, job: TurnJob) -> None:
-        self._queued_prefill[job.placement.prefill_instance] -= job.prompt_tokens
+        self._unqueue(job)
 
     def _finish(self, job: TurnJob) -> None:
         c = self._by_id[job.conversation_id]
@@ -192,6 +210,14 @@ class Controller:
         c.prev_prefill, c.prev_decode = job.placement.prefill_instance, job.placement.decode_instance
         c.prev_output = job.output_tokens
         self._count(c, c.counted_on, job.prompt_tokens + job.output_tokens)
+        holds = self._holds.setdefault(job.conversation_id, {})
+        reused = c.record.turns[job.turn].reused_tokens
+        for i in holds:  # what no longer matches the conversation's context is not a prefix of it any more
+            holds[i] = min(holds[i], reused)
+        pl = job.placement
+        if pl.disaggregated:
+            holds[pl.prefill_instance] = max(holds.get(pl.prefill_instance, 0), job.prompt_tokens)
+        holds[pl.decode_instance] = job.prompt_tokens + job.output_tokens
         tr = c.record.turns[job.turn]
         c.next_turn = job.turn + 1
         if c.next_turn < len(c.record.turns):
@@ -202,7 +228,7 @@ class Controller:
 
     def _fail(self, job: TurnJob, reason: str) -> None:
         if job.prefill_done_s is None:
-            self._queued_prefill[job.placement.prefill_instance] -= job.prompt_tokens
+            self._unqueue(job)
         c = self._by_id[job.conversation_id]
         self.recorder.turn(job)
         c.failed = True
@@ -213,5 +239,6 @@ class Controller:
         c.done = True
         c.finish_s = t
         self._count(c, -1, 0)
+        self._holds.pop(c.record.conversation_id, None)
         self.num_done += 1
         self.on_conversation(c)

@@ -4,14 +4,24 @@ Definitions (docs/metrics.md):
   * TTFT = first output token - submission (turn ready); TPOT = (last - first token) / (output - 1)
     (NaN for 1-token outputs); E2E = last token - submission; queue = admission - submission; ITL =
     the gaps between a turn's successive tokens (per turn: p50, p99, max in ``turns.parquet``).
-  * TTFET = first token of the first user-visible turn - conversation arrival (``ttfet_definition``:
-    ``visible`` (default; SWE-bench: the final submission turn), ``first`` or ``last`` turn).
-  * Conversation latency = last token of the last turn - arrival.
+  * TTFET = first token of one turn - conversation arrival. Two readings are always reported
+    (the ConServe abstract, arXiv 2606.01839, calls TTFET "the latency of a conversation's first
+    user-visible output"; which reading its figure uses is not public): ``first`` = turn 0's first
+    token (what queueing on the prefiller delays), ``visible`` = the first user-visible turn's first
+    token (SWE-bench: the final submission turn, so it includes every tool call before it). The
+    headline keys (``ttfet_p50_s``, ``slo_attainment``, ...) use ``ttfet_definition`` (``visible``,
+    the default, ``first`` or ``last`` turn), as before.
+  * Conversation latency = last token of the last turn - arrival; last-turn TBT = TPOT of the final
+    turn.
   * SLO: TTFET <= threshold, where the threshold is ``ttfet_s`` (absolute) or ``ttfet_multiple`` x the
-    conversation's *unloaded* TTFET (the conversation replayed alone on the idle cluster under the
-    reference scheduler, ``reference_scheduler``, the same for every variant); optionally last-turn
+    conversation's *unloaded* TTFET (the conversation replayed alone on the idle cluster under
+    ``reference_scheduler``: a scheduler name, the same for every variant, or ``same`` = the run's own
+    scheduler with its own config, so each variant is judged against itself); optionally last-turn
     TPOT <= ``tbt_s``. Denominator: every conversation of the workload; failed conversations count as
-    violations.
+    violations. Each reading has its own SLO (``ttfet_first_*``, ``ttfet_visible_*``: mode, multiple,
+    seconds; ``inherit`` = the headline's mode and multiple, and for an absolute headline its seconds
+    only on the headline's own reading) and its own attainment (``slo_attainment_first``,
+    ``slo_attainment_visible``; NaN for a reading without an SLO).
   * Goodput = conversations meeting the SLO / measured window (first arrival to last finish), conv/s.
   * Energy: sum over GPUs of energy over the measured window, J (idle power included);
     tokens_per_joule = tokens served / J, where tokens served = prompt tokens + generated tokens of the
@@ -31,9 +41,21 @@ import numpy as np
 import pandas as pd
 
 
+READINGS = ("first", "visible")
+READING_MODES = ("inherit", "relative", "absolute", "none")
+
+
 @dataclass
 class SloConfig:
-    """Hydra schema of the ``slo`` group (see module docstring)."""
+    """Hydra schema of the ``slo`` group (see module docstring).
+
+    Headline: ``ttfet_mode`` (``relative`` | ``absolute``), ``ttfet_multiple`` (>= 1), ``ttfet_s`` (s),
+    ``ttfet_definition`` (``visible`` | ``first`` | ``last``), ``tbt_s`` (s or None),
+    ``reference_scheduler`` (a registered scheduler name, or ``same``: the run's own scheduler).
+    Per reading r in (``first``, ``visible``): ``ttfet_<r>_mode`` (``inherit`` | ``relative`` |
+    ``absolute`` | ``none``), ``ttfet_<r>_multiple`` (None = ``ttfet_multiple``), ``ttfet_<r>_s`` (s;
+    required when that mode is ``absolute``).
+    """
 
     name: str = "relative"
     ttfet_mode: str = "relative"
@@ -42,6 +64,12 @@ class SloConfig:
     tbt_s: Optional[float] = None
     ttfet_definition: str = "visible"
     reference_scheduler: str = "collocated"
+    ttfet_first_mode: str = "inherit"
+    ttfet_first_multiple: Optional[float] = None
+    ttfet_first_s: Optional[float] = None
+    ttfet_visible_mode: str = "inherit"
+    ttfet_visible_multiple: Optional[float] = None
+    ttfet_visible_s: Optional[float] = None
 
     def validate(self, where: str = "slo") -> None:
         """Raise ``ValueError`` naming ``slo.<field>`` for the first invalid value."""
@@ -55,6 +83,47 @@ class SloConfig:
             raise ValueError(f"{where}.tbt_s must be > 0 (s) or null, got {self.tbt_s!r}")
         if self.ttfet_definition not in ("visible", "first", "last"):
             raise ValueError(f"{where}.ttfet_definition must be visible, first or last, got {self.ttfet_definition!r}")
+        if not (isinstance(self.reference_scheduler, str) and self.reference_scheduler):
+            raise ValueError(f"{where}.reference_scheduler must be a scheduler name or 'same', "
+                             f"got {self.reference_scheduler!r}")
+        for r in READINGS:
+            mode, mult, s = (getattr(self, f"ttfet_{r}_{k}") for k in ("mode", "multiple", "s"))
+            if mode not in READING_MODES:
+                raise ValueError(f"{where}.ttfet_{r}_mode must be one of {', '.join(READING_MODES)}, got {mode!r}")
+            if mult is not None and not mult >= 1:
+                raise ValueError(f"{where}.ttfet_{r}_multiple must be >= 1 or null, got {mult!r}")
+            if s is not None and not s > 0:
+                raise ValueError(f"{where}.ttfet_{r}_s must be > 0 (s) or null, got {s!r}")
+            if mode == "absolute" and s is None:
+                raise ValueError(f"{where}.ttfet_{r}_s must be set (s) when {where}.ttfet_{r}_mode=absolute")
+
+    def reading(self, r: str) -> Optional[tuple[str, float]]:
+        """The SLO of reading ``r`` (``first`` | ``visible``): ``("relative", multiple)``,
+        ``("absolute", seconds)``, or None (no SLO for that reading)."""
+        mode = getattr(self, f"ttfet_{r}_mode")
+        mult = getattr(self, f"ttfet_{r}_multiple")
+        s = getattr(self, f"ttfet_{r}_s")
+        if mode == "inherit":
+            mode = self.ttfet_mode
+            if mode == "absolute" and s is None:
+                s = self.ttfet_s if r == self.ttfet_definition else None
+                if s is None:
+                    return None
+        if mode == "none":
+            return None
+        if mode == "relative":
+            return "relative", float(mult if mult is not None else self.ttfet_multiple)
+        return "absolute", float(s)
+
+    def needs_unloaded(self) -> bool:
+        """True when a threshold (headline or per reading) is a multiple of the unloaded TTFET."""
+        return self.ttfet_mode == "relative" or any((self.reading(r) or ("",))[0] == "relative" for r in READINGS)
+
+    def reference_label(self, scheduler_name: str) -> str:
+        """The relative SLO's denominator in words, for ``summary.json``."""
+        ref = scheduler_name if self.reference_scheduler == "same" else self.reference_scheduler
+        same = " (the same variant)" if ref == scheduler_name else ""
+        return f"unloaded TTFET under {ref}{same}"
 
 
 def ttfet_turn_index(visible: list[bool], definition: str) -> int:
@@ -66,59 +135,97 @@ def ttfet_turn_index(visible: list[bool], definition: str) -> int:
     return visible.index(True) if True in visible else len(visible) - 1
 
 
-CONVERSATION_COLUMNS = ["conversation_id", "arrival_s", "num_turns", "turns_done", "ttfet_s", "latency_s", "finish_s",
-                        "last_turn_tpot_s", "failed", "completed"]
+CONVERSATION_COLUMNS = ["conversation_id", "arrival_s", "num_turns", "turns_done", "ttfet_s", "ttfet_first_s",
+                        "ttfet_visible_s", "latency_s", "finish_s", "last_turn_tpot_s", "failed", "completed"]
 
 
 def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.DataFrame:
     """Per-conversation metrics (``conversations.parquet`` without SLO columns).
 
-    ``convs``: the controller's ``ConversationState`` objects. Columns: conversation_id, arrival_s,
-    num_turns, turns_done, ttfet_s, latency_s, finish_s, last_turn_tpot_s, failed, completed.
+    ``convs``: the controller's ``ConversationState`` objects. Columns (``CONVERSATION_COLUMNS``):
+    conversation_id, arrival_s, num_turns, turns_done, ttfet_s (the ``definition`` reading, s),
+    ttfet_first_s (turn 0's first token - arrival, s), ttfet_visible_s (first user-visible turn's first
+    token - arrival, s), latency_s, finish_s, last_turn_tpot_s (the final turn's TPOT, s), failed,
+    completed. A reading whose turn did not complete is NaN.
     """
     by = {cid: g for cid, g in turns.groupby("conversation_id", sort=False)} if len(turns) else {}
     rows = []
     for c in convs:
         rec = c.record
         g = by.get(rec.conversation_id)
-        k = ttfet_turn_index([t.visible for t in rec.turns], definition)
-        ttfet = latency = last_tpot = math.nan
+        visible = [t.visible for t in rec.turns]
+        k = ttfet_turn_index(visible, definition)
+        kv = ttfet_turn_index(visible, "visible")
+        ttfet = first = vis = latency = last_tpot = math.nan
         done = 0
         if g is not None:
             ok = g[g.status == "ok"]
             done = len(ok)
-            hit = ok[ok.turn == k]
-            if len(hit):
-                ttfet = float(hit.first_token_s.iloc[0]) - c.arrival_s
+            first_token = dict(zip(ok.turn, ok.first_token_s))
+            ttfet = float(first_token.get(k, math.nan)) - c.arrival_s
+            first = float(first_token.get(0, math.nan)) - c.arrival_s
+            vis = float(first_token.get(kv, math.nan)) - c.arrival_s
             last = ok[ok.turn == len(rec.turns) - 1]
             if len(last):
                 latency = float(last.finish_s.iloc[0]) - c.arrival_s
                 last_tpot = float(last.tpot_s.iloc[0])
         rows.append({"conversation_id": rec.conversation_id, "arrival_s": c.arrival_s,
-                     "num_turns": len(rec.turns), "turns_done": done, "ttfet_s": ttfet,
-                     "latency_s": latency, "finish_s": c.finish_s, "last_turn_tpot_s": last_tpot,
-                     "failed": bool(c.failed), "completed": bool(c.done and not c.failed)})
+                     "num_turns": len(rec.turns), "turns_done": done, "ttfet_s": ttfet, "ttfet_first_s": first,
+                     "ttfet_visible_s": vis, "latency_s": latency, "finish_s": c.finish_s,
+                     "last_turn_tpot_s": last_tpot, "failed": bool(c.failed), "completed": bool(c.done and not c.failed)})
     return pd.DataFrame(rows, columns=CONVERSATION_COLUMNS)
 
 
-def apply_slo(conv: pd.DataFrame, slo: SloConfig, unloaded_ttfet_s: Optional[dict]) -> pd.DataFrame:
-    """Add ``unloaded_ttfet_s``, ``slo_ttfet_s`` (threshold, s) and ``slo_met`` columns (in place)."""
-    if slo.ttfet_mode == "relative":
-        conv["unloaded_ttfet_s"] = conv.conversation_id.map(unloaded_ttfet_s).astype(float)
-        conv["slo_ttfet_s"] = conv.unloaded_ttfet_s * slo.ttfet_multiple
-    else:
-        conv["unloaded_ttfet_s"] = math.nan
-        conv["slo_ttfet_s"] = float(slo.ttfet_s)
-    met = conv.completed & (conv.ttfet_s <= conv.slo_ttfet_s)
-    if slo.tbt_s is not None:
-        met &= conv.last_turn_tpot_s.fillna(0.0) <= slo.tbt_s
-    conv["slo_met"] = met.astype(bool)
+def _threshold(conv: pd.DataFrame, slo: Optional[tuple[str, float]], unloaded: Optional[dict], reading: str
+               ) -> tuple[pd.Series, pd.Series]:
+    """``(unloaded TTFET, threshold)`` per conversation for one reading's SLO, s (NaN where none)."""
+    nan = pd.Series(math.nan, index=conv.index, dtype=float)
+    if slo is None:
+        return nan, nan
+    mode, v = slo
+    if mode == "absolute":
+        return nan, pd.Series(v, index=conv.index, dtype=float)
+    if unloaded is None:
+        raise ValueError(f"a relative SLO on the {reading!r} reading needs the unloaded TTFETs")
+    base = conv.conversation_id.map(lambda cid: unloaded.get(cid, {}).get(reading, math.nan)).astype(float)
+    return base, base * v
+
+
+def apply_slo(conv: pd.DataFrame, slo: SloConfig, unloaded: Optional[dict]) -> pd.DataFrame:
+    """Add the SLO columns (in place) and return ``conv``.
+
+    ``unloaded``: ``{conversation_id: {"first": s, "visible": s, "last": s}}``, each conversation's
+    first-token time of that reading's turn when replayed alone (``harness.session.unloaded_readings``);
+    needed when any threshold is relative (``SloConfig.needs_unloaded``).
+    Headline (``ttfet_definition``, ``ttfet_mode``): ``unloaded_ttfet_s``, ``slo_ttfet_s`` (threshold, s),
+    ``slo_met`` (bool). Per reading r in (first, visible): ``unloaded_ttfet_<r>_s``, ``slo_ttfet_<r>_s``
+    and ``slo_met_<r>`` (True / False, or None when the reading has no SLO). A failed or unfinished
+    conversation meets no SLO; ``tbt_s`` (last-turn TPOT) applies to every reading.
+    """
+    head = ("relative", slo.ttfet_multiple) if slo.ttfet_mode == "relative" else ("absolute", slo.ttfet_s)
+    tbt_ok = (conv.last_turn_tpot_s.fillna(0.0) <= slo.tbt_s) if slo.tbt_s is not None else True
+    conv["unloaded_ttfet_s"], conv["slo_ttfet_s"] = _threshold(conv, head, unloaded, slo.ttfet_definition)
+    conv["slo_met"] = (conv.completed & (conv.ttfet_s <= conv.slo_ttfet_s) & tbt_ok).astype(bool)
+    for r in READINGS:
+        rs = slo.reading(r)
+        conv[f"unloaded_ttfet_{r}_s"], conv[f"slo_ttfet_{r}_s"] = _threshold(conv, rs, unloaded, r)
+        met = (conv.completed & (conv[f"ttfet_{r}_s"] <= conv[f"slo_ttfet_{r}_s"]) & tbt_ok).astype(bool)
+        # object dtype (True / False / None): a null stays a null in parquet and in a wandb.Table
+        conv[f"slo_met_{r}"] = met.astype(object) if rs is not None else pd.Series([None] * len(conv), index=conv.index,
+                                                                                    dtype=object)
     return conv
 
 
 def _pct(x: pd.Series, q: float) -> float:
     x = x.dropna()
     return float(np.percentile(x, q)) if len(x) else math.nan
+
+
+def _attainment(conv: pd.DataFrame, col: str) -> float:
+    """Share of all conversations with ``col`` true; NaN when the column is absent or all NA (no SLO)."""
+    if col not in conv.columns or not len(conv) or conv[col].isna().all():
+        return math.nan
+    return float(conv[col].fillna(False).astype(bool).sum() / len(conv))
 
 
 def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: list[float],
@@ -138,12 +245,18 @@ def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: li
         "num_turns": int(len(ok)),
         "num_turns_failed": int((turns.status == "failed").sum()) if len(turns) else 0,
         "ttfet_p50_s": _pct(conv.ttfet_s, 50), "ttfet_p95_s": _pct(conv.ttfet_s, 95),
+        "ttfet_p99_s": _pct(conv.ttfet_s, 99),
         "ttfet_mean_s": float(conv.ttfet_s.mean()) if n_conv else math.nan,
+        **{f"ttfet_{r}_p{q}_s": _pct(conv[f"ttfet_{r}_s"], q) for r in READINGS for q in (50, 95, 99)},
         "latency_p50_s": _pct(conv.latency_s, 50), "latency_p95_s": _pct(conv.latency_s, 95),
+        "latency_p99_s": _pct(conv.latency_s, 99),
+        "last_turn_tpot_p50_s": _pct(conv.last_turn_tpot_s, 50),
+        "last_turn_tpot_p95_s": _pct(conv.last_turn_tpot_s, 95),
         "ttft_p50_s": _pct(ok.ttft_s, 50), "ttft_p95_s": _pct(ok.ttft_s, 95), "ttft_p99_s": _pct(ok.ttft_s, 99),
         "tpot_p50_s": _pct(ok.tpot_s, 50), "tpot_p95_s": _pct(ok.tpot_s, 95),
         "e2e_p50_s": _pct(ok.e2e_s, 50), "queue_p95_s": _pct(ok.queue_s, 95),
         "slo_attainment": met / n_conv if n_conv else math.nan,
+        **{f"slo_attainment_{r}": _attainment(conv, f"slo_met_{r}") for r in READINGS},
         "slo_denominator": "all conversations of the workload (failed count as violations)",
         "goodput_conv_per_s": met / window_s if window_s > 0 else math.nan,
         "window_s": window_s,

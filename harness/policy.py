@@ -40,6 +40,12 @@ class TurnView:
         prev_prefill_instance / prev_decode_instance: where the previous turn ran (-1 for turn 0).
         prev_output_tokens: tokens the previous turn generated (the router saw them stream), 0 for
             turn 0.
+        cached_prefix: ``(instance index, tokens)`` for each instance that holds a prefix of this
+            turn's prompt, from the controller's bookkeeping of where the conversation's turns ran (a
+            decode instance holds the turn's prompt + output, a remote prefill instance the prompt),
+            capped at ``reused_tokens`` (the part of the prompt equal to the previous context). An
+            upper bound: the controller does not observe LRU eviction, and engines cache whole
+            blocks only. Empty for turn 0.
     """
 
     conversation_id: str
@@ -52,6 +58,14 @@ class TurnView:
     prev_prefill_instance: int
     prev_decode_instance: int
     prev_output_tokens: int
+    cached_prefix: tuple[tuple[int, int], ...] = ()
+
+    def cached_on(self, instance: int) -> int:
+        """Tokens of this turn's prompt that ``instance`` holds per :attr:`cached_prefix` (0 if none)."""
+        for i, n in self.cached_prefix:
+            if i == instance:
+                return n
+        return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +88,12 @@ class InstanceView:
             placed), in placement order.
         prefill_tokens_per_s: prefill throughput of the hardware, tokens/s (a hint from the hardware
             and model profiles, :class:`InstanceHints`, not a measurement).
+        queued_uncached_prefill_tokens: of ``queued_prefill_tokens``, those the instance does not hold
+            in its prefix cache per the controller's bookkeeping (:attr:`TurnView.cached_prefix` at
+            launch): the prefill work actually queued, tokens.
+        conversation_tokens: the context of each of ``conversations`` (same order), tokens.
+        conversation_in_flight: for each of ``conversations``, True while its latest turn is being
+            served (prefill, transfer or decode), False while it is in tool time.
     """
 
     index: int
@@ -89,6 +109,9 @@ class InstanceView:
     conversation_context_tokens: int
     conversations: tuple[tuple[str, int], ...]
     prefill_tokens_per_s: float
+    queued_uncached_prefill_tokens: int = 0
+    conversation_tokens: tuple[int, ...] = ()
+    conversation_in_flight: tuple[bool, ...] = ()
 
     @property
     def kv_used_frac(self) -> float:
@@ -247,7 +270,7 @@ class Predictor:
         return cls(truth, pc.mode, pc.sigma, pc.error_rate, pc.error_factor, pc.seed)
 
     def _factor(self, conversation_id: str, turn: int, what: int) -> float:
-        if (self.mode == "lognormal" and self.sigma == 0) or (self.mode == "rate" and self.error_rate == 0):
+        if self.exact:
             return 1.0
         key = (conversation_id, turn, what)
         f = self._cache.get(key)
@@ -262,15 +285,32 @@ class Predictor:
             self._cache[key] = f
         return f
 
+    @property
+    def exact(self) -> bool:
+        """True when no error is injected (the oracle arm)."""
+        return (self.mode == "lognormal" and self.sigma == 0) or (self.mode == "rate" and self.error_rate == 0)
+
+    def error_free(self) -> "Predictor":
+        """A predictor on the same truth with no error (the oracle arm), e.g. to count decision flips."""
+        return Predictor(self._truth, self.mode, 0.0, 0.0, self.error_factor, self.seed)
+
     def output_tokens(self, turn: TurnView) -> float:
         """Predicted output (decode) tokens of ``turn``, tokens (>= 1)."""
-        t = self._truth(turn.conversation_id, turn.turn)
-        return max(1.0, t.output_tokens * self._factor(turn.conversation_id, turn.turn, 1))
+        return self.output_tokens_at(turn.conversation_id, turn.turn)
+
+    def output_tokens_at(self, conversation_id: str, turn: int) -> float:
+        """Predicted output tokens of turn ``turn`` of a conversation, tokens (>= 1)."""
+        t = self._truth(conversation_id, turn)
+        return max(1.0, t.output_tokens * self._factor(conversation_id, turn, 1))
 
     def tool_time_s(self, turn: TurnView) -> float:
         """Predicted tool time after ``turn``, s."""
-        t = self._truth(turn.conversation_id, turn.turn)
-        return t.tool_time_s * self._factor(turn.conversation_id, turn.turn, 2)
+        return self.tool_time_at(turn.conversation_id, turn.turn)
+
+    def tool_time_at(self, conversation_id: str, turn: int) -> float:
+        """Predicted tool time after turn ``turn`` of a conversation, s."""
+        t = self._truth(conversation_id, turn)
+        return t.tool_time_s * self._factor(conversation_id, turn, 2)
 
     def remaining_turns(self, turn: TurnView) -> float:
         """Predicted number of turns after ``turn``."""

@@ -15,9 +15,12 @@ with its ``config.yaml`` and, for the figures, ``conversations.parquet`` and ``i
   seeds), with ``<metric>_mean``, ``<metric>_ci95`` (half-width) and ``<metric>_n`` per metric;
 * ``report.md``: what was swept and, per point, mean +- 95 % confidence interval over the seeds
   (Student's t with n - 1 degrees of freedom: ``t_{0.975, n-1} * sd / sqrt(n)``; no interval for n = 1);
+* ``claims.md`` (also appended to ``report.md``) when the sweep runs ConServe against AMPD: ConServe's
+  claims with paired ratios and their sensitivity (``harness.claims``);
 * ``figures/*.png`` and ``*.pdf`` (seaborn, Agg backend), only those whose inputs vary in the sweep:
-  TTFET CDFs; p95 TTFET, SLO attainment, conversation latency and preemptions vs arrival rate;
-  tokens per joule per variant and tier (cluster); metrics vs prediction error; KV occupancy over time.
+  TTFET CDFs; p95 TTFET and SLO attainment (both TTFET readings, where the runs report them),
+  conversation latency and preemptions vs arrival rate; tokens per joule per variant and tier
+  (cluster); metrics vs prediction error; KV occupancy over time.
 
 Which config keys are "swept" is read from the configs, not the command line: a key is swept when its
 value differs between runs. Keys whose last part contains ``seed`` are the repetition keys. A key that
@@ -35,12 +38,13 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from harness.catalog import BY_KEY, REPORT, REPORT_TABLE
+from harness.stats import mean_ci, t_quantile  # noqa: F401  (re-exported: the report's interval)
 
 # Sweep dimensions that can serve as the x axis, in order of preference, with axis labels.
 X_AXES = {
@@ -60,24 +64,6 @@ FIGURE_FORMATS = ("png", "pdf")
 MAX_CDF_PANELS = 4
 MAX_SERIES_POINTS = 1500
 SMOOTH_FRACTION = 200  # KV series: moving mean over 1/200 of the run
-
-
-def t_quantile(n: int) -> float:
-    """Two-sided 95 % Student-t quantile for ``n`` observations (n - 1 degrees of freedom); NaN for n < 2."""
-    if n < 2:
-        return math.nan
-    from scipy import stats
-    return float(stats.t.ppf(0.975, n - 1))
-
-
-def mean_ci(values: Iterable[float]) -> tuple[float, float, int]:
-    """``(mean, 95 % CI half-width, n)`` of the finite values; NaN mean for n = 0, NaN half-width for n < 2."""
-    x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
-    n = len(x)
-    if n == 0:
-        return math.nan, math.nan, 0
-    half = t_quantile(n) * float(np.std(x, ddof=1)) / math.sqrt(n) if n >= 2 else math.nan
-    return float(np.mean(x)), half, n
 
 
 def t_interval(x: Sequence[float]) -> tuple[float, float]:
@@ -610,15 +596,18 @@ def figures(sw: Sweep, out: Path) -> list[Path]:
     made: list[Path] = []
     r = sw.runs
     made += ttfet_cdf(sw, out)
+    # both TTFET readings and their SLO attainments where the runs have them (older runs: the headline)
+    ttfet = [k for k in ("ttfet_first_p95_s", "ttfet_visible_p95_s") if k in r.columns] or ["ttfet_p95_s"]
+    slo = [k for k in ("slo_attainment_first", "slo_attainment_visible") if k in r.columns and r[k].notna().any()]
+    slo = slo or ["slo_attainment"]
     if sw.x == "workload.rate_per_s":
-        made += metric_vs_x(sw, ["ttfet_p95_s"], out, "p95_ttfet_vs_rate")
-        made += metric_vs_x(sw, ["slo_attainment"], out, "slo_attainment_vs_rate")
+        made += metric_vs_x(sw, ttfet, out, "p95_ttfet_vs_rate")
+        made += metric_vs_x(sw, slo, out, "slo_attainment_vs_rate")
         made += metric_vs_x(sw, ["latency_p50_s", "latency_p95_s"], out, "latency_vs_rate")
         if "preemptions" in r.columns and (r.preemptions.fillna(0) > 0).any():
             made += metric_vs_x(sw, ["preemptions"], out, "preemptions_vs_rate")
     if sw.x in ("scheduler.predictor.sigma", "scheduler.predictor.error_rate"):
-        made += metric_vs_x(sw, ["ttfet_p95_s", "slo_attainment", "tokens_per_joule"], out,
-                            "metrics_vs_prediction_error")
+        made += metric_vs_x(sw, [*ttfet, *slo, "tokens_per_joule"], out, "metrics_vs_prediction_error")
     if "cluster.name" in sw.dims:
         made += tokens_per_joule(sw, out)
     made += kv_occupancy(sw, out)
@@ -640,8 +629,13 @@ def report(sweep_dir: Path, out: Optional[Path] = None, draw: bool = True) -> di
     pts.to_parquet(out / "points.parquet", index=False)
     pts.to_csv(out / "points.csv", index=False)
     figs = figures(sw, out / "figures") if draw else []
-    (out / "report.md").write_text(markdown(sw, pts, figs))
-    return {"sweep": sw, "points": pts, "figures": figs, "out": out}
+    md = markdown(sw, pts, figs)
+    from harness.claims import write_claims
+    claims = write_claims(sw.runs, out, draw)  # ConServe-vs-AMPD sweeps: claims.md (+ figures)
+    if claims:
+        md += "\n" + claims.replace("# ConServe's claims vs AMPD", "## ConServe's claims vs AMPD (claims.md)", 1)
+    (out / "report.md").write_text(md)
+    return {"sweep": sw, "points": pts, "figures": figs, "out": out, "claims": claims}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -28,7 +28,7 @@ from harness.config import PROJECT_ROOT, ConfigError, Resolved
 from harness.controller import ConversationState
 from harness.metrics import apply_slo, conversation_table, summarize
 from harness.recorder import Recorder, write_json, write_run_files, write_text
-from harness.session import SessionResult, check_policies, context_limit, run_session, unloaded_ttfet
+from harness.session import SessionResult, check_policies, context_limit, run_session, unloaded_readings
 from harness.trace import load_trace
 from harness.validity import failures_by_reason, serving_metrics, verdict
 from harness.workload import Oracle, build_workload
@@ -120,9 +120,9 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     log.info("workload: %d conversations, %d turns from %s", len(conversations),
              sum(len(r.turns) for _, r in conversations), source)
     unloaded = None
-    if cfg.slo.ttfet_mode == "relative":
+    if cfg.slo.needs_unloaded():
         log.info("SLO baseline: replaying each conversation alone under %s", cfg.slo.reference_scheduler)
-        unloaded = unloaded_ttfet(run, conversations, stats)
+        unloaded = unloaded_readings(run, conversations, stats)
 
     bar = None
     if cfg.logger.progress:
@@ -156,6 +156,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         "workload": cfg.workload.name if synthetic else run.trace_path.name,
         "workload_rate_per_s": stats.rate_per_s if cfg.workload.arrival == "trace" else cfg.workload.rate_per_s,
         "workload_arrival": cfg.workload.arrival, "seed": cfg.workload.seed,
+        "slo_reference": cfg.slo.reference_label(run.scheduler_name) if cfg.slo.needs_unloaded() else "absolute",
         "partial": bool(res.error), "error": res.error,
         "sim_events": res.events, "sim_wall_s": res.wall_s, "total_wall_s": time.perf_counter() - t_start,
         "sim_turns_per_wall_s": len(turns) / res.wall_s if res.wall_s > 0 else math.nan,

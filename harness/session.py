@@ -94,7 +94,8 @@ class SessionResult:
     states; energy_j: per instance over the measured window, J; window_start_s / window_end_s: first
     arrival and last finish, s; preemptions; events (clock callbacks); wall_s: wall time of the drive, s;
     error: ``""`` or why the run ended early (``"<Type>: <message>"`` for an exception);
-    error_traceback: the exception's traceback; extra: backend measurements and the policy plan.
+    error_traceback: the exception's traceback; extra: backend measurements, the policy plan, and the
+    policy's own summary (``policy.summary() -> dict``, when it has one), merged into ``summary.json``.
     """
 
     recorder: Recorder
@@ -165,6 +166,9 @@ def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float,
     extra = dict(cluster.measured())
     if plan:
         extra["policy_plan"] = plan
+    summary_hook = getattr(policy, "summary", None)
+    if callable(summary_hook):  # a policy's own counters (e.g. AMPD's decision flips), backend-neutral
+        extra.update(summary_hook())
     return SessionResult(recorder, controller.convs, cluster.energy_j(end), start, end, cluster.preemptions(),
                          cluster.clock.events, wall, error, tb, extra)
 
@@ -190,11 +194,10 @@ def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRe
     Raises:
         ConfigError: naming the scheduler and the factory's message.
     """
-    from harness.config import ConfigError, scheduler_config
+    from harness.config import ConfigError
     names = [(run.scheduler_name, run.scheduler)]
-    if run.cfg.slo.ttfet_mode == "relative":
-        ref = run.cfg.slo.reference_scheduler
-        names.append((ref, scheduler_config(ref, {"name": ref})))
+    if run.cfg.slo.needs_unloaded() and run.cfg.slo.reference_scheduler != "same":
+        names.append(reference_policy(run))
     ctx = policy_context(run, stats, Oracle(conversations), estimated_capacities(run))
     for name, sched_cfg in names:
         try:
@@ -209,51 +212,74 @@ def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRe
 
 # ---- the unloaded-TTFET baseline (the relative SLO's denominator) ----------------------------------------
 
-def unloaded_ttfet(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
-                   stats: WorkloadStats) -> dict[str, float]:
-    """Each conversation's TTFET when replayed alone (arrival at 0) on the idle simulated cluster under
-    the SLO's reference scheduler, s: a session per conversation, memoised in-process."""
+def reference_policy(run: Any) -> tuple[str, Any]:
+    """The relative SLO's reference scheduler: ``(name, config)``; ``slo.reference_scheduler=same`` is
+    the run's own scheduler with its own config (each variant judged against itself)."""
     from harness.config import scheduler_config
+    ref = run.cfg.slo.reference_scheduler
+    if ref == "same":
+        return run.scheduler_name, run.scheduler
+    return ref, scheduler_config(ref, {"name": ref})
+
+
+def unloaded_readings(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
+                      stats: WorkloadStats) -> dict[str, dict[str, float]]:
+    """Each conversation replayed alone (arrival at 0) on the idle simulated cluster under the SLO's
+    reference scheduler (:func:`reference_policy`): ``{conversation_id: {"first": s, "visible": s,
+    "last": s}}``, the first-token time of turn 0, of the first user-visible turn and of the last turn
+    (= that reading's unloaded TTFET, s). A session per conversation, memoised in-process.
+
+    Raises:
+        RuntimeError: an unloaded replay failed.
+    """
     from harness.metrics import ttfet_turn_index
-    slo = run.cfg.slo
-    ref = scheduler_config(slo.reference_scheduler, {"name": slo.reference_scheduler})
-    key = _unloaded_cache_key(run, stats)
-    out = {}
+    name, ref = reference_policy(run)
+    key = _unloaded_cache_key(run, stats, name, ref)
+    out: dict[str, dict[str, float]] = {}
     for _, rec in conversations:
         hit = _UNLOADED_CACHE.get((key, rec.turns))
         if hit is not None:
-            out[rec.conversation_id] = hit
+            out[rec.conversation_id] = dict(hit)
             continue
-        res = simulate(run, [(0.0, rec)], stats, slo.reference_scheduler, ref, max_coalesce_s=math.inf)
+        res = simulate(run, [(0.0, rec)], stats, name, ref, max_coalesce_s=math.inf)
         if res.error:
             raise RuntimeError(f"unloaded replay of {rec.conversation_id} failed: {res.error}")
-        k = ttfet_turn_index([t.visible for t in rec.turns], slo.ttfet_definition)
-        first = [r["first_token_s"] for r in res.turns if r["turn"] == k and r["status"] == "ok"]
-        out[rec.conversation_id] = first[0] if first else math.nan
+        first = {r["turn"]: r["first_token_s"] for r in res.turns if r["status"] == "ok"}
+        visible = [t.visible for t in rec.turns]
+        val = {d: float(first.get(ttfet_turn_index(visible, d), math.nan)) for d in ("first", "visible", "last")}
+        out[rec.conversation_id] = val
         if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
             _UNLOADED_CACHE.clear()
-        _UNLOADED_CACHE[(key, rec.turns)] = out[rec.conversation_id]
+        _UNLOADED_CACHE[(key, rec.turns)] = tuple(val.items())
     return out
 
 
-# In-process memo of unloaded TTFETs, s: ``(setup key, a conversation's turns) -> TTFET``. An unloaded replay
+def unloaded_ttfet(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
+                   stats: WorkloadStats) -> dict[str, float]:
+    """Each conversation's unloaded TTFET under the headline reading (``slo.ttfet_definition``), s
+    (:func:`unloaded_readings`)."""
+    d = run.cfg.slo.ttfet_definition
+    return {cid: v[d] for cid, v in unloaded_readings(run, conversations, stats).items()}
+
+
+# In-process memo of unloaded first-token times, s: ``(setup key, a conversation's turns) -> ((reading, s), ...)``. An unloaded replay
 # depends only on the conversation's turns and the setup below, so a sweep over rates, variants or seeds
 # in one process (Hydra's basic launcher, or one joblib worker) replays each distinct conversation once.
 _UNLOADED_CACHE: dict[tuple, float] = {}
 _UNLOADED_CACHE_MAX = 200_000
-# Reference schedulers whose placement reads neither the workload statistics nor the seed.
-_STATS_FREE_REFERENCES = ("collocated",)
+# Reference schedulers whose placement reads neither the workload statistics nor the run's seed (their
+# own config, predictor seed included, is part of the key).
+_STATS_FREE_REFERENCES = ("collocated", "conserve", "ampd", "disaggregated")
 
 
-def _unloaded_cache_key(run: Any, stats: WorkloadStats) -> str:
+def _unloaded_cache_key(run: Any, stats: WorkloadStats, name: str, ref: Any) -> str:
     """What an unloaded replay depends on besides the conversation: instances (hardware), model, engine,
-    link, reference scheduler, TTFET definition (and the workload stats when the reference scheduler
-    may read them)."""
-    cfg, slo = run.cfg, run.cfg.slo
-    parts = [run.instances, cfg.model, cfg.engine, cfg.cluster.link, slo.reference_scheduler, slo.ttfet_definition]
-    if slo.reference_scheduler not in _STATS_FREE_REFERENCES:
+    link, the reference scheduler and its config (and the workload stats and seed when the reference
+    scheduler may read them)."""
+    cfg = run.cfg
+    parts = [run.instances, cfg.model, cfg.engine, cfg.cluster.link, name, ref]
+    if name not in _STATS_FREE_REFERENCES:
         parts += [cfg.seed, stats.rate_per_s, stats.mean_turns,
                   *(a.tobytes() for a in (stats.turn_prompt_tokens, stats.turn_new_tokens,
                                           stats.turn_output_tokens, stats.tool_time_s))]
     return repr(parts)
-

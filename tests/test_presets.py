@@ -50,6 +50,10 @@ def test_preset_sweep_parses_with_fixed_seeds(name):
     assert text.startswith("# @package _global_"), "presets are override-only files in the global package"
     params = sweep_params(name)
     seeds = params.get("workload.seed")
+    if "+experiment/cell" in params:  # a union of grids: each cell file sets its own seed
+        import yaml
+        seeds = sorted({str(yaml.safe_load((CONF / "experiment" / "cell" / f"{c}.yaml").read_text())
+                            ["workload"]["seed"]) for c in params["+experiment/cell"]})
     assert seeds and len(seeds) >= 3 and all(s.isdigit() for s in seeds), f"{name}: >= 3 fixed seeds"
     for key, values in params.items():
         group = key.lstrip("+")
@@ -84,8 +88,35 @@ def test_every_ampd_robustness_arm_resolves():
             assert run.scheduler_name == "conserve"
         else:
             assert run.scheduler_name == "ampd"
-            sigmas.append(run.scheduler.predictor.sigma)
+            if run.scheduler.predictor.mode == "lognormal":
+                sigmas.append(run.scheduler.predictor.sigma)
+            else:
+                assert 0 < run.scheduler.predictor.error_rate < 1
     assert sigmas == sorted(sigmas) and sigmas[0] == 0.0 and sigmas[-1] >= 2.0
+
+
+def test_cell_presets_cover_their_grids():
+    """conserve_sensitivity: every variant x tier x rate on 3 seeds, 1-seed sensitivity arms, AMPD error
+    arms on 3 seeds; pd_split: only valid scheduler x cluster pairs. Cells compose (a sample is resolved)."""
+    import yaml
+    cells = sweep_params("conserve_sensitivity")["+experiment/cell"]
+    assert len(cells) == len(set(cells)) == 111
+    main = [c for c in cells if c.startswith("cs_main_")]
+    assert len(main) == 3 * 2 * 3 * 3
+    assert len([c for c in cells if c.startswith("cs_sens_")]) == 6 * 3 * 2
+    assert len([c for c in cells if c.startswith("cs_err_")]) == 7 * 3
+    split = sweep_params("pd_split")["+experiment/cell"]
+    for c in split:
+        y = yaml.safe_load((CONF / "experiment" / "cell" / f"{c}.yaml").read_text())
+        groups = {k.split("/")[-1]: v for d in y["defaults"] for k, v in d.items()}
+        sched, cluster = groups["scheduler"], groups["cluster"]
+        assert (sched == "collocated") == cluster.endswith("x"), c
+    for c in ("cs_sens_mpf0p40_ampd_cost_hetero", "cs_err_rate0p3_ampd_rd_s1", split[-1]):
+        run = compose_run(["+experiment=" + ("pd_split" if c.startswith("split") else "conserve_sensitivity"),
+                           f"+experiment/cell={c}"])
+        assert run.cfg.slo.reference_scheduler == "same"
+    run = compose_run(["+experiment=conserve_sensitivity", "+experiment/cell=cs_sens_mpf0p40_ampd_cost_hetero"])
+    assert run.cfg.hardware["a40_200w"].memory_power_frac == 0.4 and run.scheduler.mode == "cost"
 
 
 def test_wait_paper_variants_are_the_papers_baselines():

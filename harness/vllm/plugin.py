@@ -96,8 +96,8 @@ class VllmBackendConfig:
                 or an ExampleConnector P/D pair whose prefiller could chunk a prompt.
         """
         cfg = run.cfg
-        if cfg.slo.ttfet_mode == "relative":
-            raise ValueError("slo.ttfet_mode=relative needs unloaded replays, which backend=vllm does not run; "
+        if cfg.slo.needs_unloaded():
+            raise ValueError("slo.ttfet_mode=relative (or a relative slo.ttfet_first/visible_mode) needs unloaded replays, which backend=vllm does not run; "
                              "use slo=absolute (slo.ttfet_s)")
         if self.device not in ("cpu", "gpu"):
             raise ValueError(f"backend.device must be 'cpu' or 'gpu', got {self.device!r}")

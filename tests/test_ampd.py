@@ -1,0 +1,191 @@
+"""AMPD on hand-built cluster views: every expected choice is derived by hand from the costs written in
+baselines/ampd.py's docstring (and docs/schedulers.md), with round numbers chosen here.
+
+The hand-built cluster: instance 0 a prefiller, 1 and 2 decoders; prefill 50,000 tokens/s everywhere;
+decode step line d0 = 4 ms + 2e-7 s per KV token; KV capacity 1,000,000 tokens; KV transfer of n tokens
+= n x 100,000 B / 1e10 B/s = n x 10 us (no link latency).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from baselines.ampd import Ampd, AmpdConfig
+from harness.policy import ClusterView, InstanceHints, InstanceView, Predictor, TurnTruth, TurnView
+from tests.conftest import compose_run
+from tests.test_handcalc import CONV
+
+THR, D0, D1, CAP = 50_000.0, 0.004, 2e-7, 1_000_000
+HINTS = (InstanceHints(THR, D0, D0, D1, 0.0),) * 3   # no prefill term (WAIT only)
+
+
+def inst(i: int, role: str, *, queued=0, uncached=None, running=0, kv_used=0, convs=(), tokens=(), busy=()):
+    """An InstanceView; ``uncached`` defaults to ``queued`` (nothing cached)."""
+    return InstanceView(i, f"{role}{i}", role, "test", CAP, kv_used, running, 0, queued, len(convs),
+                        sum(tokens), tuple(convs), THR, queued if uncached is None else uncached,
+                        tuple(tokens), tuple(busy))
+
+
+def view(*instances) -> ClusterView:
+    return ClusterView(0.0, tuple(instances), 100_000, 1e10, 0.0, 0)
+
+
+def turn(cid="c", k=3, prompt=10_000, reused=9_000, prev_decode=1, prev_out=200, cached=((0, 6_000), (1, 9_000))):
+    return TurnView(cid, k, prompt, reused, prompt - reused, 0.0, 0.0, 0 if prev_decode >= 0 else -1, prev_decode,
+                    prev_out, cached)
+
+
+def truth_table(table: dict):
+    def truth(cid: str, k: int) -> TurnTruth:
+        out, tool, left, growth = table[(cid, k)]
+        return TurnTruth(out, tool, left, growth)
+    return truth
+
+
+def policy(truth, **cfg) -> Ampd:
+    return Ampd(AmpdConfig(**cfg), Predictor(truth), HINTS)
+
+
+class FixedError(Predictor):
+    """A predictor whose output-length predictions are the truth x ``factor`` (everything else exact)."""
+
+    def __init__(self, truth, factor: float):
+        super().__init__(truth, "rate", error_rate=1.0, error_factor=factor)
+        self.factor = factor
+
+    def _factor(self, conversation_id: str, turn: int, what: int) -> float:
+        return self.factor if what == 1 else 1.0
+
+
+def test_cost_mode_cache_aware_local_vs_remote_by_hand():
+    truth = truth_table({("c", 3): (300, 5.0, 4, 3_000)})
+    t = turn()  # prompt 10,000; the prefiller holds 6,000 of it, the decoder 9,000
+    # n_d = 1,000 -> prefill_d = 0.02 s; n_p = 4,000 -> 0.08 s; the decoder lacks 1,000 tokens -> 0.01 s
+    # (a) prefiller queue 50,000 uncached tokens (1.0 s), 10 running decodes:
+    #     T_remote = 1.0 + 0.08 + 0.01 = 1.09 s; T_local = 0.02 + 0.1 x 10 x 0.02 = 0.04 s -> local
+    v = view(inst(0, "prefiller", queued=50_000), inst(1, "decoder", running=10), inst(2, "decoder"))
+    c = policy(truth, mode="cost").decide(t, v, Predictor(truth))
+    assert c.t_remote == pytest.approx(1.09) and c.t_local == pytest.approx(0.02)
+    assert not c.placement.disaggregated and c.placement.decode_instance == 1
+    # (b) empty prefiller queue, 50 running decodes: T_remote = 0.09 s; local = 0.02 + 0.1 x 50 x 0.02
+    #     = 0.12 s -> remote, decode stays on decoder 1
+    v = view(inst(0, "prefiller"), inst(1, "decoder", running=50), inst(2, "decoder"))
+    c = policy(truth, mode="cost").decide(t, v, Predictor(truth))
+    assert c.t_remote == pytest.approx(0.09)
+    assert (c.placement.prefill_instance, c.placement.decode_instance) == (0, 1)
+    # (c) 200,000 tokens queued on the prefiller, all but 5,000 of them already cached there, 100 running:
+    #     cache-aware T_remote = 5,000 / 50,000 + 0.08 + 0.01 = 0.19 s < T_local 0.02 + 0.1 x 100 x 0.02
+    #     = 0.22 s -> remote; cache-blind: queue 200,000 / 50,000 = 4 s, the prefiller recomputes
+    #     new + prev_out = 1,200 tokens -> T_remote = 4 + 0.024 + 0.01 = 4.034 s -> local
+    v = view(inst(0, "prefiller", queued=200_000, uncached=5_000), inst(1, "decoder", running=100), inst(2, "decoder"))
+    aware = policy(truth, mode="cost").decide(t, v, Predictor(truth))
+    blind = policy(truth, mode="cost", cache_aware=False).decide(t, v, Predictor(truth))
+    assert aware.t_remote == pytest.approx(0.19) and aware.placement.disaggregated
+    assert blind.t_remote == pytest.approx(4.0 + 1_200 / THR + 0.01) and not blind.placement.disaggregated
+
+
+def test_remote_default_slack_and_mispredicted_output_flips_the_choice():
+    # decoder 1 serves one other conversation 'o' in flight (context 30,000 tokens, true output 1,000)
+    truth = truth_table({("c", 3): (500, 5.0, 4, 3_000), ("o", 7): (1_000, 5.0, 2, 2_000)})
+    dec = inst(1, "decoder", convs=[("o", 7), ("c", 2)], tokens=[30_000, 9_000], busy=[True, False])
+    v = view(inst(0, "prefiller"), dec, inst(2, "decoder"))
+    t = turn()
+    # true KV: 10,000 + 500 (this turn) + 30,000 + 1,000 ('o'; 'c' itself is not counted twice) = 41,500;
+    # step = 4 ms + 2e-7 x 41,500 + 1,000 / 50,000 = 4 + 8.3 + 20 = 32.3 ms <= 35 ms; T_local = 20 ms -> local
+    pol = policy(truth, tpot_slo_s=0.035)
+    exact = pol.decide(t, v, Predictor(truth))
+    assert exact.kv_pred == pytest.approx(41_500) and exact.step_d == pytest.approx(0.0323)
+    assert not exact.placement.disaggregated
+    # outputs over-predicted 20x: KV = 10,000 + 10,000 + 30,000 + 20,000 = 70,000 -> step = 4 + 14 + 20 = 38 ms
+    # > 35 ms: no slack -> remote (the prefill goes to the prefiller, the decode stays on decoder 1)
+    wrong = pol.decide(t, v, FixedError(truth, 20.0))
+    assert wrong.kv_pred == pytest.approx(70_000) and wrong.step_d == pytest.approx(0.038)
+    assert (wrong.placement.prefill_instance, wrong.placement.decode_instance) == (0, 1)
+    # the policy built on the erring predictor counts the flip against its error-free twin
+    flipped = Ampd(AmpdConfig(tpot_slo_s=0.035), FixedError(truth, 20.0), HINTS)
+    assert flipped.place(t, v, 0.0).disaggregated
+    s = flipped.summary()
+    assert s["ampd_turns_decided"] == 1 and s["ampd_decision_flip_frac"] == 1.0 and s["ampd_remote_frac"] == 1.0
+    # an oracle-arm policy never flips
+    oracle = Ampd(AmpdConfig(tpot_slo_s=0.035), Predictor(truth), HINTS)
+    oracle.place(t, v, 0.0)
+    assert oracle.summary()["ampd_decision_flip_frac"] == 0.0
+
+
+def test_predicted_overflow_migrates_the_decode():
+    # decoder 1 is predicted over 95 % of its 1,000,000 tokens: 'o' in flight with 950,000 context;
+    # decoder 2 holds nothing -> remote prefill of what the prefiller lacks, decode moved to decoder 2
+    truth = truth_table({("c", 3): (500, 5.0, 4, 3_000), ("o", 7): (1_000, 5.0, 2, 2_000)})
+    dec = inst(1, "decoder", convs=[("o", 7)], tokens=[950_000], busy=[True])
+    v = view(inst(0, "prefiller"), dec, inst(2, "decoder"))
+    c = policy(truth).decide(turn(), v, Predictor(truth))
+    assert c.over and (c.placement.prefill_instance, c.placement.decode_instance) == (0, 2)
+    # without migration: remote, decode stays on decoder 1
+    c = policy(truth, migrate=False).decide(turn(), v, Predictor(truth))
+    assert (c.placement.prefill_instance, c.placement.decode_instance) == (0, 1)
+
+
+def test_turn0_placement_uses_only_observable_state():
+    def no_oracle(cid, k):
+        raise AssertionError("turn0=observed must not call the predictor")
+
+    # decoder 1: 100,000 tokens held and booked, but its conversation 'a' will grow by 800,000 more;
+    # decoder 2: 200,000 tokens, its conversation 'b' grows by 10,000.
+    d1 = inst(1, "decoder", kv_used=100_000, convs=[("a", 0)], tokens=[100_000], busy=[True])
+    d2 = inst(2, "decoder", kv_used=200_000, convs=[("b", 0)], tokens=[200_000], busy=[True])
+    v = view(inst(0, "prefiller"), d1, d2)
+    t0 = turn(cid="n", k=0, prompt=8_000, reused=0, prev_decode=-1, prev_out=0, cached=())
+    obs = Ampd(AmpdConfig(), Predictor(no_oracle), HINTS)
+    assert obs.place(t0, v, 0.0).decode_instance == 1          # occupancy 0.1 < 0.2
+    # the ablation reads the future: demand 1 = (100,000 + 800,000) / 1e6 = 0.9, demand 2 = 0.21 -> decoder 2
+    truth = truth_table({("a", 0): (10, 1.0, 9, 800_000), ("b", 0): (10, 1.0, 1, 10_000), ("n", 0): (10, 1.0, 3, 1)})
+    abl = policy(truth, turn0="predicted_demand").decide(t0, v, Predictor(truth))
+    assert abl.placement.decode_instance == 2
+    assert dict(abl.placement.candidates)[1] == pytest.approx(0.9) and dict(abl.placement.candidates)[2] == pytest.approx(0.21)
+
+
+def test_controller_books_cached_prefixes(monkeypatch):
+    """Turn 1 of the handcalc conversation after a P->D turn 0: the prefiller holds turn 0's prompt (1,000
+    tokens), the decoder prompt + output (1,010) -- the controller's bookkeeping, shown in the TurnView."""
+    import harness.session as session
+    from harness.config import scheduler_config
+    from harness.workload import WorkloadConfig, build_workload
+    seen: list[TurnView] = []
+    orig = session.make_policy
+
+    def spy(name, cfg, ctx):
+        pol = orig(name, cfg, ctx)
+
+        class Spy:
+            def __init__(self):
+                self.name = pol.name
+
+            def admit(self, q, v, now):
+                return pol.admit(q, v, now)
+
+            def place(self, t, v, now):
+                seen.append(t)
+                return pol.place(t, v, now)
+        return Spy()
+    monkeypatch.setattr(session, "make_policy", spy)
+    run = compose_run(["scheduler=ampd", "cluster=a40_1p3d"])
+    convs, stats = build_workload([CONV], WorkloadConfig(arrival="fixed"))
+    res = session.simulate(run, convs, stats, "ampd", scheduler_config("ampd", {"name": "ampd"}))
+    assert not res.error
+    assert seen[0].cached_prefix == ()
+    assert seen[1].cached_prefix == ((0, 1_000), (1, 1_010))
+
+
+def test_run_with_error_rate_reports_a_nonzero_flip_share(tmp_path):
+    """``python run.py scheduler=ampd scheduler.predictor.mode=rate scheduler.predictor.error_rate=0.3``
+    (on 60 conversations): the flip share is in summary.json and above 0; at error 0 it is 0."""
+    from harness.runner import execute
+    base = ["scheduler=ampd", "workload.num_conversations=60", "logger.progress=false", "slo=absolute"]
+    s = execute(compose_run(base + ["scheduler.predictor.mode=rate", "scheduler.predictor.error_rate=0.3"]),
+                tmp_path / "err")
+    assert s["ampd_decision_flip_frac"] > 0 and s["ampd_turns_decided"] > 0
+    s0 = execute(compose_run(base), tmp_path / "oracle")
+    assert s0["ampd_decision_flip_frac"] == 0.0
+    assert not math.isnan(s0["ampd_remote_frac"])

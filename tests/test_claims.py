@@ -1,0 +1,87 @@
+"""harness.claims on a hand-made runs table: paired ratios, verdicts, sensitivity flags, robustness fit."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from harness.claims import claims_markdown, classify, paired, verdict_change
+
+
+def row(variant, tier="a40_1p3d", rate=0.06, seed=0, err=0.0, kvmem=0.915, **metrics):
+    name, mode = ("conserve", None) if variant == "conserve" else ("ampd", variant.split("_")[1])
+    mode = {"rd": "remote_default", "cost": "cost", None: None}[mode]
+    base = {"ttfet_first_p95_s": 1.0, "ttfet_visible_p95_s": 100.0, "slo_attainment_first": 1.0,
+            "slo_attainment_visible": 1.0, "tokens_per_joule": 60.0, "ampd_decision_flip_frac": 0.0}
+    base.update(metrics)
+    return {"scheduler.name": name, "scheduler.mode": mode, "cluster.name": tier, "workload.rate_per_s": rate,
+            "workload.seed": seed, "scheduler.predictor.mode": "rate" if err else "lognormal",
+            "scheduler.predictor.error_rate": err, "scheduler.predictor.sigma": 0.0,
+            "hardware.a40.kv_memory_efficiency": kvmem, **base}
+
+
+def test_paired_ratio_and_verdicts_by_hand():
+    rows = []
+    # ConServe's visible p95 is 80, 90, 70 against AMPD's 100 on the same seeds: -20, -10, -30 %
+    for s, cs in enumerate([80.0, 90.0, 70.0]):
+        rows += [row("conserve", seed=s, ttfet_visible_p95_s=cs), row("ampd_rd", seed=s)]
+    r = classify(pd.DataFrame(rows))
+    mean, ci, n = paired(r[r._variant == "conserve"], r[r._variant == "ampd_rd"], "ttfet_visible_p95_s")
+    # logs: ln 0.8 = -0.22314, ln 0.9 = -0.10536, ln 0.7 = -0.35667; mean -0.22839 -> 0.79581 - 1 = -20.42 %
+    # deviations +0.00525, +0.12303, -0.12828: sd = sqrt(0.03162 / 2) = 0.12574;
+    # half-width t(0.975, 2) x 0.12574 / sqrt(3) = 4.3027 x 0.072596 = 0.31236;
+    # interval exp(-0.54075) - 1 = -41.77 %, exp(0.08397) - 1 = +8.76 %
+    assert n == 3 and mean == pytest.approx(-20.42, abs=0.01)
+    assert ci[0] == pytest.approx(-41.77, abs=0.02) and ci[1] == pytest.approx(8.76, abs=0.02)
+    assert verdict_change(mean, ci, n, -51.08) == "not reproduced (no significant difference)"
+    assert verdict_change(-30.0, (-35.0, -25.0), 3, -51.08) == "reproduced"    # below 0 and >= 25.5 % in size
+    assert verdict_change(-10.0, (-15.0, -5.0), 3, -51.08) == "not reproduced (same direction, smaller)"
+    assert verdict_change(+10.0, (5.0, 15.0), 3, -51.08) == "not reproduced (opposite direction)"
+    assert verdict_change(+5.0, (4.0, 6.0), 3, 7.51) == "reproduced"           # +5 >= 7.51 / 2
+    assert verdict_change(-30.0, (math.nan, math.nan), 1, -51.08) == "reproduced"  # one seed: its value decides
+
+
+def test_claims_table_depends_on_reading_and_flags_sensitivity():
+    rows = []
+    for s in range(3):
+        # first reading: ConServe 40 % lower on every seed; visible: ConServe 10 % higher
+        rows += [row("conserve", seed=s, ttfet_first_p95_s=0.6 + 0.01 * s, ttfet_visible_p95_s=110.0 + s,
+                     tokens_per_joule=66.0 + s),
+                 row("ampd_rd", seed=s), row("ampd_cost", seed=s),
+                 row("conserve", tier="a40_1p3d_hetero", seed=s, tokens_per_joule=67.0 + s)]
+        for e, f in ((0.1, 1.02), (0.3, 1.06), (0.5, 1.10)):   # AMPD's first-turn p95 grows linearly
+            rows.append(row("ampd_rd", seed=s, err=e, ttfet_first_p95_s=f, ampd_decision_flip_frac=e / 10))
+    # a sensitivity arm (seed 0) where ConServe's tokens/J falls below AMPD's
+    rows += [row("conserve", kvmem=0.85, tokens_per_joule=50.0), row("ampd_rd", kvmem=0.85),
+             row("ampd_cost", kvmem=0.85), row("conserve", tier="a40_1p3d_hetero", kvmem=0.85)]
+    md = claims_markdown(pd.DataFrame(rows))
+    c1 = next(l for l in md.splitlines() if l.startswith("| C1"))
+    assert "depends on reading" in c1
+    c3 = next(l for l in md.splitlines() if l.startswith("| C3"))
+    assert "kv_memory_efficiency=0.85" in c3
+    c5 = next(l for l in md.splitlines() if l.startswith("| C5"))
+    assert "depends on reading" in c5          # the first-turn p95 grows with the error, the visible one is flat
+    # the linear fit of +0, +2, +6, +10 % (identical on every seed, so the geometric means are exact)
+    # over error 0, 0.1, 0.3, 0.5: slope 20 % per unit error rate
+    fit = next(l for l in md.splitlines() if "linear fit, p95 TTFET first" in l)
+    assert "slope +20.0 %" in fit and "R² 1.00" in fit
+
+
+def test_split_table_pairs_with_collocated_on_the_same_gpus():
+    import json
+    from harness.claims import split_markdown
+    pd4 = json.dumps([{"role": "prefiller", "hardware": "a40", "count": 1}, {"role": "decoder", "hardware": "a40", "count": 3}])
+    col4 = json.dumps([{"role": "collocated", "hardware": "a40", "count": 4}])
+    rows = []
+    for s in range(3):
+        a = row("conserve", seed=s, ttfet_visible_p95_s=120.0)
+        a["cluster.instances"] = pd4
+        c = row("conserve", tier="a40_4x", seed=s, ttfet_visible_p95_s=100.0)
+        c.update({"scheduler.name": "collocated", "cluster.instances": col4})
+        rows += [a, c]
+    md = split_markdown(pd.DataFrame(rows))
+    line = next(l for l in md.splitlines() if l.startswith("| 4 |") and "| conserve |" in l)
+    assert "+20.0 % [+20.0, +20.0] (n=3)" in line      # 120 / 100 on every seed
+    assert split_markdown(pd.DataFrame([r for r in rows if r["scheduler.name"] != "collocated"])) == ""

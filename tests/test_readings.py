@@ -1,0 +1,106 @@
+"""Both TTFET readings and per-reading SLOs (harness.metrics, harness.session.unloaded_readings).
+
+Expected values are written out from the step-time formulas of tests/test_handcalc.py (which restates
+the A40 and Qwen3-0.6B constants), not read from the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from harness.config import scheduler_config
+from harness.metrics import SloConfig, apply_slo, conversation_table, summarize
+from harness.recorder import TURN_COLUMNS
+from harness.session import simulate, unloaded_readings
+from harness.workload import WorkloadConfig, build_workload
+from tests.conftest import compose_run, conversation
+from tests.test_handcalc import CONV, decode_step, prefill_step, transfer
+
+NO_TURNS = pd.DataFrame(columns=TURN_COLUMNS)
+
+
+def conv_frame(ids, ttfet_first, ttfet_visible) -> pd.DataFrame:
+    """A ``conversations`` frame of completed conversations (headline reading: visible)."""
+    n = len(ids)
+    return pd.DataFrame({"conversation_id": ids, "ttfet_s": ttfet_visible, "ttfet_first_s": ttfet_first,
+                         "ttfet_visible_s": ttfet_visible, "latency_s": ttfet_visible,
+                         "last_turn_tpot_s": [0.01] * n, "completed": [True] * n, "failed": [False] * n})
+
+
+# CONV: turn 0 = 1000 new tokens, 10 out, 5 s tool; turn 1 (the visible one) reuses 1010 + 200 new, 20 out
+
+
+def test_two_readings_differ_by_hand_computed_amount():
+    run = compose_run(["scheduler=collocated", "cluster=a40_4x"])
+    convs, stats = build_workload([CONV], WorkloadConfig(arrival="fixed"))
+    res = simulate(run, convs, stats, "collocated", scheduler_config("collocated", {"name": "collocated"}))
+    assert not res.error
+    conv = conversation_table(pd.DataFrame(res.turns), res.convs, "visible")
+    first = prefill_step(1000, 0)                                  # the prefill step samples token 1
+    turn0_decode = sum(decode_step(1000 + j) for j in range(9))    # tokens 2..10
+    visible = first + turn0_decode + 5.0 + prefill_step(202, 1008)  # 5 s tool; 63 blocks cached
+    row = conv.iloc[0]
+    assert row.ttfet_first_s == pytest.approx(first, rel=1e-9)
+    assert row.ttfet_visible_s == pytest.approx(visible, rel=1e-9)
+    assert row.ttfet_visible_s - row.ttfet_first_s == pytest.approx(turn0_decode + 5.0 + prefill_step(202, 1008),
+                                                                    rel=1e-9)
+    assert row.ttfet_s == row.ttfet_visible_s                      # the headline follows ttfet_definition
+    assert conversation_table(pd.DataFrame(res.turns), res.convs, "first").iloc[0].ttfet_s == row.ttfet_first_s
+
+
+def test_unloaded_baseline_of_the_same_variant():
+    """``slo.reference_scheduler=same``: ConServe's unloaded first-turn TTFET includes the P->D transfer
+    and the decoder's first step; collocated's is one prefill step."""
+    small = conversation("c1", [(0, 400, 5, 1.0), (405, 100, 8, 0.0)])
+    run_same = compose_run(["scheduler=conserve", "cluster=a40_1p3d", "slo.reference_scheduler=same"])
+    run_col = compose_run(["scheduler=conserve", "cluster=a40_1p3d"])    # reference: collocated
+    convs, stats = build_workload([CONV, small], WorkloadConfig(arrival="fixed"))
+    same = unloaded_readings(run_same, convs, stats)
+    col = unloaded_readings(run_col, convs, stats)
+    cs_first = prefill_step(1000, 0) + transfer(1000) + decode_step(1000)
+    assert same["c0"]["first"] == pytest.approx(cs_first, rel=1e-9)
+    assert col["c0"]["first"] == pytest.approx(prefill_step(1000, 0), rel=1e-9)
+    assert same["c1"]["first"] == pytest.approx(prefill_step(400, 0) + transfer(400) + decode_step(400), rel=1e-9)
+
+    # loaded first-turn TTFETs: c0 at 1.4 x its ConServe-unloaded value, c1 at 1.6 x
+    conv = conv_frame(["c0", "c1"], [1.4 * same["c0"]["first"], 1.6 * same["c1"]["first"]], [300.0, 200.0])
+    slo = SloConfig(reference_scheduler="same")          # relative 1.5 x, inherited by both readings
+    out = apply_slo(conv.copy(), slo, same)
+    assert list(out.slo_met_first) == [True, False]
+    assert out.slo_ttfet_first_s.iloc[0] == pytest.approx(1.5 * cs_first, rel=1e-12)
+    s = summarize(NO_TURNS,
+                  out, [1.0], 1.0, 0)
+    assert s["slo_attainment_first"] == 0.5
+    # judged against collocated's unloaded value (no transfer, no decoder step) both fail:
+    # 1.4 x (p + x + d) > 1.5 x p because x + d > p / 14
+    p0 = prefill_step(1000, 0)
+    assert 1.4 * cs_first > 1.5 * p0
+    out_col = apply_slo(conv.copy(), SloConfig(), col)
+    assert list(out_col.slo_met_first) == [False, False]
+    assert summarize(NO_TURNS,
+                     out_col, [1.0], 1.0, 0)["slo_attainment_first"] == 0.0
+
+
+def test_per_reading_slo_modes():
+    conv = conv_frame(["a", "b"], [0.2, 0.6], [10.0, 30.0])
+    # absolute headline on 'visible' (20 s); 'first' has its own absolute threshold (0.5 s)
+    slo = SloConfig(ttfet_mode="absolute", ttfet_s=20.0, ttfet_first_mode="absolute", ttfet_first_s=0.5)
+    slo.validate()
+    out = apply_slo(conv.copy(), slo, None)
+    assert list(out.slo_met) == [True, False] and list(out.slo_met_visible) == [True, False]
+    assert list(out.slo_met_first) == [True, False]
+    # an absolute headline's seconds do not carry over to the other reading: no SLO -> NaN attainment
+    out2 = apply_slo(conv.copy(), SloConfig(ttfet_mode="absolute", ttfet_s=20.0), None)
+    assert out2.slo_met_first.isna().all()
+    s = summarize(NO_TURNS,
+                  out2, [1.0], 1.0, 0)
+    assert math.isnan(s["slo_attainment_first"]) and s["slo_attainment_visible"] == 0.5
+    assert not SloConfig(ttfet_mode="absolute", ttfet_s=20.0).needs_unloaded()
+    assert SloConfig(ttfet_mode="absolute", ttfet_s=20.0, ttfet_first_mode="relative").needs_unloaded()
+    with pytest.raises(ValueError, match="slo.ttfet_first_s"):
+        SloConfig(ttfet_first_mode="absolute").validate()
+    with pytest.raises(ValueError, match="slo.ttfet_visible_mode"):
+        SloConfig(ttfet_visible_mode="sometimes").validate()
