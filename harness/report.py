@@ -12,9 +12,12 @@ with its ``config.yaml`` and, for the figures, ``conversations.parquet`` and ``i
   ...; the usual identity keys even when they do not vary), ``variant`` (label of the non-axis swept
   settings), then every scalar of ``summary.json``;
 * ``points.parquet`` / ``points.csv``: one row per sweep point (the runs that differ only in their
-  seeds), with ``<metric>_mean``, ``<metric>_ci95`` (half-width) and ``<metric>_n`` per metric;
-* ``report.md``: what was swept and, per point, mean +- 95 % confidence interval over the seeds
-  (Student's t with n - 1 degrees of freedom: ``t_{0.975, n-1} * sd / sqrt(n)``; no interval for n = 1);
+  seeds), with ``<metric>_mean`` (the estimate), ``<metric>_lo`` / ``<metric>_hi`` (its 95 % interval),
+  ``<metric>_ci95`` (the larger distance from the estimate to a bound) and ``<metric>_n`` per metric;
+* ``report.md``: what was swept and, per point, the estimate with its 95 % interval over the seeds
+  (``harness.stats.point_interval``): a proportion (SLO attainment, a ``_frac``) pooled over the runs'
+  conversations with a Wilson interval, a count with a percentile-bootstrap interval of the mean, anything
+  else the mean with the Student-t interval (``t_{0.975, n-1} * sd / sqrt(n)``); no interval for n = 1;
 * ``claims.md`` (also appended to ``report.md``) when the sweep runs ConServe against AMPD: ConServe's
   claims with paired ratios and their sensitivity (``harness.claims``);
 * ``figures/*.png`` and ``*.pdf`` (seaborn, Agg backend), only those whose inputs vary in the sweep:
@@ -44,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from harness.catalog import BY_KEY, REPORT, REPORT_TABLE
-from harness.stats import mean_ci, t_quantile  # noqa: F401  (re-exported: the report's interval)
+from harness.stats import mean_ci, point_interval, t_quantile  # noqa: F401  (re-exported: the report's interval)
 
 # Sweep dimensions that can serve as the x axis, in order of preference, with axis labels.
 X_AXES = {
@@ -239,9 +242,12 @@ def points_table(sw: Sweep, metrics: Optional[Sequence[str]] = None) -> pd.DataF
         key_vals = key_vals if isinstance(key_vals, tuple) else (key_vals,)
         row = dict(zip(keys, key_vals))
         row["runs"] = len(g)
+        trials = pd.to_numeric(g["num_conversations"], errors="coerce") if "num_conversations" in g else []
         for m in metrics:
-            mean, half, n = mean_ci(pd.to_numeric(g[m], errors="coerce"))
-            row[f"{m}_mean"], row[f"{m}_ci95"], row[f"{m}_n"] = mean, half, n
+            est, lo, hi, n = point_interval(m, pd.to_numeric(g[m], errors="coerce"), trials)
+            half = max(est - lo, hi - est) if np.isfinite(lo) and np.isfinite(hi) else math.nan
+            row[f"{m}_mean"], row[f"{m}_ci95"], row[f"{m}_n"] = est, half, n
+            row[f"{m}_lo"], row[f"{m}_hi"] = lo, hi
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -249,21 +255,23 @@ def points_table(sw: Sweep, metrics: Optional[Sequence[str]] = None) -> pd.DataF
 # ---- markdown ----------------------------------------------------------------------------------------
 
 
-def _fmt(mean: float, half: float, n: int) -> str:
+def _fmt(mean: float, lo: float, hi: float, n: int) -> str:
+    """One number format for every cell: estimate, then the 95 % interval in brackets, then n."""
     if n == 0 or not np.isfinite(mean):
         return "nan"
-    if not np.isfinite(half):
+    if not (np.isfinite(lo) and np.isfinite(hi)):
         return f"{mean:.4g} (n={n})"
-    return f"{mean:.4g} ± {half:.2g} (n={n})"
+    return f"{mean:.4g} [{lo:.4g}, {hi:.4g}] (n={n})"
 
 
 def markdown(sw: Sweep, points: pd.DataFrame, figures: Sequence[Path] = ()) -> str:
-    """The markdown summary: what varied, then mean ± 95 % CI per point and metric."""
+    """The markdown summary: what varied, then the estimate [95 % interval] per point and metric."""
     r = sw.runs
     lines = [f"# Sweep report: `{sw.root}`", "",
-             f"{len(r)} runs. Cells: mean ± 95 % confidence half-width over the seeds (Student's t, n − 1 "
-             f"degrees of freedom), n = runs with a value. All metrics, with CI columns: `points.csv`; "
-             f"one row per run: `runs.csv`.", ""]
+             f"{len(r)} runs. Cells: estimate [95 % interval] over the seeds (n = runs with a value): proportions "
+             f"pooled over conversations with a Wilson interval, counts with a bootstrap interval, other metrics "
+             f"the mean with a Student-t interval. All metrics, with their bounds: `points.csv`; one row per run: "
+             f"`runs.csv`.", ""]
     if "partial" in r.columns and r.partial.fillna(False).astype(bool).any():
         lines += [f"**{int(r.partial.fillna(False).astype(bool).sum())} partial (failed) runs are included.**", ""]
     lines.append("| swept key | role | values |")
@@ -289,7 +297,7 @@ def markdown(sw: Sweep, points: pd.DataFrame, figures: Sequence[Path] = ()) -> s
     lines.append("|" + "---|" * (len(head) + len(metrics)))
     for _, p in points.iterrows():
         cells = ["" if _norm(p[k]) is None else _num(p[k]) for k in head]
-        cells += [_fmt(p[f"{m}_mean"], p[f"{m}_ci95"], int(p[f"{m}_n"])) for m in metrics]
+        cells += [_fmt(p[f"{m}_mean"], p[f"{m}_lo"], p[f"{m}_hi"], int(p[f"{m}_n"])) for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     if figures:
         lines += ["", "## Figures", ""]

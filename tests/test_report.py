@@ -92,26 +92,35 @@ def test_points_mean_and_t_interval_by_hand(rate_sweep: Path, tmp_path: Path):
     assert c.ttfet_p95_s_mean == pytest.approx(12.0)
     assert c.ttfet_p95_s_ci95 == pytest.approx(4.9683, abs=1e-3)
     assert c.ttfet_p95_s_n == 3
-    # 1.0, 0.9, 0.8: mean 0.9, sd 0.1, half-width = 4.3027 * 0.1 / sqrt(3) = 0.24841
+    # SLO attainment is a proportion: pooled over the 3 runs x 3 conversations, 8.1 of 9 met, p = 0.9, with a
+    # Wilson interval (z = 1.96): centre (0.9 + 3.8415/18) / (1 + 3.8415/9) = 0.78034, half-width
+    # 1.96 sqrt(0.9 x 0.1 / 9 + 3.8415 / 324) / 1.42683 = 0.20308 -> [0.57726, 0.98342]: inside [0, 1], where
+    # the t interval of the three values (0.9 +- 0.248) would pass 1
     assert c.slo_attainment_mean == pytest.approx(0.9)
-    assert c.slo_attainment_ci95 == pytest.approx(0.24841, abs=1e-4)
+    assert c.slo_attainment_lo == pytest.approx(0.57726, abs=1e-4)
+    assert c.slo_attainment_hi == pytest.approx(0.98342, abs=1e-4)
     # identical values: zero width
     assert pts.loc[(0.2, "conserve")].ttfet_p95_s_ci95 == pytest.approx(0.0)
     # a missing value is left out (n = 2), not counted as 0: 30, 34 -> mean 32, sd 2.8284,
     # half-width = t(0.975, 1) * 2.8284 / sqrt(2) = 12.7062 * 2 = 25.4124
+    # a count's interval is a bootstrap of the mean: within the values' range, never negative
+    assert c.preemptions_lo == 0 and c.preemptions_hi == 0
     a = pts.loc[(0.1, "ampd")]
     assert a.ttfet_p95_s_mean == pytest.approx(32.0) and a.ttfet_p95_s_n == 2
     assert a.ttfet_p95_s_ci95 == pytest.approx(25.4124, abs=1e-3)
     assert a.slo_attainment_n == 3 and a.runs == 3
-    # 0.2, 0.1 over two seeds: mean 0.15, sd 0.070711, half-width = 12.7062 * 0.070711 / 1.41421 = 0.63531
-    assert pts.loc[(0.2, "ampd")].slo_attainment_ci95 == pytest.approx(0.63531, abs=1e-4)
+    # 0.2, 0.1 over two runs of 3 conversations: the t interval (0.15 +- 12.7062 x 0.070711 / 1.41421 = 0.635)
+    # would reach -0.49; pooled, 0.9 of 6 met (p = 0.15), Wilson: centre (0.15 + 3.8415/12) / (1 + 3.8415/6)
+    # = 0.28662, half-width 1.96 sqrt(0.15 x 0.85 / 6 + 3.8415 / 144) / 1.64025 = 0.26159 -> [0.02502, 0.54821]
+    b = pts.loc[(0.2, "ampd")]
+    assert b.slo_attainment_lo == pytest.approx(0.02502, abs=1e-4) and b.slo_attainment_hi == pytest.approx(0.54821, abs=1e-4)
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "| `workload.rate_per_s` | x axis | 0.1, 0.2 |" in md
     assert "| `workload.seed` | repetition (seed) | 0, 1, 2 |" in md
     row = next(l for l in md.splitlines() if l.startswith("| 0.1 | conserve |"))
-    assert "12 ± 5 (n=3)" in row and "0.9 ± 0.25 (n=3)" in row
+    assert "12 [7.032, 16.97] (n=3)" in row and "0.9 [0.5773, 0.9834] (n=3)" in row
     row = next(l for l in md.splitlines() if l.startswith("| 0.1 | ampd |"))
-    assert "32 ± 25 (n=2)" in row
+    assert "32 [6.588, 57.41] (n=2)" in row      # 32 -+ 25.41 (the t half-width above)
 
 
 def test_single_seed_has_no_interval():
