@@ -262,6 +262,7 @@ def slurm(tmp_path_factory):
     assert not [p for p in s.pids if _pid_alive(p)]
 
 
+@pytest.mark.xdist_group("vllm")  # one local Slurm at a time: its fixture is per worker, its ports fixed
 def test_slurm_sweep_runs_two_jobs_as_slurm_jobs_and_resumes(slurm, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
     sweep = tmp_path / "sweep"
@@ -328,7 +329,9 @@ def test_ray_sweep_runs_two_jobs_as_ray_tasks(tmp_path):
     """hydra/launcher=ray with a local Ray (started and stopped by Hydra's Ray launcher, on loopback)."""
     pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install -e '.[ray]'")
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "run.py", "-m", "hydra/launcher=ray", "+hydra.launcher.ray.init.include_dashboard=false",
+    # address=local: a Ray of its own even while another test's Ray cluster runs on this machine
+    cmd = [sys.executable, "run.py", "-m", "hydra/launcher=ray", "hydra.launcher.ray.init.address=local",
+           "+hydra.launcher.ray.init.include_dashboard=false",
            "+hydra.launcher.ray.init.num_cpus=2", "scheduler=conserve", "workload.seed=0,1",
            "workload.num_conversations=3", "workload.max_turns=2", "slo=absolute", "logger.progress=false",
            f"hydra.sweep.dir={sweep}"]
