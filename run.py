@@ -22,6 +22,14 @@ from harness.trace import TraceError
 register_configs()
 
 
+def _drop_if_empty(out: Path) -> None:
+    """A config error leaves no run directory behind: remove ``out`` if it holds only what Hydra wrote
+    (``.hydra/``, ``run.log``), never measured results."""
+    import shutil
+    if out.is_dir() and {p.name for p in out.iterdir()} <= {".hydra", "run.log"}:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def _sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
 
@@ -47,6 +55,7 @@ def main(cfg: DictConfig) -> dict:
             summary = execute(run, out, resolved_yaml)
     except (ConfigError, TraceError) as e:
         print(f"error: {e}", file=sys.stderr)
+        _drop_if_empty(out)
         sys.exit(2)
     except KeyboardInterrupt as e:
         print(f"interrupted ({e or 'Ctrl-C'}); what was measured is in {out} (partial)", file=sys.stderr)

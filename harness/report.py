@@ -242,6 +242,7 @@ def points_table(sw: Sweep, metrics: Optional[Sequence[str]] = None) -> pd.DataF
         key_vals = key_vals if isinstance(key_vals, tuple) else (key_vals,)
         row = dict(zip(keys, key_vals))
         row["runs"] = len(g)
+        row["invalid_runs"] = int((g["valid"] == False).sum()) if "valid" in g else 0  # noqa: E712
         trials = pd.to_numeric(g["num_conversations"], errors="coerce") if "num_conversations" in g else []
         for m in metrics:
             est, lo, hi, n = point_interval(m, pd.to_numeric(g[m], errors="coerce"), trials)
@@ -274,6 +275,10 @@ def markdown(sw: Sweep, points: pd.DataFrame, figures: Sequence[Path] = ()) -> s
              f"`runs.csv`.", ""]
     if "partial" in r.columns and r.partial.fillna(False).astype(bool).any():
         lines += [f"**{int(r.partial.fillna(False).astype(bool).sum())} partial (failed) runs are included.**", ""]
+    if "valid" in r.columns and (r.valid == False).any():  # noqa: E712 -- missing (older runs) is not invalid
+        bad = r[r.valid == False]  # noqa: E712
+        lines += [f"**{len(bad)} runs are INVALID** (`summary.json` `invalid_reasons`; marked ✗ below): "
+                  + "; ".join(f"`{row.run}`" for row in bad.itertuples()) + ".", ""]
     lines.append("| swept key | role | values |")
     lines.append("|---|---|---|")
     fixed: dict[str, list[str]] = {}
@@ -297,6 +302,8 @@ def markdown(sw: Sweep, points: pd.DataFrame, figures: Sequence[Path] = ()) -> s
     lines.append("|" + "---|" * (len(head) + len(metrics)))
     for _, p in points.iterrows():
         cells = ["" if _norm(p[k]) is None else _num(p[k]) for k in head]
+        if p.get("invalid_runs", 0):
+            cells[-1] = f"{cells[-1]} ✗{int(p['invalid_runs'])}"
         cells += [_fmt(p[f"{m}_mean"], p[f"{m}_lo"], p[f"{m}_hi"], int(p[f"{m}_n"])) for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     if figures:

@@ -318,3 +318,27 @@ def test_a_server_left_behind_on_a_port_is_stopped_at_the_next_launch(tmp_path, 
     assert L.stop_stale(port) is False and pid_alive(other.pid)
     other.kill()
     other.wait()
+
+
+def test_a_config_error_leaves_no_run_directory(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("workload.rate_per_s=-1", f"hydra.run.dir={out}")
+    assert r.returncode == 2 and "workload.rate_per_s" in r.stderr
+    assert not out.exists()
+
+
+def test_the_report_flags_invalid_runs(tmp_path):
+    """Two runs of one point, one of them invalid: the report says so and marks the point."""
+    from harness import report
+    import yaml
+    for i, valid in enumerate([True, False]):
+        d = tmp_path / f"{i}_collocated_seed{i}"
+        d.mkdir()
+        (d / "config.yaml").write_text(yaml.safe_dump({"scheduler": {"name": "collocated"},
+                                                       "workload": {"seed": i, "rate_per_s": 0.1}}))
+        (d / "summary.json").write_text(json.dumps({"num_conversations": 10, "slo_attainment": 0.9, "partial": False,
+                                                    "valid": valid, "ttfet_p95_s": 1.0}))
+    res = report.report(tmp_path, tmp_path / "rep", draw=False)
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "1 runs are INVALID" in text and "1_collocated_seed1" in text and "✗1" in text
+    assert res["points"]["invalid_runs"].tolist() == [1]
