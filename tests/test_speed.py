@@ -1,0 +1,102 @@
+"""Speed work that must not change results: array-evaluated decode runs, the on-disk unloaded-TTFET cache,
+inline engine steps and the controller's incremental bookkeeping, each checked against the plain
+step-by-step definition (no wall-clock assertions)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness.profiles import HardwareConfig, ModelConfig
+from harness.sim.perf import PerfModel
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(cls, path: Path):
+    raw = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path)).items() if k != "defaults"}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), raw))
+
+
+@pytest.fixture(scope="module")
+def a40() -> HardwareConfig:
+    return _load(HardwareConfig, ROOT / "conf" / "hardware" / "a40.yaml")
+
+
+@pytest.fixture(scope="module")
+def llama() -> ModelConfig:
+    return _load(ModelConfig, ROOT / "conf" / "model" / "llama2_7b.yaml")
+
+
+def step_by_step(perf: PerfModel, b: int, ctx: int, max_steps: int, limit_s: float):
+    """The definition: step j costs ``decode_step(b, ctx + j * b)``; cumulative sums one step at a time;
+    stop after the step that reaches ``limit_s``."""
+    ends, energy, t, e = [], [], 0.0, 0.0
+    for j in range(max_steps):
+        c = perf.decode_step(b, ctx + j * b)
+        t += c.time_s
+        e += c.energy_j
+        ends.append(t)
+        energy.append(e)
+        if t >= limit_s:
+            break
+    return ends, energy
+
+
+def assert_same_run(perf: PerfModel, b: int, ctx: int, max_steps: int, limit_s: float) -> int:
+    ends, energy = perf.decode_run(b, ctx, max_steps, limit_s)
+    ref_t, ref_e = step_by_step(perf, b, ctx, max_steps, limit_s)
+    assert len(ends) == len(ref_t)
+    # decode_step adds the same terms in another order (last-bit differences per step only)
+    assert ends == pytest.approx(ref_t, rel=1e-12, abs=0)
+    assert energy == pytest.approx(ref_e, rel=1e-12, abs=0)
+    # the Python loop (short runs) and the array path (long runs) are bit-identical
+    lin_c = (perf._lin_flops_per_token + perf._head_flops_per_seq) * b / perf._decode_flops_rate
+    base_s = perf._lin(lin_c, perf._weights_s) + perf._seq_s * b + perf._fixed_s
+    loop_t, loop_e = perf._decode_run_loop(b, lin_c, base_s, ctx, len(ends), limit_s)
+    assert ends == loop_t and energy == loop_e
+    return len(ends)
+
+
+@pytest.mark.parametrize("b,ctx,max_steps,limit_s", [
+    (1, 0, 5, math.inf), (3, 1000, 24, math.inf), (7, 5000, 25, math.inf), (64, 20_000, 3000, math.inf),
+    (16, 100, 10_000, 0.25), (200, 300_000, 10_000, 2.0), (1, 10, 1 << 30, 1.0)])
+def test_decode_run_matches_step_by_step(a40, llama, b, ctx, max_steps, limit_s):
+    perf = PerfModel(a40, llama)
+    k = assert_same_run(perf, b, ctx, max_steps, limit_s)
+    if limit_s < math.inf:      # it stopped after the step that reached the limit, not before, not later
+        ends, _ = perf.decode_run(b, ctx, max_steps, limit_s)
+        assert ends[-1] >= limit_s and (k == 1 or ends[-2] < limit_s)
+
+
+def test_decode_run_across_the_busy_time_switch(a40, llama):
+    """Hard roofline, no fixed overheads, 256 sequences: the GEMMs are compute-bound (lin_c > lin_m), the
+    busy time ``compute + 0.55 x memory`` exceeds the step at a short context (power = TDP) and falls
+    under it as the KV grows (power < TDP): the energy's ``min(busy, step)`` changes branch mid-run."""
+    hw = dataclasses.replace(a40, roofline_exponent=None, layer_overhead_s=0.0, step_overhead_s=0.0,
+                             attention_seq_overhead_s=0.0)
+    perf = PerfModel(hw, llama)
+    b, steps = 256, 500
+    first, last = perf.decode_step(b, 0), perf.decode_step(b, (steps - 1) * b)
+    assert first.compute_s > perf._weights_s                      # compute-bound GEMMs
+    assert first.energy_j / first.time_s == pytest.approx(hw.tdp_w)   # busy >= step: full power
+    assert last.energy_j / last.time_s < hw.tdp_w - 10            # busy < step later in the same run
+    assert assert_same_run(perf, b, 0, steps, math.inf) == steps
+
+
+def test_decode_run_across_the_power_cap(a40, llama):
+    """A40 capped at 200 W, 64 sequences: the first steps demand more than the cap (throttled, drawing
+    exactly 200 W), the later ones (KV-bound) less; the run crosses the cap mid-run."""
+    hw = dataclasses.replace(a40, power_cap_w=200.0)
+    perf = PerfModel(hw, llama)
+    b, steps = 64, 2000
+    first, last = perf.decode_step(b, 0), perf.decode_step(b, (steps - 1) * b)
+    uncapped = PerfModel(a40, llama).decode_step(b, 0)
+    assert first.energy_j / first.time_s == pytest.approx(200.0) and first.time_s > uncapped.time_s
+    assert last.energy_j / last.time_s < 199.0
+    assert assert_same_run(perf, b, 0, steps, math.inf) == steps
+    assert_same_run(perf, b, 0, steps, 3.0)
