@@ -10,11 +10,15 @@ profiles, KV capacities; ``check_policies`` builds the run's policies the same w
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from harness.backend import Cluster
@@ -198,17 +202,33 @@ def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRe
 # ---- the unloaded-TTFET baseline (the relative SLO's denominator) ----------------------------------------
 
 def unloaded_ttfet(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
-                   stats: WorkloadStats) -> dict[str, float]:
+                   stats: WorkloadStats, *, cache_dir: Optional[Path | str] = None) -> dict[str, float]:
     """Each conversation's TTFET when replayed alone (arrival at 0) on the idle simulated cluster under
-    the SLO's reference scheduler, s: a session per conversation, memoised in-process."""
+    the SLO's reference scheduler, s: a session per conversation, memoised in-process and on disk.
+
+    The disk cache (``cache_dir``, default :func:`cache_root`: ``$HARNESS_CACHE_DIR`` or
+    ``results/cache``; ``""`` or ``off``: none) holds ``unloaded_ttfet/<setup digest>/*.json``: shards of
+    ``{conversation digest: TTFET (s) or null}``, one written (atomically) per process that replayed
+    something, read by every later job, so a sweep (local or on machines sharing the directory) replays
+    each distinct conversation once per setup. The setup digest covers what a replay depends on
+    (:func:`_unloaded_cache_key`) and the simulator's code (every ``.py`` under ``harness/`` and
+    ``baselines/``), so a code change never reads stale numbers. Values round-trip exactly (JSON floats
+    are written with ``repr``).
+    """
     from harness.config import scheduler_config
     from harness.metrics import ttfet_turn_index
     slo = run.cfg.slo
     ref = scheduler_config(slo.reference_scheduler, {"name": slo.reference_scheduler})
     key = _unloaded_cache_key(run, stats)
+    disk = _DiskCache(cache_dir, key)
     out = {}
+    fresh: dict[str, Optional[float]] = {}
     for _, rec in conversations:
         hit = _UNLOADED_CACHE.get((key, rec.turns))
+        if hit is None:
+            hit = disk.get(rec.turns)
+            if hit is not None:
+                _UNLOADED_CACHE[(key, rec.turns)] = hit
         if hit is not None:
             out[rec.conversation_id] = hit
             continue
@@ -221,6 +241,8 @@ def unloaded_ttfet(run: Any, conversations: Sequence[tuple[float, ConversationRe
         if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
             _UNLOADED_CACHE.clear()
         _UNLOADED_CACHE[(key, rec.turns)] = out[rec.conversation_id]
+        fresh[_digest(repr(rec.turns))] = None if math.isnan(out[rec.conversation_id]) else out[rec.conversation_id]
+    disk.add(fresh)
     return out
 
 
@@ -231,14 +253,79 @@ _UNLOADED_CACHE: dict[tuple, float] = {}
 _UNLOADED_CACHE_MAX = 200_000
 # Reference schedulers whose placement reads neither the workload statistics nor the seed.
 _STATS_FREE_REFERENCES = ("collocated",)
+_CODE_DIGEST: list[str] = []
+
+
+def cache_root() -> Optional[Path]:
+    """The on-disk cache directory: ``$HARNESS_CACHE_DIR`` if set (``""`` or ``off``: no disk cache),
+    else ``results/cache`` of the project."""
+    env = os.environ.get("HARNESS_CACHE_DIR")
+    if env is not None:
+        return None if env.strip() in ("", "off") else Path(env)
+    from harness.config import PROJECT_ROOT
+    return PROJECT_ROOT / "results" / "cache"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _code_digest() -> str:
+    """Digest of every ``.py`` file under ``harness/`` and ``baselines/`` (what a replay's result may
+    depend on), computed once per process."""
+    if not _CODE_DIGEST:
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256()
+        for p in sorted([*root.joinpath("harness").rglob("*.py"), *root.joinpath("baselines").rglob("*.py")]):
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+        _CODE_DIGEST.append(h.hexdigest()[:32])
+    return _CODE_DIGEST[0]
+
+
+class _DiskCache:
+    """The unloaded-TTFET shards of one setup (see :func:`unloaded_ttfet`); unreadable shards are ignored
+    (a crashed writer leaves only a temporary file, never a partial shard)."""
+
+    def __init__(self, cache_dir: Optional[Path | str], setup_key: str):
+        root = cache_root() if cache_dir is None else (Path(cache_dir) if str(cache_dir) not in ("", "off") else None)
+        self.dir = None if root is None else root / "unloaded_ttfet" / _digest(setup_key + "|" + _code_digest())
+        self._values: dict[str, Optional[float]] = {}
+        if self.dir is not None and self.dir.is_dir():
+            for p in sorted(self.dir.glob("*.json")):
+                try:
+                    self._values.update(json.loads(p.read_text()))
+                except (OSError, ValueError):
+                    continue
+
+    def get(self, turns: tuple) -> Optional[float]:
+        """The cached TTFET of a conversation with these turns, s (NaN if it had none), or None."""
+        d = _digest(repr(turns))
+        if d not in self._values:
+            return None
+        v = self._values[d]
+        return math.nan if v is None else float(v)
+
+    def add(self, values: dict[str, Optional[float]]) -> None:
+        """Write ``values`` as a new shard (atomic rename); a read-only or full disk only loses the cache."""
+        if self.dir is None or not values:
+            return
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            name = f"{os.getpid()}-{time.time_ns()}"
+            tmp = self.dir / f".{name}.tmp"
+            tmp.write_text(json.dumps(values, sort_keys=True))
+            os.replace(tmp, self.dir / f"{name}.json")
+        except OSError as e:
+            log.warning("unloaded-TTFET cache not written to %s: %s", self.dir, e)
 
 
 def _unloaded_cache_key(run: Any, stats: WorkloadStats) -> str:
     """What an unloaded replay depends on besides the conversation: instances (hardware), model, engine,
-    link, reference scheduler, TTFET definition (and the workload stats when the reference scheduler
+    link, reference scheduler, TTFET definition, the shared system prompt's length (and the workload stats when the reference scheduler
     may read them)."""
     cfg, slo = run.cfg, run.cfg.slo
-    parts = [run.instances, cfg.model, cfg.engine, cfg.cluster.link, slo.reference_scheduler, slo.ttfet_definition]
+    parts = [run.instances, cfg.model, cfg.engine, cfg.cluster.link, slo.reference_scheduler, slo.ttfet_definition,
+             cfg.workload.effective_shared_prefix_tokens()]
     if slo.reference_scheduler not in _STATS_FREE_REFERENCES:
         parts += [cfg.seed, stats.rate_per_s, stats.mean_turns,
                   *(a.tobytes() for a in (stats.turn_prompt_tokens, stats.turn_new_tokens,
