@@ -165,3 +165,51 @@ def test_unloaded_ttfet_cache_dir_from_environment(tmp_path, monkeypatch):
     monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
     session.unloaded_ttfet(run, conversations, stats)
     assert not (tmp_path / "c").exists()
+
+
+# ---- inline engine steps ---------------------------------------------------------------------------------
+
+def test_nothing_due_now_follows_the_heap_order():
+    """An event scheduled now at priority p runs next iff nothing is due now at priority <= p (ties at
+    equal time and priority go to the earlier one, which is already queued)."""
+    from harness.clock import SimClock
+    c = SimClock()
+    assert c.nothing_due_now(0)
+    c.call_at(1.0, lambda: None, priority=0)
+    assert c.nothing_due_now(0)                   # due later, not now
+    c.call_at(0.0, lambda: None, priority=1)
+    assert c.nothing_due_now(0) and not c.nothing_due_now(1)
+    c.call_at(0.0, lambda: None, priority=0)
+    assert not c.nothing_due_now(0)
+
+
+def test_inline_steps_keep_results_and_save_events():
+    """One engine, two requests submitted at t = 0 (each with its own 100-token prompt, 5 output tokens):
+    the run's token times equal a run where every step is its own event (max_coalesce_s = 0 and the
+    inline path disabled), with fewer clock events."""
+    from harness.clock import SimClock
+    from harness.profiles import EngineConfig
+    from harness.sim.engine import Engine, Request
+
+    def run(inline: bool):
+        class PlainClock(SimClock):
+            def nothing_due_now(self, priority):
+                return False
+        clock = SimClock() if inline else PlainClock()
+        hw = _load(HardwareConfig, ROOT / "conf" / "hardware" / "a40.yaml")
+        m = _load(ModelConfig, ROOT / "conf" / "model" / "llama2_7b.yaml")
+        eng = Engine(0, "e", clock, PerfModel(hw, m), EngineConfig(block_size=16), 1000, lambda r, w: None, 0.0)
+        done = []
+        for i in range(2):
+            clock.call_at(0.0, eng.submit, Request(f"c{i}", 0, 100, 5, (0,), on_finish=done.append,
+                                                    on_first_token=lambda r: None), priority=0)
+        clock.run()
+        return [(r.conv, r.first_token_s, r.finish_s, list(r.itl_gaps())) for r in done], clock.events
+
+    a, ev_inline = run(True)
+    b, ev_plain = run(False)
+    assert a == b and len(a) == 2
+    # both submits (priority 0) precede the first step: 5 steps (1 prefill of both + 4 decode) and a last
+    # step begin that finds nothing to do. Plain: 2 submits + 6 begins + 5 ends; inline: only the first
+    # begin (scheduled by a submit) is an event of its own
+    assert ev_plain == 2 + 6 + 5 and ev_inline == 2 + 1 + 5

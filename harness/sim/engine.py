@@ -25,7 +25,9 @@ its prompt (local prefix hits first), waits for the transfer, then decodes.
 
 Identical decode-only steps are simulated as one event (up to ``max_coalesce_s``) when the rule marks
 its plan repeatable; only the plan's requests advance in such a run (paused ones do not); a new arrival
-cuts such a run at the next step boundary, so the results equal step-by-step simulation.
+cuts such a run at the next step boundary, so the results equal step-by-step simulation. The step after a
+step's end runs inline (no event of its own) when nothing else is due at that instant before it
+(``SimClock.nothing_due_now``), so the order of same-instant events is unchanged.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ class Engine:
         self.watermark_blocks = int(cfg.kv_watermark_frac * capacity_blocks)
         self._admit_counter = 0
         self._timer_at: Optional[float] = None
+        self._step_ending = False       # True only while a step's end event calls wake() as its last act
         # the step run in flight
         self._version = 0
         self._run_start = 0.0
@@ -237,6 +240,12 @@ class Engine:
         """Something changed: start a step if idle, or cut a coalesced run at the next boundary."""
         if not self.busy:
             self.busy = True
+            if self._step_ending and self.clock.nothing_due_now(0):
+                # at the end of a step's end event, with nothing else due at this instant before it, the
+                # next step would be the very next event: run it inline (same instant, same order)
+                self._step_ending = False
+                self._step_begin(self._version)
+                return
             self.clock.call_at(self.clock.now(), self._step_begin, self._version, priority=0)
         elif self._run_coalesced:
             self._truncate()
@@ -510,7 +519,11 @@ class Engine:
                 self._release(req)
             req.on_finish(req)
         self.busy = False
-        self.wake()
+        self._step_ending = True
+        try:
+            self.wake()
+        finally:
+            self._step_ending = False
 
     def _preempt(self, req: Request) -> None:
         """Preemption by recompute: free the blocks (full ones stay cached), requeue at the front."""
