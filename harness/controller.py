@@ -73,11 +73,13 @@ class Controller:
         self.on_conversation = on_conversation
         self.log_decisions = recorder.log_decisions
         self.held: list[tuple[ConversationState, TurnView]] = []
+        self._held_views: list[TurnView] = []   # the turns of ``held``, kept in step (the policy's queue)
         n = len(cluster.infos)
         self._queued_prefill = [0] * n
         self._conversations_on = [0] * n
         self._context_on = [0] * n
         self._convs_on: list[dict[str, int]] = [{} for _ in range(n)]
+        self._convs_tuple: list = [None] * n    # tuple(self._convs_on[i].items()), rebuilt only after a change
         self._recheck_at = math.inf
         self._last_logged_hold = 0
         self.num_done = 0
@@ -96,11 +98,15 @@ class Controller:
     def view(self) -> ClusterView:
         """The snapshot a policy sees now: backend observations + the controller's bookkeeping."""
         states = self.backend.observe()
+        convs = self._convs_tuple
+        for i, t in enumerate(convs):
+            if t is None:
+                convs[i] = tuple(self._convs_on[i].items())
         inst = tuple(
             InstanceView(info.index, info.name, info.role, info.hardware, info.kv_capacity_tokens,
                          s.kv_used_tokens, s.num_running, s.num_waiting, self._queued_prefill[i],
                          self._conversations_on[i], self._context_on[i],
-                         tuple(self._convs_on[i].items()), self._hints[i].prefill_tokens_per_s)
+                         convs[i], self._hints[i].prefill_tokens_per_s)
             for i, (info, s) in enumerate(zip(self.backend.infos, states)))
         return ClusterView(self.clock.now(), inst, self._kvb, self._link[0], self._link[1], len(self.held))
 
@@ -110,6 +116,7 @@ class Controller:
         tv = TurnView(c.record.conversation_id, k, tr.prompt_tokens, tr.reused_tokens, tr.new_input_tokens,
                       c.arrival_s, self.clock.now(), c.prev_prefill, c.prev_decode, c.prev_output)
         self.held.append((c, tv))
+        self._held_views.append(tv)
         self._poll()
 
     def _poll(self) -> None:
@@ -117,18 +124,25 @@ class Controller:
             return
         now = self.clock.now()
         view = self.view()
-        queue = [tv for _, tv in self.held]
+        queue = self._held_views
+        n_queue = len(queue)
         adm: Admission = self.policy.admit(queue, view, now)
         chosen = sorted(set(adm.admit))
-        if chosen and (chosen[0] < 0 or chosen[-1] >= len(queue)):
+        if chosen and (chosen[0] < 0 or chosen[-1] >= n_queue):
             raise ValueError(f"policy {self.policy.name}: admission index out of range: {adm.admit}")
-        n_held = len(queue) - len(chosen)
+        n_held = n_queue - len(chosen)
         if self.log_decisions and n_held and n_held != self._last_logged_hold:
             self.recorder.decision(HoldDecision(view.now_s, f"{n_held} held: {adm.reason}", ViewDigest.of(view)))
         self._last_logged_hold = n_held
-        released = [self.held[i] for i in chosen]
-        keep = set(chosen)
-        self.held = [h for i, h in enumerate(self.held) if i not in keep]
+        held = self.held
+        released = [held[i] for i in chosen]
+        if len(chosen) == n_queue:
+            held.clear()
+            queue.clear()
+        else:   # remove the released ones in place (the rest keep their FIFO order)
+            for i in reversed(chosen):
+                del held[i]
+                del queue[i]
         for c, tv in released:
             self._launch(c, tv, self.view())
         recheck = adm.recheck_at
@@ -166,11 +180,13 @@ class Controller:
             self._conversations_on[c.counted_on] -= 1
             self._context_on[c.counted_on] -= c.context_tokens
             del self._convs_on[c.counted_on][cid]
+            self._convs_tuple[c.counted_on] = None
         c.counted_on, c.context_tokens = instance, context_tokens
         if instance >= 0:
             self._conversations_on[instance] += 1
             self._context_on[instance] += context_tokens
             self._convs_on[instance][cid] = c.next_turn
+            self._convs_tuple[instance] = None
 
     def _prefill_done(self, job: TurnJob) -> None:
         self._queued_prefill[job.placement.prefill_instance] -= job.prompt_tokens

@@ -57,7 +57,7 @@ from harness.profiles import HardwareConfig, ModelConfig
 
 REF_KV_HEADS = 32      # Llama-2-7B, the model the attention overheads were fitted on (docs/calibration.md)
 REF_Q_WIDTH = 4096     # its num_heads * head_dim
-_SMALL_RUN = 24        # decode runs up to this many steps are evaluated in a Python loop (faster than arrays)
+_SMALL_RUN = 96        # decode runs up to this many steps are evaluated in a Python loop (faster than arrays)
 
 
 @dataclass(frozen=True, slots=True)
