@@ -75,30 +75,40 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
 
     ``convs``: the controller's ``ConversationState`` objects. Columns: conversation_id, arrival_s,
     num_turns, turns_done, ttfet_s, latency_s, finish_s, last_turn_tpot_s, failed, completed.
+    turns_done: the conversation's ``ok`` turns; ttfet_s: first token of its TTFET turn
+    (:func:`ttfet_turn_index`) minus its arrival, s; latency_s / last_turn_tpot_s: finish (minus arrival)
+    and TPOT of its last turn, s; NaN where that turn has no ``ok`` row (the first such row counts).
+    Computed column-wise (one pass over the turns table).
     """
-    by = {cid: g for cid, g in turns.groupby("conversation_id", sort=False)} if len(turns) else {}
-    rows = []
-    for c in convs:
-        rec = c.record
-        g = by.get(rec.conversation_id)
-        k = ttfet_turn_index([t.visible for t in rec.turns], definition)
-        ttfet = latency = last_tpot = math.nan
-        done = 0
-        if g is not None:
-            ok = g[g.status == "ok"]
-            done = len(ok)
-            hit = ok[ok.turn == k]
-            if len(hit):
-                ttfet = float(hit.first_token_s.iloc[0]) - c.arrival_s
-            last = ok[ok.turn == len(rec.turns) - 1]
-            if len(last):
-                latency = float(last.finish_s.iloc[0]) - c.arrival_s
-                last_tpot = float(last.tpot_s.iloc[0])
-        rows.append({"conversation_id": rec.conversation_id, "arrival_s": c.arrival_s,
-                     "num_turns": len(rec.turns), "turns_done": done, "ttfet_s": ttfet,
-                     "latency_s": latency, "finish_s": c.finish_s, "last_turn_tpot_s": last_tpot,
-                     "failed": bool(c.failed), "completed": bool(c.done and not c.failed)})
-    return pd.DataFrame(rows, columns=CONVERSATION_COLUMNS)
+    n = len(convs)
+    arrival = np.array([c.arrival_s for c in convs], dtype=float)
+    num_turns = np.array([len(c.record.turns) for c in convs], dtype=np.int64)
+    k_turn = np.array([ttfet_turn_index([t.visible for t in c.record.turns], definition) for c in convs],
+                      dtype=np.int64)
+    done = np.zeros(n, dtype=np.int64)
+    ttfet, latency, last_tpot = np.full(n, math.nan), np.full(n, math.nan), np.full(n, math.nan)
+    if len(turns) and n:
+        idx = pd.Index([c.record.conversation_id for c in convs]).get_indexer(turns["conversation_id"])
+        ok = (turns["status"] == "ok").to_numpy() & (idx >= 0)
+        rows = np.flatnonzero(ok)
+        ci = idx[rows]
+        done = np.bincount(ci, minlength=n).astype(np.int64)
+        turn = turns["turn"].to_numpy()[rows]
+        for mask, cols in ((turn == k_turn[ci], "ttfet"), (turn == num_turns[ci] - 1, "last")):
+            c_hit, first = np.unique(ci[mask], return_index=True)   # the first such row per conversation
+            r = rows[mask][first]
+            if cols == "ttfet":
+                ttfet[c_hit] = turns["first_token_s"].to_numpy(dtype=float)[r] - arrival[c_hit]
+            else:
+                latency[c_hit] = turns["finish_s"].to_numpy(dtype=float)[r] - arrival[c_hit]
+                last_tpot[c_hit] = turns["tpot_s"].to_numpy(dtype=float)[r]
+    return pd.DataFrame({
+        "conversation_id": [c.record.conversation_id for c in convs], "arrival_s": arrival,
+        "num_turns": num_turns, "turns_done": done, "ttfet_s": ttfet, "latency_s": latency,
+        "finish_s": np.array([c.finish_s for c in convs], dtype=float), "last_turn_tpot_s": last_tpot,
+        "failed": np.array([bool(c.failed) for c in convs], dtype=bool),
+        "completed": np.array([bool(c.done and not c.failed) for c in convs], dtype=bool)},
+        columns=CONVERSATION_COLUMNS)
 
 
 def apply_slo(conv: pd.DataFrame, slo: SloConfig, unloaded_ttfet_s: Optional[dict]) -> pd.DataFrame:

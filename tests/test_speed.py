@@ -213,3 +213,39 @@ def test_inline_steps_keep_results_and_save_events():
     # step begin that finds nothing to do. Plain: 2 submits + 6 begins + 5 ends; inline: only the first
     # begin (scheduled by a submit) is an event of its own
     assert ev_plain == 2 + 6 + 5 and ev_inline == 2 + 1 + 5
+
+
+# ---- the conversation table, column-wise -----------------------------------------------------------------
+
+def test_conversation_table_by_hand():
+    """c0 (3 turns, turn 1 visible -> TTFET turn 1) arrived at 10 s: turn 1 has a failed row, then an ok row
+    with first token at 15.5 s (TTFET 5.5 s); its last turn finished at 30 s with TPOT 0.02 s (latency
+    20 s); 3 ok turns. c1 (2 turns, none visible -> the last) arrived at 0 s, only turn 0 ran (ok): TTFET,
+    latency and TPOT NaN, 1 turn done. c2 has no rows."""
+    import pandas as pd
+    from types import SimpleNamespace as NS
+    from harness.metrics import CONVERSATION_COLUMNS, conversation_table
+
+    def conv(cid, arrival, visible, finish, failed=False, done=True):
+        return NS(record=NS(conversation_id=cid, turns=[NS(visible=v) for v in visible]), arrival_s=arrival,
+                  finish_s=finish, failed=failed, done=done)
+    convs = [conv("c0", 10.0, [False, True, False], 30.0), conv("c1", 0.0, [False, False], 8.0, failed=True),
+             conv("c2", 1.0, [True], math.nan, done=False)]
+    turns = pd.DataFrame([
+        ("c1", 0, "ok", 1.0, 2.0, 0.1), ("c0", 0, "ok", 11.0, 12.0, 0.01), ("c0", 1, "failed", 14.0, 14.5, 0.5),
+        ("c0", 1, "ok", 15.5, 16.0, 0.03), ("c0", 2, "ok", 25.0, 30.0, 0.02), ("zz", 0, "ok", 1.0, 1.0, 0.0)],
+        columns=["conversation_id", "turn", "status", "first_token_s", "finish_s", "tpot_s"])
+    t = conversation_table(turns, convs, "first_visible").set_index("conversation_id")
+    assert list(conversation_table(turns, convs, "first_visible").columns) == CONVERSATION_COLUMNS
+    assert t.loc["c0", "ttfet_s"] == 5.5 and t.loc["c0", "latency_s"] == 20.0
+    assert t.loc["c0", "last_turn_tpot_s"] == 0.02 and t.loc["c0", "turns_done"] == 3
+    assert t.loc["c1", "turns_done"] == 1 and math.isnan(t.loc["c1", "ttfet_s"]) and math.isnan(t.loc["c1", "latency_s"])
+    assert t.loc["c2", "turns_done"] == 0 and math.isnan(t.loc["c2", "ttfet_s"])
+    assert list(t.failed) == [False, True, False] and list(t.completed) == [True, False, False]
+    assert list(t.num_turns) == [3, 2, 1]
+    # "first": turn 0 of c0 -> 1 s; "last": c0's turn 2 -> 15 s, c1's turn 1 never ran
+    assert conversation_table(turns, convs, "first").set_index("conversation_id").loc["c0", "ttfet_s"] == 1.0
+    last = conversation_table(turns, convs, "last").set_index("conversation_id")
+    assert last.loc["c0", "ttfet_s"] == 15.0 and math.isnan(last.loc["c1", "ttfet_s"])
+    empty = conversation_table(turns.iloc[:0], convs, "first")
+    assert list(empty.turns_done) == [0, 0, 0] and empty.ttfet_s.isna().all()
