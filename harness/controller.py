@@ -13,7 +13,7 @@ The controller only needs a cluster (``harness.backend.Cluster``) whose clock ha
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from harness.backend import Cluster, TurnJob
@@ -143,8 +143,14 @@ class Controller:
             for i in reversed(chosen):
                 del held[i]
                 del queue[i]
-        for c, tv in released:
-            self._launch(c, tv, self.view())
+        for j, (c, tv) in enumerate(released):
+            # the first placement sees the admission's view (nothing in the cluster has changed since: admit
+            # is pure) with the new number of held turns; each later one a fresh view that includes the
+            # launches before it
+            if j == 0:
+                self._launch(c, tv, view if view.num_held == len(held) else replace(view, num_held=len(held)))
+            else:
+                self._launch(c, tv, self.view())
         recheck = adm.recheck_at
         if recheck is not None and self.held and recheck < self._recheck_at:
             # never "again right now": a policy that keeps asking for that would loop at one instant
