@@ -40,24 +40,48 @@ class Conserve:
 
     def __init__(self, cfg: ConserveConfig):
         self.cfg = cfg
+        # the turns this policy held at its last call: (first, last, count). Held turns are all turn-0 ones
+        # (later turns are never held), and the controller's queue keeps them in FIFO order with new turns
+        # appended, so a queue that starts with them needs scanning only from where they end.
+        self._held: tuple = (None, None, 0)
 
     def admit(self, queue: Sequence[TurnView], view: ClusterView, now: float) -> Admission:
         pool = pool_occupancy(view.by_role("decoder"))
         pf = pick_prefiller(view)
         queue_s = prefill_queue_s(pf)
         open_ = pool < self.cfg.kv_admit_frac and queue_s < self.cfg.max_prefill_queue_s
+        first, last, known = self._held
+        n = len(queue)
+        if not (known and n >= known and queue[0] is first and queue[known - 1] is last):
+            known = 0                       # not the queue this policy saw: scan it all
         admit = []
-        blocked = False
-        for i, t in enumerate(queue):
-            if t.turn > 0:
-                admit.append(i)
-            elif open_ and not blocked:
-                admit.append(i)
+        i = 0
+        while i < n and open_:              # FIFO admission of new conversations while the gates are open
+            t = queue[i]
+            if t.turn == 0:
                 queue_s += t.prompt_tokens / pf.prefill_tokens_per_s
                 open_ = queue_s < self.cfg.max_prefill_queue_s
-            else:
-                blocked = True
-        held = len(admit) < len(queue)
+            admit.append(i)
+            i += 1
+        if i < known:                       # the rest of the previously held prefix: turn 0, still held
+            i = known
+        for j in range(i, n):               # held from here on: only later turns pass
+            if queue[j].turn > 0:
+                admit.append(j)
+        held = n - len(admit)
+        if held:
+            lo, hi = 0, n - 1               # first and last held index (admit is ascending)
+            for a in admit:
+                if a != lo:
+                    break
+                lo += 1
+            for a in reversed(admit):
+                if a != hi:
+                    break
+                hi -= 1
+            self._held = (queue[lo], queue[hi], held)
+        else:
+            self._held = (None, None, 0)
         reason = f"pool kv={pool:.3f} prefill queue={queue_s:.2f}s"
         return Admission(tuple(admit), reason, now + self.cfg.recheck_s if held else None)
 

@@ -47,6 +47,13 @@ class SimClock:
         """Number of scheduled events not yet processed."""
         return len(self._q)
 
+    def nothing_due_now(self, priority: int) -> bool:
+        """True when no scheduled event is due now at ``priority`` or a lower (earlier) one: an event
+        scheduled now at ``priority`` would be the next one processed, so its callback may run inline at the
+        end of the current one, with the same order and results (one heap operation fewer)."""
+        q = self._q
+        return not q or q[0][0] > self._now or q[0][1] > priority
+
     def next_time(self) -> float:
         """Time of the earliest scheduled event, s (``inf`` if none)."""
         return self._q[0][0] if self._q else math.inf

@@ -127,6 +127,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     bar = None
     if cfg.logger.progress:
         from tqdm import tqdm
+        tqdm.monitor_interval = 0  # no monitor thread (it wakes every 10 s to check for a stalled bar)
         bar = tqdm(total=len(conversations), unit="conv", desc=f"{run.scheduler_name}", mininterval=0.5,
                    leave=False)
     oracle = Oracle(conversations)

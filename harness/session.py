@@ -10,11 +10,15 @@ profiles, KV capacities; ``check_policies`` builds the run's policies the same w
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from harness.backend import Cluster
@@ -223,11 +227,19 @@ def reference_policy(run: Any) -> tuple[str, Any]:
 
 
 def unloaded_readings(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
-                      stats: WorkloadStats) -> dict[str, dict[str, float]]:
+                      stats: WorkloadStats, *, cache_dir: Optional[Path | str] = None) -> dict[str, dict[str, float]]:
     """Each conversation replayed alone (arrival at 0) on the idle simulated cluster under the SLO's
     reference scheduler (:func:`reference_policy`): ``{conversation_id: {"first": s, "visible": s,
     "last": s}}``, the first-token time of turn 0, of the first user-visible turn and of the last turn
-    (= that reading's unloaded TTFET, s). A session per conversation, memoised in-process.
+    (= that reading's unloaded TTFET, s). A session per conversation, memoised in-process and on disk.
+
+    The disk cache (``cache_dir``, default :func:`cache_root`: ``$HARNESS_CACHE_DIR`` or
+    ``results/cache``; ``""`` or ``off``: none) holds ``unloaded_ttfet/<setup digest>/*.json``: shards of
+    ``{conversation digest: {reading: s or null}}``, one written (atomically) per process that replayed
+    something, read by every later job, so a sweep (local, or on machines sharing the directory: Slurm,
+    Ray) replays each distinct conversation once per setup. The setup digest covers what a replay depends
+    on (:func:`_unloaded_cache_key`) and the code (every ``.py`` under ``harness/`` and ``baselines/``),
+    so a code change never reads stale numbers. Values round-trip exactly (JSON floats keep ``repr``).
 
     Raises:
         RuntimeError: an unloaded replay failed.
@@ -235,9 +247,15 @@ def unloaded_readings(run: Any, conversations: Sequence[tuple[float, Conversatio
     from harness.metrics import ttfet_turn_index
     name, ref = reference_policy(run)
     key = _unloaded_cache_key(run, stats, name, ref)
+    disk = _DiskCache(cache_dir, key)
     out: dict[str, dict[str, float]] = {}
+    fresh: dict[str, dict[str, Optional[float]]] = {}
     for _, rec in conversations:
         hit = _UNLOADED_CACHE.get((key, rec.turns))
+        if hit is None:
+            hit = disk.get(rec.turns)
+            if hit is not None:
+                _UNLOADED_CACHE[(key, rec.turns)] = hit
         if hit is not None:
             out[rec.conversation_id] = dict(hit)
             continue
@@ -251,15 +269,17 @@ def unloaded_readings(run: Any, conversations: Sequence[tuple[float, Conversatio
         if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
             _UNLOADED_CACHE.clear()
         _UNLOADED_CACHE[(key, rec.turns)] = tuple(val.items())
+        fresh[_digest(repr(rec.turns))] = {d: (None if math.isnan(v) else v) for d, v in val.items()}
+    disk.add(fresh)
     return out
 
 
 def unloaded_ttfet(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
-                   stats: WorkloadStats) -> dict[str, float]:
+                   stats: WorkloadStats, *, cache_dir: Optional[Path | str] = None) -> dict[str, float]:
     """Each conversation's unloaded TTFET under the headline reading (``slo.ttfet_definition``), s
     (:func:`unloaded_readings`)."""
     d = run.cfg.slo.ttfet_definition
-    return {cid: v[d] for cid, v in unloaded_readings(run, conversations, stats).items()}
+    return {cid: v[d] for cid, v in unloaded_readings(run, conversations, stats, cache_dir=cache_dir).items()}
 
 
 # In-process memo of unloaded first-token times, s: ``(setup key, a conversation's turns) -> ((reading, s), ...)``. An unloaded replay
@@ -272,12 +292,78 @@ _UNLOADED_CACHE_MAX = 200_000
 _STATS_FREE_REFERENCES = ("collocated", "conserve", "ampd", "disaggregated")
 
 
+def cache_root() -> Optional[Path]:
+    """The on-disk cache directory: ``$HARNESS_CACHE_DIR`` if set (``""`` or ``off``: no disk cache),
+    else ``results/cache`` of the project."""
+    env = os.environ.get("HARNESS_CACHE_DIR")
+    if env is not None:
+        return None if env.strip() in ("", "off") else Path(env)
+    from harness.config import PROJECT_ROOT
+    return PROJECT_ROOT / "results" / "cache"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+_CODE_DIGEST: list[str] = []
+
+
+def _code_digest() -> str:
+    """Digest of every ``.py`` file under ``harness/`` and ``baselines/`` (what a replay's result may depend
+    on), computed once per process."""
+    if not _CODE_DIGEST:
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256()
+        for p in sorted([*root.joinpath("harness").rglob("*.py"), *root.joinpath("baselines").rglob("*.py")]):
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+        _CODE_DIGEST.append(h.hexdigest()[:32])
+    return _CODE_DIGEST[0]
+
+
+class _DiskCache:
+    """The unloaded first-token shards of one setup (see :func:`unloaded_readings`); an unreadable shard is
+    ignored (a crashed writer leaves only a temporary file, never a partial shard)."""
+
+    def __init__(self, cache_dir: Optional[Path | str], setup_key: str):
+        root = cache_root() if cache_dir is None else (Path(cache_dir) if str(cache_dir) not in ("", "off") else None)
+        self.dir = None if root is None else root / "unloaded_ttfet" / _digest(setup_key + "|" + _code_digest())
+        self._values: dict[str, dict] = {}
+        if self.dir is not None and self.dir.is_dir():
+            for p in sorted(self.dir.glob("*.json")):
+                try:
+                    self._values.update(json.loads(p.read_text()))
+                except (OSError, ValueError):
+                    continue
+
+    def get(self, turns: tuple) -> Optional[tuple]:
+        """The cached ``((reading, s), ...)`` of a conversation with these turns (NaN where none), or None."""
+        v = self._values.get(_digest(repr(turns)))
+        if not isinstance(v, dict):
+            return None
+        return tuple((d, math.nan if x is None else float(x)) for d, x in v.items())
+
+    def add(self, values: dict) -> None:
+        """Write ``values`` as a new shard (atomic rename); a read-only or full disk only loses the cache."""
+        if self.dir is None or not values:
+            return
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            name = f"{os.getpid()}-{time.time_ns()}"
+            tmp = self.dir / f".{name}.tmp"
+            tmp.write_text(json.dumps(values, sort_keys=True))
+            os.replace(tmp, self.dir / f"{name}.json")
+        except OSError as e:
+            log.warning("unloaded-TTFET cache not written to %s: %s", self.dir, e)
+
+
 def _unloaded_cache_key(run: Any, stats: WorkloadStats, name: str, ref: Any) -> str:
     """What an unloaded replay depends on besides the conversation: instances (hardware), model, engine,
-    link, the reference scheduler and its config (and the workload stats and seed when the reference
-    scheduler may read them)."""
+    link, the shared system prompt, the reference scheduler and its config (and the workload stats and
+    seed when the reference scheduler may read them)."""
     cfg = run.cfg
-    parts = [run.instances, cfg.model, cfg.engine, cfg.cluster.link, name, ref]
+    parts = [run.instances, cfg.model, cfg.engine, cfg.cluster.link, cfg.workload.effective_shared_prefix_tokens(),
+             name, ref]
     if name not in _STATS_FREE_REFERENCES:
         parts += [cfg.seed, stats.rate_per_s, stats.mean_turns,
                   *(a.tobytes() for a in (stats.turn_prompt_tokens, stats.turn_new_tokens,

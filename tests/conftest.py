@@ -37,6 +37,20 @@ def conversation(cid: str, turns: list[tuple[int, int, int, float]]) -> Conversa
     return ConversationRecord(cid, tuple(recs), "synthetic")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory):
+    """The on-disk caches (``harness.session.cache_root``) of the tests' runs go to a fresh directory, never
+    to ``results/cache`` (subprocesses inherit it through the environment)."""
+    import os
+    old = os.environ.get("HARNESS_CACHE_DIR")
+    os.environ["HARNESS_CACHE_DIR"] = str(tmp_path_factory.mktemp("harness_cache"))
+    yield
+    if old is None:
+        os.environ.pop("HARNESS_CACHE_DIR", None)
+    else:
+        os.environ["HARNESS_CACHE_DIR"] = old
+
+
 @pytest.fixture
 def shared_dir():
     if not SHARED.is_dir():

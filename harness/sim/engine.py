@@ -25,7 +25,9 @@ its prompt (local prefix hits first), waits for the transfer, then decodes.
 
 Identical decode-only steps are simulated as one event (up to ``max_coalesce_s``) when the rule marks
 its plan repeatable; only the plan's requests advance in such a run (paused ones do not); a new arrival
-cuts such a run at the next step boundary, so the results equal step-by-step simulation.
+cuts such a run at the next step boundary, so the results equal step-by-step simulation. The step after a
+step's end runs inline (no event of its own) when nothing else is due at that instant before it
+(``SimClock.nothing_due_now``), so the order of same-instant events is unchanged.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from harness.sim.kvcache import KVLease, PrefixBlockPool
 from harness.sim.perf import PerfModel
 
 WAITING, LOADING, RUNNING, HELD, DONE, FAILED = range(6)
+_ZERO1 = np.zeros(1)
 
 
 class Request:
@@ -92,9 +95,22 @@ class Request:
         Rebuilt from the steps it took part in: a run of k decode steps started at t0 samples its tokens at
         ``t0 + ends[j]``; a gap across a pause or a preemption is one long gap, as a client sees it.
         """
-        if not self.token_times:
+        tt = self.token_times
+        if not tt:
             return np.empty(0)
-        t = np.concatenate([np.array((p,)) if isinstance(p, float) else p[1] + p[0] for p in self.token_times])
+        # one concatenation and one addition for all pieces: a lone token time p is 0.0 + p (exact), a run
+        # is ends[j] + t0, the same additions as piece by piece
+        offsets, bases, lengths = [], [], []
+        for p in tt:
+            if isinstance(p, float):
+                offsets.append(_ZERO1)
+                bases.append(p)
+                lengths.append(1)
+            else:
+                offsets.append(p[1])
+                bases.append(p[0])
+                lengths.append(len(p[1]))
+        t = np.concatenate(offsets) + np.repeat(np.array(bases), lengths)
         return np.diff(t)
 
     @property
@@ -139,6 +155,9 @@ class Engine:
         self.watermark_blocks = int(cfg.kv_watermark_frac * capacity_blocks)
         self._admit_counter = 0
         self._timer_at: Optional[float] = None
+        self._used_now_key: tuple = ()  # memo of used_blocks_now inside a coalesced run
+        self._used_now = 0
+        self._step_ending = False       # True only while a step's end event calls wake() as its last act
         # the step run in flight
         self._version = 0
         self._run_start = 0.0
@@ -182,11 +201,15 @@ class Engine:
             return used
         ends = self._run_ends
         j = min(bisect_right(ends, self.clock.now() - self._run_start), len(ends) - 1)
+        key = (self._version, j, used)     # nothing else changes the answer inside one run
+        if self._used_now_key == key:
+            return self._used_now
         bs = self.bs
         for r in self._run_decode:
             extra = -(-(r.computed + j + 1) // bs) - r.blocks
             if extra > 0:
                 used += extra
+        self._used_now_key, self._used_now = key, used
         return used
 
     # ---- KV blocks ------------------------------------------------------------------------------
@@ -237,6 +260,12 @@ class Engine:
         """Something changed: start a step if idle, or cut a coalesced run at the next boundary."""
         if not self.busy:
             self.busy = True
+            if self._step_ending and self.clock.nothing_due_now(0):
+                # at the end of a step's end event, with nothing else due at this instant before it, the
+                # next step would be the very next event: run it inline (same instant, same order)
+                self._step_ending = False
+                self._step_begin(self._version)
+                return
             self.clock.call_at(self.clock.now(), self._step_begin, self._version, priority=0)
         elif self._run_coalesced:
             self._truncate()
@@ -510,7 +539,11 @@ class Engine:
                 self._release(req)
             req.on_finish(req)
         self.busy = False
-        self.wake()
+        self._step_ending = True
+        try:
+            self.wake()
+        finally:
+            self._step_ending = False
 
     def _preempt(self, req: Request) -> None:
         """Preemption by recompute: free the blocks (full ones stay cached), requeue at the front."""

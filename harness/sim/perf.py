@@ -47,13 +47,17 @@ the cap.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from harness.profiles import HardwareConfig, ModelConfig
 
 
 REF_KV_HEADS = 32      # Llama-2-7B, the model the attention overheads were fitted on (docs/calibration.md)
 REF_Q_WIDTH = 4096     # its num_heads * head_dim
+_SMALL_RUN = 96        # decode runs up to this many steps are evaluated in a Python loop (faster than arrays)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,13 +144,65 @@ class PerfModel:
         of the same ``decode_seqs`` sequences, whose summed context starts at ``ctx_tokens`` and grows by
         ``decode_seqs`` per step; stops after the step that reaches ``limit_s``.
 
-        Step ``j`` costs exactly ``decode_step(decode_seqs, ctx_tokens + j * decode_seqs)`` (the same
-        arithmetic, inlined: this is the simulator's hot loop).
+        Step ``j`` costs ``decode_step(decode_seqs, ctx_tokens + j * decode_seqs)`` (the same terms, summed
+        as ``(T_lin + per-sequence + fixed) + KV``), and the results are bit for bit those of summing the
+        steps one by one (``_decode_run_loop``, used for short runs). Within a run only the KV term changes: ``lin_c``, ``lin_m`` (hence the soft-roofline term
+        ``(lin_c**k + lin_m**k)**(1/k)``) and the per-sequence overhead depend on the batch alone, so step
+        ``j`` is ``base_s + kv_s * (ctx_tokens + (j + 1) * b)`` (linear in j) and its energy is piecewise
+        linear (``min(busy, step)``, then the power cap). End times are therefore quadratic in j in closed
+        form, but a closed form rounds differently from the step-by-step sum (last-bit differences in
+        every token time); so the run is evaluated as arrays instead: each step with the same float
+        operations as ``decode_step``, steps over the power cap through ``_finish`` itself, and the
+        cumulative sums with ``numpy.cumsum`` (a sequential left-to-right sum, the same additions in the
+        same order as step-by-step). O(steps) in C, identical results.
         """
         b = decode_seqs
         lin_c = (self._lin_flops_per_token + self._head_flops_per_seq) * b / self._decode_flops_rate
         lin_m = self._weights_s
         base_s = self._lin(lin_c, lin_m) + self._seq_s * b + self._fixed_s
+        kv_s = self._kv_s_per_token
+        n = max_steps
+        if n > _SMALL_RUN:
+            # every step lasts at least the first one (the context only grows; throttling only lengthens a
+            # step), so the run reaches limit_s within limit_s / step0 + 1 steps; + 2 for rounding
+            step0 = base_s + kv_s * (ctx_tokens + b)
+            if step0 > 0 and limit_s < math.inf:
+                n = min(n, int(limit_s / step0) + 2)
+        if n <= _SMALL_RUN:
+            return self._decode_run_loop(b, lin_c, base_s, ctx_tokens, n, limit_s)
+        while True:
+            ends, ej = self._decode_run_arrays(b, lin_c, base_s, ctx_tokens, n)
+            k = int(np.searchsorted(ends, limit_s, side="left")) + 1   # the step that reaches limit_s
+            if k <= n or n >= max_steps:
+                break
+            n = min(max_steps, 2 * n)   # not reached (rounding beyond the bound above): evaluate more steps
+        k = min(k, n)
+        return ends[:k].tolist(), np.cumsum(ej[:k]).tolist()
+
+    def _decode_run_arrays(self, b: int, lin_c: float, base_s: float, ctx_tokens: int, n: int
+                           ) -> tuple[np.ndarray, np.ndarray]:
+        """Cumulative end times (s) and per-step energies (J) of ``n`` decode steps (``decode_run``)."""
+        lin_m = self._weights_s
+        dyn_w, cap_dyn_w, mpf, idle = self._dyn_w, self._cap_dyn_w, self.hw.memory_power_frac, self.hw.idle_w
+        busy0 = lin_c + mpf * lin_m
+        ctx = np.arange(ctx_tokens + b, ctx_tokens + b + n * b, b, dtype=np.int64)[:n]   # ctx + b of step j
+        kv_m = self._kv_s_per_token * ctx
+        step_s = base_s + kv_m
+        busy = busy0 + mpf * kv_m
+        dyn_j = dyn_w * np.minimum(busy, step_s)
+        ej = idle * step_s + dyn_j
+        capped = np.flatnonzero(dyn_j > cap_dyn_w * step_s)
+        if capped.size:   # over the power cap: the throttled step, exactly as decode_step computes it
+            seq_extra = self._seq_s * b
+            for j in capped.tolist():
+                c = self._finish(lin_c, 0.0, float(kv_m[j]), seq_extra)
+                step_s[j], ej[j] = c.time_s, c.energy_j
+        return np.cumsum(step_s), ej
+
+    def _decode_run_loop(self, b: int, lin_c: float, base_s: float, ctx_tokens: int, max_steps: int,
+                         limit_s: float) -> tuple[list[float], list[float]]:
+        """``decode_run`` step by step in Python (short runs, where arrays cost more than they save)."""
+        lin_m = self._weights_s
         kv_s = self._kv_s_per_token
         dyn_w, cap_dyn_w, mpf, idle = self._dyn_w, self._cap_dyn_w, self.hw.memory_power_frac, self.hw.idle_w
         busy0 = lin_c + mpf * lin_m

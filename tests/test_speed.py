@@ -1,0 +1,251 @@
+"""Speed work that must not change results: array-evaluated decode runs, the on-disk unloaded-TTFET cache,
+inline engine steps and the controller's incremental bookkeeping, each checked against the plain
+step-by-step definition (no wall-clock assertions)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness.profiles import HardwareConfig, ModelConfig
+from harness.sim.perf import PerfModel
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(cls, path: Path):
+    raw = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path)).items() if k != "defaults"}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), raw))
+
+
+@pytest.fixture(scope="module")
+def a40() -> HardwareConfig:
+    return _load(HardwareConfig, ROOT / "conf" / "hardware" / "a40.yaml")
+
+
+@pytest.fixture(scope="module")
+def llama() -> ModelConfig:
+    return _load(ModelConfig, ROOT / "conf" / "model" / "llama2_7b.yaml")
+
+
+def step_by_step(perf: PerfModel, b: int, ctx: int, max_steps: int, limit_s: float):
+    """The definition: step j costs ``decode_step(b, ctx + j * b)``; cumulative sums one step at a time;
+    stop after the step that reaches ``limit_s``."""
+    ends, energy, t, e = [], [], 0.0, 0.0
+    for j in range(max_steps):
+        c = perf.decode_step(b, ctx + j * b)
+        t += c.time_s
+        e += c.energy_j
+        ends.append(t)
+        energy.append(e)
+        if t >= limit_s:
+            break
+    return ends, energy
+
+
+def assert_same_run(perf: PerfModel, b: int, ctx: int, max_steps: int, limit_s: float) -> int:
+    ends, energy = perf.decode_run(b, ctx, max_steps, limit_s)
+    ref_t, ref_e = step_by_step(perf, b, ctx, max_steps, limit_s)
+    assert len(ends) == len(ref_t)
+    # decode_step adds the same terms in another order (last-bit differences per step only)
+    assert ends == pytest.approx(ref_t, rel=1e-12, abs=0)
+    assert energy == pytest.approx(ref_e, rel=1e-12, abs=0)
+    # the Python loop (short runs) and the array path (long runs) are bit-identical
+    lin_c = (perf._lin_flops_per_token + perf._head_flops_per_seq) * b / perf._decode_flops_rate
+    base_s = perf._lin(lin_c, perf._weights_s) + perf._seq_s * b + perf._fixed_s
+    loop_t, loop_e = perf._decode_run_loop(b, lin_c, base_s, ctx, len(ends), limit_s)
+    assert ends == loop_t and energy == loop_e
+    return len(ends)
+
+
+@pytest.mark.parametrize("b,ctx,max_steps,limit_s", [
+    (1, 0, 5, math.inf), (3, 1000, 24, math.inf), (7, 5000, 25, math.inf), (64, 20_000, 3000, math.inf),
+    (16, 100, 10_000, 0.25), (200, 300_000, 10_000, 2.0), (1, 10, 1 << 30, 1.0)])
+def test_decode_run_matches_step_by_step(a40, llama, b, ctx, max_steps, limit_s):
+    perf = PerfModel(a40, llama)
+    k = assert_same_run(perf, b, ctx, max_steps, limit_s)
+    if limit_s < math.inf:      # it stopped after the step that reached the limit, not before, not later
+        ends, _ = perf.decode_run(b, ctx, max_steps, limit_s)
+        assert ends[-1] >= limit_s and (k == 1 or ends[-2] < limit_s)
+
+
+def test_decode_run_across_the_busy_time_switch(a40, llama):
+    """Hard roofline, no fixed overheads, 256 sequences: the GEMMs are compute-bound (lin_c > lin_m), the
+    busy time ``compute + 0.55 x memory`` exceeds the step at a short context (power = TDP) and falls
+    under it as the KV grows (power < TDP): the energy's ``min(busy, step)`` changes branch mid-run."""
+    hw = dataclasses.replace(a40, roofline_exponent=None, layer_overhead_s=0.0, step_overhead_s=0.0,
+                             attention_seq_overhead_s=0.0)
+    perf = PerfModel(hw, llama)
+    b, steps = 256, 500
+    first, last = perf.decode_step(b, 0), perf.decode_step(b, (steps - 1) * b)
+    assert first.compute_s > perf._weights_s                      # compute-bound GEMMs
+    assert first.energy_j / first.time_s == pytest.approx(hw.tdp_w)   # busy >= step: full power
+    assert last.energy_j / last.time_s < hw.tdp_w - 10            # busy < step later in the same run
+    assert assert_same_run(perf, b, 0, steps, math.inf) == steps
+
+
+def test_decode_run_across_the_power_cap(a40, llama):
+    """A40 capped at 200 W, 64 sequences: the first steps demand more than the cap (throttled, drawing
+    exactly 200 W), the later ones (KV-bound) less; the run crosses the cap mid-run."""
+    hw = dataclasses.replace(a40, power_cap_w=200.0)
+    perf = PerfModel(hw, llama)
+    b, steps = 64, 2000
+    first, last = perf.decode_step(b, 0), perf.decode_step(b, (steps - 1) * b)
+    uncapped = PerfModel(a40, llama).decode_step(b, 0)
+    assert first.energy_j / first.time_s == pytest.approx(200.0) and first.time_s > uncapped.time_s
+    assert last.energy_j / last.time_s < 199.0
+    assert assert_same_run(perf, b, 0, steps, math.inf) == steps
+    assert_same_run(perf, b, 0, steps, 3.0)
+
+
+# ---- the unloaded-TTFET baseline on disk ---------------------------------------------------------------
+
+def _tiny():
+    from tests.conftest import compose_run, conversation
+    from harness.workload import WorkloadConfig, build_workload
+    convs = [conversation("c0", [(0, 300, 20, 0.5), (320, 40, 10, 0.2), (370, 30, 5, 0.0)]),
+             conversation("c1", [(0, 500, 30, 1.0), (530, 50, 8, 0.0)])]
+    conversations, stats = build_workload(convs, WorkloadConfig(arrival="poisson", rate_per_s=1.0))
+    return compose_run(["scheduler=collocated"]), conversations, stats
+
+
+def test_unloaded_ttfet_disk_cache_round_trips_exactly(tmp_path, monkeypatch):
+    from harness import session
+    run, conversations, stats = _tiny()
+    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
+    fresh = session.unloaded_ttfet(run, conversations, stats, cache_dir=tmp_path)
+    shards = list(tmp_path.glob("unloaded_ttfet/*/*.json"))
+    assert len(shards) == 1
+    # a new process (empty memo) reads the shard and replays nothing
+    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
+
+    def no_replay(*a, **k):
+        raise AssertionError("replayed although cached on disk")
+    monkeypatch.setattr(session, "simulate", no_replay)
+    again = session.unloaded_ttfet(run, conversations, stats, cache_dir=tmp_path)
+    assert again == fresh                     # exact: floats written with repr
+    # the in-process memo alone (no disk) also replays nothing
+    assert session.unloaded_ttfet(run, conversations, stats, cache_dir="off") == fresh
+
+
+def test_unloaded_ttfet_disk_cache_is_keyed_by_setup_and_conversation(tmp_path, monkeypatch):
+    from harness import session
+    from tests.conftest import compose_run
+    run, conversations, stats = _tiny()
+    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
+    session.unloaded_ttfet(run, conversations[:1], stats, cache_dir=tmp_path)
+    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
+    # another conversation is replayed (a second shard), the cached one is not
+    calls = []
+    real = session.simulate
+    monkeypatch.setattr(session, "simulate", lambda run, convs, *a, **k: calls.append(convs[0][1].conversation_id)
+                        or real(run, convs, *a, **k))
+    session.unloaded_ttfet(run, conversations, stats, cache_dir=tmp_path)
+    assert calls == [conversations[1][1].conversation_id]
+    assert len(list(tmp_path.glob("unloaded_ttfet/*/*.json"))) == 2
+    # another engine setup: another directory, everything replayed
+    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
+    calls.clear()
+    other = compose_run(["scheduler=collocated", "engine.max_num_batched_tokens=512"])
+    session.unloaded_ttfet(other, conversations, stats, cache_dir=tmp_path)
+    assert len(calls) == 2 and len(list(tmp_path.glob("unloaded_ttfet/*"))) == 2
+
+
+def test_unloaded_ttfet_cache_dir_from_environment(tmp_path, monkeypatch):
+    from harness import session
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "c"))
+    assert session.cache_root() == tmp_path / "c"
+    monkeypatch.setenv("HARNESS_CACHE_DIR", "off")
+    assert session.cache_root() is None
+    run, conversations, stats = _tiny()
+    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
+    session.unloaded_ttfet(run, conversations, stats)
+    assert not (tmp_path / "c").exists()
+
+
+# ---- inline engine steps ---------------------------------------------------------------------------------
+
+def test_nothing_due_now_follows_the_heap_order():
+    """An event scheduled now at priority p runs next iff nothing is due now at priority <= p (ties at
+    equal time and priority go to the earlier one, which is already queued)."""
+    from harness.clock import SimClock
+    c = SimClock()
+    assert c.nothing_due_now(0)
+    c.call_at(1.0, lambda: None, priority=0)
+    assert c.nothing_due_now(0)                   # due later, not now
+    c.call_at(0.0, lambda: None, priority=1)
+    assert c.nothing_due_now(0) and not c.nothing_due_now(1)
+    c.call_at(0.0, lambda: None, priority=0)
+    assert not c.nothing_due_now(0)
+
+
+def test_inline_steps_keep_results_and_save_events():
+    """One engine, two requests submitted at t = 0 (each with its own 100-token prompt, 5 output tokens):
+    the run's token times equal a run where every step is its own event (max_coalesce_s = 0 and the
+    inline path disabled), with fewer clock events."""
+    from harness.clock import SimClock
+    from harness.profiles import EngineConfig
+    from harness.sim.engine import Engine, Request
+
+    def run(inline: bool):
+        class PlainClock(SimClock):
+            def nothing_due_now(self, priority):
+                return False
+        clock = SimClock() if inline else PlainClock()
+        hw = _load(HardwareConfig, ROOT / "conf" / "hardware" / "a40.yaml")
+        m = _load(ModelConfig, ROOT / "conf" / "model" / "llama2_7b.yaml")
+        eng = Engine(0, "e", clock, PerfModel(hw, m), EngineConfig(block_size=16), 1000, lambda r, w: None, 0.0)
+        done = []
+        for i in range(2):
+            clock.call_at(0.0, eng.submit, Request(f"c{i}", 0, 100, 5, (0,), on_finish=done.append,
+                                                    on_first_token=lambda r: None), priority=0)
+        clock.run()
+        return [(r.conv, r.first_token_s, r.finish_s, list(r.itl_gaps())) for r in done], clock.events
+
+    a, ev_inline = run(True)
+    b, ev_plain = run(False)
+    assert a == b and len(a) == 2
+    # both submits (priority 0) precede the first step: 5 steps (1 prefill of both + 4 decode) and a last
+    # step begin that finds nothing to do. Plain: 2 submits + 6 begins + 5 ends; inline: only the first
+    # begin (scheduled by a submit) is an event of its own
+    assert ev_plain == 2 + 6 + 5 and ev_inline == 2 + 1 + 5
+
+
+# ---- the conversation table, column-wise -----------------------------------------------------------------
+
+def test_conversation_table_by_hand():
+    """c0 (3 turns, turn 1 visible -> TTFET turn 1) arrived at 10 s: turn 1 has a failed row, then an ok row
+    with first token at 15.5 s (TTFET 5.5 s); its last turn finished at 30 s with TPOT 0.02 s (latency
+    20 s); 3 ok turns. c1 (2 turns, none visible -> the last) arrived at 0 s, only turn 0 ran (ok): TTFET,
+    latency and TPOT NaN, 1 turn done. c2 has no rows."""
+    import pandas as pd
+    from types import SimpleNamespace as NS
+    from harness.metrics import CONVERSATION_COLUMNS, conversation_table
+
+    def conv(cid, arrival, visible, finish, failed=False, done=True):
+        return NS(record=NS(conversation_id=cid, turns=[NS(visible=v) for v in visible]), arrival_s=arrival,
+                  finish_s=finish, failed=failed, done=done)
+    convs = [conv("c0", 10.0, [False, True, False], 30.0), conv("c1", 0.0, [False, False], 8.0, failed=True),
+             conv("c2", 1.0, [True], math.nan, done=False)]
+    turns = pd.DataFrame([
+        ("c1", 0, "ok", 1.0, 2.0, 0.1), ("c0", 0, "ok", 11.0, 12.0, 0.01), ("c0", 1, "failed", 14.0, 14.5, 0.5),
+        ("c0", 1, "ok", 15.5, 16.0, 0.03), ("c0", 2, "ok", 25.0, 30.0, 0.02), ("zz", 0, "ok", 1.0, 1.0, 0.0)],
+        columns=["conversation_id", "turn", "status", "first_token_s", "finish_s", "tpot_s"])
+    t = conversation_table(turns, convs, "first_visible").set_index("conversation_id")
+    assert list(conversation_table(turns, convs, "first_visible").columns) == CONVERSATION_COLUMNS
+    assert t.loc["c0", "ttfet_s"] == 5.5 and t.loc["c0", "latency_s"] == 20.0
+    assert t.loc["c0", "last_turn_tpot_s"] == 0.02 and t.loc["c0", "turns_done"] == 3
+    assert t.loc["c1", "turns_done"] == 1 and math.isnan(t.loc["c1", "ttfet_s"]) and math.isnan(t.loc["c1", "latency_s"])
+    assert t.loc["c2", "turns_done"] == 0 and math.isnan(t.loc["c2", "ttfet_s"])
+    assert list(t.failed) == [False, True, False] and list(t.completed) == [True, False, False]
+    assert list(t.num_turns) == [3, 2, 1]
+    # "first": turn 0 of c0 -> 1 s; "last": c0's turn 2 -> 15 s, c1's turn 1 never ran
+    assert conversation_table(turns, convs, "first").set_index("conversation_id").loc["c0", "ttfet_s"] == 1.0
+    last = conversation_table(turns, convs, "last").set_index("conversation_id")
+    assert last.loc["c0", "ttfet_s"] == 15.0 and math.isnan(last.loc["c1", "ttfet_s"])
+    empty = conversation_table(turns.iloc[:0], convs, "first")
+    assert list(empty.turns_done) == [0, 0, 0] and empty.ttfet_s.isna().all()
