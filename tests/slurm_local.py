@@ -18,6 +18,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from tests.conftest import pid_alive
 
 
 def free_port() -> int:
@@ -122,7 +123,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
                 pass
         for pid in self.pids:
             for _ in range(100):
-                if not _alive(pid):
+                if not pid_alive(pid):
                     break
                 time.sleep(0.1)
             else:
@@ -132,13 +133,4 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
                     pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 

@@ -26,7 +26,7 @@ from harness.vllm.cluster import instance_specs, run_limit_s
 from harness.vllm.energy import EnergyMeter
 from harness.vllm.launcher import InstanceSpec, port_free
 from harness.vllm.placement import assign, localize
-from tests.conftest import compose_run, conversation
+from tests.conftest import compose_run, conversation, pid_alive
 
 COMMON = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128"]
 WORKLOAD = ["workload.num_conversations=3", "workload.max_turns=3", "workload.token_scale=0.1",
@@ -144,15 +144,6 @@ def test_run_limit_derives_from_the_workload_span():
 
 
 # ---- real: Ray -------------------------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def _listeners(pids: set[int]) -> list[str]:
@@ -187,7 +178,7 @@ def ray_cluster():
     finally:
         ray.shutdown()
         c.shutdown()
-    assert not [p for p in pids if _pid_alive(p)]
+    assert not [p for p in pids if pid_alive(p)]
 
 
 @pytest.mark.xdist_group("vllm")
@@ -214,7 +205,7 @@ def test_ray_pd_pair_on_two_nodes_runs_conserve_end_to_end(ray_cluster, tmp_path
     assert "energy not measured" in summary["energy_reason"]   # no GPU here
     # nothing left of the servers; Ray's own processes listen on loopback only
     pids = [int(p) for p in summary["server_pids"]]
-    assert pids and not any(_pid_alive(p) for p in pids)
+    assert pids and not any(pid_alive(p) for p in pids)
     assert port_free(8460) and port_free(8461)
     assert all(addr.rsplit(":", 1)[0] in ("127.0.0.1", "[::ffff:127.0.0.1]") for addr in _listeners(ray_pids))
 
@@ -259,7 +250,7 @@ def slurm(tmp_path_factory):
         yield s
     finally:
         s.stop()
-    assert not [p for p in s.pids if _pid_alive(p)]
+    assert not [p for p in s.pids if pid_alive(p)]
 
 
 @pytest.mark.xdist_group("vllm")  # one local Slurm at a time: its fixture is per worker, its ports fixed
@@ -319,7 +310,7 @@ def test_slurm_launcher_runs_a_real_vllm_instance_as_a_job_step(slurm, tmp_path,
     assert "energy not measured" in summary["energy_reason"]
     assert (tmp_path / "logs" / "collocated0.log").exists() and (tmp_path / "nodes" / "collocated0.json").exists()
     # nothing left: the server, its step and job, the port
-    assert summary["server_pids"] and not any(_pid_alive(q) for q in summary["server_pids"])
+    assert summary["server_pids"] and not any(pid_alive(q) for q in summary["server_pids"])
     assert port_free(8480) and port_free(8480 + 250)
     q = subprocess.run(["squeue", "-h"], env=slurm.env, capture_output=True, text=True)
     assert q.returncode == 0 and q.stdout.strip() == ""

@@ -161,7 +161,18 @@ def stop_stale(port: int) -> bool:
     return stopped
 
 
-class Launcher:
+class StartStop:
+    """Context-manager mixin of the launchers: ``start()`` on enter, ``stop()`` on exit, whatever happened."""
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class Launcher(StartStop):
     """Launch and own a set of vLLM servers.
 
     Args:
@@ -183,13 +194,6 @@ class Launcher:
         self.startup_s: dict[str, float] = {}
         self._logs: dict[str, object] = {}
         self._old_handlers: dict[int, object] = {}
-
-    def __enter__(self) -> "Launcher":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Start every server and wait until all are healthy.

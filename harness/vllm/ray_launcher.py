@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from harness.config import PROJECT_ROOT
-from harness.vllm.launcher import InstanceSpec, _tail, load_factor
+from harness.vllm.launcher import InstanceSpec, _tail, load_factor, StartStop
 from harness.vllm.nodes import NodeServer, node_address
 from harness.vllm.placement import localize
 
@@ -86,7 +86,7 @@ def wait_http_healthy(url: str, timeout_s: float, exited, log_path: Optional[Pat
         time.sleep(0.5)
 
 
-class RayLauncher:
+class RayLauncher(StartStop):
     """Launch and own vLLM servers as Ray actors (see the module). Same contract as
     :class:`harness.vllm.launcher.ServerLauncher`.
 
@@ -113,13 +113,6 @@ class RayLauncher:
         self.info: dict[str, dict] = {}
         self.pg = None
         self._connected_here = False
-
-    def __enter__(self) -> "RayLauncher":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Place the instances, start every server (one at a time) and wait until each is healthy.

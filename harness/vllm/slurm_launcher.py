@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from harness.config import PROJECT_ROOT
-from harness.vllm.launcher import STATE_DIR, InstanceSpec, _die_with_parent, _tail
+from harness.vllm.launcher import STATE_DIR, InstanceSpec, _die_with_parent, _tail, StartStop
 from harness.vllm.placement import AGENT_PORT_OFFSET, assign, localize
 from harness.vllm.ray_launcher import wait_http_healthy
 
@@ -85,7 +85,7 @@ def cancel_stale() -> list[str]:
     return done
 
 
-class SlurmLauncher:
+class SlurmLauncher(StartStop):
     """Launch and own vLLM servers as Slurm job steps (see the module). Same contract as
     :class:`harness.vllm.launcher.ServerLauncher`.
 
@@ -116,13 +116,6 @@ class SlurmLauncher:
         self.startup_s: dict[str, float] = {}
         self._stop_lease = threading.Event()
         self._lease_thread: Optional[threading.Thread] = None
-
-    def __enter__(self) -> "SlurmLauncher":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     # ---- placement --------------------------------------------------------------------------------
     def place(self) -> list[InstanceSpec]:
