@@ -22,7 +22,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import harness.runner as runner  # noqa: E402
+import harness.session as session  # noqa: E402
+import harness.sim.backend as sim_backend  # noqa: E402
 from harness.workload import build_workload  # noqa: E402
 from tests.conftest import compose_run  # noqa: E402
 
@@ -39,20 +40,20 @@ def run_arm(arm: str, workload: str, rate: float, n: int, seed: int, extra: list
     run = compose_run(ov)
     convs, stats = build_workload([], run.cfg.workload)
     backends = []
-    orig = runner.SimBackend
+    orig = sim_backend.SimBackend
 
     def capture(*a, **k):
         b = orig(*a, **k)
         backends.append(b)
         return b
 
-    runner.SimBackend = capture
+    sim_backend.SimBackend = capture        # open_sim builds the cluster from this module's class
     try:
         t0 = time.perf_counter()
-        res = runner.simulate(run, convs, stats, run.scheduler_name, run.scheduler, log_decisions=True)
+        res = session.simulate(run, convs, stats, run.scheduler_name, run.scheduler, log_decisions=True)
         wall = time.perf_counter() - t0
     finally:
-        runner.SimBackend = orig
+        sim_backend.SimBackend = orig
     eng = backends[-1].engines[0]
     turns = pd.DataFrame(res.turns).sort_values("submit_s")
     return run, res, eng, turns, wall
