@@ -20,6 +20,7 @@ import platform
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -101,14 +102,15 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     synthetic = cfg.workload.kind == "synthetic"
     records = [] if synthetic else load_trace(run.trace_path)
     source = "synthetic prompt types" if synthetic else run.trace_path.name
+    max_context = context_limit(run)
     try:
-        conversations, stats = build_workload(records, cfg.workload, context_limit(run))
+        conversations, stats = build_workload(records, cfg.workload, max_context)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if stats.context_dropped or stats.context_truncated:
         log.warning("workload.context_overflow=%s: %d conversations dropped, %d truncated: a turn needs more "
                     "than the model's %s-token context", cfg.workload.context_overflow, stats.context_dropped,
-                    stats.context_truncated, context_limit(run))
+                    stats.context_truncated, max_context)
     check_policies(run, conversations, stats)
     out_dir.mkdir(parents=True, exist_ok=True)
     if resolved_yaml:
@@ -139,7 +141,6 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
                               oracle=oracle, tick_s=cfg.logger.metrics_interval_s,
                               on_conversation=(lambda c: bar.update(1)) if bar else None)
     except (Exception, KeyboardInterrupt) as e:  # the backend failed to open or to close: still write what we have
-        import traceback
         convs = [ConversationState(i, rec, t, ()) for i, (t, rec) in enumerate(conversations)]
         res = SessionResult(recorder, convs, [], 0.0, 0.0, 0, 0, 0.0, f"{type(e).__name__}: {e}",
                             traceback.format_exc())
@@ -162,7 +163,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         "sim_events": res.events, "sim_wall_s": res.wall_s, "total_wall_s": time.perf_counter() - t_start,
         "sim_turns_per_wall_s": len(turns) / res.wall_s if res.wall_s > 0 else math.nan,
         "backend": run.backend_name, **res.extra,
-        "context_limit_tokens": context_limit(run), "context_overflow": cfg.workload.context_overflow,
+        "context_limit_tokens": max_context, "context_overflow": cfg.workload.context_overflow,
         "num_conversations_context_dropped": stats.context_dropped,
         "num_conversations_context_truncated": stats.context_truncated,
     })

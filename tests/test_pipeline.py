@@ -225,6 +225,13 @@ def test_engine_knobs_reach_vllm_serve_as_flags(tmp_path):
     assert "--no-enable-prefix-caching" in cmd and "--enable-prefix-caching" not in cmd
 
 
+def test_every_engine_knob_has_a_vllm_flag_or_a_reason_it_has_none():
+    from dataclasses import fields as dc_fields
+    from harness.profiles import EngineConfig
+    from harness.vllm.flags import ENGINE_NOT_ON_VLLM, VLLM_FLAGS
+    assert {f.name for f in dc_fields(EngineConfig)} == set(VLLM_FLAGS) | set(ENGINE_NOT_ON_VLLM)
+
+
 @pytest.mark.parametrize(("overrides", "needle"), [
     (["engine.activation_reserve_bytes=1e9"], "engine.activation_reserve_bytes"),
     (["backend.extra_args=[--max-num-seqs,4]"], "engine.max_num_seqs"),
