@@ -242,7 +242,11 @@ class VllmCluster:
         async def scrape_loop():
             while not stop.is_set():
                 await asyncio.gather(*(backend.scrape_one(i) for i in range(len(self.endpoints))))
-                on_tick()
+                try:
+                    on_tick()
+                except Exception as e:  # noqa: BLE001 -- a recorder error ends the run, never silently
+                    self._fatal(e)
+                    return
                 try:
                     await asyncio.wait_for(stop.wait(), b.scrape_interval_s)
                 except asyncio.TimeoutError:
