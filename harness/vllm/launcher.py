@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 
 @dataclass
@@ -82,20 +82,20 @@ def load_factor() -> float:
         return 1.0
 
 
-def wait_healthy(url: str, timeout_s: float, proc: Optional[subprocess.Popen] = None,
-                 log_path: Optional[Path] = None) -> float:
-    """Poll ``url/health`` until HTTP 200; returns seconds waited. ``timeout_s`` is stretched by
-    :func:`load_factor` at the start.
+def wait_http_healthy(url: str, timeout_s: float, exited: Callable[[], str], log_path: Optional[Path]) -> float:
+    """Poll ``url/health`` until HTTP 200; ``exited()`` returns a reason string once the server is gone
+    (``""`` while it runs). ``timeout_s`` is stretched by :func:`load_factor` at the start. Returns seconds
+    waited. Used by every launcher (local, Ray, Slurm).
 
     Raises:
-        RuntimeError: the process exited first, or the timeout passed (with the log's tail).
+        RuntimeError: the server exited first, or the timeout passed (with its log's tail).
     """
     timeout_s = timeout_s * load_factor()
     t0 = time.monotonic()
     while True:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"vLLM server at {url} exited with code {proc.returncode} before becoming "
-                               f"healthy{_tail(log_path)}")
+        why = exited()
+        if why:
+            raise RuntimeError(f"vLLM server at {url} {why} before becoming healthy{_tail(log_path)}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
                 if r.status == 200:
@@ -105,6 +105,28 @@ def wait_healthy(url: str, timeout_s: float, proc: Optional[subprocess.Popen] = 
         if time.monotonic() - t0 > timeout_s:
             raise RuntimeError(f"vLLM server at {url} not healthy after {timeout_s:.0f} s{_tail(log_path)}")
         time.sleep(0.5)
+
+
+def wait_healthy(url: str, timeout_s: float, proc: Optional[subprocess.Popen] = None,
+                 log_path: Optional[Path] = None) -> float:
+    """:func:`wait_http_healthy` for a local server process ``proc`` (it has exited when ``poll()`` says so).
+
+    Raises:
+        RuntimeError: the process exited first, or the timeout passed (with the log's tail).
+    """
+    def exited() -> str:
+        return f"exited with code {proc.returncode}" if proc is not None and proc.poll() is not None else ""
+    return wait_http_healthy(url, timeout_s, exited, log_path)
+
+
+def wait_all(procs, grace_s: float) -> None:
+    """Wait for the processes ``procs`` to exit, ``grace_s`` s in all (at least 0.1 s each)."""
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _tail(log_path: Optional[Path], n: int = 15) -> str:
@@ -252,12 +274,7 @@ class Launcher(StartStop):
                     os.killpg(p.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + grace_s
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        wait_all(self.procs.values(), grace_s)
         for p in self.procs.values():
             try:  # the group may hold children (engine core, workers) even after the parent exited
                 os.killpg(p.pid, signal.SIGKILL)

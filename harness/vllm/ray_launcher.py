@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from harness.config import PROJECT_ROOT
-from harness.vllm.launcher import InstanceSpec, _tail, load_factor, StartStop
+from harness.vllm.launcher import InstanceSpec, StartStop, wait_http_healthy
 from harness.vllm.nodes import NodeServer, node_address
 from harness.vllm.placement import localize
 
@@ -58,32 +58,6 @@ class ServerActor:
 
     def kill(self) -> None:
         self.server.kill()
-
-
-def wait_http_healthy(url: str, timeout_s: float, exited, log_path: Optional[Path]) -> float:
-    """Poll ``url/health`` until HTTP 200; ``exited()`` returns a reason string once the server is gone.
-    ``timeout_s`` is stretched by :func:`harness.vllm.launcher.load_factor`. Returns seconds waited.
-
-    Raises:
-        RuntimeError: the server exited first, or the timeout passed (with its log's tail).
-    """
-    import urllib.error
-    import urllib.request
-    timeout_s *= load_factor()
-    t0 = time.monotonic()
-    while True:
-        why = exited()
-        if why:
-            raise RuntimeError(f"vLLM server at {url} {why} before becoming healthy{_tail(log_path)}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return time.monotonic() - t0
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
-        if time.monotonic() - t0 > timeout_s:
-            raise RuntimeError(f"vLLM server at {url} not healthy after {timeout_s:.0f} s{_tail(log_path)}")
-        time.sleep(0.5)
 
 
 class RayLauncher(StartStop):

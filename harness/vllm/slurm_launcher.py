@@ -39,9 +39,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from harness.config import PROJECT_ROOT
-from harness.vllm.launcher import STATE_DIR, InstanceSpec, _die_with_parent, _tail, StartStop
+from harness.vllm.launcher import STATE_DIR, InstanceSpec, StartStop, _die_with_parent, _tail, wait_all, wait_http_healthy
 from harness.vllm.placement import AGENT_PORT_OFFSET, assign, localize
-from harness.vllm.ray_launcher import wait_http_healthy
 
 SLURM_STATE = STATE_DIR / "slurm"
 
@@ -234,12 +233,7 @@ class SlurmLauncher(StartStop):
                     subprocess.run(["scancel", "--signal=TERM", step], capture_output=True)
                 else:  # not reported yet: srun ends its step on SIGTERM
                     self.procs[n].send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        wait_all(self.procs.values(), grace_s)
         for n, p in self.procs.items():
             if steps[n] and p.poll() is None:
                 subprocess.run(["scancel", steps[n]], capture_output=True)
