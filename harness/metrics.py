@@ -221,11 +221,30 @@ def _pct(x: pd.Series, q: float) -> float:
     return float(np.percentile(x, q)) if len(x) else math.nan
 
 
+def _central_mean(turns: pd.DataFrame, col: str) -> float:
+    """Mean of ``col`` over the completed turns of :func:`central_window`, s; NaN without any."""
+    c = central_window(turns) if len(turns) else turns
+    c = c[c.status == "ok"] if len(c) else c
+    return float(c[col].mean()) if len(c) else math.nan
+
+
 def _attainment(conv: pd.DataFrame, col: str) -> float:
     """Share of all conversations with ``col`` true; NaN when the column is absent or all NA (no SLO)."""
     if col not in conv.columns or not len(conv) or conv[col].isna().all():
         return math.nan
     return float(conv[col].fillna(False).astype(bool).sum() / len(conv))
+
+
+def central_window(turns: pd.DataFrame) -> pd.DataFrame:
+    """The turns submitted in the central half of the run: sorted by ``submit_s``, positions
+    ``[n // 4, 3n // 4)`` of the ``n`` turns (every status). The WAIT paper's experiments report the mean
+    latency over such a window so that the warm-up (empty system) and the drain after the last arrival
+    do not dilute a steady-state figure (Ao et al., arXiv 2504.11320, numerical section; the authors'
+    scripts use the middle 50 % of requests, docs/wait.md). Shape: a row subset of ``turns``."""
+    n = len(turns)
+    if not n:
+        return turns
+    return turns.sort_values("submit_s", kind="stable").iloc[n // 4: 3 * n // 4]
 
 
 def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: list[float],
@@ -255,12 +274,16 @@ def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: li
         "ttft_p50_s": _pct(ok.ttft_s, 50), "ttft_p95_s": _pct(ok.ttft_s, 95), "ttft_p99_s": _pct(ok.ttft_s, 99),
         "tpot_p50_s": _pct(ok.tpot_s, 50), "tpot_p95_s": _pct(ok.tpot_s, 95),
         "e2e_p50_s": _pct(ok.e2e_s, 50), "queue_p95_s": _pct(ok.queue_s, 95),
+        "e2e_mean_s": float(ok.e2e_s.mean()) if len(ok) else math.nan,
+        "e2e_central_mean_s": _central_mean(turns, "e2e_s"),
+        "ttft_central_mean_s": _central_mean(turns, "ttft_s"),
         "slo_attainment": met / n_conv if n_conv else math.nan,
         **{f"slo_attainment_{r}": _attainment(conv, f"slo_met_{r}") for r in READINGS},
         "slo_denominator": "all conversations of the workload (failed count as violations)",
         "goodput_conv_per_s": met / window_s if window_s > 0 else math.nan,
         "window_s": window_s,
         "preemptions": int(preemptions),
+        "preemptions_per_turn": int(preemptions) / len(turns) if len(turns) else math.nan,
         "prefix_hit_frac": float(ok.cached_tokens.sum() / ok.prompt_tokens.sum()) if len(ok) else math.nan,
         "kv_transfer_tokens": float(turns.transfer_tokens.sum(min_count=1)) if len(turns) else math.nan,
         "disaggregated_turn_frac": float(ok.disaggregated.mean()) if len(ok) else math.nan,

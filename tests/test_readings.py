@@ -104,3 +104,17 @@ def test_per_reading_slo_modes():
         SloConfig(ttfet_first_mode="absolute").validate()
     with pytest.raises(ValueError, match="slo.ttfet_visible_mode"):
         SloConfig(ttfet_visible_mode="sometimes").validate()
+
+
+def test_central_window_mean_by_hand():
+    """Eight turns submitted out of order: the central window is the 3rd..6th by submission time
+    (positions 2..5 of 8); the failed one among them is left out of the mean."""
+    from harness.metrics import _central_mean, central_window
+    submit = [7.0, 0.0, 5.0, 1.0, 3.0, 2.0, 6.0, 4.0]
+    e2e = [70.0, 0.5, 50.0, 10.0, 30.0, 20.0, 60.0, 40.0]
+    status = ["ok", "ok", "ok", "ok", "failed", "ok", "ok", "ok"]
+    t = pd.DataFrame({"submit_s": submit, "e2e_s": e2e, "status": status})
+    # by submission: 0.0, 1.0, [2.0, 3.0, 4.0, 5.0], 6.0, 7.0 -> e2e 20, 30 (failed), 40, 50
+    assert sorted(central_window(t).submit_s) == [2.0, 3.0, 4.0, 5.0]
+    assert _central_mean(t, "e2e_s") == (20.0 + 40.0 + 50.0) / 3
+    assert math.isnan(_central_mean(t.iloc[:0], "e2e_s"))
