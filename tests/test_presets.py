@@ -124,7 +124,15 @@ def test_wait_paper_variants_are_the_papers_baselines():
     (512-token mixed steps), WAIT and Nested WAIT (engine batch rules); the paper's engine (no prefix
     caching, 1 % watermark, LIFO eviction, ~1.37e5 KV tokens for Llama-2-7B on an A100 80 GB)."""
     params = sweep_params("wait_paper")
-    assert set(params["workload"]) == {"wait_single", "wait_two_types", "wait_long"}
+    points = params["+experiment/wait_point"]
+    # every workload at 4 rates; the grids span the saturation points stated in docs/wait.md
+    by_wl = {}
+    for p in points:
+        run = compose_run(["+experiment=wait_paper", f"+experiment/wait_point={p}"])
+        by_wl.setdefault(run.cfg.workload.name, []).append(run.cfg.workload.rate_per_s)
+    assert {w: sorted(r) for w, r in by_wl.items()} == {"wait_single": [12, 16, 20, 24],
+                                                        "wait_two_types": [8, 12, 16, 20],
+                                                        "wait_long": [1.5, 2, 2.5, 3]}
     assert set(params["+experiment/arm"]) == {"wait_vllm", "wait_sarathi", "wait_wait", "wait_nested"}
     expect = {"wait_vllm": ("collocated", "v0_prefill_first", 4096),
               "wait_sarathi": ("collocated", "v1_mixed", 512),
