@@ -139,7 +139,8 @@ def test_wait_paper_variants_are_the_papers_baselines():
               "wait_wait": ("wait", "v1_mixed", 16384),
               "wait_nested": ("nested_wait", "v1_mixed", 16384)}
     for arm, (sched, mode, budget) in expect.items():
-        run = compose_run(["+experiment=wait_paper", f"+experiment/arm={arm}"])
+        # in the order Hydra's sweeper composes a job: the swept groups first, the preset last
+        run = compose_run([f"+experiment/arm={arm}", f"+experiment/wait_point={points[0]}", "+experiment=wait_paper"])
         e = run.cfg.engine
         assert (run.scheduler_name, e.step_mode, e.max_num_batched_tokens) == (sched, mode, budget)
         assert not e.enable_prefix_caching and e.kv_watermark_frac == 0.01
