@@ -30,8 +30,7 @@ from harness.vllm.energy import EnergyMeter
 from harness.vllm.launcher import InstanceSpec, Launcher
 from harness.vllm.nodes import node_address
 from harness.vllm.flags import engine_args
-from harness.vllm.plugin import forms_batches
-from harness.vllm.wait_scheduler import RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV
+from harness.vllm.wait_scheduler import RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, forms_batches
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Iterator, Optional, Sequence
 from harness.backend import register_backend
 from harness.profiles import EngineConfig
 from harness.vllm.flags import ENGINE_NOT_ON_VLLM, VLLM_FLAGS, flag_value
-from harness.vllm.wait_scheduler import SCHEDULER_CLS
+from harness.vllm.wait_scheduler import SCHEDULER_CLS, forms_batches
 
 @dataclass
 class VllmBackendConfig:
@@ -236,12 +236,6 @@ class VllmBackendConfig:
             if shutil.which("srun") is None:
                 raise ValueError("backend.launcher=slurm needs Slurm's srun on PATH (run inside a Slurm cluster; "
                                  "scripts/install-cluster-tools.sh installs a local one for tests)")
-
-
-def forms_batches(run: Any) -> bool:
-    """True when the run's scheduler forms batches inside the engine (its config class declares
-    ``forms_batches``): its servers then run :data:`harness.vllm.wait_scheduler.SCHEDULER_CLS`."""
-    return bool(getattr(type(run.scheduler), "forms_batches", False))
 
 
 @register_backend("vllm", VllmBackendConfig)

@@ -54,6 +54,12 @@ STEP_LOG_ENV = "HARNESS_STEP_LOG"
 SCHEDULER_CLS = "harness.vllm.wait_scheduler.RuleScheduler"
 
 
+def forms_batches(run: Any) -> bool:
+    """True when the run's scheduler forms batches inside the engine (its config class declares
+    ``forms_batches``): its servers then run :data:`SCHEDULER_CLS`."""
+    return bool(getattr(type(run.scheduler), "forms_batches", False))
+
+
 class Tracker:
     """What vLLM's ``Request`` does not keep and the rules read: admission order (``admit_seq``, -1 while
     waiting), submission time and last-advance time (``time.monotonic()`` s), by request id."""
