@@ -32,7 +32,7 @@ CAP = 2
 RUN = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128",
        "cluster=cpu_1x", "backend.port_base=8400", "backend.cpu_bind_offset=1", "backend.warmup_requests=1",
        "workload.kind=synthetic", f"workload.prompt_types=[{{input_tokens: {PROMPT}, output_tokens: {OUTPUT}, weight: 1.0}}]",
-       f"workload.num_conversations={N_PROMPTS}", "workload.arrival=poisson", "workload.rate_per_s=200",
+       f"workload.num_conversations={N_PROMPTS}", "workload.arrival=poisson", "workload.rate_per_s=1000",
        "workload.seed=3", "workload.name=wait_tiny",
        "scheduler=wait", "scheduler.thresholds=tl", f"scheduler.total_cap_tl={TL}", "scheduler.output_bins=[4,64]",
        "scheduler.max_wait_s=0.2"]
@@ -78,6 +78,7 @@ def test_wait_forms_batches_inside_vllm_within_the_caps(tmp_path, monkeypatch):
     assert (t.status == "ok").all() and len(t) == N_PROMPTS and summary["token_count_mismatches"] == 0
     assert (t.output_tokens == OUTPUT).all() and (t.prompt_tokens == PROMPT).all()
     assert summary["policy_plan"].startswith("tl=8; n=[2]")
+    assert summary["batch_rule_step_logs"] == {"collocated0": str(tmp_path / "logs" / "collocated0.steps.jsonl")}
 
     # 1. the server's Prometheus histogram: a step with k prefills that finish (each counts its prompt and
     # its first token) and d decodes reports k * (PROMPT + 1) + d tokens, d <= 3 stages x CAP < PROMPT + 1
