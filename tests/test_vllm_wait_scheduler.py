@@ -288,6 +288,16 @@ def test_paused_resident_is_the_first_victim(rule_env):
     assert [r.request_id for r in s.running] == ["a", "c"] and out.preempted_req_ids == {"b"}
 
 
+def test_waiting_requests_holding_kv_stop_the_engine(rule_env):
+    """vLLM drains its kv_holding_waiting queue before any other; the rule cannot see it, so a request
+    there is an error, not a request silently scheduled past the rule."""
+    rule_env.write_text(json.dumps(wait_spec(2)))
+    s = RuleFake(capacity=1000)
+    s.kv_holding_waiting = FakeQueue([FakeRequest("held", 32, 8, computed=32)])
+    with pytest.raises(RuntimeError, match="kv_holding_waiting"):
+        s.schedule()
+
+
 def test_max_num_seqs_counts_paused_residents(rule_env):
     """max_num_seqs = 6 and 5 residents: one seat, so of the 2 prompts WAIT selects only w0 is tried."""
     rule_env.write_text(json.dumps(wait_spec(2)))

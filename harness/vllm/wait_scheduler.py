@@ -260,6 +260,12 @@ class RuleSchedulingMixin:
             if self._rule is None:                      # not installed yet (warm-up): vLLM's own step
                 return super().schedule(*args, **kwargs)
             self._write_log({"event": "rule_loaded", "rule": self._rule.to_spec(), "t_s": time.monotonic()})
+        if len(getattr(self, "kv_holding_waiting", ())):
+            # waiting requests that hold KV blocks (a KV connector's loads, streaming input): vLLM drains
+            # them before any other; the rules do not model them, so stop rather than run another policy
+            raise RuntimeError(f"{SCHEDULER_CLS}: requests holding KV blocks while waiting (vLLM's "
+                               f"kv_holding_waiting queue) are not modelled by the batch rule; serve without a KV "
+                               f"connector or streaming input (docs/wait.md)")
         now = time.monotonic()
         running_before = list(self.running)
         sc = self.scheduler_config
