@@ -281,7 +281,7 @@ class RuleSchedulingMixin:
             sel.admit = []
         out = self._schedule_only(sel, args, kwargs)
         views = {v.req.request_id: v for v in list(inp.running) + list(inp.waiting)}
-        self._after_step(out, views, evicted, now)
+        self._after_step(out, views, now)
         return out
 
     # ---- the pieces ----------------------------------------------------------------------------
@@ -344,7 +344,8 @@ class RuleSchedulingMixin:
             for r in preempted:
                 self._tracker.preempted(r.request_id, now)
 
-    def _after_step(self, out: Any, views: dict, evicted: list, now: float) -> None:
+    def _after_step(self, out: Any, views: dict, now: float) -> None:
+        """Count the step and write its line to the step log (non-empty steps only)."""
         if not out.total_num_scheduled_tokens:
             return
         self._rule_steps += 1
