@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from baselines.fluid_admission import KnownOutputClassifier, NestedWaitRule, WaitRule, rule_from_spec
+from baselines.fluid_admission import NestedWaitRule, WaitRule, rule_from_spec
 from harness.config import PROJECT_ROOT, ConfigError
 from harness.vllm import wait_scheduler as ws
 from tests.conftest import compose_run
@@ -152,6 +152,10 @@ class FakeVllmScheduler:
             r = self.requests[rid]
             if r.num_computed_tokens >= r.num_tokens:
                 r.num_output_tokens += 1
+            if r.num_output_tokens >= r.max_tokens:       # finished: leaves running, frees its blocks
+                self.running.remove(r)
+                self.held.pop(rid, None)
+                del self.requests[rid]
         return {}
 
 
@@ -231,6 +235,25 @@ def test_issue_example_selects_2_2_0_2(rule_env):
     log = [json.loads(x) for x in (rule_env.parent / "steps.jsonl").read_text().splitlines()]
     assert log[0]["event"] == "rule_loaded"
     assert log[1]["stages"] == {"0": 2, "1": 2, "3": 2} and log[1]["paused"] == 1 and log[1]["waiting"] == 3
+
+
+def test_steps_to_completion_follow_algorithm_1(rule_env):
+    """Six prompts (20 tokens in, 3 out: stages 0, 1, 2) waiting at once, n = 2, max_wait_s = 0 (a type
+    with any request is always eligible, so the drain never idles). Step by step (stage: requests):
+    1: 0:2 -- 2: 0:2 1:2 -- 3: 0:2 1:2 2:2 (w0, w1 finish) -- 4: 1:2 2:2 -- 5: 2:2 (all done)."""
+    rule_env.write_text(json.dumps(wait_spec(2, max_wait_s=0.0)))
+    s = RuleFake(capacity=1000)
+    for k in range(6):
+        s.add_request(FakeRequest(f"w{k}", 20, 3))
+    sizes = []
+    while s.requests:
+        out = s.schedule()
+        s.update_from_output(out, None)
+        sizes.append(len(out.num_scheduled_tokens))
+    assert sizes == [2, 4, 6, 4, 2]
+    rows = [json.loads(x) for x in (rule_env.parent / "steps.jsonl").read_text().splitlines()][1:]
+    assert [r["stages"] for r in rows] == [{"0": 2}, {"0": 2, "1": 2}, {"0": 2, "1": 2, "2": 2},
+                                           {"1": 2, "2": 2}, {"2": 2}]
 
 
 def test_ineligible_type_runs_nothing_and_restores_everything(rule_env):

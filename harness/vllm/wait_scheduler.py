@@ -39,7 +39,6 @@ Importing this module needs no vLLM: ``RuleScheduler`` (the class vLLM loads) is
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections import Counter
@@ -223,7 +222,6 @@ class RuleSchedulingMixin:
         self._step_log_path = os.environ.get(STEP_LOG_ENV, "")
         self._step_log = None
         self._rule_steps = 0
-        self._views: dict = {}
 
     # ---- hooks a stand-in may override --------------------------------------------------------
     def _rule_new_queue(self):
