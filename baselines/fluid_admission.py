@@ -24,10 +24,10 @@ the instances.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from itertools import islice
 from types import SimpleNamespace
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -102,20 +102,45 @@ def check_knobs(output_bins: Sequence[int], max_wait_s: float, thresholds: str, 
     return edges
 
 
-def output_classifier(pred: Predictor, edges: Sequence[int]) -> Callable[[RequestState], int]:
-    """``request -> output-length bin`` by the request's *predicted* output tokens (cached per turn)."""
-    edges_arr = np.asarray(edges)
-    cache: dict[tuple[str, int], int] = {}
+class OutputBinClassifier:
+    """``request -> output-length bin`` by the request's *predicted* output tokens (cached per turn).
 
-    def classify(req: RequestState) -> int:
+    Bin ``b`` holds outputs ``edges[b-1] < o <= edges[b]`` (``np.searchsorted(edges, o, side='left')``;
+    ``len(edges)`` bins plus one for outputs above the last edge). ``edges`` (tokens) and ``exact`` (the
+    predictor injects no error, ``Predictor.exact``) are kept so that the same rule can be
+    rebuilt where the output length is known another way (a vLLM server: the request's ``max_tokens``,
+    ``harness.vllm.wait_scheduler``)."""
+
+    def __init__(self, pred: Predictor, edges: Sequence[int]):
+        self.pred, self.edges = pred, [int(e) for e in edges]
+        self._edges = np.asarray(self.edges)
+        self._cache: dict[tuple[str, int], int] = {}
+        self.exact = pred.exact
+
+    def __call__(self, req: RequestState) -> int:
         key = (req.conv, req.turn)
-        b = cache.get(key)
+        b = self._cache.get(key)
         if b is None:
-            out = pred.output_tokens(SimpleNamespace(conversation_id=req.conv, turn=req.turn))
-            b = cache[key] = int(np.searchsorted(edges_arr, out, side="left"))
+            out = self.pred.output_tokens(SimpleNamespace(conversation_id=req.conv, turn=req.turn))
+            b = self._cache[key] = int(np.searchsorted(self._edges, out, side="left"))
         return b
 
-    return classify
+
+def output_classifier(pred: Predictor, edges: Sequence[int]) -> OutputBinClassifier:
+    """``request -> output-length bin`` by the request's *predicted* output tokens (cached per turn)."""
+    return OutputBinClassifier(pred, edges)
+
+
+class KnownOutputClassifier:
+    """``request -> output-length bin`` from an output length the request itself carries (attribute
+    ``attr``, tokens), with the bins of :class:`OutputBinClassifier`. Used by the vLLM wrapper, where the
+    harness sends ``max_tokens`` = the turn's true output with ``ignore_eos`` (the paper's known lengths)."""
+
+    def __init__(self, edges: Sequence[int], attr: str = "known_output_tokens"):
+        self.edges, self.attr = [int(e) for e in edges], attr
+
+    def __call__(self, req) -> int:
+        return bisect_left(self.edges, getattr(req, self.attr))
 
 
 def kv_reservation_tokens(caps: Sequence[int], input_tokens: float) -> float:
@@ -192,6 +217,26 @@ class WaitRule:
         if any(x < 1 for x in self.n):
             raise ValueError(f"WAIT thresholds must be >= 1, got {self.n}")
         self.classify, self.max_wait_s, self.idle_policy = classify, max_wait_s, idle_policy
+
+    def to_spec(self) -> dict:
+        """The rule's parameters as a JSON-able dict (``rule_from_spec`` rebuilds it with another
+        classifier of the same bins): ``{"rule": "wait", "thresholds", "output_bins", "max_wait_s",
+        "idle_policy"}``.
+
+        Raises:
+            ValueError: the classifier has no output bins, or classifies by predictions with injected
+                error (``scheduler.predictor.*``), which a rebuilt rule classifying by the known output
+                length would not reproduce.
+        """
+        edges = getattr(self.classify, "edges", None)
+        if edges is None:
+            raise ValueError("this WAIT rule's classifier has no output bins; it cannot be rebuilt elsewhere")
+        if not getattr(self.classify, "exact", True):
+            raise ValueError("scheduler.predictor injects error into the output lengths WAIT classifies by; the "
+                             "rebuilt rule knows only the true length (set scheduler.predictor.sigma=0 and "
+                             "scheduler.predictor.error_rate=0)")
+        return {"rule": "wait", "thresholds": list(self.n), "output_bins": list(edges),
+                "max_wait_s": float(self.max_wait_s), "idle_policy": self.idle_policy}
 
     def plan(self, inp: StepInput) -> StepPlan:
         m = len(self.n)
@@ -307,6 +352,12 @@ class NestedWaitRule:
         self.starts = [0] + self.bounds[:-1]
         self.max_wait_s, self.idle_policy = max_wait_s, idle_policy
 
+    def to_spec(self) -> dict:
+        """The rule's parameters as a JSON-able dict (``rule_from_spec`` rebuilds it):
+        ``{"rule": "nested_wait", "boundaries", "stage_caps", "max_wait_s", "idle_policy"}``."""
+        return {"rule": "nested_wait", "boundaries": list(self.bounds), "stage_caps": [list(c) for c in self.caps],
+                "max_wait_s": float(self.max_wait_s), "idle_policy": self.idle_policy}
+
     def segment(self, stage: int) -> int:
         """0-based segment index of ``stage``."""
         return min(bisect_right(self.bounds, stage), len(self.bounds) - 1)
@@ -367,3 +418,28 @@ class NestedWaitRule:
             if admit_ok:
                 _take_stage0(res0, waiting, self.cap(0, 0), budget, inp.chunk_cap, run, admit)
         return _plan(run, admit, inp.running, wake)
+
+
+def rule_from_spec(spec: dict, classify: Optional[Callable] = None):
+    """Rebuild a :class:`WaitRule` or :class:`NestedWaitRule` from its ``to_spec()`` dict.
+
+    ``classify``: WAIT's ``request -> bin`` (default: :class:`KnownOutputClassifier` of the spec's bins,
+    reading the request's ``known_output_tokens``). The knobs are checked as the policies check them.
+
+    Raises:
+        ValueError: an unknown ``rule`` or a bad parameter (naming it).
+    """
+    kind = spec.get("rule")
+    if spec.get("idle_policy") not in IDLE_POLICIES:
+        raise ValueError(f"batch rule spec: idle_policy must be one of {IDLE_POLICIES}, got {spec.get('idle_policy')!r}")
+    if not float(spec.get("max_wait_s", -1)) >= 0:
+        raise ValueError(f"batch rule spec: max_wait_s must be >= 0, got {spec.get('max_wait_s')!r}")
+    if kind == "wait":
+        edges = check_knobs(spec["output_bins"], spec["max_wait_s"], "tl", 1.0, spec["idle_policy"])
+        if len(spec["thresholds"]) != len(edges) + 1:
+            raise ValueError(f"batch rule spec: {len(spec['thresholds'])} thresholds for {len(edges) + 1} output bins")
+        return WaitRule(spec["thresholds"], classify or KnownOutputClassifier(edges), float(spec["max_wait_s"]),
+                        spec["idle_policy"])
+    if kind == "nested_wait":
+        return NestedWaitRule(spec["boundaries"], spec["stage_caps"], float(spec["max_wait_s"]), spec["idle_policy"])
+    raise ValueError(f"batch rule spec: unknown rule {kind!r} (wait or nested_wait)")

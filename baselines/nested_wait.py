@@ -20,6 +20,8 @@ residents, most recently admitted first, when KV runs out).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from dataclasses import dataclass, field, replace
 
 from baselines.fluid_admission import (BatchRulePolicy, NestedWaitRule, check_knobs, instance_coefficients,
@@ -35,6 +37,7 @@ class NestedWaitConfig:
     non-empty bin, else equal segments; max_wait_s: finite-horizon timeout, s; idle_policy: ``wait``
     (Algorithm 2) or ``decode_residents``."""
 
+    forms_batches: ClassVar[bool] = True  # its engines run a batch rule (backends launch engines for it)
     name: str = "nested_wait"
     output_bins: list[int] = field(default_factory=lambda: [64, 256, 1024])
     thresholds: str = "tl"

@@ -19,6 +19,8 @@ The rule itself (eligibility, per-stage caps, pausing, eviction preference, fini
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from dataclasses import dataclass, field
 
 from baselines.fluid_admission import (BatchRulePolicy, WaitRule, check_knobs, instance_coefficients,
@@ -35,6 +37,7 @@ class WaitConfig:
     (``fluid`` only); max_wait_s: finite-horizon timeout, s; idle_policy: ``wait`` (Algorithm 1) or
     ``decode_residents``."""
 
+    forms_batches: ClassVar[bool] = True  # its engines run a batch rule (backends launch engines for it)
     name: str = "wait"
     output_bins: list[int] = field(default_factory=lambda: [64, 256, 1024])
     thresholds: str = "fluid"

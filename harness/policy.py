@@ -193,7 +193,9 @@ class Policy(Protocol):
     seeded generator given at construction).
 
     Optional: ``batch_rule(instance) -> harness.batching.BatchRule | None`` (the policy forms each step's
-    batch inside that engine, e.g. WAIT; only backends whose config has ``supports_batch_rules`` take it),
+    batch inside that engine, e.g. WAIT; only backends whose config has ``supports_batch_rules`` take it,
+    and the policy's config class must declare ``forms_batches: ClassVar[bool] = True``, which a backend
+    that launches engines reads before the policy can be built: ``harness.session.check_policies``),
     ``plan_note`` (a string logged once as the ``plan`` decision).
     """
 

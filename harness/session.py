@@ -206,9 +206,17 @@ def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRe
     for name, sched_cfg in names:
         try:
             policy = make_policy(name, sched_cfg, ctx)
-            if any(batch_rules(policy, len(run.instances))) and not getattr(run.backend, "supports_batch_rules", False):
+            rules = [r for r in batch_rules(policy, len(run.instances)) if r is not None]
+            if rules and not getattr(run.backend, "supports_batch_rules", False):
                 raise ValueError(f"forms batches inside the engine (a batch rule); backend={run.backend_name} cannot "
-                                 f"take one (a vLLM --scheduler-cls wrapper is not built: docs/wait.md)")
+                                 f"take one")
+            if rules and not getattr(type(sched_cfg), "forms_batches", False):
+                raise ValueError(f"returns batch rules, but its config class {type(sched_cfg).__name__} does not "
+                                 f"declare forms_batches = True (a backend that launches engines reads it before "
+                                 f"the policy can be built)")
+            check = getattr(run.backend, "check_batch_rules", None)
+            if rules and check is not None:
+                check(run, rules)
         except ValueError as e:
             what = "scheduler" if name == run.scheduler_name else "slo.reference_scheduler"
             raise ConfigError(f"{what} ({name}): {e}") from None

