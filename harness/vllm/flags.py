@@ -15,13 +15,16 @@ VLLM_FLAGS = {
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "enable_prefix_caching": "--enable-prefix-caching",
     "max_prefill_chunk_tokens": "--long-prefill-token-threshold",
+    # SchedulerConfig.watermark (vllm/config/scheduler.py): blocks kept free when admitting waiting or
+    # preempted requests, int(watermark x num_blocks) (vllm/v1/core/kv_cache_manager.py), the simulator's
+    # rule (harness/sim/engine.py: int(kv_watermark_frac x capacity_blocks))
+    "kv_watermark_frac": "--watermark",
 }
 # engine.<knob> -> why vLLM cannot take it (a non-default value is rejected before launch).
 ENGINE_NOT_ON_VLLM = {
     "activation_reserve_bytes": "vLLM measures activation memory by a profiling run; it has no such flag",
     "step_mode": "vLLM 0.32 has only the V1 scheduler (mixed prefill and decode steps)",
     "preemption_order": "vLLM 0.32's V1 scheduler always preempts the most recently admitted request",
-    "kv_watermark_frac": "vLLM 0.32's V1 scheduler has no admission watermark",
 }
 
 
