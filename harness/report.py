@@ -22,7 +22,8 @@ with its ``config.yaml`` and, for the figures, ``conversations.parquet`` and ``i
   claims with paired ratios and their sensitivity (``harness.claims``);
 * ``figures/*.png`` and ``*.pdf`` (seaborn, Agg backend), only those whose inputs vary in the sweep:
   TTFET CDFs; p95 TTFET and SLO attainment (both TTFET readings, where the runs report them),
-  conversation latency and preemptions vs arrival rate; tokens per joule per variant and tier
+  conversation latency and preemptions vs arrival rate; for single-turn workloads the mean E2E over the
+  central half by arrival and preemptions per turn vs arrival rate; tokens per joule per variant and tier
   (cluster); metrics vs prediction error; KV occupancy over time.
 
 Which config keys are "swept" is read from the configs, not the command line: a key is swept when its
@@ -509,6 +510,9 @@ def ttfet_cdf(sw: Sweep, out: Path) -> list[Path]:
         for j, xv in enumerate(cols):
             ax = axes[i][j]
             sub = g if xv is None else g[(g[sw.x] == xv) | g[sw.x].isna()]
+            if sub.empty:   # facets with their own x grids (e.g. a rate grid per workload): nothing here
+                ax.set_visible(False)
+                continue
             for v in variants:
                 sv = sub[sub["variant"] == v]
                 if len(sv):
@@ -621,6 +625,9 @@ def figures(sw: Sweep, out: Path) -> list[Path]:
         made += metric_vs_x(sw, ["latency_p50_s", "latency_p95_s"], out, "latency_vs_rate")
         if "preemptions" in r.columns and (r.preemptions.fillna(0) > 0).any():
             made += metric_vs_x(sw, ["preemptions"], out, "preemptions_vs_rate")
+        # the steady-state readings of the WAIT paper's experiments (single-turn workloads: turn = prompt)
+        if "e2e_central_mean_s" in r.columns and r.get("num_turns", r.num_conversations).equals(r.num_conversations):
+            made += metric_vs_x(sw, ["e2e_central_mean_s", "preemptions_per_turn"], out, "e2e_central_vs_rate")
     if sw.x in ("scheduler.predictor.sigma", "scheduler.predictor.error_rate"):
         made += metric_vs_x(sw, [*ttfet, *slo, "tokens_per_joule"], out, "metrics_vs_prediction_error")
     if "cluster.name" in sw.dims:
