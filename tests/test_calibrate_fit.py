@@ -157,3 +157,46 @@ def test_profile_yaml_loads_as_a_hardware_profile(tmp_path):
     for k in FITTED:
         assert getattr(hw, k) == pytest.approx(TRUE[k], rel=0.01)
     assert hw.peak_flops == PEAK and hw.roofline_exponent is None
+
+
+def test_fidelity_compare_errors_and_verdict():
+    """err = sim / real - 1 per metric; the verdict checks |err| against 15 % (E2E, TPOT) and 25 % (TTFT);
+    a missing or zero real value gives no error (NaN), never a pass."""
+    from harness.fidelity import compare
+    real = {"e2e_mean_s": 1.0, "tpot_mean_s": 0.010, "ttft_mean_s": 0.200, "preemptions": 0.0,
+            "_kv": np.array([0.1, 0.2, 0.3]), "server_itl_mean_s": 0.008}
+    sim = {"e2e_mean_s": 1.14, "tpot_mean_s": 0.0084, "ttft_mean_s": 0.26, "preemptions": 3.0,
+           "_kv": np.array([0.1, 0.25, 0.2, 0.9]), "itl_mean_s": 0.010}
+    c = compare(real, sim)
+    m = c["metrics"]
+    assert m["e2e_mean_s"]["err"] == pytest.approx(0.14) and m["tpot_mean_s"]["err"] == pytest.approx(-0.16)
+    assert m["ttft_mean_s"]["err"] == pytest.approx(0.30) and math.isnan(m["preemptions"]["err"])
+    assert m["server_itl_mean_s"]["err"] == pytest.approx(0.25)            # vLLM's mean ITL vs the sim's
+    v = c["verdict"]
+    assert v["e2e_mean_s"]["met"] and not v["tpot_mean_s"]["met"] and not v["ttft_mean_s"]["met"]
+    assert not c["all_met"]
+    # KV series on the common span: |0|, |0.05|, |0.1| -> mean 0.05, max 0.1
+    assert c["kv_series"]["mean_abs_diff"] == pytest.approx(0.05) and c["kv_series"]["max_abs_diff"] == pytest.approx(0.1)
+
+
+def test_sim_tokens_parquet_matches_the_turns(tmp_path):
+    """logger.steps on the simulator: one tokens.parquet row per generated token; a turn's first token is at
+    its first_token_s and its last at its finish_s; times never decrease within a turn."""
+    from omegaconf import OmegaConf
+
+    from harness.config import resolve
+    from harness.runner import execute
+    from tests.conftest import compose_cfg
+    dcfg = compose_cfg(["model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute",
+                        "engine.block_size=128", "workload.num_conversations=4", "workload.max_turns=3",
+                        "workload.token_scale=0.1", "logger.steps=true", "logger.progress=false"])
+    execute(resolve(dcfg), tmp_path, OmegaConf.to_yaml(dcfg))
+    t = pd.read_parquet(tmp_path / "turns.parquet")
+    tok = pd.read_parquet(tmp_path / "tokens.parquet")
+    assert len(tok) == int(t.output_tokens.sum())
+    g = tok.sort_values("token").groupby(["conversation_id", "turn"]).t_s
+    j = t.set_index(["conversation_id", "turn"])
+    first, last = g.first(), g.last()
+    assert np.allclose(first.to_numpy(), j.loc[first.index, "first_token_s"].to_numpy())
+    assert np.allclose(last.to_numpy(), j.loc[last.index, "finish_s"].to_numpy())
+    assert all((np.diff(x.to_numpy()) >= 0).all() for _, x in g)
