@@ -11,7 +11,8 @@ mean TTFT within 25 % (anchors from the literature: BLIS 6.7 % median E2E and 17
 
 Writes ``fidelity.json`` and ``fidelity.md`` into ``--out`` (default: ``<real run>/fidelity``), and the
 simulated run into ``<out>/sim``. ``--launch`` first runs the real side itself (Hydra overrides for a
-``backend=vllm`` run; ``logger.steps=true`` is added).
+``backend=vllm`` run; ``logger.steps=true`` is added). Exit status: 0 when every target is met on the
+client's clocks, 1 otherwise.
 
 The maximum sustainable rate is not measured here: on the real side it needs a series of runs at rising
 rates per workload (minutes each on the shared CPU), more than a fidelity check can afford; the report says so.
