@@ -425,12 +425,14 @@ def kv_mem_bytes(capacity_tokens: int, model: ModelConfig, engine: dict) -> floa
     ``capacity_tokens`` under ``engine`` (gpu_memory_utilization, activation_reserve_bytes, block_size), plus
     half a block so the floor lands on it, bytes."""
     kv = capacity_tokens * model.kv_bytes_per_token + 0.5 * engine["block_size"] * model.kv_bytes_per_token
-    return (kv + model.weight_bytes + float(engine["activation_reserve_bytes"])) / float(engine["gpu_memory_utilization"])
+    free = kv + model.weight_bytes + float(engine["activation_reserve_bytes"])
+    return free / float(engine["gpu_memory_utilization"])
 
 
 def run_means(server_metrics: dict) -> dict:
     """Engine-side means over the run from ``server_metrics.json`` (summed over instances): ITL, prefill,
-    decode, queue time, TTFT and E2E (s; TTFT and E2E from the API server's arrival), iteration tokens (tokens per step), and their counts."""
+    decode, queue time, TTFT and E2E (s; TTFT and E2E from the API server's arrival), iteration tokens
+    (tokens per step), and their counts."""
     sm = server_metrics.get("instances", {})
     out = {}
     for key, name in (("itl_mean_s", "vllm:inter_token_latency_seconds"),

@@ -249,7 +249,8 @@ def markdown(result: dict) -> str:
     """The report as markdown (what ``fidelity.md`` holds)."""
     c = result["comparison"]
     lines = [f"# Simulator fidelity: `{result['profile']}` vs real run",
-             "", f"- real run: `{result['real_dir']}` (workload `{result['workload']}`, {result['real']['turns_ok']} turns)",
+             "", f"- real run: `{result['real_dir']}` (workload `{result['workload']}`, "
+                 f"{result['real']['turns_ok']} turns)",
              f"- simulated: `{result['sim_dir']}` with hardware profile `{result['profile_path']}`",
              f"- load average (1 min) on the real run's machine at its start / end: "
              f"{_load(result.get('real_loadavg'))}",
@@ -281,7 +282,8 @@ def markdown(result: dict) -> str:
             lines.append(f"| {[t for t, s in ENGINE_TARGETS.items() if s == k][0]} | {k} | "
                          f"{'n/a' if not math.isfinite(e) else f'{e:+.1%}'} | ±{v['target']:.0%} | "
                          f"{'yes' if v['met'] else 'NO'} |")
-        lines += ["", f"Verdict (engine clocks): {'all targets met' if c['engine_all_met'] else 'not all targets met'}."]
+        met = "all targets met" if c["engine_all_met"] else "not all targets met"
+        lines += ["", f"Verdict (engine clocks): {met}."]
     lines += [
               "", "Maximum sustainable rate: not measured (needs a series of real runs at rising rates; "
                   "see harness/fidelity.py)."]

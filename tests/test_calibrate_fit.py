@@ -176,7 +176,8 @@ def test_fidelity_compare_errors_and_verdict():
     assert v["e2e_mean_s"]["met"] and not v["tpot_mean_s"]["met"] and not v["ttft_mean_s"]["met"]
     assert not c["all_met"]
     # KV series on the common span: |0|, |0.05|, |0.1| -> mean 0.05, max 0.1
-    assert c["kv_series"]["mean_abs_diff"] == pytest.approx(0.05) and c["kv_series"]["max_abs_diff"] == pytest.approx(0.1)
+    kv = c["kv_series"]
+    assert kv["mean_abs_diff"] == pytest.approx(0.05) and kv["max_abs_diff"] == pytest.approx(0.1)
 
 
 def test_sim_tokens_parquet_matches_the_turns(tmp_path):

