@@ -483,7 +483,7 @@ def calibrate(run_dir: Path, base: HardwareConfig, name: str, min_gap_s: float =
     return res, report
 
 
-def profile_yaml(hw: HardwareConfig, report: dict, base_name: str) -> str:
+def profile_yaml(hw: HardwareConfig, report: dict, base_name: str, base_source: str = "") -> str:
     """The fitted profile as a hardware YAML (every ``HardwareConfig`` field), its header holding the fit's
     provenance and residuals."""
     d = dataclasses.asdict(hw)
@@ -504,6 +504,8 @@ def profile_yaml(hw: HardwareConfig, report: dict, base_name: str) -> str:
     if weak:
         lines.append(f"# poorly identified by this run (relative standard error >= 50 %): {', '.join(weak)}")
     lines.append("# efficiencies are fractions of peak_flops / mem_bandwidth_bytes_per_s, kept from the base as given")
+    if base_source:
+        lines.append(f"# the base's unfitted fields (peak, bandwidth, memory, power) come from: {base_source}")
     if r.get("server"):
         s = r["server"]
         lines.append(f"# engine-side (/metrics) over the run: mean ITL {s.get('itl_mean_s', math.nan) * 1e3:.2f} ms, "
@@ -563,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = load_profile(a.base)
     name = a.name or a.out.stem
     res, report = calibrate(a.run_dir, base, name, a.min_gap_s, a.loss_scale, use_server=not a.client_only)
-    text = profile_yaml(res.hw, report, base.name)
+    text = profile_yaml(res.hw, report, base.name, base.source)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(text)
     load_profile(str(a.out))   # it loads and validates
