@@ -21,7 +21,9 @@ The pieces, from the inside out (dependencies point this way, never back):
   ``metrics`` -- per-conversation tables, SLO, the summary; ``catalog`` -- metric names, units, formats.
 * ``session`` -- the wiring (above); ``runner`` -- a whole run; ``report`` / ``callbacks`` / ``loggers`` --
   sweeps, tables, figures, W&B.
+* ``calibrate`` -- fit a hardware profile's step-time coefficients to a real run (``logger.steps``);
+  ``fidelity`` -- replay a real run's workload on the simulator and report per-metric errors.
 
 Documents the code relies on are in ``docs/``: ``schedulers.md`` (the variants and their sources),
-``metrics.md``, ``hardware.md``, ``vllm_cpu.md``.
+``metrics.md``, ``hardware.md``, ``vllm_cpu.md``, ``fidelity_cpu.md``.
 """

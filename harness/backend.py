@@ -36,7 +36,9 @@ class TurnJob:
     tokens the decoder did not compute: its own prefix hits, plus connector loads on real vLLM),
     transfer_tokens and transfer_s (KV moved P->D and the time the transfer took, incl. link queueing;
     -1 where not observable, i.e. on real vLLM), preemptions, itl_s (the gaps between the turn's
-    successive output tokens on its decode instance, s; on real vLLM between stream chunks), error.
+    successive output tokens on its decode instance, s; on real vLLM between stream chunks), token_s
+    (the time each output token was observed, s on the run clock; empty: derived from first_token_s and
+    itl_s by the recorder; on real vLLM the tokens of one stream chunk share the chunk's time), error.
     """
 
     conversation_id: str
@@ -61,6 +63,7 @@ class TurnJob:
     transfer_s: float = 0.0
     preemptions: int = 0
     itl_s: Sequence[float] = ()
+    token_s: Sequence[float] = ()
     error: str = ""
 
 

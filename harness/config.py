@@ -48,6 +48,10 @@ class LoggerConfig:
     log_tables (per-turn / per-conversation / instance tables), log_figures, max_table_rows (rows per
     table; the parquet files keep them all), max_history_points (instance time-series points per run).
     percentiles: the percentiles of TTFT, TPOT, E2E and ITL in ``summary.json`` (``harness.validity``).
+    steps: write the per-step / per-token observations (opt-in; they are large): ``tokens.parquet`` (every
+    output token's time, on every backend) and, on real vLLM, ``server_metrics.json`` (each server's
+    ``/metrics`` histograms over the run: iteration tokens, prefill / decode / queue time, TTFT, ITL), the
+    input of ``python -m harness.calibrate``.
     """
 
     name: str = "parquet"
@@ -65,6 +69,7 @@ class LoggerConfig:
     max_table_rows: int = 100_000
     max_history_points: int = 2000
     percentiles: list[float] = field(default_factory=lambda: [50.0, 90.0, 95.0, 99.0])
+    steps: bool = False
 
     def validate(self, where: str = "logger") -> None:
         """Raise ``ValueError`` naming ``logger.<field>`` for the first invalid value."""

@@ -2,7 +2,8 @@
 
 A run directory holds ``turns.parquet`` (``TURN_COLUMNS``), ``conversations.parquet``
 (``harness.metrics.CONVERSATION_COLUMNS`` + SLO columns), ``instances.parquet`` (``INSTANCE_COLUMNS``),
-``decisions.parquet`` (``DECISION_COLUMNS``: typed hold / place / plan records) and ``summary.json``.
+``decisions.parquet`` (``DECISION_COLUMNS``: typed hold / place / plan records), ``summary.json``, and with
+``logger.steps`` ``tokens.parquet`` (``TOKEN_COLUMNS``: every output token's time).
 A column a backend cannot observe is null there (NaN), never dropped; ``docs/metrics.md`` says which.
 Files are written atomically (a temporary file renamed into place), so an interrupted write never
 leaves a truncated file.
@@ -28,6 +29,7 @@ TURN_COLUMNS = ["conversation_id", "turn", "submit_s", "admit_s", "start_s", "pr
                 "itl_p50_s", "itl_p99_s", "itl_max_s"]
 INSTANCE_COLUMNS = ["t_s", "instance", "role", "hardware", "kv_used_tokens", "kv_capacity_tokens", "kv_used_frac",
                     "num_running", "num_waiting", "energy_j", "power_w"]
+TOKEN_COLUMNS = ["conversation_id", "turn", "instance", "token", "t_s"]
 DECISION_COLUMNS = ["t_s", "kind", "conversation_id", "turn", "prefill_instance", "decode_instance", "reason",
                     "candidates", "view_kv_used_frac", "view_queued_prefill_tokens", "num_held"]
 
@@ -79,6 +81,14 @@ def turn_row(job, names: Sequence[str], visible: bool) -> dict:
         "e2e_s": fin - job.submit_s, "queue_s": job.admit_s - job.submit_s,
         "itl_p50_s": p50, "itl_p99_s": p99, "itl_max_s": mx,
     }
+
+
+def token_times(job) -> np.ndarray:
+    """Every output token's time of a finished ``TurnJob``, s on the run clock: ``job.token_s`` where the
+    backend observed it, else the first token's time followed by the cumulative ``itl_s`` gaps."""
+    if len(job.token_s):
+        return np.asarray(job.token_s, dtype=float)
+    return job.first_token_s + np.concatenate(([0.0], np.cumsum(np.asarray(job.itl_s, dtype=float))))
 
 
 def instance_row(now_s: float, info, state, power_w: float = math.nan) -> dict:
@@ -170,11 +180,13 @@ class Recorder:
     Args:
         visible: ``(conversation_id, turn) -> bool``, whether a turn is user-visible (from the trace).
         log_decisions: keep decision records (``decisions.parquet``).
+        log_tokens: keep every completed turn's output-token times (``tokens.parquet``, ``logger.steps``).
     ``bind(names)`` gives the instance names once the cluster is open.
     """
 
-    def __init__(self, visible: Callable[[str, int], bool], log_decisions: bool = True):
-        self.visible, self.log_decisions = visible, log_decisions
+    def __init__(self, visible: Callable[[str, int], bool], log_decisions: bool = True, log_tokens: bool = False):
+        self.visible, self.log_decisions, self.log_tokens = visible, log_decisions, log_tokens
+        self.tokens: list[tuple[str, int, str, np.ndarray]] = []
         self.names: list[str] = []
         self.turns: list[dict] = []
         self.decisions: list[Any] = []
@@ -190,6 +202,9 @@ class Recorder:
         self.turns.append(turn_row(job, self.names, self.visible(job.conversation_id, job.turn)))
         if not job.error and len(job.itl_s):
             self.itl.append(np.asarray(job.itl_s, dtype=float))
+        if self.log_tokens and not job.error and job.first_token_s is not None:
+            self.tokens.append((job.conversation_id, job.turn, self.names[job.placement.decode_instance],
+                                token_times(job)))
 
     def itl_gaps(self) -> np.ndarray:
         """Every completed turn's inter-token gaps, pooled, s."""
@@ -213,6 +228,20 @@ class Recorder:
     def instances_frame(self) -> pd.DataFrame:
         """``instances.parquet`` (``INSTANCE_COLUMNS``)."""
         return pd.DataFrame(self.samples, columns=INSTANCE_COLUMNS)
+
+    def tokens_frame(self) -> pd.DataFrame:
+        """``tokens.parquet`` (``TOKEN_COLUMNS``): one row per output token of every completed turn: its
+        index in the turn (0 = the first token) and the time it was observed, s on the run clock."""
+        if not self.tokens:
+            return pd.DataFrame({c: pd.Series(dtype=d) for c, d in zip(
+                TOKEN_COLUMNS, ("object", "int64", "object", "int64", "float64"))})
+        n = [len(t) for _, _, _, t in self.tokens]
+        return pd.DataFrame({
+            "conversation_id": np.repeat([c for c, _, _, _ in self.tokens], n),
+            "turn": np.repeat([k for _, k, _, _ in self.tokens], n).astype(np.int64),
+            "instance": np.repeat([i for _, _, i, _ in self.tokens], n),
+            "token": np.concatenate([np.arange(m, dtype=np.int64) for m in n]),
+            "t_s": np.concatenate([t for _, _, _, t in self.tokens])})
 
     def decisions_frame(self) -> pd.DataFrame:
         """``decisions.parquet`` (``DECISION_COLUMNS``)."""
@@ -273,9 +302,11 @@ def write_text(text: str, path: Path) -> None:
 
 
 def write_run_files(out_dir: Path, turns: pd.DataFrame, conversations: pd.DataFrame, instances: pd.DataFrame,
-                    decisions: Optional[pd.DataFrame], summary: dict) -> None:
+                    decisions: Optional[pd.DataFrame], summary: dict, tokens: Optional[pd.DataFrame] = None) -> None:
     """Every results file of a run (``summary.json`` last, so its presence means the rest is there)."""
     write_parquet(turns, out_dir / "turns.parquet")
+    if tokens is not None:
+        write_parquet(tokens, out_dir / "tokens.parquet")
     write_parquet(conversations, out_dir / "conversations.parquet")
     write_parquet(instances, out_dir / "instances.parquet")
     if decisions is not None:

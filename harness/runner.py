@@ -133,7 +133,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         bar = tqdm(total=len(conversations), unit="conv", desc=f"{run.scheduler_name}", mininterval=0.5,
                    leave=False)
     oracle = Oracle(conversations)
-    recorder = Recorder(oracle.visible, cfg.logger.log_decisions)
+    recorder = Recorder(oracle.visible, cfg.logger.log_decisions, cfg.logger.steps)
     spec = get_backend(run.backend_name)
     try:
         with spec.open(run, out_dir, conversations=conversations, **(open_kwargs or {})) as cluster:
@@ -180,7 +180,8 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     if res.error_traceback:
         summary["error_traceback"] = res.error_traceback
     write_run_files(out_dir, turns, conv, recorder.instances_frame(),
-                    recorder.decisions_frame() if cfg.logger.log_decisions else None, summary)
+                    recorder.decisions_frame() if cfg.logger.log_decisions else None, summary,
+                    recorder.tokens_frame() if cfg.logger.steps else None)
     if res.error.startswith("KeyboardInterrupt"):
         raise KeyboardInterrupt(res.error)
     if res.error:

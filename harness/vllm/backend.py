@@ -159,6 +159,9 @@ class VllmBackend:
             [local_counters(e.device).read for e in self.endpoints])
         self.tasks: set[asyncio.Task] = set()
         self.mismatches = 0
+        # logger.steps: after every completed turn, its decode instance's request histograms (sum, count),
+        # so that an interval in which exactly one request finished gives that request's engine-side times
+        self.finish_scrapes: Optional[list[dict]] = None
 
     async def scrape_one(self, i: int) -> Optional[Scrape]:
         """Fetch and parse instance ``i``'s ``/metrics`` (None if it does not answer; ``scrape_error[i]``
@@ -231,7 +234,28 @@ class VllmBackend:
         except Exception as e:  # noqa: BLE001 -- handed over, never swallowed
             self.on_error(e)
             return
+        if self.finish_scrapes is not None and not error:
+            task = asyncio.ensure_future(self._finish_scrape(job.placement.decode_instance))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
         self.on_progress()
+
+    async def _finish_scrape(self, i: int) -> None:
+        """Append instance ``i``'s per-request histogram sums and counts to ``finish_scrapes`` (nothing if it
+        does not answer)."""
+        from harness.vllm.scrape import REQUEST_HISTOGRAMS, parse_histograms
+        t0 = self.clock.now()
+        try:
+            async with self.session.get(self.endpoints[i].url + "/metrics",
+                                        timeout=aiohttp.ClientTimeout(total=10)) as r:
+                if r.status != 200:
+                    return
+                text = await r.text()
+        except (aiohttp.ClientError, TimeoutError, ConnectionError, OSError):
+            return
+        h = parse_histograms(text, REQUEST_HISTOGRAMS)
+        self.finish_scrapes.append({"t_s": t0, "t_end_s": self.clock.now(), "instance": self.endpoints[i].name,
+                                    **{k: [v["sum"], v["count"]] for k, v in h.items()}})
 
     async def _execute(self, job: TurnJob) -> str:
         """Send the turn's request(s); returns '' or the reason the turn failed."""
@@ -262,6 +286,11 @@ class VllmBackend:
         res: CompletionResult = await stream_completion(self.session, self.endpoints[d].url, body, first_token,
                                                         self.timeout_s)
         job.itl_s = res.itl_s
+        if res.chunk_s and job.first_token_s is not None:
+            # perf_counter stamps -> the run clock: the first chunk's stamp and job.first_token_s were taken
+            # at the same moment (on_first_token runs right after the stamp)
+            shift = job.first_token_s - res.chunk_s[0]
+            job.token_s = [t + shift for t, n in zip(res.chunk_s, res.chunk_tokens) for _ in range(n)]
         if res.error:
             return f"decode on {self.endpoints[d].name}: {res.error}"
         if res.num_tokens != job.output_tokens or len(res.token_ids) != job.output_tokens:

@@ -20,7 +20,9 @@ class CompletionResult:
     """What one request returned.
 
     first_token_s / finish_s: ``time.perf_counter()`` stamps of the first and last token chunk (s);
-    itl_s: gaps between token chunks (s); num_tokens: completion tokens reported by the server's
+    itl_s: gaps between token chunks (s); chunk_s / chunk_tokens: ``time.perf_counter()`` stamp (s) and
+    token count of every chunk that carried tokens (a server that falls behind sends several tokens in one
+    chunk; tokens.parquet gives each of them the chunk's time); num_tokens: completion tokens reported by the server's
     ``usage`` (or counted from ``token_ids`` if no usage came); token_ids: generated ids;
     cached_tokens: ``usage.prompt_tokens_details.cached_tokens`` (prefix-cache hit), or -1 if absent;
     kv_transfer_params: from a P/D prefill response; error: '' if ok.
@@ -29,6 +31,8 @@ class CompletionResult:
     first_token_s: float = float("nan")
     finish_s: float = float("nan")
     itl_s: list[float] = field(default_factory=list)   # for ITL analyses; bursty on busy CPUs
+    chunk_s: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
     num_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
@@ -92,6 +96,8 @@ async def stream_completion(session: aiohttp.ClientSession, base_url: str, body:
                             res.itl_s.append(now - last)
                         last = now
                         res.token_ids.extend(ids)
+                        res.chunk_s.append(now)
+                        res.chunk_tokens.append(len(ids) if ids else 1)
         res.finish_s = last if last is not None else float("nan")
         if res.num_tokens == 0:
             res.num_tokens = len(res.token_ids)

