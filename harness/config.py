@@ -48,6 +48,8 @@ class LoggerConfig:
     log_tables (per-turn / per-conversation / instance tables), log_figures, max_table_rows (rows per
     table; the parquet files keep them all), max_history_points (instance time-series points per run).
     percentiles: the percentiles of TTFT, TPOT, E2E and ITL in ``summary.json`` (``harness.validity``).
+    steps: also write ``steps.parquet``, one row per engine step (the simulator: ``harness.sim.steps``;
+    default off: nothing is recorded).
     """
 
     name: str = "parquet"
@@ -65,6 +67,7 @@ class LoggerConfig:
     max_table_rows: int = 100_000
     max_history_points: int = 2000
     percentiles: list[float] = field(default_factory=lambda: [50.0, 90.0, 95.0, 99.0])
+    steps: bool = False
 
     def validate(self, where: str = "logger") -> None:
         """Raise ``ValueError`` naming ``logger.<field>`` for the first invalid value."""
@@ -81,6 +84,8 @@ class LoggerConfig:
         if not self.percentiles or not all(isinstance(q, (int, float)) and 0 <= q <= 100 for q in self.percentiles):
             raise ValueError(f"{where}.percentiles must be a non-empty list of numbers in [0, 100], "
                              f"got {self.percentiles!r}")
+        if not isinstance(self.steps, bool):
+            raise ValueError(f"{where}.steps must be true or false, got {self.steps!r}")
 
 
 @dataclass
