@@ -35,14 +35,18 @@ the per-layer floor (norms, rotary, activation and attention kernels at one toke
 Power (energy per step, J)::
 
     compute_s = lin_c + prefill attention FLOP time;  memory_s = lin_m + KV time
-    E = idle_w * step_s + (tdp_w - idle_w) * min(step_s, compute_s + memory_power_frac * memory_s)
+    fixed_s = num_layers * layer_overhead_s + step_overhead_s + the attention overheads
+    E = idle_w * step_s + (tdp_w - idle_w) * min(step_s, compute_s + memory_power_frac * memory_s
+                                                          + overhead_power_frac * fixed_s)
 
-i.e. FLOP time draws the full dynamic range, byte time ``memory_power_frac`` of it, fixed overheads none
-(Splitwise, Patel et al., ISCA 2024, Sec. 3: token generation draws well below TDP, prompt computation
-is power-hungry). Decode power rises with the batch as its GEMM FLOP time grows. If the step's mean
-power exceeds the cap, the clock is lowered to a fraction f = ((cap - idle) / (demand - idle)) **
-(1 / dvfs_exponent) (dynamic power ~ f^3 under DVFS), every FLOP time is divided by f, and the power is
-the cap.
+i.e. FLOP time draws the full dynamic range, byte time ``memory_power_frac`` of it, fixed overheads
+``overhead_power_frac`` of it (0 by default: idle). Prompt computation is power-hungry, token generation
+draws less (Splitwise, Patel et al., ISCA 2024, Sec. 3); decode power rises with the batch as its GEMM
+FLOP time grows. ``memory_power_frac`` = 0.80 is fitted to ML.ENERGY's published steady-state power of
+vLLM on an H100 at 8-768 sequences (``docs/calibration.md``, "Power": median error 6.4 %, max 13.4 %;
+per-model fits 0.71-0.95). If the step's mean power exceeds the cap, the clock is lowered to a fraction
+f = ((cap - idle) / (demand - idle)) ** (1 / dvfs_exponent) (dynamic power ~ f^3 under DVFS), every FLOP
+time is divided by f, and the power is the cap.
 """
 
 from __future__ import annotations
