@@ -169,3 +169,15 @@ def test_steps_file_off_by_default_and_on_request(tmp_path):
 def test_logger_steps_must_be_bool():
     with pytest.raises(Exception, match="steps"):
         compose_run(["logger.steps=maybe"])
+
+
+def test_importing_the_sim_plugin_first_keeps_every_backend():
+    """``harness.backend.backends()`` loads the built-in plug-ins even when one was imported directly first
+    (as this module and ``harness.session.simulate`` import ``harness.sim.plugin``): a fresh interpreter
+    that imports the sim plug-in before asking the registry still finds ``vllm``."""
+    import subprocess
+    import sys
+    code = ("import harness.sim.plugin\nfrom harness.backend import backends\n"
+            "assert {'sim', 'vllm'} <= set(backends()), sorted(backends())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
