@@ -156,14 +156,20 @@ def register_backend(name: str, config_cls: type):
     return _BACKENDS.register(name, config_cls)
 
 
+_loaded = False
+
+
 def backends() -> dict[str, BackendSpec]:
-    """Every registered backend by name (built-ins and entry points), loading them on first use."""
-    if not _BACKENDS.specs():
+    """Every registered backend by name (built-ins and entry points), loading them on first use (also
+    when one plug-in module was imported directly before, e.g. ``harness.sim.plugin`` by ``simulate``)."""
+    global _loaded
+    if not _loaded:
         for mod in _BUILTIN:
             importlib.import_module(mod)
         from importlib.metadata import entry_points
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             importlib.import_module(ep.value.split(":")[0])
+        _loaded = True
     return _BACKENDS.specs()
 
 

@@ -48,10 +48,11 @@ class LoggerConfig:
     log_tables (per-turn / per-conversation / instance tables), log_figures, max_table_rows (rows per
     table; the parquet files keep them all), max_history_points (instance time-series points per run).
     percentiles: the percentiles of TTFT, TPOT, E2E and ITL in ``summary.json`` (``harness.validity``).
-    steps: write the per-step / per-token observations (opt-in; they are large): ``tokens.parquet`` (every
-    output token's time, on every backend) and, on real vLLM, ``server_metrics.json`` (each server's
-    ``/metrics`` histograms over the run: iteration tokens, prefill / decode / queue time, TTFT, ITL), the
-    input of ``python -m harness.calibrate``.
+    steps: write the per-step / per-token observations (opt-in; they are large): ``steps.parquet`` (the
+    simulator: one row per engine step, ``harness.sim.steps``), ``tokens.parquet`` (every output token's
+    time, on every backend) and, on real vLLM, ``server_metrics.json`` (each server's ``/metrics``
+    histograms over the run: iteration tokens, prefill / decode / queue time, TTFT, ITL), the input of
+    ``python -m harness.calibrate``. Off: nothing is recorded.
     """
 
     name: str = "parquet"
@@ -86,6 +87,8 @@ class LoggerConfig:
         if not self.percentiles or not all(isinstance(q, (int, float)) and 0 <= q <= 100 for q in self.percentiles):
             raise ValueError(f"{where}.percentiles must be a non-empty list of numbers in [0, 100], "
                              f"got {self.percentiles!r}")
+        if not isinstance(self.steps, bool):
+            raise ValueError(f"{where}.steps must be true or false, got {self.steps!r}")
 
 
 @dataclass

@@ -65,7 +65,10 @@ class HardwareConfig:
             4096-wide attention (scaled by ``num_heads * head_dim / 4096``), s.
         step_overhead_s: fixed time per engine step (scheduling, sampling, input preparation), s.
         memory_power_frac: dynamic power of a fully memory-bound step, as a fraction of
-            ``tdp_w - idle_w`` (a fully compute-bound step draws the full TDP).
+            ``tdp_w - idle_w`` (a fully compute-bound step draws the full TDP); 0.80 fitted to ML.ENERGY's
+            H100 serving power vs batch size (``docs/calibration.md``, "Power").
+        overhead_power_frac: the same for the fixed per-layer, per-step and per-sequence time
+            (``layer_overhead_s``, ``step_overhead_s``, the attention overheads); 0: idle power.
         dvfs_exponent: dynamic power ~ f**dvfs_exponent under DVFS; used to throttle compute when the
             demanded power exceeds ``power_cap_w``.
         source: where the constants come from (free text, shown in run metadata).
@@ -88,7 +91,8 @@ class HardwareConfig:
     attention_seq_overhead_s: float = 0.0
     attention_token_overhead_s: float = 0.0
     step_overhead_s: float = 0.0
-    memory_power_frac: float = 0.55
+    memory_power_frac: float = 0.80
+    overhead_power_frac: float = 0.0
     dvfs_exponent: float = 3.0
     source: str = ""
 
@@ -99,6 +103,8 @@ class HardwareConfig:
             _positive(f"{where}.{f}", getattr(self, f))
         for f in ("prefill_efficiency", "decode_efficiency", "memory_efficiency", "memory_power_frac"):
             _fraction(f"{where}.{f}", getattr(self, f))
+        _require(isinstance(self.overhead_power_frac, (int, float)) and 0 <= self.overhead_power_frac <= 1,
+                 f"{where}.overhead_power_frac", "in [0, 1]", self.overhead_power_frac)
         for f in ("attention_efficiency", "kv_memory_efficiency"):
             if getattr(self, f) is not None:
                 _fraction(f"{where}.{f}", getattr(self, f))

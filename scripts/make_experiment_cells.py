@@ -10,7 +10,8 @@ file; a preset sweeps ``+experiment/cell`` over its cells. Regenerate after edit
 Sources of the ranges (docs/calibration.md): ``kv_memory_efficiency`` 0.85-0.94 (paged decode attention on
 Vidur's A40 profiles at >= 32 sequences; fitted 0.915); ``prefill_efficiency`` 0.38 (the published A100
 prefill efficiency of the BLIS / llm-d roofline simulator) to the fitted 0.69; ``memory_power_frac``
-0.55 +- 0.15 (an assumption after Splitwise); ``idle_w`` 30 W (P8) vs 70 W (P0 with a loaded model).
+0.70-0.95 (the per-model fits to ML.ENERGY's H100 power vs batch size, around the shipped 0.80, "Power");
+``idle_w`` 30 W (P8) vs 70 W (P0 with a loaded model).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ SENSITIVITY = {  # arm -> hardware keys set on both a40 and a40_200w
     "kvmem0p85": {"kv_memory_efficiency": 0.85},
     "kvmem0p94": {"kv_memory_efficiency": 0.94},
     "prefill0p38": {"prefill_efficiency": 0.38},
-    "mpf0p40": {"memory_power_frac": 0.40},
     "mpf0p70": {"memory_power_frac": 0.70},
+    "mpf0p95": {"memory_power_frac": 0.95},
     "idle70": {"idle_w": 70.0},
 }
 ERRORS = {  # arm -> predictor keys (AMPD robustness)
@@ -115,7 +116,7 @@ HEADERS = {
 #          x 0.03, 0.06, 0.09 conv/s x seeds 0-2                                              (54 runs)
 #   sens:  the same 3 variants x 2 tiers at 0.06 conv/s, seed 0, one uncalibrated constant moved to an
 #          end of its range: kv_memory_efficiency 0.85 / 0.94, prefill_efficiency 0.38,
-#          memory_power_frac 0.40 / 0.70, idle_w 70                                            (36 runs)
+#          memory_power_frac 0.70 / 0.95, idle_w 70                                            (36 runs)
 #   err:   AMPD remote_default with error rate 0.1 / 0.3 / 0.5 (x or / 2) and log-normal sigma 1, AMPD
 #          cost with error rate 0.1 / 0.3 / 0.5, at 0.06 conv/s on a40_1p3d, seeds 0-2           (21 runs)
 #   python run.py -m +experiment=conserve_sensitivity

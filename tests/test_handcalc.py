@@ -28,6 +28,7 @@ LAYER = 2.77e-5                 # layer_overhead_s
 SEQ = 1.97e-6 * 8 / 32         # attention_seq_overhead_s x KV heads / 32 (per layer)
 TOK = 2.63e-7 * 16 * 128 / 4096 # attention_token_overhead_s x query width / 4096 (per layer)
 OVH = 0.001                     # step_overhead_s
+MPF = 0.80                      # memory_power_frac (docs/calibration.md "Power")
 L, H, KVH, D, HID, INTER, V = 28, 16, 8, 128, 1024, 3072, 151936   # Qwen3-0.6B
 KVB = 2 * L * KVH * D * 2       # = 114,688 bytes/token (docs/hardware.md)
 LIN = L * (HID * H * D + 2 * HID * KVH * D + H * D * HID + 3 * HID * INTER)  # matmul params
@@ -145,11 +146,11 @@ def test_power_cap_slows_prefill_not_decode():
         return (c_lin ** K + lin_m ** K) ** (1 / K) + c_attn + kv_m + fixed
 
     s = step(lin_c, attn_c)
-    demand = 270 * min(s, lin_c + attn_c + 0.55 * (lin_m + kv_m)) / s   # dynamic W (tdp 300 - idle 30)
+    demand = 270 * min(s, lin_c + attn_c + MPF * (lin_m + kv_m)) / s   # dynamic W (tdp 300 - idle 30)
     assert demand > 170                                                  # above the cap's 200 - 30 W
     f = ((200 - 30) / demand) ** (1 / 3)
     assert t.loc[0, "ttft_s"] == pytest.approx(step(lin_c / f, attn_c / f), rel=1e-9)
-    # decode: 30 + 270 * (comp_s + 0.55 * mem_s) / step_s < 200 W -> unthrottled
+    # decode: 30 + 270 * (comp_s + MPF * mem_s) / step_s < 200 W -> unthrottled
     assert t.loc[0, "tpot_s"] == pytest.approx(sum(decode_step(1000 + j) for j in range(9)) / 9, rel=1e-9)
 
 

@@ -111,12 +111,12 @@ def test_cell_presets_cover_their_grids():
         groups = {k.split("/")[-1]: v for d in y["defaults"] for k, v in d.items()}
         sched, cluster = groups["scheduler"], groups["cluster"]
         assert (sched == "collocated") == cluster.endswith("x"), c
-    for c in ("cs_sens_mpf0p40_ampd_cost_hetero", "cs_err_rate0p3_ampd_rd_s1", split[-1]):
+    for c in ("cs_sens_mpf0p95_ampd_cost_hetero", "cs_err_rate0p3_ampd_rd_s1", split[-1]):
         run = compose_run(["+experiment=" + ("pd_split" if c.startswith("split") else "conserve_sensitivity"),
                            f"+experiment/cell={c}"])
         assert run.cfg.slo.reference_scheduler == "same"
-    run = compose_run(["+experiment=conserve_sensitivity", "+experiment/cell=cs_sens_mpf0p40_ampd_cost_hetero"])
-    assert run.cfg.hardware["a40_200w"].memory_power_frac == 0.4 and run.scheduler.mode == "cost"
+    run = compose_run(["+experiment=conserve_sensitivity", "+experiment/cell=cs_sens_mpf0p95_ampd_cost_hetero"])
+    assert run.cfg.hardware["a40_200w"].memory_power_frac == 0.95 and run.scheduler.mode == "cost"
 
 
 def test_wait_paper_variants_are_the_papers_baselines():

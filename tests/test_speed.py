@@ -78,7 +78,7 @@ def test_decode_run_across_the_busy_time_switch(a40, llama):
     busy time ``compute + 0.55 x memory`` exceeds the step at a short context (power = TDP) and falls
     under it as the KV grows (power < TDP): the energy's ``min(busy, step)`` changes branch mid-run."""
     hw = dataclasses.replace(a40, roofline_exponent=None, layer_overhead_s=0.0, step_overhead_s=0.0,
-                             attention_seq_overhead_s=0.0)
+                             attention_seq_overhead_s=0.0, memory_power_frac=0.55)   # 0.55: the switch happens
     perf = PerfModel(hw, llama)
     b, steps = 256, 500
     first, last = perf.decode_step(b, 0), perf.decode_step(b, (steps - 1) * b)
@@ -91,6 +91,7 @@ def test_decode_run_across_the_busy_time_switch(a40, llama):
 def test_decode_run_across_the_power_cap(a40, llama):
     """A40 capped at 200 W, 64 sequences: the first steps demand more than the cap (throttled, drawing
     exactly 200 W), the later ones (KV-bound) less; the run crosses the cap mid-run."""
+    a40 = dataclasses.replace(a40, memory_power_frac=0.55)   # 0.55: the run crosses the cap
     hw = dataclasses.replace(a40, power_cap_w=200.0)
     perf = PerfModel(hw, llama)
     b, steps = 64, 2000

@@ -11,6 +11,7 @@ from harness.prefix import BlockContent, block_ranges
 from harness.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks, kv_transfer_s
 from harness.sim.engine import FAILED, Engine, Request
 from harness.sim.perf import PerfModel
+from harness.sim.steps import StepLog
 
 
 class SimBackend:
@@ -27,6 +28,8 @@ class SimBackend:
             workload's conversations, with its shared system prompt if any). ``None``: each
             conversation's own prefix only, learnt from the turns as they start (exact for the trace's
             ``reused_tokens``; no sharing across conversations).
+        record_steps: keep one record per engine step (``steps_frame``, ``steps.parquet``;
+            ``harness.sim.steps``); off: nothing is recorded.
     KV transfers into one instance are serialised (one at a time, FIFO); transfer time is
     :func:`harness.profiles.kv_transfer_s`.
     """
@@ -34,7 +37,7 @@ class SimBackend:
     def __init__(self, instances: Sequence[tuple[str, str, HardwareConfig]], model: ModelConfig,
                  engine: EngineConfig, link: LinkConfig, clock: SimClock | None = None,
                  max_coalesce_s: float = 0.25, max_sim_time_s: float = math.inf, max_events: float = math.inf,
-                 content: BlockContent | None = None):
+                 content: BlockContent | None = None, record_steps: bool = False):
         self.clock = clock or SimClock()
         self.content = content
         self._learnt = BlockContent() if content is None else None
@@ -48,6 +51,9 @@ class SimBackend:
                                        max_coalesce_s))
             infos.append(InstanceInfo(i, name, role, hw.name, cap * engine.block_size))
         self.infos = tuple(infos)
+        self.step_log = StepLog() if record_steps else None
+        for e in self.engines:
+            e.step_log = self.step_log
         self._link_free_at = [0.0] * len(self.engines)
         self._kvb = model.kv_bytes_per_token
         self.max_sim_time_s, self.max_events = max_sim_time_s, max_events
@@ -134,6 +140,11 @@ class SimBackend:
     def preemptions(self) -> int:
         """Preemptions (by recompute) over all engines."""
         return sum(e.preemptions for e in self.engines)
+
+    def steps_frame(self):
+        """``steps.parquet``: one row per engine step (``harness.sim.steps.STEP_COLUMNS``), or ``None`` when
+        the cluster was opened without ``record_steps``."""
+        return None if self.step_log is None else self.step_log.frame([i.name for i in self.infos])
 
     def measured(self) -> dict:
         """Nothing backend-specific beyond the common summary."""

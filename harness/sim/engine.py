@@ -166,6 +166,8 @@ class Engine:
         self._run_prefill: list[tuple[Request, int]] = []
         self._run_decode: list[Request] = []
         self._run_coalesced = False
+        self._run_paused = 0            # residents the run's steps leave out
+        self.step_log = None            # a harness.sim.steps.StepLog when steps are recorded (logger.steps)
         # counters
         self.busy_s = 0.0
         self.energy_busy_j = 0.0
@@ -415,7 +417,8 @@ class Engine:
         used = self.capacity_blocks - self.free - self.cached_total
         if used > self.peak_used_blocks:
             self.peak_used_blocks = used
-        self.paused_steps += len(running) - len(prefill) - len(decode)
+        self._run_paused = len(running) - len(prefill) - len(decode)
+        self.paused_steps += self._run_paused
         perf = self.perf
         if prefill:
             p_tok = p_ctx = p_samp = 0
@@ -487,6 +490,8 @@ class Engine:
         self.events += 1
         now = self.clock.now()
         k = len(self._run_ends)
+        if self.step_log is not None:
+            self.step_log.record(self)
         self.steps += k
         self.busy_s += self._run_ends[-1]
         self.energy_busy_j += self._run_energy[-1]

@@ -35,14 +35,18 @@ the per-layer floor (norms, rotary, activation and attention kernels at one toke
 Power (energy per step, J)::
 
     compute_s = lin_c + prefill attention FLOP time;  memory_s = lin_m + KV time
-    E = idle_w * step_s + (tdp_w - idle_w) * min(step_s, compute_s + memory_power_frac * memory_s)
+    fixed_s = num_layers * layer_overhead_s + step_overhead_s + the attention overheads
+    E = idle_w * step_s + (tdp_w - idle_w) * min(step_s, compute_s + memory_power_frac * memory_s
+                                                          + overhead_power_frac * fixed_s)
 
-i.e. FLOP time draws the full dynamic range, byte time ``memory_power_frac`` of it, fixed overheads none
-(Splitwise, Patel et al., ISCA 2024, Sec. 3: token generation draws well below TDP, prompt computation
-is power-hungry). Decode power rises with the batch as its GEMM FLOP time grows. If the step's mean
-power exceeds the cap, the clock is lowered to a fraction f = ((cap - idle) / (demand - idle)) **
-(1 / dvfs_exponent) (dynamic power ~ f^3 under DVFS), every FLOP time is divided by f, and the power is
-the cap.
+i.e. FLOP time draws the full dynamic range, byte time ``memory_power_frac`` of it, fixed overheads
+``overhead_power_frac`` of it (0 by default: idle). Prompt computation is power-hungry, token generation
+draws less (Splitwise, Patel et al., ISCA 2024, Sec. 3); decode power rises with the batch as its GEMM
+FLOP time grows. ``memory_power_frac`` = 0.80 is fitted to ML.ENERGY's published steady-state power of
+vLLM on an H100 at 8-768 sequences (``docs/calibration.md``, "Power": median error 6.4 %, max 13.4 %;
+per-model fits 0.71-0.95). If the step's mean power exceeds the cap, the clock is lowered to a fraction
+f = ((cap - idle) / (demand - idle)) ** (1 / dvfs_exponent) (dynamic power ~ f^3 under DVFS), every FLOP
+time is divided by f, and the power is the cap.
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ class PerfModel:
         self._tok_s = L * hw.attention_token_overhead_s * model.num_heads * model.head_dim / REF_Q_WIDTH
         self._fixed_s = L * hw.layer_overhead_s + hw.step_overhead_s
         self._dyn_w = hw.tdp_w - hw.idle_w
+        self._opf = hw.overhead_power_frac
         self._cap_dyn_w = hw.cap_w - hw.idle_w
 
     def _lin(self, c: float, m: float) -> float:
@@ -184,7 +189,7 @@ class PerfModel:
         """Cumulative end times (s) and per-step energies (J) of ``n`` decode steps (``decode_run``)."""
         lin_m = self._weights_s
         dyn_w, cap_dyn_w, mpf, idle = self._dyn_w, self._cap_dyn_w, self.hw.memory_power_frac, self.hw.idle_w
-        busy0 = lin_c + mpf * lin_m
+        busy0 = lin_c + mpf * lin_m + self._opf * (self._seq_s * b + self._fixed_s)
         ctx = np.arange(ctx_tokens + b, ctx_tokens + b + n * b, b, dtype=np.int64)[:n]   # ctx + b of step j
         kv_m = self._kv_s_per_token * ctx
         step_s = base_s + kv_m
@@ -205,7 +210,7 @@ class PerfModel:
         lin_m = self._weights_s
         kv_s = self._kv_s_per_token
         dyn_w, cap_dyn_w, mpf, idle = self._dyn_w, self._cap_dyn_w, self.hw.memory_power_frac, self.hw.idle_w
-        busy0 = lin_c + mpf * lin_m
+        busy0 = lin_c + mpf * lin_m + self._opf * (self._seq_s * b + self._fixed_s)
         ends: list[float] = []
         energy: list[float] = []
         t = e = 0.0
@@ -237,7 +242,7 @@ class PerfModel:
         fixed = self._fixed_s + extra_s
         step_s = self._lin(lin_c, lin_m) + attn_c + kv_m + fixed
         compute_s, memory_s = lin_c + attn_c, lin_m + kv_m
-        busy = compute_s + hw.memory_power_frac * memory_s
+        busy = compute_s + hw.memory_power_frac * memory_s + self._opf * fixed
         dyn_j = self._dyn_w * (busy if busy < step_s else step_s)
         if dyn_j > self._cap_dyn_w * step_s:  # mean power above the cap: lower the clock
             demand_dyn_w = dyn_j / step_s

@@ -43,18 +43,30 @@ class SimBackendConfig:
 @register_backend("sim", SimBackendConfig)
 @contextlib.contextmanager
 def open_sim(run: Any, run_dir: Path | None = None, *, conversations: Sequence = (),
-             max_coalesce_s: float | None = None) -> Iterator[Any]:
+             max_coalesce_s: float | None = None, record_steps: bool | None = None) -> Iterator[Any]:
     """A fresh simulated cluster for ``run`` (a ``harness.config.Resolved``), on its own virtual clock,
     whose KV block pools know which blocks the workload's ``conversations`` (``(arrival_s, record)``)
     share (``harness.prefix.BlockContent``: each conversation's own prefix, plus the workload's shared
     system prompt). ``max_coalesce_s`` overrides the config's (the unloaded-TTFET replays use ``inf``).
-    Nothing to tear down."""
+    ``record_steps``: record every engine step (``harness.sim.steps``); ``None``: when ``logger.steps``
+    is set and there is a run directory (the run itself, not the unloaded-TTFET replays). With a run
+    directory the steps are written to ``<run_dir>/steps.parquet`` when the cluster closes, also after an
+    error (what was simulated until then)."""
     from harness.prefix import BlockContent
     from harness.sim.backend import SimBackend
     cfg = run.cfg
     b = run.backend if isinstance(run.backend, SimBackendConfig) else SimBackendConfig()
     content = BlockContent([r for _, r in conversations],
                            shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens())
-    yield SimBackend(run.instances, cfg.model, cfg.engine, cfg.cluster.link,
-                     max_coalesce_s=b.max_coalesce_s if max_coalesce_s is None else max_coalesce_s,
-                     max_sim_time_s=b.max_sim_time_s, max_events=b.max_events, content=content)
+    if record_steps is None:
+        record_steps = run_dir is not None and bool(getattr(cfg.logger, "steps", False))
+    cluster = SimBackend(run.instances, cfg.model, cfg.engine, cfg.cluster.link,
+                         max_coalesce_s=b.max_coalesce_s if max_coalesce_s is None else max_coalesce_s,
+                         max_sim_time_s=b.max_sim_time_s, max_events=b.max_events, content=content,
+                         record_steps=record_steps)
+    try:
+        yield cluster
+    finally:
+        if record_steps and run_dir is not None:
+            from harness.recorder import write_parquet
+            write_parquet(cluster.steps_frame(), Path(run_dir) / "steps.parquet")
