@@ -42,7 +42,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -185,6 +185,21 @@ def variant_label(row: dict, keys: list[str]) -> str:
     return ", ".join(parts) if parts else "all runs"
 
 
+def used_hardware(configs: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The hardware profiles some run's cluster uses (``cluster.instances[*].hardware``). A profile no
+    instance runs on (``hardware.cpu`` in an A100 sweep, say) changes no result, so a difference in it
+    between runs (the profile was recalibrated between two parts of a sweep) is not a sweep dimension."""
+    used: set[str] = set()
+    for c in configs:
+        inst = c.get("cluster.instances")
+        try:
+            inst = json.loads(inst) if isinstance(inst, str) else (inst or [])
+        except ValueError:
+            inst = []
+        used |= {str(i.get("hardware")) for i in inst if isinstance(i, Mapping)}
+    return used
+
+
 def load_sweep(sweep_dir: Path) -> Sweep:
     """Read every run of ``sweep_dir``.
 
@@ -200,7 +215,9 @@ def load_sweep(sweep_dir: Path) -> Sweep:
     keys: list[str] = []
     for c in configs:
         keys += [k for k in c if k not in keys]
-    swept = [k for k in keys if len({json.dumps(_norm(c.get(k)), sort_keys=True, default=str) for c in configs}) > 1]
+    used = used_hardware(configs)
+    swept = [k for k in keys if len({json.dumps(_norm(c.get(k)), sort_keys=True, default=str) for c in configs}) > 1
+             and not (k.startswith("hardware.") and k.split(".")[1] not in used)]
     swept_set = set(swept)
     fixed = {k for k in swept if explained(k, configs, swept_set)}
     seeds = [k for k in swept if "seed" in k.split(".")[-1] and k not in fixed]

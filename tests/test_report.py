@@ -176,3 +176,16 @@ def test_tier_and_prediction_error_figures(tmp_path: Path):
 def test_empty_directory_is_a_clean_error(tmp_path: Path, capsys):
     assert report.main([str(tmp_path)]) == 2
     assert "no run directories" in capsys.readouterr().err
+
+
+
+def test_a_hardware_profile_no_instance_uses_is_not_a_sweep_dimension(tmp_path: Path):
+    """Runs whose configs differ in the ``cpu`` profile (recalibrated between two parts of a sweep) on
+    clusters of ``a40`` GPUs only: not a dimension; a difference in the ``a40`` profile they run on is one."""
+    for i, (cpu_overhead, a40_idle) in enumerate([(0.003, 30.0), (0.0028, 30.0), (0.003, 70.0)]):
+        c = config(seed=i % 2, cluster="a40")
+        c["hardware"] = {"cpu": {"step_overhead_s": cpu_overhead}, "a40": {"idle_w": a40_idle}}
+        make_run(tmp_path, f"{i}_run", c, {"ttfet_p95_s": 1.0})
+    sw = report.load_sweep(tmp_path)
+    assert "hardware.cpu.step_overhead_s" not in sw.swept
+    assert "hardware.a40.idle_w" in sw.dims
