@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from itertools import islice
+from operator import attrgetter
 from types import SimpleNamespace
 from typing import Callable, Sequence
 
@@ -154,12 +155,15 @@ def _take_stage0(res: list, wait: list, cap: int, budget: int, chunk_cap: int, r
     return budget
 
 
+_ADMIT_SEQ, _SUBMIT_S = attrgetter("admit_seq"), attrgetter("submit_s")
+
+
 def _plan(run: list, admit: list, running: Sequence, wake: float) -> StepPlan:
     """A plan whose preferred victims are the unselected residents, most recently admitted first."""
     chosen = {id(r) for r, _ in run}
     paused = [r for r in running if id(r) not in chosen]
-    paused.sort(key=lambda r: r.admit_seq, reverse=True)
-    admit.sort(key=lambda r: r.submit_s)
+    paused.sort(key=_ADMIT_SEQ, reverse=True)
+    admit.sort(key=_SUBMIT_S)
     return StepPlan(tuple(run), tuple(admit), tuple(paused), None if wake == math.inf else wake)
 
 

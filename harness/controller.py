@@ -96,6 +96,7 @@ class Controller:
         # the last InstanceView of each instance and what it was built from: reused while nothing changed
         self._iv: list = [None] * n
         self._iv_key: list = [None] * n
+        self._observe_load = getattr(cluster, "observe_load", None)   # optional: observe without energy
         # per conversation: instance -> tokens of its context that instance holds (where its turns ran)
         self._holds: dict[str, dict[int, int]] = {}
         self._recheck_at = math.inf
@@ -118,19 +119,22 @@ class Controller:
 
         Cost O(instances) while no instance's conversations changed; an instance whose conversations
         changed since the last view rebuilds its three tuples (C-level copies of its book)."""
-        states = self.backend.observe()
+        if self._observe_load is not None:
+            loads = self._observe_load()
+        else:
+            loads = [(s.kv_used_tokens, s.num_running, s.num_waiting) for s in self.backend.observe()]
         ivs, keys, infos = self._iv, self._iv_key, self.backend.infos
-        for i, s in enumerate(states):
+        for i, (kv_used, running, waiting) in enumerate(loads):
             book = self._book[i]
             if book is None:
                 book = self._book[i] = (tuple(self._turn_on[i].items()), tuple(self._ctx_on[i].values()),
                                         tuple(self._busy_on[i].values()))
-            key = (s.kv_used_tokens, s.num_running, s.num_waiting, self._queued_prefill[i],
-                   self._conversations_on[i], self._context_on[i], self._queued_uncached[i], book)
+            key = (kv_used, running, waiting, self._queued_prefill[i], self._conversations_on[i],
+                   self._context_on[i], self._queued_uncached[i], book)
             if keys[i] != key:              # (the book compares by identity first: the same tuple object)
                 info = infos[i]
                 ivs[i] = InstanceView(info.index, info.name, info.role, info.hardware, info.kv_capacity_tokens,
-                                      s.kv_used_tokens, s.num_running, s.num_waiting, self._queued_prefill[i],
+                                      kv_used, running, waiting, self._queued_prefill[i],
                                       self._conversations_on[i], self._context_on[i], book[0],
                                       self._hints[i].prefill_tokens_per_s, self._queued_uncached[i], book[1],
                                       book[2])
