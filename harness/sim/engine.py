@@ -86,7 +86,7 @@ class Request:
         self.idle_since_s = 0.0         # when it last advanced (or was submitted), s
         self.in_step = False            # scheduled in the step being planned
         self.token_times: list = []     # when its output tokens were sampled, in order: a time (s) for a
-        #                                 prefill-completing step, (run start, step-end offsets) for a decode run
+        #                                 single step, (run start, step-end offsets) for a run of decode steps
 
     def itl_gaps(self) -> np.ndarray:
         """The gaps between this request's successive output tokens on this engine, s (shape: tokens - 1).
