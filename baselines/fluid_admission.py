@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from itertools import islice
+from operator import attrgetter
 from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
 
@@ -179,12 +180,15 @@ def _take_stage0(res: list, wait: list, cap: int, budget: int, chunk_cap: int, r
     return budget
 
 
+_ADMIT_SEQ, _SUBMIT_S = attrgetter("admit_seq"), attrgetter("submit_s")
+
+
 def _plan(run: list, admit: list, running: Sequence, wake: float) -> StepPlan:
     """A plan whose preferred victims are the unselected residents, most recently admitted first."""
     chosen = {id(r) for r, _ in run}
     paused = [r for r in running if id(r) not in chosen]
-    paused.sort(key=lambda r: r.admit_seq, reverse=True)
-    admit.sort(key=lambda r: r.submit_s)
+    paused.sort(key=_ADMIT_SEQ, reverse=True)
+    admit.sort(key=_SUBMIT_S)
     return StepPlan(tuple(run), tuple(admit), tuple(paused), None if wake == math.inf else wake)
 
 
@@ -217,6 +221,25 @@ class WaitRule:
         if any(x < 1 for x in self.n):
             raise ValueError(f"WAIT thresholds must be >= 1, got {self.n}")
         self.classify, self.max_wait_s, self.idle_policy = classify, max_wait_s, idle_policy
+        self._memo: dict = {}
+
+    def _types(self, reqs) -> list:
+        """The type of each of ``reqs`` (a list), in order: from the rule's memo (request -> type, one
+        C-level ``map`` over the list), classifying only requests not seen before (the classifier's own
+        result, so nothing changes but the cost). The memo is keyed by request identity and dropped when
+        it grows past four times the live requests, so it stays O(live requests)."""
+        memo = self._memo
+        try:
+            types = list(map(memo.get, reqs))
+        except TypeError:                   # requests that do not hash by identity: classify each
+            return [self.classify(r) for r in reqs]
+        if None in types:
+            cls = self.classify
+            for i, t in enumerate(types):
+                if t is None:
+                    r = reqs[i]
+                    types[i] = memo[r] = cls(r)
+        return types
 
     def to_spec(self) -> dict:
         """The rule's parameters as a JSON-able dict (``rule_from_spec`` rebuilds it with another
@@ -240,13 +263,16 @@ class WaitRule:
 
     def plan(self, inp: StepInput) -> StepPlan:
         m = len(self.n)
-        cls = self.classify
+        running, waiting = inp.running, inp.waiting
+        if len(self._memo) > 4 * (len(running) + len(waiting)) + 4096:
+            self._memo = {}
+        if not isinstance(running, list):
+            running = list(running)
         res0: list[list] = [[] for _ in range(m)]
         wait0: list[list] = [[] for _ in range(m)]
         stages: list[dict[int, list]] = [{} for _ in range(m)]
         oldest = [math.inf] * m
-        for r in inp.running:
-            j = cls(r)
+        for r, j in zip(running, self._types(running)):
             s = r.stage
             if s == 0:
                 res0[j].append(r)
@@ -254,21 +280,27 @@ class WaitRule:
                 stages[j].setdefault(s, []).append(r)
             if r.idle_since_s < oldest[j]:
                 oldest[j] = r.idle_since_s
-        # the waiting queue is FCFS: a type's first request is its oldest, and no type needs more than
-        # n_j of them, so the scan stops once every type has its n_j (the queue can be long in overload)
-        short = sum(1 for j in range(m) if len(res0[j]) < self.n[j])
-        for r in inp.waiting:
-            if not short:
-                break
-            j = cls(r)
-            w = wait0[j]
-            if len(res0[j]) + len(w) >= self.n[j]:
-                continue
-            w.append(r)
-            if r.idle_since_s < oldest[j]:
-                oldest[j] = r.idle_since_s
-            if len(res0[j]) + len(w) == self.n[j]:
-                short -= 1
+        # the waiting queue is FCFS: a type's first requests are its oldest, and no type needs more than
+        # n_j of them: per type short of n_j prefilling residents, its first n_j - those requests in queue
+        # order, found by C-level searches of the queue's types (the queue can be long in overload)
+        short = [j for j in range(m) if len(res0[j]) < self.n[j]]
+        if short and waiting:
+            if not isinstance(waiting, list):
+                waiting = list(waiting)
+            types = self._types(waiting)
+            for j in short:
+                w = wait0[j]
+                need = self.n[j] - len(res0[j])
+                i = -1
+                while len(w) < need:
+                    try:
+                        i = types.index(j, i + 1)
+                    except ValueError:
+                        break
+                    r = waiting[i]
+                    w.append(r)
+                    if r.idle_since_s < oldest[j]:
+                        oldest[j] = r.idle_since_s
         now, mw = inp.now_s, self.max_wait_s
         eligible = []
         wake = math.inf
@@ -351,6 +383,10 @@ class NestedWaitRule:
             raise ValueError("stage_caps must give one cap per stage of every segment")
         self.starts = [0] + self.bounds[:-1]
         self.max_wait_s, self.idle_policy = max_wait_s, idle_policy
+        # segment and cap of every stage below the last boundary, looked up per request at every step
+        # (stages from the last boundary on: the last segment, its last stage's cap)
+        self._seg_tab = [self.segment(st) for st in range(self.bounds[-1])] if self.bounds else []
+        self._cap_tab = [self.cap(k, st) for st, k in enumerate(self._seg_tab)]
 
     def to_spec(self) -> dict:
         """The rule's parameters as a JSON-able dict (``rule_from_spec`` rebuilds it):
@@ -372,13 +408,14 @@ class NestedWaitRule:
         res0: list = []
         stages: dict[int, list] = {}
         oldest = [math.inf] * m
+        seg_tab, cap_tab, n_tab, last = self._seg_tab, self._cap_tab, len(self._seg_tab), m - 1
         for r in inp.running:
             s = r.stage
             if s == 0:
                 res0.append(r)
             else:
                 stages.setdefault(s, []).append(r)
-            k = self.segment(s)
+            k = seg_tab[s] if s < n_tab else last
             if r.idle_since_s < oldest[k]:
                 oldest[k] = r.idle_since_s
         waiting = list(islice(inp.waiting, max(0, self.cap(0, 0) - len(res0))))  # FCFS: head is oldest
@@ -409,7 +446,7 @@ class NestedWaitRule:
             for s in sorted(stages):
                 if s >= limit:
                     break
-                cap = self.cap(self.segment(s), s)
+                cap = cap_tab[s] if s < n_tab else self.caps[last][-1]
                 for r in stages[s][:cap]:
                     if budget <= 0:
                         break

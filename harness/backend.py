@@ -111,6 +111,10 @@ class Cluster(Protocol):
     def observe(self) -> tuple[InstanceState, ...]:
         """Current state of each instance."""
 
+    # Optional: ``observe_load() -> tuple[tuple[int, int, int], ...]``, per instance ``(kv_used_tokens,
+    # num_running, num_waiting)`` as ``observe`` would give them, without the energy (the controller's
+    # view needs only these; a backend without it is observed through ``observe``).
+
     def power_w(self) -> list[float]:
         """Current power draw per instance, W (NaN where not observed)."""
 

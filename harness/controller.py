@@ -77,15 +77,26 @@ class Controller:
         self.on_conversation = on_conversation
         self.max_context_tokens = max_context_tokens
         self.log_decisions = recorder.log_decisions
-        self.held: list[tuple[ConversationState, TurnView]] = []
+        # the held turns, FIFO: their states and their views (the queue a policy sees), kept in step
+        self.held: list[ConversationState] = []
+        self._queue: list[TurnView] = []
         n = len(cluster.infos)
         self._queued_prefill = [0] * n
         self._queued_uncached = [0] * n
         self._uncached_of: dict[tuple[str, int], int] = {}
         self._conversations_on = [0] * n
         self._context_on = [0] * n
-        # per instance: conversation id -> (latest turn placed, context tokens, turn in flight)
-        self._convs_on: list[dict[str, tuple[int, int, bool]]] = [{} for _ in range(n)]
+        # per instance, three dicts in one insertion order (placement order): conversation id -> latest turn
+        # placed / context tokens / turn in flight; and the tuples a view shows of them, rebuilt (C-level,
+        # ``tuple(d.items())``) only after the instance's book changed
+        self._turn_on: list[dict[str, int]] = [{} for _ in range(n)]
+        self._ctx_on: list[dict[str, int]] = [{} for _ in range(n)]
+        self._busy_on: list[dict[str, bool]] = [{} for _ in range(n)]
+        self._book: list = [None] * n
+        # the last InstanceView of each instance and what it was built from: reused while nothing changed
+        self._iv: list = [None] * n
+        self._iv_key: list = [None] * n
+        self._observe_load = getattr(cluster, "observe_load", None)   # optional: observe without energy
         # per conversation: instance -> tokens of its context that instance holds (where its turns ran)
         self._holds: dict[str, dict[int, int]] = {}
         self._recheck_at = math.inf
@@ -104,17 +115,31 @@ class Controller:
         return self.num_done == len(self.convs)
 
     def view(self) -> ClusterView:
-        """The snapshot a policy sees now: backend observations + the controller's bookkeeping."""
-        states = self.backend.observe()
-        inst = tuple(
-            InstanceView(info.index, info.name, info.role, info.hardware, info.kv_capacity_tokens,
-                         s.kv_used_tokens, s.num_running, s.num_waiting, self._queued_prefill[i],
-                         self._conversations_on[i], self._context_on[i],
-                         tuple((cid, v[0]) for cid, v in self._convs_on[i].items()), self._hints[i].prefill_tokens_per_s,
-                         self._queued_uncached[i], tuple(v[1] for v in self._convs_on[i].values()),
-                         tuple(v[2] for v in self._convs_on[i].values()))
-            for i, (info, s) in enumerate(zip(self.backend.infos, states)))
-        return ClusterView(self.clock.now(), inst, self._kvb, self._link[0], self._link[1], len(self.held))
+        """The snapshot a policy sees now: backend observations + the controller's bookkeeping.
+
+        Cost O(instances) while no instance's conversations changed; an instance whose conversations
+        changed since the last view rebuilds its three tuples (C-level copies of its book)."""
+        if self._observe_load is not None:
+            loads = self._observe_load()
+        else:
+            loads = [(s.kv_used_tokens, s.num_running, s.num_waiting) for s in self.backend.observe()]
+        ivs, keys, infos = self._iv, self._iv_key, self.backend.infos
+        for i, (kv_used, running, waiting) in enumerate(loads):
+            book = self._book[i]
+            if book is None:
+                book = self._book[i] = (tuple(self._turn_on[i].items()), tuple(self._ctx_on[i].values()),
+                                        tuple(self._busy_on[i].values()))
+            key = (kv_used, running, waiting, self._queued_prefill[i], self._conversations_on[i],
+                   self._context_on[i], self._queued_uncached[i], book)
+            if keys[i] != key:              # (the book compares by identity first: the same tuple object)
+                info = infos[i]
+                ivs[i] = InstanceView(info.index, info.name, info.role, info.hardware, info.kv_capacity_tokens,
+                                      kv_used, running, waiting, self._queued_prefill[i],
+                                      self._conversations_on[i], self._context_on[i], book[0],
+                                      self._hints[i].prefill_tokens_per_s, self._queued_uncached[i], book[1],
+                                      book[2])
+                keys[i] = key
+        return ClusterView(self.clock.now(), tuple(ivs), self._kvb, self._link[0], self._link[1], len(self.held))
 
     def _ready(self, c: ConversationState) -> None:
         k = c.next_turn
@@ -123,7 +148,8 @@ class Controller:
         cached = tuple((i, min(n, tr.reused_tokens)) for i, n in sorted(holds.items()) if min(n, tr.reused_tokens) > 0)
         tv = TurnView(c.record.conversation_id, k, tr.prompt_tokens, tr.reused_tokens, tr.new_input_tokens,
                       c.arrival_s, self.clock.now(), c.prev_prefill, c.prev_decode, c.prev_output, cached)
-        self.held.append((c, tv))
+        self.held.append(c)
+        self._queue.append(tv)
         self._poll()
 
     def _poll(self) -> None:
@@ -131,20 +157,34 @@ class Controller:
             return
         now = self.clock.now()
         view = self.view()
-        queue = [tv for _, tv in self.held]
+        queue, held = self._queue, self.held
         adm: Admission = self.policy.admit(queue, view, now)
-        chosen = sorted(set(adm.admit))
-        if chosen and (chosen[0] < 0 or chosen[-1] >= len(queue)):
+        n = len(queue)
+        admit = adm.admit
+        if admit == tuple(range(len(admit))):   # a FIFO head (admit-all, or the gates open): no sort needed
+            chosen = admit
+        else:
+            chosen = sorted(set(admit))
+        if chosen and (chosen[0] < 0 or chosen[-1] >= n):
             raise ValueError(f"policy {self.policy.name}: admission index out of range: {adm.admit}")
-        n_held = len(queue) - len(chosen)
+        n_held = n - len(chosen)
         if self.log_decisions and n_held and n_held != self._last_logged_hold:
             self.recorder.decision(HoldDecision(view.now_s, f"{n_held} held: {adm.reason}", ViewDigest.of(view)))
         self._last_logged_hold = n_held
-        released = [self.held[i] for i in chosen]
-        keep = set(chosen)
-        self.held = [h for i, h in enumerate(self.held) if i not in keep]
-        for c, tv in released:
-            self._launch(c, tv, self.view())
+        if chosen:
+            released = [(held[i], queue[i]) for i in chosen]
+            if len(chosen) == n:
+                held.clear()
+                queue.clear()
+            elif chosen[-1] == len(chosen) - 1:   # the head of the queue
+                del held[:len(chosen)]
+                del queue[:len(chosen)]
+            else:
+                for i in reversed(chosen):
+                    del held[i]
+                    del queue[i]
+            for c, tv in released:
+                self._launch(c, tv, self.view())
         recheck = adm.recheck_at
         if recheck is not None and self.held and recheck < self._recheck_at:
             # never "again right now": a policy that keeps asking for that would loop at one instant
@@ -186,15 +226,20 @@ class Controller:
         """Book conversation ``c`` (its context, tokens; whether a turn of it is being served) on
         ``instance`` (-1: on none)."""
         cid = c.record.conversation_id
-        if c.counted_on >= 0:
-            self._conversations_on[c.counted_on] -= 1
-            self._context_on[c.counted_on] -= c.context_tokens
-            del self._convs_on[c.counted_on][cid]
+        j = c.counted_on
+        if j >= 0:
+            self._conversations_on[j] -= 1
+            self._context_on[j] -= c.context_tokens
+            del self._turn_on[j][cid], self._ctx_on[j][cid], self._busy_on[j][cid]
+            self._book[j] = None
         c.counted_on, c.context_tokens = instance, context_tokens
         if instance >= 0:
             self._conversations_on[instance] += 1
             self._context_on[instance] += context_tokens
-            self._convs_on[instance][cid] = (c.next_turn, context_tokens, in_flight)
+            self._turn_on[instance][cid] = c.next_turn
+            self._ctx_on[instance][cid] = context_tokens
+            self._busy_on[instance][cid] = in_flight
+            self._book[instance] = None
 
     def _unqueue(self, job: TurnJob) -> None:
         """The job's prompt left its prefill instance's queue (prefilled, or failed before that)."""

@@ -148,27 +148,42 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
     token - arrival, s), latency_s, finish_s, last_turn_tpot_s (the final turn's TPOT, s), failed,
     completed. A reading whose turn did not complete is NaN.
     """
-    by = {cid: g for cid, g in turns.groupby("conversation_id", sort=False)} if len(turns) else {}
+    # one pass over the turn columns (no per-conversation frames): per conversation, whether it has rows,
+    # its completed turns' count, first-token time by turn (the last row of a turn wins, as a dict of
+    # the rows would) and (finish, TPOT) of each turn's first completed row
+    seen: set = set()
+    done_of: dict = {}
+    first_of: dict = {}
+    end_of: dict = {}
+    if len(turns):
+        for cid, turn, status, ft, fin, tpot in zip(turns.conversation_id.tolist(), turns.turn.tolist(),
+                                                    turns.status.tolist(), turns.first_token_s.to_numpy(),
+                                                    turns.finish_s.to_numpy(), turns.tpot_s.to_numpy()):
+            seen.add(cid)
+            if status != "ok":
+                continue
+            done_of[cid] = done_of.get(cid, 0) + 1
+            first_of.setdefault(cid, {})[turn] = ft
+            end_of.setdefault((cid, turn), (fin, tpot))
     rows = []
     for c in convs:
         rec = c.record
-        g = by.get(rec.conversation_id)
+        cid = rec.conversation_id
         visible = [t.visible for t in rec.turns]
         k = ttfet_turn_index(visible, definition)
         kv = ttfet_turn_index(visible, "visible")
         ttfet = first = vis = latency = last_tpot = math.nan
         done = 0
-        if g is not None:
-            ok = g[g.status == "ok"]
-            done = len(ok)
-            first_token = dict(zip(ok.turn, ok.first_token_s))
+        if cid in seen:
+            done = done_of.get(cid, 0)
+            first_token = first_of.get(cid, {})
             ttfet = float(first_token.get(k, math.nan)) - c.arrival_s
             first = float(first_token.get(0, math.nan)) - c.arrival_s
             vis = float(first_token.get(kv, math.nan)) - c.arrival_s
-            last = ok[ok.turn == len(rec.turns) - 1]
-            if len(last):
-                latency = float(last.finish_s.iloc[0]) - c.arrival_s
-                last_tpot = float(last.tpot_s.iloc[0])
+            last = end_of.get((cid, len(rec.turns) - 1))
+            if last is not None:
+                latency = float(last[0]) - c.arrival_s
+                last_tpot = float(last[1])
         rows.append({"conversation_id": rec.conversation_id, "arrival_s": c.arrival_s,
                      "num_turns": len(rec.turns), "turns_done": done, "ttfet_s": ttfet, "ttfet_first_s": first,
                      "ttfet_visible_s": vis, "latency_s": latency, "finish_s": c.finish_s,

@@ -381,3 +381,30 @@ def test_backend_without_batch_rules_rejects_wait():
     run.backend_name = "nobatch"
     with pytest.raises(ConfigError, match="backend=nobatch cannot take one"):
         check_policies(run, convs, stats)
+    run = compose_run([*base, "scheduler=collocated"])
+    check_policies(run, convs, stats)
+
+
+class _Req:
+    """A hashable RequestState (identity hash, as the simulator's ``Request``) for the rule's type memo."""
+
+    def __init__(self, kind, submit):
+        self.kind, self.conv, self.turn, self.prompt, self.prefill_target = kind, f"w{submit}", 0, 4, 4
+        self.computed = self.blocks = self.out_done = self.stage = 0
+        self.remote_kv, self.admit_seq, self.submit_s, self.idle_since_s = False, -1, float(submit), 0.0
+
+
+def test_wait_picks_each_types_first_waiting_requests_and_classifies_each_request_once():
+    """n = (1, 2, 1), no residents, waiting types in FCFS order 1, 2, 1, 2, 2 (type 0 absent). Algorithm 1
+    takes per eligible type its first n_j waiting prompts: type 1 the 1st and 3rd, type 2 the 2nd; type 0
+    has none (not eligible, no timeout to wait for). Admissions in submission order: 1st, 2nd, 3rd. A
+    second plan on the same queue gives the same and classifies nothing again (5 calls in all)."""
+    calls = []
+    rule = WaitRule([1, 2, 1], lambda r: calls.append(r) or r.kind, max_wait_s=10.0)
+    w = [_Req(k, i) for i, k in enumerate([1, 2, 1, 2, 2])]
+    for _ in range(2):
+        plan = rule.plan(step_input([], w))
+        run, admit = selected(plan)
+        assert run == [] and admit == [w[0], w[1], w[2]]
+        assert plan.wake_at_s is None
+    assert len(calls) == 5

@@ -250,3 +250,78 @@ def test_conversation_table_by_hand():
     assert last.loc["c0", "ttfet_s"] == 15.0 and math.isnan(last.loc["c1", "ttfet_s"])
     empty = conversation_table(turns.iloc[:0], convs, "first")
     assert list(empty.turns_done) == [0, 0, 0] and empty.ttfet_s.isna().all()
+
+
+# ---- the controller's incremental held queue and per-instance books -----------------------------------
+
+def test_controller_held_queue_and_books_after_a_non_head_release():
+    """Conversations a-e arrive at t = 0..4 (one 10-token turn each). The policy holds everything except at
+    t = 3, when it releases queue positions 1 and 3 (b, d), placing b on instance 0 and d on instance 1.
+    So the queues it sees are [a], [a b], [a b c], [a b c d], then [a c e] at t = 4; b's placement view
+    holds 2 turns and empty books, d's holds 2 turns and instance 0's book (b, turn 0, 10 tokens, in
+    flight); the t = 4 view shows both books."""
+    import math as _m
+    from harness.backend import InstanceInfo, InstanceState
+    from harness.clock import SimClock
+    from harness.controller import Controller
+    from harness.policy import Admission, InstanceHints, Placement
+    from harness.recorder import Recorder
+    from harness.trace import ConversationRecord, TurnRecord
+
+    class Stub:
+        def __init__(self):
+            self.clock = SimClock()
+            self.infos = tuple(InstanceInfo(i, f"i{i}", "collocated", "a40", 1000) for i in range(2))
+            self.jobs = []
+
+        def start_turn(self, job):
+            self.jobs.append(job)
+
+        def observe(self):
+            return tuple(InstanceState(0, 0, 0, _m.nan) for _ in self.infos)
+
+    seen, views = [], {}
+
+    class Policy:
+        name = "script"
+
+        def admit(self, queue, view, now):
+            seen.append([t.conversation_id for t in queue])
+            views[now] = view
+            return Admission((1, 3) if now == 3.0 else ())
+
+        def place(self, turn, view, now):
+            views[turn.conversation_id] = view
+            i = 0 if turn.conversation_id == "b" else 1
+            return Placement(i, i)
+
+    cluster = Stub()
+    convs = [(float(k), ConversationRecord(cid, (TurnRecord(10, 0, 5, 0.0, True, 5),), "test"))
+             for k, cid in enumerate("abcde")]
+    hint = InstanceHints(1e4, 0.01, 0.01, 1e-6, 1e-5)
+    ctl = Controller(cluster, Policy(), convs, Recorder(lambda c, t: True), (hint, hint),
+                     link_bandwidth_bytes_per_s=1e9, link_latency_s=0.0, kv_bytes_per_token=1)
+    ctl.start()
+    cluster.clock.run()
+    assert seen == [["a"], ["a", "b"], ["a", "b", "c"], ["a", "b", "c", "d"], ["a", "c", "e"]]
+    assert [j.conversation_id for j in cluster.jobs] == ["b", "d"]
+    vb, vd, v4 = views["b"], views["d"], views[4.0]
+    assert vb.num_held == 2 and vb.instances[0].conversations == () and vb.instances[1].conversations == ()
+    assert vd.num_held == 2 and vd.instances[0].conversations == (("b", 0),)
+    assert vd.instances[0].conversation_tokens == (10,) and vd.instances[0].conversation_in_flight == (True,)
+    assert vd.instances[0].num_conversations == 1 and vd.instances[0].conversation_context_tokens == 10
+    assert v4.num_held == 3 and v4.instances[1].conversations == (("d", 0),)
+    assert v4.instances[0].queued_prefill_tokens == 10 and v4.instances[1].queued_prefill_tokens == 10
+
+
+def test_itl_gaps_from_single_steps_and_runs():
+    """Token times: a prefill step ending at 1.0 s, a single decode step ending at 2.5 s, then a run of
+    three decode steps started at 3.0 s ending 0.5, 1.0, 1.5 s later -> times 1.0, 2.5, 3.5, 4.0, 4.5 s,
+    gaps 1.5, 1.0, 0.5, 0.5 s (all exact in binary)."""
+    import numpy as np
+    from harness.sim.engine import Request
+
+    r = Request("c", 0, 10, 5, (0,))
+    r.token_times = [1.0, 2.5, (3.0, np.array([0.5, 1.0, 1.5]))]
+    assert r.itl_gaps().tolist() == [1.5, 1.0, 0.5, 0.5]
+    assert Request("c", 0, 10, 1, (0,)).itl_gaps().tolist() == []

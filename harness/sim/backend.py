@@ -96,6 +96,12 @@ class SimBackend:
                                      self.instance_energy_j(e.index, now)))
         return tuple(out)
 
+    def observe_load(self) -> tuple[tuple[int, int, int], ...]:
+        """``(kv_used_tokens, num_running, num_waiting)`` of each engine now: ``observe`` without the
+        energy (what the controller's view reads, once per decision)."""
+        return tuple([(e.used_blocks_now() * e.bs, len(e.running), len(e.waiting) + e.loading)
+                      for e in self.engines])
+
     def power_w(self) -> list[float]:
         """Not sampled on the simulator (NaN per instance): its energy model is integrated per step
         (``energy_j``), not read as a power signal."""

@@ -45,7 +45,6 @@ from harness.sim.kvcache import KVLease, PrefixBlockPool
 from harness.sim.perf import PerfModel
 
 WAITING, LOADING, RUNNING, HELD, DONE, FAILED = range(6)
-_ZERO1 = np.zeros(1)
 
 
 class Request:
@@ -87,7 +86,7 @@ class Request:
         self.idle_since_s = 0.0         # when it last advanced (or was submitted), s
         self.in_step = False            # scheduled in the step being planned
         self.token_times: list = []     # when its output tokens were sampled, in order: a time (s) for a
-        #                                 prefill-completing step, (run start, step-end offsets) for a decode run
+        #                                 single step, (run start, step-end offsets) for a run of decode steps
 
     def itl_gaps(self) -> np.ndarray:
         """The gaps between this request's successive output tokens on this engine, s (shape: tokens - 1).
@@ -98,20 +97,15 @@ class Request:
         tt = self.token_times
         if not tt:
             return np.empty(0)
-        # one concatenation and one addition for all pieces: a lone token time p is 0.0 + p (exact), a run
-        # is ends[j] + t0, the same additions as piece by piece
-        offsets, bases, lengths = [], [], []
+        # a lone token time p is a float; a run's are ends[j] + t0, the same float64 additions as numpy's
+        # (one vector addition per run), collected in order and differenced once
+        times: list = []
         for p in tt:
             if isinstance(p, float):
-                offsets.append(_ZERO1)
-                bases.append(p)
-                lengths.append(1)
+                times.append(p)
             else:
-                offsets.append(p[1])
-                bases.append(p[0])
-                lengths.append(len(p[1]))
-        t = np.concatenate(offsets) + np.repeat(np.array(bases), lengths)
-        return np.diff(t)
+                times.extend((p[1] + p[0]).tolist())
+        return np.diff(np.array(times))
 
     @property
     def stage(self) -> int:
@@ -339,19 +333,20 @@ class Engine:
         for req, n in plan.run:
             if req.state != RUNNING:        # preempted earlier in this step
                 continue
-            need = -(-(req.computed + n) // bs) - req.blocks
-            while need > self.kv.available:
-                victim = self._victim(prefer)
-                if victim.in_step:          # scheduled earlier in this step: drop it from the step
-                    victim.in_step = False
-                    prefill = [(r, k) for r, k in prefill if r is not victim]
-                    decode = [r for r in decode if r is not victim]
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    break
-            if req.state != RUNNING:
-                continue
+            need = -(-(req.computed + n) // bs) - req.kv.blocks
+            if need > 0:                    # (a step inside its blocks needs none: no overflow check)
+                while need > self.kv.available:
+                    victim = self._victim(prefer)
+                    if victim.in_step:      # scheduled earlier in this step: drop it from the step
+                        victim.in_step = False
+                        prefill = [(r, k) for r, k in prefill if r is not victim]
+                        decode = [r for r in decode if r is not victim]
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        break
+                if req.state != RUNNING:
+                    continue
             self.kv.grow(req.kv, need, req.computed + n)
             req.in_step = True
             if req.computed < req.prefill_target:
@@ -512,7 +507,9 @@ class Engine:
                         req.on_first_token(req)
                 if req.out_done >= req.out_target:
                     finished.append(req)
-        run = (self._run_start, np.asarray(self._run_ends)) if self._run_decode else None  # shared by the batch
+        # the batch's token times: a single step's is now (= run start + its end, the same addition), a run's
+        # (start, step-end offsets), shared by the batch
+        run = (self._run_start, np.asarray(self._run_ends)) if k > 1 else now
         for req in self._run_decode:
             req.token_times.append(run)
             req.idle_since_s = now
