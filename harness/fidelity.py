@@ -5,7 +5,7 @@ with ``backend=sim`` and the hardware profile under test) on the simulator and c
 metric by metric: mean and p50/p90/p99 of TTFT, TPOT, ITL, E2E and TTFET; request and output-token
 throughput; the KV-usage time series; preemptions; energy where the real run measured it; and the
 engine-side (``/metrics``) means where the real run wrote ``server_metrics.json``. The error of a metric
-is ``sim / real - 1``. The verdict checks the targets of issue 14: mean E2E and mean TPOT within 15 %,
+is ``sim / real - 1``. The verdict checks the fidelity targets: mean E2E and mean TPOT within 15 %,
 mean TTFT within 25 % (anchors from the literature: BLIS 6.7 % median E2E and 17.6 % TTFT error; Vidur
 < 9 % (arXiv 2405.05465); LLMServingSim 2.2 % E2E).
 
@@ -56,8 +56,8 @@ def _dist(prefix: str, x: np.ndarray) -> dict:
 
 
 def _kv_series(inst: pd.DataFrame, grid: np.ndarray) -> np.ndarray:
-    """KV used fraction summed over instances... averaged over instances, on ``grid`` (s), carrying the
-    last sample forward (0 before the first)."""
+    """KV used fraction (of capacity) averaged over the instances, sampled on ``grid`` (s, shape (n,)),
+    carrying each instance's last sample forward (0 before its first); shape (n,)."""
     out = np.zeros(len(grid))
     names = inst.instance.unique()
     for name in names:
