@@ -253,6 +253,9 @@ def resolve(dcfg: DictConfig) -> Resolved:
     _check_names(cfg)
     for key, hw in cfg.hardware.items():
         hw.name = key  # the key a profile is composed under is its name
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or cfg.seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0 (it seeds numpy generators, which take no negative "
+                          f"seed), got {cfg.seed!r}")
     try:
         for key, hw in cfg.hardware.items():
             hw.validate(f"hardware.{key}")

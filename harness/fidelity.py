@@ -352,7 +352,9 @@ def launch_real(overrides: Sequence[str], out_dir: Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.fidelity", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness.fidelity", description=__doc__.split("\n\n")[0],
+                                 epilog="Exit status: 0 when every target is met on the client's clocks, 1 when one "
+                                        "is missed, 2 on bad arguments.")
     ap.add_argument("real_dir", type=Path, help="a completed real run directory (or where --launch writes one)")
     ap.add_argument("--profile", required=True, help="hardware profile: a YAML path or a conf/hardware/ name")
     ap.add_argument("--out", type=Path, default=None, help="report directory (default <real_dir>/fidelity)")

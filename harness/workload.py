@@ -106,6 +106,9 @@ class WorkloadConfig:
 
     def validate(self, where: str = "workload") -> None:
         """Raise ``ValueError`` naming ``workload.<field>`` for the first invalid value."""
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"{where}.seed must be an integer >= 0 (numpy's seed sequences take no negative "
+                             f"entropy; it defaults to the run's `seed`), got {self.seed!r}")
         if self.kind not in KINDS:
             raise ValueError(f"{where}.kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.kind == "synthetic":

@@ -322,6 +322,8 @@ BAD = [
                  id="missing-trace"),
     pytest.param(["workload.rat=1"], ["workload.rat"], id="misspelt-workload-key"),
     pytest.param(["sed=1"], ["sed"], id="misspelt-top-level-key"),
+    pytest.param(["seed=-1"], ["seed must be an integer >= 0", "-1"], id="negative-seed"),
+    pytest.param(["workload.seed=-2"], ["workload.seed", "-2"], id="negative-workload-seed"),
     pytest.param(["cluster.instances.0.hardware=xyz"], ["cluster.instances[0].hardware", "xyz"],
                  id="unknown-hardware"),
     pytest.param(["cluster.instances.1.role=worker"], ["cluster.instances[1].role", "worker"], id="bad-role"),
