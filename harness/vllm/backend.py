@@ -163,19 +163,25 @@ class VllmBackend:
         # so that an interval in which exactly one request finished gives that request's engine-side times
         self.finish_scrapes: Optional[list[dict]] = None
 
-    async def scrape_one(self, i: int) -> Optional[Scrape]:
-        """Fetch and parse instance ``i``'s ``/metrics`` (None if it does not answer; ``scrape_error[i]``
-        then says why)."""
-        t0 = time.perf_counter()
+    async def metrics_text(self, i: int) -> tuple[Optional[str], str]:
+        """Instance ``i``'s ``/metrics`` text (10 s timeout): ``(text, "")``, or ``(None, why)`` when it does
+        not answer (an HTTP status other than 200, or a connection error)."""
         try:
             async with self.session.get(self.endpoints[i].url + "/metrics",
                                         timeout=aiohttp.ClientTimeout(total=10)) as r:
                 if r.status != 200:
-                    self.scrape_error[i] = f"HTTP {r.status}"
-                    return None
-                text = await r.text()
+                    return None, f"HTTP {r.status}"
+                return await r.text(), ""
         except (aiohttp.ClientError, TimeoutError, ConnectionError, OSError) as e:
-            self.scrape_error[i] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            return None, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+    async def scrape_one(self, i: int) -> Optional[Scrape]:
+        """Fetch and parse instance ``i``'s ``/metrics`` (None if it does not answer; ``scrape_error[i]``
+        then says why)."""
+        t0 = time.perf_counter()
+        text, why = await self.metrics_text(i)
+        if text is None:
+            self.scrape_error[i] = why
             return None
         self.scrape_s.append(time.perf_counter() - t0)
         s = parse_metrics(text)
@@ -245,13 +251,8 @@ class VllmBackend:
         does not answer)."""
         from harness.vllm.scrape import REQUEST_HISTOGRAMS, parse_histograms
         t0 = self.clock.now()
-        try:
-            async with self.session.get(self.endpoints[i].url + "/metrics",
-                                        timeout=aiohttp.ClientTimeout(total=10)) as r:
-                if r.status != 200:
-                    return
-                text = await r.text()
-        except (aiohttp.ClientError, TimeoutError, ConnectionError, OSError):
+        text, _ = await self.metrics_text(i)
+        if text is None:
             return
         h = parse_histograms(text, REQUEST_HISTOGRAMS)
         self.finish_scrapes.append({"t_s": t0, "t_end_s": self.clock.now(), "instance": self.endpoints[i].name,

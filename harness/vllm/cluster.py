@@ -181,13 +181,10 @@ class VllmCluster:
     async def _histograms(self) -> list[dict]:
         """Each instance's ``/metrics`` histograms (``harness.vllm.scrape.STEP_HISTOGRAMS``); an instance
         that does not answer gives ``{}``."""
-        async def one(e: Endpoint) -> dict:
-            try:
-                async with self.session.get(e.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
-                    return parse_histograms(await r.text()) if r.status == 200 else {}
-            except (aiohttp.ClientError, TimeoutError, ConnectionError, OSError):
-                return {}
-        return list(await asyncio.gather(*(one(e) for e in self.endpoints)))
+        async def one(i: int) -> dict:
+            text, _ = await self.backend.metrics_text(i)
+            return {} if text is None else parse_histograms(text)
+        return list(await asyncio.gather(*(one(i) for i in range(len(self.endpoints)))))
 
     async def _write_server_metrics(self) -> None:
         """``server_metrics.json``: per instance, what each histogram accrued over the run (the scrape after
