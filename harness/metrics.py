@@ -237,9 +237,8 @@ def _pct(x: pd.Series, q: float) -> float:
 
 
 def _central_mean(turns: pd.DataFrame, col: str) -> float:
-    """Mean of ``col`` over the completed turns of :func:`central_window`, s; NaN without any."""
-    c = central_window(turns) if len(turns) else turns
-    c = c[c.status == "ok"] if len(c) else c
+    """Mean of ``col`` over the completed turns of ``turns``, a :func:`central_window`, s; NaN without any."""
+    c = turns[turns.status == "ok"] if len(turns) else turns
     return float(c[col].mean()) if len(c) else math.nan
 
 
@@ -266,6 +265,7 @@ def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: li
               window_s: float, preemptions: int) -> dict:
     """The headline metrics (``summary.json``); NaN where there is no data, never 0 for missing."""
     ok = turns[turns.status == "ok"] if len(turns) else turns
+    central = central_window(turns)
     n_conv = len(conv)
     met = int(conv.slo_met.sum()) if n_conv else 0
     energy = float(sum(energy_j_per_instance))
@@ -289,9 +289,8 @@ def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: li
         "ttft_p50_s": _pct(ok.ttft_s, 50), "ttft_p95_s": _pct(ok.ttft_s, 95), "ttft_p99_s": _pct(ok.ttft_s, 99),
         "tpot_p50_s": _pct(ok.tpot_s, 50), "tpot_p95_s": _pct(ok.tpot_s, 95),
         "e2e_p50_s": _pct(ok.e2e_s, 50), "queue_p95_s": _pct(ok.queue_s, 95),
-        "e2e_mean_s": float(ok.e2e_s.mean()) if len(ok) else math.nan,
-        "e2e_central_mean_s": _central_mean(turns, "e2e_s"),
-        "ttft_central_mean_s": _central_mean(turns, "ttft_s"),
+        "e2e_central_mean_s": _central_mean(central, "e2e_s"),
+        "ttft_central_mean_s": _central_mean(central, "ttft_s"),
         "slo_attainment": met / n_conv if n_conv else math.nan,
         **{f"slo_attainment_{r}": _attainment(conv, f"slo_met_{r}") for r in READINGS},
         "slo_denominator": "all conversations of the workload (failed count as violations)",

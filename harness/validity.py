@@ -5,7 +5,7 @@ Definitions (``docs/metrics.md``):
 
 * Throughput over the measured window (first arrival to last finish, s): completed turns (requests) per
   s; prompt, generated and total tokens per s.
-* Percentiles (``logger.percentiles``, default 50/90/95/99) of TTFT, TPOT, E2E and ITL (over every
+* Means and percentiles (``logger.percentiles``, default 50/90/95/99) of TTFT, TPOT, E2E and ITL (over every
   inter-token gap of every completed turn, as ``vllm bench serve`` pools them), in s; percentiles use
   numpy's linear interpolation.
 * Steady state: the conversations that arrive after the first ``warmup_frac`` and before the last
@@ -77,6 +77,8 @@ def serving_metrics(turns: pd.DataFrame, window_s: float, percentiles: Sequence[
     cols = {"ttft": ok.ttft_s, "tpot": ok.tpot_s, "e2e": ok.e2e_s} if len(ok) else {}
     for name in ("ttft", "tpot", "e2e"):
         v = cols[name].to_numpy(dtype=float) if name in cols else np.empty(0)
+        finite = v[np.isfinite(v)]
+        out[f"{name}_mean_s"] = float(finite.mean()) if len(finite) else math.nan
         for q in percentiles:
             out[f"{name}_{pname(q)}_s"] = _pct(v, q)
     gaps = itl_gaps if itl_gaps is not None else np.empty(0)

@@ -116,5 +116,5 @@ def test_central_window_mean_by_hand():
     t = pd.DataFrame({"submit_s": submit, "e2e_s": e2e, "status": status})
     # by submission: 0.0, 1.0, [2.0, 3.0, 4.0, 5.0], 6.0, 7.0 -> e2e 20, 30 (failed), 40, 50
     assert sorted(central_window(t).submit_s) == [2.0, 3.0, 4.0, 5.0]
-    assert _central_mean(t, "e2e_s") == (20.0 + 40.0 + 50.0) / 3
-    assert math.isnan(_central_mean(t.iloc[:0], "e2e_s"))
+    assert _central_mean(central_window(t), "e2e_s") == (20.0 + 40.0 + 50.0) / 3
+    assert math.isnan(_central_mean(central_window(t.iloc[:0]), "e2e_s"))
