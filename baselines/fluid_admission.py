@@ -103,18 +103,22 @@ def check_knobs(output_bins: Sequence[int], max_wait_s: float, thresholds: str, 
     return edges
 
 
-class OutputBinClassifier:
-    """``request -> output-length bin`` by the request's *predicted* output tokens (cached per turn).
+def output_bin(edges: Sequence[int], output_tokens: float) -> int:
+    """The output-length bin of ``output_tokens`` (tokens) among the sorted bin ``edges`` (tokens): bin ``b``
+    holds ``edges[b-1] < o <= edges[b]``, ``len(edges)`` for outputs above the last edge."""
+    return bisect_left(edges, output_tokens)
 
-    Bin ``b`` holds outputs ``edges[b-1] < o <= edges[b]`` (``np.searchsorted(edges, o, side='left')``;
-    ``len(edges)`` bins plus one for outputs above the last edge). ``edges`` (tokens) and ``exact`` (the
-    predictor injects no error, ``Predictor.exact``) are kept so that the same rule can be
-    rebuilt where the output length is known another way (a vLLM server: the request's ``max_tokens``,
-    ``harness.vllm.wait_scheduler``)."""
+
+class OutputBinClassifier:
+    """``request -> output-length bin`` (:func:`output_bin`) by the request's *predicted* output tokens
+    (cached per turn).
+
+    ``edges`` (tokens) and ``exact`` (the predictor injects no error, ``Predictor.exact``) are kept so that
+    the same rule can be rebuilt where the output length is known another way (a vLLM server: the
+    request's ``max_tokens``, ``harness.vllm.wait_scheduler``)."""
 
     def __init__(self, pred: Predictor, edges: Sequence[int]):
         self.pred, self.edges = pred, [int(e) for e in edges]
-        self._edges = np.asarray(self.edges)
         self._cache: dict[tuple[str, int], int] = {}
         self.exact = pred.exact
 
@@ -123,25 +127,20 @@ class OutputBinClassifier:
         b = self._cache.get(key)
         if b is None:
             out = self.pred.output_tokens(SimpleNamespace(conversation_id=req.conv, turn=req.turn))
-            b = self._cache[key] = int(np.searchsorted(self._edges, out, side="left"))
+            b = self._cache[key] = output_bin(self.edges, out)
         return b
 
 
-def output_classifier(pred: Predictor, edges: Sequence[int]) -> OutputBinClassifier:
-    """``request -> output-length bin`` by the request's *predicted* output tokens (cached per turn)."""
-    return OutputBinClassifier(pred, edges)
-
-
 class KnownOutputClassifier:
-    """``request -> output-length bin`` from an output length the request itself carries (attribute
-    ``attr``, tokens), with the bins of :class:`OutputBinClassifier`. Used by the vLLM wrapper, where the
-    harness sends ``max_tokens`` = the turn's true output with ``ignore_eos`` (the paper's known lengths)."""
+    """``request -> output-length bin`` (:func:`output_bin`) from an output length the request itself
+    carries (attribute ``attr``, tokens). Used by the vLLM wrapper, where the harness sends ``max_tokens`` =
+    the turn's true output with ``ignore_eos`` (the paper's known lengths)."""
 
     def __init__(self, edges: Sequence[int], attr: str = "known_output_tokens"):
         self.edges, self.attr = [int(e) for e in edges], attr
 
     def __call__(self, req) -> int:
-        return bisect_left(self.edges, getattr(req, self.attr))
+        return output_bin(self.edges, getattr(req, self.attr))
 
 
 def kv_reservation_tokens(caps: Sequence[int], input_tokens: float) -> float:

@@ -24,7 +24,7 @@ from typing import ClassVar
 from dataclasses import dataclass, field
 
 from baselines.fluid_admission import (BatchRulePolicy, WaitRule, check_knobs, instance_coefficients,
-                                       kv_reservation_tokens, output_classifier, paper_types,
+                                       kv_reservation_tokens, OutputBinClassifier, paper_types,
                                        prefill_coefficient, prompt_types)
 from harness.fluid import wait_thresholds
 from harness.policy import PolicyContext, Predictor, PredictorConfig, register
@@ -66,7 +66,7 @@ def make(cfg: WaitConfig, ctx: PolicyContext) -> Wait:
     if not cfg.margin >= 0:
         raise ValueError(f"scheduler.margin must be >= 0, got {cfg.margin!r}")
     pred = Predictor.from_config(ctx.truth, cfg.predictor)
-    classify = output_classifier(pred, edges)
+    classify = OutputBinClassifier(pred, edges)
     n_inst = len(ctx.cluster_roles)
     types, bins = prompt_types(ctx, edges, n_inst)  # a config problem (no arrival rate) is an error
     rules, notes = [], []

@@ -173,10 +173,7 @@ class Controller:
         self._last_logged_hold = n_held
         if chosen:
             released = [(held[i], queue[i]) for i in chosen]
-            if len(chosen) == n:
-                held.clear()
-                queue.clear()
-            elif chosen[-1] == len(chosen) - 1:   # the head of the queue
+            if chosen[-1] == len(chosen) - 1:   # the head of the queue (all of it, with admit-all)
                 del held[:len(chosen)]
                 del queue[:len(chosen)]
             else:

@@ -90,11 +90,7 @@ class SimBackend:
     def observe(self) -> tuple[InstanceState, ...]:
         """KV used (tokens), running, waiting and cumulative energy (J) of each engine, now."""
         now = self.clock.now()
-        out = []
-        for e in self.engines:
-            out.append(InstanceState(e.used_blocks_now() * e.bs, len(e.running), len(e.waiting) + e.loading,
-                                     self.instance_energy_j(e.index, now)))
-        return tuple(out)
+        return tuple(InstanceState(*load, self.instance_energy_j(i, now)) for i, load in enumerate(self.observe_load()))
 
     def observe_load(self) -> tuple[tuple[int, int, int], ...]:
         """``(kv_used_tokens, num_running, num_waiting)`` of each engine now: ``observe`` without the
