@@ -314,15 +314,10 @@ def observations(turns: pd.DataFrame, tokens: pd.DataFrame, server_metrics: Opti
 
 # ---- the fit -----------------------------------------------------------------------------------------
 
-def with_fields(hw: HardwareConfig, **values) -> HardwareConfig:
-    """A copy of ``hw`` with ``values`` set."""
-    return dataclasses.replace(hw, **values)
-
-
 def profile_from(base: HardwareConfig, values: dict) -> HardwareConfig:
     """``base`` with the ``FITTED`` values set, ``ZEROED`` fields 0 and the hard roofline."""
-    return with_fields(base, roofline_exponent=None, **{k: 0.0 for k in ZEROED},
-                       **{k: float(values[k]) for k in FITTED})
+    return dataclasses.replace(base, roofline_exponent=None, **{k: 0.0 for k in ZEROED},
+                               **{k: float(values[k]) for k in FITTED})
 
 
 @dataclass
@@ -471,7 +466,7 @@ def calibrate(run_dir: Path, base: HardwareConfig, name: str, min_gap_s: float =
     sm = json.loads(sm_path.read_text()) if use_server and sm_path.is_file() else None
     obs, counts = observations(turns, tokens, sm, min_gap_s)
     res = fit(obs, base, model, loss_scale)
-    res.hw = with_fields(res.hw, name=name)
+    res.hw = dataclasses.replace(res.hw, name=name)
     from harness.config import PROJECT_ROOT
     where = run_dir.resolve()
     where = where.relative_to(PROJECT_ROOT) if where.is_relative_to(PROJECT_ROOT) else where

@@ -105,12 +105,13 @@ def run_metrics(run_dir: Path) -> dict:
         m["kv_used_frac_max"] = float(inst.kv_used_frac.max())
     sm = run_dir / "server_metrics.json"
     if sm.is_file():
-        srv = run_means(json.loads(sm.read_text()))
+        server = json.loads(sm.read_text())
+        srv = run_means(server)
         m["server_itl_mean_s"] = srv.get("itl_mean_s", math.nan)
         m["server_ttft_mean_s"] = srv.get("ttft_mean_s", math.nan)
         m["server_prefill_mean_s"] = srv.get("prefill_mean_s", math.nan)
         m["server_e2e_mean_s"] = srv.get("e2e_mean_s", math.nan)
-        m["_loadavg"] = json.loads(sm.read_text()).get("loadavg_1min")
+        m["_loadavg"] = server.get("loadavg_1min")
     return m
 
 
