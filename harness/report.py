@@ -13,11 +13,13 @@ with its ``config.yaml`` and, for the figures, ``conversations.parquet`` and ``i
   settings), then every scalar of ``summary.json``;
 * ``points.parquet`` / ``points.csv``: one row per sweep point (the runs that differ only in their
   seeds), with ``<metric>_mean`` (the estimate), ``<metric>_lo`` / ``<metric>_hi`` (its 95 % interval),
-  ``<metric>_ci95`` (the larger distance from the estimate to a bound) and ``<metric>_n`` per metric;
+  ``<metric>_ci95`` (the larger distance from the estimate to a bound) and ``<metric>_n`` per metric; for
+  a proportion also ``<metric>_pooled`` / ``_pooled_lo`` / ``_pooled_hi`` (descriptive only: the
+  conversations pooled over the seeds with a Wilson interval);
 * ``report.md``: what was swept and, per point, the estimate with its 95 % interval over the seeds
-  (``harness.stats.point_interval``): a proportion (SLO attainment, a ``_frac``) pooled over the runs'
-  conversations with a Wilson interval, a count with a percentile-bootstrap interval of the mean, anything
-  else the mean with the Student-t interval (``t_{0.975, n-1} * sd / sqrt(n)``); no interval for n = 1;
+  (``harness.stats.point_interval``; the seed is the independent unit): a proportion on the logit scale,
+  a count on ``log(1 + x)``, a positive quantity on the log scale (geometric mean), each transformed back
+  so it stays in the metric's range (docs/metrics.md, "Intervals and verdicts"); no interval for n = 1;
 * ``claims.md`` (also appended to ``report.md``) when the sweep runs ConServe against AMPD: ConServe's
   claims with paired ratios and their sensitivity (``harness.claims``);
 * ``figures/*.png`` and ``*.pdf`` (seaborn, Agg backend), only those whose inputs vary in the sweep:
@@ -48,7 +50,7 @@ import numpy as np
 import pandas as pd
 
 from harness.catalog import BY_KEY, REPORT, REPORT_TABLE
-from harness.stats import mean_ci, point_interval, t_quantile  # noqa: F401  (re-exported: the report's interval)
+from harness.stats import is_proportion, mean_ci, point_interval, pooled_wilson, t_quantile  # noqa: F401  (re-exported)
 
 # Sweep dimensions that can serve as the x axis, in order of preference, with axis labels.
 X_AXES = {
@@ -70,11 +72,33 @@ MAX_SERIES_POINTS = 1500
 SMOOTH_FRACTION = 200  # KV series: moving mean over 1/200 of the run
 
 
-def t_interval(x: Sequence[float]) -> tuple[float, float]:
-    """seaborn ``errorbar`` callable: the 95 % t interval around the mean (the mean itself for n = 1)."""
-    m, h, _ = mean_ci(x)
-    h = 0.0 if not np.isfinite(h) else h
-    return m - h, m + h
+def seed_bars(metric: str):
+    """seaborn ``(estimator, errorbar)`` callables of ``metric`` over a point's seeds: the estimate and
+    95 % interval of :func:`harness.stats.point_interval` (the interval collapses to the estimate for
+    n = 1). Proportions get no trials here (the 0/1 correction assumes
+    ``harness.stats.PROPORTION_FALLBACK_TRIALS``); :func:`seed_frame` passes them."""
+    def est(x):
+        return point_interval(metric, x)[0]
+
+    def bar(x):
+        e, lo, hi, _ = point_interval(metric, x)
+        return (lo, hi) if np.isfinite(lo) else (e, e)
+    return est, bar
+
+
+def seed_frame(df: pd.DataFrame, keys: Sequence[str], metric: str) -> pd.DataFrame:
+    """Per group of ``keys``: ``est``, ``lo``, ``hi``, ``n`` of ``metric`` over the group's runs by
+    :func:`harness.stats.point_interval` (with each run's ``num_conversations`` as a proportion's trials);
+    ``lo`` / ``hi`` equal ``est`` where there is no interval (n = 1)."""
+    rows = []
+    for vals, g in df.groupby(list(keys), sort=True, dropna=False):
+        vals = vals if isinstance(vals, tuple) else (vals,)
+        trials = pd.to_numeric(g["num_conversations"], errors="coerce") if "num_conversations" in g else []
+        e, lo, hi, n = point_interval(metric, pd.to_numeric(g[metric], errors="coerce"), trials)
+        if n:
+            rows.append({**dict(zip(keys, vals)), "est": e, "lo": lo if np.isfinite(lo) else e,
+                         "hi": hi if np.isfinite(hi) else e, "n": n})
+    return pd.DataFrame(rows, columns=[*keys, "est", "lo", "hi", "n"])
 
 
 # ---- reading a sweep ---------------------------------------------------------------------------------
@@ -252,7 +276,9 @@ def load_sweep(sweep_dir: Path) -> Sweep:
 
 
 def points_table(sw: Sweep, metrics: Optional[Sequence[str]] = None) -> pd.DataFrame:
-    """One row per sweep point: the point keys, ``runs`` (n), and mean / CI half-width / n per metric."""
+    """One row per sweep point: the point keys, ``runs`` (n), and per metric the seed-level estimate, its
+    95 % interval (``_lo``, ``_hi``), the larger distance to a bound (``_ci95``) and n
+    (:func:`harness.stats.point_interval`); for proportions also the pooled Wilson columns (descriptive)."""
     metrics = [m for m in (metrics or METRICS) if m in sw.runs.columns]
     keys = sw.point_keys
     rows = []
@@ -267,6 +293,9 @@ def points_table(sw: Sweep, metrics: Optional[Sequence[str]] = None) -> pd.DataF
             half = max(est - lo, hi - est) if np.isfinite(lo) and np.isfinite(hi) else math.nan
             row[f"{m}_mean"], row[f"{m}_ci95"], row[f"{m}_n"] = est, half, n
             row[f"{m}_lo"], row[f"{m}_hi"] = lo, hi
+            if is_proportion(m) and len(trials):
+                row[f"{m}_pooled"], row[f"{m}_pooled_lo"], row[f"{m}_pooled_hi"] = pooled_wilson(
+                    pd.to_numeric(g[m], errors="coerce"), trials)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -287,10 +316,11 @@ def markdown(sw: Sweep, points: pd.DataFrame, figures: Sequence[Path] = ()) -> s
     """The markdown summary: what varied, then the estimate [95 % interval] per point and metric."""
     r = sw.runs
     lines = [f"# Sweep report: `{sw.root}`", "",
-             f"{len(r)} runs. Cells: estimate [95 % interval] over the seeds (n = runs with a value): proportions "
-             f"pooled over conversations with a Wilson interval, counts with a bootstrap interval, other metrics "
-             f"the mean with a Student-t interval. All metrics, with their bounds: `points.csv`; one row per run: "
-             f"`runs.csv`.", ""]
+             f"{len(r)} runs. Cells: estimate [95 % interval] over the seeds, the run being the independent unit "
+             f"(n = runs with a value): Student-t on the logit scale for proportions, on log(1 + x) for counts, on "
+             f"the log scale for positive quantities (geometric mean), each transformed back into the metric's "
+             f"range (docs/metrics.md, \"Intervals and verdicts\"). All metrics, with their bounds (and the pooled "
+             f"Wilson interval of proportions, descriptive only): `points.csv`; one row per run: `runs.csv`.", ""]
     if "partial" in r.columns and r.partial.fillna(False).astype(bool).any():
         lines += [f"**{int(r.partial.fillna(False).astype(bool).sum())} partial (failed) runs are included.**", ""]
     if "valid" in r.columns and (r.valid == False).any():  # noqa: E712 -- missing (older runs) is not invalid
@@ -424,8 +454,8 @@ def _facet_groups(sw: Sweep, df: pd.DataFrame):
 
 
 def metric_vs_x(sw: Sweep, metrics: Sequence[str], out: Path, name: str) -> list[Path]:
-    """Lines of mean ± 95 % t-CI of each metric vs the x key, one colour per variant, one column per
-    facet; variants without an x value (e.g. ConServe on a prediction-error axis) are drawn as a flat
+    """Lines of the seed-level estimate of each metric vs the x key with its 95 % interval as a band
+    (:func:`seed_frame`, inside the metric's range), one colour per variant, one column per facet; variants without an x value (e.g. ConServe on a prediction-error axis) are drawn as a flat
     reference line with its band."""
     plt, sns = _plt()
     df = sw.runs
@@ -447,22 +477,23 @@ def metric_vs_x(sw: Sweep, metrics: Sequence[str], out: Path, name: str) -> list
             ax = axes[i][j]
             if len(with_x):
                 present = [v for v in variants if v in set(with_x["variant"])]
-                sns.lineplot(data=with_x, x=sw.x, y=m, hue="variant", style="variant", hue_order=present,
-                             style_order=present, palette=palette, dashes={v: dashes[v] for v in present},
-                             markers={v: markers[v] for v in present}, estimator="mean", errorbar=t_interval,
-                             ax=ax, legend=(i == 0 and j == 0))
-            for v, rg in ref.groupby("variant", sort=False):
-                mean, half, _ = mean_ci(rg[m])
-                ax.axhline(mean, color=palette[v], ls="--", label=f"{v} (no {sw.x.split('.')[-1]})")
-                if np.isfinite(half):
-                    ax.axhspan(mean - half, mean + half, color=palette[v], alpha=0.15)
+                agg = seed_frame(with_x, ["variant", sw.x], m)
+                for v in present:
+                    a = agg[agg["variant"] == v]
+                    ax.plot(a[sw.x], a["est"], color=palette[v], ls=_dash_to_ls(dashes[v]), marker=markers[v],
+                            label=v)
+                    ax.fill_between(a[sw.x], a["lo"], a["hi"], color=palette[v], alpha=0.2, lw=0)
+            for _, a in seed_frame(ref, ["variant"], m).iterrows():
+                v = a["variant"]
+                ax.axhline(a["est"], color=palette[v], ls="--", label=f"{v} (no {sw.x.split('.')[-1]})")
+                ax.axhspan(a["lo"], a["hi"], color=palette[v], alpha=0.15)
             if _log_x(g[sw.x]):
                 ax.set_xscale("log")
                 xs = sorted(g[sw.x].dropna().unique())
                 _plain_log_ticks(ax, "x", xs if len(xs) <= 10 else None)
             ax.set_xlabel(x_label(sw))
             ax.set_ylabel(METRICS.get(m, m))
-            if m == "slo_attainment":
+            if is_proportion(m):
                 ax.set_ylim(-0.03, 1.03)
             elif m in LOG_Y and _log_x(g[m]):
                 ax.set_yscale("log")
@@ -548,14 +579,16 @@ def ttfet_cdf(sw: Sweep, out: Path) -> list[Path]:
 
 
 def tokens_per_joule(sw: Sweep, out: Path) -> list[Path]:
-    """Bars of tokens/J (mean, 95 % t-CI) per variant and tier (cluster), one panel per x value."""
+    """Bars of tokens/J (seed-level estimate and 95 % interval, :func:`seed_bars`) per variant and tier
+    (cluster), one panel per x value."""
     plt, sns = _plt()
     df = sw.runs[sw.runs["tokens_per_joule"].notna()]
     if df.empty:
         return []
     col = sw.x if sw.x else None
     g = sns.catplot(data=df, kind="bar", x="variant", y="tokens_per_joule", hue="cluster.name", col=col,
-                    estimator="mean", errorbar=t_interval, capsize=0.1, height=3.4, aspect=1.0,
+                    estimator=seed_bars("tokens_per_joule")[0], errorbar=seed_bars("tokens_per_joule")[1],
+                    capsize=0.1, height=3.4, aspect=1.0,
                     sharey=True)
     g.set_axis_labels("variant", "tokens per joule (tokens/J)")
     if col:

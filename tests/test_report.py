@@ -1,5 +1,5 @@
-"""``python -m harness.report`` on small hand-made sweeps: the tidy table, the per-point mean and 95 %
-t-interval (checked against values computed by hand), the markdown, and which figures are drawn."""
+"""``python -m harness.report`` on small hand-made sweeps: the tidy table, the per-point seed-level estimate
+and 95 % interval (checked against values computed by hand), the markdown, and which figures are drawn."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -84,43 +85,86 @@ def test_tidy_table_has_one_row_per_run_with_swept_keys(rate_sweep: Path, tmp_pa
     assert "scheduler.kv_admit_frac" in sw.swept and "scheduler.kv_admit_frac" not in sw.dims  # set by the name
 
 
-def test_points_mean_and_t_interval_by_hand(rate_sweep: Path, tmp_path: Path):
+def _t_back(z, t, back=math.exp):
+    """By hand: (back(mean), back(mean - t sd / sqrt n), back(mean + t sd / sqrt n)) of the values z."""
+    z = np.asarray(z, dtype=float)
+    half = t * z.std(ddof=1) / math.sqrt(len(z))
+    return back(z.mean()), back(z.mean() - half), back(z.mean() + half)
+
+
+def _expit(z):
+    return 1 / (1 + math.exp(-z))
+
+
+def test_points_seed_level_intervals_by_hand(rate_sweep: Path, tmp_path: Path):
     res = report.report(rate_sweep, tmp_path / "rep", draw=False)
     pts = res["points"].set_index(["workload.rate_per_s", "variant"])
     c = pts.loc[(0.1, "conserve")]
-    # 10, 12, 14: mean 12, sd 2, half-width = t(0.975, 2) * 2 / sqrt(3) = 4.3027 * 1.15470 = 4.9683
-    assert c.ttfet_p95_s_mean == pytest.approx(12.0)
-    assert c.ttfet_p95_s_ci95 == pytest.approx(4.9683, abs=1e-3)
-    assert c.ttfet_p95_s_n == 3
-    # SLO attainment is a proportion: pooled over the 3 runs x 3 conversations, 8.1 of 9 met, p = 0.9, with a
-    # Wilson interval (z = 1.96): centre (0.9 + 3.8415/18) / (1 + 3.8415/9) = 0.78034, half-width
-    # 1.96 sqrt(0.9 x 0.1 / 9 + 3.8415 / 324) / 1.42683 = 0.20308 -> [0.57726, 0.98342]: inside [0, 1], where
-    # the t interval of the three values (0.9 +- 0.248) would pass 1
-    assert c.slo_attainment_mean == pytest.approx(0.9)
-    assert c.slo_attainment_lo == pytest.approx(0.57726, abs=1e-4)
-    assert c.slo_attainment_hi == pytest.approx(0.98342, abs=1e-4)
+    # a positive time over the seeds 10, 12, 14: the t-interval (t(0.975, 2) = 4.3027) of the logs, back
+    # through exp: the geometric mean 11.888 [7.823, 18.07]
+    g, lo, hi = _t_back(np.log([10.0, 12.0, 14.0]), T_2DF)
+    assert g == pytest.approx(11.8878, abs=1e-3)
+    assert (c.ttfet_p95_s_mean, c.ttfet_p95_s_lo, c.ttfet_p95_s_hi) == pytest.approx((g, lo, hi), rel=1e-4)
+    assert c.ttfet_p95_s_ci95 == pytest.approx(hi - g, rel=1e-4) and c.ttfet_p95_s_n == 3
+    # SLO attainment 1.0, 0.9, 0.8 on runs of 3 conversations: the seed at 1 is moved half a conversation
+    # inside (1 - 0.5 / 3), then the t-interval of the logits log(p / (1 - p)), back through 1 / (1 + e^-z)
+    q = np.array([1 - 0.5 / 3, 0.9, 0.8])
+    e, elo, ehi = _t_back(np.log(q / (1 - q)), T_2DF, _expit)
+    assert (c.slo_attainment_mean, c.slo_attainment_lo, c.slo_attainment_hi) == pytest.approx((e, elo, ehi), rel=1e-4)
+    assert 0 < c.slo_attainment_lo < c.slo_attainment_hi < 1
+    # the pooled Wilson interval stays as a descriptive column: 8.1 of 9 met, p = 0.9, z = 1.96: centre
+    # (0.9 + 3.8415/18) / (1 + 3.8415/9) = 0.78034, half-width 1.96 sqrt(0.9 x 0.1 / 9 + 3.8415 / 324) / 1.42683
+    # = 0.20308 -> [0.57726, 0.98342]
+    assert c.slo_attainment_pooled == pytest.approx(0.9)
+    assert c.slo_attainment_pooled_lo == pytest.approx(0.57726, abs=1e-4)
+    assert c.slo_attainment_pooled_hi == pytest.approx(0.98342, abs=1e-4)
     # identical values: zero width
     assert pts.loc[(0.2, "conserve")].ttfet_p95_s_ci95 == pytest.approx(0.0)
-    # a missing value is left out (n = 2), not counted as 0: 30, 34 -> mean 32, sd 2.8284,
-    # half-width = t(0.975, 1) * 2.8284 / sqrt(2) = 12.7062 * 2 = 25.4124
-    # a count's interval is a bootstrap of the mean: within the values' range, never negative
-    assert c.preemptions_lo == 0 and c.preemptions_hi == 0
+    assert pts.loc[(0.2, "conserve")].slo_attainment_lo == pytest.approx(0.5)
+    # a count (all 0): log(1 + x) = 0 on every seed, so 0 [0, 0]; never negative
+    assert c.preemptions_mean == 0 and c.preemptions_lo == 0 and c.preemptions_hi == 0
+    # a missing value is left out (n = 2), not counted as 0: 30, 34 with t(0.975, 1) = 12.7062 on the logs
     a = pts.loc[(0.1, "ampd")]
-    assert a.ttfet_p95_s_mean == pytest.approx(32.0) and a.ttfet_p95_s_n == 2
-    assert a.ttfet_p95_s_ci95 == pytest.approx(25.4124, abs=1e-3)
-    assert a.slo_attainment_n == 3 and a.runs == 3
-    # 0.2, 0.1 over two runs of 3 conversations: the t interval (0.15 +- 12.7062 x 0.070711 / 1.41421 = 0.635)
-    # would reach -0.49; pooled, 0.9 of 6 met (p = 0.15), Wilson: centre (0.15 + 3.8415/12) / (1 + 3.8415/6)
-    # = 0.28662, half-width 1.96 sqrt(0.15 x 0.85 / 6 + 3.8415 / 144) / 1.64025 = 0.26159 -> [0.02502, 0.54821]
+    g2, lo2, hi2 = _t_back(np.log([30.0, 34.0]), T_1DF)
+    assert (a.ttfet_p95_s_mean, a.ttfet_p95_s_lo, a.ttfet_p95_s_hi) == pytest.approx((g2, lo2, hi2), rel=1e-4)
+    assert a.ttfet_p95_s_n == 2 and a.slo_attainment_n == 3 and a.runs == 3
+    # 0.2, 0.1 over two seeds: the plain t interval (0.15 +- 0.635) would reach -0.49; on the logit scale it
+    # stays inside (0, 1)
     b = pts.loc[(0.2, "ampd")]
-    assert b.slo_attainment_lo == pytest.approx(0.02502, abs=1e-4) and b.slo_attainment_hi == pytest.approx(0.54821, abs=1e-4)
+    e3, lo3, hi3 = _t_back([math.log(0.2 / 0.8), math.log(0.1 / 0.9)], T_1DF, _expit)
+    assert (b.slo_attainment_mean, b.slo_attainment_lo, b.slo_attainment_hi) == pytest.approx((e3, lo3, hi3), rel=1e-4)
+    assert 0 < b.slo_attainment_lo and b.slo_attainment_hi < 1
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "| `workload.rate_per_s` | x axis | 0.1, 0.2 |" in md
     assert "| `workload.seed` | repetition (seed) | 0, 1, 2 |" in md
     row = next(l for l in md.splitlines() if l.startswith("| 0.1 | conserve |"))
-    assert "12 [7.032, 16.97] (n=3)" in row and "0.9 [0.5773, 0.9834] (n=3)" in row
+    assert f"{g:.4g} [{lo:.4g}, {hi:.4g}] (n=3)" in row and f"{e:.4g} [{elo:.4g}, {ehi:.4g}] (n=3)" in row
     row = next(l for l in md.splitlines() if l.startswith("| 0.1 | ampd |"))
-    assert "32 [6.588, 57.41] (n=2)" in row      # 32 -+ 25.41 (the t half-width above)
+    assert f"{g2:.4g} [{lo2:.4g}, {hi2:.4g}] (n=2)" in row
+
+
+def test_conserve_three_seeds_interval_by_hand():
+    """ConServe's three seeds at 0.10 conv/s (issue 18: 0.714, 0.945, 0.965; 200 conversations each):
+    the pooled Wilson interval [0.816, 0.917] holds none of them; the seed-level one is computed here by
+    hand: logits ln(p / (1 - p)) = 0.91489, 2.84385, 3.31678; mean 2.35851, sd 1.27237, half-width
+    4.3027 x 1.27237 / sqrt 3 = 3.16079 -> expit(2.35851) = 0.91361 [expit(-0.80228) = 0.30954,
+    expit(5.51930) = 0.99601], with expit(z) = 1 / (1 + e^-z)."""
+    from harness.stats import point_interval
+    e, lo, hi, n = point_interval("slo_attainment_first", [0.714, 0.945, 0.965], [200, 200, 200])
+    assert n == 3
+    assert e == pytest.approx(0.91361, abs=2e-4)
+    assert lo == pytest.approx(0.30954, abs=2e-4) and hi == pytest.approx(0.99601, abs=2e-5)
+    assert lo < 0.714 and 0.965 < hi < 1
+
+
+def test_no_interval_leaves_its_range():
+    """A count whose log(1 + x) interval reaches below 0 is cut at 0; a proportion with 0 and 1 seeds stays
+    inside (0, 1); a time that spans decades stays positive."""
+    from harness.stats import point_interval
+    assert point_interval("preemptions", [0, 0, 30])[1] == 0.0
+    _, lo, hi, _ = point_interval("slo_attainment_visible", [0.0, 1.0, 1.0], [10, 10, 10])
+    assert 0 < lo < hi < 1
+    assert point_interval("ttfet_first_p95_s", [1.0, 1.2, 21.2])[1] > 0
 
 
 def test_single_seed_has_no_interval():
