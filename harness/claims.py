@@ -7,20 +7,21 @@ The claims (ConServe, arXiv 2606.01839, abstract; docs/schedulers.md):
   ConServe homogeneous); C5 AMPD degrades linearly with prediction error while ConServe is flat.
 
 Runs are classified from their config columns (``harness.report.load_sweep``): variant (``conserve``,
-``ampd_rd`` = AMPD ``mode=remote_default``, ``ampd_cost``), tier (``cluster.name``), rate, seed,
-prediction error (``scheduler.predictor.*``) and the sensitivity arm (the one ``hardware.*`` constant
-that differs from its most common value). Ratios are paired: the two runs share the seed (the same
-conversations and arrival times); cells show the geometric-mean ratio - 1 with the 95 % Student-t
-interval of the mean log ratio over the seeds (``harness.stats.mean_ci``) transformed back, or the single
-value for one seed.
+``ampd_rd`` = AMPD ``mode=remote_default``, ``ampd_cost``, or the scheduler's name for the other
+variants), tier (``cluster.name``), rate, seed, prediction error (``scheduler.predictor.*``) and the
+sensitivity arm (the one ``hardware.*`` constant that differs from its most common value). Ratios are
+paired: the two runs share the seed (the same conversations and arrival times); the seed is the
+independent unit. Cells show the geometric-mean ratio - 1 with the 95 % Student-t interval of the mean
+log ratio over the seeds transformed back (``harness.stats.ratio_interval``), n and the sign count
+(k of n seeds on the estimate's side of 0), or the single value for one seed.
 
-Verdicts: for a reduction claim (C1), "reproduced" when the whole interval (or the single value) is below 0 and the mean is
-at least half the paper's size, "not reproduced" otherwise (the cell says whether the direction agrees);
-for a gain claim (C3, C4) the mirror image; C2 "reproduced" when every seed at every rate has
-attainment 1.0; C5 "reproduced" when AMPD's p95 TTFET at the largest error rate is above its error-free
-value with the interval above 0 and the means grow linearly (R^2 >= 0.8 over the error rates). A claim
-whose verdict differs between readings, AMPD modes, rates or sensitivity arms is "depends on X" with X
-named.
+Verdicts: every verdict word comes from ``harness.stats.verdict`` (docs/metrics.md, "Intervals and
+verdicts"): reproduced / same direction, smaller / opposite / no difference / inconclusive. C1, C3, C4:
+the paired ratio against the paper's number; C2: ConServe's SLO violations (100 x (1 - attainment), the
+seed-level logit interval) against the claimed 0, within the equivalence margin; C5: AMPD's paired ratio
+at the largest error rate against its error-free run, direction "grows" (any size), with the linear
+fit's R^2 beside it (descriptive). A claim whose verdict differs between readings, AMPD modes, rates or
+sensitivity arms is "depends on X" with X named; one seed gives no interval, so "inconclusive".
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
+
+from harness.stats import EQUIVALENCE_MARGIN_PCT, logit_t_interval, mean_ci, point_interval, ratio_interval, verdict
 
 PAPER = {"C1": -51.08, "C3": 7.51, "C4": 22.75}
 READINGS = ("first", "visible")
@@ -78,77 +81,30 @@ def classify(runs: pd.DataFrame) -> pd.DataFrame:
     return r
 
 
-def _ci(values) -> tuple[float, float, int]:
-    from harness.stats import mean_ci
-    return mean_ci(values)
-
-
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-    sns.set_theme(context="paper", style="whitegrid", font_scale=1.1)
-    return plt, sns
-
-
-def _save(fig, out, name: str) -> list:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for fmt in ("png", "pdf"):
-        p = out / f"{name}.{fmt}"
-        fig.savefig(p, dpi=110, bbox_inches="tight")
-        paths.append(p)
-    import matplotlib.pyplot as plt
-    plt.close(fig)
-    return paths
-
-
-def paired(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> tuple[float, tuple[float, float], int]:
+def paired(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> tuple[float, tuple[float, float], int, int]:
     """The paired ratio ``a[metric] / b[metric]`` over seeds (runs matched on the seed), in % change:
-    ``(geometric mean - 1, (low, high) of its 95 % interval - 1, n)``, all x 100. The interval is the
-    Student-t interval of the mean log ratio, transformed back (ratios are multiplicative: one seed at
-    50x must not swamp the others as it does in an arithmetic mean). n = 0 when either side lacks the
-    metric; the interval is NaN for n = 1."""
-    nan = (math.nan, math.nan)
+    ``(geometric mean - 1, (low, high) of its 95 % interval - 1, n, k)`` (x 100 but n and k) from
+    :func:`harness.stats.ratio_interval`: the Student-t interval of the mean log ratio, transformed back
+    (ratios are multiplicative: one seed at 50x must not swamp the others as it does in an arithmetic
+    mean); k = seeds on the estimate's side (the sign count). n = 0 when either side lacks the metric; the
+    interval is NaN for n = 1."""
     if metric not in a.columns or metric not in b.columns:
-        return math.nan, nan, 0
+        return math.nan, (math.nan, math.nan), 0, 0
     m = a[["_seed", metric]].merge(b[["_seed", metric]], on="_seed", suffixes=("_a", "_b"))
     with np.errstate(divide="ignore", invalid="ignore"):
         x = np.log(pd.to_numeric(m[f"{metric}_a"], errors="coerce") / pd.to_numeric(m[f"{metric}_b"], errors="coerce"))
-    mean, half, n = _ci(x[np.isfinite(x)])
-    if n == 0:
-        return math.nan, nan, 0
-    pct = (math.exp(mean) - 1) * 100
-    if not np.isfinite(half):
-        return pct, nan, n
-    return pct, ((math.exp(mean - half) - 1) * 100, (math.exp(mean + half) - 1) * 100), n
+    return ratio_interval(x[np.isfinite(x)])
 
 
-def fmt(mean: float, ci: tuple[float, float], n: int, unit: str = " %") -> str:
-    """``-20.4 % [-41.0, +7.8] (n=3)``; the single value for n = 1."""
+def fmt(mean: float, ci: tuple[float, float], n: int, k: Optional[int] = None, unit: str = " %") -> str:
+    """``-20.4 % [-41.0, +7.8] (n=3, 3 of 3 < 0)``: estimate, 95 % interval, seeds and (with ``k``) the sign
+    count; the single value for n = 1."""
     if n == 0 or not np.isfinite(mean):
         return "n/a"
+    signs = "" if k is None or mean == 0 else f", {k} of {n} {'<' if mean < 0 else '>'} 0"
     if n == 1 or not np.isfinite(ci[0]):
-        return f"{mean:+.1f}{unit} (n={n})"
-    return f"{mean:+.1f}{unit} [{ci[0]:+.1f}, {ci[1]:+.1f}] (n={n})"
-
-
-def verdict_change(mean: float, ci: tuple[float, float], n: int, paper: float) -> str:
-    """Reduction (paper < 0) or gain claim: ``reproduced`` / ``not reproduced`` with the direction
-    (module docstring); ``ci`` is the interval's (low, high) in %, NaN for one seed (then the single
-    value decides)."""
-    if n == 0 or not np.isfinite(mean):
-        return "no data"
-    lo, hi = (ci if np.isfinite(ci[0]) else (mean, mean))
-    sign = -1 if paper < 0 else 1
-    significant = hi < 0 if sign < 0 else lo > 0
-    if significant and abs(mean) >= abs(paper) / 2:
-        return "reproduced"
-    if significant:
-        return "not reproduced (same direction, smaller)"
-    opposite = lo > 0 if sign < 0 else hi < 0
-    return "not reproduced (opposite direction)" if opposite else "not reproduced (no significant difference)"
+        return f"{mean:+.1f}{unit} (n={n}{signs})"
+    return f"{mean:+.1f}{unit} [{ci[0]:+.1f}, {ci[1]:+.1f}] (n={n}{signs})"
 
 
 def _base(r: pd.DataFrame) -> pd.DataFrame:
@@ -156,9 +112,10 @@ def _base(r: pd.DataFrame) -> pd.DataFrame:
 
 
 def _depends(cells: list[dict], factors: list[str]) -> str:
-    """``reproduced`` / ``not reproduced`` when every cell agrees, else ``depends on`` the factors along
-    which two cells that differ only in that factor get different verdicts."""
-    kinds = {c["verdict"].split(" (")[0] for c in cells if c["verdict"] != "no data"}
+    """The one verdict (:func:`harness.stats.verdict`) when every cell agrees, else ``depends on`` the
+    factors along which two cells that differ only in that factor get different verdicts; ``no data``
+    without cells."""
+    kinds = {c["verdict"] for c in cells}
     if len(kinds) <= 1:
         return next(iter(kinds), "no data")
     dep = []
@@ -166,14 +123,15 @@ def _depends(cells: list[dict], factors: list[str]) -> str:
         others = [g for g in factors if g != f]
         groups: dict = {}
         for c in cells:
-            groups.setdefault(tuple(c[g] for g in others), set()).add(c["verdict"].split(" (")[0])
+            groups.setdefault(tuple(c[g] for g in others), set()).add(c["verdict"])
         if any(len(v) > 1 for v in groups.values()):
             dep.append(f)
     return "depends on " + (", ".join(dep) if dep else "the combination of " + ", ".join(factors))
 
 
-def claim_ttfet(r: pd.DataFrame, homo: str) -> tuple[list[str], str, list[dict]]:
-    """C1: paired p95 TTFET ratio ConServe / AMPD - 1 per reading, AMPD mode and rate (homogeneous tier)."""
+def claim_ttfet(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], str, list[dict]]:
+    """C1: paired p95 TTFET ratio ConServe / AMPD - 1 per reading, AMPD mode and rate (homogeneous tier),
+    each with its verdict (:func:`harness.stats.verdict`, equivalence ``margin`` in %)."""
     b = _base(r)
     b = b[b._tier == homo]
     lines = ["| rate (conv/s) | reading | vs | ConServe / AMPD − 1 (p95 TTFET) | verdict |", "|---|---|---|---|---|"]
@@ -184,40 +142,46 @@ def claim_ttfet(r: pd.DataFrame, homo: str) -> tuple[list[str], str, list[dict]]
                 cs, am = b[(b._variant == "conserve") & (b._rate == rate)], b[(b._variant == m) & (b._rate == rate)]
                 if cs.empty or am.empty:
                     continue
-                mean, half, n = paired(cs, am, f"ttfet_{rd}_p95_s")
-                v = verdict_change(mean, half, n, PAPER["C1"])
-                cells.append({"rate": rate, "reading": rd, "mode": m, "verdict": v, "mean": mean})
-                lines.append(f"| {rate:g} | {rd} | {MODE_LABEL[m]} | {fmt(mean, half, n)} | {v} |")
+                mean, ci, n, k = paired(cs, am, f"ttfet_{rd}_p95_s")
+                v = verdict(mean, ci, PAPER["C1"], margin)
+                cells.append({"rate": rate, "reading": rd, "mode": m, "verdict": v, "mean": mean, "ci": ci, "n": n})
+                lines.append(f"| {rate:g} | {rd} | {MODE_LABEL[m]} | {fmt(mean, ci, n, k)} | {v} |")
     return lines, _depends(cells, ["reading", "mode", "rate"]), cells
 
 
-def claim_slo(r: pd.DataFrame, homo: str) -> tuple[list[str], str, list[dict]]:
-    """C2: SLO attainment per reading and rate (mean, min over seeds), ConServe and the AMPD modes."""
+def claim_slo(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], str, list[dict]]:
+    """C2: SLO attainment per reading and rate (seed-level estimate [95 % logit interval], min over seeds),
+    ConServe and the AMPD modes. ConServe's verdict per cell: its violations, 100 x (1 - attainment) in
+    percentage points with the interval mapped the same way, against the paper's 0 within ``margin``
+    (:func:`harness.stats.verdict`)."""
     b = _base(r)
     b = b[b._tier == homo]
-    lines = ["| rate (conv/s) | reading | ConServe attainment: mean ± CI (min) | AMPD remote_default | AMPD cost |",
-             "|---|---|---|---|---|"]
+    lines = ["| rate (conv/s) | reading | ConServe attainment [95 % interval] (n, min) | AMPD remote_default | "
+             "AMPD cost | ConServe violations (pp) | verdict |", "|---|---|---|---|---|---|---|"]
     cells = []
     for rate in sorted(b._rate.dropna().unique()):
         for rd in READINGS:
             col = f"slo_attainment_{rd}"
             if col not in b.columns:
                 continue
-            row = [f"{rate:g}", rd]
+            row, tail = [f"{rate:g}", rd], ["n/a", "no data"]
             for v in ("conserve", *MODES):
-                x = pd.to_numeric(b[(b._variant == v) & (b._rate == rate)][col], errors="coerce").dropna()
-                mean, half, n = _ci(x)
-                row.append(f"{mean:.3f} ± {half:.3f} (min {x.min():.3f})" if n > 1 else
-                           (f"{mean:.3f}" if n else "n/a"))
+                g = b[(b._variant == v) & (b._rate == rate)]
+                x = pd.to_numeric(g[col], errors="coerce")
+                trials = pd.to_numeric(g["num_conversations"], errors="coerce") if "num_conversations" in g else []
+                est, lo, hi, n = logit_t_interval(x, trials)
+                row.append(f"{est:.3f} [{lo:.3f}, {hi:.3f}] (n={n}, min {x.min():.3f})" if n > 1 and np.isfinite(lo)
+                           else (f"{est:.3f} (n={n})" if n else "n/a"))
                 if v == "conserve" and n:
-                    ok = bool((x >= 1.0).all())
-                    cells.append({"rate": rate, "reading": rd,
-                                  "verdict": "reproduced" if ok else "not reproduced"})
-            lines.append("| " + " | ".join(row) + " |")
+                    viol, ci = 100 * (1 - est), (100 * (1 - hi), 100 * (1 - lo))
+                    verd = verdict(viol, ci, 0.0, margin)
+                    cells.append({"rate": rate, "reading": rd, "verdict": verd, "mean": viol, "ci": ci, "n": n})
+                    tail = [fmt(viol, ci, n, unit=" pp"), verd]
+            lines.append("| " + " | ".join(row + tail) + " |")
     return lines, _depends(cells, ["reading", "rate"]), cells
 
 
-def claim_energy(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list[str], dict, list[dict], list[dict]]:
+def claim_energy(r: pd.DataFrame, homo: str, hetero: Optional[str], margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], dict, list[dict], list[dict]]:
     """C3 (ConServe / AMPD tokens/J, homogeneous) and C4 (ConServe hetero / ConServe homogeneous)."""
     b = _base(r)
     lines = ["| rate (conv/s) | comparison | tokens/J ratio − 1 | paper | verdict |", "|---|---|---|---|---|"]
@@ -228,25 +192,27 @@ def claim_energy(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[lis
             am = b[(b._variant == m) & (b._rate == rate) & (b._tier == homo)]
             if cs_h.empty or am.empty:
                 continue
-            mean, half, n = paired(cs_h, am, "tokens_per_joule")
-            v = verdict_change(mean, half, n, PAPER["C3"])
-            c3.append({"rate": rate, "mode": m, "verdict": v, "mean": mean})
-            lines.append(f"| {rate:g} | C3: ConServe / {MODE_LABEL[m]}, {homo} | {fmt(mean, half, n)} | "
+            mean, ci, n, k = paired(cs_h, am, "tokens_per_joule")
+            v = verdict(mean, ci, PAPER["C3"], margin)
+            c3.append({"rate": rate, "mode": m, "verdict": v, "mean": mean, "ci": ci, "n": n})
+            lines.append(f"| {rate:g} | C3: ConServe / {MODE_LABEL[m]}, {homo} | {fmt(mean, ci, n, k)} | "
                          f"+{PAPER['C3']} % | {v} |")
         if hetero:
             cs_x = b[(b._variant == "conserve") & (b._rate == rate) & (b._tier == hetero)]
             if not cs_x.empty and not cs_h.empty:
-                mean, half, n = paired(cs_x, cs_h, "tokens_per_joule")
-                v = verdict_change(mean, half, n, PAPER["C4"])
-                c4.append({"rate": rate, "verdict": v, "mean": mean})
-                lines.append(f"| {rate:g} | C4: ConServe on {hetero} / on {homo} | {fmt(mean, half, n)} | "
+                mean, ci, n, k = paired(cs_x, cs_h, "tokens_per_joule")
+                v = verdict(mean, ci, PAPER["C4"], margin)
+                c4.append({"rate": rate, "verdict": v, "mean": mean, "ci": ci, "n": n})
+                lines.append(f"| {rate:g} | C4: ConServe on {hetero} / on {homo} | {fmt(mean, ci, n, k)} | "
                              f"+{PAPER['C4']} % | {v} |")
     return lines, {"C3": _depends(c3, ["mode", "rate"]), "C4": _depends(c4, ["rate"])}, c3, c4
 
 
-def claim_robustness(r: pd.DataFrame, homo: str) -> tuple[list[str], str, list[dict]]:
+def claim_robustness(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], str, list[dict]]:
     """C5: AMPD's metrics at each error level over its own error-free run on the same seed (paired),
-    ConServe's value beside; the linear fit of the mean ratios over the error rate."""
+    ConServe's value beside; per AMPD mode and p95 TTFET reading the verdict of the paired ratio at the
+    largest error rate (:func:`harness.stats.verdict`, direction "grows", any size) and, descriptive, the
+    linear fit of the ratios over the error rate (slope, R^2)."""
     b = r[(r._sens == "base") & (r._tier == homo)]
     err = b[b._error_label != "none"]
     if err.empty:
@@ -270,16 +236,16 @@ def claim_robustness(r: pd.DataFrame, homo: str) -> tuple[list[str], str, list[d
         pts = {}
         for lab in labels:
             e = b[(b._variant == m) & (b._error_label == lab)]
-            flips = _ci(pd.to_numeric(e.get("ampd_decision_flip_frac", pd.Series(dtype=float)), errors="coerce"))
+            flips = mean_ci(pd.to_numeric(e.get("ampd_decision_flip_frac", pd.Series(dtype=float)), errors="coerce"))
             row = [MODE_LABEL[m], lab, f"{flips[0]:.3f}" if flips[2] else "n/a"]
             for key, _ in metrics:
-                mean, half, n = paired(e, zero, key)
-                row.append(fmt(mean, half, n))
+                mean, ci, n, k = paired(e, zero, key)
+                row.append(fmt(mean, ci, n, k))
                 if lab.startswith("rate"):
-                    pts.setdefault(key, []).append((float(lab.split()[1]), mean, half, n))
+                    pts.setdefault(key, []).append((float(lab.split()[1]), mean, ci, n, k))
             lines.append("| " + " | ".join(row) + " |")
         for key, lab in metrics[:2]:
-            p = sorted([(0.0, 0.0, (0.0, 0.0), 0)] + pts.get(key, []))
+            p = sorted([(0.0, 0.0, (0.0, 0.0), 0, 0)] + pts.get(key, []))
             if len(p) < 3:
                 continue
             x, y = np.array([q[0] for q in p]), np.array([q[1] for q in p])
@@ -288,15 +254,15 @@ def claim_robustness(r: pd.DataFrame, homo: str) -> tuple[list[str], str, list[d
             tot = float(((y - y.mean()) ** 2).sum())
             r2 = 1 - ss / tot if tot > 0 else math.nan
             top = p[-1]
-            sig = top[3] > 1 and top[2][0] > 0
-            ok = sig and np.isfinite(r2) and r2 >= 0.8
-            v = "reproduced" if ok else "not reproduced"
-            cells.append({"mode": m, "reading": lab.split()[-1], "verdict": v, "slope": slope, "r2": r2})
+            v = verdict(top[1], top[2], +1.0, margin, min_effect=0.0)  # the claim: grows (no size given)
+            cells.append({"mode": m, "reading": lab.split()[-1], "verdict": v, "slope": slope, "r2": r2,
+                          "mean": top[1], "ci": top[2], "n": top[3]})
             lines.append(f"| {MODE_LABEL[m]} | linear fit, {lab} | | slope {slope:+.1f} % per unit error rate, "
-                         f"R² {r2:.2f}; at rate {top[0]:g}: {fmt(top[1], top[2], top[3])} → {v} | | | |")
+                         f"R² {r2:.2f}; at rate {top[0]:g}: {fmt(*top[1:])} → {v} | | | |")
     cs = b[(b._variant == "conserve") & (b._error_label == "none")]
     if not cs.empty:
-        vals = [f"{_ci(cs[k])[0]:.3g}" if k in cs.columns else "n/a" for k, _ in metrics]
+        vals = [f"{point_interval(k, pd.to_numeric(cs[k], errors='coerce'))[0]:.3g}" if k in cs.columns else "n/a"
+                for k, _ in metrics]
         lines.append("| ConServe (predicts nothing: flat by construction) | — | — | " + " | ".join(vals) + " |")
     return lines, _depends(cells, ["mode", "reading"]), cells
 
@@ -350,8 +316,9 @@ def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list
     return lines, moved
 
 
-def claims_markdown(runs: pd.DataFrame) -> str:
-    """The claims report (markdown) for a sweep's tidy runs table; empty when the sweep has no
+def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) -> str:
+    """The claims report (markdown) for a sweep's tidy runs table, verdicts by :func:`harness.stats.verdict`
+    with the equivalence ``margin`` (%, percentage points for C2); empty when the sweep has no
     ConServe-vs-AMPD runs."""
     r = classify(runs)
     if not {"conserve"} <= set(r._variant) or not set(MODES) & set(r._variant):
@@ -359,18 +326,23 @@ def claims_markdown(runs: pd.DataFrame) -> str:
     tiers = sorted(set(r._tier))
     homo = next((t for t in tiers if not t.endswith("_hetero")), tiers[0])
     hetero = next((t for t in tiers if t.endswith("_hetero")), None)
-    l1, v1, _ = claim_ttfet(r, homo)
-    l2, v2, _ = claim_slo(r, homo)
-    l3, v34, _, _ = claim_energy(r, homo, hetero)
-    l5, v5, _ = claim_robustness(r, homo)
+    l1, v1, _ = claim_ttfet(r, homo, margin)
+    l2, v2, _ = claim_slo(r, homo, margin)
+    l3, v34, _, _ = claim_energy(r, homo, hetero, margin)
+    l5, v5, _ = claim_robustness(r, homo, margin)
     ls, moved = sensitivity(r, homo, hetero)
 
     def mv(c):
         return ("; moves under " + ", ".join(sorted(set(moved[c])))) if c in moved else (
             "; no sensitivity arm changes its sign" if ls else "")
     out = ["# ConServe's claims vs AMPD", "",
-           "Paired ratios on the same seed: geometric mean of the per-seed ratios − 1, with the 95 % Student-t "
-           "interval of the mean log ratio [low, high]; definitions and verdict rules: `harness/claims.py`.", "",
+           "Paired ratios on the same seed (the seed is the independent unit): geometric mean of the per-seed "
+           "ratios − 1, with the 95 % Student-t interval of the mean log ratio [low, high], the seeds n and the sign "
+           "count (k of n seeds on the estimate's side of 0). Verdicts from one rule (`harness.stats.verdict`, "
+           "docs/metrics.md \"Intervals and verdicts\"): *reproduced* (the interval excludes 0 on the paper's side "
+           "and the estimate is at least half the paper's size), *same direction, smaller*, *opposite*, *no "
+           f"difference* (the interval inside ±{margin:g} %, the equivalence margin), *inconclusive* (none of "
+           "these, and any single seed).", "",
            "| claim | paper | verdict |", "|---|---|---|",
            f"| C1 p95 TTFET vs AMPD | {PAPER['C1']} % | {v1}{mv('C1')} |",
            f"| C2 zero SLO violations at every rate | 0 violations | {v2} |",
@@ -399,8 +371,8 @@ def gpu_count(instances_json: Any) -> float:
 
 def split_markdown(runs: pd.DataFrame) -> str:
     """The P/D split on equal GPU counts (``+experiment=pd_split``): per GPU count, cluster and variant,
-    the p95 TTFET of both readings (geometric mean over seeds [t-interval of the mean log]), SLO
-    attainment (mean), tokens/J (mean), and the paired p95 ratios to collocated serving on the same GPU
+    the p95 TTFET of both readings, SLO attainment and tokens/J (each the seed-level estimate [95 %
+    interval] of :func:`harness.stats.point_interval`), and the paired p95 ratios to collocated serving on the same GPU
     count and seed. Empty unless the sweep has collocated runs beside P/D runs on as many GPUs."""
     r = classify(runs)
     if "cluster.instances" not in r.columns or "collocated" not in set(r._variant):
@@ -408,8 +380,9 @@ def split_markdown(runs: pd.DataFrame) -> str:
     r["_gpus"] = r["cluster.instances"].map(gpu_count)
     r = r[r._sens == "base"]
     lines = ["## The P/D split on equal GPU counts", "",
-             "Per GPU count: p95 TTFET (geometric mean over seeds [95 % interval]), SLO attainment and tokens/J "
-             "(mean over seeds), and the paired p95 ratio to collocated serving on the same GPUs and seed.", "",
+             "Per GPU count: p95 TTFET, SLO attainment and tokens/J (seed-level estimate [95 % interval], "
+             "`harness.stats.point_interval`), and the paired p95 ratio to collocated serving on the same GPUs and "
+             "seed (n, sign count).", "",
              "| GPUs | rate (conv/s) | cluster | variant | p95 TTFET first (s) | p95 TTFET visible (s) | SLO first | "
              "SLO visible | tokens/J | first vs collocated | visible vs collocated |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -421,13 +394,13 @@ def split_markdown(runs: pd.DataFrame) -> str:
         found = True
         for (cl, v), x in grp.groupby(["_tier", "_variant"], sort=True):
             cells = []
-            for k in ("ttfet_first_p95_s", "ttfet_visible_p95_s"):
-                vals = pd.to_numeric(x[k], errors="coerce")
-                lm, hh, n = _ci(np.log(vals[vals > 0]))
-                cells.append(f"{math.exp(lm):.3g} [{math.exp(lm - hh):.3g}, {math.exp(lm + hh):.3g}]"
-                             if n > 1 and np.isfinite(hh) else (f"{math.exp(lm):.3g}" if n else "n/a"))
-            for k in ("slo_attainment_first", "slo_attainment_visible", "tokens_per_joule"):
-                cells.append(f"{_ci(pd.to_numeric(x[k], errors='coerce'))[0]:.3g}" if k in x.columns else "n/a")
+            trials = pd.to_numeric(x["num_conversations"], errors="coerce") if "num_conversations" in x else []
+            for k in ("ttfet_first_p95_s", "ttfet_visible_p95_s", "slo_attainment_first", "slo_attainment_visible",
+                      "tokens_per_joule"):
+                est, lo, hi, n = (point_interval(k, pd.to_numeric(x[k], errors="coerce"), trials)
+                                  if k in x.columns else (math.nan, math.nan, math.nan, 0))
+                cells.append(f"{est:.3g} [{lo:.3g}, {hi:.3g}]" if n > 1 and np.isfinite(lo)
+                             else (f"{est:.3g}" if n else "n/a"))
             for k in ("ttfet_first_p95_s", "ttfet_visible_p95_s"):
                 cells.append("—" if v == "collocated" else fmt(*paired(x, col, k)))
             rate = x._rate.dropna()
@@ -436,14 +409,15 @@ def split_markdown(runs: pd.DataFrame) -> str:
 
 
 def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
-    """Figures of the claims (PNG + PDF into ``out_dir``): ``claims_vs_rate`` (p95 TTFET of both readings
-    -- geometric mean and the t-interval of the mean log over seeds, log axis -- and SLO attainment of
-    both readings -- mean and t-interval -- vs the arrival rate, base runs on the homogeneous tier), ``claims_tokens_per_joule`` (tokens/J per variant and tier vs rate) and
+    """Figures of the claims (PNG + PDF into ``out_dir``): ``claims_vs_rate`` (p95 TTFET of both readings,
+    log axis, and SLO attainment of both readings vs the arrival rate, base runs on the homogeneous tier;
+    seed-level estimates and 95 % intervals of ``harness.report.seed_frame``, inside the metrics' ranges),
+    ``claims_tokens_per_joule`` (tokens/J per variant and tier vs rate, ``harness.report.seed_bars``) and
     ``claims_vs_error`` (AMPD's p95 TTFET and SLO attainment, both readings, vs the error rate, paired
     ratio to its error-free run; ConServe's error-free value as a reference line)."""
     from pathlib import Path
 
-    from harness.stats import mean_ci
+    from harness.report import _plt, _save, seed_bars, seed_frame
     r = classify(runs)
     if not {"conserve"} <= set(r._variant):
         return []
@@ -463,20 +437,10 @@ def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
             g = h[h._variant == v]
             if k not in g.columns:
                 continue
-            xs, ms, err = [], [], []
-            for x, gg in g.groupby("_rate"):
-                vals = pd.to_numeric(gg[k], errors="coerce")
-                if k.startswith("slo"):  # arithmetic mean +- t half-width
-                    m, hh, n = mean_ci(vals)
-                    lo, hi = (m - hh, m + hh) if np.isfinite(hh) else (m, m)
-                else:  # times span decades: geometric mean, t interval of the mean log
-                    lm, hh, n = mean_ci(np.log(vals[vals > 0]))
-                    m = math.exp(lm) if n else math.nan
-                    lo, hi = (math.exp(lm - hh), math.exp(lm + hh)) if np.isfinite(hh) else (m, m)
-                if n:
-                    xs.append(x), ms.append(m), err.append((m - lo, hi - m))
-            if xs:
-                ax.errorbar(xs, ms, yerr=np.array(err).T, marker="o", capsize=3, label=labels[v])
+            a = seed_frame(g, ["_rate"], k)
+            if len(a):
+                ax.errorbar(a["_rate"], a["est"], yerr=np.array([a["est"] - a["lo"], a["hi"] - a["est"]]),
+                            marker="o", capsize=3, label=labels.get(v, v))
         ax.set_xlabel("arrival rate (conversations/s)")
         ax.set_ylabel(lab)
         if k.startswith("slo"):
@@ -486,15 +450,15 @@ def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(frameon=False)
     fig.suptitle(f"{homo}; p95 TTFET: geometric mean over seeds with the 95 % t-interval of the mean log; "
-                 f"SLO attainment (against each variant's own unloaded TTFET): mean ± 95 % t-interval", y=1.02)
+                 f"SLO attainment (against each variant's own unloaded TTFET): 95 % t-interval of the seeds' logits",
+                 y=1.02)
     fig.tight_layout()
     made += _save(fig, out, "claims_vs_rate")
     e = b.copy()
-    e["variant"] = e._variant.map(lambda v: labels[v].replace(" ", "\n", 1))
+    e["variant"] = e._variant.map(lambda v: labels.get(v, v).replace(" ", "\n", 1))
+    est, bar = seed_bars("tokens_per_joule")
     g = sns.catplot(data=e, kind="bar", x="variant", y="tokens_per_joule", hue="_tier", col="_rate",
-                    errorbar=lambda x: (mean_ci(x)[0] - np.nan_to_num(mean_ci(x)[1]),
-                                        mean_ci(x)[0] + np.nan_to_num(mean_ci(x)[1])),
-                    capsize=0.1, height=3.2, aspect=1.1)
+                    estimator=est, errorbar=bar, capsize=0.1, height=3.2, aspect=1.1)
     g.set_axis_labels("", "tokens per joule (tokens/J)")
     g.set_titles(col_template="rate = {col_name} conv/s")
     if g._legend:
@@ -510,12 +474,13 @@ def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
                 z = er[(er._variant == v) & (er._error == 0)]
                 xs, ms, hs = [], [], []
                 for x in sorted(er[er._variant == v]._error.unique()):
-                    m, ci, n = paired(er[(er._variant == v) & (er._error == x)], z, k) if x > 0 else (0.0, (0.0, 0.0), 1)
+                    m, ci, n, _ = (paired(er[(er._variant == v) & (er._error == x)], z, k) if x > 0
+                                   else (0.0, (0.0, 0.0), 1, 0))
                     if n:
                         lo, hi = ci if np.isfinite(ci[0]) else (m, m)
                         xs.append(x), ms.append(m), hs.append((m - lo, hi - m))
                 if len(xs) > 1:
-                    ax.errorbar(xs, ms, yerr=np.array(hs).T, marker="o", capsize=3, label=labels[v])
+                    ax.errorbar(xs, ms, yerr=np.array(hs).T, marker="o", capsize=3, label=labels.get(v, v))
             ax.axhline(0.0, color="grey", ls="--", lw=1, label="error-free (ConServe predicts nothing: flat)")
             ax.set_xlabel("prediction error rate (fraction of predictions x or / 2)")
             ax.set_ylabel(f"{lab}\nvs error-free (%)")
@@ -527,12 +492,13 @@ def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
     return made
 
 
-def write_claims(runs: pd.DataFrame, out_dir: Any, draw: bool = False) -> Optional[str]:
+def write_claims(runs: pd.DataFrame, out_dir: Any, draw: bool = False,
+                 margin: float = EQUIVALENCE_MARGIN_PCT) -> Optional[str]:
     """Write ``claims.md`` (and, with ``draw``, the claims figures into ``out_dir/figures``) when the
     sweep compares ConServe with AMPD (plus the P/D-split table when it also runs collocated serving on
     as many GPUs); returns the text."""
     from pathlib import Path
-    text = claims_markdown(runs)
+    text = claims_markdown(runs, margin)
     split = split_markdown(runs)
     if split:
         text = (text or "# ConServe's claims vs AMPD\n\n") + "\n" + split

@@ -689,8 +689,10 @@ def figures(sw: Sweep, out: Path) -> list[Path]:
 # ---- entry point -------------------------------------------------------------------------------------
 
 
-def report(sweep_dir: Path, out: Optional[Path] = None, draw: bool = True) -> dict[str, Any]:
-    """Write the tidy table, points table, markdown summary and figures; returns their paths."""
+def report(sweep_dir: Path, out: Optional[Path] = None, draw: bool = True,
+           margin: Optional[float] = None) -> dict[str, Any]:
+    """Write the tidy table, points table, markdown summary and figures; returns their paths. ``margin``:
+    the verdicts' equivalence margin in % (default ``harness.stats.EQUIVALENCE_MARGIN_PCT``)."""
     sweep_dir = Path(sweep_dir)
     out = Path(out) if out else sweep_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -703,7 +705,8 @@ def report(sweep_dir: Path, out: Optional[Path] = None, draw: bool = True) -> di
     figs = figures(sw, out / "figures") if draw else []
     md = markdown(sw, pts, figs)
     from harness.claims import write_claims
-    claims = write_claims(sw.runs, out, draw)  # ConServe-vs-AMPD sweeps: claims.md (+ figures)
+    from harness.stats import EQUIVALENCE_MARGIN_PCT
+    claims = write_claims(sw.runs, out, draw, EQUIVALENCE_MARGIN_PCT if margin is None else margin)
     if claims:
         md += "\n" + claims.replace("# ConServe's claims vs AMPD", "## ConServe's claims vs AMPD (claims.md)", 1)
     (out / "report.md").write_text(md)
@@ -715,9 +718,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("sweep_dir", type=Path, help="a sweep directory (results/sweeps/<time>...)")
     ap.add_argument("--out", type=Path, default=None, help="output directory (default: SWEEP_DIR/report)")
     ap.add_argument("--no-figures", action="store_true", help="write the tables and markdown only")
+    ap.add_argument("--margin", type=float, default=None, metavar="PCT",
+                    help="equivalence margin of the claims' verdicts, in %% of the ratio (percentage points for a "
+                         "claimed zero); default 3 (harness.stats.EQUIVALENCE_MARGIN_PCT, docs/metrics.md)")
     args = ap.parse_args(argv)
+    if args.margin is not None and not args.margin >= 0:
+        ap.error(f"--margin must be >= 0, got {args.margin}")
     try:
-        res = report(args.sweep_dir, args.out, draw=not args.no_figures)
+        res = report(args.sweep_dir, args.out, draw=not args.no_figures, margin=args.margin)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -7,7 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from harness.claims import claims_markdown, classify, paired, verdict_change
+from harness.claims import claims_markdown, classify, fmt, paired
+from harness.stats import verdict
 
 
 def row(variant, tier="a40_1p3d", rate=0.06, seed=0, err=0.0, kvmem=0.915, **metrics):
@@ -28,19 +29,40 @@ def test_paired_ratio_and_verdicts_by_hand():
     for s, cs in enumerate([80.0, 90.0, 70.0]):
         rows += [row("conserve", seed=s, ttfet_visible_p95_s=cs), row("ampd_rd", seed=s)]
     r = classify(pd.DataFrame(rows))
-    mean, ci, n = paired(r[r._variant == "conserve"], r[r._variant == "ampd_rd"], "ttfet_visible_p95_s")
+    mean, ci, n, k = paired(r[r._variant == "conserve"], r[r._variant == "ampd_rd"], "ttfet_visible_p95_s")
     # logs: ln 0.8 = -0.22314, ln 0.9 = -0.10536, ln 0.7 = -0.35667; mean -0.22839 -> 0.79581 - 1 = -20.42 %
     # deviations +0.00525, +0.12303, -0.12828: sd = sqrt(0.03162 / 2) = 0.12574;
     # half-width t(0.975, 2) x 0.12574 / sqrt(3) = 4.3027 x 0.072596 = 0.31236;
     # interval exp(-0.54075) - 1 = -41.77 %, exp(0.08397) - 1 = +8.76 %
     assert n == 3 and mean == pytest.approx(-20.42, abs=0.01)
     assert ci[0] == pytest.approx(-41.77, abs=0.02) and ci[1] == pytest.approx(8.76, abs=0.02)
-    assert verdict_change(mean, ci, n, -51.08) == "not reproduced (no significant difference)"
-    assert verdict_change(-30.0, (-35.0, -25.0), 3, -51.08) == "reproduced"    # below 0 and >= 25.5 % in size
-    assert verdict_change(-10.0, (-15.0, -5.0), 3, -51.08) == "not reproduced (same direction, smaller)"
-    assert verdict_change(+10.0, (5.0, 15.0), 3, -51.08) == "not reproduced (opposite direction)"
-    assert verdict_change(+5.0, (4.0, 6.0), 3, 7.51) == "reproduced"           # +5 >= 7.51 / 2
-    assert verdict_change(-30.0, (math.nan, math.nan), 1, -51.08) == "reproduced"  # one seed: its value decides
+    assert k == 3                                 # all three seeds below 0
+    assert fmt(mean, ci, n, k) == "-20.4 % [-41.8, +8.8] (n=3, 3 of 3 < 0)"
+    # crosses 0 and reaches beyond the 3 % margin on both sides: neither a difference nor none
+    assert verdict(mean, ci, -51.08) == "inconclusive"
+
+
+def test_the_five_verdicts_on_hand_made_intervals():
+    """One rule (harness.stats.verdict) on intervals made by hand, paper's C1 (-51.08 %: reproduced needs
+    <= -25.54 %) and C3 (+7.51 %: needs >= +3.755 %), margin 3 %."""
+    assert verdict(-30.0, (-35.0, -25.0), -51.08) == "reproduced"              # below 0, |-30| >= 25.54
+    assert verdict(-10.0, (-15.0, -5.0), -51.08) == "same direction, smaller"  # below 0, |-10| < 25.54
+    assert verdict(+10.0, (5.0, 15.0), -51.08) == "opposite"                  # above 0 against a reduction
+    assert verdict(+0.5, (-2.0, 2.9), -51.08) == "no difference"              # inside [-3, +3]
+    assert verdict(+0.5, (-2.0, 3.1), -51.08) == "inconclusive"               # crosses 0, leaves the margin
+    assert verdict(+5.0, (4.0, 6.0), 7.51) == "reproduced"                    # +5 >= 3.755
+    assert verdict(+3.0, (1.0, 5.0), 7.51) == "same direction, smaller"
+    assert verdict(-3.0, (-5.0, -1.0), 7.51) == "opposite"
+    assert verdict(+1.0, (-1.0, 2.0), 7.51, margin=1.5) == "inconclusive"     # the margin is a knob
+    assert verdict(-30.0, (math.nan, math.nan), -51.08) == "inconclusive"    # one seed: no interval
+    # a claimed zero (C2's violations, percentage points): inside the margin reproduces it, beyond it opposes
+    assert verdict(0.4, (0.1, 2.0), 0.0) == "reproduced"
+    assert verdict(8.0, (4.0, 12.0), 0.0) == "opposite"
+    assert verdict(2.0, (0.5, 6.0), 0.0) == "inconclusive"
+    # a claimed direction without a size (C5): any significant growth reproduces it
+    assert verdict(+1.0, (0.2, 1.8), +1.0, min_effect=0.0) == "reproduced"
+    with pytest.raises(ValueError, match="margin"):
+        verdict(0.0, (0.0, 0.0), 1.0, margin=-1.0)
 
 
 def test_claims_table_depends_on_reading_and_flags_sensitivity():
@@ -83,5 +105,5 @@ def test_split_table_pairs_with_collocated_on_the_same_gpus():
         rows += [a, c]
     md = split_markdown(pd.DataFrame(rows))
     line = next(l for l in md.splitlines() if l.startswith("| 4 |") and "| conserve |" in l)
-    assert "+20.0 % [+20.0, +20.0] (n=3)" in line      # 120 / 100 on every seed
+    assert "+20.0 % [+20.0, +20.0] (n=3, 3 of 3 > 0)" in line      # 120 / 100 on every seed
     assert split_markdown(pd.DataFrame([r for r in rows if r["scheduler.name"] != "collocated"])) == ""
