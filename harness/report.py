@@ -21,7 +21,8 @@ with its ``config.yaml`` and, for the figures, ``conversations.parquet`` and ``i
   a count on ``log(1 + x)``, a positive quantity on the log scale (geometric mean), each transformed back
   so it stays in the metric's range (docs/metrics.md, "Intervals and verdicts"); no interval for n = 1;
 * ``claims.md`` (also appended to ``report.md``) when the sweep runs ConServe against AMPD: ConServe's
-  claims with paired ratios and their sensitivity (``harness.claims``);
+  claims with paired ratios and their sensitivity (``harness.claims``); a sweep whose cells were run by
+  ``python -m harness.seeds`` also gets its ``seeds.csv`` there (seeds per cell and why each stopped);
 * ``figures/*.png`` and ``*.pdf`` (seaborn, Agg backend), only those whose inputs vary in the sweep:
   TTFET CDFs; p95 TTFET and SLO attainment (both TTFET readings, where the runs report them),
   conversation latency and preemptions vs arrival rate; for single-turn workloads the mean E2E over the
@@ -709,6 +710,12 @@ def report(sweep_dir: Path, out: Optional[Path] = None, draw: bool = True,
     claims = write_claims(sw.runs, out, draw, EQUIVALENCE_MARGIN_PCT if margin is None else margin)
     if claims:
         md += "\n" + claims.replace("# ConServe's claims vs AMPD", "## ConServe's claims vs AMPD (claims.md)", 1)
+    from harness.seeds import seeds_markdown
+    seeds_md = seeds_markdown(sweep_dir)  # cells run by python -m harness.seeds: why each stopped
+    if seeds_md:
+        md += "\n" + seeds_md
+        claims = (claims or "# ConServe's claims vs AMPD\n\n") + "\n" + seeds_md
+        (out / "claims.md").write_text(claims)
     (out / "report.md").write_text(md)
     return {"sweep": sw, "points": pts, "figures": figs, "out": out, "claims": claims}
 
