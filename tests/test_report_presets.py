@@ -6,8 +6,8 @@ keep every interval of ``points.csv`` inside its metric's range.
 
 The reduction (:func:`reduced_jobs`): ``workload.seed`` keeps its first two values; any other key its first
 and last; a union of grids (a group under ``+experiment/``, e.g. the cells of ``conserve_sensitivity``)
-up to four evenly spaced options, first and last included, fewer while the sweep has more than
-``MAX_JOBS`` jobs. A preset added later is reduced the same way.
+up to four evenly spaced options, first and last included, fewer (down to two) while the sweep has more
+than ``UNION_BUDGET`` jobs. A preset added later is reduced the same way.
 
 The figures are built (every plotting call runs) but not rendered to files: ``harness.report._save``
 is replaced by one that closes the figure and records its name, and ``Figure.tight_layout`` does nothing
@@ -37,6 +37,7 @@ SIX_WAY = {"scheduler": ["conserve", "ampd", "collocated", "disaggregated", "wai
            "workload.seed": ["0", "1"]}
 TINY = ["workload.num_conversations=3", "workload.max_turns=3", "logger.progress=false"]
 UNION_OPTIONS = 4
+UNION_BUDGET = 8   # unions of grids shrink (to 2 options at the least) while the sweep has more jobs than this
 MAX_JOBS = 16
 
 
@@ -61,7 +62,7 @@ def reduced_jobs(params: dict[str, list[str]], preset: str | None) -> list[list[
     keys = list(params)
     union = {k: UNION_OPTIONS for k in keys}
     grids = [reduce_values(k, params[k], union[k]) for k in keys]
-    while int(np.prod([len(g) for g in grids])) > MAX_JOBS:
+    while int(np.prod([len(g) for g in grids])) > UNION_BUDGET:
         wide = [k for k, g in zip(keys, grids) if k.startswith("+experiment/") and len(g) > 2]
         if not wide:
             break
@@ -99,8 +100,12 @@ def test_report_on_a_reduced_sweep(name, params, tmp_path: Path, monkeypatch):
     monkeypatch.setattr(matplotlib.figure.Figure, "tight_layout", lambda self, *a, **k: None)
     preset = None if params is not None else name
     params = params if params is not None else sweep_params(name)
-    jobs = reduced_jobs(params, preset)
+    # the six-way sweep runs all six schedulers as the README does (only the seeds and workload are tiny)
+    jobs = reduced_jobs(params, preset) if preset else [
+        [f"scheduler={v}", f"workload.seed={s}", *TINY] for v in params["scheduler"] for s in params["workload.seed"]]
     assert 2 <= len(jobs) <= MAX_JOBS, f"{name}: {len(jobs)} jobs; keep the reduced sweep small"
+    if not preset:
+        assert len(jobs) == 12
     root = tmp_path / "sweep"
     run_sweep(jobs, root)
     out = tmp_path / "rep"
