@@ -251,6 +251,8 @@ def unloaded_readings(run: Any, conversations: Sequence[tuple[float, Conversatio
 
     Raises:
         RuntimeError: an unloaded replay failed.
+        BaselineInterrupted: Ctrl-C / SIGTERM (a ``KeyboardInterrupt``) during the replays; it carries the
+            readings measured so far, which are also written to the disk cache.
     """
     from harness.metrics import ttfet_turn_index
     name, ref = reference_policy(run)
@@ -258,28 +260,60 @@ def unloaded_readings(run: Any, conversations: Sequence[tuple[float, Conversatio
     disk = _DiskCache(cache_dir, key)
     out: dict[str, dict[str, float]] = {}
     fresh: dict[str, dict[str, Optional[float]]] = {}
-    for _, rec in conversations:
-        hit = _UNLOADED_CACHE.get((key, rec.turns))
-        if hit is None:
-            hit = disk.get(rec.turns)
+    hook = _interrupt_hook("baseline")
+    try:
+        for k, (_, rec) in enumerate(conversations):
+            if hook is not None and k == hook[0]:
+                os.kill(os.getpid(), hook[1])  # test-only fault injection (HARNESS_TEST_INTERRUPT)
+            hit = _UNLOADED_CACHE.get((key, rec.turns))
+            if hit is None:
+                hit = disk.get(rec.turns)
+                if hit is not None:
+                    _UNLOADED_CACHE[(key, rec.turns)] = hit
             if hit is not None:
-                _UNLOADED_CACHE[(key, rec.turns)] = hit
-        if hit is not None:
-            out[rec.conversation_id] = dict(hit)
-            continue
-        res = simulate(run, [(0.0, rec)], stats, name, ref, max_coalesce_s=math.inf)
-        if res.error:
-            raise RuntimeError(f"unloaded replay of {rec.conversation_id} failed: {res.error}")
-        first = {r["turn"]: r["first_token_s"] for r in res.turns if r["status"] == "ok"}
-        visible = [t.visible for t in rec.turns]
-        val = {d: float(first.get(ttfet_turn_index(visible, d), math.nan)) for d in ("first", "visible", "last")}
-        out[rec.conversation_id] = val
-        if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
-            _UNLOADED_CACHE.clear()
-        _UNLOADED_CACHE[(key, rec.turns)] = tuple(val.items())
-        fresh[_digest(repr(rec.turns))] = {d: (None if math.isnan(v) else v) for d, v in val.items()}
-    disk.add(fresh)
+                out[rec.conversation_id] = dict(hit)
+                continue
+            res = simulate(run, [(0.0, rec)], stats, name, ref, max_coalesce_s=math.inf)
+            if res.error.startswith("KeyboardInterrupt"):  # run_session keeps an interrupt as an error: re-raise
+                raise KeyboardInterrupt(res.error.partition(": ")[2])
+            if res.error:
+                raise RuntimeError(f"unloaded replay of {rec.conversation_id} failed: {res.error}")
+            first = {r["turn"]: r["first_token_s"] for r in res.turns if r["status"] == "ok"}
+            visible = [t.visible for t in rec.turns]
+            val = {d: float(first.get(ttfet_turn_index(visible, d), math.nan)) for d in ("first", "visible", "last")}
+            out[rec.conversation_id] = val
+            if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
+                _UNLOADED_CACHE.clear()
+            _UNLOADED_CACHE[(key, rec.turns)] = tuple(val.items())
+            fresh[_digest(repr(rec.turns))] = {d: (None if math.isnan(v) else v) for d, v in val.items()}
+    except KeyboardInterrupt as e:
+        raise BaselineInterrupted(str(e) or "Ctrl-C", out, len(conversations)) from e
+    finally:
+        disk.add(fresh)  # what was replayed before an interrupt or a failure is kept for the next run
     return out
+
+
+class BaselineInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during the SLO baseline (:func:`unloaded_readings`): ``readings`` holds the
+    conversations replayed before it (``{conversation_id: {reading: s}}``), ``total`` how many were due."""
+
+    def __init__(self, message: str, readings: dict, total: int):
+        super().__init__(message)
+        self.readings, self.total = readings, total
+
+
+def _interrupt_hook(phase: str) -> Optional[tuple[int, int]]:
+    """Test-only fault injection: ``HARNESS_TEST_INTERRUPT=<phase>:<k>[:<signal>]`` makes the process send
+    itself ``signal`` (default ``INT``; ``TERM`` ...) just before the ``k``-th (0-based) conversation of
+    ``phase`` (``baseline``: the unloaded-TTFET replays), so a test interrupts at a known point instead of
+    racing a timer. ``(k, signal number)`` or None when unset or for another phase."""
+    import signal as _signal
+    spec = os.environ.get("HARNESS_TEST_INTERRUPT", "")
+    parts = spec.split(":")
+    if len(parts) < 2 or parts[0] != phase:
+        return None
+    sig = getattr(_signal, "SIG" + (parts[2] if len(parts) > 2 else "INT").upper().removeprefix("SIG"))
+    return int(parts[1]), int(sig)
 
 
 def unloaded_ttfet(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
