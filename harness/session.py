@@ -264,6 +264,7 @@ def unloaded_readings(run: Any, conversations: Sequence[tuple[float, Conversatio
     try:
         for k, (_, rec) in enumerate(conversations):
             if hook is not None and k == hook[0]:
+                os.environ.pop("HARNESS_TEST_INTERRUPT", None)  # once per process
                 os.kill(os.getpid(), hook[1])  # test-only fault injection (HARNESS_TEST_INTERRUPT)
             hit = _UNLOADED_CACHE.get((key, rec.turns))
             if hit is None:
@@ -305,8 +306,8 @@ class BaselineInterrupted(KeyboardInterrupt):
 def _interrupt_hook(phase: str) -> Optional[tuple[int, int]]:
     """Test-only fault injection: ``HARNESS_TEST_INTERRUPT=<phase>:<k>[:<signal>]`` makes the process send
     itself ``signal`` (default ``INT``; ``TERM`` ...) just before the ``k``-th (0-based) conversation of
-    ``phase`` (``baseline``: the unloaded-TTFET replays), so a test interrupts at a known point instead of
-    racing a timer. ``(k, signal number)`` or None when unset or for another phase."""
+    ``phase`` (``baseline``: the unloaded-TTFET replays), once per process (the variable is then removed), so a
+    test interrupts (or, with ``STOP``, freezes) a run at a known point instead of racing a timer. ``(k, signal number)`` or None when unset or for another phase."""
     import signal as _signal
     spec = os.environ.get("HARNESS_TEST_INTERRUPT", "")
     parts = spec.split(":")
