@@ -206,6 +206,7 @@ class DirLock:
         key = str(self.path.resolve()) if self.path.parent.exists() else str(self.path)
         if key in DirLock._held:
             return DirLock._held[key]
+        self.created = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
@@ -250,11 +251,14 @@ class DirLock:
             return {"text": "unreadable lock record"}
 
     def release(self) -> None:
-        """Drop the lock and remove its file (idempotent)."""
+        """Drop the lock and remove its file, and the directory when the lock created it and nothing else was
+        written there (a sweep refused by its validation leaves no directory); idempotent."""
         if self.fd is None:
             return
         try:
             self.path.unlink()
+            if self.created:
+                self.path.parent.rmdir()   # only if empty
         except OSError:
             pass
         os.close(self.fd)

@@ -364,20 +364,65 @@ def _code_digest() -> str:
     return _CODE_DIGEST[0]
 
 
+SHARD_SCHEMA = "harness.unloaded_ttfet/2"
+_READINGS = ("first", "last", "visible")
+
+
+def _shard_checksum(values: dict) -> str:
+    """SHA-256 of a shard's values in canonical JSON (sorted keys), hex."""
+    return hashlib.sha256(json.dumps(values, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+def shard_problem(obj: Any) -> str:
+    """Why ``obj`` (a parsed shard file) is not a valid unloaded-TTFET shard, or ``""``. A shard is
+    ``{"schema": SHARD_SCHEMA, "checksum": <sha256 of values>, "values": {<32-hex conversation digest>:
+    {"first": s, "last": s, "visible": s}}}``, each reading a finite number >= 0 (s) or null."""
+    if not isinstance(obj, dict) or set(obj) != {"schema", "checksum", "values"}:
+        return "not a {schema, checksum, values} object"
+    if obj["schema"] != SHARD_SCHEMA:
+        return f"schema {obj['schema']!r}, expected {SHARD_SCHEMA!r}"
+    vals = obj["values"]
+    if not isinstance(vals, dict):
+        return "values is not an object"
+    for k, v in vals.items():
+        if not (isinstance(k, str) and len(k) == 32 and all(c in "0123456789abcdef" for c in k)):
+            return f"key {k!r:.40} is not a conversation digest"
+        if not isinstance(v, dict) or set(v) != set(_READINGS):
+            return f"entry {k}: expected readings {list(_READINGS)}, got {v!r:.80}"
+        for d, x in v.items():
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))
+                                  or not math.isfinite(x) or x < 0):
+                return f"entry {k}: reading {d} = {x!r:.40} is not a time in s (a finite number >= 0, or null)"
+    try:
+        ok = obj["checksum"] == _shard_checksum(vals)
+    except (TypeError, ValueError):
+        ok = False
+    return "" if ok else "checksum does not match its values"
+
+
 class _DiskCache:
-    """The unloaded first-token shards of one setup (see :func:`unloaded_readings`); an unreadable shard is
-    ignored (a crashed writer leaves only a temporary file, never a partial shard)."""
+    """The unloaded first-token shards of one setup (see :func:`unloaded_readings`). Every shard is checked
+    (:func:`shard_problem`: schema, shapes, ranges and a SHA-256 checksum) before any of it is used; a shard
+    that fails (unreadable, another shape, a bad checksum) is ignored with a warning naming the file and why,
+    and its conversations are replayed again. (A crashed writer leaves only a temporary file.)"""
 
     def __init__(self, cache_dir: Optional[Path | str], setup_key: str):
         root = cache_root() if cache_dir is None else (Path(cache_dir) if str(cache_dir) not in ("", "off") else None)
         self.dir = None if root is None else root / "unloaded_ttfet" / _digest(setup_key + "|" + _code_digest())
         self._values: dict[str, dict] = {}
+        self.rejected: list[tuple[Path, str]] = []
         if self.dir is not None and self.dir.is_dir():
             for p in sorted(self.dir.glob("*.json")):
                 try:
-                    self._values.update(json.loads(p.read_text()))
-                except (OSError, ValueError):
+                    obj = json.loads(p.read_text())
+                    why = shard_problem(obj)
+                except (OSError, ValueError, UnicodeDecodeError) as e:
+                    why = f"unreadable ({type(e).__name__}: {e})"
+                if why:
+                    self.rejected.append((p, why))
+                    log.warning("unloaded-TTFET cache: ignoring shard %s (%s); its conversations are replayed", p, why)
                     continue
+                self._values.update(obj["values"])
 
     def get(self, turns: tuple) -> Optional[tuple]:
         """The cached ``((reading, s), ...)`` of a conversation with these turns (NaN where none), or None."""
@@ -394,7 +439,8 @@ class _DiskCache:
             self.dir.mkdir(parents=True, exist_ok=True)
             name = f"{os.getpid()}-{time.time_ns()}"
             tmp = self.dir / f".{name}.tmp"
-            tmp.write_text(json.dumps(values, sort_keys=True))
+            tmp.write_text(json.dumps({"schema": SHARD_SCHEMA, "checksum": _shard_checksum(values),
+                                       "values": values}, sort_keys=True))
             os.replace(tmp, self.dir / f"{name}.json")
         except OSError as e:
             log.warning("unloaded-TTFET cache not written to %s: %s", self.dir, e)

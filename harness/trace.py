@@ -503,7 +503,8 @@ def write_trace(path: str | os.PathLike, conversations: Iterable[ConversationRec
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
-        os.chmod(tmp, 0o644)
+        from harness.recorder import process_umask
+        os.chmod(tmp, 0o666 & ~process_umask())  # as open(name, "w") would, not mkstemp's 0o600
         os.replace(tmp, name)
     except BaseException:
         if os.path.exists(tmp):
