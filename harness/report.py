@@ -212,13 +212,19 @@ def load_sweep(sweep_dir: Path) -> Sweep:
 
     Raises:
         FileNotFoundError: no run directory (no ``summary.json``) under ``sweep_dir``.
+        ValueError: a ``summary.json`` is not JSON (naming it).
     """
     sweep_dir = Path(sweep_dir)
     dirs = find_runs(sweep_dir)
     if not dirs:
         raise FileNotFoundError(f"{sweep_dir}: no run directories (no summary.json below it)")
     configs = [load_config(d) for d in dirs]
-    summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+    summaries = []
+    for d in dirs:
+        try:
+            summaries.append(json.loads((d / "summary.json").read_text()))
+        except ValueError as e:
+            raise ValueError(f"{d / 'summary.json'}: not JSON ({e}); delete or re-run that job") from None
     keys: list[str] = []
     for c in configs:
         keys += [k for k in c if k not in keys]
@@ -719,13 +725,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-figures", action="store_true", help="write the tables and markdown only")
     ap.add_argument("--allow-mixed", action="store_true",
                     help="exit 0 even when the runs mix code versions or trace contents (still flagged)")
-    ap.epilog = ("Exit status: 0 written; 2 no run directory (bad argument); 3 written, but the runs mix code "
+    ap.epilog = ("Exit status: 0 written; 2 no run directory or an unreadable summary.json; 3 written, but the runs mix code "
                  "versions or contents of one trace file (meta.json fingerprints; report.md starts with a warning, "
                  "runs.csv has a `mixed` column) and --allow-mixed was not given.")
     args = ap.parse_args(argv)
     try:
         res = report(args.sweep_dir, args.out, draw=not args.no_figures)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     sw = res["sweep"]

@@ -458,7 +458,9 @@ def trace_stats(records: Sequence[ConversationRecord], block_size: int = 16, cac
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI: ``python -m harness.trace stats FILE [--cache-tokens N] [--block-size B]
     [--shared-prefix-tokens N] [--hash-block-tokens H]``. Returns the exit status (2 on a bad trace)."""
-    ap = argparse.ArgumentParser(prog="python -m harness.trace", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness.trace", description=__doc__.split("\n\n")[0],
+                                 epilog="Exit status: 0 printed; 2 a missing, unreadable or malformed trace "
+                                        "(the message names file:line and the field) or a bad argument.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("stats", help="print a trace's statistics and its ideal prefix-hit ratio")
     st.add_argument("file", help="conversation trace or request trace (.jsonl or .jsonl.gz)")
