@@ -243,8 +243,9 @@ def unloaded_readings(run: Any, conversations: Sequence[tuple[float, Conversatio
 
     The disk cache (``cache_dir``, default :func:`cache_root`: ``$HARNESS_CACHE_DIR`` or
     ``results/cache``; ``""`` or ``off``: none) holds ``unloaded_ttfet/<setup digest>/*.json``: shards of
-    ``{conversation digest: {reading: s or null}}``, one written (atomically) per process that replayed
-    something, read by every later job, so a sweep (local, or on machines sharing the directory: Slurm,
+    ``{"schema", "checksum", "values": {conversation digest: {reading: s or null}}}`` (:func:`shard_problem`;
+    a shard that fails its schema or checksum is ignored with a warning and its conversations replayed),
+    one written (atomically) per process that replayed something, read by every later job, so a sweep (local, or on machines sharing the directory: Slurm,
     Ray) replays each distinct conversation once per setup. The setup digest covers what a replay depends
     on (:func:`_unloaded_cache_key`) and the code (every ``.py`` under ``harness/`` and ``baselines/``),
     so a code change never reads stale numbers. Values round-trip exactly (JSON floats keep ``repr``).
