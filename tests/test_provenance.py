@@ -233,3 +233,20 @@ def test_a_sweep_with_an_emptied_workload_or_a_scheduler_cluster_mismatch_fails_
                 f"hydra.sweep.dir={sweep}")
     assert r.returncode == 2 and "1 of 2 sweep jobs are invalid" in r.stderr, r.stderr[-2000:]
     assert "workload.token_scale" in r.stderr and not (sweep / "1_conserve").exists()
+
+
+def test_the_sweeps_comparison_table_is_headed_by_a_warning_when_code_versions_mix(tmp_path):
+    from omegaconf import OmegaConf
+
+    from harness.callbacks import SummaryTableCallback
+    base = {"scheduler": "conserve", "cluster": "c", "model": "m", "workload": "w", "partial": False,
+            "num_conversations": 1}
+    for i, code in enumerate(["a" * 32, "b" * 32]):
+        d = tmp_path / f"{i}_conserve"
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps(base))
+        fp = {"components": {"config": "c", "profiles": "p", "trace": "t", "code": code}, "trace_path": "/t"}
+        (d / "meta.json").write_text(json.dumps({"fingerprint": fp}))
+    SummaryTableCallback().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    text = (tmp_path / "comparison.md").read_text()
+    assert text.startswith("**WARNING: this sweep mixes results that are not comparable: 2 different code versions")
