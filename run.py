@@ -34,37 +34,73 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
 
 
+def _mark_interrupted(out: Path, why: str, multirun: bool) -> None:
+    """Mark an interrupted job's directory: ``interrupted.json`` (what stopped it, when), beside the partial
+    ``summary.json`` when the run had started; a re-run recomputes the job."""
+    import datetime
+    import os
+
+    from harness.recorder import write_json
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json({"interrupted": True, "error": why, "pid": os.getpid(), "sweep": multirun,
+                    "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+                   out / "interrupted.json")
+    except OSError:
+        pass
+
+
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     from hydra.types import RunMode
 
     from harness.catalog import summary_table
     from harness.loggers import logged_run
+    from harness.provenance import RUN_LOCK, DirLock, LockHeld, fingerprint
     from harness.runner import completed_run, execute
-    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
     signal.signal(signal.SIGTERM, _sigterm)  # like Ctrl-C: what was measured is written, partial
-    out = Path(HydraConfig.get().runtime.output_dir)
+    out = Path(hc.runtime.output_dir)
+    job = list(hc.overrides.task)
+    lock = None
     try:
         run = resolve(cfg)
         resolved_yaml = OmegaConf.to_yaml(cfg)
-        done = completed_run(out, resolved_yaml)
+        lock = DirLock(out, RUN_LOCK).acquire()  # one writer per run directory
+        fp = fingerprint(run, resolved_yaml)
+        done = completed_run(out, resolved_yaml, fp, job)
         if done is not None:
-            print(f"{out}: already complete with this config; skipped (delete it to run again)")
+            print(f"{out}: already complete with this config, trace, code and profiles (fingerprint "
+                  f"{fp['digest'][:12]}); skipped (delete it to run again)")
             return done
         with logged_run(run.cfg.logger, out, OmegaConf.to_container(cfg, resolve=True)):
-            summary = execute(run, out, resolved_yaml)
-    except (ConfigError, TraceError) as e:
+            summary = execute(run, out, resolved_yaml, fp=fp, job=job)
+    except (ConfigError, TraceError, LockHeld) as e:
         print(f"error: {e}", file=sys.stderr)
-        _drop_if_empty(out)
+        if not isinstance(e, LockHeld):
+            if lock is not None:
+                lock.release()
+            _drop_if_empty(out)
         sys.exit(2)
     except KeyboardInterrupt as e:
-        print(f"interrupted ({e or 'Ctrl-C'}); what was measured is in {out} (partial)", file=sys.stderr)
+        why = str(e) or "Ctrl-C"
+        why = why if why.startswith("KeyboardInterrupt") else f"KeyboardInterrupt: {why}"
+        _mark_interrupted(out, why, multirun)
+        has = (out / "summary.json").is_file()
+        print(f"interrupted ({why}); " + (f"what was measured is in {out} (partial)" if has else
+                                           f"nothing was measured yet ({out})")
+              + ("; the sweep stops here (re-run the same command to resume it)" if multirun else ""),
+              file=sys.stderr)
         sys.exit(130)
     except RuntimeError as e:  # the run failed; partial results are written
         print(f"error: {e}", file=sys.stderr)
         if multirun:  # the sweep goes on; its comparison table marks this job
             return {"partial": True, "error": str(e)}
         sys.exit(1)
+    finally:
+        if lock is not None:
+            lock.release()
     w = run.cfg.workload
     rate = {"fixed": "t=0", "trace": f"the trace's timestamps x{1 / w.time_scale:g}"}.get(w.arrival,
                                                                                        f"{w.rate_per_s} conv/s")

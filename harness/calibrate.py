@@ -546,6 +546,27 @@ def load_profile(path_or_name: str) -> HardwareConfig:
     return hw
 
 
+def partial_run(run_dir: Path) -> str:
+    """``""`` when ``run_dir/summary.json`` says the run completed, else why not (its ``error``, or that
+    the summary is missing or unreadable: a run without one never finished).
+
+    Raises:
+        FileNotFoundError: ``run_dir`` is not a directory.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run directory")
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+    except OSError:
+        return "no summary.json"
+    except ValueError:
+        return "summary.json is not JSON"
+    if s.get("partial"):
+        return f"partial: {s.get('error') or 'no error recorded'}"
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path, help="a backend=vllm run directory written with logger.steps=true")
@@ -556,11 +577,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--loss-scale", type=float, default=0.1, help="soft_l1 scale, relative error")
     ap.add_argument("--client-only", action="store_true", help="ignore server_metrics.json (client clocks only)")
     ap.add_argument("--report", type=Path, default=None, help="also write the fit's report as JSON here")
+    ap.add_argument("--allow-partial", action="store_true",
+                    help="fit a run whose summary.json says partial (failed or interrupted; warned), else refused")
+    ap.epilog = ("Exit status: 0 profile written; 2 bad input: no such run directory or base profile, a run "
+                 "without logger.steps / turns, a partial run without --allow-partial, a fit that cannot be "
+                 "made (the message says which).")
     a = ap.parse_args(argv)
-    base = load_profile(a.base)
-    name = a.name or a.out.stem
-    res, report = calibrate(a.run_dir, base, name, a.min_gap_s, a.loss_scale, use_server=not a.client_only)
+    try:
+        base = load_profile(a.base)
+        partial = partial_run(a.run_dir)
+        if partial and not a.allow_partial:
+            raise ValueError(f"{a.run_dir} is a partial run ({partial}): its turns stop early and may be biased "
+                             f"(the run failed or was interrupted); pass --allow-partial to fit it anyway")
+        if partial:
+            print(f"warning: fitting a partial run ({partial}); the profile's header says so", file=sys.stderr)
+        name = a.name or a.out.stem
+        res, report = calibrate(a.run_dir, base, name, a.min_gap_s, a.loss_scale, use_server=not a.client_only)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     text = profile_yaml(res.hw, report, base.name, base.source)
+    if partial:
+        text = f"# WARNING: fitted to a PARTIAL run ({partial})\n" + text
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(text)
     load_profile(str(a.out))   # it loads and validates

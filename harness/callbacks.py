@@ -1,5 +1,7 @@
-"""Hydra callbacks: before a multirun, validate every job's config; after it, print and save one comparison
-table of every job's summary (failed jobs marked)."""
+"""Hydra callbacks: before a multirun, lock the sweep directory (``harness.provenance.DirLock``) and validate
+every job (its config, its workload and its scheduler on its cluster: ``harness.runner.prepare``); after it,
+print and save one comparison table of every job's summary (failed jobs marked, mixed fingerprints flagged)
+and release the lock."""
 
 from __future__ import annotations
 
@@ -51,6 +53,11 @@ class SummaryTableCallback(Callback):
         if not summaries:
             return
         table = summary_table(summaries)
+        from harness.provenance import mixed_components, mixed_warning, read_fingerprint
+        warn = mixed_warning(mixed_components([read_fingerprint(p.parent) for p in runs]))
+        if warn:
+            table = f"**{warn}**\n\n{table}"
+            print(warn, file=sys.stderr)
         failed = [label for label, smr in summaries.items() if smr.get("partial")]
         if failed:
             table += (f"\n\n{len(failed)} of {len(summaries)} jobs failed (partial results): "
@@ -75,20 +82,53 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
 
 
+class SweepLockCallback(Callback):
+    """Takes the sweep directory's lock (``harness.provenance.DirLock``, ``.sweep.lock``) before any job runs
+    and releases it when the sweep ends (or the process exits, however). A second sweep into a locked
+    ``hydra.sweep.dir`` prints the holder (pid, host, since, command) and exits with status 2 before anything
+    runs; a lock left by a dead holder is taken over with a warning naming it."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from harness.provenance import SWEEP_LOCK, DirLock, LockHeld
+        try:
+            self.lock = DirLock(Path(config.hydra.sweep.dir), SWEEP_LOCK).acquire()
+        except LockHeld as e:
+            print(f"error: another sweep is writing this sweep directory; nothing was run: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        lock = getattr(self, "lock", None)
+        if lock is not None:
+            lock.release()
+
+
 class ValidateSweepCallback(Callback):
     """Before the first job of a multirun runs, compose and validate (``harness.config.resolve``) every
-    job's config; if any is invalid, print every invalid job with its error and exit (status 2) before
-    anything runs. (Hydra turns an exception raised by a callback into a warning, so this exits.)"""
+    job's config and check what a job would check before running (``harness.runner.prepare``: its trace, its
+    workload after ``workload.context_overflow``, its scheduler on its cluster); if any is invalid, print every
+    invalid job with its error and exit (status 2) before anything runs. (Hydra turns an exception raised by a
+    callback into a warning, so this exits.) A trace is loaded once per distinct file."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra import compose
+
         from harness.config import ConfigError, resolve
+        from harness.runner import prepare
+        from harness.trace import TraceError, load_trace
         jobs = sweep_jobs(config)
         bad = []
+        traces: dict = {}
+
+        def cached_load(path, *a, **k):
+            key = (str(path), a, tuple(sorted(k.items())))
+            if key not in traces:
+                traces[key] = load_trace(path, *a, **k)
+            return traces[key]
         for i, job in enumerate(jobs):
             try:
-                resolve(compose(config_name=config.hydra.job.config_name, overrides=job))
-            except ConfigError as e:
+                run = resolve(compose(config_name=config.hydra.job.config_name, overrides=job))
+                prepare(run, cached_load)
+            except (ConfigError, TraceError) as e:
                 bad.append(f"  job {i} ({' '.join(job)}): {e}")
             except Exception as e:  # noqa: BLE001 -- composition errors are reported the same way
                 bad.append(f"  job {i} ({' '.join(job)}): {type(e).__name__}: {str(e).splitlines()[0]}")

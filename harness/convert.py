@@ -822,6 +822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m harness.convert",
         description="Convert agent trajectories into a harness trace (JSON Lines, gzip by .gz).",
+        epilog="Exit status: 0 written; 2 bad input (a missing or malformed trajectory, a bad argument).",
     )
     ap.add_argument("format", choices=FORMATS, help="trajectory format")
     ap.add_argument("inputs", nargs="+", metavar="INPUT", help="trajectory files or directories")

@@ -12,7 +12,8 @@ mean TTFT within 25 % (anchors from the literature: BLIS 6.7 % median E2E and 17
 Writes ``fidelity.json`` and ``fidelity.md`` into ``--out`` (default: ``<real run>/fidelity``), and the
 simulated run into ``<out>/sim``. ``--launch`` first runs the real side itself (Hydra overrides for a
 ``backend=vllm`` run; ``logger.steps=true`` is added). Exit status: 0 when every target is met on the
-client's clocks, 1 otherwise.
+client's clocks, 1 when one is missed, 2 on bad arguments (a missing run directory or profile, an invalid
+profile, bad ``--launch`` overrides), 3 when the ``--launch`` run failed, 130 when interrupted.
 
 The maximum sustainable rate is not measured here: on the real side it needs a series of runs at rising
 rates per workload (minutes each on the shared CPU), more than a fidelity check can afford; the report says so.
@@ -355,16 +356,31 @@ def launch_real(overrides: Sequence[str], out_dir: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.fidelity", description=__doc__.split("\n\n")[0],
                                  epilog="Exit status: 0 when every target is met on the client's clocks, 1 when one "
-                                        "is missed, 2 on bad arguments.")
+                                        "is missed, 2 on bad arguments (no such run directory or completed run, "
+                                        "no such or an invalid profile, bad --launch overrides), 3 when the "
+                                        "--launch run failed, 130 when interrupted.")
     ap.add_argument("real_dir", type=Path, help="a completed real run directory (or where --launch writes one)")
     ap.add_argument("--profile", required=True, help="hardware profile: a YAML path or a conf/hardware/ name")
     ap.add_argument("--out", type=Path, default=None, help="report directory (default <real_dir>/fidelity)")
     ap.add_argument("--launch", nargs=argparse.REMAINDER, default=None,
                     help="run the real side first with these Hydra overrides (backend=vllm ...)")
     a = ap.parse_args(argv)
-    if a.launch is not None:
-        launch_real(a.launch, a.real_dir)
-    result = fidelity(a.real_dir, a.profile, a.out)
+    from harness.config import ConfigError
+    from harness.trace import TraceError
+    try:
+        if a.launch is not None:
+            try:
+                launch_real(a.launch, a.real_dir)
+            except RuntimeError as e:  # the real run failed (its partial results are written)
+                print(f"error: the --launch run failed: {e}", file=sys.stderr)
+                return 3
+        result = fidelity(a.real_dir, a.profile, a.out)
+    except (FileNotFoundError, ValueError, ConfigError, TraceError) as e:  # ConfigError, TraceError: ValueErrors
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     print(markdown(result))
     return 0 if result["comparison"]["all_met"] else 1
 

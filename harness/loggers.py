@@ -17,11 +17,15 @@ failed simulation never leaves a W&B run open. If wandb is not installed, or ``w
 warning is logged and the run goes on with parquet only; a failure while logging results is logged and
 never replaces the run's own outcome.
 
-Secrets: every mapping logged (config, summary) goes through :func:`scrub`, which replaces the value of
-any key that names a credential (:func:`is_secret_key`: ``api_key``, ``token``, ``secret``,
-``password``, ... -- but not token *counts* such as ``max_num_batched_tokens`` or
-``kv_bytes_per_token``) with ``"<redacted>"``. W&B's own metadata (command line, git remote, code) is
-turned off, so an API key on the command line or in a git URL is not captured either.
+Secrets: every mapping logged (config, summary) goes through :func:`scrub`, and every other string
+logged (tags, group, run name) through :func:`scrub_string`. They redact by *value*: the value of any
+environment variable named like a credential, a URL's password, the value after a credential's name
+(``X-Api-Key: ...``, ``Authorization: ...``, ``token=...``), well-known key shapes (``sk-``, ``hf_``, JWTs,
+``Bearer ...``); and under a key that names a credential (:func:`is_secret_key`: ``api_key``, ``token``,
+``secret``, ``password``, ... -- not token *counts* such as ``max_num_batched_tokens``) any value but a
+number, so a metric such as ``first_token_s`` keeps its value and its name. W&B's own metadata (command
+line, git remote, code) is turned off, so an API key on the command line or in a git URL is not captured
+either. Offline, W&B's update check and error reporting (Sentry) are off too: nothing waits on a network.
 """
 
 from __future__ import annotations
@@ -71,23 +75,60 @@ _SECRET_VALUE = re.compile(
 _SECRET_FLAG = re.compile(r"^--?[a-z0-9_\-]*(api[_\-]?key|token|secret|passw(or)?d|credential)$", re.IGNORECASE)
 
 
-def _scrub_value(v: Any) -> Any:
-    if not isinstance(v, str):
-        return v
+# A URL's password (``scheme://user:password@host``).
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.\-]*://[^/\s:@]*:)(?P<pw>[^/\s@]+)(?=@)", re.IGNORECASE)
+# A header or assignment whose name is a credential: ``X-Api-Key: v``, ``Authorization: Basic v``,
+# ``api_key=v``, ``"token": "v"`` (the name is judged by :func:`is_secret_key`).
+_NAMED_VALUE = re.compile(r"(?P<name>[A-Za-z][A-Za-z0-9_\-]*)(?P<sep>\"?\s*[:=]\s*\"?)(?P<val>[^\s\"',;&]+)")
+# ``Authorization: <scheme> <credentials>`` (RFC 9110 11.6.2): the scheme is kept, the credentials go.
+_AUTH_HEADER = re.compile(r"(?P<head>(proxy-)?authorization\"?\s*[:=]\s*\"?(?:[A-Za-z]+\s+)?)(?P<val>[^\s\"',;]+)",
+                          re.IGNORECASE)
+_MIN_ENV_SECRET = 8  # shorter environment values ("1", "true") are not redacted wherever they occur
+
+
+def _env_secrets() -> list[str]:
+    """Values of the environment variables whose names are credentials (``WANDB_API_KEY``, ``HF_TOKEN``,
+    ``AWS_SECRET_ACCESS_KEY``, ...), longest first; read at each call (the environment may change)."""
+    vals = {v for k, v in os.environ.items() if is_secret_key(k) and len(v) >= _MIN_ENV_SECRET}
+    return sorted(vals, key=len, reverse=True)
+
+
+def _named(m: re.Match) -> str:
+    name, val = m.group("name"), m.group("val")
+    if not is_secret_key(name) or val == REDACTED or name.lower().endswith("authorization"):
+        return m.group(0)
+    return f"{name}{m.group('sep')}{REDACTED}"
+
+
+def scrub_string(v: str) -> str:
+    """``v`` with every credential it holds replaced by ``"<redacted>"``, whatever key it is logged under:
+    the value of an environment variable named like a credential (:func:`_env_secrets`), a URL's password,
+    the value after a credential's name (``X-Api-Key: ...``, ``token=...``, ``--api-key=...``), and
+    well-known credential shapes (``sk-``/``hf_``/``ghp_`` prefixes, 40-hex keys, JWTs, ``Bearer ...``)."""
+    for secret in _env_secrets():
+        v = v.replace(secret, REDACTED)
+    v = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, v)
     if "=" in v:
         k, _, rest = v.partition("=")
-        if (is_secret_key(k.lstrip("-")) or _SECRET_FLAG.match(k)) and rest:
+        if _SECRET_FLAG.match(k) and rest:
             return f"{k}={REDACTED}"
+    v = _AUTH_HEADER.sub(lambda m: m.group("head") + REDACTED, v)
+    v = _NAMED_VALUE.sub(_named, v)
     return _SECRET_VALUE.sub(REDACTED, v)
 
 
+def _scrub_value(v: Any) -> Any:
+    return scrub_string(v) if isinstance(v, str) else v
+
+
 def scrub(obj: Any) -> Any:
-    """A copy of ``obj`` (nested dicts / lists) with credentials replaced by ``"<redacted>"``: the value of
-    every secret key (:func:`is_secret_key`), every secret-looking string whatever its key (credential
-    prefixes such as ``sk-``/``hf_``, 40-hex keys, JWTs, ``Bearer ...``, ``KEY=value`` with a credential
-    key), and in a list the argument after a credential flag (``["--api-key", "sk-..."]``)."""
+    """A copy of ``obj`` (nested dicts / lists) with credentials replaced by ``"<redacted>"``: under a secret
+    key (:func:`is_secret_key`) any value but a number, bool or null (a metric named ``first_token_s`` or
+    ``output_token_throughput_per_s`` keeps its number; ``token: "abc"`` is redacted); in every string,
+    whatever its key, the credentials :func:`scrub_string` finds; and in a list the argument after a
+    credential flag (``["--api-key", "sk-..."]``). Keys themselves are kept (a metric's name is not a secret)."""
     if isinstance(obj, dict):
-        return {k: (REDACTED if is_secret_key(k) else scrub(v)) for k, v in obj.items()}
+        return {k: (REDACTED if is_secret_key(k) and not _plain_number(v) else scrub(v)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         out, redact_next = [], False
         for v in obj:
@@ -95,6 +136,10 @@ def scrub(obj: Any) -> Any:
             redact_next = isinstance(v, str) and bool(_SECRET_FLAG.match(v))
         return out
     return _scrub_value(obj)
+
+
+def _plain_number(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float))
 
 
 class RunLogger(Protocol):
@@ -124,12 +169,15 @@ def _sweep_group() -> Optional[str]:
         return None
 
 
-def _settings(wandb):
+def _settings(wandb, offline: bool = False):
     """W&B settings that keep it quiet and out of anything that may carry a secret (command line,
-    git remote URL, code); keys a given wandb version lacks are skipped."""
+    git remote URL, code), and offline away from the network (no update check, no error reports); keys a
+    given wandb version lacks are skipped."""
     wanted = {"disable_git": True, "save_code": False, "disable_code": True, "silent": True,
               "console": "off", "x_disable_meta": True, "x_disable_stats": True,
               "_disable_meta": True, "_disable_stats": True}
+    if offline:
+        wanted.update({"mode": "offline", "x_disable_update_check": True, "x_disable_machine_info": True})
     kwargs = {}
     for k, v in wanted.items():
         try:
@@ -152,13 +200,17 @@ class WandbLogger:
         names = [config.get(g, {}).get("name") for g in ("scheduler", "cluster", "workload")
                  if isinstance(config.get(g), dict)]
         backend = (config.get("backend") or {}).get("name", "sim") if isinstance(config.get("backend"), dict) else "sim"
-        if lc.mode == "offline":  # offline never touches the network (no version check, no login)
-            os.environ.setdefault("WANDB_MODE", "offline")
+        if lc.mode == "offline":  # offline never touches the network (no version check, no login, no Sentry)
+            os.environ["WANDB_MODE"] = "offline"
             os.environ.setdefault("WANDB_DISABLE_SERVICE_CHECK", "true")
+            os.environ["WANDB_ERROR_REPORTING"] = "false"   # wandb's Sentry reports: retried HTTP to sentry.io
+            os.environ.setdefault("WANDB_DISABLE_CODE", "true")
+        tags = [scrub_string(str(t)) for t in dict.fromkeys([*lc.tags, *[n for n in names if n]])]
+        group = lc.group or _sweep_group()
         self.run = wandb.init(project=lc.project, entity=lc.entity, mode=lc.mode, dir=directory,
-                              name=out_dir.name, group=lc.group or _sweep_group(), job_type=backend,
-                              tags=list(dict.fromkeys([*lc.tags, *[n for n in names if n]])),
-                              config=scrub(config), settings=_settings(wandb))
+                              name=scrub_string(out_dir.name), group=scrub_string(group) if group else None,
+                              job_type=scrub_string(str(backend)), tags=tags,
+                              config=scrub(config), settings=_settings(wandb, offline=lc.mode == "offline"))
 
     def finish(self, out_dir: Path, error: Optional[BaseException]) -> None:
         try:

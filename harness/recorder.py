@@ -250,11 +250,30 @@ class Recorder:
 
 # ---- atomic files ----------------------------------------------------------------------------------
 
+def process_umask() -> int:
+    """The process's file-mode creation mask, read without changing it where Linux shows it
+    (``/proc/self/status``, ``Umask:``), else by setting and restoring it (``os.umask``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
 def _atomic(path: Path, write: Callable[[str], None]) -> None:
-    """Write through a temporary file in the same directory, then rename it into place."""
+    """Write through a temporary file in the same directory, then rename it into place. The file gets the
+    mode a plain ``open(path, "w")`` would give it (``0o666`` less the process umask), not ``mkstemp``'s
+    private ``0o600``."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:
+        os.fchmod(fd, 0o666 & ~process_umask())
+    finally:
+        os.close(fd)
     try:
         write(tmp)
         os.replace(tmp, path)

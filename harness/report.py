@@ -1,6 +1,6 @@
 """Turn a sweep directory into a tidy table, a markdown summary with confidence intervals, and figures.
 
-    python -m harness.report SWEEP_DIR [--out DIR] [--no-figures]
+    python -m harness.report SWEEP_DIR [--out DIR] [--no-figures] [--allow-mixed]
 
 Reads every run directory under ``SWEEP_DIR`` (any directory holding a ``summary.json``, at any depth)
 with its ``config.yaml`` and, for the figures, ``conversations.parquet`` and ``instances.parquet``
@@ -28,6 +28,11 @@ with its ``config.yaml`` and, for the figures, ``conversations.parquet`` and ``i
   conversation latency and preemptions vs arrival rate; for single-turn workloads the mean E2E over the
   central half by arrival and preemptions per turn vs arrival rate; tokens per joule per variant and tier
   (cluster); metrics vs prediction error; KV occupancy over time.
+
+Runs that are not comparable are flagged, never silently mixed: when the runs' ``meta.json`` fingerprints
+(``harness.provenance``) differ in code, or one trace file has two contents, ``report.md`` starts with a warning,
+``runs.csv`` marks each run outside the majority in its ``mixed`` column, and the exit status is 3 unless
+``--allow-mixed``.
 
 Which config keys are "swept" is read from the configs, not the command line: a key is swept when its
 value differs between runs. Keys whose last part contains ``seed`` are the repetition keys. A key that
@@ -163,7 +168,8 @@ class Sweep:
 
     swept: every config key that varies; seeds: the repetition keys among them; dims: the sweep
     dimensions (swept, not seeds, not fixed by a swept group name); x: the x-axis key (or None);
-    facets: facet keys; variant_keys: the keys that make up ``variant``.
+    facets: facet keys; variant_keys: the keys that make up ``variant``; mixed: what the runs mix that breaks a
+    comparison (``harness.provenance.mixed_components``: ``{"code" | "trace" | "fingerprint": count}``).
     """
 
     root: Path
@@ -175,6 +181,7 @@ class Sweep:
     facets: list[str]
     variant_keys: list[str]
     run_dirs: dict[str, Path] = field(default_factory=dict)
+    mixed: dict[str, int] = field(default_factory=dict)
 
     @property
     def point_keys(self) -> list[str]:
@@ -230,13 +237,19 @@ def load_sweep(sweep_dir: Path) -> Sweep:
 
     Raises:
         FileNotFoundError: no run directory (no ``summary.json``) under ``sweep_dir``.
+        ValueError: a ``summary.json`` is not JSON (naming it).
     """
     sweep_dir = Path(sweep_dir)
     dirs = find_runs(sweep_dir)
     if not dirs:
         raise FileNotFoundError(f"{sweep_dir}: no run directories (no summary.json below it)")
     configs = [load_config(d) for d in dirs]
-    summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+    summaries = []
+    for d in dirs:
+        try:
+            summaries.append(json.loads((d / "summary.json").read_text()))
+        except ValueError as e:
+            raise ValueError(f"{d / 'summary.json'}: not JSON ({e}); delete or re-run that job") from None
     keys: list[str] = []
     for c in configs:
         keys += [k for k in c if k not in keys]
@@ -268,12 +281,37 @@ def load_sweep(sweep_dir: Path) -> Sweep:
                 row[k if k not in row else f"summary.{k}"] = v
         row.update(turn_columns(d))
         rows.append(row)
+    mixed = _mark_mixed(rows, dirs)
     runs = pd.DataFrame(rows)
     for k in runs.columns:  # numeric config columns stay numeric (None -> NaN)
         if runs[k].dtype == object and runs[k].map(lambda v: v is None or isinstance(v, (int, float))
                                                    and not isinstance(v, bool)).all():
             runs[k] = pd.to_numeric(runs[k])
-    return Sweep(sweep_dir, runs, swept, seeds, dims, x, facets, variant_keys, run_dirs)
+    return Sweep(sweep_dir, runs, swept, seeds, dims, x, facets, variant_keys, run_dirs, mixed)
+
+
+def _mark_mixed(rows: list[dict], dirs: Sequence[Path]) -> dict[str, int]:
+    """Add ``code_fingerprint``, ``trace_fingerprint`` (12 hex characters of ``meta.json``'s fingerprint, None
+    when absent) and ``mixed`` (True for a run outside the most common code digest, or outside the most common
+    content of its trace file, or without a fingerprint among runs that have one) to each row; returns
+    ``harness.provenance.mixed_components`` of the runs."""
+    from collections import Counter
+
+    from harness.provenance import mixed_components, read_fingerprint
+    fps = [read_fingerprint(d) for d in dirs]
+    comp = [(f or {}).get("components") or {} for f in fps]
+    code_major = Counter(c.get("code") for c in comp if c).most_common(1)
+    trace_major: dict = {}
+    for f, c in zip(fps, comp):
+        if c:
+            trace_major.setdefault(f.get("trace_path"), Counter())[c.get("trace")] += 1
+    any_fp = any(comp)
+    for row, f, c in zip(rows, fps, comp):
+        row["code_fingerprint"] = str(c["code"])[:12] if c.get("code") else None
+        row["trace_fingerprint"] = str(c["trace"])[:12] if c.get("trace") else None
+        row["mixed"] = bool(any_fp and (not c or c.get("code") != code_major[0][0]
+                                        or c.get("trace") != trace_major[f.get("trace_path")].most_common(1)[0][0]))
+    return mixed_components(fps)
 
 
 def points_table(sw: Sweep, metrics: Optional[Sequence[str]] = None) -> pd.DataFrame:
@@ -705,6 +743,9 @@ def report(sweep_dir: Path, out: Optional[Path] = None, draw: bool = True,
     pts.to_csv(out / "points.csv", index=False)
     figs = figures(sw, out / "figures") if draw else []
     md = markdown(sw, pts, figs)
+    from harness.provenance import mixed_warning
+    if sw.mixed:  # first thing in report.md (runs.csv: column `mixed`)
+        md = f"> **{mixed_warning(sw.mixed)}**\n\n" + md
     from harness.claims import write_claims
     from harness.stats import EQUIVALENCE_MARGIN_PCT
     claims = write_claims(sw.runs, out, draw, EQUIVALENCE_MARGIN_PCT if margin is None else margin)
@@ -728,15 +769,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--margin", type=float, default=None, metavar="PCT",
                     help="equivalence margin of the claims' verdicts, in %% of the ratio (percentage points for a "
                          "claimed zero); default 3 (harness.stats.EQUIVALENCE_MARGIN_PCT, docs/metrics.md)")
+    ap.add_argument("--allow-mixed", action="store_true",
+                    help="exit 0 even when the runs mix code versions or trace contents (still flagged)")
+    ap.epilog = ("Exit status: 0 written; 2 no run directory or an unreadable summary.json; 3 written, but the runs mix code "
+                 "versions or contents of one trace file (meta.json fingerprints; report.md starts with a warning, "
+                 "runs.csv has a `mixed` column) and --allow-mixed was not given.")
     args = ap.parse_args(argv)
     if args.margin is not None and not args.margin >= 0:
         ap.error(f"--margin must be >= 0, got {args.margin}")
     try:
         res = report(args.sweep_dir, args.out, draw=not args.no_figures, margin=args.margin)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     sw = res["sweep"]
+    if sw.mixed:
+        from harness.provenance import mixed_warning
+        print(mixed_warning(sw.mixed), file=sys.stderr)
+        if not args.allow_mixed:
+            print(f"-> {res['out'] / 'report.md'} (flagged); exit status 3 (pass --allow-mixed to accept)",
+                  file=sys.stderr)
+            return 3
     print(f"{len(sw.runs)} runs, {len(res['points'])} points; swept: {', '.join(sw.dims) or 'nothing'}"
           f"{'; repetitions: ' + ', '.join(sw.seeds) if sw.seeds else ''}")
     print(f"-> {res['out'] / 'report.md'}")

@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 from harness.backend import get_backend
 from harness.config import PROJECT_ROOT, ConfigError, Resolved
@@ -35,6 +35,10 @@ from harness.validity import failures_by_reason, serving_metrics, verdict
 from harness.workload import Oracle, build_workload
 
 log = logging.getLogger(__name__)
+
+
+class _NotRun(Exception):
+    """The session was not started (its message: why); the results path still writes a partial summary."""
 
 
 def code_version() -> dict:
@@ -65,66 +69,136 @@ def package_versions() -> dict:
     return out
 
 
-def completed_run(out_dir: Path, resolved_yaml: str) -> Optional[dict]:
-    """The summary of a run already completed in ``out_dir`` with the same resolved config (a sweep
-    re-run with the same ``hydra.sweep.dir`` resumes by skipping it), else None.
+RESULT_FILES = ("summary.json", "turns.parquet", "conversations.parquet", "instances.parquet", "decisions.parquet",
+                "tokens.parquet", "server_metrics.json", "interrupted.json")
+
+
+def completed_run(out_dir: Path, resolved_yaml: str, fp: Optional[dict] = None,
+                  job: Optional[Sequence[str]] = None) -> Optional[dict]:
+    """The summary of a run already completed in ``out_dir`` that a re-run may skip (a sweep re-run with the
+    same ``hydra.sweep.dir`` resumes), else None (run it: nothing there, a partial run, or results whose
+    fingerprint differs; in the last case the log names what changed and the old result files are removed
+    first, so the directory never mixes two runs).
+
+    A complete run is skipped only when its ``meta.json`` fingerprint (``harness.provenance.fingerprint``:
+    resolved config, trace content, code, hardware/model profiles) equals ``fp``. ``job``: the job's Hydra
+    overrides (its identity in the sweep); with ``fp`` given, a directory of the same job whose config text
+    changed (an edited profile, a new default) is recomputed, one of another job is refused.
+    Without ``fp`` (callers that do not fingerprint), the config text alone decides, as before.
 
     Raises:
-        ConfigError: ``out_dir`` already holds results of a different config (never overwritten).
+        ConfigError: ``out_dir`` already holds results of a different job or config (never overwritten).
     """
+    from harness.provenance import changed_components
     summary_p, config_p = out_dir / "summary.json", out_dir / "config.yaml"
     if not summary_p.is_file() and not (out_dir / "turns.parquet").is_file():
         return None
-    same = config_p.is_file() and config_p.read_text() == resolved_yaml
-    if not same:
+    meta = {}
+    try:
+        meta = json.loads((out_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        pass
+    old_job = meta.get("job_overrides") if isinstance(meta, dict) else None
+    same_config = config_p.is_file() and config_p.read_text() == resolved_yaml
+    same_job = same_config if old_job is None or job is None else list(old_job) == list(job)
+    if not same_job:
         raise ConfigError(f"run directory {out_dir} already holds the results of another config; refusing to "
                           f"overwrite them (choose another hydra.run.dir / hydra.sweep.dir)")
     try:
         summary = json.loads(summary_p.read_text()) if summary_p.is_file() else {}
     except ValueError:
-        return None
-    return summary if summary and not summary.get("partial") else None
+        summary = {}
+    if fp is None:
+        return summary if same_config and summary and not summary.get("partial") else None
+    changed = changed_components(meta.get("fingerprint") if isinstance(meta, dict) else None, fp)
+    if not summary or summary.get("partial"):
+        why = "the previous run there is partial" + (f" ({summary.get('error')})" if summary.get("error") else "") \
+            if summary else "the previous run there has no summary.json"
+    elif changed:
+        why = "its fingerprint changed: " + ", ".join(changed)
+    else:
+        return summary
+    log.warning("%s: recomputing this job: %s", out_dir, why)
+    print(f"{out_dir}: recomputing this job: {why}", file=sys.stderr, flush=True)
+    for name in RESULT_FILES:  # summary.json first: its presence means the rest is there
+        try:
+            (out_dir / name).unlink()
+        except FileNotFoundError:
+            pass
+    return None
 
 
-def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwargs: Optional[dict] = None) -> dict:
-    """Run the configured experiment and write its results into ``out_dir``; returns the summary.
-
-    ``open_kwargs``: extra keyword arguments for the backend's ``open`` (e.g. fault-injection hooks).
+def prepare(run: Resolved, load: Any = None) -> tuple[list, Any, Optional[int]]:
+    """Everything checked before a run starts: load the trace, build the workload, build the run's policies
+    once (``harness.session.check_policies``). Returns ``(conversations, stats, context limit tokens)``.
+    Used by :func:`execute` and, for every job before a sweep starts, by
+    ``harness.callbacks.ValidateSweepCallback``. ``load``: the trace loader (default
+    ``harness.trace.load_trace``; a sweep's validation passes a memoising one).
 
     Raises:
-        TraceError: the trace is missing or malformed (before anything runs).
-        ConfigError: the workload or the scheduler rejects the config (before anything runs).
-        RuntimeError: the run failed (a policy raised, a server did not start, a limit was hit); the
-            results measured until then are written first, with ``partial: true`` and the error.
+        TraceError: the trace is missing or malformed.
+        ConfigError: the workload (e.g. emptied by ``workload.context_overflow``) or the scheduler rejects
+            the config or the cluster.
     """
     cfg = run.cfg
-    t_start = time.perf_counter()
-    synthetic = cfg.workload.kind == "synthetic"
-    records = [] if synthetic else load_trace(run.trace_path)
-    source = "synthetic prompt types" if synthetic else run.trace_path.name
+    records = [] if cfg.workload.kind == "synthetic" else (load or load_trace)(run.trace_path)
     max_context = context_limit(run)
     try:
         conversations, stats = build_workload(records, cfg.workload, max_context)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_policies(run, conversations, stats)
+    return conversations, stats, max_context
+
+
+def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwargs: Optional[dict] = None,
+            fp: Optional[dict] = None, job: Optional[Sequence[str]] = None) -> dict:
+    """Run the configured experiment and write its results into ``out_dir``; returns the summary.
+
+    ``open_kwargs``: extra keyword arguments for the backend's ``open`` (e.g. fault-injection hooks).
+    ``fp``: the run's fingerprint (``harness.provenance.fingerprint``; computed here when None) and ``job``
+    its Hydra overrides, both recorded in ``meta.json``.
+
+    Raises:
+        TraceError: the trace is missing or malformed (before anything runs).
+        ConfigError: the workload or the scheduler rejects the config (before anything runs).
+        KeyboardInterrupt: Ctrl-C / SIGTERM, during the SLO baseline or the run; the results measured until
+            then are written first (``summary.json`` with ``partial: true`` and the error naming the interrupt).
+        RuntimeError: the run failed (a policy raised, a server did not start, a limit was hit); the
+            results measured until then are written first, with ``partial: true`` and the error.
+    """
+    from harness.provenance import fingerprint
+    from harness.session import BaselineInterrupted
+    cfg = run.cfg
+    t_start = time.perf_counter()
+    synthetic = cfg.workload.kind == "synthetic"
+    source = "synthetic prompt types" if synthetic else run.trace_path.name
+    conversations, stats, max_context = prepare(run)
     if stats.context_dropped or stats.context_truncated:
         log.warning("workload.context_overflow=%s: %d conversations dropped, %d truncated: a turn needs more "
                     "than the model's %s-token context", cfg.workload.context_overflow, stats.context_dropped,
                     stats.context_truncated, max_context)
-    check_policies(run, conversations, stats)
     out_dir.mkdir(parents=True, exist_ok=True)
     if resolved_yaml:
         write_text(resolved_yaml, out_dir / "config.yaml")
     meta = {"code": code_version(), "packages": package_versions(), "platform": platform.platform(),
             "instances": [{"name": n, "role": r, "hardware": dataclasses.asdict(h)} for n, r, h in run.instances],
-            "model": dataclasses.asdict(cfg.model), "workload_source": "synthetic" if synthetic else str(run.trace_path)}
+            "model": dataclasses.asdict(cfg.model), "workload_source": "synthetic" if synthetic else str(run.trace_path),
+            "fingerprint": fp or fingerprint(run, resolved_yaml), "job_overrides": list(job) if job is not None else None}
     write_json(meta, out_dir / "meta.json")
     log.info("workload: %d conversations, %d turns from %s", len(conversations),
              sum(len(r.turns) for _, r in conversations), source)
     unloaded = None
+    baseline_error = ""
     if cfg.slo.needs_unloaded():
         log.info("SLO baseline: replaying each conversation alone under %s", cfg.slo.reference_scheduler)
-        unloaded = unloaded_readings(run, conversations, stats)
+        try:
+            unloaded = unloaded_readings(run, conversations, stats)
+        except BaselineInterrupted as e:  # the run never starts; the summary says so (partial)
+            unloaded = e.readings
+            baseline_error = (f"KeyboardInterrupt: {e} during the SLO baseline (unloaded-TTFET replays: "
+                              f"{len(e.readings)} of {e.total} conversations done); the run did not start")
+            log.error("interrupted: %s", baseline_error)
 
     bar = None
     if cfg.logger.progress:
@@ -136,14 +210,17 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     recorder = Recorder(oracle.visible, cfg.logger.log_decisions, cfg.logger.steps)
     spec = get_backend(run.backend_name)
     try:
+        if baseline_error:
+            raise _NotRun(baseline_error)
         with spec.open(run, out_dir, conversations=conversations, **(open_kwargs or {})) as cluster:
             res = run_session(cluster, run, conversations, stats, run.scheduler_name, run.scheduler, recorder,
                               oracle=oracle, tick_s=cfg.logger.metrics_interval_s,
                               on_conversation=(lambda c: bar.update(1)) if bar else None)
     except (Exception, KeyboardInterrupt) as e:  # the backend failed to open or to close: still write what we have
         convs = [ConversationState(i, rec, t, ()) for i, (t, rec) in enumerate(conversations)]
-        res = SessionResult(recorder, convs, [], 0.0, 0.0, 0, 0, 0.0, f"{type(e).__name__}: {e}",
-                            traceback.format_exc())
+        res = SessionResult(recorder, convs, [], 0.0, 0.0, 0, 0, 0.0,
+                            str(e) if isinstance(e, _NotRun) else f"{type(e).__name__}: {e}",
+                            "" if isinstance(e, _NotRun) else traceback.format_exc())
     finally:
         if bar:
             bar.close()

@@ -243,14 +243,17 @@ def unloaded_readings(run: Any, conversations: Sequence[tuple[float, Conversatio
 
     The disk cache (``cache_dir``, default :func:`cache_root`: ``$HARNESS_CACHE_DIR`` or
     ``results/cache``; ``""`` or ``off``: none) holds ``unloaded_ttfet/<setup digest>/*.json``: shards of
-    ``{conversation digest: {reading: s or null}}``, one written (atomically) per process that replayed
-    something, read by every later job, so a sweep (local, or on machines sharing the directory: Slurm,
+    ``{"schema", "checksum", "values": {conversation digest: {reading: s or null}}}`` (:func:`shard_problem`;
+    a shard that fails its schema or checksum is ignored with a warning and its conversations replayed),
+    one written (atomically) per process that replayed something, read by every later job, so a sweep (local, or on machines sharing the directory: Slurm,
     Ray) replays each distinct conversation once per setup. The setup digest covers what a replay depends
     on (:func:`_unloaded_cache_key`) and the code (every ``.py`` under ``harness/`` and ``baselines/``),
     so a code change never reads stale numbers. Values round-trip exactly (JSON floats keep ``repr``).
 
     Raises:
         RuntimeError: an unloaded replay failed.
+        BaselineInterrupted: Ctrl-C / SIGTERM (a ``KeyboardInterrupt``) during the replays; it carries the
+            readings measured so far, which are also written to the disk cache.
     """
     from harness.metrics import ttfet_turn_index
     name, ref = reference_policy(run)
@@ -258,28 +261,61 @@ def unloaded_readings(run: Any, conversations: Sequence[tuple[float, Conversatio
     disk = _DiskCache(cache_dir, key)
     out: dict[str, dict[str, float]] = {}
     fresh: dict[str, dict[str, Optional[float]]] = {}
-    for _, rec in conversations:
-        hit = _UNLOADED_CACHE.get((key, rec.turns))
-        if hit is None:
-            hit = disk.get(rec.turns)
+    hook = _interrupt_hook("baseline")
+    try:
+        for k, (_, rec) in enumerate(conversations):
+            if hook is not None and k == hook[0]:
+                os.environ.pop("HARNESS_TEST_INTERRUPT", None)  # once per process
+                os.kill(os.getpid(), hook[1])  # test-only fault injection (HARNESS_TEST_INTERRUPT)
+            hit = _UNLOADED_CACHE.get((key, rec.turns))
+            if hit is None:
+                hit = disk.get(rec.turns)
+                if hit is not None:
+                    _UNLOADED_CACHE[(key, rec.turns)] = hit
             if hit is not None:
-                _UNLOADED_CACHE[(key, rec.turns)] = hit
-        if hit is not None:
-            out[rec.conversation_id] = dict(hit)
-            continue
-        res = simulate(run, [(0.0, rec)], stats, name, ref, max_coalesce_s=math.inf)
-        if res.error:
-            raise RuntimeError(f"unloaded replay of {rec.conversation_id} failed: {res.error}")
-        first = {r["turn"]: r["first_token_s"] for r in res.turns if r["status"] == "ok"}
-        visible = [t.visible for t in rec.turns]
-        val = {d: float(first.get(ttfet_turn_index(visible, d), math.nan)) for d in ("first", "visible", "last")}
-        out[rec.conversation_id] = val
-        if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
-            _UNLOADED_CACHE.clear()
-        _UNLOADED_CACHE[(key, rec.turns)] = tuple(val.items())
-        fresh[_digest(repr(rec.turns))] = {d: (None if math.isnan(v) else v) for d, v in val.items()}
-    disk.add(fresh)
+                out[rec.conversation_id] = dict(hit)
+                continue
+            res = simulate(run, [(0.0, rec)], stats, name, ref, max_coalesce_s=math.inf)
+            if res.error.startswith("KeyboardInterrupt"):  # run_session keeps an interrupt as an error: re-raise
+                raise KeyboardInterrupt(res.error.partition(": ")[2])
+            if res.error:
+                raise RuntimeError(f"unloaded replay of {rec.conversation_id} failed: {res.error}")
+            first = {r["turn"]: r["first_token_s"] for r in res.turns if r["status"] == "ok"}
+            visible = [t.visible for t in rec.turns]
+            val = {d: float(first.get(ttfet_turn_index(visible, d), math.nan)) for d in ("first", "visible", "last")}
+            out[rec.conversation_id] = val
+            if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
+                _UNLOADED_CACHE.clear()
+            _UNLOADED_CACHE[(key, rec.turns)] = tuple(val.items())
+            fresh[_digest(repr(rec.turns))] = {d: (None if math.isnan(v) else v) for d, v in val.items()}
+    except KeyboardInterrupt as e:
+        raise BaselineInterrupted(str(e) or "Ctrl-C", out, len(conversations)) from e
+    finally:
+        disk.add(fresh)  # what was replayed before an interrupt or a failure is kept for the next run
     return out
+
+
+class BaselineInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during the SLO baseline (:func:`unloaded_readings`): ``readings`` holds the
+    conversations replayed before it (``{conversation_id: {reading: s}}``), ``total`` how many were due."""
+
+    def __init__(self, message: str, readings: dict, total: int):
+        super().__init__(message)
+        self.readings, self.total = readings, total
+
+
+def _interrupt_hook(phase: str) -> Optional[tuple[int, int]]:
+    """Test-only fault injection: ``HARNESS_TEST_INTERRUPT=<phase>:<k>[:<signal>]`` makes the process send
+    itself ``signal`` (default ``INT``; ``TERM`` ...) just before the ``k``-th (0-based) conversation of
+    ``phase`` (``baseline``: the unloaded-TTFET replays), once per process (the variable is then removed), so a
+    test interrupts (or, with ``STOP``, freezes) a run at a known point instead of racing a timer. ``(k, signal number)`` or None when unset or for another phase."""
+    import signal as _signal
+    spec = os.environ.get("HARNESS_TEST_INTERRUPT", "")
+    parts = spec.split(":")
+    if len(parts) < 2 or parts[0] != phase:
+        return None
+    sig = getattr(_signal, "SIG" + (parts[2] if len(parts) > 2 else "INT").upper().removeprefix("SIG"))
+    return int(parts[1]), int(sig)
 
 
 def unloaded_ttfet(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
@@ -329,20 +365,65 @@ def _code_digest() -> str:
     return _CODE_DIGEST[0]
 
 
+SHARD_SCHEMA = "harness.unloaded_ttfet/2"
+_READINGS = ("first", "last", "visible")
+
+
+def _shard_checksum(values: dict) -> str:
+    """SHA-256 of a shard's values in canonical JSON (sorted keys), hex."""
+    return hashlib.sha256(json.dumps(values, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+def shard_problem(obj: Any) -> str:
+    """Why ``obj`` (a parsed shard file) is not a valid unloaded-TTFET shard, or ``""``. A shard is
+    ``{"schema": SHARD_SCHEMA, "checksum": <sha256 of values>, "values": {<32-hex conversation digest>:
+    {"first": s, "last": s, "visible": s}}}``, each reading a finite number >= 0 (s) or null."""
+    if not isinstance(obj, dict) or set(obj) != {"schema", "checksum", "values"}:
+        return "not a {schema, checksum, values} object"
+    if obj["schema"] != SHARD_SCHEMA:
+        return f"schema {obj['schema']!r}, expected {SHARD_SCHEMA!r}"
+    vals = obj["values"]
+    if not isinstance(vals, dict):
+        return "values is not an object"
+    for k, v in vals.items():
+        if not (isinstance(k, str) and len(k) == 32 and all(c in "0123456789abcdef" for c in k)):
+            return f"key {k!r:.40} is not a conversation digest"
+        if not isinstance(v, dict) or set(v) != set(_READINGS):
+            return f"entry {k}: expected readings {list(_READINGS)}, got {v!r:.80}"
+        for d, x in v.items():
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))
+                                  or not math.isfinite(x) or x < 0):
+                return f"entry {k}: reading {d} = {x!r:.40} is not a time in s (a finite number >= 0, or null)"
+    try:
+        ok = obj["checksum"] == _shard_checksum(vals)
+    except (TypeError, ValueError):
+        ok = False
+    return "" if ok else "checksum does not match its values"
+
+
 class _DiskCache:
-    """The unloaded first-token shards of one setup (see :func:`unloaded_readings`); an unreadable shard is
-    ignored (a crashed writer leaves only a temporary file, never a partial shard)."""
+    """The unloaded first-token shards of one setup (see :func:`unloaded_readings`). Every shard is checked
+    (:func:`shard_problem`: schema, shapes, ranges and a SHA-256 checksum) before any of it is used; a shard
+    that fails (unreadable, another shape, a bad checksum) is ignored with a warning naming the file and why,
+    and its conversations are replayed again. (A crashed writer leaves only a temporary file.)"""
 
     def __init__(self, cache_dir: Optional[Path | str], setup_key: str):
         root = cache_root() if cache_dir is None else (Path(cache_dir) if str(cache_dir) not in ("", "off") else None)
         self.dir = None if root is None else root / "unloaded_ttfet" / _digest(setup_key + "|" + _code_digest())
         self._values: dict[str, dict] = {}
+        self.rejected: list[tuple[Path, str]] = []
         if self.dir is not None and self.dir.is_dir():
             for p in sorted(self.dir.glob("*.json")):
                 try:
-                    self._values.update(json.loads(p.read_text()))
-                except (OSError, ValueError):
+                    obj = json.loads(p.read_text())
+                    why = shard_problem(obj)
+                except (OSError, ValueError, UnicodeDecodeError) as e:
+                    why = f"unreadable ({type(e).__name__}: {e})"
+                if why:
+                    self.rejected.append((p, why))
+                    log.warning("unloaded-TTFET cache: ignoring shard %s (%s); its conversations are replayed", p, why)
                     continue
+                self._values.update(obj["values"])
 
     def get(self, turns: tuple) -> Optional[tuple]:
         """The cached ``((reading, s), ...)`` of a conversation with these turns (NaN where none), or None."""
@@ -359,7 +440,8 @@ class _DiskCache:
             self.dir.mkdir(parents=True, exist_ok=True)
             name = f"{os.getpid()}-{time.time_ns()}"
             tmp = self.dir / f".{name}.tmp"
-            tmp.write_text(json.dumps(values, sort_keys=True))
+            tmp.write_text(json.dumps({"schema": SHARD_SCHEMA, "checksum": _shard_checksum(values),
+                                       "values": values}, sort_keys=True))
             os.replace(tmp, self.dir / f"{name}.json")
         except OSError as e:
             log.warning("unloaded-TTFET cache not written to %s: %s", self.dir, e)

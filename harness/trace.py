@@ -329,6 +329,47 @@ def _number(v: object) -> bool:
     return type(v) in (int, float) and math.isfinite(v)
 
 
+def request_row(line: str, where: str, hash_block_tokens: int) -> tuple:
+    """One validated row of a request trace (:func:`_load_request_trace`): ``(input_length, output_length,
+    hash_ids tuple or None, timestamp ms or None, delay ms or None, session_id or None)``.
+
+    Raises:
+        TraceError: naming ``where`` (``file:line``) and the field.
+    """
+    try:
+        obj = json.loads(line, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, ValueError) as e:
+        raise TraceError(f"{where}: not valid JSON: {e}") from None
+    if type(obj) is not dict:
+        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    extra = sorted(obj.keys() - _REQ_KEYS)
+    if extra:
+        raise TraceError(f"{where}: request has unsupported key(s) {', '.join(map(repr, extra))} "
+                         f"(supported: {', '.join(sorted(_REQ_KEYS))})")
+    for key in ("input_length", "output_length"):
+        v = obj.get(key)
+        if type(v) is not int or v < 1:
+            raise TraceError(f"{where}: {key} must be an int >= 1 (tokens), got {v!r}")
+    ids = obj.get("hash_ids")
+    if ids is not None:
+        if type(ids) is not list or any(type(h) is not int for h in ids):
+            raise TraceError(f"{where}: hash_ids must be a list of ints, got {ids!r:.80}")
+        if obj["input_length"] > hash_block_tokens * len(ids):
+            raise TraceError(f"{where}: hash_ids has {len(ids)} blocks of {hash_block_tokens} tokens, "
+                             f"fewer than input_length={obj['input_length']}")
+        ids = tuple(ids)
+    ts = obj.get("timestamp")
+    if ts is not None and not (_number(ts) and ts >= 0):
+        raise TraceError(f"{where}: timestamp must be a finite number >= 0 (ms), got {ts!r}")
+    delay = obj.get("delay")
+    if delay is not None and not (_number(delay) and delay >= 0):
+        raise TraceError(f"{where}: delay must be a finite number >= 0 (ms), got {delay!r}")
+    sid = obj.get("session_id")
+    if sid is not None and (type(sid) not in (str, int) or sid == ""):
+        raise TraceError(f"{where}: session_id must be a non-empty string or an int, got {sid!r}")
+    return obj["input_length"], obj["output_length"], ids, ts, delay, sid
+
+
 def _load_request_trace(name: str, text: str, hash_block_tokens: int) -> list[ConversationRecord]:
     """Parse a request trace (one JSON object per line, one LLM request each) into conversations.
 
@@ -359,37 +400,7 @@ def _load_request_trace(name: str, text: str, hash_block_tokens: int) -> list[Co
         if not line.strip():
             continue
         where = f"{name}:{lineno}"
-        try:
-            obj = json.loads(line, parse_constant=_reject_constant)
-        except (json.JSONDecodeError, ValueError) as e:
-            raise TraceError(f"{where}: not valid JSON: {e}") from None
-        if type(obj) is not dict:
-            raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-        extra = sorted(obj.keys() - _REQ_KEYS)
-        if extra:
-            raise TraceError(f"{where}: request has unsupported key(s) {', '.join(map(repr, extra))} "
-                             f"(supported: {', '.join(sorted(_REQ_KEYS))})")
-        for key in ("input_length", "output_length"):
-            v = obj.get(key)
-            if type(v) is not int or v < 1:
-                raise TraceError(f"{where}: {key} must be an int >= 1 (tokens), got {v!r}")
-        ids = obj.get("hash_ids")
-        if ids is not None:
-            if type(ids) is not list or any(type(h) is not int for h in ids):
-                raise TraceError(f"{where}: hash_ids must be a list of ints, got {ids!r:.80}")
-            if obj["input_length"] > hash_block_tokens * len(ids):
-                raise TraceError(f"{where}: hash_ids has {len(ids)} blocks of {hash_block_tokens} tokens, "
-                                 f"fewer than input_length={obj['input_length']}")
-            ids = tuple(ids)
-        ts = obj.get("timestamp")
-        if ts is not None and not (_number(ts) and ts >= 0):
-            raise TraceError(f"{where}: timestamp must be a finite number >= 0 (ms), got {ts!r}")
-        delay = obj.get("delay")
-        if delay is not None and not (_number(delay) and delay >= 0):
-            raise TraceError(f"{where}: delay must be a finite number >= 0 (ms), got {delay!r}")
-        sid = obj.get("session_id")
-        if sid is not None and (type(sid) not in (str, int) or sid == ""):
-            raise TraceError(f"{where}: session_id must be a non-empty string or an int, got {sid!r}")
+        inp, outp, ids, ts, delay, sid = request_row(line, where, hash_block_tokens)
         cid = f"req{n_rows:06d}" if sid is None else str(sid)
         n_rows += 1
         rows = sessions.get(cid)
@@ -405,7 +416,7 @@ def _load_request_trace(name: str, text: str, hash_block_tokens: int) -> list[Co
                 raise TraceError(f"{where}: timestamp: some conversations' first rows have one and others do not")
             rows = sessions[cid] = []
             order.append(cid)
-        rows.append((obj["input_length"], obj["output_length"], ids, ts, delay))
+        rows.append((inp, outp, ids, ts, delay))
     if not order:
         raise TraceError(f"{name}: empty trace: no requests")
     out = []
@@ -503,7 +514,8 @@ def write_trace(path: str | os.PathLike, conversations: Iterable[ConversationRec
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
-        os.chmod(tmp, 0o644)
+        from harness.recorder import process_umask
+        os.chmod(tmp, 0o666 & ~process_umask())  # as open(name, "w") would, not mkstemp's 0o600
         os.replace(tmp, name)
     except BaseException:
         if os.path.exists(tmp):

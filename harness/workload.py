@@ -316,7 +316,9 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig,
     Returns:
         ``[(arrival_s, record), ...]`` sorted by arrival time (ties keep sampling order), and stats.
     Raises:
-        ValueError: invalid config, or ``num_conversations`` > trace size without replacement.
+        ValueError: invalid config, ``num_conversations`` > trace size without replacement, or
+            ``context_overflow=drop``/``truncate`` left no conversation (the message names
+            ``workload.token_scale`` and ``workload.context_overflow``).
     """
     cfg.validate()
     trace_times = None
@@ -360,6 +362,12 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig,
                 dropped += 1
         keep, chosen = [i for i, _ in kept], [r for _, r in kept]
         n = len(chosen)
+        if n == 0:
+            raise ValueError(
+                f"workload.context_overflow={cfg.context_overflow} dropped all {dropped} conversations: each "
+                f"needs more than the model's {max_context_tokens}-token context (workload.token_scale="
+                f"{cfg.token_scale:g}); lower workload.token_scale, set workload.context_overflow=truncate, "
+                f"or choose a model with a longer context")
     rng_a = np.random.default_rng([cfg.seed, _STREAM_ARRIVAL])
     if trace_times is not None:
         times = np.asarray(trace_times)[keep]

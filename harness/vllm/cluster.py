@@ -389,16 +389,33 @@ class VllmCluster:
         return out
 
 
+def remove_kv_store(run_dir: Path) -> None:
+    """Remove ``run_dir/kv_store`` (``ExampleConnector``'s shared KV storage, written by the servers); a
+    failure is logged, never raised."""
+    import shutil
+    d = Path(run_dir) / "kv_store"
+    if not d.exists():
+        return
+    try:
+        size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+        shutil.rmtree(d)
+        log.info("removed %s (%.1f MB of KV blocks exchanged by the servers)", d, size / 1e6)
+    except OSError as e:
+        log.warning("could not remove %s: %s", d, e)
+
+
 @contextlib.contextmanager
 def open_cluster(run: Resolved, run_dir: Path, conversations: Sequence = (), hooks: Sequence = ()
                  ) -> Iterator[VllmCluster]:
     """Launch (``backend.launch``) or connect to the servers and yield an opened :class:`VllmCluster`;
-    on exit, whatever happened, close it and stop every launched server."""
+    on exit, whatever happened, close it and stop every launched server, then remove ``run_dir/kv_store``
+    (the KV blocks ``ExampleConnector`` servers exchange through the filesystem: scratch, not a result)."""
     b = run.backend
     model = model_path(b.model)
     with contextlib.ExitStack() as stack:
         launcher = None
         if b.launch:
+            stack.callback(remove_kv_store, Path(run_dir))  # registered first: runs after the servers stop
             launcher = stack.enter_context(make_launcher(run, instance_specs(run, model, run_dir), run_dir))
             log.info("servers healthy: %s", {k: round(v, 1) for k, v in launcher.startup_s.items()})
             eps = [Endpoint(s.name, s.role, s.url, hw.name, s.device)
