@@ -81,18 +81,29 @@ def test_every_ampd_robustness_arm_resolves():
     params = sweep_params("ampd_robustness")
     arms = params["+experiment/arm"]
     assert "conserve" in arms and sum(a.startswith("ampd") for a in arms) >= 4
-    sigmas = []
+    sigmas, misroutes, conserve_loads = [], {}, []
     for arm in arms:
         run = compose_run(["+experiment=ampd_robustness", f"+experiment/arm={arm}"])
-        if arm == "conserve":
+        load = run.cfg.workload.rate_per_s
+        if arm.startswith("conserve"):
             assert run.scheduler_name == "conserve"
+            conserve_loads.append(load)
+        elif run.scheduler.misroute_frac > 0 or "misroute" in arm:
+            # decision-error arms: an error-free predictor, only the decision inverted
+            assert run.scheduler_name == "ampd" and run.scheduler.predictor.sigma == 0.0
+            assert run.scheduler.predictor.mode == "lognormal"
+            misroutes.setdefault(load, []).append(run.scheduler.misroute_frac)
         else:
-            assert run.scheduler_name == "ampd"
+            assert run.scheduler_name == "ampd" and load == 0.06
             if run.scheduler.predictor.mode == "lognormal":
                 sigmas.append(run.scheduler.predictor.sigma)
             else:
                 assert 0 < run.scheduler.predictor.error_rate < 1
     assert sigmas == sorted(sigmas) and sigmas[0] == 0.0 and sigmas[-1] >= 2.0
+    # misroute 0 at 0.06 is the sigma 0 arm; at 0.04 it has its own arm, beside ConServe's
+    assert {k: sorted(v) for k, v in misroutes.items()} == {0.06: [0.1, 0.3, 0.5], 0.04: [0.0, 0.1, 0.3, 0.5]}
+    assert sorted(conserve_loads) == [0.04, 0.06]
+    assert len(arms) * len(params["workload.seed"]) == 54
 
 
 def test_cell_presets_cover_their_grids():
