@@ -261,6 +261,46 @@ def central_window(turns: pd.DataFrame) -> pd.DataFrame:
     return turns.sort_values("submit_s", kind="stable").iloc[n // 4: 3 * n // 4]
 
 
+def pressure_metrics(turns: pd.DataFrame, instances: pd.DataFrame, window: tuple[float, float]) -> dict:
+    """How hard admission and KV capacity bind (``summary.json``; issue 18, docs/metrics.md "KV pressure").
+
+    Admission: the hold of a conversation is its turn 0's ``admit_s - submit_s`` (s; 0 under admit-all
+    policies; ConServe holds new conversations while the decoder pool's KV or the prefiller queue is over
+    its gate). ``admission_held_conversations``: conversations with a hold > 0; ``admission_hold_s_total``
+    (s, summed over all conversations), ``admission_hold_p95_s`` and ``admission_hold_max_s`` (s, over the
+    held ones; NaN when none was held).
+    KV: ``decoder_kv_peak_frac`` = the highest sampled ``kv_used_frac`` of any instance that decodes
+    (role != prefiller: the decoders, or every instance of a collocated cluster) in ``window`` (s, first
+    arrival to last finish); ``decoder_kv_mean_frac`` = their time-weighted mean occupancy in the window,
+    each sample held until that instance's next sample (``instances.parquet``, every
+    ``logger.metrics_interval_s``; NaN without samples).
+    """
+    nan = math.nan
+    t0 = turns[(turns.turn == 0) & turns.admit_s.notna()] if len(turns) else turns
+    hold = (t0.admit_s - t0.submit_s).clip(lower=0.0).to_numpy(dtype=float) if len(t0) else np.zeros(0)
+    held = hold[hold > 0]
+    out = {"admission_held_conversations": int(len(held)),
+           "admission_hold_s_total": float(hold.sum()),
+           "admission_hold_p95_s": float(np.percentile(held, 95)) if len(held) else nan,
+           "admission_hold_max_s": float(held.max()) if len(held) else nan,
+           "decoder_kv_peak_frac": nan, "decoder_kv_mean_frac": nan}
+    if instances is None or not len(instances):
+        return out
+    lo, hi = window
+    dec = instances[(instances.role != "prefiller") & (instances.t_s >= lo) & (instances.t_s <= hi)]
+    if not len(dec):
+        return out
+    out["decoder_kv_peak_frac"] = float(dec.kv_used_frac.max())
+    num = den = 0.0
+    for _, g in dec.sort_values("t_s", kind="stable").groupby("instance", sort=True):
+        t = g.t_s.to_numpy(dtype=float)
+        w = np.diff(np.append(t, hi))
+        num += float((g.kv_used_frac.to_numpy(dtype=float) * w).sum())
+        den += float(w.sum())
+    out["decoder_kv_mean_frac"] = num / den if den > 0 else float(dec.kv_used_frac.mean())
+    return out
+
+
 def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: list[float],
               window_s: float, preemptions: int) -> dict:
     """The headline metrics (``summary.json``); NaN where there is no data, never 0 for missing."""

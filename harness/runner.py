@@ -27,7 +27,7 @@ from typing import Optional
 from harness.backend import get_backend
 from harness.config import PROJECT_ROOT, ConfigError, Resolved
 from harness.controller import ConversationState
-from harness.metrics import apply_slo, conversation_table, summarize
+from harness.metrics import apply_slo, conversation_table, pressure_metrics, summarize
 from harness.recorder import Recorder, write_json, write_run_files, write_text
 from harness.session import SessionResult, check_policies, context_limit, run_session, unloaded_readings
 from harness.trace import load_trace
@@ -169,6 +169,8 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     })
     summary.update(serving_metrics(turns, res.window_end_s - res.window_start_s, cfg.logger.percentiles,
                                    recorder.itl_gaps()))
+    instances = recorder.instances_frame()
+    summary.update(pressure_metrics(turns, instances, (res.window_start_s, res.window_end_s)))
     summary["failed_turns_by_reason"] = failures_by_reason(turns)
     summary.update(verdict(summary, conv, cfg.validity))
     if summary["num_conversations_failed"]:
@@ -179,7 +181,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         log.warning("run INVALID: %s", "; ".join(summary["invalid_reasons"]))
     if res.error_traceback:
         summary["error_traceback"] = res.error_traceback
-    write_run_files(out_dir, turns, conv, recorder.instances_frame(),
+    write_run_files(out_dir, turns, conv, instances,
                     recorder.decisions_frame() if cfg.logger.log_decisions else None, summary,
                     recorder.tokens_frame() if cfg.logger.steps else None)
     if res.error.startswith("KeyboardInterrupt"):
