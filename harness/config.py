@@ -295,6 +295,11 @@ def resolve(dcfg: DictConfig) -> Resolved:
             scheduler_config(cfg.slo.reference_scheduler, {"name": cfg.slo.reference_scheduler})
         except ConfigError as e:
             raise ConfigError(f"slo.reference_scheduler: {e}") from None
+    if cfg.slo.needs_scale_unloaded() and cfg.slo.scale_reference_name() != "same":
+        try:
+            scheduler_config(cfg.slo.scale_reference_name(), {"name": cfg.slo.scale_reference_name()})
+        except ConfigError as e:
+            raise ConfigError(f"slo.scale_reference: {e}") from None
     trace = resolve_path(cfg.workload.trace)
     if cfg.workload.kind == "trace" and not trace.is_file():
         why = "is a directory, not a trace file" if trace.is_dir() else "file not found"

@@ -27,7 +27,7 @@ from typing import Optional
 from harness.backend import get_backend
 from harness.config import PROJECT_ROOT, ConfigError, Resolved
 from harness.controller import ConversationState
-from harness.metrics import apply_slo, conversation_table, pressure_metrics, summarize
+from harness.metrics import apply_slo, conversation_table, pressure_metrics, slo_scale_curve, summarize
 from harness.recorder import Recorder, write_json, write_run_files, write_text
 from harness.session import SessionResult, check_policies, context_limit, run_session, unloaded_readings
 from harness.trace import load_trace
@@ -125,6 +125,14 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     if cfg.slo.needs_unloaded():
         log.info("SLO baseline: replaying each conversation alone under %s", cfg.slo.reference_scheduler)
         unloaded = unloaded_readings(run, conversations, stats)
+    scale_unloaded = None
+    if cfg.slo.needs_scale_unloaded():
+        ref = cfg.slo.scale_reference_name()
+        if unloaded is not None and ref == cfg.slo.reference_scheduler:
+            scale_unloaded = unloaded
+        else:
+            log.info("SLO-scale baseline: replaying each conversation alone under %s", ref)
+            scale_unloaded = unloaded_readings(run, conversations, stats, reference=ref)
 
     bar = None
     if cfg.logger.progress:
@@ -153,6 +161,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     turns = recorder.turns_frame()
     conv = apply_slo(conversation_table(turns, res.convs, cfg.slo.ttfet_definition), cfg.slo, unloaded)
     summary = summarize(turns, conv, res.energy_j, res.window_end_s - res.window_start_s, res.preemptions)
+    scale_curve = slo_scale_curve(conv, cfg.slo, scale_unloaded)
     summary.update({
         "scheduler": run.scheduler_name, "cluster": cfg.cluster.name, "model": cfg.model.name,
         "workload": cfg.workload.name if synthetic else run.trace_path.name,
@@ -167,6 +176,10 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         "num_conversations_context_dropped": stats.context_dropped,
         "num_conversations_context_truncated": stats.context_truncated,
     })
+    if scale_curve:
+        summary.update(scale_curve)
+        summary["slo_scale_reference"] = (cfg.slo.reference_label(run.scheduler_name, cfg.slo.scale_reference_name())
+                                          if cfg.slo.needs_scale_unloaded() else "absolute")
     summary.update(serving_metrics(turns, res.window_end_s - res.window_start_s, cfg.logger.percentiles,
                                    recorder.itl_gaps()))
     instances = recorder.instances_frame()

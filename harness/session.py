@@ -202,6 +202,8 @@ def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRe
     names = [(run.scheduler_name, run.scheduler)]
     if run.cfg.slo.needs_unloaded() and run.cfg.slo.reference_scheduler != "same":
         names.append(reference_policy(run))
+    if run.cfg.slo.needs_scale_unloaded() and run.cfg.slo.scale_reference_name() not in ("same", run.scheduler_name):
+        names.append(reference_policy(run, run.cfg.slo.scale_reference_name()))
     ctx = policy_context(run, stats, Oracle(conversations), estimated_capacities(run))
     for name, sched_cfg in names:
         try:
@@ -218,26 +220,31 @@ def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRe
             if rules and check is not None:
                 check(run, rules)
         except ValueError as e:
-            what = "scheduler" if name == run.scheduler_name else "slo.reference_scheduler"
+            what = ("scheduler" if name == run.scheduler_name else "slo.reference_scheduler"
+                    if name == run.cfg.slo.reference_scheduler else "slo.scale_reference")
             raise ConfigError(f"{what} ({name}): {e}") from None
 
 
 # ---- the unloaded-TTFET baseline (the relative SLO's denominator) ----------------------------------------
 
-def reference_policy(run: Any) -> tuple[str, Any]:
+def reference_policy(run: Any, reference: Optional[str] = None) -> tuple[str, Any]:
     """The relative SLO's reference scheduler: ``(name, config)``; ``slo.reference_scheduler=same`` is
-    the run's own scheduler with its own config (each variant judged against itself)."""
+    the run's own scheduler with its own config (each variant judged against itself). ``reference``:
+    another scheduler name (or ``same``) instead of ``slo.reference_scheduler`` (the SLO-scale curve's
+    ``slo.scale_reference``)."""
     from harness.config import scheduler_config
-    ref = run.cfg.slo.reference_scheduler
+    ref = run.cfg.slo.reference_scheduler if reference is None else reference
     if ref == "same":
         return run.scheduler_name, run.scheduler
     return ref, scheduler_config(ref, {"name": ref})
 
 
 def unloaded_readings(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
-                      stats: WorkloadStats, *, cache_dir: Optional[Path | str] = None) -> dict[str, dict[str, float]]:
+                      stats: WorkloadStats, *, cache_dir: Optional[Path | str] = None,
+                      reference: Optional[str] = None) -> dict[str, dict[str, float]]:
     """Each conversation replayed alone (arrival at 0) on the idle simulated cluster under the SLO's
-    reference scheduler (:func:`reference_policy`): ``{conversation_id: {"first": s, "visible": s,
+    reference scheduler (:func:`reference_policy`; ``reference`` overrides ``slo.reference_scheduler``):
+    ``{conversation_id: {"first": s, "visible": s,
     "last": s}}``, the first-token time of turn 0, of the first user-visible turn and of the last turn
     (= that reading's unloaded TTFET, s). A session per conversation, memoised in-process and on disk.
 
@@ -253,7 +260,7 @@ def unloaded_readings(run: Any, conversations: Sequence[tuple[float, Conversatio
         RuntimeError: an unloaded replay failed.
     """
     from harness.metrics import ttfet_turn_index
-    name, ref = reference_policy(run)
+    name, ref = reference_policy(run, reference)
     key = _unloaded_cache_key(run, stats, name, ref)
     disk = _DiskCache(cache_dir, key)
     out: dict[str, dict[str, float]] = {}
