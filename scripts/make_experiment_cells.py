@@ -183,6 +183,9 @@ slo:
   ttfet_multiple: 1.5
   reference_scheduler: same
   ttfet_first_multiple: 3.0
+  # the SLO-scale curve (slo_attainment_<reading>_x<scale>): one threshold for every variant, a multiple
+  # of collocated's unloaded TTFET (docs/metrics.md "SLO scale")
+  scale_reference: collocated
 
 logger:
   progress: false
