@@ -217,7 +217,7 @@ def _reject_unknown_keys(node: Any, path: str) -> None:
             if known is not None and key not in known:
                 raise ConfigError(f"{where}: unknown key (not a field of {typ.__name__}; a typo?)")
             _reject_unknown_keys(node._get_node(key), where)
-    elif isinstance(node, ListConfig):
+    elif isinstance(node, ListConfig) and not node._is_none():   # a typed list left at null has no items
         for i, item in enumerate(node):
             _reject_unknown_keys(item, f"{path}[{i}]")
 
