@@ -638,17 +638,21 @@ def slo_scale_curves(sw: Sweep, out: Path) -> list[Path]:
                 ax.plot([x for x, _ in scales], ys, color=palette[v], marker=markers[v],
                         linestyle=(0, dashes[v]) if dashes[v] else "-", label=f"{v} (n={len(vg)})")
             ax.set_xscale("log")
-            _plain_log_ticks(ax, "x", [x for x, _ in scales])
+            ticks = []
+            for x, _ in scales:   # label the scales, skipping one too close to the last labelled (log axis)
+                if not ticks or x / ticks[-1] >= 1.4:
+                    ticks.append(x)
+            _plain_log_ticks(ax, "x", ticks)
             ax.set_ylim(-0.03, 1.03)
             ax.set_xlabel("SLO scale (x the base threshold)")
             if j == 0:
                 ax.set_ylabel(f"SLO attainment, {r}-turn TTFET")
             if i == 0 and title:
                 ax.set_title(title)
-            if i == 0 and j == 0:
-                ax.legend(fontsize="small")
+    handles, labels = grid[0][0].get_legend_handles_labels()
     fig.suptitle("SLO attainment vs SLO scale" + (f" (base: {ref})" if ref else ""), y=1.02)
     fig.tight_layout()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     return _save(fig, out, "slo_attainment_vs_scale")
 
 
