@@ -44,7 +44,8 @@ documented in docs/schedulers.md:
   ``u < misroute_frac``: a local decision becomes remote (prefill on ``p``, decode stays on ``d``), a
   remote one (migration included) becomes local on ``d``. The draw comes from its own stream
   (``numpy.random.default_rng([MISROUTE_STREAM, misroute_seed, run seed, turn, *conversation id bytes])``),
-  independent of the predictor's errors and the same for every variant and error arm of a seed, so the
+  (run seed = the top-level ``seed``, ``PolicyContext.seed``; ``workload.seed`` does not enter, as for the
+  predictor's errors), independent of the predictor's errors and the same for every variant and error arm of a seed, so the
   flipped turns differ between arms only where the runs' turns do. ``Placement.misrouted`` marks them
   (the ``misrouted`` column of ``decisions.parquet``); ``summary()`` reports the realised share
   (``ampd_misrouted_frac``) beside the predictor's (``ampd_decision_flip_frac``, measured on the rule's

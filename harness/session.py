@@ -375,11 +375,13 @@ class _DiskCache:
 def _unloaded_cache_key(run: Any, stats: WorkloadStats, name: str, ref: Any) -> str:
     """What an unloaded replay depends on besides the conversation: instances (hardware), model, engine,
     link, the shared system prompt, the reference scheduler and its config (and the workload stats and
-    seed when the reference scheduler may read them)."""
+    seed when the reference scheduler may read them: a scheduler outside ``_STATS_FREE_REFERENCES``, or AMPD
+    with ``misroute_frac > 0``)."""
     cfg = run.cfg
     parts = [run.instances, cfg.model, cfg.engine, cfg.cluster.link, cfg.workload.effective_shared_prefix_tokens(),
              name, ref]
-    if name not in _STATS_FREE_REFERENCES:
+    if name not in _STATS_FREE_REFERENCES or getattr(ref, "misroute_frac", 0) > 0:
+        # (AMPD's misroute draw reads the run's seed, so a misrouting reference is not seed-free)
         parts += [cfg.seed, stats.rate_per_s, stats.mean_turns,
                   *(a.tobytes() for a in (stats.turn_prompt_tokens, stats.turn_new_tokens,
                                           stats.turn_output_tokens, stats.tool_time_s))]
