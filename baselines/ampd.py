@@ -39,17 +39,33 @@ documented in docs/schedulers.md:
   :class:`harness.policy.Predictor` (``predictor.*``; sigma = error_rate = 0 is the oracle). Beside every
   decision the same rule is evaluated with an error-free predictor on the same view; ``summary()``
   reports the share of turns >= 1 whose remote/local choice flipped (``ampd_decision_flip_frac``).
+* Error at the decision (``misroute_frac``, issue 18): after the rule has decided a turn >= 1, a seeded
+  draw ``u ~ U(0, 1)`` per (conversation, turn) inverts the remote/local choice when
+  ``u < misroute_frac``: a local decision becomes remote (prefill on ``p``, decode stays on ``d``), a
+  remote one (migration included) becomes local on ``d``. The draw comes from its own stream
+  (``numpy.random.default_rng([MISROUTE_STREAM, misroute_seed, run seed, turn, *conversation id bytes])``),
+  (run seed = the top-level ``seed``, ``PolicyContext.seed``; ``workload.seed`` does not enter, as for the
+  predictor's errors), independent of the predictor's errors and the same for every variant and error arm of a seed, so the
+  flipped turns differ between arms only where the runs' turns do. ``Placement.misrouted`` marks them
+  (the ``misrouted`` column of ``decisions.parquet``); ``summary()`` reports the realised share
+  (``ampd_misrouted_frac``) beside the predictor's (``ampd_decision_flip_frac``, measured on the rule's
+  choice before the inversion) and the share whose final choice differs from the error-free rule's
+  (``ampd_decision_error_frac``). ``misroute_frac = 0`` (default) draws nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from harness.policy import (AdmitAll, ClusterView, InstanceHints, InstanceView, Placement, PolicyContext, Predictor,
                             PredictorConfig, TurnView, least_loaded, occupancy, register, require_roles)
 
 MODES = ("remote_default", "cost")
 TURN0 = ("observed", "predicted_demand")
+# first entropy word of the misroute stream (the predictor's streams start with its seed): "MISR" in ASCII
+MISROUTE_STREAM = 0x4D495352
 
 
 @dataclass
@@ -65,6 +81,9 @@ class AmpdConfig:
         per step (vLLM 0.32 ``max_num_batched_tokens`` on A40-class GPUs: 2048), tokens >= 1.
     tool_hold_s: a conversation in tool time counts in a decoder's predicted KV when its predicted tool
         time is at most this, s (>= 0). migrate: move the decode off a decoder predicted to overflow.
+    misroute_frac: the probability, in [0, 1], that a turn >= 1's remote/local decision is inverted after
+        the rule (error at the decision, module docstring); 0 = none. misroute_seed: an int >= 0 mixed
+        with the run's seed into the misroute stream.
     """
 
     name: str = "ampd"
@@ -78,6 +97,8 @@ class AmpdConfig:
     chunk_tokens: int = 2048
     tool_hold_s: float = 30.0
     migrate: bool = True
+    misroute_frac: float = 0.0
+    misroute_seed: int = 0
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
 
 
@@ -99,10 +120,28 @@ class Ampd(AdmitAll):
 
     name = "ampd"
 
-    def __init__(self, cfg: AmpdConfig, predictor: Predictor, hints: tuple[InstanceHints, ...]):
-        self.cfg, self.pred, self.hints = cfg, predictor, hints
+    def __init__(self, cfg: AmpdConfig, predictor: Predictor, hints: tuple[InstanceHints, ...], seed: int = 0):
+        self.cfg, self.pred, self.hints, self.seed = cfg, predictor, hints, seed
         self.oracle = None if predictor.exact else predictor.error_free()
         self.turns = self.remote = self.flips = self.placement_flips = self.migrations = 0
+        self.misrouted = self.decision_errors = 0
+
+    def misroute_draw(self, turn: TurnView) -> float:
+        """The uniform draw in [0, 1) that decides whether ``turn``'s decision is inverted (module docstring;
+        a function of the misroute seed, the run's seed and the (conversation, turn) only)."""
+        rng = np.random.default_rng([MISROUTE_STREAM, self.cfg.misroute_seed, self.seed % 2**63, turn.turn,
+                                     *turn.conversation_id.encode()])
+        return float(rng.random())
+
+    def misroute(self, turn: TurnView, view: ClusterView, pl: Placement) -> Placement:
+        """``pl`` with its remote/local choice inverted (turn >= 1): remote -> local on the decoder that
+        holds the conversation; local -> remote from the prefiller :meth:`prefiller` picks, decode stays."""
+        d = turn.prev_decode_instance
+        if pl.disaggregated:
+            return Placement(d, d, f"misrouted local (rule: remote on {pl.prefill_instance}->{pl.decode_instance}): "
+                             + pl.reason, pl.candidates, misrouted=True)
+        p = self.prefiller(turn, view, d).index
+        return Placement(p, d, "misrouted remote (rule: local): " + pl.reason, pl.candidates, misrouted=True)
 
     # ---- predicted quantities ----------------------------------------------------------------------
     def predicted_demand(self, inst: InstanceView, pred: Predictor) -> float:
@@ -207,15 +246,20 @@ class Ampd(AdmitAll):
 
     def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement:
         c = self.decide(turn, view, self.pred)
-        pl = c.placement
-        if turn.prev_decode_instance >= 0:
+        rule = pl = c.placement
+        later = turn.prev_decode_instance >= 0
+        if later and self.cfg.misroute_frac > 0 and self.misroute_draw(turn) < self.cfg.misroute_frac:
+            pl = self.misroute(turn, view, rule)
+            self.misrouted += 1
+        if later:
             self.turns += 1
             self.remote += pl.disaggregated
             self.migrations += pl.decode_instance != turn.prev_decode_instance
+        o = rule if self.oracle is None else self.decide(turn, view, self.oracle).placement
+        if later:
+            self.flips += o.disaggregated != rule.disaggregated
+            self.decision_errors += o.disaggregated != pl.disaggregated
         if self.oracle is not None:
-            o = self.decide(turn, view, self.oracle).placement
-            if turn.prev_decode_instance >= 0:
-                self.flips += o.disaggregated != pl.disaggregated
             self.placement_flips += (o.prefill_instance, o.decode_instance) != (pl.prefill_instance, pl.decode_instance)
         return pl
 
@@ -223,12 +267,22 @@ class Ampd(AdmitAll):
         """Counters for ``summary.json``: turns >= 1 decided, the share prefilled remotely, the share whose
         remote/local choice differs from the error-free predictor's on the same view
         (``ampd_decision_flip_frac``; 0 for the oracle arm), placements (any turn) that differ, and
-        decodes moved to another decoder."""
+        decodes moved to another decoder. With ``misroute_frac > 0`` also: the knob, the realised share of
+        turns >= 1 whose choice was inverted (``ampd_misrouted_frac``) and the share whose final choice
+        differs from the error-free rule's (``ampd_decision_error_frac``: prediction error and misroute
+        together; a misroute can undo a prediction flip)."""
         n = self.turns
-        return {"ampd_turns_decided": n, "ampd_remote_frac": self.remote / n if n else float("nan"),
-                "ampd_decision_flip_frac": self.flips / n if n else float("nan"),
-                "ampd_placement_flips": self.placement_flips, "ampd_migrations": self.migrations,
-                "ampd_mode": self.cfg.mode, "ampd_turn0": self.cfg.turn0}
+        nan = float("nan")
+        out = {"ampd_turns_decided": n, "ampd_remote_frac": self.remote / n if n else nan,
+               "ampd_decision_flip_frac": self.flips / n if n else nan,
+               "ampd_placement_flips": self.placement_flips, "ampd_migrations": self.migrations,
+               "ampd_mode": self.cfg.mode, "ampd_turn0": self.cfg.turn0}
+        if self.cfg.misroute_frac > 0:
+            out.update({"ampd_misroute_frac_setting": self.cfg.misroute_frac,
+                        "ampd_misrouted_frac": self.misrouted / n if n else nan,
+                        "ampd_misrouted_turns": self.misrouted,
+                        "ampd_decision_error_frac": self.decision_errors / n if n else nan})
+        return out
 
 
 @register("ampd", AmpdConfig)
@@ -248,6 +302,10 @@ def make(cfg: AmpdConfig, ctx: PolicyContext) -> Ampd:
         raise ValueError(f"scheduler.chunk_tokens must be an int >= 1 (tokens), got {cfg.chunk_tokens!r}")
     if not cfg.tool_hold_s >= 0:
         raise ValueError(f"scheduler.tool_hold_s must be >= 0 (s), got {cfg.tool_hold_s!r}")
+    if not 0 <= cfg.misroute_frac <= 1:
+        raise ValueError(f"scheduler.misroute_frac must be in [0, 1] (a probability), got {cfg.misroute_frac!r}")
+    if not (isinstance(cfg.misroute_seed, int) and 0 <= cfg.misroute_seed < 2**63):
+        raise ValueError(f"scheduler.misroute_seed must be an int in [0, 2**63), got {cfg.misroute_seed!r}")
     require_roles("ampd", ctx.cluster_roles, ("prefiller", "decoder"))
     pred = Predictor.from_config(ctx.truth, cfg.predictor)
-    return Ampd(cfg, pred, ctx.hints)
+    return Ampd(cfg, pred, ctx.hints, ctx.seed)

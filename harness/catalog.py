@@ -64,6 +64,18 @@ CATALOG: tuple[Metric, ...] = (
     Metric("ampd_decision_flip_frac", "AMPD decision flips", 3,
            axis="AMPD remote/local decisions flipped vs the error-free predictor (fraction of turns >= 1)"),
     Metric("ampd_remote_frac", "AMPD remote frac", 3, axis="AMPD turns >= 1 prefilled remotely (fraction)"),
+    Metric("ampd_misrouted_frac", "AMPD misrouted frac", 3,
+           axis="AMPD remote/local decisions inverted on purpose (scheduler.misroute_frac; fraction of turns >= 1)"),
+    Metric("ampd_decision_error_frac", "AMPD decision errors", 3,
+           axis="AMPD remote/local decisions differing from the error-free rule's (fraction of turns >= 1)"),
+    Metric("ampd_migrations", "AMPD migrations", 0, axis="AMPD decodes moved to another decoder (count)"),
+    Metric("admission_held_conversations", "held at admission", 0,
+           axis="conversations held at admission (turn 0 admitted after submission; count)"),
+    Metric("admission_hold_s_total", "admission hold total (s)", 1, axis="admission hold of turn 0, summed (s)"),
+    Metric("admission_hold_p95_s", "admission hold p95 (s)", 2, axis="admission hold of the held conversations, p95 (s)"),
+    Metric("decoder_kv_peak_frac", "decoder KV peak", 3, axis="decoder KV occupancy, peak (fraction of capacity)"),
+    Metric("decoder_kv_mean_frac", "decoder KV mean", 3,
+           axis="decoder KV occupancy, time-weighted mean over the window (fraction of capacity)"),
     Metric("ttft_p95_s", "TTFT p95 (s)", 3, log_y=True),
     Metric("tpot_p50_s", "TPOT p50 (ms)", 2, scale=1e3, axis="TPOT p50 (s)"),
     Metric("slo_attainment", "SLO attainment", 3, axis="SLO attainment (fraction of conversations)"),
@@ -91,9 +103,15 @@ TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "num_conversations_f
                           "ttfet_visible_p99_s", "latency_p95_s", "last_turn_tpot_p50_s", "ttft_p95_s", "tpot_p50_s",
                           "slo_attainment", "slo_attainment_first", "slo_attainment_visible", "goodput_conv_per_s",
                           "preemptions", "prefix_hit_frac", "energy_j", "tokens_per_joule", "output_tokens_per_joule",
-                          "ampd_remote_frac", "ampd_decision_flip_frac", "sim_wall_s")
+                          "admission_held_conversations", "admission_hold_s_total", "admission_hold_p95_s",
+                          "decoder_kv_peak_frac", "decoder_kv_mean_frac",
+                          "ampd_remote_frac", "ampd_decision_flip_frac", "ampd_misrouted_frac",
+                          "ampd_decision_error_frac", "ampd_migrations", "sim_wall_s")
 # Rows a table shows only when at least one of its runs has the key (a policy's own summary, e.g. AMPD's).
-OPTIONAL: frozenset[str] = frozenset({"ampd_remote_frac", "ampd_decision_flip_frac"})
+OPTIONAL: frozenset[str] = frozenset({"ampd_remote_frac", "ampd_decision_flip_frac", "ampd_misrouted_frac",
+                                      "ampd_decision_error_frac", "ampd_migrations", "admission_held_conversations",
+                                      "admission_hold_s_total", "admission_hold_p95_s", "decoder_kv_peak_frac",
+                                      "decoder_kv_mean_frac"})
 # The metrics a sweep report aggregates (points.csv) and plots against the x axis, and the subset of its
 # markdown table.
 REPORT: tuple[str, ...] = ("ttfet_p50_s", "ttfet_p95_s", "ttfet_first_p50_s", "ttfet_first_p95_s", "ttfet_first_p99_s",
@@ -102,7 +120,10 @@ REPORT: tuple[str, ...] = ("ttfet_p50_s", "ttfet_p95_s", "ttfet_first_p50_s", "t
                            "latency_p95_s", "latency_p99_s", "last_turn_tpot_p50_s", "last_turn_tpot_p95_s",
                            "ttft_p95_s", "tpot_p50_s", "preemptions", "preemptions_per_turn", "e2e_central_mean_s",
                            "ttft_central_mean_s", "tokens_per_joule", "energy_j",
-                           "ampd_decision_flip_frac", "ampd_remote_frac")
+                           "ampd_decision_flip_frac", "ampd_remote_frac", "ampd_misrouted_frac",
+                           "ampd_decision_error_frac", "ampd_migrations", "admission_held_conversations",
+                           "admission_hold_s_total", "admission_hold_p95_s", "decoder_kv_peak_frac",
+                           "decoder_kv_mean_frac")
 REPORT_TABLE: tuple[str, ...] = ("ttfet_p95_s", "ttfet_first_p95_s", "ttfet_visible_p95_s", "slo_attainment",
                                  "slo_attainment_first", "slo_attainment_visible", "latency_p95_s",
                                  "last_turn_tpot_p50_s", "preemptions", "tokens_per_joule")

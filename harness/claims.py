@@ -50,7 +50,8 @@ def _col(df: pd.DataFrame, key: str) -> pd.Series:
 
 
 def classify(runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs`` with ``_variant``, ``_error`` (float error rate, or ``sigma<x>``; 0 = none), ``_error_label``,
+    """``runs`` with ``_variant``, ``_error`` (float error rate, or ``sigma<x>``; 0 = none), ``_error_label``
+    (``none``, ``rate x``, ``sigma x``, ``misroute x`` or ``<predictor label> + misroute x``), ``_misroute``,
     ``_sens`` (``base`` or ``<key>=<value>``), ``_tier``, ``_rate``, ``_seed`` columns added."""
     r = runs.copy()
     name = _col(r, "scheduler.name").astype(str)
@@ -63,6 +64,12 @@ def classify(runs: pd.DataFrame) -> pd.DataFrame:
                           else f"rate {e:g}" if m == "rate" else f"sigma {s:g}") for m, e, s in zip(pm, er, sg)]
     r["_error"] = [0.0 if lab == "none" else (e if m == "rate" else math.nan)
                    for lab, m, e in zip(r["_error_label"], pm, er)]
+    # error at the decision (AMPD scheduler.misroute_frac): its own label, so a misrouted arm is never taken
+    # for the error-free baseline
+    mis = pd.to_numeric(_col(r, "scheduler.misroute_frac"), errors="coerce").fillna(0.0)
+    r["_misroute"] = mis
+    r["_error_label"] = [lab if not x > 0 else (f"misroute {x:g}" if lab == "none" else f"{lab} + misroute {x:g}")
+                         for lab, x in zip(r["_error_label"], mis)]
     sens = ["base"] * len(r)
     for key in HW_KEYS:
         cols = [c for c in r.columns if c.startswith("hardware.") and c.endswith("." + key)]
@@ -217,7 +224,8 @@ def claim_robustness(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MAR
     err = b[b._error_label != "none"]
     if err.empty:
         return [], "no data", []
-    rate = float(err._rate.dropna().iloc[0])
+    pred_err = err[err._error_label.str.startswith(("rate", "sigma"))]   # the load of the predictor-error arms
+    rate = float((pred_err if len(pred_err) else err)._rate.dropna().iloc[0])
     b = b[b._rate == rate]
     metrics = [("ttfet_first_p95_s", "p95 TTFET first"), ("ttfet_visible_p95_s", "p95 TTFET visible"),
                ("slo_attainment_first", "SLO attainment first"), ("slo_attainment_visible", "SLO attainment visible")]
@@ -232,8 +240,8 @@ def claim_robustness(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MAR
         if zero.empty:
             continue
         labels = sorted(set(b[(b._variant == m)]._error_label) - {"none"},
-                        key=lambda s: (s.startswith("sigma"), float(s.split()[1])))
-        pts = {}
+                        key=lambda s: ({"rate": 0, "sigma": 1}.get(s.split()[0], 2), float(s.split()[1]), s))
+        pts, mis = {}, {}
         for lab in labels:
             e = b[(b._variant == m) & (b._error_label == lab)]
             flips = mean_ci(pd.to_numeric(e.get("ampd_decision_flip_frac", pd.Series(dtype=float)), errors="coerce"))
@@ -241,9 +249,17 @@ def claim_robustness(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MAR
             for key, _ in metrics:
                 mean, ci, n, k = paired(e, zero, key)
                 row.append(fmt(mean, ci, n, k))
-                if lab.startswith("rate"):
+                if lab.startswith("rate") and "+" not in lab:
                     pts.setdefault(key, []).append((float(lab.split()[1]), mean, ci, n, k))
+                if lab.startswith("misroute"):
+                    mis.setdefault(key, []).append((float(lab.split()[1]), mean))
             lines.append("| " + " | ".join(row) + " |")
+        for key, lab in metrics[:2]:   # error at the decision: the slope over the misroute rate (no verdict)
+            q = sorted([(0.0, 0.0)] + mis.get(key, []))
+            if len(q) >= 3 and all(np.isfinite(y) for _, y in q):
+                slope = float(np.polyfit([a for a, _ in q], [y for _, y in q], 1)[0])
+                lines.append(f"| {MODE_LABEL[m]} | linear fit over misroute rate, {lab} | | slope {slope:+.1f} % "
+                             f"per unit decision-error rate | | | |")
         for key, lab in metrics[:2]:
             p = sorted([(0.0, 0.0, (0.0, 0.0), 0, 0)] + pts.get(key, []))
             if len(p) < 3:

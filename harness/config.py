@@ -217,7 +217,7 @@ def _reject_unknown_keys(node: Any, path: str) -> None:
             if known is not None and key not in known:
                 raise ConfigError(f"{where}: unknown key (not a field of {typ.__name__}; a typo?)")
             _reject_unknown_keys(node._get_node(key), where)
-    elif isinstance(node, ListConfig):
+    elif isinstance(node, ListConfig) and not node._is_none():   # a typed list left at null has no items
         for i, item in enumerate(node):
             _reject_unknown_keys(item, f"{path}[{i}]")
 
@@ -295,6 +295,11 @@ def resolve(dcfg: DictConfig) -> Resolved:
             scheduler_config(cfg.slo.reference_scheduler, {"name": cfg.slo.reference_scheduler})
         except ConfigError as e:
             raise ConfigError(f"slo.reference_scheduler: {e}") from None
+    if cfg.slo.needs_scale_unloaded() and cfg.slo.scale_reference_name() != "same":
+        try:
+            scheduler_config(cfg.slo.scale_reference_name(), {"name": cfg.slo.scale_reference_name()})
+        except ConfigError as e:
+            raise ConfigError(f"slo.scale_reference: {e}") from None
     trace = resolve_path(cfg.workload.trace)
     if cfg.workload.kind == "trace" and not trace.is_file():
         why = "is a directory, not a trace file" if trace.is_dir() else "file not found"

@@ -201,7 +201,8 @@ class Controller:
             raise ValueError(f"policy {self.policy.name}: placement {p} names an instance outside 0..{n - 1}")
         if self.log_decisions:
             self.recorder.decision(PlaceDecision(view.now_s, tv.conversation_id, tv.turn, p.prefill_instance,
-                                                 p.decode_instance, p.reason, p.candidates, ViewDigest.of(view)))
+                                                 p.decode_instance, p.reason, p.candidates, ViewDigest.of(view),
+                                                 p.misrouted))
         tr = c.record.turns[tv.turn]
         self._count(c, p.decode_instance, tr.prompt_tokens, in_flight=True)
         uncached = tr.prompt_tokens - tv.cached_on(p.prefill_instance)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 import pandas as pd
@@ -70,6 +70,8 @@ class SloConfig:
     ttfet_visible_mode: str = "inherit"
     ttfet_visible_multiple: Optional[float] = None
     ttfet_visible_s: Optional[float] = None
+    scales: Optional[List[float]] = None
+    scale_reference: str = "inherit"
 
     def validate(self, where: str = "slo") -> None:
         """Raise ``ValueError`` naming ``slo.<field>`` for the first invalid value."""
@@ -86,6 +88,17 @@ class SloConfig:
         if not (isinstance(self.reference_scheduler, str) and self.reference_scheduler):
             raise ValueError(f"{where}.reference_scheduler must be a scheduler name or 'same', "
                              f"got {self.reference_scheduler!r}")
+        if self.scales is not None:
+            sc = list(self.scales)
+            if not sc or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+                                 for x in sc):
+                raise ValueError(f"{where}.scales must be a non-empty list of finite numbers > 0 (SLO scales) or "
+                                 f"null, got {self.scales!r}")
+            if len(set(float(x) for x in sc)) != len(sc):
+                raise ValueError(f"{where}.scales has a repeated scale: {self.scales!r}")
+        if not (isinstance(self.scale_reference, str) and self.scale_reference):
+            raise ValueError(f"{where}.scale_reference must be 'inherit', 'same' or a scheduler name, "
+                             f"got {self.scale_reference!r}")
         for r in READINGS:
             mode, mult, s = (getattr(self, f"ttfet_{r}_{k}") for k in ("mode", "multiple", "s"))
             if mode not in READING_MODES:
@@ -119,9 +132,27 @@ class SloConfig:
         """True when a threshold (headline or per reading) is a multiple of the unloaded TTFET."""
         return self.ttfet_mode == "relative" or any((self.reading(r) or ("",))[0] == "relative" for r in READINGS)
 
-    def reference_label(self, scheduler_name: str) -> str:
-        """The relative SLO's denominator in words, for ``summary.json``."""
-        ref = scheduler_name if self.reference_scheduler == "same" else self.reference_scheduler
+    def scale_base(self, r: str) -> tuple[str, float]:
+        """The SLO-scale curve's base of reading ``r``: ``("absolute", seconds)`` when that reading's SLO is
+        absolute (the threshold at scale x is x times those seconds), else ``("relative", 1.0)`` (x times
+        the conversation's unloaded TTFET under :meth:`scale_reference_name`)."""
+        rs = self.reading(r)
+        return rs if rs is not None and rs[0] == "absolute" else ("relative", 1.0)
+
+    def scale_reference_name(self) -> str:
+        """The scheduler whose unloaded TTFETs the SLO-scale curve multiplies (``scale_reference``;
+        ``inherit`` = ``reference_scheduler``; ``same`` = each run's own scheduler)."""
+        return self.reference_scheduler if self.scale_reference == "inherit" else self.scale_reference
+
+    def needs_scale_unloaded(self) -> bool:
+        """True when the SLO-scale curve (``scales`` set) multiplies an unloaded TTFET on some reading."""
+        return bool(self.scales) and any(self.scale_base(r)[0] == "relative" for r in READINGS)
+
+    def reference_label(self, scheduler_name: str, reference: Optional[str] = None) -> str:
+        """The relative SLO's denominator in words, for ``summary.json`` (``reference``: another reference
+        than ``reference_scheduler``, e.g. :meth:`scale_reference_name`)."""
+        reference = self.reference_scheduler if reference is None else reference
+        ref = scheduler_name if reference == "same" else reference
         same = " (the same variant)" if ref == scheduler_name else ""
         return f"unloaded TTFET under {ref}{same}"
 
@@ -231,6 +262,49 @@ def apply_slo(conv: pd.DataFrame, slo: SloConfig, unloaded: Optional[dict]) -> p
     return conv
 
 
+def scale_key(r: str, scale: float) -> str:
+    """The ``summary.json`` key of reading ``r``'s attainment at SLO scale ``scale``:
+    ``slo_attainment_<r>_x<scale>`` (``%g``: 0.5 -> ``x0.5``, 1 -> ``x1``, 1.5 -> ``x1.5``)."""
+    return f"slo_attainment_{r}_x{float(scale):g}"
+
+
+def slo_scale_curve(conv: pd.DataFrame, slo: SloConfig, unloaded: Optional[dict]) -> dict:
+    """SLO attainment of each TTFET reading at each SLO scale of ``slo.scales``, from the run's own
+    per-conversation TTFETs (no extra simulation; docs/metrics.md "SLO scale").
+
+    One threshold per conversation and reading, common to every variant when the base is common: at
+    scale x, reading r's threshold is x * base_r, where base_r is the reading's absolute SLO in seconds
+    when that reading is absolute, else the conversation's unloaded TTFET of that reading under
+    ``slo.scale_reference_name()`` (``unloaded``: ``{conversation_id: {"first": s, "visible": s}}``, as
+    for :func:`apply_slo`). A conversation meets it when it completed, its ``ttfet_<r>_s`` <= the
+    threshold (a NaN base or TTFET never meets it) and, with ``tbt_s``, its last-turn TPOT <= ``tbt_s``.
+    Denominator: all conversations (as ``slo_attainment``). Returns ``{}`` when ``slo.scales`` is unset,
+    else ``{"slo_scales": [...], scale_key(r, x): fraction, ...}``.
+
+    Raises:
+        ValueError: a relative base without ``unloaded``.
+    """
+    if not slo.scales:
+        return {}
+    scales = [float(x) for x in slo.scales]
+    out: dict = {"slo_scales": scales}
+    tbt_ok = (conv.last_turn_tpot_s.fillna(0.0) <= slo.tbt_s) if slo.tbt_s is not None else True
+    n = len(conv)
+    for r in READINGS:
+        mode, v = slo.scale_base(r)
+        if mode == "absolute":
+            base = pd.Series(v, index=conv.index, dtype=float)
+        else:
+            if unloaded is None:
+                raise ValueError(f"the SLO-scale curve of the {r!r} reading needs the unloaded TTFETs")
+            base = conv.conversation_id.map(lambda cid: unloaded.get(cid, {}).get(r, math.nan)).astype(float)
+        ok = (conv.completed & tbt_ok) if n else conv.completed
+        for x in scales:
+            met = ok & (conv[f"ttfet_{r}_s"] <= x * base)
+            out[scale_key(r, x)] = float(met.sum() / n) if n else math.nan
+    return out
+
+
 def _pct(x: pd.Series, q: float) -> float:
     x = x.dropna()
     return float(np.percentile(x, q)) if len(x) else math.nan
@@ -259,6 +333,46 @@ def central_window(turns: pd.DataFrame) -> pd.DataFrame:
     if not n:
         return turns
     return turns.sort_values("submit_s", kind="stable").iloc[n // 4: 3 * n // 4]
+
+
+def pressure_metrics(turns: pd.DataFrame, instances: pd.DataFrame, window: tuple[float, float]) -> dict:
+    """How hard admission and KV capacity bind (``summary.json``; issue 18, docs/metrics.md "KV pressure").
+
+    Admission: the hold of a conversation is its turn 0's ``admit_s - submit_s`` (s; 0 under admit-all
+    policies; ConServe holds new conversations while the decoder pool's KV or the prefiller queue is over
+    its gate). ``admission_held_conversations``: conversations with a hold > 0; ``admission_hold_s_total``
+    (s, summed over all conversations), ``admission_hold_p95_s`` and ``admission_hold_max_s`` (s, over the
+    held ones; NaN when none was held).
+    KV: ``decoder_kv_peak_frac`` = the highest sampled ``kv_used_frac`` of any instance that decodes
+    (role != prefiller: the decoders, or every instance of a collocated cluster) in ``window`` (s, first
+    arrival to last finish); ``decoder_kv_mean_frac`` = their time-weighted mean occupancy in the window,
+    each sample held until that instance's next sample (``instances.parquet``, every
+    ``logger.metrics_interval_s``; NaN without samples).
+    """
+    nan = math.nan
+    t0 = turns[(turns.turn == 0) & turns.admit_s.notna()] if len(turns) else turns
+    hold = (t0.admit_s - t0.submit_s).clip(lower=0.0).to_numpy(dtype=float) if len(t0) else np.zeros(0)
+    held = hold[hold > 0]
+    out = {"admission_held_conversations": int(len(held)),
+           "admission_hold_s_total": float(hold.sum()),
+           "admission_hold_p95_s": float(np.percentile(held, 95)) if len(held) else nan,
+           "admission_hold_max_s": float(held.max()) if len(held) else nan,
+           "decoder_kv_peak_frac": nan, "decoder_kv_mean_frac": nan}
+    if instances is None or not len(instances):
+        return out
+    lo, hi = window
+    dec = instances[(instances.role != "prefiller") & (instances.t_s >= lo) & (instances.t_s <= hi)]
+    if not len(dec):
+        return out
+    out["decoder_kv_peak_frac"] = float(dec.kv_used_frac.max())
+    num = den = 0.0
+    for _, g in dec.sort_values("t_s", kind="stable").groupby("instance", sort=True):
+        t = g.t_s.to_numpy(dtype=float)
+        w = np.diff(np.append(t, hi))
+        num += float((g.kv_used_frac.to_numpy(dtype=float) * w).sum())
+        den += float(w.sum())
+    out["decoder_kv_mean_frac"] = num / den if den > 0 else float(dec.kv_used_frac.mean())
+    return out
 
 
 def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: list[float],

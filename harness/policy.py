@@ -156,13 +156,15 @@ class Placement:
     moved to ``decode_instance`` (only the blocks not already cached there), and decoded there.
     ``reason`` is free text for the decision log; ``candidates`` the ``(instance index, score)`` pairs
     the policy compared, where it has them (lower is better unless the reason says otherwise), also
-    logged.
+    logged. ``misrouted``: the policy deliberately inverted its rule's remote/local choice (AMPD's
+    ``misroute_frac``, error injected at the decision), logged as ``decisions.parquet``'s ``misrouted``.
     """
 
     prefill_instance: int
     decode_instance: int
     reason: str = ""
     candidates: tuple[tuple[int, float], ...] = ()
+    misrouted: bool = False
 
     @property
     def disaggregated(self) -> bool:

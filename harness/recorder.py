@@ -31,7 +31,7 @@ INSTANCE_COLUMNS = ["t_s", "instance", "role", "hardware", "kv_used_tokens", "kv
                     "num_running", "num_waiting", "energy_j", "power_w"]
 TOKEN_COLUMNS = ["conversation_id", "turn", "instance", "token", "t_s"]
 DECISION_COLUMNS = ["t_s", "kind", "conversation_id", "turn", "prefill_instance", "decode_instance", "reason",
-                    "candidates", "view_kv_used_frac", "view_queued_prefill_tokens", "num_held"]
+                    "candidates", "view_kv_used_frac", "view_queued_prefill_tokens", "num_held", "misrouted"]
 
 
 def sorted_percentile(a: np.ndarray, q: float) -> float:
@@ -142,6 +142,7 @@ class PlaceDecision:
     reason: str
     candidates: tuple[tuple[int, float], ...]
     view: ViewDigest
+    misrouted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +157,7 @@ def decision_row(d, names: Sequence[str]) -> dict:
     """A ``decisions.parquet`` row (``DECISION_COLUMNS``) from a typed decision record."""
     row = {"t_s": d.t_s, "kind": "", "conversation_id": "", "turn": -1, "prefill_instance": -1,
            "decode_instance": -1, "reason": d.reason, "candidates": "", "view_kv_used_frac": "",
-           "view_queued_prefill_tokens": "", "num_held": 0}
+           "view_queued_prefill_tokens": "", "num_held": 0, "misrouted": False}
     if isinstance(d, PlanDecision):
         row["kind"] = "plan"
         return row
@@ -167,7 +168,7 @@ def decision_row(d, names: Sequence[str]) -> dict:
         row["kind"] = "hold"
     else:
         row.update(kind="place", conversation_id=d.conversation_id, turn=d.turn,
-                   prefill_instance=d.prefill_instance, decode_instance=d.decode_instance,
+                   prefill_instance=d.prefill_instance, decode_instance=d.decode_instance, misrouted=d.misrouted,
                    candidates=";".join(f"{names[i]}={s:.6g}" for i, s in d.candidates))
     return row
 

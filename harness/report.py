@@ -638,6 +638,62 @@ def tokens_per_joule(sw: Sweep, out: Path) -> list[Path]:
     return _save(g.figure, out, "tokens_per_joule")
 
 
+def slo_scale_curves(sw: Sweep, out: Path) -> list[Path]:
+    """SLO attainment vs SLO scale (DistServe-style), one line per variant: one column per sweep point
+    (facet and x value; all runs when the sweep has neither) and one row per TTFET reading, each value the
+    mean over the point's seeds of the runs' ``slo_attainment_<reading>_x<scale>`` (``summary.json``,
+    harness.metrics.slo_scale_curve: the same per-conversation TTFETs against one threshold per
+    conversation and reading for every variant, x the scale). Nothing is drawn without those keys."""
+    import re
+    df = sw.runs
+    pat = re.compile(r"^slo_attainment_(first|visible)_x([0-9.eE+-]+)$")
+    cols = {}
+    for c in df.columns:
+        m = pat.match(c)
+        if m and df[c].notna().any():
+            cols.setdefault(m.group(1), []).append((float(m.group(2)), c))
+    if not cols:
+        return []
+    readings = [r for r in ("first", "visible") if r in cols]
+    keys = [*sw.facets, *([sw.x] if sw.x else [])]
+    points = list(df.groupby(keys, sort=True, dropna=False)) if keys else [((), df)]
+    variants = list(dict.fromkeys(df["variant"]))
+    palette, dashes, markers = _styles(variants)
+    plt, _ = _plt()
+    fig, grid = plt.subplots(len(readings), len(points), figsize=(3.6 * len(points) + 1.5, 3.0 * len(readings)),
+                             squeeze=False, sharey=True)
+    ref = ""
+    if "slo_scale_reference" in df.columns and df["slo_scale_reference"].notna().any():
+        ref = str(df["slo_scale_reference"].dropna().iloc[0])
+    for j, (vals, g) in enumerate(points):
+        vals = vals if isinstance(vals, tuple) else (vals,)
+        title = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, vals))
+        for i, r in enumerate(readings):
+            ax = grid[i][j]
+            scales = sorted(cols[r])
+            for v, vg in g.groupby("variant", sort=False):
+                ys = [pd.to_numeric(vg[c], errors="coerce").mean() for _, c in scales]
+                ax.plot([x for x, _ in scales], ys, color=palette[v], marker=markers[v],
+                        linestyle=(0, dashes[v]) if dashes[v] else "-", label=f"{v} (n={len(vg)})")
+            ax.set_xscale("log")
+            ticks = []
+            for x, _ in scales:   # label the scales, skipping one too close to the last labelled (log axis)
+                if not ticks or x / ticks[-1] >= 1.4:
+                    ticks.append(x)
+            _plain_log_ticks(ax, "x", ticks)
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_xlabel("SLO scale (x the base threshold)")
+            if j == 0:
+                ax.set_ylabel(f"SLO attainment, {r}-turn TTFET")
+            if i == 0 and title:
+                ax.set_title(title)
+    handles, labels = grid[0][0].get_legend_handles_labels()
+    fig.suptitle("SLO attainment vs SLO scale" + (f" (base: {ref})" if ref else ""), y=1.02)
+    fig.tight_layout()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    return _save(fig, out, "slo_attainment_vs_scale")
+
+
 def kv_occupancy(sw: Sweep, out: Path) -> list[Path]:
     """KV-cache occupancy of every instance over time, one panel per variant, for one run per variant:
     the first seed, the median x value, the first facet value."""
@@ -721,6 +777,7 @@ def figures(sw: Sweep, out: Path) -> list[Path]:
         made += metric_vs_x(sw, [*ttfet, *slo, "tokens_per_joule"], out, "metrics_vs_prediction_error")
     if "cluster.name" in sw.dims:
         made += tokens_per_joule(sw, out)
+    made += slo_scale_curves(sw, out)
     made += kv_occupancy(sw, out)
     return made
 

@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 from harness.backend import get_backend
 from harness.config import PROJECT_ROOT, ConfigError, Resolved
 from harness.controller import ConversationState
-from harness.metrics import apply_slo, conversation_table, summarize
+from harness.metrics import apply_slo, conversation_table, pressure_metrics, slo_scale_curve, summarize
 from harness.recorder import Recorder, write_json, write_run_files, write_text
 from harness.session import SessionResult, check_policies, context_limit, run_session, unloaded_readings
 from harness.trace import load_trace
@@ -199,6 +199,19 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
             baseline_error = (f"KeyboardInterrupt: {e} during the SLO baseline (unloaded-TTFET replays: "
                               f"{len(e.readings)} of {e.total} conversations done); the run did not start")
             log.error("interrupted: %s", baseline_error)
+    scale_unloaded = None
+    if cfg.slo.needs_scale_unloaded() and not baseline_error:
+        ref = cfg.slo.scale_reference_name()
+        if unloaded is not None and ref == cfg.slo.reference_scheduler:
+            scale_unloaded = unloaded
+        else:
+            log.info("SLO-scale baseline: replaying each conversation alone under %s", ref)
+            try:
+                scale_unloaded = unloaded_readings(run, conversations, stats, reference=ref)
+            except BaselineInterrupted as e:
+                baseline_error = (f"KeyboardInterrupt: {e} during the SLO-scale baseline (unloaded-TTFET replays "
+                                  f"under {ref}: {len(e.readings)} of {e.total} conversations done); the run did not start")
+                log.error("interrupted: %s", baseline_error)
 
     bar = None
     if cfg.logger.progress:
@@ -230,6 +243,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     turns = recorder.turns_frame()
     conv = apply_slo(conversation_table(turns, res.convs, cfg.slo.ttfet_definition), cfg.slo, unloaded)
     summary = summarize(turns, conv, res.energy_j, res.window_end_s - res.window_start_s, res.preemptions)
+    scale_curve = {} if baseline_error else slo_scale_curve(conv, cfg.slo, scale_unloaded)  # no curve without its baseline
     summary.update({
         "scheduler": run.scheduler_name, "cluster": cfg.cluster.name, "model": cfg.model.name,
         "workload": cfg.workload.name if synthetic else run.trace_path.name,
@@ -244,8 +258,14 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         "num_conversations_context_dropped": stats.context_dropped,
         "num_conversations_context_truncated": stats.context_truncated,
     })
+    if scale_curve:
+        summary.update(scale_curve)
+        summary["slo_scale_reference"] = (cfg.slo.reference_label(run.scheduler_name, cfg.slo.scale_reference_name())
+                                          if cfg.slo.needs_scale_unloaded() else "absolute")
     summary.update(serving_metrics(turns, res.window_end_s - res.window_start_s, cfg.logger.percentiles,
                                    recorder.itl_gaps()))
+    instances = recorder.instances_frame()
+    summary.update(pressure_metrics(turns, instances, (res.window_start_s, res.window_end_s)))
     summary["failed_turns_by_reason"] = failures_by_reason(turns)
     summary.update(verdict(summary, conv, cfg.validity))
     if summary["num_conversations_failed"]:
@@ -256,7 +276,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         log.warning("run INVALID: %s", "; ".join(summary["invalid_reasons"]))
     if res.error_traceback:
         summary["error_traceback"] = res.error_traceback
-    write_run_files(out_dir, turns, conv, recorder.instances_frame(),
+    write_run_files(out_dir, turns, conv, instances,
                     recorder.decisions_frame() if cfg.logger.log_decisions else None, summary,
                     recorder.tokens_frame() if cfg.logger.steps else None)
     if res.error.startswith("KeyboardInterrupt"):

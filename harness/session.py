@@ -202,6 +202,8 @@ def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRe
     names = [(run.scheduler_name, run.scheduler)]
     if run.cfg.slo.needs_unloaded() and run.cfg.slo.reference_scheduler != "same":
         names.append(reference_policy(run))
+    if run.cfg.slo.needs_scale_unloaded() and run.cfg.slo.scale_reference_name() not in ("same", run.scheduler_name):
+        names.append(reference_policy(run, run.cfg.slo.scale_reference_name()))
     ctx = policy_context(run, stats, Oracle(conversations), estimated_capacities(run))
     for name, sched_cfg in names:
         try:
@@ -218,26 +220,31 @@ def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRe
             if rules and check is not None:
                 check(run, rules)
         except ValueError as e:
-            what = "scheduler" if name == run.scheduler_name else "slo.reference_scheduler"
+            what = ("scheduler" if name == run.scheduler_name else "slo.reference_scheduler"
+                    if name == run.cfg.slo.reference_scheduler else "slo.scale_reference")
             raise ConfigError(f"{what} ({name}): {e}") from None
 
 
 # ---- the unloaded-TTFET baseline (the relative SLO's denominator) ----------------------------------------
 
-def reference_policy(run: Any) -> tuple[str, Any]:
+def reference_policy(run: Any, reference: Optional[str] = None) -> tuple[str, Any]:
     """The relative SLO's reference scheduler: ``(name, config)``; ``slo.reference_scheduler=same`` is
-    the run's own scheduler with its own config (each variant judged against itself)."""
+    the run's own scheduler with its own config (each variant judged against itself). ``reference``:
+    another scheduler name (or ``same``) instead of ``slo.reference_scheduler`` (the SLO-scale curve's
+    ``slo.scale_reference``)."""
     from harness.config import scheduler_config
-    ref = run.cfg.slo.reference_scheduler
+    ref = run.cfg.slo.reference_scheduler if reference is None else reference
     if ref == "same":
         return run.scheduler_name, run.scheduler
     return ref, scheduler_config(ref, {"name": ref})
 
 
 def unloaded_readings(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
-                      stats: WorkloadStats, *, cache_dir: Optional[Path | str] = None) -> dict[str, dict[str, float]]:
+                      stats: WorkloadStats, *, cache_dir: Optional[Path | str] = None,
+                      reference: Optional[str] = None) -> dict[str, dict[str, float]]:
     """Each conversation replayed alone (arrival at 0) on the idle simulated cluster under the SLO's
-    reference scheduler (:func:`reference_policy`): ``{conversation_id: {"first": s, "visible": s,
+    reference scheduler (:func:`reference_policy`; ``reference`` overrides ``slo.reference_scheduler``):
+    ``{conversation_id: {"first": s, "visible": s,
     "last": s}}``, the first-token time of turn 0, of the first user-visible turn and of the last turn
     (= that reading's unloaded TTFET, s). A session per conversation, memoised in-process and on disk.
 
@@ -256,7 +263,7 @@ def unloaded_readings(run: Any, conversations: Sequence[tuple[float, Conversatio
             readings measured so far, which are also written to the disk cache.
     """
     from harness.metrics import ttfet_turn_index
-    name, ref = reference_policy(run)
+    name, ref = reference_policy(run, reference)
     key = _unloaded_cache_key(run, stats, name, ref)
     disk = _DiskCache(cache_dir, key)
     out: dict[str, dict[str, float]] = {}
@@ -450,11 +457,13 @@ class _DiskCache:
 def _unloaded_cache_key(run: Any, stats: WorkloadStats, name: str, ref: Any) -> str:
     """What an unloaded replay depends on besides the conversation: instances (hardware), model, engine,
     link, the shared system prompt, the reference scheduler and its config (and the workload stats and
-    seed when the reference scheduler may read them)."""
+    seed when the reference scheduler may read them: a scheduler outside ``_STATS_FREE_REFERENCES``, or AMPD
+    with ``misroute_frac > 0``)."""
     cfg = run.cfg
     parts = [run.instances, cfg.model, cfg.engine, cfg.cluster.link, cfg.workload.effective_shared_prefix_tokens(),
              name, ref]
-    if name not in _STATS_FREE_REFERENCES:
+    if name not in _STATS_FREE_REFERENCES or getattr(ref, "misroute_frac", 0) > 0:
+        # (AMPD's misroute draw reads the run's seed, so a misrouting reference is not seed-free)
         parts += [cfg.seed, stats.rate_per_s, stats.mean_turns,
                   *(a.tobytes() for a in (stats.turn_prompt_tokens, stats.turn_new_tokens,
                                           stats.turn_output_tokens, stats.tool_time_s))]

@@ -189,3 +189,84 @@ def test_run_with_error_rate_reports_a_nonzero_flip_share(tmp_path):
     s0 = execute(compose_run(base), tmp_path / "oracle")
     assert s0["ampd_decision_flip_frac"] == 0.0
     assert not math.isnan(s0["ampd_remote_frac"])
+
+
+# ---- error at the decision (scheduler.misroute_frac, issue 18) ---------------------------------------
+
+def _decision_cases():
+    """Two hand-built (turn, view, truth) cases from the tests above: one the rule decides local
+    (remote_default with slack), one it decides remote (decoder predicted over its KV watermark: migrate)."""
+    truth = truth_table({("c", 3): (500, 5.0, 4, 3_000), ("o", 7): (1_000, 5.0, 2, 2_000)})
+    local_v = view(inst(0, "prefiller"), inst(1, "decoder", convs=[("o", 7), ("c", 2)], tokens=[30_000, 9_000],
+                                                busy=[True, False]), inst(2, "decoder"))
+    remote_v = view(inst(0, "prefiller"), inst(1, "decoder", convs=[("o", 7)], tokens=[950_000], busy=[True]),
+                    inst(2, "decoder"))
+    return truth, ((turn(), local_v, False), (turn(), remote_v, True))
+
+
+def test_misroute_one_inverts_every_decision_and_zero_none():
+    truth, cases = _decision_cases()
+    for t, v, rule_remote in cases:
+        clean = Ampd(AmpdConfig(tpot_slo_s=0.035), Predictor(truth), HINTS).place(t, v, 0.0)
+        assert clean.disaggregated == rule_remote and not clean.misrouted
+        zero = Ampd(AmpdConfig(tpot_slo_s=0.035, misroute_frac=0.0), Predictor(truth), HINTS).place(t, v, 0.0)
+        assert zero == clean
+        pol = Ampd(AmpdConfig(tpot_slo_s=0.035, misroute_frac=1.0), Predictor(truth), HINTS)
+        flip = pol.place(t, v, 0.0)
+        assert flip.misrouted and flip.disaggregated != rule_remote
+        # the decode stays on the decoder that holds the conversation (decoder 1) either way; a misrouted
+        # local->remote prefill goes to the only prefiller (0), a remote->local one runs on decoder 1
+        assert flip.decode_instance == 1 and flip.prefill_instance == (1 if rule_remote else 0)
+        s = pol.summary()
+        assert s["ampd_misrouted_frac"] == 1.0 and s["ampd_decision_error_frac"] == 1.0
+        assert s["ampd_decision_flip_frac"] == 0.0   # an exact predictor: the rule itself did not flip
+    # turn 0 has no remote/local choice: never misrouted
+    t0 = turn(cid="n", k=0, prompt=8_000, reused=0, prev_decode=-1, prev_out=0, cached=())
+    pl = Ampd(AmpdConfig(misroute_frac=1.0), Predictor(truth), HINTS).place(t0, cases[0][1], 0.0)
+    assert not pl.misrouted and pl.disaggregated
+
+
+def test_misroute_share_within_binomial_bound_and_independent_of_predictor_noise():
+    """n = 4,000 turns at misroute_frac p = 0.3: the realised share lies within 4 binomial standard errors,
+    4 x sqrt(p (1 - p) / n) = 4 x sqrt(0.21 / 4000) = 0.0290, of p (two-sided chance outside < 1e-4 for a
+    correct generator); the same turns are misrouted whatever the predictor's error, and another run seed
+    misroutes other turns."""
+    v = _decision_cases()[1][0][1]
+    n, p = 4_000, 0.3
+    turns = [turn(cid=f"conv{i // 8}", k=1 + i % 8) for i in range(n)]
+    truth = truth_table({**{(t.conversation_id, t.turn): (500, 5.0, 4, 3_000) for t in turns}, ("o", 7): (1_000, 5.0, 2, 2_000),
+                         ("c", 2): (500, 5.0, 5, 3_000)})
+
+    def flagged(pred, seed=0):
+        pol = Ampd(AmpdConfig(tpot_slo_s=0.035, misroute_frac=p), pred, HINTS, seed)
+        out = [pol.place(t, v, 0.0).misrouted for t in turns]
+        assert pol.summary()["ampd_misrouted_frac"] == pytest.approx(sum(out) / n)
+        return out
+
+    exact = flagged(Predictor(truth))
+    share = sum(exact) / n
+    bound = 4 * math.sqrt(p * (1 - p) / n)
+    assert bound == pytest.approx(0.0290, abs=1e-4)
+    assert abs(share - p) <= bound
+    assert flagged(Predictor(truth, "lognormal", sigma=1.0, seed=5)) == exact
+    other = flagged(Predictor(truth), seed=1)
+    assert other != exact and abs(sum(other) / n - p) <= bound
+
+
+def test_run_with_misroute_records_the_flag(tmp_path):
+    """``python run.py scheduler=ampd scheduler.misroute_frac=1.0 logger.log_decisions=true`` (40
+    conversations): every turn >= 1 placement is flagged in decisions.parquet and summary.json reports a
+    realised share of 1; at the default 0 nothing is flagged and the misroute keys are absent."""
+    import pandas as pd
+    from harness.runner import execute
+    base = ["scheduler=ampd", "workload.num_conversations=40", "logger.progress=false", "slo=absolute",
+            "logger.log_decisions=true"]
+    s = execute(compose_run(base + ["scheduler.misroute_frac=1.0"]), tmp_path / "m1")
+    d = pd.read_parquet(tmp_path / "m1" / "decisions.parquet")
+    place = d[d.kind == "place"]
+    later = place[place.turn > 0]
+    assert len(later) and later.misrouted.all() and not place[place.turn == 0].misrouted.any()
+    assert s["ampd_misrouted_frac"] == 1.0 and s["ampd_misrouted_turns"] == s["ampd_turns_decided"] == len(later)
+    s0 = execute(compose_run(base), tmp_path / "m0")
+    d0 = pd.read_parquet(tmp_path / "m0" / "decisions.parquet")
+    assert not d0.misrouted.any() and "ampd_misrouted_frac" not in s0

@@ -81,18 +81,29 @@ def test_every_ampd_robustness_arm_resolves():
     params = sweep_params("ampd_robustness")
     arms = params["+experiment/arm"]
     assert "conserve" in arms and sum(a.startswith("ampd") for a in arms) >= 4
-    sigmas = []
+    sigmas, misroutes, conserve_loads = [], {}, []
     for arm in arms:
         run = compose_run(["+experiment=ampd_robustness", f"+experiment/arm={arm}"])
-        if arm == "conserve":
+        load = run.cfg.workload.rate_per_s
+        if arm.startswith("conserve"):
             assert run.scheduler_name == "conserve"
+            conserve_loads.append(load)
+        elif run.scheduler.misroute_frac > 0 or "misroute" in arm:
+            # decision-error arms: an error-free predictor, only the decision inverted
+            assert run.scheduler_name == "ampd" and run.scheduler.predictor.sigma == 0.0
+            assert run.scheduler.predictor.mode == "lognormal"
+            misroutes.setdefault(load, []).append(run.scheduler.misroute_frac)
         else:
-            assert run.scheduler_name == "ampd"
+            assert run.scheduler_name == "ampd" and load == 0.06
             if run.scheduler.predictor.mode == "lognormal":
                 sigmas.append(run.scheduler.predictor.sigma)
             else:
                 assert 0 < run.scheduler.predictor.error_rate < 1
     assert sigmas == sorted(sigmas) and sigmas[0] == 0.0 and sigmas[-1] >= 2.0
+    # misroute 0 at 0.06 is the sigma 0 arm; at 0.04 it has its own arm, beside ConServe's
+    assert {k: sorted(v) for k, v in misroutes.items()} == {0.06: [0.1, 0.3, 0.5], 0.04: [0.0, 0.1, 0.3, 0.5]}
+    assert sorted(conserve_loads) == [0.04, 0.06]
+    assert len(arms) * len(params["workload.seed"]) == 54
 
 
 def test_cell_presets_cover_their_grids():
@@ -100,9 +111,15 @@ def test_cell_presets_cover_their_grids():
     arms on 3 seeds; pd_split: only valid scheduler x cluster pairs. Cells compose (a sample is resolved)."""
     import yaml
     cells = sweep_params("conserve_sensitivity")["+experiment/cell"]
-    assert len(cells) == len(set(cells)) == 111
+    assert len(cells) == len(set(cells)) == 153
     main = [c for c in cells if c.startswith("cs_main_")]
-    assert len(main) == 3 * 2 * 3 * 3
+    # 3 variants x 2 tiers x (3 seeds at 0.03 and 0.06 + 10 seeds at 0.09, near saturation)
+    assert len(main) == 3 * 2 * (3 + 3 + 10)
+    seeds_at = {}
+    for c in main:
+        y = yaml.safe_load((CONF / "experiment" / "cell" / f"{c}.yaml").read_text())
+        seeds_at.setdefault(y["workload"]["rate_per_s"], set()).add(y["workload"]["seed"])
+    assert seeds_at == {0.03: {0, 1, 2}, 0.06: {0, 1, 2}, 0.09: set(range(10))}
     assert len([c for c in cells if c.startswith("cs_sens_")]) == 6 * 3 * 2
     assert len([c for c in cells if c.startswith("cs_err_")]) == 7 * 3
     split = sweep_params("pd_split")["+experiment/cell"]
@@ -117,6 +134,30 @@ def test_cell_presets_cover_their_grids():
         assert run.cfg.slo.reference_scheduler == "same"
     run = compose_run(["+experiment=conserve_sensitivity", "+experiment/cell=cs_sens_mpf0p95_ampd_cost_hetero"])
     assert run.cfg.hardware["a40_200w"].memory_power_frac == 0.95 and run.scheduler.mode == "cost"
+
+
+def test_kvbound_preset_asks_the_claims_with_ten_seeds_near_saturation():
+    """conserve_kvbound: ConServe and AMPD in both modes on both tiers at 0.03 / 0.045 (3 seeds) and 0.06 conv/s
+    (10 seeds), AMPD error arms at 0.06; every cell runs with the KV pool cut to 0.3 of the GPU."""
+    import yaml
+    cells = sweep_params("conserve_kvbound")["+experiment/cell"]
+    assert len(cells) == len(set(cells)) == 3 * 2 * (3 + 3 + 10) + 9
+    runs = {}
+    for c in cells:
+        y = yaml.safe_load((CONF / "experiment" / "cell" / f"{c}.yaml").read_text())
+        groups = {k.split("/")[-1]: v for d in y["defaults"] for k, v in d.items()}
+        sched = y.get("scheduler", {})
+        if "predictor" in sched:
+            assert groups["cluster"] == "a40_1p3d" and y["workload"]["rate_per_s"] == 0.06
+            continue
+        key = (groups["scheduler"], sched.get("mode"), groups["cluster"], y["workload"]["rate_per_s"])
+        runs.setdefault(key, set()).add(y["workload"]["seed"])
+    for (sched, mode, cluster, rate), seeds in runs.items():
+        assert len(seeds) == (10 if rate == 0.06 else 3), (sched, mode, cluster, rate)
+    assert {(s, m) for s, m, _, _ in runs} == {("conserve", None), ("ampd", "remote_default"), ("ampd", "cost")}
+    assert {c for _, _, c, _ in runs} == {"a40_1p3d", "a40_1p3d_hetero"}
+    run = compose_run(["+experiment=conserve_kvbound", f"+experiment/cell={cells[-1]}"])
+    assert run.cfg.engine.gpu_memory_utilization == 0.3 and run.cfg.slo.reference_scheduler == "same"
 
 
 def test_wait_paper_variants_are_the_papers_baselines():
