@@ -27,6 +27,7 @@ from typing import Optional
 from harness.backend import get_backend
 from harness.config import PROJECT_ROOT, ConfigError, Resolved
 from harness.controller import ConversationState
+from harness.goodput import goodput_summary
 from harness.metrics import apply_slo, conversation_table, summarize
 from harness.recorder import Recorder, write_json, write_run_files, write_text
 from harness.session import SessionResult, check_policies, context_limit, run_session, unloaded_readings
@@ -169,6 +170,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     })
     summary.update(serving_metrics(turns, res.window_end_s - res.window_start_s, cfg.logger.percentiles,
                                    recorder.itl_gaps()))
+    summary.update(goodput_summary(turns, cfg.slo.goodput_thresholds_ms(), res.window_end_s - res.window_start_s))
     summary["failed_turns_by_reason"] = failures_by_reason(turns)
     summary.update(verdict(summary, conv, cfg.validity))
     if summary["num_conversations_failed"]:
