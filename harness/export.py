@@ -125,7 +125,7 @@ def vllm_bench_result(summary: dict, turns: pd.DataFrame, tokens: Optional[pd.Da
         "tokenizer_id": (config.get("model") or {}).get("hf_name") or summary.get("model"), "num_prompts": n,
         # vLLM's request_rate is an input (req/s); a closed-loop replay has none: the realized submission rate
         "request_rate": per_s(n), "burstiness": float(wl.get("burstiness", 1.0) or 1.0),
-        "max_concurrency": wl.get("max_concurrency"),
+        "max_concurrency": wl.get("concurrency") if wl.get("arrival") == "closed" else wl.get("max_concurrency"),
         "duration": window, "completed": int(ok.sum()), "failed": int((~ok).sum()),
         "total_input_tokens": total_in, "total_output_tokens": total_out,
         "request_throughput": per_s(int(ok.sum())),

@@ -197,7 +197,9 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
         rows.append({"conversation_id": rec.conversation_id, "arrival_s": c.arrival_s,
                      "num_turns": len(rec.turns), "turns_done": done, "ttfet_s": ttfet, "ttfet_first_s": first,
                      "ttfet_visible_s": vis, "latency_s": latency, "finish_s": c.finish_s,
-                     "last_turn_tpot_s": last_tpot, "failed": bool(c.failed), "completed": bool(c.done and not c.failed)})
+                     "last_turn_tpot_s": last_tpot, "failed": bool(c.failed),
+                     # a conversation cut by the duration stop (workload.duration_s) is not completed
+                     "completed": bool(c.done and not c.failed and not getattr(c, "stopped", False))})
     return pd.DataFrame(rows, columns=CONVERSATION_COLUMNS)
 
 

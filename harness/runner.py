@@ -140,7 +140,8 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         with spec.open(run, out_dir, conversations=conversations, **(open_kwargs or {})) as cluster:
             res = run_session(cluster, run, conversations, stats, run.scheduler_name, run.scheduler, recorder,
                               oracle=oracle, tick_s=cfg.logger.metrics_interval_s,
-                              on_conversation=(lambda c: bar.update(1)) if bar else None)
+                              on_conversation=(lambda c: bar.update(1)) if bar else None,
+                              max_active=cfg.workload.max_active(), stop_s=cfg.workload.duration_s)
     except (Exception, KeyboardInterrupt) as e:  # the backend failed to open or to close: still write what we have
         convs = [ConversationState(i, rec, t, ()) for i, (t, rec) in enumerate(conversations)]
         res = SessionResult(recorder, convs, [], 0.0, 0.0, 0, 0, 0.0, f"{type(e).__name__}: {e}",
@@ -168,6 +169,9 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         "num_conversations_context_dropped": stats.context_dropped,
         "num_conversations_context_truncated": stats.context_truncated,
     })
+    if cfg.workload.arrival == "closed":  # an agent starts its next conversation at once: no client-side wait
+        summary.pop("client_wait_mean_s", None)
+        summary.pop("client_wait_max_s", None)
     summary.update(serving_metrics(turns, res.window_end_s - res.window_start_s, cfg.logger.percentiles,
                                    recorder.itl_gaps()))
     summary.update(goodput_summary(turns, cfg.slo.goodput_thresholds_ms(), res.window_end_s - res.window_start_s))
