@@ -682,10 +682,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("sweep_dir", type=Path, help="a sweep directory (results/sweeps/<time>...)")
     ap.add_argument("--out", type=Path, default=None, help="output directory (default: SWEEP_DIR/report)")
     ap.add_argument("--no-figures", action="store_true", help="write the tables and markdown only")
+    from harness import plots  # user-chosen x/y, facets, filters, Pareto fronts (harness/plots.py)
+    plots.add_arguments(ap)
     args = ap.parse_args(argv)
     try:
         res = report(args.sweep_dir, args.out, draw=not args.no_figures)
-    except FileNotFoundError as e:
+        res["figures"] += plots.from_args(res["sweep"], args, res["out"] / "figures")
+    except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     sw = res["sweep"]
