@@ -9,8 +9,9 @@ filtered on the command line, and Pareto fronts.
 Keys: any numeric column of the report's ``runs.csv`` (every ``summary.json`` scalar -- throughput,
 TTFT/TPOT/E2E/ITL percentiles, TTFET readings, goodputs -- and every config key such as
 ``workload.rate_per_s``). One point per sweep point: the mean over its runs (seeds) of x and of y; the
-runs themselves are drawn faint behind. A curve per variant (``harness.report`` ``variant``), its points
-joined in the order of the sweep's x axis (the arrival rate, ...) when there is one.
+runs themselves are drawn faint behind. A curve per variant (``harness.report`` ``variant``) and value of
+the sweep's facets that are not panels (e.g. ``cluster.name``), its points joined in the order of the
+sweep's x axis (the arrival rate, ...) when there is one.
 
 Pareto front (``--pareto``): the points no other point dominates, per variant and over all variants,
 where "better" is larger for throughput, goodput, attainment and tokens/J and smaller for latencies
@@ -112,10 +113,17 @@ def xy_figure(sw: Any, x: str, y: str, out: Path, *, facet: Optional[str] = None
     from harness.catalog import BY_KEY
     from harness.report import _plt, _save
     pts = points(sw, x, y, facet, filters)
+    # a curve per variant and per value of the sweep's other facets (e.g. cluster.name when not a panel)
+    others = [k for k in sw.facets if k != facet and k in pts.columns]
+    runs = apply_filters(sw.runs, filters).copy()
+    for df in (pts, runs):
+        df["curve"] = [", ".join([*(f"{k}={r[k]}" for k in others), *([] if r["variant"] == "all runs" and others
+                                                                       else [str(r["variant"])])])
+                       for _, r in df.iterrows()]
     xb, yb = x_better or better(x), y_better or better(y)
     if pareto:
         pts["pareto_variant"] = False
-        for _, idx in pts.groupby([c for c in ([facet] if facet else [])] + ["variant"], sort=False).groups.items():
+        for _, idx in pts.groupby([c for c in ([facet] if facet else [])] + ["curve"], sort=False).groups.items():
             sub = pts.loc[idx]
             pts.loc[idx, "pareto_variant"] = pareto_mask(sub[x].to_numpy(), sub[y].to_numpy(), xb, yb)
         pts["pareto_all"] = False
@@ -129,19 +137,18 @@ def xy_figure(sw: Any, x: str, y: str, out: Path, *, facet: Optional[str] = None
     plt, sns = _plt()
     facets = list(dict.fromkeys(pts[facet])) if facet else [None]
     fig, axes = plt.subplots(1, len(facets), figsize=(5.2 * len(facets), 4.0), squeeze=False)
-    variants = list(dict.fromkeys(pts.variant))
+    variants = list(dict.fromkeys(pts.curve))
     colors = dict(zip(variants, sns.color_palette("colorblind", len(variants))))
-    runs = apply_filters(sw.runs, filters)
     label = (lambda k: BY_KEY[k].axis_label if k in BY_KEY else k)
     for ax, fv in zip(axes[0], facets):
         p = pts if fv is None else pts[pts[facet] == fv]
         r = runs if fv is None else runs[runs[facet] == fv]
         for v in variants:
-            pv = p[p.variant == v]
+            pv = p[p.curve == v]
             if not len(pv):
                 continue
             pv = pv.sort_values(sw.x if sw.x and sw.x in pv.columns else x)
-            rv = r[r.variant == v]
+            rv = r[r.curve == v]
             ax.scatter(rv[x], rv[y], color=colors[v], alpha=0.25, s=12, linewidths=0)
             ax.plot(pv[x], pv[y], marker="o", color=colors[v], label=v, lw=1.4, ms=4)
             if pareto:
