@@ -108,10 +108,9 @@ def xy_figure(sw: Any, x: str, y: str, out: Path, *, facet: Optional[str] = None
               pareto: bool = False, x_better: Optional[str] = None, y_better: Optional[str] = None,
               name: Optional[str] = None) -> list[Path]:
     """Draw ``y`` against ``x`` for the sweep ``sw`` (``harness.report.load_sweep``) into ``out``
-    (png + pdf, ``harness.report._save``) and write the plotted points as ``<name>.csv``; returns the files.
+    (png + pdf) and write the plotted points as ``<name>.csv``; returns the files.
     ``pareto``: mark each variant's front and the overall front (dashed black)."""
     from harness.catalog import BY_KEY
-    from harness.report import _plt, _save
     pts = points(sw, x, y, facet, filters)
     # a curve per variant and per value of the sweep's other facets (e.g. cluster.name when not a panel)
     others = [k for k in sw.facets if k != facet and k in pts.columns]
@@ -165,6 +164,29 @@ def xy_figure(sw: Any, x: str, y: str, out: Path, *, facet: Optional[str] = None
     if filters:
         fig.suptitle("; ".join(filters), y=1.02, fontsize=9)
     return [out / f"{name}.csv", *_save(fig, out, name)]
+
+
+def _plt():
+    """matplotlib (Agg) and seaborn with the report's theme (``harness.report`` uses the same settings)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    sns.set_theme(context="paper", style="whitegrid", font_scale=1.1)
+    matplotlib.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42})  # TrueType fonts, never Type 3
+    return plt, sns
+
+
+def _save(fig, out: Path, name: str) -> list[Path]:
+    """``fig`` as ``<out>/<name>.png`` and ``.pdf``; closes it."""
+    import matplotlib.pyplot as plt
+    paths = []
+    for fmt in ("png", "pdf"):
+        p = out / f"{name}.{fmt}"
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+        paths.append(p)
+    plt.close(fig)
+    return paths
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
