@@ -18,9 +18,11 @@ The pieces, from the inside out (dependencies point this way, never back):
   (``vllm/plugin.py``; real servers in ``vllm/``). ``vllm`` never imports ``sim``.
 * ``controller`` -- the closed-loop state machine of conversations and turns (one for every backend).
 * ``recorder`` -- every output row and its schema, typed decision records, atomic file writes;
-  ``metrics`` -- per-conversation tables, SLO, the summary; ``catalog`` -- metric names, units, formats.
-* ``session`` -- the wiring (above); ``runner`` -- a whole run; ``report`` / ``callbacks`` / ``loggers`` --
-  sweeps, tables, figures, W&B.
+  ``metrics`` -- per-conversation tables, SLO, the summary; ``goodput`` -- per-request goodput (vLLM's and
+  AIPerf's rules); ``catalog`` -- metric names, units, formats.
+* ``session`` -- the wiring (above); ``runner`` -- a whole run; ``report`` / ``plots`` / ``callbacks`` /
+  ``loggers`` -- sweeps, tables, figures (``plots``: any x/y, facets, filters, Pareto fronts), W&B;
+  ``export`` -- a run in ``vllm bench serve`` / AIPerf result formats.
 * ``calibrate`` -- fit a hardware profile's step-time coefficients to a real run (``logger.steps``);
   ``fidelity`` -- replay a real run's workload on the simulator and report per-metric errors.
 

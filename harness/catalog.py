@@ -81,6 +81,26 @@ CATALOG: tuple[Metric, ...] = (
     Metric("slo_attainment", "SLO attainment", 3, axis="SLO attainment (fraction of conversations)"),
     Metric("goodput_conv_per_s", "goodput (conv/s)", 4, axis="goodput (conversations/s)"),
     Metric("preemptions", "preemptions", 0, axis="preemptions (count)"),
+    # per-request goodput (harness.goodput): vLLM's / AIPerf's --goodput semantics, beside the conversation-level one
+    Metric("request_goodput_per_s", "request goodput (req/s)", 4,
+           axis="request goodput (req/s, vLLM rule)"),
+    Metric("request_goodput_aiperf_per_s", "request goodput, AIPerf rule (req/s)", 4,
+           axis="request goodput (req/s, AIPerf rule)"),
+    Metric("good_request_frac", "good requests (fraction)", 3,
+           axis="good requests (fraction of turns)"),
+    # throughput and ITL (harness.validity.serving_metrics), for the sweep's points.csv
+    Metric("request_throughput_per_s", "request throughput (req/s)", 4, axis="request throughput (turns/s)"),
+    Metric("output_token_throughput_per_s", "output throughput (tok/s)", 1,
+           axis="output token throughput (tokens/s)"),
+    Metric("total_token_throughput_per_s", "total throughput (tok/s)", 1,
+           axis="total token throughput (prompt + output tokens/s)"),
+    Metric("itl_mean_s", "ITL mean (ms)", 2, scale=1e3, axis="ITL mean (s)"),
+    Metric("itl_p50_s", "ITL p50 (ms)", 2, scale=1e3, axis="ITL p50 (s)"),
+    Metric("itl_p99_s", "ITL p99 (ms)", 2, scale=1e3, axis="ITL p99 (s)", log_y=True),
+    Metric("ttft_p50_s", "TTFT p50 (s)", 3, log_y=True),
+    Metric("ttft_p99_s", "TTFT p99 (s)", 3, log_y=True),
+    Metric("tpot_p99_s", "TPOT p99 (ms)", 2, scale=1e3, axis="TPOT p99 (s)"),
+    Metric("e2e_p50_s", "E2E p50 (s)", 3, log_y=True),
     Metric("preemptions_per_turn", "preemptions / turn", 4, axis="preemptions (eviction-restarts) per turn"),
     Metric("e2e_central_mean_s", "E2E mean, central (s)", 3, log_y=True,
            axis="turn E2E latency, mean over the central 50 % by arrival (s)"),
@@ -102,6 +122,7 @@ TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "num_conversations_f
                           "ttfet_first_p95_s", "ttfet_first_p99_s", "ttfet_visible_p50_s", "ttfet_visible_p95_s",
                           "ttfet_visible_p99_s", "latency_p95_s", "last_turn_tpot_p50_s", "ttft_p95_s", "tpot_p50_s",
                           "slo_attainment", "slo_attainment_first", "slo_attainment_visible", "goodput_conv_per_s",
+                          "request_goodput_per_s", "request_goodput_aiperf_per_s", "good_request_frac",
                           "preemptions", "prefix_hit_frac", "energy_j", "tokens_per_joule", "output_tokens_per_joule",
                           "admission_held_conversations", "admission_hold_s_total", "admission_hold_p95_s",
                           "decoder_kv_peak_frac", "decoder_kv_mean_frac",
@@ -111,7 +132,8 @@ TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "num_conversations_f
 OPTIONAL: frozenset[str] = frozenset({"ampd_remote_frac", "ampd_decision_flip_frac", "ampd_misrouted_frac",
                                       "ampd_decision_error_frac", "ampd_migrations", "admission_held_conversations",
                                       "admission_hold_s_total", "admission_hold_p95_s", "decoder_kv_peak_frac",
-                                      "decoder_kv_mean_frac"})
+                                      "decoder_kv_mean_frac", "request_goodput_per_s", "request_goodput_aiperf_per_s",
+                                      "good_request_frac"})
 # The metrics a sweep report aggregates (points.csv) and plots against the x axis, and the subset of its
 # markdown table.
 REPORT: tuple[str, ...] = ("ttfet_p50_s", "ttfet_p95_s", "ttfet_first_p50_s", "ttfet_first_p95_s", "ttfet_first_p99_s",
@@ -123,7 +145,12 @@ REPORT: tuple[str, ...] = ("ttfet_p50_s", "ttfet_p95_s", "ttfet_first_p50_s", "t
                            "ampd_decision_flip_frac", "ampd_remote_frac", "ampd_misrouted_frac",
                            "ampd_decision_error_frac", "ampd_migrations", "admission_held_conversations",
                            "admission_hold_s_total", "admission_hold_p95_s", "decoder_kv_peak_frac",
-                           "decoder_kv_mean_frac")
+                           "decoder_kv_mean_frac",
+                           # per-request goodput, throughput and ITL (present in runs that have them)
+                           "request_goodput_per_s", "request_goodput_aiperf_per_s", "good_request_frac",
+                           "request_throughput_per_s", "output_token_throughput_per_s",
+                           "total_token_throughput_per_s", "itl_mean_s", "itl_p50_s", "itl_p99_s", "ttft_p50_s",
+                           "ttft_p99_s", "tpot_p99_s", "e2e_p50_s")
 REPORT_TABLE: tuple[str, ...] = ("ttfet_p95_s", "ttfet_first_p95_s", "ttfet_visible_p95_s", "slo_attainment",
                                  "slo_attainment_first", "slo_attainment_visible", "latency_p95_s",
                                  "last_turn_tpot_p50_s", "preemptions", "tokens_per_joule")

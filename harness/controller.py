@@ -39,6 +39,13 @@ class ConversationState:
     done: bool = False
     failed: bool = False
     finish_s: float = math.nan
+    # load shapes (``Controller(max_active=..., stop_s=...)``): begun = started (past the concurrency gate);
+    # stopped = cut by the duration stop with turns left; not_started = never started before the stop;
+    # client_wait_s = start - scheduled arrival (the gate's wait)
+    begun: bool = False
+    stopped: bool = False
+    not_started: bool = False
+    client_wait_s: float = 0.0
 
 
 class Controller:
@@ -55,6 +62,12 @@ class Controller:
         max_context_tokens: the served model's context limit, tokens; a turn whose prompt + output
             exceed it fails at once, as a server rejects it (``workload.context_overflow=fail``; the other
             policies removed such turns before the run). ``None``: no limit.
+        max_active: at most this many conversations active at once (``workload.concurrency`` of a closed
+            population, or ``workload.max_concurrency``); an arrival beyond it waits (FIFO) until one ends
+            and starts then (its ``arrival_s`` becomes the start, ``client_wait_s`` the wait). ``None``: no cap.
+        stop_s: the duration stop (``workload.duration_s``, s of the run clock): after it no conversation
+            starts and no turn is submitted; turns on the backend finish; a conversation with turns left is
+            ended as ``stopped``; one not started as ``not_started``. ``None``: run to the end.
 
     Raises (at decision time):
         ValueError: a policy returned an invalid admission index or placement instance.
@@ -64,7 +77,8 @@ class Controller:
                  recorder: Recorder, hints: Sequence[InstanceHints], *, link_bandwidth_bytes_per_s: float,
                  link_latency_s: float, kv_bytes_per_token: int,
                  on_conversation: Callable[[ConversationState], None] = lambda c: None,
-                 max_context_tokens: Optional[int] = None):
+                 max_context_tokens: Optional[int] = None, max_active: Optional[int] = None,
+                 stop_s: Optional[float] = None):
         self.clock, self.backend, self.policy, self.recorder = cluster.clock, cluster, policy, recorder
         self._hints = tuple(hints)
         self.convs = [ConversationState(i, rec, t, tuple(tr.reused_tokens for tr in rec.turns))
@@ -102,12 +116,65 @@ class Controller:
         self._recheck_at = math.inf
         self._last_logged_hold = 0
         self.num_done = 0
+        # load shapes (off by default: the plain path schedules arrivals straight to _ready)
+        self.max_active, self.stop_s = max_active, stop_s
+        self._shaped = max_active is not None or stop_s is not None
+        self.active = self.max_active_seen = 0
+        self._gate: list[ConversationState] = []
+        self._in_flight: set[str] = set()
+        self.stopping = False
 
     # ---- run ---------------------------------------------------------------------------------
     def start(self) -> None:
-        """Schedule every conversation's arrival."""
+        """Schedule every conversation's arrival (and the duration stop)."""
+        if self._shaped:
+            for c in self.convs:
+                self.clock.call_at(c.arrival_s, self._arrive, c)
+            if self.stop_s is not None:
+                self.clock.call_at(self.stop_s, self._stop)
+            return
         for c in self.convs:
             self.clock.call_at(c.arrival_s, self._ready, c)
+
+    # ---- load shapes: the concurrency gate and the duration stop ----------------------------------
+    def _arrive(self, c: ConversationState) -> None:
+        if c.done:
+            return
+        if self.max_active is not None and self.active >= self.max_active:
+            self._gate.append(c)
+            return
+        self._begin(c)
+
+    def _begin(self, c: ConversationState) -> None:
+        now = self.clock.now()
+        c.begun = True
+        c.client_wait_s = now - c.arrival_s
+        c.arrival_s = now
+        self.active += 1
+        self.max_active_seen = max(self.max_active_seen, self.active)
+        self._ready(c)
+
+    def _stop(self) -> None:
+        """The duration stop (``stop_s``): see the class docstring."""
+        self.stopping = True
+        now = self.clock.now()
+        for c in self.convs:
+            if c.done:
+                continue
+            if not c.begun:                      # not arrived yet, or waiting at the gate
+                c.not_started = c.done = True
+                self.num_done += 1
+                self.on_conversation(c)
+            elif c.record.conversation_id not in self._in_flight:   # in tool time or held for admission
+                c.stopped = True
+                self._end(c, now)
+        self._gate.clear()
+        keep = [i for i, c in enumerate(self.held) if not c.done]
+        self.held[:] = [self.held[i] for i in keep]
+        self._queue[:] = [self._queue[i] for i in keep]
+        progress = getattr(self.backend, "progress", None)  # a wall-clock loop: let it see the run may be done
+        if progress is not None:
+            progress()
 
     @property
     def finished(self) -> bool:
@@ -142,6 +209,8 @@ class Controller:
         return ClusterView(self.clock.now(), tuple(ivs), self._kvb, self._link[0], self._link[1], len(self.held))
 
     def _ready(self, c: ConversationState) -> None:
+        if c.done:   # ended by the duration stop while in tool time
+            return
         k = c.next_turn
         tr = c.record.turns[k]
         holds = self._holds.get(c.record.conversation_id, {})
@@ -218,6 +287,8 @@ class Controller:
                          f"model's context of {self.max_context_tokens}")
             self._fail(job, job.error)
             return
+        if self._shaped:
+            self._in_flight.add(tv.conversation_id)
         self.backend.start_turn(job)
 
     def _count(self, c: ConversationState, instance: int, context_tokens: int, in_flight: bool = False) -> None:
@@ -263,8 +334,13 @@ class Controller:
         holds[pl.decode_instance] = job.prompt_tokens + job.output_tokens
         tr = c.record.turns[job.turn]
         c.next_turn = job.turn + 1
+        self._in_flight.discard(job.conversation_id)
         if c.next_turn < len(c.record.turns):
-            self.clock.call_at(self.clock.now() + tr.tool_time_s, self._ready, c)
+            if self.stopping:
+                c.stopped = True
+                self._end(c, self.clock.now())
+            else:
+                self.clock.call_at(self.clock.now() + tr.tool_time_s, self._ready, c)
         else:
             self._end(c, self.clock.now())
         self._poll()
@@ -274,6 +350,7 @@ class Controller:
             self._unqueue(job)
         c = self._by_id[job.conversation_id]
         self.recorder.turn(job)
+        self._in_flight.discard(job.conversation_id)
         c.failed = True
         self._end(c, self.clock.now())
         self._poll()
@@ -285,3 +362,7 @@ class Controller:
         self._holds.pop(c.record.conversation_id, None)
         self.num_done += 1
         self.on_conversation(c)
+        if self._shaped:
+            self.active -= 1
+            if self._gate and not self.stopping:
+                self._begin(self._gate.pop(0))

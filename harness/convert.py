@@ -3,7 +3,8 @@
 Usage::
 
     python -m harness.convert {mini-swe-agent,swe-agent} INPUT... -o OUT.jsonl.gz \
-        [--tokenizer-dir DIR] [--max-output-tokens 8192] [--jobs N] \
+        [--tokenizer-dir DIR | --tokenizer TOKENIZER_JSON | --model NAME] \
+        [--chat-template chatml|llama3] [--max-output-tokens 8192] [--jobs N] \
         [--provider-ttft-s 1.0] [--provider-decode-tok-s 120]
 
 INPUT may be files or directories; directories are searched recursively for
@@ -26,6 +27,16 @@ automatic prefix caching, SGLang RadixAttention) could serve from the KV cache
 of the same conversation; ``new_input_tokens`` is the rest of the prompt. See
 ``traces/README.md`` for the tool-time rules of each format and the clipping
 rule.
+
+Other tokenizers: ``--tokenizer PATH`` loads any Hugging Face ``tokenizer.json`` (a file, or a folder
+holding one) with ``tokenizers.Tokenizer.from_file``, and ``--chat-template`` renders the prompts with
+``chatml`` (above; Qwen) or ``llama3`` (Meta's Llama 3 / 3.1 template: ``<|begin_of_text|>`` once, then per
+message ``<|start_header_id|>{role}<|end_header_id|>\n\n{content, stripped}<|eot_id|>``, generation prompt
+``<|start_header_id|>assistant<|end_header_id|>\n\n``, output ``{content}<|eot_id|>``; from the
+``chat_template`` of meta-llama/Llama-3.1-8B-Instruct's ``tokenizer_config.json``). ``--model NAME`` takes
+both from ``conf/model/NAME.yaml`` (``tokenizer``, ``chat_template``; an empty ``tokenizer`` = the shipped
+Qwen BPE). Per-message counting stays exact for any tokenizer whose template boundaries are added tokens
+(checked: each of the template's special tokens must encode to one id).
 """
 
 from __future__ import annotations
@@ -56,6 +67,11 @@ __all__ = [
     "QWEN2_PRETOKENIZE_REGEX",
     "QWEN2_SPECIAL_TOKENS",
     "load_qwen2_tokenizer",
+    "load_tokenizer",
+    "model_tokenizer",
+    "check_template",
+    "ChatTemplate",
+    "CHAT_TEMPLATES",
     "content_text",
     "render_message",
     "render_prompt",
@@ -112,6 +128,42 @@ IM_END = "<|im_end|>"
 GENERATION_PROMPT = IM_START + "assistant\n"
 
 Message = tuple[str, str]  # (role, content)
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """How a chat is rendered to text before counting tokens.
+
+    ``message`` (a format string with ``{role}`` and ``{content}``), ``generation_prompt`` (after the
+    prompt's messages), ``output_suffix`` (after the generated content), ``bos`` (once at the start of
+    every prompt, "" for none), ``strip_content`` (the template trims each message's content),
+    ``special_tokens`` (the boundaries that must be single added tokens of the tokenizer).
+    """
+
+    name: str
+    message: str
+    generation_prompt: str
+    output_suffix: str
+    bos: str = ""
+    strip_content: bool = False
+    special_tokens: tuple[str, ...] = ()
+
+    def render_message(self, role: str, content: str) -> str:
+        """One rendered message."""
+        return self.message.format(role=role, content=content.strip() if self.strip_content else content)
+
+
+#: The chat templates the converter renders (module docstring). ``chatml`` is the default (Qwen).
+CHAT_TEMPLATES: dict[str, ChatTemplate] = {
+    "chatml": ChatTemplate("chatml", "<|im_start|>{role}\n{content}<|im_end|>\n", "<|im_start|>assistant\n",
+                           "<|im_end|>", special_tokens=("<|im_start|>", "<|im_end|>")),
+    "llama3": ChatTemplate("llama3", "<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>",
+                           "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>",
+                           bos="<|begin_of_text|>", strip_content=True,
+                           special_tokens=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                                           "<|eot_id|>")),
+}
+_BOS_MESSAGE: tuple[str, str] = ("\x00bos", "")  # the prompt's leading BOS as a pseudo-message (cached like one)
 
 
 class ConvertError(ValueError):
@@ -171,6 +223,66 @@ def load_qwen2_tokenizer(tokenizer_dir: str | os.PathLike | None = None):
     return tok
 
 
+def load_tokenizer(spec: str | os.PathLike | None = None):
+    """A ``tokenizers.Tokenizer`` from ``spec``: None / ``""`` (the shipped Qwen2 BPE,
+    :func:`load_qwen2_tokenizer`), a ``tokenizer.json`` file or a folder holding one
+    (``Tokenizer.from_file``), or a folder with ``vocab.json`` + ``merges.txt`` (the Qwen2 pipeline on them).
+
+    Raises:
+        ConvertError: nothing loadable at ``spec``, or ``tokenizers`` rejects the file.
+    """
+    if spec is None or str(spec) == "":
+        return load_qwen2_tokenizer()
+    p = Path(spec)
+    if p.is_dir() and not (p / "tokenizer.json").is_file():
+        return load_qwen2_tokenizer(p)
+    f = p / "tokenizer.json" if p.is_dir() else p
+    if not f.is_file():
+        raise ConvertError(f"{f}: tokenizer file not found (--tokenizer / model.tokenizer)")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ConvertError("the converter needs Hugging Face 'tokenizers': pip install -e '.[convert]'") from None
+    try:
+        return Tokenizer.from_file(str(f))
+    except Exception as e:  # tokenizers raises its own Exception type
+        raise ConvertError(f"{f}: not a tokenizer.json ({e})") from None
+
+
+def model_tokenizer(model: str) -> tuple[str, str]:
+    """``(tokenizer, chat_template)`` named by ``conf/model/<model>.yaml`` (``tokenizer``: a path, relative
+    to the project root unless absolute, or "" for the shipped Qwen BPE; ``chat_template``, default chatml).
+
+    Raises:
+        ConvertError: no such model config.
+    """
+    root = Path(__file__).resolve().parents[1]
+    f = root / "conf" / "model" / f"{model}.yaml"
+    if not f.is_file():
+        names = ", ".join(sorted(x.stem for x in (root / "conf" / "model").glob("*.yaml")))
+        raise ConvertError(f"--model {model!r}: no conf/model/{model}.yaml (choose: {names})")
+    from omegaconf import OmegaConf
+    d = OmegaConf.to_container(OmegaConf.load(f))
+    tok = str(d.get("tokenizer") or "")
+    if tok and not Path(tok).is_absolute():
+        tok = str(root / tok)
+    return tok, str(d.get("chat_template") or "chatml")
+
+
+def check_template(tok, template: ChatTemplate, where: str = "tokenizer") -> None:
+    """Every special token of ``template`` must be one added token of ``tok`` (so that per-message counting
+    is exact and the boundaries are counted as the model sees them).
+
+    Raises:
+        ConvertError: naming the token and ``--chat-template``.
+    """
+    for s in template.special_tokens:
+        got = tok.encode(s, add_special_tokens=False).ids
+        if len(got) != 1 or tok.token_to_id(s) is None:
+            raise ConvertError(f"{where}: the {template.name} template's {s} is not one token of this tokenizer "
+                               f"(got {len(got)} ids); choose --chat-template (one of {', '.join(CHAT_TEMPLATES)})")
+
+
 # --------------------------------------------------------------------------- rendering
 
 
@@ -225,10 +337,23 @@ class TokenCounter:
     equals tokenizing the whole rendered prompt (checked in the tests).
     """
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, template: ChatTemplate | str = "chatml") -> None:
         self._tok = tokenizer
+        if isinstance(template, str):
+            if template not in CHAT_TEMPLATES:
+                raise ConvertError(f"--chat-template must be one of {', '.join(CHAT_TEMPLATES)}, got {template!r}")
+            template = CHAT_TEMPLATES[template]
+        self.template = template
         self._cache: dict[Message, list[int]] = {}
-        self.generation_prompt_ids: list[int] = self.text_ids(GENERATION_PROMPT)
+        self.generation_prompt_ids: list[int] = self.text_ids(template.generation_prompt)
+
+    def prompt_messages(self, messages: tuple[Message, ...]) -> tuple[Message, ...]:
+        """The messages of a prompt as counted: with the template's BOS as a leading pseudo-message."""
+        return ((_BOS_MESSAGE,) + tuple(messages)) if self.template.bos else tuple(messages)
+
+    def output_ids(self, content: str) -> list[int]:
+        """Token ids of a call's generated text (content + the template's end-of-turn token)."""
+        return self.text_ids(content + self.template.output_suffix)
 
     def text_ids(self, text: str) -> list[int]:
         """Token ids of ``text`` (special tokens recognized, none added)."""
@@ -238,7 +363,8 @@ class TokenCounter:
         """Token ids of one rendered message (cached by ``(role, content)``)."""
         ids = self._cache.get(message)
         if ids is None:
-            ids = self.text_ids(render_message(*message))
+            text = self.template.bos if message == _BOS_MESSAGE else self.template.render_message(*message)
+            ids = self.text_ids(text)
             self._cache[message] = ids
         return ids
 
@@ -518,9 +644,10 @@ def calls_to_turns(
     prev_out: list[int] = []
     last = len(calls) - 1
     for k, call in enumerate(calls):
-        ids = [counter.message_ids(m) for m in call.prompt]
+        prompt = counter.prompt_messages(call.prompt)
+        ids = [counter.message_ids(m) for m in prompt]
         prompt_tokens = sum(map(len, ids)) + len(gen)
-        out_ids = counter.text_ids(render_output(call.output))
+        out_ids = counter.output_ids(call.output)
         raw = len(out_ids)
         out = min(raw, max_output_tokens)
         n_clipped += raw > out
@@ -528,8 +655,8 @@ def calls_to_turns(
             reused = 0
         else:
             i = reused = 0
-            n = min(len(prev_msgs), len(call.prompt))
-            while i < n and prev_msgs[i] == call.prompt[i]:
+            n = min(len(prev_msgs), len(prompt))
+            while i < n and prev_msgs[i] == prompt[i]:
                 reused += len(ids[i])
                 i += 1
             reused += _token_lcp(prev_ids[i:] + [gen, prev_out], ids[i:] + [gen])
@@ -544,7 +671,7 @@ def calls_to_turns(
                 output_tokens_raw=raw,
             )
         )
-        prev_msgs, prev_ids, prev_out = call.prompt, ids, out_ids[:out]
+        prev_msgs, prev_ids, prev_out = prompt, ids, out_ids[:out]
     return tuple(turns), n_clipped
 
 
@@ -669,9 +796,11 @@ class ConvertResult:
 _WORKER_COUNTER: TokenCounter | None = None
 
 
-def _init_worker(tokenizer_dir: str | None) -> None:
+def _init_worker(tokenizer_dir: str | None, template: str = "chatml") -> None:
     global _WORKER_COUNTER
-    _WORKER_COUNTER = TokenCounter(load_qwen2_tokenizer(tokenizer_dir))
+    tok = load_tokenizer(tokenizer_dir)
+    check_template(tok, CHAT_TEMPLATES[template], str(tokenizer_dir or DEFAULT_TOKENIZER_DIR))
+    _WORKER_COUNTER = TokenCounter(tok, template)
 
 
 def _convert_in_worker(args: tuple) -> tuple[ConversationRecord, int, str]:
@@ -697,6 +826,7 @@ def convert(
     out: str | os.PathLike,
     *,
     tokenizer_dir: str | os.PathLike | None = None,
+    chat_template: str = "chatml",
     max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
     jobs: int | None = None,
     provider_ttft_s: float = DEFAULT_PROVIDER_TTFT_S,
@@ -708,6 +838,8 @@ def convert(
     Files are converted in ``jobs`` worker processes (default
     ``os.cpu_count()``), largest first; the conversations are sorted by
     ``conversation_id``, so the output is byte-identical for any ``jobs``.
+    ``tokenizer_dir``: anything :func:`load_tokenizer` takes (default: the shipped Qwen BPE);
+    ``chat_template``: a key of :data:`CHAT_TEMPLATES`.
 
     Raises:
         ConvertError: bad arguments, an unusable file, or two files with the
@@ -719,6 +851,10 @@ def convert(
         raise ConvertError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     if max_output_tokens < 1:
         raise ConvertError(f"--max-output-tokens must be >= 1, got {max_output_tokens}")
+    if chat_template not in CHAT_TEMPLATES:
+        raise ConvertError(f"--chat-template must be one of {', '.join(CHAT_TEMPLATES)}, got {chat_template!r}")
+    tdir = None if tokenizer_dir is None else str(tokenizer_dir)
+    _init_worker(tdir, chat_template)  # load and check the tokenizer here, before any worker starts
     if provider_decode_tok_s <= 0 or provider_ttft_s < 0:
         raise ConvertError("--provider-decode-tok-s must be > 0 and --provider-ttft-s >= 0")
     t0 = time.perf_counter()
@@ -731,14 +867,12 @@ def convert(
         provider_decode_tok_s=provider_decode_tok_s,
     )
     tasks = [(str(f), fmt, kw) for f in files]
-    tdir = None if tokenizer_dir is None else str(tokenizer_dir)
     results = []
     if jobs == 1:
-        _init_worker(tdir)
         for task in _progress(tasks, len(tasks), progress):
             results.append(_convert_in_worker(task))
     else:
-        with multiprocessing.Pool(jobs, initializer=_init_worker, initargs=(tdir,)) as pool:
+        with multiprocessing.Pool(jobs, initializer=_init_worker, initargs=(tdir, chat_template)) as pool:
             it = pool.imap_unordered(_convert_in_worker, tasks, chunksize=1)
             for r in _progress(it, len(tasks), progress):
                 results.append(r)
@@ -833,6 +967,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"folder with vocab.json and merges.txt (default {DEFAULT_TOKENIZER_DIR})",
     )
     ap.add_argument(
+        "--tokenizer",
+        default=None,
+        help="a Hugging Face tokenizer.json (file or folder) to count with, e.g. Llama 3's",
+    )
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="take tokenizer and chat_template from conf/model/MODEL.yaml (e.g. llama3_1_8b)",
+    )
+    ap.add_argument(
+        "--chat-template",
+        default=None,
+        choices=sorted(CHAT_TEMPLATES),
+        help="prompt rendering (default: the model's, else chatml)",
+    )
+    ap.add_argument(
         "--max-output-tokens",
         type=int,
         default=DEFAULT_MAX_OUTPUT_TOKENS,
@@ -855,11 +1005,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="do not print the statistics table")
     args = ap.parse_args(argv)
     try:
+        if args.tokenizer and args.tokenizer_dir:
+            raise ConvertError("give --tokenizer or --tokenizer-dir, not both")
+        tokenizer, template = args.tokenizer or args.tokenizer_dir, "chatml"
+        if args.model:
+            m_tok, template = model_tokenizer(args.model)
+            tokenizer = tokenizer or m_tok or None
+            if template != "chatml" and not tokenizer:
+                raise ConvertError(f"conf/model/{args.model}.yaml names no tokenizer (its chat_template is "
+                                   f"{template}): pass --tokenizer path/to/tokenizer.json or set model.tokenizer")
+        template = args.chat_template or template
         result = convert(
             args.format,
             args.inputs,
             args.output,
-            tokenizer_dir=args.tokenizer_dir,
+            tokenizer_dir=tokenizer,
+            chat_template=template,
             max_output_tokens=args.max_output_tokens,
             jobs=args.jobs,
             provider_ttft_s=args.provider_ttft_s,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 import pandas as pd
@@ -55,6 +55,8 @@ class SloConfig:
     Per reading r in (``first``, ``visible``): ``ttfet_<r>_mode`` (``inherit`` | ``relative`` |
     ``absolute`` | ``none``), ``ttfet_<r>_multiple`` (None = ``ttfet_multiple``), ``ttfet_<r>_s`` (s;
     required when that mode is ``absolute``).
+    Per-request goodput (``harness.goodput``): ``goodput``, None or thresholds in ms as vLLM's and AIPerf's
+    ``--goodput`` take them, a string ``"ttft:200 tpot:50 e2el:2000"`` or a mapping ``{ttft: 200, ...}``.
     """
 
     name: str = "relative"
@@ -72,6 +74,7 @@ class SloConfig:
     ttfet_visible_s: Optional[float] = None
     scales: Optional[List[float]] = None
     scale_reference: str = "inherit"
+    goodput: Any = None
 
     def validate(self, where: str = "slo") -> None:
         """Raise ``ValueError`` naming ``slo.<field>`` for the first invalid value."""
@@ -109,6 +112,13 @@ class SloConfig:
                 raise ValueError(f"{where}.ttfet_{r}_s must be > 0 (s) or null, got {s!r}")
             if mode == "absolute" and s is None:
                 raise ValueError(f"{where}.ttfet_{r}_s must be set (s) when {where}.ttfet_{r}_mode=absolute")
+        self.goodput_thresholds_ms(where)
+
+    def goodput_thresholds_ms(self, where: str = "slo") -> dict[str, float]:
+        """The per-request goodput thresholds, ``{ttft|tpot|e2el: ms}`` (``harness.goodput.parse_goodput``;
+        empty when ``goodput`` is unset). Raises ``ValueError`` naming ``<where>.goodput``."""
+        from harness.goodput import parse_goodput
+        return parse_goodput(self.goodput, f"{where}.goodput")
 
     def reading(self, r: str) -> Optional[tuple[str, float]]:
         """The SLO of reading ``r`` (``first`` | ``visible``): ``("relative", multiple)``,
@@ -218,7 +228,9 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
         rows.append({"conversation_id": rec.conversation_id, "arrival_s": c.arrival_s,
                      "num_turns": len(rec.turns), "turns_done": done, "ttfet_s": ttfet, "ttfet_first_s": first,
                      "ttfet_visible_s": vis, "latency_s": latency, "finish_s": c.finish_s,
-                     "last_turn_tpot_s": last_tpot, "failed": bool(c.failed), "completed": bool(c.done and not c.failed)})
+                     "last_turn_tpot_s": last_tpot, "failed": bool(c.failed),
+                     # a conversation cut by the duration stop (workload.duration_s) is not completed
+                     "completed": bool(c.done and not c.failed and not getattr(c, "stopped", False))})
     return pd.DataFrame(rows, columns=CONVERSATION_COLUMNS)
 
 

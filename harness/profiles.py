@@ -143,6 +143,10 @@ class ModelConfig:
         tied_embeddings: input embedding and LM head share weights (counted once in weight bytes).
         dtype_bytes: bytes per weight and per KV element (2 for bf16/fp16).
         max_model_len: context limit, tokens (informational; the simulator does not enforce it).
+        tokenizer: the ``tokenizer.json`` the trace converter counts with for this model (``python -m
+            harness.convert --model <name>``; a path, relative to the project root unless absolute; "" =
+            the shipped Qwen2 BPE). chat_template: the converter's prompt rendering (``chatml`` |
+            ``llama3``; ``harness.convert.CHAT_TEMPLATES``).
     """
 
     name: str = "???"
@@ -158,6 +162,8 @@ class ModelConfig:
     dtype_bytes: int = 2
     max_model_len: int = 0
     source: str = ""
+    tokenizer: str = ""
+    chat_template: str = "chatml"
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming ``where.<field>`` for the first invalid field."""
@@ -167,6 +173,8 @@ class ModelConfig:
             _require(isinstance(v, int) and v > 0, f"{where}.{f}", "an int > 0", v)
         _require(self.num_heads % self.num_kv_heads == 0, f"{where}.num_kv_heads",
                  f"a divisor of num_heads ({self.num_heads})", self.num_kv_heads)
+        _require(self.chat_template in ("chatml", "llama3"), f"{where}.chat_template", "chatml or llama3",
+                 self.chat_template)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -831,11 +831,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.epilog = ("Exit status: 0 written; 2 no run directory or an unreadable summary.json; 3 written, but the runs mix code "
                  "versions or contents of one trace file (meta.json fingerprints; report.md starts with a warning, "
                  "runs.csv has a `mixed` column) and --allow-mixed was not given.")
+    from harness import plots  # user-chosen x/y, facets, filters, Pareto fronts (harness/plots.py)
+    plots.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.margin is not None and not args.margin >= 0:
         ap.error(f"--margin must be >= 0, got {args.margin}")
     try:
         res = report(args.sweep_dir, args.out, draw=not args.no_figures, margin=args.margin)
+        res["figures"] += plots.from_args(res["sweep"], args, res["out"] / "figures")
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

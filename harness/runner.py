@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence
 from harness.backend import get_backend
 from harness.config import PROJECT_ROOT, ConfigError, Resolved
 from harness.controller import ConversationState
+from harness.goodput import goodput_summary
 from harness.metrics import apply_slo, conversation_table, pressure_metrics, slo_scale_curve, summarize
 from harness.recorder import Recorder, write_json, write_run_files, write_text
 from harness.session import SessionResult, check_policies, context_limit, run_session, unloaded_readings
@@ -228,7 +229,8 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         with spec.open(run, out_dir, conversations=conversations, **(open_kwargs or {})) as cluster:
             res = run_session(cluster, run, conversations, stats, run.scheduler_name, run.scheduler, recorder,
                               oracle=oracle, tick_s=cfg.logger.metrics_interval_s,
-                              on_conversation=(lambda c: bar.update(1)) if bar else None)
+                              on_conversation=(lambda c: bar.update(1)) if bar else None,
+                              max_active=cfg.workload.max_active(), stop_s=cfg.workload.duration_s)
     except (Exception, KeyboardInterrupt) as e:  # the backend failed to open or to close: still write what we have
         convs = [ConversationState(i, rec, t, ()) for i, (t, rec) in enumerate(conversations)]
         res = SessionResult(recorder, convs, [], 0.0, 0.0, 0, 0, 0.0,
@@ -262,8 +264,12 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         summary.update(scale_curve)
         summary["slo_scale_reference"] = (cfg.slo.reference_label(run.scheduler_name, cfg.slo.scale_reference_name())
                                           if cfg.slo.needs_scale_unloaded() else "absolute")
+    if cfg.workload.arrival == "closed":  # an agent starts its next conversation at once: no client-side wait
+        summary.pop("client_wait_mean_s", None)
+        summary.pop("client_wait_max_s", None)
     summary.update(serving_metrics(turns, res.window_end_s - res.window_start_s, cfg.logger.percentiles,
                                    recorder.itl_gaps()))
+    summary.update(goodput_summary(turns, cfg.slo.goodput_thresholds_ms(), res.window_end_s - res.window_start_s))
     instances = recorder.instances_frame()
     summary.update(pressure_metrics(turns, instances, (res.window_start_s, res.window_end_s)))
     summary["failed_turns_by_reason"] = failures_by_reason(turns)

@@ -123,14 +123,19 @@ class SessionResult:
 def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
                 stats: WorkloadStats, scheduler_name: str, sched_cfg: Any, recorder: Recorder, *,
                 oracle: Optional[Oracle] = None, tick_s: Optional[float] = None,
-                on_conversation: Optional[Callable[[ConversationState], None]] = None) -> SessionResult:
+                on_conversation: Optional[Callable[[ConversationState], None]] = None,
+                max_active: Optional[int] = None, stop_s: Optional[float] = None) -> SessionResult:
     """Replay ``conversations`` on an opened ``cluster`` under scheduler ``scheduler_name``.
 
     The policy is built here (``make_policy``) with the cluster's KV capacities; the controller is built
     here and nowhere else; every row goes to ``recorder``; ``tick_s``: instance-sample period (s of the
     cluster's clock; None: no samples). An exception raised by the controller or a policy ends the run
     at once on every backend; it is returned in ``error`` (with its traceback), never swallowed
-    silently, and what was measured until then is kept.
+    silently, and what was measured until then is kept. ``max_active``, ``stop_s``: the load shapes of
+    the main run (``harness.controller.Controller``; ``workload.max_active()``, ``workload.duration_s``);
+    with them, ``extra`` gets ``num_conversations_started`` / ``_stopped`` / ``_not_started``,
+    ``max_active_conversations``, ``client_wait_mean_s`` / ``client_wait_max_s`` (s) and ``duration_stop_s``,
+    and the conversations never started are left out of ``convs``.
     """
     cfg = run.cfg
     oracle = oracle or Oracle(conversations)
@@ -149,7 +154,7 @@ def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float,
                             link_bandwidth_bytes_per_s=cfg.cluster.link.bandwidth_bytes_per_s,
                             link_latency_s=cfg.cluster.link.latency_s, kv_bytes_per_token=cfg.model.kv_bytes_per_token,
                             on_conversation=on_conversation or (lambda c: None),
-                            max_context_tokens=context_limit(run))
+                            max_context_tokens=context_limit(run), max_active=max_active, stop_s=stop_s)
 
     def tick():
         recorder.sample(cluster.clock.now(), cluster.infos, cluster.observe(), cluster.power_w())
@@ -165,15 +170,28 @@ def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float,
         tb = traceback.format_exc()
         log.error("run ended by an error: %s", error)
     wall = time.perf_counter() - t0
-    end = max([c.finish_s for c in controller.convs if c.done] or [cluster.clock.now()])
+    convs = controller.convs
+    shaped = max_active is not None or stop_s is not None
+    if shaped:
+        convs = [c for c in convs if not c.not_started]
+    end = max([c.finish_s for c in convs if c.done] or [cluster.clock.now()])
     start = min((t for t, _ in conversations), default=0.0)
     extra = dict(cluster.measured())
+    if shaped:
+        waits = [c.client_wait_s for c in convs if c.begun]
+        extra.update({"num_conversations_started": sum(c.begun for c in convs),
+                      "num_conversations_stopped": sum(c.stopped for c in convs),
+                      "num_conversations_not_started": len(controller.convs) - len(convs),
+                      "max_active_conversations": controller.max_active_seen,
+                      "max_active_limit": max_active, "duration_stop_s": stop_s,
+                      "client_wait_mean_s": sum(waits) / len(waits) if waits else math.nan,
+                      "client_wait_max_s": max(waits) if waits else math.nan})
     if plan:
         extra["policy_plan"] = plan
     summary_hook = getattr(policy, "summary", None)
     if callable(summary_hook):  # a policy's own counters (e.g. AMPD's decision flips), backend-neutral
         extra.update(summary_hook())
-    return SessionResult(recorder, controller.convs, cluster.energy_j(end), start, end, cluster.preemptions(),
+    return SessionResult(recorder, convs, cluster.energy_j(end), start, end, cluster.preemptions(),
                          cluster.clock.events, wall, error, tb, extra)
 
 

@@ -14,6 +14,14 @@ Definitions (``docs/metrics.md``):
 * Valid when: the run finished (not partial); at least ``min_conversations`` conversations are in the
   steady state; the failed conversations are at most ``max_failed_frac`` of all; the real backend counted
   no token-count mismatch. Otherwise invalid, with every reason.
+* Size-scaled floor (``min_conversations_frac``, off by default): the steady-state floor becomes
+  ``min(min_conversations, max(1, ceil(min_conversations_frac x n x (1 - warmup_frac - cooldown_frac))))``
+  for a run of ``n`` conversations -- ``n x (1 - warmup - cooldown)`` is the steady share a uniform spread
+  of arrivals would give, so ``0.5`` asks for half of it. A run of >= ``min_conversations / (frac x (1 -
+  warmup - cooldown))`` conversations (250 at the defaults and 0.5) keeps the fixed floor; a tiny run
+  (a smoke test) is judged on its own size, and is still INVALID when it fails, drops or mis-counts.
+* Dropped conversations (``max_dropped_frac``, off by default): conversations the workload dropped before
+  the run (``workload.context_overflow=drop``) at most this fraction of those sampled.
 """
 
 from __future__ import annotations
@@ -33,12 +41,24 @@ class ValidityConfig:
     warmup_frac, cooldown_frac: fractions of the arrival span excluded at the start and at the end,
     [0, 1) with their sum < 1. min_conversations: steady-state conversations needed (int >= 1).
     max_failed_frac: failed conversations allowed, a fraction of all, [0, 1].
+    min_conversations_frac: None (the fixed floor) or (0, 1]: the size-scaled floor (module docstring).
+    max_dropped_frac: None (no rule) or [0, 1]: conversations dropped for the context, a fraction of the
+    sampled ones (run + dropped).
     """
 
     warmup_frac: float = 0.1
     cooldown_frac: float = 0.1
     min_conversations: int = 100
     max_failed_frac: float = 0.01
+    min_conversations_frac: Optional[float] = None
+    max_dropped_frac: Optional[float] = None
+
+    def steady_floor(self, num_conversations: int) -> int:
+        """The steady-state conversations a valid run of ``num_conversations`` needs (module docstring)."""
+        if self.min_conversations_frac is None:
+            return self.min_conversations
+        share = num_conversations * (1 - self.warmup_frac - self.cooldown_frac)
+        return min(self.min_conversations, max(1, math.ceil(self.min_conversations_frac * share - 1e-9)))
 
     def validate(self, where: str = "validity") -> None:
         """Raise ``ValueError`` naming ``validity.<field>`` for the first invalid value."""
@@ -53,6 +73,12 @@ class ValidityConfig:
             raise ValueError(f"{where}.min_conversations must be an int >= 1, got {self.min_conversations!r}")
         if not (isinstance(self.max_failed_frac, (int, float)) and 0 <= self.max_failed_frac <= 1):
             raise ValueError(f"{where}.max_failed_frac must be in [0, 1], got {self.max_failed_frac!r}")
+        f = self.min_conversations_frac
+        if f is not None and not (isinstance(f, (int, float)) and 0 < f <= 1):
+            raise ValueError(f"{where}.min_conversations_frac must be null or in (0, 1], got {f!r}")
+        d = self.max_dropped_frac
+        if d is not None and not (isinstance(d, (int, float)) and 0 <= d <= 1):
+            raise ValueError(f"{where}.max_dropped_frac must be null or in [0, 1], got {d!r}")
 
 
 def _pct(values: np.ndarray, q: float) -> float:
@@ -108,12 +134,24 @@ def verdict(summary: dict, conv: pd.DataFrame, cfg: ValidityConfig) -> dict:
     reasons = []
     if summary.get("partial"):
         reasons.append(f"the run did not finish: {summary.get('error', '')}")
-    if n < cfg.min_conversations:
-        reasons.append(f"{n} steady-state conversations < validity.min_conversations={cfg.min_conversations}")
     total = summary.get("num_conversations") or 0
+    floor = cfg.steady_floor(total)
+    if cfg.min_conversations_frac is not None:
+        out["steady_conversations_needed"] = floor
+    if n < floor:
+        reasons.append(f"{n} steady-state conversations < validity.min_conversations={cfg.min_conversations}"
+                       if cfg.min_conversations_frac is None else
+                       f"{n} steady-state conversations < {floor} (validity.min_conversations_frac="
+                       f"{cfg.min_conversations_frac} of the {total} conversations' steady share, at most "
+                       f"validity.min_conversations={cfg.min_conversations})")
     failed = summary.get("num_conversations_failed") or 0
     if total and failed / total > cfg.max_failed_frac:
         reasons.append(f"{failed} of {total} conversations failed (> validity.max_failed_frac={cfg.max_failed_frac})")
+    dropped = summary.get("num_conversations_context_dropped") or 0
+    if cfg.max_dropped_frac is not None and dropped and dropped / (total + dropped) > cfg.max_dropped_frac:
+        reasons.append(f"{dropped} of {total + dropped} conversations dropped for the context "
+                       f"(> validity.max_dropped_frac={cfg.max_dropped_frac}; see workload.token_scale / "
+                       f"workload.context_overflow)")
     if summary.get("token_count_mismatches"):
         reasons.append(f"{summary['token_count_mismatches']} responses had the wrong token count")
     out.update(valid=not reasons, invalid_reasons=reasons)

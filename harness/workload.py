@@ -18,7 +18,25 @@ Arrival processes (``arrival``):
   * ``gamma``: Gamma gaps with mean ``1 / rate_per_s`` and coefficient of variation ``burstiness``
     (shape ``k = 1 / burstiness**2``, scale ``1 / (rate_per_s * k)``; burstiness 1 is Poisson, > 1
     burstier);
-  * ``fixed``: every conversation arrives at t = 0 (a closed batch).
+  * ``fixed``: every conversation arrives at t = 0 (a closed batch);
+  * ``constant``: gaps of exactly ``1 / rate_per_s`` (AIPerf's constant request rate; vLLM's
+    ``--burstiness inf``);
+  * ``closed``: a closed population of ``concurrency`` agents: ``concurrency`` conversations start at
+    t = 0 and each starts the next one (in sampling order) when one of its own ends, until the sampled
+    conversations run out (AIPerf's concurrency mode; the harness's natural "N agents at work").
+Load shapes on top (run-time, in ``harness.controller``; the same on every backend):
+  * ``max_concurrency``: at most this many conversations active at once; one that arrives while the cap
+    is reached waits (client-side, FIFO) and starts when one ends -- its ``arrival_s`` is when it starts,
+    and the wait is reported (``client_wait_mean_s``), as ``vllm bench serve --max-concurrency`` reports
+    its client queue apart from TTFT;
+  * ``ramp`` (``linear`` | ``exponential``; ``poisson``, ``gamma``, ``constant``): conversation i of n
+    arrives at rate ``r_i = start + (end - start) * i / (n - 1)`` or ``start * (end / start) ** (i / (n -
+    1))`` with ``start = ramp_start_rate_per_s``, ``end = rate_per_s`` (vLLM's ``--ramp-up-strategy``
+    rule, ``vllm/benchmarks/serve.py`` ``_get_current_request_rate``); gap i is drawn at ``r_i``;
+  * ``duration_s``: the run stops at this time: no conversation starts and no turn is submitted after
+    it; turns already on the backend finish; conversations still running are *stopped* (kept, counted
+    in ``num_conversations_stopped``, never completed) and those not started are counted in
+    ``num_conversations_not_started`` (and left out of the conversation table).
 Sampling (``sample``): ``shuffle`` (a seeded permutation of the trace, then the first
 ``num_conversations``), ``first`` (the trace's order), ``with_replacement`` (ids get ``#k`` suffixes).
 Randomness comes from ``numpy.random.default_rng([seed, stream])`` with a fixed stream per purpose,
@@ -38,7 +56,8 @@ from harness.trace import ConversationRecord, TurnRecord
 
 _STREAM_SAMPLE, _STREAM_ARRIVAL, _STREAM_SYNTHETIC = 1, 2, 3
 KINDS = ("trace", "synthetic")
-ARRIVALS = ("poisson", "gamma", "fixed", "trace")
+ARRIVALS = ("poisson", "gamma", "fixed", "trace", "constant", "closed")
+RAMPS = ("linear", "exponential")
 
 
 @dataclass
@@ -79,6 +98,10 @@ class WorkloadConfig:
         before the run (the default), ``truncate`` it before that turn (the last kept turn becomes the
         visible one; dropped if no turn fits), or ``fail`` that turn at run time, as a server rejects it
         (its conversation fails). The counts are in ``summary.json`` and the printed table.
+    concurrency: ``arrival=closed`` only: the agents (int >= 1). max_concurrency: a cap on the active
+        conversations over any arrival (int >= 1 or None). ramp: None | ``linear`` | ``exponential``;
+        ramp_start_rate_per_s: its first rate (conversations/s, > 0). duration_s: stop time (s, > 0, or
+        None: run to the end). All in the module docstring.
     """
 
     name: str = "swebench"
@@ -98,6 +121,15 @@ class WorkloadConfig:
     window_start_s: float = 0.0
     window_duration_s: Optional[float] = None
     context_overflow: str = "drop"
+    concurrency: Optional[int] = None
+    max_concurrency: Optional[int] = None
+    ramp: Optional[str] = None
+    ramp_start_rate_per_s: Optional[float] = None
+    duration_s: Optional[float] = None
+
+    def max_active(self) -> Optional[int]:
+        """The run-time cap on active conversations: ``concurrency`` (closed) or ``max_concurrency``."""
+        return self.concurrency if self.arrival == "closed" else self.max_concurrency
 
     def effective_shared_prefix_tokens(self) -> int:
         """``shared_prefix_tokens`` x ``token_scale``, rounded (tokens): the common system prompt of the
@@ -157,7 +189,8 @@ class WorkloadConfig:
         v = self.shared_prefix_tokens
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{where}.shared_prefix_tokens must be an int >= 0 (tokens), got {v!r}")
-        if self.arrival not in ("fixed", "trace") and not (isinstance(self.rate_per_s, (int, float))
+        self._validate_load_shape(where)
+        if self.arrival not in ("fixed", "trace", "closed") and not (isinstance(self.rate_per_s, (int, float))
                                             and math.isfinite(self.rate_per_s) and self.rate_per_s > 0):
             raise ValueError(f"{where}.rate_per_s must be a finite number > 0 (conversations/s), "
                              f"got {self.rate_per_s!r}")
@@ -169,6 +202,50 @@ class WorkloadConfig:
             raise ValueError(f"{where}.max_turns must be >= 1 or null, got {self.max_turns!r}")
         if not (isinstance(self.token_scale, (int, float)) and 0 < self.token_scale and math.isfinite(self.token_scale)):
             raise ValueError(f"{where}.token_scale must be a finite number > 0, got {self.token_scale!r}")
+
+
+    def _validate_load_shape(self, where: str) -> None:
+        """The load-shape keys (module docstring); raises ``ValueError`` naming the key."""
+        def count(key):
+            v = getattr(self, key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{where}.{key} must be an int >= 1 or null, got {v!r}")
+            return v
+        conc, cap = count("concurrency"), count("max_concurrency")
+        if self.arrival == "closed":
+            if conc is None:
+                raise ValueError(f"{where}.arrival=closed needs {where}.concurrency (the number of agents, >= 1)")
+            if cap is not None:
+                raise ValueError(f"{where}.max_concurrency does not apply to {where}.arrival=closed "
+                                 f"({where}.concurrency is the population)")
+        elif conc is not None:
+            raise ValueError(f"{where}.concurrency applies only to {where}.arrival=closed (arrival is "
+                             f"{self.arrival!r}; a cap on another arrival is {where}.max_concurrency)")
+        if self.ramp is not None:
+            if self.ramp not in RAMPS:
+                raise ValueError(f"{where}.ramp must be null, linear or exponential, got {self.ramp!r}")
+            if self.arrival not in ("poisson", "gamma", "constant"):
+                raise ValueError(f"{where}.ramp needs {where}.arrival poisson, gamma or constant "
+                                 f"(arrival is {self.arrival!r})")
+            r0 = self.ramp_start_rate_per_s
+            if isinstance(r0, bool) or not isinstance(r0, (int, float)) or not (math.isfinite(r0) and r0 > 0):
+                raise ValueError(f"{where}.ramp_start_rate_per_s must be a finite number > 0 (conversations/s) "
+                                 f"with {where}.ramp, got {r0!r}")
+        elif self.ramp_start_rate_per_s is not None:
+            raise ValueError(f"{where}.ramp_start_rate_per_s needs {where}.ramp (linear or exponential)")
+        d = self.duration_s
+        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or not (math.isfinite(d) and d > 0)):
+            raise ValueError(f"{where}.duration_s must be a finite number > 0 (s) or null, got {d!r}")
+
+
+def arrival_rates(cfg: "WorkloadConfig", n: int) -> np.ndarray:
+    """Per-conversation arrival rate, conversations/s, shape ``(n,)``: ``rate_per_s``, or under ``ramp``
+    vLLM's ramp rule (module docstring)."""
+    if cfg.ramp is None:
+        return np.full(n, float(cfg.rate_per_s))
+    progress = np.arange(n) / max(n - 1, 1)
+    r0, r1 = float(cfg.ramp_start_rate_per_s), float(cfg.rate_per_s)
+    return r0 + (r1 - r0) * progress if cfg.ramp == "linear" else r0 * (r1 / r0) ** progress
 
 
 @dataclass(frozen=True)
@@ -373,9 +450,21 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig,
         times = np.asarray(trace_times)[keep]
         span = float(times[-1] - times[0]) if n > 1 else 0.0
         rate = (n - 1) / span if span > 0 else math.inf
-    elif cfg.arrival == "fixed":
+    elif cfg.arrival in ("fixed", "closed"):  # closed: every agent's first conversation at 0, the rest at run time
         times = np.zeros(n)
         rate = math.inf
+    elif cfg.arrival == "constant" or cfg.ramp is not None:
+        rates = arrival_rates(cfg, n)
+        if cfg.arrival == "constant":
+            gaps = 1.0 / rates
+        elif cfg.arrival == "poisson":
+            gaps = rng_a.standard_exponential(size=n) / rates
+        else:
+            k = 1.0 / cfg.burstiness ** 2
+            gaps = rng_a.gamma(k, 1.0, size=n) / (rates * k)
+        gaps[0] = 0.0
+        times = np.cumsum(gaps)
+        rate = cfg.rate_per_s
     else:
         if cfg.arrival == "poisson":
             gaps = rng_a.exponential(1.0 / cfg.rate_per_s, size=n)

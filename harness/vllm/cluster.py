@@ -250,6 +250,11 @@ class VllmCluster:
         if self._wake is not None:
             self._wake.set()
 
+    def progress(self) -> None:
+        """Let ``drive`` re-check whether the run is done (called by the controller's duration stop, which
+        can end the last conversations without a turn finishing)."""
+        self.backend.on_progress()
+
     # ---- Cluster protocol -----------------------------------------------------------------------
     def set_batch_rule(self, instance_index: int, rule) -> None:
         """Install a policy's batch rule on one server: write ``rule.to_spec()`` (atomically) to the spec

@@ -1,0 +1,86 @@
+"""``python -m harness.report SWEEP --x ... --y ...`` (harness/plots.py): points, filters, facets and
+Pareto fronts on a hand-made sweep whose values are written here."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("seaborn")
+
+from harness import plots, report  # noqa: E402
+from tests.test_report import config, make_run  # noqa: E402
+
+# (scheduler, cluster, rate) -> per-seed (output tokens/s, TTFT p99 s)
+VALUES = {
+    ("conserve", "a40_1p3d", 0.1): [(100.0, 1.0), (120.0, 3.0)],
+    ("conserve", "a40_1p3d", 0.2): [(200.0, 2.0), (220.0, 2.0)],
+    ("ampd", "a40_1p3d", 0.1): [(90.0, 0.5), (110.0, 0.5)],
+    ("ampd", "a40_1p3d", 0.2): [(150.0, 4.0), (150.0, 6.0)],
+    ("conserve", "a40_2p6d", 0.1): [(300.0, 1.5), (300.0, 1.5)],
+    ("conserve", "a40_2p6d", 0.2): [(400.0, 1.0), (400.0, 1.0)],
+}
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    root = tmp_path / "sweep"
+    i = 0
+    for (sched, cluster, rate), seeds in VALUES.items():
+        for seed, (tput, ttft) in enumerate(seeds):
+            make_run(root, f"{i}_{sched}", config(sched, rate, seed, cluster),
+                     {"output_token_throughput_per_s": tput, "ttft_p99_s": ttft, "slo_attainment": 1.0})
+            i += 1
+    return root
+
+
+def test_pareto_mask_by_hand():
+    # A(1, 1) B(2, 2) C(2, 3) D(3, 1.5) E(0.5, 0.5), x higher and y lower better: D dominates B and C
+    x, y = np.array([1, 2, 2, 3, 0.5]), np.array([1, 2, 3, 1.5, 0.5])
+    assert plots.pareto_mask(x, y).tolist() == [True, False, False, True, True]
+    # both lower better: only E (0.5, 0.5) survives
+    assert plots.pareto_mask(x, y, "low", "low").tolist() == [False, False, False, False, True]
+    assert plots.pareto_mask(np.array([1.0, math.nan]), np.array([1.0, 0.0])).tolist() == [True, False]
+    assert plots.better("request_goodput_per_s") == "high" and plots.better("ttft_p99_s") == "low"
+
+
+def test_xy_points_are_means_over_seeds_and_pareto_per_facet(sweep, tmp_path):
+    out = tmp_path / "r"
+    rc = report.main([str(sweep), "--out", str(out), "--no-figures", "--x", "output_token_throughput_per_s",
+                      "--y", "ttft_p99_s", "--facet", "cluster.name", "--pareto"])
+    assert rc == 0
+    csv = out / "figures" / "pareto_ttft_p99_s_vs_output_token_throughput_per_s_by_cluster.name.csv"
+    pts = pd.read_csv(csv)
+    by = {(r["cluster.name"], r.variant, r["workload.rate_per_s"]): r for _, r in pts.iterrows()}
+    c1 = by[("a40_1p3d", "conserve", 0.1)]
+    assert (c1.output_token_throughput_per_s, c1.ttft_p99_s, c1.runs) == (110.0, 2.0, 2)
+    a2 = by[("a40_1p3d", "ampd", 0.2)]
+    assert (a2.output_token_throughput_per_s, a2.ttft_p99_s) == (150.0, 5.0)
+    # 1p3d means: conserve (110, 2) (210, 2); ampd (100, 0.5) (150, 5) -> overall front: (210, 2) and (100, 0.5)
+    front = {(r.variant, r["workload.rate_per_s"]) for _, r in pts.iterrows()
+             if r["cluster.name"] == "a40_1p3d" and r.pareto_all}
+    assert front == {("conserve", 0.2), ("ampd", 0.1)}
+    # ampd's own front keeps both of its points (150 > 100 but 5 > 0.5)
+    assert by[("a40_1p3d", "ampd", 0.2)].pareto_variant and by[("a40_1p3d", "ampd", 0.1)].pareto_variant
+    # 2p6d: (400, 1) dominates (300, 1.5)
+    assert by[("a40_2p6d", "conserve", 0.2)].pareto_all and not by[("a40_2p6d", "conserve", 0.1)].pareto_all
+    assert (csv.with_suffix(".png")).is_file()
+
+
+def test_filters_and_errors(sweep, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert report.main([str(sweep), "--out", str(out), "--no-figures", "--x", "output_token_throughput_per_s",
+                        "--y", "ttft_p99_s", "--filter", "scheduler.name==ampd",
+                        "--filter", "workload.rate_per_s<0.15"]) == 0
+    pts = pd.read_csv(out / "figures" / "xy_ttft_p99_s_vs_output_token_throughput_per_s.csv")
+    assert pts.variant.tolist() == ["ampd"] and pts.output_token_throughput_per_s.tolist() == [100.0]
+    for bad, needle in ((["--x", "nope", "--y", "ttft_p99_s"], "no such column"),
+                        (["--x", "ttft_p99_s"], "both --x and --y"),
+                        (["--x", "ttft_p99_s", "--y", "ttft_p99_s", "--filter", "x~1"], "expected KEY OP VALUE"),
+                        (["--pareto"], "need --x and --y")):
+        assert report.main([str(sweep), "--out", str(out), "--no-figures", *bad]) == 2
+        assert needle in capsys.readouterr().err
