@@ -427,13 +427,13 @@ def split_markdown(runs: pd.DataFrame) -> str:
 def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
     """Figures of the claims (PNG + PDF into ``out_dir``): ``claims_vs_rate`` (p95 TTFET of both readings,
     log axis, and SLO attainment of both readings vs the arrival rate, base runs on the homogeneous tier;
-    seed-level estimates and 95 % intervals of ``harness.report.seed_frame``, inside the metrics' ranges),
-    ``claims_tokens_per_joule`` (tokens/J per variant and tier vs rate, ``harness.report.seed_bars``) and
+    seed-level estimates and 95 % intervals of ``harness.plotting.seed_frame``, inside the metrics' ranges),
+    ``claims_tokens_per_joule`` (tokens/J per variant and tier vs rate, ``harness.plotting.seed_bars``) and
     ``claims_vs_error`` (AMPD's p95 TTFET and SLO attainment, both readings, vs the error rate, paired
     ratio to its error-free run; ConServe's error-free value as a reference line)."""
     from pathlib import Path
 
-    from harness.report import _plt, _save, seed_bars, seed_frame
+    from harness.plotting import _plt, _save, seed_bars, seed_frame
     r = classify(runs)
     if not {"conserve"} <= set(r._variant):
         return []

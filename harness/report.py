@@ -57,6 +57,7 @@ import pandas as pd
 
 from harness.catalog import BY_KEY, REPORT, REPORT_TABLE
 from harness.stats import is_proportion, mean_ci, point_interval, pooled_wilson, t_quantile  # noqa: F401  (re-exported)
+from harness.plotting import FIGURE_FORMATS, _plt, _save, seed_bars, seed_frame  # noqa: F401  (shared with harness.claims)
 
 # Sweep dimensions that can serve as the x axis, in order of preference, with axis labels.
 X_AXES = {
@@ -72,39 +73,9 @@ SHORT = {"max_num_batched_tokens": "mnbt"}
 METRICS = {k: BY_KEY[k].axis_label for k in REPORT}
 MD_METRICS = REPORT_TABLE
 LOG_Y = {k for k in REPORT if BY_KEY[k].log_y}
-FIGURE_FORMATS = ("png", "pdf")
 MAX_CDF_PANELS = 4
 MAX_SERIES_POINTS = 1500
 SMOOTH_FRACTION = 200  # KV series: moving mean over 1/200 of the run
-
-
-def seed_bars(metric: str):
-    """seaborn ``(estimator, errorbar)`` callables of ``metric`` over a point's seeds: the estimate and
-    95 % interval of :func:`harness.stats.point_interval` (the interval collapses to the estimate for
-    n = 1). Proportions get no trials here (the 0/1 correction assumes
-    ``harness.stats.PROPORTION_FALLBACK_TRIALS``); :func:`seed_frame` passes them."""
-    def est(x):
-        return point_interval(metric, x)[0]
-
-    def bar(x):
-        e, lo, hi, _ = point_interval(metric, x)
-        return (lo, hi) if np.isfinite(lo) else (e, e)
-    return est, bar
-
-
-def seed_frame(df: pd.DataFrame, keys: Sequence[str], metric: str) -> pd.DataFrame:
-    """Per group of ``keys``: ``est``, ``lo``, ``hi``, ``n`` of ``metric`` over the group's runs by
-    :func:`harness.stats.point_interval` (with each run's ``num_conversations`` as a proportion's trials);
-    ``lo`` / ``hi`` equal ``est`` where there is no interval (n = 1)."""
-    rows = []
-    for vals, g in df.groupby(list(keys), sort=True, dropna=False):
-        vals = vals if isinstance(vals, tuple) else (vals,)
-        trials = pd.to_numeric(g["num_conversations"], errors="coerce") if "num_conversations" in g else []
-        e, lo, hi, n = point_interval(metric, pd.to_numeric(g[metric], errors="coerce"), trials)
-        if n:
-            rows.append({**dict(zip(keys, vals)), "est": e, "lo": lo if np.isfinite(lo) else e,
-                         "hi": hi if np.isfinite(hi) else e, "n": n})
-    return pd.DataFrame(rows, columns=[*keys, "est", "lo", "hi", "n"])
 
 
 # ---- reading a sweep ---------------------------------------------------------------------------------
@@ -402,17 +373,6 @@ def markdown(sw: Sweep, points: pd.DataFrame, figures: Sequence[Path] = ()) -> s
 # ---- figures -----------------------------------------------------------------------------------------
 
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-    sns.set_theme(context="paper", style="whitegrid", font_scale=1.1)
-    # embed TrueType (Type 42) fonts in PDF/PS, never Type 3 (journals and arXiv reject Type 3)
-    matplotlib.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42})
-    return plt, sns
-
-
 def rate_label(sw: Sweep) -> str:
     single = "workload.kind" in sw.runs.columns and (sw.runs["workload.kind"] == "synthetic").all()
     return "arrival rate (prompts/s)" if single else "arrival rate (conversations/s)"
@@ -420,18 +380,6 @@ def rate_label(sw: Sweep) -> str:
 
 def x_label(sw: Sweep) -> str:
     return rate_label(sw) if sw.x == "workload.rate_per_s" else X_AXES.get(sw.x or "", sw.x or "")
-
-
-def _save(fig, out: Path, name: str) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for fmt in FIGURE_FORMATS:
-        p = out / f"{name}.{fmt}"
-        fig.savefig(p, dpi=110, bbox_inches="tight")
-        paths.append(p)
-    import matplotlib.pyplot as plt
-    plt.close(fig)
-    return paths
 
 
 def _log_x(values: pd.Series) -> bool:

@@ -10,7 +10,7 @@ up to four evenly spaced options, first and last included, fewer (down to two) w
 than ``UNION_BUDGET`` jobs. A preset added later is reduced the same way.
 
 The figures are built (every plotting call runs) but not rendered to files: ``harness.report._save``
-is replaced by one that closes the figure and records its name, and ``Figure.tight_layout`` does nothing
+(and ``harness.plotting._save``, which the claims figures use) is replaced by one that closes the figure and records its name, and ``Figure.tight_layout`` does nothing
 (rendering and laying out text are most of the report's time and are covered by tests/test_report.py)."""
 
 from __future__ import annotations
@@ -96,6 +96,8 @@ def test_report_on_a_reduced_sweep(name, params, tmp_path: Path, monkeypatch):
         drawn.append(figure_name)
         return [Path(out) / f"{figure_name}.png"]
     monkeypatch.setattr(report, "_save", built)
+    from harness import plotting  # the claims figures save through harness.plotting._save
+    monkeypatch.setattr(plotting, "_save", built)
     import matplotlib.figure
     monkeypatch.setattr(matplotlib.figure.Figure, "tight_layout", lambda self, *a, **k: None)
     preset = None if params is not None else name
