@@ -85,6 +85,9 @@ class StepInput:
             (``engine.max_prefill_chunk_tokens``; 0 = none).
         hit_blocks: prefix-cache hit of a waiting request now, blocks (read-only engine query; 0 when
             prefix caching is off).
+        step_index: engine steps executed before this one (0 at the first; a coalesced run of k identical
+            decode steps counts k), for a rule that rotates from step to step (WAIT-CP) without hidden
+            state.
     """
 
     now_s: float
@@ -98,6 +101,7 @@ class StepInput:
     max_num_seqs: int
     chunk_cap: int
     hit_blocks: Callable[[RequestState], int]
+    step_index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +120,10 @@ class StepPlan:
         repeatable: a decode-only plan that the rule would return unchanged at the next step as long as
             nothing arrives, finishes or is transferred (lets the engine simulate identical decode-only
             steps as one event). Only the selected requests advance in such a run.
+        admit_budget: the most prefill tokens this step's admissions may take together, tokens (``None``:
+            whatever the token budget leaves; the engine takes the smaller).
+        admit_chunk_cap: per-admission prefill chunk cap, tokens (``None`` or 0: the engine's
+            ``chunk_cap`` alone; else the smaller of the two).
     """
 
     run: Sequence = ()
@@ -123,6 +131,8 @@ class StepPlan:
     evict_first: Sequence = ()
     wake_at_s: Optional[float] = None
     repeatable: bool = False
+    admit_budget: Optional[int] = None
+    admit_chunk_cap: Optional[int] = None
 
 
 class BatchRule(Protocol):
