@@ -152,3 +152,29 @@ def test_control_same_budget_and_cap():
     assert log[0] == ({"A": 508}, [])
     assert log[1] == ({"A": 4, "B": 504}, [])
     assert log[2] == ({"B": 8}, ["A"])
+
+
+def test_nested_wait_stage_caps_paper_totals_rotate():
+    """Nested WAIT's ``stage_caps``: the paper's two-type example, tl 30, segments 20 | 30, q = 0.3:
+    n_1 = 30/29, B_2 = round(9.31) = 9 over 30 stages. ``raised``: 30 caps of 1 (up to 30 per step);
+    ``rotate``: caps 0 with 9 ones, which rotate: at step t the stage at offset i has cap 1 iff
+    (i + t) mod 30 < 9. With one resident at each stage 20..49 (offsets 0..29) and segment 1 empty but for
+    an open gate (stage 0's cap is 1 = B_1 // 20 with B_1 = 21: offsets with (i + t) mod 20 < 1 get 2),
+    at t = 0 segment 2 runs offsets 0..8 (stages 20..28): 9; at t = 25 offsets i with (i + 25) mod 30 < 9:
+    i = 5..13 (stages 25..33): 9."""
+    from baselines.fluid_admission import NestedWaitRule, segment_stage_caps
+    n1 = 30 / 29
+    raw = segment_stage_caps([20, 30], [n1, 0.3 * n1], raise_zero=False)
+    assert raw[1] == [0] * 21 + [1] * 9 and sum(raw[0]) == 21
+    assert segment_stage_caps([20, 30], [n1, 0.3 * n1])[1] == [1] * 30
+    with pytest.raises(ValueError, match="rotate"):
+        NestedWaitRule([20, 50], raw, 1.0)
+    rule = NestedWaitRule([20, 50], raw, max_wait_s=0.0, rotate=True)
+    res = [fake(s, admit_seq=s) for s in range(20, 50)]
+    for t, want in ((0, list(range(20, 29))), (25, list(range(25, 34)))):
+        plan = rule.plan(replace(step_input(res, [], now=1.0), step_index=t))
+        assert sorted(r.stage for r, _ in plan.run) == want, t
+    fixed = NestedWaitRule([20, 50], segment_stage_caps([20, 30], [n1, 0.3 * n1]), max_wait_s=0.0)
+    assert len(fixed.plan(step_input(res, [], now=1.0)).run) == 30
+    assert NestedWaitRule(**{"boundaries": [20, 50], "stage_caps": raw, "max_wait_s": 0.0, "rotate": True}
+                          ).to_spec()["rotate"] is True
