@@ -263,6 +263,31 @@ class WaitCpRule:
                         admit_chunk_cap=cs)
 
 
+def cp_rule_from_spec(spec: dict):
+    """Rebuild a :class:`WaitCpRule` or :class:`BudgetCapRule` from its ``to_spec()`` dict (the vLLM
+    wrapper, ``harness.vllm.wait_scheduler``).
+
+    Raises:
+        ValueError: a missing or bad field, naming it.
+    """
+    try:
+        if spec["rule"] == "wait_cp_control":
+            return BudgetCapRule(int(spec["budget"]), int(spec["seq_cap"]))
+        segs = tuple(Segment(int(a), int(b), int(t)) for a, b, t in spec["segments"])
+        if not segs or any(s.end < s.start or s.total < 0 for s in segs):
+            raise ValueError(f"bad segments {spec['segments']!r}")
+        consts = CpConstants((), math.nan, math.nan, math.nan, int(spec["batch_est"]), segs)
+        cs = spec["cs"]
+        if not (isinstance(cs, int) and cs >= 1):
+            raise ValueError(f"cs must be an int >= 1, got {cs!r}")
+        return WaitCpRule(consts, float(spec["tl"]), cs, bool(spec["gate"]), bool(spec["wait_gate"]),
+                          float(spec["watermark_frac"]), float(spec["max_wait_s"]))
+    except KeyError as e:
+        raise ValueError(f"batch rule spec ({spec.get('rule')}): missing {e}") from None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"batch rule spec ({spec.get('rule')}): {e}") from None
+
+
 class BudgetCapRule:
     """The control: vLLM V1's mixed step (:class:`harness.batching.VllmV1Rule`, Sarathi-like) with a
     per-step token budget ``budget`` (WAIT-CP's ``batch_est``, tokens) and at most ``seq_cap`` requests
