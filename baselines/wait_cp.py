@@ -39,7 +39,9 @@ the authors count calls of ``_get_next_batch``) and the rotating per-stage limit
 
 Without ``gate`` (``WAIT_CP_GATE=off``) ``batch_est`` bounds nothing. Ours: a request past the last
 segment (an output longer than the longest type's mean) advances freely as an interior stage of the last
-segment (the authors' types have exact lengths, so none is there).
+segment (the authors' types have exact lengths, so none is there); a step whose rotating limits would run
+nothing moves the rotation on to the first step index at which something runs (the engine's index
+counts executed steps; the authors' counter advances at every call, empty or not).
 
 The control (:class:`BudgetCapRule`, scheduler ``wait_cp_control``): vLLM V1's mixed step (Sarathi-like:
 running requests in admission order, then FCFS admissions) with WAIT-CP's ``batch_est`` as the step's
@@ -180,7 +182,21 @@ class WaitCpRule:
         return len(self.segs) - 1
 
     def plan(self, inp: StepInput) -> StepPlan:
-        t, cs, segs = inp.step_index, self.cs, self.segs
+        # a step whose rotating limits run nothing (a segment's entry at a limit of 0, nothing else to do)
+        # would leave the engine idle with its step index unchanged (it counts executed steps), so the
+        # rotation moves on to the first step index at which something runs (ours; the authors' counter
+        # advances at every call, empty or not, and their simulator calls again at the next arrival)
+        plan = self._plan_at(inp, inp.step_index)
+        if plan.run or plan.admit or not (inp.running or inp.waiting):
+            return plan
+        for off in range(1, max(s.stages for s in self.segs)):
+            p = self._plan_at(inp, inp.step_index + off)
+            if p.run or p.admit:
+                return p
+        return plan
+
+    def _plan_at(self, inp: StepInput, t: int) -> StepPlan:
+        cs, segs = self.cs, self.segs
         big = self.c.batch_est if self.gate else math.inf
         engine_budget = inp.token_budget
         prefilling, by_stage = [], {}

@@ -178,3 +178,19 @@ def test_nested_wait_stage_caps_paper_totals_rotate():
     assert len(fixed.plan(step_input(res, [], now=1.0)).run) == 30
     assert NestedWaitRule(**{"boundaries": [20, 50], "stage_caps": raw, "max_wait_s": 0.0, "rotate": True}
                           ).to_spec()["rotate"] is True
+
+
+def test_rotation_moves_on_when_a_step_would_run_nothing():
+    """Two types 512/9 and 512/30 (equal rates), tl 21, cs 256: segments 0..8 and 9..29; q = 0.5,
+    n_1 = 21 / (9 + 0.5 x 21) = 1.0769, B_1 = round(9.69) = 10, B_2 = round(11.31) = 11 over 21 stages:
+    segment 2's entry limit is 1 when t mod 21 < 11, else 0. One resident at stage 9 (segment 2's entry),
+    nothing else, at step 15: limit 0, nothing would run; the rotation moves on to t = 21 (21 mod 21 = 0
+    < 11), where the entry admits 1: the request decodes."""
+    c = wait_cp_constants([CpType(512.0, 9, 1.0), CpType(512.0, 30, 1.0)], 21, 256)
+    assert c.segments == (Segment(0, 8, 10), Segment(9, 29, 11))
+    rule = WaitCpRule(c, 21, 256)
+    r = fake(9, admit_seq=0)
+    assert c.segments[1].limit(15) == 0
+    plan = rule.plan(replace(step_input([r], []), step_index=15))
+    assert [(x, n) for x, n in plan.run] == [(r, 1)]
+    assert rule._plan_at(replace(step_input([r], []), step_index=15), 15).run == ()
