@@ -435,18 +435,22 @@ class RuleSchedulingMixin:
             return
         stages: Counter = Counter()
         typed: Counter = Counter()
+        chunks = []
         classify = getattr(self._rule, "classify", None)
-        for rid in out.num_scheduled_tokens:
+        for rid, n in out.num_scheduled_tokens.items():
             v = views.get(rid)
             if v is None:
                 continue
             stages[v.stage] += 1
+            if v.stage == 0:
+                chunks.append(int(n))
             if classify is not None:
                 typed[f"{classify(v)}:{v.stage}"] += 1
         line = {"step": self._rule_steps, "t_s": round(now, 6), "requests": len(out.num_scheduled_tokens),
                 "tokens": int(out.total_num_scheduled_tokens), "stages": {str(k): c for k, c in sorted(stages.items())},
                 "paused": len(self.running) - len(out.num_scheduled_tokens),
-                "waiting": len(self.waiting), "preempted": len(out.preempted_req_ids or ())}
+                "waiting": len(self.waiting), "preempted": len(out.preempted_req_ids or ()),
+                "prefill_chunks": sorted(chunks, reverse=True)}
         if classify is not None:
             line["type_stages"] = dict(sorted(typed.items()))
         self._write_log(line)
