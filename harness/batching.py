@@ -18,7 +18,8 @@ Rules shipped here:
   chunked prefill (``vllm/core/scheduler.py`` ``_schedule_default``): a step is prefill-only whenever a
   prompt is mid-prefill or the waiting head fits (blocks above the watermark, budget, ``max_num_seqs``),
   else decode-only over every running request.
-* WAIT and Nested WAIT (``baselines.wait``, ``baselines.nested_wait``) build on the same interface.
+* WAIT and Nested WAIT (``baselines.wait``, ``baselines.nested_wait``), WAIT-CP and its control
+  (``baselines.wait_cp``) build on the same interface.
 
 The engine's own limits are applied by the engine, whatever the rule says: a request is only admitted
 while the token budget lasts, ``max_num_seqs`` is not reached and its blocks fit above the KV watermark
