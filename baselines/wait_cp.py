@@ -272,8 +272,11 @@ class WaitCpRule:
                 free -= need
         paused = [r for r in inp.running if id(r) not in chosen]
         paused.sort(key=lambda r: r.admit_seq, reverse=True)
+        # repeatable (a coalesced decode-only run) only while no admission is possible whatever the step
+        # index: a limit of 0 at this rotation step may be 1 at the next (B_1 < Delta_1, e.g. 21 over 1000)
+        room = min(max(0, seg0.total - left_out0), max(0, int(self.tl) - len(inp.running)))
         repeatable = (not admit and not paused and not self.wait_gate
-                      and all(n == 1 for _, n in run) and (not inp.waiting or remain == 0))
+                      and all(n == 1 for _, n in run) and (not inp.waiting or room == 0))
         return StepPlan(tuple(run), tuple(admit), tuple(paused), None if wake == math.inf else wake,
                         repeatable, admit_budget=(int(cap - used) if self.gate else None),
                         admit_chunk_cap=cs)

@@ -194,3 +194,19 @@ def test_rotation_moves_on_when_a_step_would_run_nothing():
     plan = rule.plan(replace(step_input([r], []), step_index=15))
     assert [(x, n) for x, n in plan.run] == [(r, 1)]
     assert rule._plan_at(replace(step_input([r], []), step_index=15), 15).run == ()
+
+
+def test_coalescing_never_skips_a_rotation_window():
+    """512/1000-like: B_1 = 21 over 1000 stages gives a limit of 1 only at t mod 1000 < 21, else 0. At a
+    step with limit 0, a prompt waiting and room under tl, the plan admits nothing now but would at a later
+    step index, so it must not be repeatable (a coalesced run would jump past the window)."""
+    c = wait_cp_constants([CpType(512.0, 1000, 1.0)], 21, 256)
+    assert c.segments == (Segment(0, 999, 21),)
+    rule = WaitCpRule(c, 21, 256)
+    res = [fake(5, admit_seq=0)]
+    plan = rule.plan(replace(step_input(res, [fake(0, prompt=512)]), step_index=500))
+    assert plan.admit == () and not plan.repeatable
+    plan = rule.plan(replace(step_input(res, [fake(0, prompt=512)]), step_index=1000))
+    assert len(plan.admit) == 1
+    full = [fake(5, admit_seq=k) for k in range(21)]       # tl reached: no admission at any step index
+    assert rule.plan(replace(step_input(full, [fake(0, prompt=512)]), step_index=500)).repeatable
