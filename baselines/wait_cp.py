@@ -274,9 +274,13 @@ class WaitCpRule:
         paused.sort(key=lambda r: r.admit_seq, reverse=True)
         # repeatable (a coalesced decode-only run) only while no admission is possible whatever the step
         # index: a limit of 0 at this rotation step may be 1 at the next (B_1 < Delta_1, e.g. 21 over 1000)
+        # (and only while every resident is in the last segment: one crossing into a later segment's entry
+        # stage meets that entry's limit, which a coalesced run would not apply)
         room = min(max(0, seg0.total - left_out0), max(0, int(self.tl) - len(inp.running)))
+        last_start = segs[-1].start
         repeatable = (not admit and not paused and not self.wait_gate
-                      and all(n == 1 for _, n in run) and (not inp.waiting or room == 0))
+                      and all(n == 1 for _, n in run) and (not inp.waiting or room == 0)
+                      and all(s >= last_start for s in by_stage))
         return StepPlan(tuple(run), tuple(admit), tuple(paused), None if wake == math.inf else wake,
                         repeatable, admit_budget=(int(cap - used) if self.gate else None),
                         admit_chunk_cap=cs)

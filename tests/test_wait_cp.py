@@ -210,3 +210,16 @@ def test_coalescing_never_skips_a_rotation_window():
     assert len(plan.admit) == 1
     full = [fake(5, admit_seq=k) for k in range(21)]       # tl reached: no admission at any step index
     assert rule.plan(replace(step_input(full, [fake(0, prompt=512)]), step_index=500)).repeatable
+
+
+def test_not_repeatable_while_a_resident_can_cross_into_a_later_segment():
+    """Two types 512/20 and 512/50 (segments 0..19, 20..49): a decode-only plan with a resident at stage
+    5 (segment 1) is not repeatable, since after 15 more steps it meets segment 2's entry limit (0 at 21
+    of every 30 steps), which a coalesced run would not apply; with every resident past stage 20 it is
+    (nothing waiting)."""
+    c = wait_cp_constants([CpType(512.0, 20, 0.7), CpType(512.0, 50, 0.3)], 30, 128)
+    rule = WaitCpRule(c, 30, 128)
+    plan = rule.plan(replace(step_input([fake(5, admit_seq=0)], []), step_index=3))
+    assert len(plan.run) == 1 and not plan.repeatable
+    plan = rule.plan(replace(step_input([fake(25, admit_seq=0)], []), step_index=3))
+    assert len(plan.run) == 1 and plan.repeatable
