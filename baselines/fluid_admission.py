@@ -332,7 +332,11 @@ class WaitRule:
         return _plan(run, admit, inp.running, wake)
 
 
-def segment_stage_caps(segment_lengths: Sequence[int], thresholds: Sequence[float]) -> list[list[int]]:
+STAGE_CAP_RULES = ("raised", "rotate")
+
+
+def segment_stage_caps(segment_lengths: Sequence[int], thresholds: Sequence[float], raise_zero: bool = True
+                       ) -> list[list[int]]:
     """Per-stage caps of each Nested WAIT segment (prompts), as in the paper's experiments.
 
     Segment ``k``'s cap ``B_k = Delta_k n_k`` is rounded half up to an integer and spread as evenly as
@@ -340,14 +344,18 @@ def segment_stage_caps(segment_lengths: Sequence[int], thresholds: Sequence[floa
     ``B_k % Delta_k`` stages (arXiv 2504.11320, Sec. "Numerical experiments", real-data threshold
     construction: "rounded to an integer and spread as evenly as possible"; which stages get the extra
     one is ours: caps that never decrease along a segment keep its entry the bottleneck, so no backlog
-    builds up inside the segment; the authors' code rotates the extra ones from batch to batch). A stage
-    cap of 0 is raised to 1 (ours: a stage with cap 0 would never advance).
+    builds up inside the segment; the authors' code rotates the extra ones from batch to batch, which
+    :class:`NestedWaitRule` does with ``rotate=True``). ``raise_zero`` (``stage_caps=raised``): a stage
+    cap of 0 is raised to 1 (ours: with fixed caps a stage with cap 0 would never advance; it makes a
+    segment with ``B_k < Delta_k`` take up to ``Delta_k`` per step, e.g. 30 instead of 9); ``False`` keeps
+    the zeros (``stage_caps=rotate``, where they rotate).
     """
     caps = []
     for d, n in zip(segment_lengths, thresholds):
         b = math.floor(d * n + 0.5)
         base, extra = divmod(b, d)
-        caps.append([max(1, base + (1 if i >= d - extra else 0)) for i in range(d)])
+        lo = 1 if raise_zero else 0
+        caps.append([max(lo, base + (1 if i >= d - extra else 0)) for i in range(d)])
     return caps
 
 
@@ -366,20 +374,32 @@ class NestedWaitRule:
     its gate when some request in it or in a later segment has waited ``max_wait_s`` (so the tail of a
     finite trace drains).
 
+    ``rotate`` (``stage_caps=rotate``; after the authors' ``general_nested_booking_limit`` scheduler, which
+    rotates each segment's per-stage limit from batch to batch): segment ``k`` keeps only its total ``B_k``
+    (the sum of its ``stage_caps``, zeros allowed); at step ``t`` (``StepInput.step_index``) the stage at
+    offset ``i`` of the segment has cap ``B_k // Delta_k + 1`` when ``(i + t) mod Delta_k < B_k mod
+    Delta_k``, else ``B_k // Delta_k``: every step's caps sum to ``B_k`` and over ``Delta_k`` steps each
+    stage gets the extra one ``B_k mod Delta_k`` times (no stage is blocked for good).
+
     Args:
         boundaries: ``b_1..b_m`` (ints, increasing). stage_caps: per segment, the cap of each of its
-            stages (``segment_stage_caps``). max_wait_s: s. idle_policy: ``wait`` or ``decode_residents``.
+            stages (``segment_stage_caps``; >= 1 unless ``rotate``). max_wait_s: s. idle_policy: ``wait`` or
+            ``decode_residents``. rotate: see above.
     """
 
     name = "nested_wait"
 
     def __init__(self, boundaries: Sequence[int], stage_caps: Sequence[Sequence[int]], max_wait_s: float,
-                 idle_policy: str = "wait"):
+                 idle_policy: str = "wait", rotate: bool = False):
         self.bounds = [int(b) for b in boundaries]
         self.caps = [list(c) for c in stage_caps]
+        self.rotate = bool(rotate)
         if len(self.caps) != len(self.bounds) or any(
                 len(c) != b - a for c, a, b in zip(self.caps, [0] + self.bounds[:-1], self.bounds)):
             raise ValueError("stage_caps must give one cap per stage of every segment")
+        if not self.rotate and any(x < 1 for c in self.caps for x in c):
+            raise ValueError("Nested WAIT stage caps must be >= 1 with fixed caps (0 is allowed only with rotate)")
+        self.totals = [sum(c) for c in self.caps]
         self.starts = [0] + self.bounds[:-1]
         self.max_wait_s, self.idle_policy = max_wait_s, idle_policy
         # segment and cap of every stage below the last boundary, looked up per request at every step
@@ -390,8 +410,11 @@ class NestedWaitRule:
     def to_spec(self) -> dict:
         """The rule's parameters as a JSON-able dict (``rule_from_spec`` rebuilds it):
         ``{"rule": "nested_wait", "boundaries", "stage_caps", "max_wait_s", "idle_policy"}``."""
-        return {"rule": "nested_wait", "boundaries": list(self.bounds), "stage_caps": [list(c) for c in self.caps],
+        spec = {"rule": "nested_wait", "boundaries": list(self.bounds), "stage_caps": [list(c) for c in self.caps],
                 "max_wait_s": float(self.max_wait_s), "idle_policy": self.idle_policy}
+        if self.rotate:
+            spec["rotate"] = True
+        return spec
 
     def segment(self, stage: int) -> int:
         """0-based segment index of ``stage``."""
@@ -402,12 +425,39 @@ class NestedWaitRule:
         c = self.caps[k]
         return c[min(stage - self.starts[k], len(c) - 1)]
 
+    def rotated_cap(self, k: int, stage: int, step_index: int) -> int:
+        """``rotate``: the cap of ``stage`` in segment ``k`` at step ``step_index`` (prompts)."""
+        d = len(self.caps[k])
+        base, rem = divmod(self.totals[k], d)
+        i = min(stage - self.starts[k], d - 1)
+        return base + (1 if (i + step_index) % d < rem else 0)
+
     def plan(self, inp: StepInput) -> StepPlan:
+        if not self.rotate:
+            return self._plan_at(inp, 0)
+        # rotate: a step whose rotated caps give nothing to run would leave the engine idle with the step
+        # index unchanged (it counts executed steps), so the rotation moves on to the first offset at
+        # which something runs (at most the longest segment's length; the authors' counter advances on
+        # every call, empty or not)
+        plan = None
+        for off in range(max(len(c) for c in self.caps)):
+            plan = self._plan_at(inp, inp.step_index + off)
+            if plan.run or plan.admit:
+                return plan
+        return plan
+
+    def _plan_at(self, inp: StepInput, t: int) -> StepPlan:
         m = len(self.bounds)
         res0: list = []
         stages: dict[int, list] = {}
         oldest = [math.inf] * m
         seg_tab, cap_tab, n_tab, last = self._seg_tab, self._cap_tab, len(self._seg_tab), m - 1
+        cap_of = self.cap
+        last_cap = self.caps[last][-1]
+        if self.rotate:
+            cap_tab = [self.rotated_cap(k, st, t) for st, k in enumerate(seg_tab)]
+            last_cap = self.rotated_cap(last, self.bounds[-1] - 1, t)
+            cap_of = lambda k, st: self.rotated_cap(k, st, t)  # noqa: E731
         for r in inp.running:
             s = r.stage
             if s == 0:
@@ -417,7 +467,7 @@ class NestedWaitRule:
             k = seg_tab[s] if s < n_tab else last
             if r.idle_since_s < oldest[k]:
                 oldest[k] = r.idle_since_s
-        waiting = list(islice(inp.waiting, max(0, self.cap(0, 0) - len(res0))))  # FCFS: head is oldest
+        waiting = list(islice(inp.waiting, max(0, cap_of(0, 0) - len(res0))))  # FCFS: head is oldest
         for r in waiting:
             if r.idle_since_s < oldest[0]:
                 oldest[0] = r.idle_since_s
@@ -429,7 +479,7 @@ class NestedWaitRule:
         wake = math.inf
         for k in range(m):
             entry = len(res0) + len(waiting) if k == 0 else len(stages.get(self.starts[k], ()))
-            if entry >= self.cap(k, self.starts[k]) or suffix[k] + mw <= now:
+            if entry >= cap_of(k, self.starts[k]) or suffix[k] + mw <= now:
                 kstar = k + 1
                 continue
             wake = suffix[k] + mw
@@ -445,19 +495,20 @@ class NestedWaitRule:
             for s in sorted(stages):
                 if s >= limit:
                     break
-                cap = cap_tab[s] if s < n_tab else self.caps[last][-1]
+                cap = cap_tab[s] if s < n_tab else last_cap
                 for r in stages[s][:cap]:
                     if budget <= 0:
                         break
                     run.append((r, 1))
                     budget -= 1
             if admit_ok:
-                _take_stage0(res0, waiting, self.cap(0, 0), budget, inp.chunk_cap, run, admit)
+                _take_stage0(res0, waiting, cap_of(0, 0), budget, inp.chunk_cap, run, admit)
         return _plan(run, admit, inp.running, wake)
 
 
 def rule_from_spec(spec: dict, classify: Optional[Callable] = None):
-    """Rebuild a :class:`WaitRule` or :class:`NestedWaitRule` from its ``to_spec()`` dict.
+    """Rebuild a :class:`WaitRule`, :class:`NestedWaitRule` (or ``baselines.wait_cp``'s rules) from its
+    ``to_spec()`` dict.
 
     ``classify``: WAIT's ``request -> bin`` (default: :class:`KnownOutputClassifier` of the spec's bins,
     reading the request's ``known_output_tokens``). The knobs are checked as the policies check them.
@@ -466,6 +517,9 @@ def rule_from_spec(spec: dict, classify: Optional[Callable] = None):
         ValueError: an unknown ``rule`` or a bad parameter (naming it).
     """
     kind = spec.get("rule")
+    if kind in ("wait_cp", "wait_cp_control"):      # the WAIT authors' WAIT-CP and its control
+        from baselines.wait_cp import cp_rule_from_spec
+        return cp_rule_from_spec(spec)
     if spec.get("idle_policy") not in IDLE_POLICIES:
         raise ValueError(f"batch rule spec: idle_policy must be one of {IDLE_POLICIES}, got {spec.get('idle_policy')!r}")
     if not float(spec.get("max_wait_s", -1)) >= 0:
@@ -477,5 +531,6 @@ def rule_from_spec(spec: dict, classify: Optional[Callable] = None):
         return WaitRule(spec["thresholds"], classify or KnownOutputClassifier(edges), float(spec["max_wait_s"]),
                         spec["idle_policy"])
     if kind == "nested_wait":
-        return NestedWaitRule(spec["boundaries"], spec["stage_caps"], float(spec["max_wait_s"]), spec["idle_policy"])
-    raise ValueError(f"batch rule spec: unknown rule {kind!r} (wait or nested_wait)")
+        return NestedWaitRule(spec["boundaries"], spec["stage_caps"], float(spec["max_wait_s"]), spec["idle_policy"],
+                              rotate=bool(spec.get("rotate", False)))
+    raise ValueError(f"batch rule spec: unknown rule {kind!r} (wait, nested_wait, wait_cp or wait_cp_control)")

@@ -6,7 +6,11 @@ each non-empty ``output_bins`` bin (``num_segments = 0``), or ``num_segments`` e
 longest one. Per-stage thresholds follow the paper's practical parameterisation
 (``harness.fluid.nested_wait_thresholds``): ``q_k = min(p_k + eta, 0.99)`` from the continuation
 probabilities, ``n_k = n_1 prod q``, ``sum_k Delta_k n_k = tl``; each segment's cap ``Delta_k n_k`` is
-rounded and spread over its stages (``segment_stage_caps``). ``thresholds`` chooses ``tl``:
+rounded and spread over its stages (``segment_stage_caps``); ``stage_caps`` chooses what a stage cap that
+computes to 0 does: ``raised`` (default, ours) raises it to 1, so a segment with ``B_k < Delta_k`` takes up
+to ``Delta_k`` per step (30 for the two-type workload's segment 2, where ``B_2 = 9``); ``rotate`` keeps
+the paper's totals ``B_k`` and rotates the extra ones over the stages from step to step, as the authors'
+code does (``NestedWaitRule(rotate=True)``). ``thresholds`` chooses ``tl``:
 
 * ``tl``: ``total_cap_tl`` as given (the paper's experiments tune it on a grid);
 * ``fluid``: ``tl = dT* sum_j lambda_j (l'_j + 1)``, the prompts in service at the fluid equilibrium
@@ -24,8 +28,9 @@ from typing import ClassVar
 
 from dataclasses import dataclass, field, replace
 
-from baselines.fluid_admission import (BatchRulePolicy, NestedWaitRule, check_knobs, instance_coefficients,
-                                       paper_types, prefill_coefficient, prompt_types, segment_stage_caps)
+from baselines.fluid_admission import (STAGE_CAP_RULES, BatchRulePolicy, NestedWaitRule, check_knobs,
+                                       instance_coefficients, paper_types, prefill_coefficient, prompt_types,
+                                       segment_stage_caps)
 from harness.fluid import nested_wait_thresholds, prefill_aware_cycle_s
 from harness.policy import PolicyContext, register
 
@@ -35,7 +40,8 @@ class NestedWaitConfig:
     """output_bins: where segment boundaries come from (tokens of output); thresholds: ``tl`` or
     ``fluid``; total_cap_tl: the paper's ``tl``; eta: q_k slack; num_segments: 0 = one segment per
     non-empty bin, else equal segments; max_wait_s: finite-horizon timeout, s; idle_policy: ``wait``
-    (Algorithm 2) or ``decode_residents``."""
+    (Algorithm 2) or ``decode_residents``; stage_caps: ``raised`` (a cap of 0 becomes 1) or ``rotate``
+    (the segment totals kept, the extra ones rotating from step to step)."""
 
     forms_batches: ClassVar[bool] = True  # its engines run a batch rule (backends launch engines for it)
     name: str = "nested_wait"
@@ -46,6 +52,7 @@ class NestedWaitConfig:
     num_segments: int = 0
     max_wait_s: float = 0.5
     idle_policy: str = "wait"
+    stage_caps: str = "raised"
 
 
 class NestedWait(BatchRulePolicy):
@@ -59,6 +66,8 @@ def make(cfg: NestedWaitConfig, ctx: PolicyContext) -> NestedWait:
     edges = check_knobs(cfg.output_bins, cfg.max_wait_s, cfg.thresholds, cfg.total_cap_tl, cfg.idle_policy)
     if not 0 <= cfg.eta < 1:
         raise ValueError(f"scheduler.eta must be in [0, 1), got {cfg.eta!r}")
+    if cfg.stage_caps not in STAGE_CAP_RULES:
+        raise ValueError(f"scheduler.stage_caps must be one of {STAGE_CAP_RULES}, got {cfg.stage_caps!r}")
     if not (isinstance(cfg.num_segments, int) and cfg.num_segments >= 0):
         raise ValueError(f"scheduler.num_segments must be an int >= 0, got {cfg.num_segments!r}")
     n_inst = len(ctx.cluster_roles)
@@ -81,8 +90,9 @@ def make(cfg: NestedWaitConfig, ctx: PolicyContext) -> NestedWait:
                 how = f"fluid infeasible, tl={tl:g}: {e}"
         plan = nested_wait_thresholds(types, d0, d1, ctx.kv_capacity_tokens[i], tl,
                                       num_segments=cfg.num_segments or None, eta=cfg.eta)
-        caps = segment_stage_caps(plan.segment_lengths, plan.thresholds)
-        rules.append(NestedWaitRule(plan.boundaries_tokens, caps, cfg.max_wait_s, cfg.idle_policy))
+        rotate = cfg.stage_caps == "rotate"
+        caps = segment_stage_caps(plan.segment_lengths, plan.thresholds, raise_zero=not rotate)
+        rules.append(NestedWaitRule(plan.boundaries_tokens, caps, cfg.max_wait_s, cfg.idle_policy, rotate=rotate))
         notes.append(f"{how}; boundaries={list(plan.boundaries_tokens)} n_k={[round(x, 3) for x in plan.thresholds]} "
-                     f"segment caps={[sum(c) for c in caps]} q={[round(q, 3) for q in plan.q]}")
+                     f"segment caps={[sum(c) for c in caps]}{' (rotating)' if rotate else ''} q={[round(q, 3) for q in plan.q]}")
     return NestedWait(rules, notes[0])

@@ -18,7 +18,8 @@ Rules shipped here:
   chunked prefill (``vllm/core/scheduler.py`` ``_schedule_default``): a step is prefill-only whenever a
   prompt is mid-prefill or the waiting head fits (blocks above the watermark, budget, ``max_num_seqs``),
   else decode-only over every running request.
-* WAIT and Nested WAIT (``baselines.wait``, ``baselines.nested_wait``) build on the same interface.
+* WAIT and Nested WAIT (``baselines.wait``, ``baselines.nested_wait``), WAIT-CP and its control
+  (``baselines.wait_cp``) build on the same interface.
 
 The engine's own limits are applied by the engine, whatever the rule says: a request is only admitted
 while the token budget lasts, ``max_num_seqs`` is not reached and its blocks fit above the KV watermark
@@ -85,6 +86,9 @@ class StepInput:
             (``engine.max_prefill_chunk_tokens``; 0 = none).
         hit_blocks: prefix-cache hit of a waiting request now, blocks (read-only engine query; 0 when
             prefix caching is off).
+        step_index: engine steps executed before this one (0 at the first; a coalesced run of k identical
+            decode steps counts k), for a rule that rotates from step to step (WAIT-CP) without hidden
+            state.
     """
 
     now_s: float
@@ -98,6 +102,7 @@ class StepInput:
     max_num_seqs: int
     chunk_cap: int
     hit_blocks: Callable[[RequestState], int]
+    step_index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +121,10 @@ class StepPlan:
         repeatable: a decode-only plan that the rule would return unchanged at the next step as long as
             nothing arrives, finishes or is transferred (lets the engine simulate identical decode-only
             steps as one event). Only the selected requests advance in such a run.
+        admit_budget: the most prefill tokens this step's admissions may take together, tokens (``None``:
+            whatever the token budget leaves; the engine takes the smaller).
+        admit_chunk_cap: per-admission prefill chunk cap, tokens (``None`` or 0: the engine's
+            ``chunk_cap`` alone; else the smaller of the two).
     """
 
     run: Sequence = ()
@@ -123,6 +132,8 @@ class StepPlan:
     evict_first: Sequence = ()
     wake_at_s: Optional[float] = None
     repeatable: bool = False
+    admit_budget: Optional[int] = None
+    admit_chunk_cap: Optional[int] = None
 
 
 class BatchRule(Protocol):

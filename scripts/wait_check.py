@@ -27,14 +27,16 @@ import harness.sim.backend as sim_backend  # noqa: E402
 from harness.workload import build_workload  # noqa: E402
 from tests.conftest import compose_run  # noqa: E402
 
-ARMS = ["collocated", "wait_vllm", "wait_sarathi", "wait_wait", "wait_nested"]
+ARMS = ["collocated", "wait_vllm", "wait_sarathi", "wait_wait", "wait_nested", "wait_cp", "wait_cp_control"]
 
 
 def run_arm(arm: str, workload: str, rate: float, n: int, seed: int, extra: list[str]):
     ov = ["+experiment=wait_paper", f"workload={workload}", f"workload.rate_per_s={rate}",
           f"workload.num_conversations={n}", f"workload.seed={seed}", *extra]
     arm, *arm_ov = arm.split("@")         # e.g. wait_wait@scheduler.idle_policy=decode_residents
-    if arm != "collocated":
+    if arm == "collocated":
+        ov.append("scheduler=collocated")   # the preset sets no scheduler: without this it is the default, conserve
+    else:
         ov.append(f"+experiment/arm={arm}")
     ov += arm_ov
     run = compose_run(ov)

@@ -174,11 +174,16 @@ def test_wait_paper_variants_are_the_papers_baselines():
     assert {w: sorted(r) for w, r in by_wl.items()} == {"wait_single": [12, 16, 20, 24],
                                                         "wait_two_types": [8, 12, 16, 20],
                                                         "wait_long": [1.5, 2, 2.5, 3]}
-    assert set(params["+experiment/arm"]) == {"wait_vllm", "wait_sarathi", "wait_wait", "wait_nested"}
+    assert params["+experiment/arm"][:4] == ["wait_vllm", "wait_sarathi", "wait_wait", "wait_nested"]  # jobs 0-143 kept
+    assert set(params["+experiment/arm"]) == {"wait_vllm", "wait_sarathi", "wait_wait", "wait_nested", "wait_cp",
+                                              "wait_cp_control", "wait_sarathi_llama3", "wait_cp_llama3",
+                                              "wait_cp_control_llama3"}
     expect = {"wait_vllm": ("collocated", "v0_prefill_first", 4096),
               "wait_sarathi": ("collocated", "v1_mixed", 512),
               "wait_wait": ("wait", "v1_mixed", 16384),
-              "wait_nested": ("nested_wait", "v1_mixed", 16384)}
+              "wait_nested": ("nested_wait", "v1_mixed", 16384),
+              "wait_cp": ("wait_cp", "v1_mixed", 16384),
+              "wait_cp_control": ("wait_cp_control", "v1_mixed", 16384)}
     for arm, (sched, mode, budget) in expect.items():
         # in the order Hydra's sweeper composes a job: the swept groups first, the preset last
         run = compose_run([f"+experiment/arm={arm}", f"+experiment/wait_point={points[0]}", "+experiment=wait_paper"])
@@ -192,3 +197,15 @@ def test_wait_paper_variants_are_the_papers_baselines():
         cap = kv_capacity_blocks(run.cfg.hardware["a100"], run.cfg.model, e) * e.block_size
         assert abs(cap - 1.37e5) / 1.37e5 < 0.01
         assert run.cfg.workload.num_conversations >= 5000
+    for arm, sched, budget in (("wait_sarathi_llama3", "collocated", 512), ("wait_cp_llama3", "wait_cp", 16384),
+                               ("wait_cp_control_llama3", "wait_cp_control", 16384)):
+        run = compose_run([f"+experiment/arm={arm}", f"+experiment/wait_point={points[0]}", "+experiment=wait_paper"])
+        m, e = run.cfg.model, run.cfg.engine
+        # Meta-Llama-3-8B config.json: 32 layers, hidden 4096, 32 heads, 8 KV heads, head dim 128
+        assert (m.name, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.vocab_size,
+                m.intermediate_size) == ("llama3_8b", 32, 4096, 32, 8, 128, 128256, 14336)
+        assert (run.scheduler_name, e.max_num_batched_tokens) == (sched, budget)
+        from harness.profiles import kv_capacity_blocks
+        cap = kv_capacity_blocks(run.cfg.hardware["a100"], m, e) * e.block_size
+        # (80 GiB x 0.99 - 2 x 8.03e9 B) / (2 x 32 x 8 x 128 x 2 = 131,072 B per token) = 5.26e5 tokens
+        assert abs(cap - 5.26e5) / 5.26e5 < 0.01

@@ -406,3 +406,129 @@ def test_check_policies_accepts_wait_and_nested_wait_on_vllm():
         run = compose_run([*BASE[:-1], f"scheduler={sched}"])
         convs, stats = build_workload([], run.cfg.workload)
         check_policies(run, convs, stats)
+
+
+class Fake032(FakeVllmScheduler):
+    """The stand-in with vLLM 0.32's chunk-cap rule (``Scheduler.schedule``): ``long_prefill_token_threshold``
+    applies only when ``get_request_counts()`` reports more than one request (else 0: no cap), and a
+    ``kv_cache_manager.allocate_slots`` that records its ``has_scheduled_reqs`` (vLLM applies
+    ``--watermark`` only when it is True, ``bool(self.running)``)."""
+
+    def __init__(self, *a, threshold=0, **kw):
+        super().__init__(*a, **kw)
+        self.scheduler_config = SimpleNamespace(long_prefill_token_threshold=threshold,
+                                                long_prefill_token_threshold_adaptive=False)
+        self.seen_has_scheduled = []
+        outer = self
+
+        class KVM:
+            def allocate_slots(self, req, n, has_scheduled_reqs=True):
+                outer.seen_has_scheduled.append(has_scheduled_reqs)
+                return outer._alloc(req, n)
+        self.kv_cache_manager = KVM()
+
+    def get_request_counts(self):
+        return len(self.running), len(self.waiting)
+
+    def schedule(self):
+        nr, nw = self.get_request_counts()
+        thr = self.scheduler_config.long_prefill_token_threshold if nr + nw > 1 else 0
+        sched, budget = {}, self.max_num_scheduled_tokens
+        for r in self.running:
+            if budget <= 0:
+                break
+            n = r.num_tokens - r.num_computed_tokens
+            n = min(thr, n) if 0 < thr < n else n
+            n = min(n, budget)
+            if not self.kv_cache_manager.allocate_slots(r, n, has_scheduled_reqs=bool(self.running)):
+                break
+            sched[r.request_id] = n
+            budget -= n
+        while budget > 0 and self.waiting and len(self.running) < self.max_num_running_reqs:
+            r = self.waiting.peek_request()
+            n = r.num_tokens - r.num_computed_tokens
+            n = min(thr, n) if 0 < thr < n else n
+            n = min(n, budget)
+            if not self.kv_cache_manager.allocate_slots(r, n, has_scheduled_reqs=bool(self.running)):
+                break
+            self.waiting.pop_request()
+            r.status = "RUNNING"
+            self.running.append(r)
+            sched[r.request_id] = n
+            budget -= n
+        for rid, n in sched.items():
+            self.requests[rid].num_computed_tokens += n
+        return SimpleNamespace(num_scheduled_tokens=sched, total_num_scheduled_tokens=sum(sched.values()),
+                               preempted_req_ids=set())
+
+
+class RuleFake032(ws.RuleSchedulingMixin, Fake032):
+    _rule_new_queue = FakeVllmScheduler._rule_new_queue
+    _rule_blocks_of = FakeVllmScheduler._rule_blocks_of
+    _rule_free_blocks = FakeVllmScheduler._rule_free_blocks
+    _rule_capacity_blocks = FakeVllmScheduler._rule_capacity_blocks
+
+    def __init__(self, *a, **kw):
+        Fake032.__init__(self, *a, **kw)
+        self._rule_init()
+
+
+def wait_cp_spec():
+    """WAIT-CP for 512/20, tl 21, cs 256: batch_est 508, one segment of 20 stages, total 21
+    (tests/test_wait_cp.py derives them)."""
+    from baselines.wait_cp import CpType, WaitCpRule, wait_cp_constants
+    return WaitCpRule(wait_cp_constants([CpType(512.0, 20, 1.0)], 21, 256), 21, 256).to_spec()
+
+
+def test_wait_cp_on_vllm_keeps_its_chunk_and_budget(rule_env):
+    """vLLM 0.32 drops ``long_prefill_token_threshold`` when one request is visible. WAIT-CP's rule gives a
+    lone 512-token prompt 256 tokens (cs), and two prompts at step 0 256 + 252 (batch_est 508), with the
+    server's budget 2048 and threshold 0: the wrapper sets the rule's chunk and budget for the step and
+    reports the true request count (at least 2) so the cap holds. Unpatched, the lone prompt would get
+    512 and the pair 512 + 512."""
+    rule_env.write_text(json.dumps(wait_cp_spec()))
+    s = RuleFake032(capacity=10_000, budget=2048)
+    s.add_request(FakeRequest("a", 512, 20))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 256}
+    assert s.max_num_scheduled_tokens == 2048 and s.scheduler_config.long_prefill_token_threshold == 0
+    assert "get_request_counts" not in s.__dict__
+    s = RuleFake032(capacity=10_000, budget=2048)
+    for rid in ("a", "b", "c"):
+        s.add_request(FakeRequest(rid, 512, 20))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 256, "b": 252}
+    out = s.schedule()          # step 1: limit 1, the two prefills take the whole 508
+    assert out.num_scheduled_tokens == {"a": 256, "b": 252}
+
+
+def test_watermark_applies_when_every_resident_is_hidden(rule_env):
+    """vLLM applies ``--watermark`` to admissions only when ``has_scheduled_reqs`` (``bool(self.running)``).
+    With WAIT's n = 2 and one resident at stage 1 of a type that is not eligible (one request), hidden,
+    and 2 waiting prompts of another type admitted: every visible list is empty, yet a resident holds KV,
+    so the wrapper reports has_scheduled_reqs=True to allocate_slots."""
+    rule_env.write_text(json.dumps(wait_spec(2)))
+    s = RuleFake032(capacity=10_000)
+    r = decoding("r", 32, 1, max_tokens=100)      # type 2 (> 64 tokens of output), alone: not eligible
+    s.requests["r"] = r
+    s.running.append(r)
+    s.held["r"] = 2
+    s._tracker.submitted("r", time.monotonic())
+    s._tracker.admitted("r", time.monotonic())
+    for k in range(2):
+        s.add_request(FakeRequest(f"w{k}", 32, 4))
+    out = s.schedule()
+    assert set(out.num_scheduled_tokens) == {"w0", "w1"}
+    assert s.seen_has_scheduled[0] is True
+    assert "allocate_slots" not in s.kv_cache_manager.__dict__
+
+
+def test_multiple_kv_groups_refused(rule_env):
+    """A model with two KV cache groups (hybrid attention): the rule counts one group's blocks, so the
+    wrapper refuses it when the rule is loaded, naming the case."""
+    rule_env.write_text(json.dumps(wait_spec(2)))
+    s = RuleFake032(capacity=10_000)
+    s.kv_cache_config = SimpleNamespace(kv_cache_groups=[object(), object()])
+    s.add_request(FakeRequest("a", 32, 4))
+    with pytest.raises(RuntimeError, match="2 groups"):
+        s.schedule()

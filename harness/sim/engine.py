@@ -322,7 +322,7 @@ class Engine:
         plan = self.rule.plan(StepInput(now, running, waiting, cfg.max_num_batched_tokens,
                                         self.free + self.cached_total, self.watermark_blocks,
                                         self.capacity_blocks, bs, cfg.max_num_seqs,
-                                        cfg.max_prefill_chunk_tokens, self._hit_blocks))
+                                        cfg.max_prefill_chunk_tokens, self._hit_blocks, self.steps))
         if plan.wake_at_s is not None:
             self._arm_timer(plan.wake_at_s)
         budget = cfg.max_num_batched_tokens
@@ -357,6 +357,10 @@ class Engine:
         if not preempted and plan.admit:
             wm = self.watermark_blocks
             chunk_cap = cfg.max_prefill_chunk_tokens
+            if plan.admit_budget is not None and plan.admit_budget < budget:
+                budget = plan.admit_budget      # the rule's own cap on this step's admissions (WAIT-CP)
+            if plan.admit_chunk_cap and (not chunk_cap or plan.admit_chunk_cap < chunk_cap):
+                chunk_cap = plan.admit_chunk_cap
             whole_queue = plan.admit is waiting
             cands = iter(()) if whole_queue else iter(plan.admit)
             while budget > 0 and len(running) < cfg.max_num_seqs:

@@ -139,15 +139,16 @@ def request_view(req: Any, tracker: Tracker, blocks_of: Callable[[Any], int], no
 
 def step_input(now: float, running: Sequence, waiting: Sequence, tracker: Tracker,
                blocks_of: Callable[[Any], int], *, token_budget: int, free_blocks: int, capacity_blocks: int,
-               block_size: int, max_num_seqs: int, chunk_cap: int) -> StepInput:
+               block_size: int, max_num_seqs: int, chunk_cap: int, step_index: int = 0) -> StepInput:
     """The rule's snapshot of a vLLM scheduler: views of ``running`` (admission order, as vLLM keeps
     it) and ``waiting`` (FCFS queue order, head first). vLLM 0.32's V1 scheduler admits against its own
     ``--watermark`` (default 0) inside ``allocate_slots``, so ``watermark_blocks`` is 0 here;
-    ``hit_blocks`` is 0 (the rules shipped here do not read it). Units: tokens, blocks, s."""
+    ``hit_blocks`` is 0 (the rules shipped here do not read it); ``step_index``: the steps run under the
+    rule so far (WAIT-CP's rotation). Units: tokens, blocks, s."""
     run = [request_view(r, tracker, blocks_of, now) for r in running]
     wait = [request_view(r, tracker, blocks_of, now) for r in waiting]
     return StepInput(now, run, wait, token_budget, free_blocks, 0, capacity_blocks, block_size, max_num_seqs,
-                     chunk_cap, lambda r: 0)
+                     chunk_cap, lambda r: 0, step_index)
 
 
 @dataclass
@@ -158,12 +159,16 @@ class Selection:
     its own with the same formula). admit: the waiting requests to try, in order, at most ``max_num_seqs
     - len(running)`` of them (the simulator counts paused residents against ``max_num_seqs``; vLLM would
     only see the visible ones). victims: the rule's preferred preemption victims (vLLM requests, first
-    victim first), selected residents excluded.
+    victim first), selected residents excluded. token_budget: the step's token budget the rule asks for
+    (the selected residents' tokens plus ``plan.admit_budget``; None: vLLM's own). chunk_cap: the rule's
+    per-request prefill chunk (``plan.admit_chunk_cap``; None: vLLM's ``long_prefill_token_threshold``).
     """
 
     run: dict
     admit: list
     victims: list
+    token_budget: Optional[int] = None
+    chunk_cap: Optional[int] = None
 
 
 def select(plan: StepPlan, running: Sequence, max_num_seqs: int) -> Selection:
@@ -173,7 +178,8 @@ def select(plan: StepPlan, running: Sequence, max_num_seqs: int) -> Selection:
     seats = max(0, max_num_seqs - len(running))
     admit = [v.req for v in plan.admit][:seats]
     victims = [v.req for v in plan.evict_first if v.req.request_id not in run]
-    return Selection(run, admit, victims)
+    budget = None if plan.admit_budget is None else sum(run.values()) + int(plan.admit_budget)
+    return Selection(run, admit, victims, budget, int(plan.admit_chunk_cap) if plan.admit_chunk_cap else None)
 
 
 def blocks_needed(req: Any, tokens: int, held: int, block_size: int, lookahead: int = 0) -> int:
@@ -257,6 +263,7 @@ class RuleSchedulingMixin:
             self._rule = load_rule(self._rule_path)
             if self._rule is None:                      # not installed yet (warm-up): vLLM's own step
                 return super().schedule(*args, **kwargs)
+            self._check_kv_groups()
             self._write_log({"event": "rule_loaded", "rule": self._rule.to_spec(), "t_s": time.monotonic()})
         if len(getattr(self, "kv_holding_waiting", ())):
             # waiting requests that hold KV blocks (a KV connector's loads, streaming input): vLLM drains
@@ -271,7 +278,8 @@ class RuleSchedulingMixin:
                          token_budget=self.max_num_scheduled_tokens, free_blocks=self._rule_free_blocks(),
                          capacity_blocks=self._rule_capacity_blocks(), block_size=self.block_size,
                          max_num_seqs=self.max_num_running_reqs,
-                         chunk_cap=int(getattr(sc, "long_prefill_token_threshold", 0) or 0))
+                         chunk_cap=int(getattr(sc, "long_prefill_token_threshold", 0) or 0),
+                         step_index=self._rule_steps)
         plan = self._rule.plan(inp)
         sel = select(plan, running_before, self.max_num_running_reqs)
         evicted = self._evict_for(sel, now)
@@ -283,6 +291,21 @@ class RuleSchedulingMixin:
         return out
 
     # ---- the pieces ----------------------------------------------------------------------------
+    def _check_kv_groups(self) -> None:
+        """Refuse a model whose KV cache has more than one group (hybrid sliding-window / Mamba layers):
+        the rules and the pre-eviction count the blocks of one group (``get_block_ids(...)[0]``), which
+        then understates what a request needs.
+
+        Raises:
+            RuntimeError: naming the case.
+        """
+        cfg = getattr(self, "kv_cache_config", None)
+        groups = getattr(cfg, "kv_cache_groups", None)
+        if groups is not None and len(groups) > 1:
+            raise RuntimeError(f"{SCHEDULER_CLS}: the model's KV cache has {len(groups)} groups (hybrid attention "
+                               f"or Mamba layers); the batch rule counts the blocks of the first group only, so its "
+                               f"pre-eviction would undercount; serve a model with one KV cache group (docs/wait.md)")
+
     def _evict_for(self, sel: Selection, now: float) -> list:
         """Preempt ``sel.victims`` in order while the selected residents' next tokens need more blocks
         than are free (the simulator's ``evict_first``); returns the preempted requests."""
@@ -320,9 +343,11 @@ class RuleSchedulingMixin:
             tmp.add_request(r)
         admit_ids = {id(r) for r in sel.admit}
         self.running, self.waiting = visible, tmp
+        restore = self._rule_step_limits(sel, len(all_running), len(all_waiting), bool(hidden))
         try:
             return super().schedule(*args, **(kwargs or {}))
         finally:
+            restore()
             after_running, after_waiting = self.running, self.waiting
             kept = {id(r) for r in after_running}
             newly = [r for r in after_running if id(r) in admit_ids]
@@ -342,6 +367,65 @@ class RuleSchedulingMixin:
             for r in preempted:
                 self._tracker.preempted(r.request_id, now)
 
+    def _rule_step_limits(self, sel: Selection, n_running: int, n_waiting: int, any_hidden: bool) -> Callable:
+        """Make vLLM 0.32's step keep the rule's limits while only the selected requests are visible;
+        returns the function that undoes it (called whatever the step does). The cases:
+
+        * token budget (``sel.token_budget``, WAIT-CP's ``batch_est``): ``self.max_num_scheduled_tokens``
+          (the step's ``token_budget``) is lowered to it for the step.
+        * chunk cap: vLLM recomputes ``long_prefill_token_threshold`` at every step from
+          ``get_request_counts()`` and sets it to 0 (no cap) when one request is *visible*, so with the
+          others hidden the rule's chunk would be lost. For the step, the threshold is the rule's chunk
+          (``sel.chunk_cap``, the smaller of it and vLLM's own) and ``get_request_counts`` reports every
+          request, hidden ones included, and at least 2 while a threshold is set: the rule decides the
+          chunks, vLLM's lone-request exception does not apply. ``--long-prefill-token-threshold-adaptive``
+          (which raises the cap to a fair share of the budget) is refused with a rule chunk.
+        * watermark: ``allocate_slots`` applies ``--watermark`` only when ``has_scheduled_reqs``
+          (``bool(self.running)``), which is False when every resident is hidden; for the step it is True
+          whenever residents exist (hidden or not), as vLLM would see them.
+
+        Raises:
+            RuntimeError: the rule sets a chunk and the threshold is adaptive.
+        """
+        undo = []
+        if sel.token_budget is not None and sel.token_budget < self.max_num_scheduled_tokens:
+            own = self.max_num_scheduled_tokens
+            self.max_num_scheduled_tokens = sel.token_budget
+            undo.append(lambda: setattr(self, "max_num_scheduled_tokens", own))
+        sc = self.scheduler_config
+        thr = int(getattr(sc, "long_prefill_token_threshold", 0) or 0)
+        if sel.chunk_cap:
+            if getattr(sc, "long_prefill_token_threshold_adaptive", False):
+                raise RuntimeError(f"{SCHEDULER_CLS}: the batch rule sets a per-request prefill chunk; "
+                                   f"--long-prefill-token-threshold-adaptive would raise it (serve without it)")
+            want = sel.chunk_cap if thr <= 0 else min(thr, sel.chunk_cap)
+            if want != thr:
+                import copy
+                step_cfg = copy.copy(sc)
+                object.__setattr__(step_cfg, "long_prefill_token_threshold", want)
+                self.scheduler_config = step_cfg
+                undo.append(lambda: setattr(self, "scheduler_config", sc))
+            thr = want
+        if thr > 0:
+            floor = 2
+            self.get_request_counts = lambda: (n_running, max(n_waiting, floor - n_running))
+            undo.append(lambda: self.__dict__.pop("get_request_counts", None))
+        kvm = getattr(self, "kv_cache_manager", None)
+        if any_hidden and kvm is not None and hasattr(kvm, "allocate_slots"):
+            orig = kvm.allocate_slots
+
+            def allocate_slots(*a, **k):
+                k["has_scheduled_reqs"] = True
+                return orig(*a, **k)
+
+            kvm.allocate_slots = allocate_slots
+            undo.append(lambda: kvm.__dict__.pop("allocate_slots", None))
+
+        def restore():
+            for f in reversed(undo):
+                f()
+        return restore
+
     def _after_step(self, out: Any, views: dict, now: float) -> None:
         """Count the step and write its line to the step log (non-empty steps only)."""
         if not out.total_num_scheduled_tokens:
@@ -351,18 +435,22 @@ class RuleSchedulingMixin:
             return
         stages: Counter = Counter()
         typed: Counter = Counter()
+        chunks = []
         classify = getattr(self._rule, "classify", None)
-        for rid in out.num_scheduled_tokens:
+        for rid, n in out.num_scheduled_tokens.items():
             v = views.get(rid)
             if v is None:
                 continue
             stages[v.stage] += 1
+            if v.stage == 0:
+                chunks.append(int(n))
             if classify is not None:
                 typed[f"{classify(v)}:{v.stage}"] += 1
         line = {"step": self._rule_steps, "t_s": round(now, 6), "requests": len(out.num_scheduled_tokens),
                 "tokens": int(out.total_num_scheduled_tokens), "stages": {str(k): c for k, c in sorted(stages.items())},
                 "paused": len(self.running) - len(out.num_scheduled_tokens),
-                "waiting": len(self.waiting), "preempted": len(out.preempted_req_ids or ())}
+                "waiting": len(self.waiting), "preempted": len(out.preempted_req_ids or ()),
+                "prefill_chunks": sorted(chunks, reverse=True)}
         if classify is not None:
             line["type_stages"] = dict(sorted(typed.items()))
         self._write_log(line)
