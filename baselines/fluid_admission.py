@@ -507,8 +507,8 @@ class NestedWaitRule:
 
 
 def rule_from_spec(spec: dict, classify: Optional[Callable] = None):
-    """Rebuild a :class:`WaitRule`, :class:`NestedWaitRule` (or ``baselines.wait_cp``'s rules) from its
-    ``to_spec()`` dict.
+    """Rebuild a :class:`WaitRule` or :class:`NestedWaitRule` from its ``to_spec()`` dict (every engine rule of
+    ``baselines``, WAIT-CP's included: :func:`baselines.batch_rules.rule_from_spec`).
 
     ``classify``: WAIT's ``request -> bin`` (default: :class:`KnownOutputClassifier` of the spec's bins,
     reading the request's ``known_output_tokens``). The knobs are checked as the policies check them.
@@ -517,9 +517,6 @@ def rule_from_spec(spec: dict, classify: Optional[Callable] = None):
         ValueError: an unknown ``rule`` or a bad parameter (naming it).
     """
     kind = spec.get("rule")
-    if kind in ("wait_cp", "wait_cp_control"):      # the WAIT authors' WAIT-CP and its control
-        from baselines.wait_cp import cp_rule_from_spec
-        return cp_rule_from_spec(spec)
     if spec.get("idle_policy") not in IDLE_POLICIES:
         raise ValueError(f"batch rule spec: idle_policy must be one of {IDLE_POLICIES}, got {spec.get('idle_policy')!r}")
     if not float(spec.get("max_wait_s", -1)) >= 0:
@@ -533,4 +530,4 @@ def rule_from_spec(spec: dict, classify: Optional[Callable] = None):
     if kind == "nested_wait":
         return NestedWaitRule(spec["boundaries"], spec["stage_caps"], float(spec["max_wait_s"]), spec["idle_policy"],
                               rotate=bool(spec.get("rotate", False)))
-    raise ValueError(f"batch rule spec: unknown rule {kind!r} (wait, nested_wait, wait_cp or wait_cp_control)")
+    raise ValueError(f"batch rule spec: unknown rule {kind!r} (wait or nested_wait)")

@@ -134,7 +134,9 @@ def test_backend_conformance_same_files_columns_and_decision_kinds(scheduler, tm
     take), is refused before anything runs with an error naming the backend."""
     # the fake backend composes as backend=fake once registered (register_configs runs per compose)
     base = SMALL + [f"scheduler={scheduler}", f"cluster={cluster_for(scheduler)}", "slo=absolute"]
-    if not FakeBackendConfig.__dict__.get("supports_batch_rules") and scheduler in ("wait", "nested_wait"):
+    # the schedulers that form batches inside the engine (a registry trait is issue 24's)
+    batch_forming = ("wait", "nested_wait", "wait_cp", "wait_cp_control")
+    if not FakeBackendConfig.__dict__.get("supports_batch_rules") and scheduler in batch_forming:
         with pytest.raises(ConfigError, match="backend=fake cannot take one"):
             execute(compose_run(base + ["backend=fake"]), tmp_path / "fake")
         assert not (tmp_path / "fake" / "turns.parquet").exists()

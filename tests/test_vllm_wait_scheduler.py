@@ -18,7 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from baselines.fluid_admission import NestedWaitRule, WaitRule, rule_from_spec
+from baselines.batch_rules import rule_from_spec
+from baselines.fluid_admission import NestedWaitRule, WaitRule
 from harness.config import PROJECT_ROOT, ConfigError
 from harness.vllm import wait_scheduler as ws
 from tests.conftest import compose_run
