@@ -202,10 +202,9 @@ def test_killed_instance_ends_run_partial_and_nothing_is_left(tiny_model, tmp_pa
         launchers.append(cluster.launcher)
         cluster.launcher.kill("collocated0")
 
-    t0 = time.monotonic()
+    # ended by the death (this error), not by backend.max_run_s (that error would name it)
     with pytest.raises(RuntimeError, match="server died mid-run: instance collocated0 exited with code -9"):
         execute(run, tmp_path, open_kwargs={"hooks": [(3.0, kill)]})
-    assert time.monotonic() - t0 < 120          # ended at the death, not at backend.max_run_s
     t = pd.read_parquet(tmp_path / "turns.parquet")
     c = pd.read_parquet(tmp_path / "conversations.parquet")
     assert (t.status == "ok").any()                           # what finished before the kill is kept
