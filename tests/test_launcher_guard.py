@@ -162,7 +162,8 @@ def test_stop_leaves_no_process_of_the_tree(tmp_path, state):
         assert launcher.exited() == {}
     assert wait_gone(pids + launcher.pids(), 1.0) == []
     assert L.port_free(port) and not (state / f"{port}.json").exists()
-    assert launcher.exited() == {"fake0": "exited with code 143"}   # 128 + SIGTERM, the server's own status
+    # 128 + SIGTERM: the server's own status, passed on by the guard
+    assert launcher.exited() == {"fake0": "exited with code 143 (the server got signal 15)"}
 
 
 def test_a_dead_runs_leftovers_are_killed_by_the_next_launch_and_nothing_else(tmp_path, state):

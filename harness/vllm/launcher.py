@@ -395,8 +395,14 @@ class Launcher(StartStop):
         return [p.pid for p in self.procs.values()]
 
     def exited(self) -> dict[str, str]:
-        """``{name: why}`` for each launched server that is no longer running (e.g. killed mid-run)."""
-        return {n: f"exited with code {p.returncode}" for n, p in self.procs.items() if p.poll() is not None}
+        """``{name: why}`` for each launched server that is no longer running (e.g. killed mid-run): the
+        guard's exit status, which is the server's (``128 + n``: the server got signal n; negative: the
+        guard itself was killed by that signal, e.g. :meth:`kill`)."""
+        def why(rc: int) -> str:
+            if rc < 0:
+                return f"exited with code {rc} (its guard got signal {-rc})"
+            return f"exited with code {rc}" + (f" (the server got signal {rc - 128})" if rc > 128 else "")
+        return {n: why(p.returncode) for n, p in self.procs.items() if p.poll() is not None}
 
     def energy_readers(self) -> list:
         """Per instance, a reader of its GPUs' NVML counters on this machine (``harness.vllm.energy``)."""
