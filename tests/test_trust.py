@@ -298,26 +298,7 @@ def test_a_launched_server_dies_when_the_harness_is_killed_with_sigkill(tmp_path
     assert not pid_alive(child)
 
 
-def test_a_server_left_behind_on_a_port_is_stopped_at_the_next_launch(tmp_path, monkeypatch):
-    from harness.vllm import launcher as L
-    monkeypatch.setattr(L, "STATE_DIR", tmp_path)
-    port = 8397
-    stale = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
-                              "vllm.entrypoints.openai.api_server", "--port", str(port)], start_new_session=True)
-    (tmp_path / f"{port}.json").write_text(json.dumps({"pgid": stale.pid}))
-    for _ in range(100):  # its command line appears in /proc a moment after exec
-        if L._cmdline(stale.pid):
-            break
-        time.sleep(0.05)
-    assert L.stop_stale(port) is True
-    stale.wait(timeout=30)
-    assert not (tmp_path / f"{port}.json").exists()
-    # a record naming a process that is not a server of ours is dropped, nothing is killed
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
-    (tmp_path / f"{port}.json").write_text(json.dumps({"pgid": other.pid}))
-    assert L.stop_stale(port) is False and pid_alive(other.pid)
-    other.kill()
-    other.wait()
+# A server left behind on a port, and one of a live run: tests/test_launcher_guard.py
 
 
 def test_a_config_error_leaves_no_run_directory(tmp_path):

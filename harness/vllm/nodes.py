@@ -11,7 +11,8 @@ Slurm launcher (``python -m harness.vllm.nodes ...`` run by ``srun`` on an alloc
 * never touches ``CUDA_VISIBLE_DEVICES``: Slurm (``--gres=gpu:N``) or Ray (``num_gpus``) set it for the
   GPUs the instance was given; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA number them as NVML does;
 * reads NVML energy of exactly those GPUs by UUID (``harness.vllm.energy``);
-* runs the server in its own process group with a parent-death signal (``harness.vllm.launcher``), and
+* runs the server under a guard (``harness/vllm/guard.py``) in its own process group, owned by this
+  process: if it dies the guard stops the server's whole tree (engine core and workers included); and
   stops the group (SIGTERM, then SIGKILL) when told to, when it is signalled, or -- the Slurm agent --
   when the harness stops renewing its lease file (a harness killed with SIGKILL leaves nothing running
   for longer than ``lease_s``).
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Optional
 
 from harness.vllm.energy import local_counters
-from harness.vllm.launcher import InstanceSpec, _die_with_parent, port_free
+from harness.vllm.launcher import GUARD, GUARD_GRACE_S, InstanceSpec, port_free
 
 
 def node_address(mode: str, node_ip: Optional[str] = None) -> str:
@@ -86,8 +87,11 @@ class NodeServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "w")
         try:
-            self.proc = subprocess.Popen(s.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, preexec_fn=_die_with_parent)
+            # under the guard (harness/vllm/guard.py), owned by this process (the Ray actor / Slurm agent): when it
+            # dies, the server's whole tree (engine core, workers) is stopped, not just the API server
+            self.proc = subprocess.Popen([sys.executable, str(GUARD), "--owner", str(os.getpid()), "--grace",
+                                          str(GUARD_GRACE_S), "--", *s.command()], stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         finally:
             log.close()
         self.counters = local_counters(visible)

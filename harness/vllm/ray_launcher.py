@@ -199,3 +199,20 @@ class RayLauncher(StartStop):
         """Process-group ids of the servers (== their leader pids; all nodes here share one machine only
         in tests)."""
         return [i["pid"] for i in self.info.values()]
+
+    def exited(self) -> dict[str, str]:
+        """``{name: why}`` for each started server whose process ended (asked of its actor, 5 s timeout);
+        an actor that does not answer counts as dead."""
+        import ray
+        out = {}
+        for name, actor in self.actors.items():
+            if name not in self.startup_s:
+                continue
+            try:
+                rc = ray.get(actor.returncode.remote(), timeout=5)
+            except Exception as e:  # noqa: BLE001 -- the actor (or its node) is gone
+                out[name] = f"is unreachable through its Ray actor ({type(e).__name__})"
+                continue
+            if rc is not None:
+                out[name] = f"exited with code {rc}"
+        return out

