@@ -197,3 +197,32 @@ def test_poller_finish_records_and_drain():
     assert counts == [[0.25, 1.0], [0.5, 2.0], [0.75, 3.0]]
     assert set(REQUEST_HISTOGRAMS) >= {k for k in poller.finish_records[0] if k.startswith("vllm:")}
     assert all(r["t_s"] <= r["t_end_s"] for r in poller.finish_records)
+
+
+def test_otlp_receiver_decodes_vllm_request_spans():
+    """A span built as vLLM's ``do_tracing`` builds it, exported over OTLP/HTTP, comes back per request id."""
+    import urllib.request
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    from harness.vllm.otlp import SpanReceiver
+
+    msg = ExportTraceServiceRequest()
+    span = msg.resource_spans.add().scope_spans.add().spans.add()
+    span.name = "llm_request"
+    for k, v in (("gen_ai.request.id", AnyValue(string_value="cmpl-bench0-3-0")),
+                 ("gen_ai.latency.time_to_first_token", AnyValue(double_value=0.0125)),
+                 ("gen_ai.usage.prompt_tokens", AnyValue(int_value=128)),
+                 ("gen_ai.request.top_p", AnyValue(double_value=1.0))):
+        span.attributes.append(KeyValue(key=k, value=v))
+    msg.resource_spans[0].scope_spans[0].spans.add().name = "no id"
+    with SpanReceiver() as rx:
+        req = urllib.request.Request(rx.endpoint, data=msg.SerializeToString(), method="POST",
+                                     headers={"Content-Type": "application/x-protobuf"})
+        assert urllib.request.urlopen(req, timeout=5).status == 200
+        bad = urllib.request.Request(rx.endpoint, data=b"\xff\xff not protobuf", method="POST")
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(bad, timeout=5)
+    assert rx.spans == {"cmpl-bench0-3-0": {"ttft_s": 0.0125, "prompt_tokens": 128}}
+    assert rx.bad_posts == 1
