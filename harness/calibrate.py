@@ -44,9 +44,18 @@ a small model stream in far less time than a step's fixed overhead, so no observ
 device's memory, so ``harness.fidelity`` sizes the simulated KV cache to the real run's instead
 (:func:`kv_mem_bytes`); the profile stays valid under any ``engine.gpu_memory_utilization``.
 
+Also fitted when the prefills identify them (:func:`identifies_prefill_terms`; a workload with multi-turn
+prefix reuse such as ``conf/workload/calibration_prefix_cpu.yaml``): ``prefill_seq_overhead_s`` (per
+request prefilling in the step) and ``cached_prefix_token_s`` (per cached prefix token it reuses); else
+they are 0 and ``prefill_terms_source`` says "not fitted: no data" and why.
+
 The fit: ``scipy.optimize.least_squares`` on relative errors ``model / measured - 1`` (log-parametrised,
-bounded: efficiencies in [1e-4, 1], overhead in [1e-6, 1] s), robust ``soft_l1`` loss with scale
-``loss_scale`` (noise of shared CPUs); every class of observations carries the same total weight
+bounded: efficiencies in [1e-4, ``max_efficiency``] of the base's stated peaks -- 1 by default, more for
+assumed round-figure peaks, a fit above 1 written with the peak raised instead (:func:`rescale_peaks`) --,
+overhead in [1e-6, 1] s; the per-prefill terms linear, in [0, 1 s] and [0, 1 ms per token]), robust
+``soft_l1`` loss with scale ``loss_scale`` (noise of shared CPUs; it fits medians) or ``linear`` (least
+squares: the means the fidelity report compares); the residuals report both the median error and the error
+of each class's mean time. Every class of observations carries the same total weight
 (``CLASS_WEIGHT``). Relative standard errors from the Jacobian at the optimum
 (``(J^T J)^-1 * residual variance``, of the log-parameters).
 """
@@ -331,6 +340,22 @@ def profile_from(base: HardwareConfig, values: dict) -> HardwareConfig:
                                **{k: float(values[k]) for k in FITTED}, **extra)
 
 
+def rescale_peaks(hw: HardwareConfig) -> HardwareConfig:
+    """``hw`` with ``peak_flops`` raised by ``s = max(prefill, attention, decode efficiency)`` and those
+    efficiencies divided by ``s`` when ``s > 1`` (likewise ``mem_bandwidth_bytes_per_s`` by the larger of
+    ``memory_efficiency`` and ``kv_memory_efficiency``): the products peak x efficiency, hence the step
+    times, are kept (to float rounding), and every efficiency is a fraction of the peak again."""
+    flops = ("prefill_efficiency", "attention_efficiency", "decode_efficiency")
+    mem = ("memory_efficiency", "kv_memory_efficiency")
+    kw = {}
+    for peak, effs in (("peak_flops", flops), ("mem_bandwidth_bytes_per_s", mem)):
+        s = max(getattr(hw, e) for e in effs if getattr(hw, e) is not None)
+        if s > 1:
+            kw[peak] = getattr(hw, peak) * s
+            kw.update({e: getattr(hw, e) / s for e in effs if getattr(hw, e) is not None})
+    return dataclasses.replace(hw, **kw) if kw else hw
+
+
 def identifies_prefill_terms(groups: pd.DataFrame, steps: pd.DataFrame) -> dict:
     """Which ``PREFILL_TERMS`` the prefill observations (``prefill_engine`` / ``prefill_client``) identify,
     and why not: ``{term: ""}`` (identified) or ``{term: "not fitted: no data (...)"}``.
@@ -383,7 +408,8 @@ class FitResult:
 
 
 def fit(obs: Observations, base: HardwareConfig, model: ModelConfig, loss_scale: float = 0.1,
-        x0: Optional[dict] = None, loss: str = "soft_l1", prefill_terms: str = "auto") -> FitResult:
+        x0: Optional[dict] = None, loss: str = "soft_l1", prefill_terms: str = "auto",
+        max_efficiency: float = 1.0) -> FitResult:
     """Fit ``FITTED`` of ``base`` to the observations (module docstring), and the ``PREFILL_TERMS``.
 
     Args:
@@ -393,6 +419,10 @@ def fit(obs: Observations, base: HardwareConfig, model: ModelConfig, loss_scale:
         prefill_terms: ``auto`` (fit each of ``PREFILL_TERMS`` that :func:`identifies_prefill_terms` finds
             identified; the others are set to 0 with the reason in ``prefill_terms_source``), ``off``
             (keep ``base``'s), ``fit`` (fit both, identified or not).
+        max_efficiency: upper bound of the fitted efficiencies, relative to ``base``'s stated peaks (1: the
+            peaks are datasheet figures no kernel exceeds; more where they are assumed round figures, as the
+            ``cpu`` profile's). A fit above 1 is written with the peak raised to what the fit reached and
+            the efficiencies divided by the same factor (:func:`rescale_peaks`: every step time unchanged).
 
     Raises:
         ValueError: no decode observation or no prefill observation (the subset is not identifiable), or
@@ -424,8 +454,10 @@ def fit(obs: Observations, base: HardwareConfig, model: ModelConfig, loss_scale:
     else:
         terms = [k for k in PREFILL_TERMS if prefill_terms == "fit" or not why[k]]
         fixed_terms = {k: 0.0 for k in PREFILL_TERMS if k not in terms}
+    if not (math.isfinite(max_efficiency) and max_efficiency > 0):
+        raise ValueError(f"max_efficiency must be a finite number > 0, got {max_efficiency!r}")
     lo = np.concatenate([np.log([1e-6, 1e-4, 1e-4, 1e-4, 1e-4]), np.zeros(len(terms))])
-    hi = np.concatenate([np.log([1.0, 1.0, 1.0, 1.0, 1.0]), [PREFILL_TERMS_HI[k] / PREFILL_TERMS[k] for k in terms]])
+    hi = np.concatenate([np.log([1.0] + [max_efficiency] * 4), [PREFILL_TERMS_HI[k] / PREFILL_TERMS[k] for k in terms]])
     x_start = np.concatenate([np.log([max(start[k], 1e-6) for k in FITTED]),
                               [start.get(k, 0.0) / PREFILL_TERMS[k] + 1e-3 for k in terms]])
     x_start = np.clip(x_start, lo + 1e-9, hi - 1e-9)
@@ -463,7 +495,8 @@ def fit(obs: Observations, base: HardwareConfig, model: ModelConfig, loss_scale:
     # a log-parametrised coefficient at either bound; a per-prefill term only at its upper bound (0 is a value)
     at_bound = [k for k, xv, a, b in zip(FITTED, r.x, lo, hi) if xv <= a + 1e-3 or xv >= b - 1e-3]
     at_bound += [k for k, xv, b in zip(terms, r.x[nf:], hi[nf:]) if xv >= b * (1 - 1e-3)]
-    params = {k: float(getattr(hw, k)) for k in names}
+    params = {k: float(getattr(hw, k)) for k in names}   # relative to base's peaks (may exceed 1)
+    hw = rescale_peaks(hw)
     return FitResult(hw, params, dict(zip(names, (float(s) for s in se))), groups, at_bound)
 
 
@@ -518,10 +551,10 @@ def run_means(server_metrics: dict) -> dict:
 
 def calibrate(run_dir: Path, base: HardwareConfig, name: str, min_gap_s: float = 1e-3,
               loss_scale: float = 0.1, use_server: bool = True, loss: str = "soft_l1",
-              prefill_terms: str = "auto") -> tuple[FitResult, dict]:
+              prefill_terms: str = "auto", max_efficiency: float = 1.0) -> tuple[FitResult, dict]:
     """Observations from ``run_dir``, the fit, and a report dict (counts, residuals per class, provenance,
     engine-side means). ``use_server=False`` ignores ``server_metrics.json`` (client-side only); ``loss``,
-    ``prefill_terms``: as in :func:`fit`.
+    ``prefill_terms``, ``max_efficiency``: as in :func:`fit`.
 
     Raises:
         FileNotFoundError: the run directory lacks ``tokens.parquet`` (run with ``logger.steps=true``) or
@@ -539,7 +572,7 @@ def calibrate(run_dir: Path, base: HardwareConfig, name: str, min_gap_s: float =
     sm_path = run_dir / "server_metrics.json"
     sm = json.loads(sm_path.read_text()) if use_server and sm_path.is_file() else None
     obs, counts = observations(turns, tokens, sm, min_gap_s)
-    res = fit(obs, base, model, loss_scale, loss=loss, prefill_terms=prefill_terms)
+    res = fit(obs, base, model, loss_scale, loss=loss, prefill_terms=prefill_terms, max_efficiency=max_efficiency)
     res.hw = dataclasses.replace(res.hw, name=name)
     from harness.config import PROJECT_ROOT
     where = run_dir.resolve()
@@ -548,6 +581,8 @@ def calibrate(run_dir: Path, base: HardwareConfig, name: str, min_gap_s: float =
               "backend": (cfg.get("backend") or {}).get("name"), "model": model.name,
               "workload": cfg["workload"]["name"], "counts": counts,
               "params": res.params, "rel_se": res.rel_se, "at_bound": res.at_bound, "loss": loss,
+              "max_efficiency": max_efficiency, "peaks": {"peak_flops": res.hw.peak_flops,
+                                                          "mem_bandwidth_bytes_per_s": res.hw.mem_bandwidth_bytes_per_s},
               "prefill_terms_source": res.hw.prefill_terms_source,
               "server": run_means(sm) if sm else {}, "residuals": res.residuals()}
     return res, report
@@ -633,6 +668,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--client-only", action="store_true", help="ignore server_metrics.json (client clocks only)")
     ap.add_argument("--loss", choices=LOSSES, default="soft_l1",
                     help="soft_l1: robust (fits medians); linear: least squares (fits means); both are reported")
+    ap.add_argument("--max-efficiency", type=float, default=1.0,
+                    help="bound of the efficiencies relative to --base's peaks (1: datasheet peaks; e.g. 10 for "
+                         "assumed round figures; a fit above 1 raises the written peak instead)")
     ap.add_argument("--prefill-terms", choices=("auto", "off", "fit"), default="auto",
                     help="per-prefill intercept and cached-prefix cost: auto fits those the data identifies")
     ap.add_argument("--report", type=Path, default=None, help="also write the fit's report as JSON here")
@@ -640,7 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = load_profile(a.base)
     name = a.name or a.out.stem
     res, report = calibrate(a.run_dir, base, name, a.min_gap_s, a.loss_scale, use_server=not a.client_only,
-                            loss=a.loss, prefill_terms=a.prefill_terms)
+                            loss=a.loss, prefill_terms=a.prefill_terms, max_efficiency=a.max_efficiency)
     text = profile_yaml(res.hw, report, base.name, base.source)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(text)

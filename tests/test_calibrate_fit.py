@@ -271,3 +271,24 @@ def test_a_nonzero_prefill_term_needs_its_source():
     with pytest.raises(ValueError, match="hw.prefill_terms_source"):
         hw.validate("hw")
     dataclasses.replace(hw, prefill_terms_source="fitted by hand").validate("hw")
+
+
+def test_efficiencies_above_the_stated_peaks_raise_the_peak_instead():
+    """The formula steps (prefill / attention / decode efficiency 0.27 / 0.12 / 0.17 of PEAK) fitted against a
+    base stating a peak of PEAK / 9: relative to it the efficiencies are 2.43 / 1.08 / 1.53. Capped at 1 the
+    fit sits on the bound; with max_efficiency=4 it reaches them, and the written profile has peak_flops
+    raised by the largest, 2.43 (to 0.27 PEAK), the efficiencies divided by it (prefill 1.0, decode
+    0.17 / 0.27), the same step times, and validates."""
+    import dataclasses
+    obs = prefix_obs()
+    low = dataclasses.replace(BASE, peak_flops=PEAK / 9.0)
+    capped = fit(obs, low, TINY)
+    assert {"prefill_efficiency", "decode_efficiency", "attention_efficiency"} & set(capped.at_bound)
+    free = fit(obs, low, TINY, max_efficiency=4.0)
+    assert free.params["decode_efficiency"] == pytest.approx(0.17 * 9, rel=0.02)
+    assert free.params["prefill_efficiency"] == pytest.approx(0.27 * 9, rel=0.02)
+    assert free.hw.peak_flops == pytest.approx(0.27 * PEAK, rel=0.02)
+    assert free.hw.prefill_efficiency == pytest.approx(1.0)
+    assert free.hw.decode_efficiency == pytest.approx(0.17 / 0.27, rel=0.02)
+    free.hw.validate("hw")
+    assert np.abs(free.groups.rel_err).max() < 0.01
