@@ -583,6 +583,7 @@ def calibrate(run_dir: Path, base: HardwareConfig, name: str, min_gap_s: float =
               "params": res.params, "rel_se": res.rel_se, "at_bound": res.at_bound, "loss": loss,
               "max_efficiency": max_efficiency, "peaks": {"peak_flops": res.hw.peak_flops,
                                                           "mem_bandwidth_bytes_per_s": res.hw.mem_bandwidth_bytes_per_s},
+              "base_peaks": {"peak_flops": base.peak_flops, "mem_bandwidth_bytes_per_s": base.mem_bandwidth_bytes_per_s},
               "prefill_terms_source": res.hw.prefill_terms_source,
               "server": run_means(sm) if sm else {}, "residuals": res.residuals()}
     return res, report
@@ -609,7 +610,13 @@ def profile_yaml(hw: HardwareConfig, report: dict, base_name: str, base_source: 
     weak = [k for k, v in r["rel_se"].items() if not v < 0.5]
     if weak:
         lines.append(f"# poorly identified by this run (relative standard error >= 50 %): {', '.join(weak)}")
-    lines.append("# efficiencies are fractions of peak_flops / mem_bandwidth_bytes_per_s, kept from the base as given")
+    if r.get("peaks") and r.get("base_peaks") and r["peaks"] != r["base_peaks"]:
+        lines.append(f"# efficiencies were fitted up to {r.get('max_efficiency')} x the base's peaks "
+                     f"{r['base_peaks']}; the fit went above them, so the peaks are written as {r['peaks']} "
+                     f"(raised by the largest efficiency; step times unchanged)")
+    else:
+        lines.append(f"# efficiencies are fractions of peak_flops / mem_bandwidth_bytes_per_s, kept from the base as "
+                     f"given (fitted up to {r.get('max_efficiency', 1.0)} x them)")
     if base_source:
         lines.append(f"# the base's unfitted fields (peak, bandwidth, memory, power) come from: {base_source}")
     if r.get("server"):
