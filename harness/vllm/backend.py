@@ -31,9 +31,9 @@ from harness.vllm.client import CompletionResult, completion_body, encode_body, 
 from harness.vllm.energy import EnergyMeter, local_counters
 from harness.vllm.scrape import MetricsPoller, Scrape, kv_capacity_tokens, parse_metrics
 
-# prepare_first_turns: at most this many prompt ids are serialised before the run (about 6 bytes each);
-# the rest are prepared at their send time
-PREPARE_FIRST_TURNS_MAX_IDS = 20_000_000
+# prepare_first_turns: at most this many prompt ids are prepared before the run (kept as a list of ints, about
+# 36 bytes each, and as JSON bytes, about 6: ~85 MB at the cap); the rest are prepared at their send time
+PREPARE_FIRST_TURNS_MAX_IDS = 2_000_000
 
 # ids below this are the tiny tokenizer's special tokens (<|endoftext|>, <|im_start|>, <|im_end|>)
 FIRST_ID = 3
