@@ -489,12 +489,14 @@ def fit(obs: Observations, base: HardwareConfig, model: ModelConfig, loss_scale:
         cov = np.linalg.inv(J.T @ J) * float(np.sum(r.fun ** 2)) / dof
         se = np.sqrt(np.clip(np.diag(cov), 0, None))   # of log(param): relative standard error
         # the linear terms: standard error / value (NaN at 0)
-        se[nf:] = [s_ / xv if xv > 0 else math.nan for s_, xv in zip(se[nf:], r.x[nf:])]
+        # (NaN at 0: the fit put the term at its lower bound, 0, where a relative error means nothing)
+        se[nf:] = [s_ / xv if xv > 1e-6 else math.nan for s_, xv in zip(se[nf:], r.x[nf:])]
     except np.linalg.LinAlgError:
         se = np.full(len(names), math.nan)
     # a log-parametrised coefficient at either bound; a per-prefill term only at its upper bound (0 is a value)
     at_bound = [k for k, xv, a, b in zip(FITTED, r.x, lo, hi) if xv <= a + 1e-3 or xv >= b - 1e-3]
     at_bound += [k for k, xv, b in zip(terms, r.x[nf:], hi[nf:]) if xv >= b * (1 - 1e-3)]
+    at_bound += [f"{k} (at 0)" for k, xv in zip(terms, r.x[nf:]) if xv <= 1e-6]
     params = {k: float(getattr(hw, k)) for k in names}   # relative to base's peaks (may exceed 1)
     hw = rescale_peaks(hw)
     return FitResult(hw, params, dict(zip(names, (float(s) for s in se))), groups, at_bound)
