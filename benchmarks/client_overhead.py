@@ -18,6 +18,9 @@ that one server:
 * ``vllm bench serve`` (its code, ``vllm.benchmarks.serve``, run as ``python -c``): ``--dataset-name random`` with the same lengths (``--random-range-ratio 0``),
   ``--request-rate --rate`` (Poisson: ``--burstiness 1``), ``--seed --seed``, ``--ignore-eos``.
 
+The two clients do not send the same bytes: bench sends text prompts (the server tokenises them), the harness
+token ids; whatever of that work vLLM does before its arrival stamp counts in bench's leg.
+
 Per request, the client leg is client TTFT - vLLM's own TTFT (ms); requests are matched to spans by their
 ``X-Request-Id`` (the harness sends ``h<tag>-<conversation>-<turn>``, bench ``<prefix><index>``; vLLM names
 them ``cmpl-<id>-0``). It prints, per leg and round, n matched, the leg's p50 / p99 / mean, and the target
