@@ -44,9 +44,18 @@ a small model stream in far less time than a step's fixed overhead, so no observ
 device's memory, so ``harness.fidelity`` sizes the simulated KV cache to the real run's instead
 (:func:`kv_mem_bytes`); the profile stays valid under any ``engine.gpu_memory_utilization``.
 
+Also fitted when the prefills identify them (:func:`identifies_prefill_terms`; a workload with multi-turn
+prefix reuse such as ``conf/workload/calibration_prefix_cpu.yaml``): ``prefill_seq_overhead_s`` (per
+request prefilling in the step) and ``cached_prefix_token_s`` (per cached prefix token it reuses); else
+they are 0 and ``prefill_terms_source`` says "not fitted: no data" and why.
+
 The fit: ``scipy.optimize.least_squares`` on relative errors ``model / measured - 1`` (log-parametrised,
-bounded: efficiencies in [1e-4, 1], overhead in [1e-6, 1] s), robust ``soft_l1`` loss with scale
-``loss_scale`` (noise of shared CPUs); every class of observations carries the same total weight
+bounded: efficiencies in [1e-4, ``max_efficiency``] of the base's stated peaks -- 1 by default, more for
+assumed round-figure peaks, a fit above 1 written with the peak raised instead (:func:`rescale_peaks`) --,
+overhead in [1e-6, 1] s; the per-prefill terms linear, in [0, 1 s] and [0, 1 ms per token]), robust
+``soft_l1`` loss with scale ``loss_scale`` (noise of shared CPUs; it fits medians) or ``linear`` (least
+squares: the means the fidelity report compares); the residuals report both the median error and the error
+of each class's mean time. Every class of observations carries the same total weight
 (``CLASS_WEIGHT``). Relative standard errors from the Jacobian at the optimum
 (``(J^T J)^-1 * residual variance``, of the log-parameters).
 """
@@ -71,6 +80,11 @@ from harness.sim.perf import PerfModel
 
 FITTED = ("step_overhead_s", "prefill_efficiency", "attention_efficiency", "decode_efficiency",
           "kv_memory_efficiency")
+# the per-prefill terms (harness.sim.perf, T_pre): fitted in linear units (they may be 0) when the
+# observations identify them (:func:`identifies_prefill_terms`); the scale is the unit of the fit's variable
+PREFILL_TERMS = {"prefill_seq_overhead_s": 1e-3, "cached_prefix_token_s": 1e-6}   # ms, us
+PREFILL_TERMS_HI = {"prefill_seq_overhead_s": 1.0, "cached_prefix_token_s": 1e-3}  # s, s per token
+LOSSES = ("soft_l1", "linear")
 ZEROED = ("layer_overhead_s", "attention_seq_overhead_s", "attention_token_overhead_s")
 HW_FIELDS = [f.name for f in dataclasses.fields(HardwareConfig)]
 # total weight of each observation class in the fit (the two run-wide means weigh less: the per-request
@@ -123,7 +137,9 @@ def step_times_s(perf: PerfModel, steps: pd.DataFrame) -> np.ndarray:
     cols = [steps[c].to_numpy() for c in STEP_COLUMNS[1:]]
     for i, (b, ctx, n, p, pairs, seqs, wait) in enumerate(zip(*cols)):
         b, ctx = int(b), int(ctx)
-        out[i] = perf.step(int(n), float(pairs), int(p), int(seqs), b, ctx).time_s
+        # a calibration step prefills whole prompts after their cached prefix p: prefill_seqs prompts start
+        # their prefill in it and reuse p cached tokens
+        out[i] = perf.step(int(n), float(pairs), int(p), int(seqs), b, ctx, int(seqs), int(p)).time_s
         if wait and b > 0:
             out[i] += 0.5 * perf.decode_step(b, ctx).time_s
     return out
@@ -315,9 +331,52 @@ def observations(turns: pd.DataFrame, tokens: pd.DataFrame, server_metrics: Opti
 # ---- the fit -----------------------------------------------------------------------------------------
 
 def profile_from(base: HardwareConfig, values: dict) -> HardwareConfig:
-    """``base`` with the ``FITTED`` values set, ``ZEROED`` fields 0 and the hard roofline."""
+    """``base`` with the ``FITTED`` values set, ``ZEROED`` fields 0 and the hard roofline; the
+    ``PREFILL_TERMS`` set where ``values`` has them (with ``values["prefill_terms_source"]``), else kept."""
+    extra = {k: float(values[k]) for k in PREFILL_TERMS if k in values}
+    if "prefill_terms_source" in values:
+        extra["prefill_terms_source"] = str(values["prefill_terms_source"])
     return dataclasses.replace(base, roofline_exponent=None, **{k: 0.0 for k in ZEROED},
-                               **{k: float(values[k]) for k in FITTED})
+                               **{k: float(values[k]) for k in FITTED}, **extra)
+
+
+def rescale_peaks(hw: HardwareConfig) -> HardwareConfig:
+    """``hw`` with ``peak_flops`` raised by ``s = max(prefill, attention, decode efficiency)`` and those
+    efficiencies divided by ``s`` when ``s > 1`` (likewise ``mem_bandwidth_bytes_per_s`` by the larger of
+    ``memory_efficiency`` and ``kv_memory_efficiency``): the products peak x efficiency, hence the step
+    times, are kept (to float rounding), and every efficiency is a fraction of the peak again."""
+    flops = ("prefill_efficiency", "attention_efficiency", "decode_efficiency")
+    mem = ("memory_efficiency", "kv_memory_efficiency")
+    kw = {}
+    for peak, effs in (("peak_flops", flops), ("mem_bandwidth_bytes_per_s", mem)):
+        s = max(getattr(hw, e) for e in effs if getattr(hw, e) is not None)
+        if s > 1:
+            kw[peak] = getattr(hw, peak) * s
+            kw.update({e: getattr(hw, e) / s for e in effs if getattr(hw, e) is not None})
+    return dataclasses.replace(hw, **kw) if kw else hw
+
+
+def identifies_prefill_terms(groups: pd.DataFrame, steps: pd.DataFrame) -> dict:
+    """Which ``PREFILL_TERMS`` the prefill observations (``prefill_engine`` / ``prefill_client``) identify,
+    and why not: ``{term: ""}`` (identified) or ``{term: "not fitted: no data (...)"}``.
+
+    The intercept needs prefills of at least 3 distinct prompt lengths (else it is collinear with the
+    prefill FLOP slope's LM-head constant); the cached-prefix cost needs at least 3 distinct cached
+    fractions ``p / (p + n)`` (to 0.1), one of them >= 0.3, so that it is not collinear with the
+    attention pairs ``n * p`` and the KV bytes of ``p``.
+    """
+    pre = groups.index[groups.cls.isin(["prefill_engine", "prefill_client"])]
+    st = steps[steps.group.isin(pre) & (steps.prefill_tokens > 0)]
+    n, p = st.prefill_tokens.to_numpy(float), st.prefill_ctx_tokens.to_numpy(float)
+    out = {}
+    lengths = len(np.unique(n + p))
+    out["prefill_seq_overhead_s"] = "" if lengths >= 3 else         f"not fitted: no data (prefills of {lengths} distinct prompt length(s); need >= 3)"
+    frac = np.unique(np.round(p / np.maximum(n + p, 1), 1)) if len(n) else np.array([])
+    ok = len(frac) >= 3 and frac.max() >= 0.3
+    out["cached_prefix_token_s"] = "" if ok else (
+        f"not fitted: no data (cached fractions {sorted(frac.tolist())} in the prefills; need >= 3 distinct, "
+        f"one >= 0.3: a workload with multi-turn prefix reuse)")
+    return out
 
 
 @dataclass
@@ -342,17 +401,37 @@ class FitResult:
             e = g.rel_err.to_numpy()
             out[cls] = {"n": int(len(e)), "median_abs": float(np.median(np.abs(e))),
                         "p90_abs": float(np.quantile(np.abs(e), 0.9)), "max_abs": float(np.abs(e).max()),
-                        "median": float(np.median(e))}
+                        "median": float(np.median(e)),
+                        # the error of the class's mean time (what a fidelity report's means compare)
+                        "mean_time": float(g.model_s.mean() / g.time_s.mean() - 1.0)}
         return out
 
 
 def fit(obs: Observations, base: HardwareConfig, model: ModelConfig, loss_scale: float = 0.1,
-        x0: Optional[dict] = None) -> FitResult:
-    """Fit ``FITTED`` of ``base`` to the observations (module docstring).
+        x0: Optional[dict] = None, loss: str = "soft_l1", prefill_terms: str = "auto",
+        max_efficiency: float = 1.0) -> FitResult:
+    """Fit ``FITTED`` of ``base`` to the observations (module docstring), and the ``PREFILL_TERMS``.
+
+    Args:
+        loss: ``soft_l1`` (robust, scale ``loss_scale``: about the median relative error) or ``linear``
+            (plain least squares on relative errors: the errors of the means the fidelity report gives).
+            ``FitResult.residuals`` reports both the median and the mean error per class either way.
+        prefill_terms: ``auto`` (fit each of ``PREFILL_TERMS`` that :func:`identifies_prefill_terms` finds
+            identified; the others are set to 0 with the reason in ``prefill_terms_source``), ``off``
+            (keep ``base``'s), ``fit`` (fit both, identified or not).
+        max_efficiency: upper bound of the fitted efficiencies, relative to ``base``'s stated peaks (1: the
+            peaks are datasheet figures no kernel exceeds; more where they are assumed round figures, as the
+            ``cpu`` profile's). A fit above 1 is written with the peak raised to what the fit reached and
+            the efficiencies divided by the same factor (:func:`rescale_peaks`: every step time unchanged).
 
     Raises:
-        ValueError: no decode observation or no prefill observation (the subset is not identifiable).
+        ValueError: no decode observation or no prefill observation (the subset is not identifiable), or
+            an unknown ``loss`` / ``prefill_terms``.
     """
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if prefill_terms not in ("auto", "off", "fit"):
+        raise ValueError(f"prefill_terms must be auto, off or fit, got {prefill_terms!r}")
     from scipy.optimize import least_squares
     groups, steps = obs.frames()
     cls = groups.cls.to_numpy()
@@ -368,31 +447,59 @@ def fit(obs: Observations, base: HardwareConfig, model: ModelConfig, loss_scale:
     y = groups.time_s.to_numpy(float)
     start = {"step_overhead_s": float(np.min(y)) / 2, "prefill_efficiency": 0.3, "attention_efficiency": 0.3,
              "decode_efficiency": 0.1, "kv_memory_efficiency": 0.1, **(x0 or {})}
-    lo = np.log([1e-6, 1e-4, 1e-4, 1e-4, 1e-4])
-    hi = np.log([1.0, 1.0, 1.0, 1.0, 1.0])
-    x_start = np.clip(np.log([max(start[k], 1e-6) for k in FITTED]), lo + 1e-9, hi - 1e-9)
+    why = identifies_prefill_terms(groups, steps)
+    if prefill_terms == "off":
+        terms: list[str] = []
+        fixed_terms: dict = {}
+    else:
+        terms = [k for k in PREFILL_TERMS if prefill_terms == "fit" or not why[k]]
+        fixed_terms = {k: 0.0 for k in PREFILL_TERMS if k not in terms}
+    if not (math.isfinite(max_efficiency) and max_efficiency > 0):
+        raise ValueError(f"max_efficiency must be a finite number > 0, got {max_efficiency!r}")
+    lo = np.concatenate([np.log([1e-6, 1e-4, 1e-4, 1e-4, 1e-4]), np.zeros(len(terms))])
+    hi = np.concatenate([np.log([1.0] + [max_efficiency] * 4), [PREFILL_TERMS_HI[k] / PREFILL_TERMS[k] for k in terms]])
+    x_start = np.concatenate([np.log([max(start[k], 1e-6) for k in FITTED]),
+                              [start.get(k, 0.0) / PREFILL_TERMS[k] + 1e-3 for k in terms]])
+    x_start = np.clip(x_start, lo + 1e-9, hi - 1e-9)
+    nf = len(FITTED)
+
+    def values(x) -> dict:
+        v = dict(zip(FITTED, np.exp(x[:nf])))
+        v.update({k: float(xv) * PREFILL_TERMS[k] for k, xv in zip(terms, x[nf:])}, **fixed_terms)
+        if prefill_terms != "off":
+            v["prefill_terms_source"] = "; ".join(
+                f"{k}: fitted by harness.calibrate" if k in terms else f"{k}: {why[k]}" for k in PREFILL_TERMS)
+        return v
 
     def profile(x):
-        return profile_from(base, dict(zip(FITTED, np.exp(x))))
+        return profile_from(base, values(x))
 
     def resid(x):
         return sw * (group_times_s(PerfModel(profile(x), model), groups, steps) / y - 1.0)
 
-    r = least_squares(resid, x_start, bounds=(lo, hi), loss="soft_l1", f_scale=loss_scale * float(np.mean(sw)),
-                      max_nfev=300)
+    kw = {"loss": "soft_l1", "f_scale": loss_scale * float(np.mean(sw))} if loss == "soft_l1" else {"loss": "linear"}
+    r = least_squares(resid, x_start, bounds=(lo, hi), max_nfev=300, **kw)
     hw = profile(r.x)
     groups["model_s"] = group_times_s(PerfModel(hw, model), groups, steps)
     groups["rel_err"] = groups.model_s / y - 1.0
     J = r.jac
-    dof = max(1, len(r.fun) - len(FITTED))
+    names = list(FITTED) + terms
+    dof = max(1, len(r.fun) - len(names))
     try:
         cov = np.linalg.inv(J.T @ J) * float(np.sum(r.fun ** 2)) / dof
         se = np.sqrt(np.clip(np.diag(cov), 0, None))   # of log(param): relative standard error
+        # the linear terms: standard error / value (NaN at 0)
+        # (NaN at 0: the fit put the term at its lower bound, 0, where a relative error means nothing)
+        se[nf:] = [s_ / xv if xv > 1e-6 else math.nan for s_, xv in zip(se[nf:], r.x[nf:])]
     except np.linalg.LinAlgError:
-        se = np.full(len(FITTED), math.nan)
+        se = np.full(len(names), math.nan)
+    # a log-parametrised coefficient at either bound; a per-prefill term only at its upper bound (0 is a value)
     at_bound = [k for k, xv, a, b in zip(FITTED, r.x, lo, hi) if xv <= a + 1e-3 or xv >= b - 1e-3]
-    params = {k: float(getattr(hw, k)) for k in FITTED}
-    return FitResult(hw, params, dict(zip(FITTED, (float(s) for s in se))), groups, at_bound)
+    at_bound += [k for k, xv, b in zip(terms, r.x[nf:], hi[nf:]) if xv >= b * (1 - 1e-3)]
+    at_bound += [f"{k} (at 0)" for k, xv in zip(terms, r.x[nf:]) if xv <= 1e-6]
+    params = {k: float(getattr(hw, k)) for k in names}   # relative to base's peaks (may exceed 1)
+    hw = rescale_peaks(hw)
+    return FitResult(hw, params, dict(zip(names, (float(s) for s in se))), groups, at_bound)
 
 
 # ---- reading a run, writing the profile ----------------------------------------------------------------
@@ -445,9 +552,11 @@ def run_means(server_metrics: dict) -> dict:
 
 
 def calibrate(run_dir: Path, base: HardwareConfig, name: str, min_gap_s: float = 1e-3,
-              loss_scale: float = 0.1, use_server: bool = True) -> tuple[FitResult, dict]:
+              loss_scale: float = 0.1, use_server: bool = True, loss: str = "soft_l1",
+              prefill_terms: str = "auto", max_efficiency: float = 1.0) -> tuple[FitResult, dict]:
     """Observations from ``run_dir``, the fit, and a report dict (counts, residuals per class, provenance,
-    engine-side means). ``use_server=False`` ignores ``server_metrics.json`` (client-side only).
+    engine-side means). ``use_server=False`` ignores ``server_metrics.json`` (client-side only); ``loss``,
+    ``prefill_terms``, ``max_efficiency``: as in :func:`fit`.
 
     Raises:
         FileNotFoundError: the run directory lacks ``tokens.parquet`` (run with ``logger.steps=true``) or
@@ -465,7 +574,7 @@ def calibrate(run_dir: Path, base: HardwareConfig, name: str, min_gap_s: float =
     sm_path = run_dir / "server_metrics.json"
     sm = json.loads(sm_path.read_text()) if use_server and sm_path.is_file() else None
     obs, counts = observations(turns, tokens, sm, min_gap_s)
-    res = fit(obs, base, model, loss_scale)
+    res = fit(obs, base, model, loss_scale, loss=loss, prefill_terms=prefill_terms, max_efficiency=max_efficiency)
     res.hw = dataclasses.replace(res.hw, name=name)
     from harness.config import PROJECT_ROOT
     where = run_dir.resolve()
@@ -473,7 +582,11 @@ def calibrate(run_dir: Path, base: HardwareConfig, name: str, min_gap_s: float =
     report = {"run_dir": str(where), "config_sha256_16": config_hash(run_dir),
               "backend": (cfg.get("backend") or {}).get("name"), "model": model.name,
               "workload": cfg["workload"]["name"], "counts": counts,
-              "params": res.params, "rel_se": res.rel_se, "at_bound": res.at_bound,
+              "params": res.params, "rel_se": res.rel_se, "at_bound": res.at_bound, "loss": loss,
+              "max_efficiency": max_efficiency, "peaks": {"peak_flops": res.hw.peak_flops,
+                                                          "mem_bandwidth_bytes_per_s": res.hw.mem_bandwidth_bytes_per_s},
+              "base_peaks": {"peak_flops": base.peak_flops, "mem_bandwidth_bytes_per_s": base.mem_bandwidth_bytes_per_s},
+              "prefill_terms_source": res.hw.prefill_terms_source,
               "server": run_means(sm) if sm else {}, "residuals": res.residuals()}
     return res, report
 
@@ -488,17 +601,24 @@ def profile_yaml(hw: HardwareConfig, report: dict, base_name: str, base_source: 
              f"# (config.yaml sha256 {r['config_sha256_16']}, backend {r['backend']}, model {r['model']}, "
              f"workload {r['workload']}); other fields from conf/hardware/{base_name}.yaml.",
              f"# observations: {r['counts']}",
-             "# residuals |model/measured - 1| per class (n, median, p90, max; median signed):"]
+             f"# loss: {r.get('loss', 'soft_l1')}; residuals |model/measured - 1| per class (n, median, p90, max; "
+             f"median signed; error of the class's mean time):"]
     for cls, e in r["residuals"].items():
         lines.append(f"#   {cls}: n={e['n']}, {e['median_abs']:.1%}, {e['p90_abs']:.1%}, {e['max_abs']:.1%}; "
-                     f"{e['median']:+.1%}")
+                     f"{e['median']:+.1%}; mean {e.get('mean_time', math.nan):+.1%}")
     lines.append("# relative standard errors: " + ", ".join(f"{k} {v:.1%}" for k, v in r["rel_se"].items()))
     if r["at_bound"]:
         lines.append(f"# at a bound of the fit (within 0.1 %): {', '.join(r['at_bound'])}")
     weak = [k for k, v in r["rel_se"].items() if not v < 0.5]
     if weak:
         lines.append(f"# poorly identified by this run (relative standard error >= 50 %): {', '.join(weak)}")
-    lines.append("# efficiencies are fractions of peak_flops / mem_bandwidth_bytes_per_s, kept from the base as given")
+    if r.get("peaks") and r.get("base_peaks") and r["peaks"] != r["base_peaks"]:
+        lines.append(f"# efficiencies were fitted up to {r.get('max_efficiency')} x the base's peaks "
+                     f"{r['base_peaks']}; the fit went above them, so the peaks are written as {r['peaks']} "
+                     f"(raised by the largest efficiency; step times unchanged)")
+    else:
+        lines.append(f"# efficiencies are fractions of peak_flops / mem_bandwidth_bytes_per_s, kept from the base as "
+                     f"given (fitted up to {r.get('max_efficiency', 1.0)} x them)")
     if base_source:
         lines.append(f"# the base's unfitted fields (peak, bandwidth, memory, power) come from: {base_source}")
     if r.get("server"):
@@ -518,7 +638,7 @@ def profile_yaml(hw: HardwareConfig, report: dict, base_name: str, base_source: 
                    f"{pre.get('median_abs', math.nan):.1%}; unfitted fields from {base_name}")
     for k in HW_FIELDS:
         v = d[k]
-        tag = "   # fitted" if k in FITTED else ("   # set by the fit (see header)" if k in set_by_fit else "")
+        tag = "   # fitted" if k in FITTED or (k in PREFILL_TERMS and k in r.get("params", {})) else ("   # set by the fit (see header)" if k in set_by_fit else "")
         lines.append(f"{k}: {json.dumps(v) if not isinstance(v, float) else repr(v)}{tag}")
     return "\n".join(lines) + "\n"
 
@@ -576,6 +696,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--min-gap-s", type=float, default=1e-3, help="token gaps below this are delivery bursts, s")
     ap.add_argument("--loss-scale", type=float, default=0.1, help="soft_l1 scale, relative error")
     ap.add_argument("--client-only", action="store_true", help="ignore server_metrics.json (client clocks only)")
+    ap.add_argument("--loss", choices=LOSSES, default="soft_l1",
+                    help="soft_l1: robust (fits medians); linear: least squares (fits means); both are reported")
+    ap.add_argument("--max-efficiency", type=float, default=1.0,
+                    help="bound of the efficiencies relative to --base's peaks (1: datasheet peaks; e.g. 10 for "
+                         "assumed round figures; a fit above 1 raises the written peak instead)")
+    ap.add_argument("--prefill-terms", choices=("auto", "off", "fit"), default="auto",
+                    help="per-prefill intercept and cached-prefix cost: auto fits those the data identifies")
     ap.add_argument("--report", type=Path, default=None, help="also write the fit's report as JSON here")
     ap.add_argument("--allow-partial", action="store_true",
                     help="fit a run whose summary.json says partial (failed or interrupted; warned), else refused")
@@ -592,7 +719,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if partial:
             print(f"warning: fitting a partial run ({partial}); the profile's header says so", file=sys.stderr)
         name = a.name or a.out.stem
-        res, report = calibrate(a.run_dir, base, name, a.min_gap_s, a.loss_scale, use_server=not a.client_only)
+        res, report = calibrate(a.run_dir, base, name, a.min_gap_s, a.loss_scale, use_server=not a.client_only,
+                                loss=a.loss, prefill_terms=a.prefill_terms, max_efficiency=a.max_efficiency)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

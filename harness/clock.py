@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
+import time
 from typing import Any, Callable
 
 
@@ -79,24 +80,34 @@ class AsyncioClock:
     due at the same time in scheduling order). An exception raised by a callback is handed to
     ``on_error`` (the run then ends with it) instead of the loop's default handler, which would only log
     it.
+
+    One monotonic clock for every stamp of a real run: ``time.perf_counter`` (the client stamps stream
+    chunks with it where they arrive; :meth:`at` converts such a stamp to run time). ``now`` and ``at``
+    only read that clock, so they are safe to call from another thread (the ``/metrics`` poller's).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_error: Callable[[BaseException], None]):
         self.loop = loop
-        self._t0 = loop.time()
+        self._t0 = time.perf_counter()
         self.events = 0
         self.on_error = on_error
 
     def start(self) -> None:
         """Set t = 0 to now."""
-        self._t0 = self.loop.time()
+        self._t0 = time.perf_counter()
 
     def now(self) -> float:
         """Seconds since ``start()``."""
-        return self.loop.time() - self._t0
+        return time.perf_counter() - self._t0
+
+    def at(self, perf_s: float) -> float:
+        """A ``time.perf_counter()`` stamp (s) as run time (s since ``start()``)."""
+        return perf_s - self._t0
 
     def call_at(self, t: float, fn: Callable[..., Any], *args: Any, priority: int = 1) -> None:
         """Run ``fn(*args)`` at ``t`` s after start (immediately if ``t`` is past).
+
+        The delay is taken on ``perf_counter`` now and handed to the loop's own timer (``call_later``).
 
         Raises:
             ValueError: if ``t`` is not finite.
@@ -104,7 +115,7 @@ class AsyncioClock:
         if not math.isfinite(t):
             raise ValueError(f"call_at: time {t!r} is not finite")
         self.events += 1
-        self.loop.call_at(self._t0 + t, self._guarded, fn, args)
+        self.loop.call_later(max(0.0, self._t0 + t - time.perf_counter()), self._guarded, fn, args)
 
     def _guarded(self, fn: Callable[..., Any], args: tuple) -> None:
         try:

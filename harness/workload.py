@@ -62,11 +62,21 @@ RAMPS = ("linear", "exponential")
 
 @dataclass
 class PromptTypeConfig:
-    """One prompt type of a synthetic workload: tokens in and out (ints >= 1) and a relative weight (> 0)."""
+    """One prompt type of a synthetic workload: tokens in and out (ints >= 1) and a relative weight (> 0).
+
+    turns: LLM calls per conversation (int >= 1; 1: single-turn). With more, every call has a prompt of
+    ``input_tokens``, and each call after the first reuses ``round(cached_fraction * input_tokens)`` tokens
+    of the previous call's context (prompt + output) as its prefix (a prefix-caching engine can serve
+    them from the KV cache; cached_fraction in [0, 0.95], only with ``turns > 1``) and appends the rest as
+    new input; ``tool_time_s`` (s, >= 0) passes between a call's last token and the next call.
+    """
 
     input_tokens: int = 512
     output_tokens: int = 20
     weight: float = 1.0
+    turns: int = 1
+    cached_fraction: float = 0.0
+    tool_time_s: float = 0.0
 
 
 @dataclass
@@ -157,6 +167,19 @@ class WorkloadConfig:
                 w = pt.weight
                 if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w > 0):
                     raise ValueError(f"{where}.prompt_types[{i}].weight must be a finite number > 0, got {w!r}")
+                t = pt.turns
+                if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+                    raise ValueError(f"{where}.prompt_types[{i}].turns must be an int >= 1, got {t!r}")
+                f = pt.cached_fraction
+                if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 0.95:
+                    raise ValueError(f"{where}.prompt_types[{i}].cached_fraction must be in [0, 0.95], got {f!r}")
+                if f > 0 and t == 1:
+                    raise ValueError(f"{where}.prompt_types[{i}].cached_fraction={f} needs turns > 1 (a single call "
+                                     f"has no previous context to reuse)")
+                tt = pt.tool_time_s
+                if isinstance(tt, bool) or not isinstance(tt, (int, float)) or not (math.isfinite(tt) and tt >= 0):
+                    raise ValueError(f"{where}.prompt_types[{i}].tool_time_s must be a finite number >= 0 (s), "
+                                     f"got {tt!r}")
         elif self.prompt_types:
             raise ValueError(f"{where}.prompt_types is only used with {where}.kind=synthetic (kind is {self.kind!r})")
         if self.context_overflow not in CONTEXT_OVERFLOW:
@@ -343,8 +366,9 @@ def scale_tokens(rec: ConversationRecord, factor: float) -> ConversationRecord:
 
 
 def synthetic_conversations(cfg: WorkloadConfig) -> list[ConversationRecord]:
-    """``cfg.num_conversations`` single-turn conversations whose types are drawn with ``cfg.seed``
-    (stream ``_STREAM_SYNTHETIC``) in proportion to the prompt types' weights."""
+    """``cfg.num_conversations`` conversations whose types are drawn with ``cfg.seed`` (stream
+    ``_STREAM_SYNTHETIC``) in proportion to the prompt types' weights; single-turn, or ``turns`` calls of
+    ``input_tokens`` each with ``cached_fraction`` of every later prompt reused (``PromptTypeConfig``)."""
     w = np.array([float(pt.weight) for pt in cfg.prompt_types])
     kinds = np.random.default_rng([cfg.seed, _STREAM_SYNTHETIC]).choice(len(w), size=cfg.num_conversations,
                                                                          p=w / w.sum())
@@ -352,9 +376,15 @@ def synthetic_conversations(cfg: WorkloadConfig) -> list[ConversationRecord]:
     out = []
     for i, j in enumerate(kinds):
         pt = cfg.prompt_types[int(j)]
-        turn = TurnRecord(new_input_tokens=int(pt.input_tokens), reused_tokens=0, output_tokens=int(pt.output_tokens),
-                          tool_time_s=0.0, visible=True, output_tokens_raw=int(pt.output_tokens))
-        out.append(ConversationRecord(f"syn{i:0{width}d}-t{int(j)}", (turn,), "synthetic"))
+        n_in, n_out, k = int(pt.input_tokens), int(pt.output_tokens), int(getattr(pt, "turns", 1))
+        reuse = min(round(float(getattr(pt, "cached_fraction", 0.0)) * n_in), n_in - 1)   # >= 1 new token a call
+        turns = []
+        for t in range(k):
+            r = 0 if t == 0 else reuse          # <= input_tokens - 1 < the previous context (prompt + output)
+            turns.append(TurnRecord(new_input_tokens=n_in - r, reused_tokens=r, output_tokens=n_out,
+                                    tool_time_s=float(getattr(pt, "tool_time_s", 0.0)) if t < k - 1 else 0.0,
+                                    visible=t == k - 1, output_tokens_raw=n_out))
+        out.append(ConversationRecord(f"syn{i:0{width}d}-t{int(j)}", tuple(turns), "synthetic"))
     return out
 
 

@@ -7,6 +7,8 @@ predictor does (32 x per-layer operator medians + embedding + LM head), writes t
 ``harness.sim.perf.PerfModel`` per GPU, with the per-case errors of the fitted model.
 
 Usage: ``python scripts/fit_step_model.py [--write]`` (``--write`` rewrites the steps table).
+Other tables of the same layout (``scripts/gpu_step_profile.py`` writes them for any ``conf/model`` model,
+e.g. on a lent H200): ``--mlp FILE --attention FILE --model NAME --peak LABEL=FLOP/s --bw LABEL=B/s``.
 Needs numpy, pandas and scipy; not used at run time.
 """
 
@@ -23,10 +25,22 @@ from scipy.optimize import least_squares
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "data"
 
-# meta-llama/Llama-2-7b-hf config.json
+# meta-llama/Llama-2-7b-hf config.json (set_model replaces these for another model)
 L, H, D, HID, INTER, V = 32, 32, 128, 4096, 11008, 32000
+HKV = H
 LIN = 4 * HID * HID + 3 * HID * INTER            # matmul parameters per layer (q, k, v, o, gate, up, down)
 KVB_LAYER = 2 * H * D * 2                         # KV bytes per token per layer (fp16)
+
+
+def set_model(m: dict) -> None:
+    """Use the shape of a ``conf/model`` dict instead of Llama-2-7B's: q / o ``HID x H*D``, k / v
+    ``HID x HKV*D``, gate / up / down ``HID x INTER``; KV ``2 x HKV x D x dtype_bytes`` per token per layer."""
+    global L, H, D, HID, INTER, V, HKV, LIN, KVB_LAYER
+    L, H, D, HID, INTER, V = (m["num_layers"], m["num_heads"], m["head_dim"], m["hidden_size"],
+                              m["intermediate_size"], m["vocab_size"])
+    HKV = m["num_kv_heads"]
+    LIN = 2 * HID * H * D + 2 * HID * HKV * D + 3 * HID * INTER
+    KVB_LAYER = 2 * HKV * D * m.get("dtype_bytes", 2)
 PEAK = {"a100": 312e12, "a40": 149.7e12, "h100": 989e12}
 BW = {"a100": 2039e9, "a40": 696e9, "h100": 3350e9}
 ELEMENTWISE = ["input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act"]
@@ -121,13 +135,32 @@ def fit_attention(attn: pd.DataFrame, gpu: str):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="rewrite docs/data/vidur_llama2_7b_steps_ms.csv")
+    ap.add_argument("--mlp", type=Path, default=DATA / "vidur_llama2_7b_mlp_ms.csv", help="linear-operator table")
+    ap.add_argument("--attention", type=Path, default=DATA / "vidur_llama2_7b_attention_ms.csv", help="attention table")
+    ap.add_argument("--model", default=None, help="conf/model name of the tables (default: Llama-2-7B)")
+    ap.add_argument("--peak", action="append", default=[], help="LABEL=FLOP/s for a gpu label not built in")
+    ap.add_argument("--bw", action="append", default=[], help="LABEL=bytes/s for a gpu label not built in")
     args = ap.parse_args()
-    mlp = pd.read_csv(DATA / "vidur_llama2_7b_mlp_ms.csv")
-    attn = pd.read_csv(DATA / "vidur_llama2_7b_attention_ms.csv")
+    if args.model is not None:
+        import yaml
+        set_model(yaml.safe_load((ROOT / "conf" / "model" / f"{args.model}.yaml").read_text()))
+    for opt, table in (("peak", PEAK), ("bw", BW)):
+        for item in getattr(args, opt):
+            label, _, value = item.partition("=")
+            try:
+                table[label] = float(value)
+            except ValueError:
+                ap.error(f"--{opt} {item!r}: expected LABEL=number")
+    mlp = pd.read_csv(args.mlp)
+    attn = pd.read_csv(args.attention)
     steps = compose_steps(mlp, attn)
     if args.write:
         steps.to_csv(DATA / "vidur_llama2_7b_steps_ms.csv", index=False)
-    for gpu in ("a100", "a40", "h100"):
+    gpus = [g for g in dict.fromkeys(mlp.gpu)]
+    missing = [g for g in gpus if g not in PEAK or g not in BW]
+    if missing:
+        ap.error(f"no peak/bandwidth for gpu label(s) {missing}: pass --peak {missing[0]}=... --bw {missing[0]}=...")
+    for gpu in gpus:
         p, err = fit_linear(mlp, gpu)
         print(f"{gpu} linear: gemm_eff={p[0]:.3f} mem_eff={p[1]:.3f} k={p[2]:.2f} "
               f"elementwise_floor={p[3] * 1e6:.2f} us  |err| max {np.abs(err).max():.3f} "

@@ -80,3 +80,44 @@ def test_shipped_wait_workloads_run_on_one_a100(workload, tmp_path: Path):
     # one turn each: TTFET is that turn's TTFT (its submission is the conversation's arrival)
     assert (conv.ttfet_s - turns.loc[conv.index, "ttft_s"]).abs().max() < 1e-9
     assert set(turns.prompt_tokens) == {512}
+
+
+def test_multi_turn_prompt_types_reuse_the_stated_prefix():
+    """A 4-call type of 1000-token prompts at cached_fraction 0.6: by hand, calls 2-4 reuse
+    round(0.6 x 1000) = 600 tokens of the previous call's context (1000 prompt + 30 output) and add 400;
+    the first call adds all 1000; tool time 0.5 s after each call but the last, which is the visible one."""
+    wl = synthetic(prompt_types=[PromptTypeConfig(1000, 30, 1.0, turns=4, cached_fraction=0.6, tool_time_s=0.5)],
+                   num_conversations=3)
+    convs, stats = build_workload([], wl)
+    for _, rec in convs:
+        assert [(t.reused_tokens, t.new_input_tokens) for t in rec.turns] == [(0, 1000)] + [(600, 400)] * 3
+        assert [t.prompt_tokens for t in rec.turns] == [1000] * 4
+        assert [t.tool_time_s for t in rec.turns] == [0.5, 0.5, 0.5, 0.0]
+        assert [t.visible for t in rec.turns] == [False, False, False, True]
+    assert stats.mean_turns == 4.0
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(turns=0), "prompt_types[0].turns"),
+    (dict(turns=2, cached_fraction=0.99), "prompt_types[0].cached_fraction"),
+    (dict(cached_fraction=0.5), "needs turns > 1"),
+    (dict(turns=2, tool_time_s=-1.0), "prompt_types[0].tool_time_s")])
+def test_invalid_multi_turn_type_names_the_key(kw, needle):
+    with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        synthetic(prompt_types=[PromptTypeConfig(512, 20, 1.0, **kw)]).validate()
+
+
+def test_calibration_prefix_workload_spans_cached_fractions_in_the_simulator(tmp_path: Path):
+    """The shipped calibration_prefix_cpu on the simulated cpu profile: later calls hit the prefix cache in
+    whole 128-token blocks, at cached fractions from 0 up to at least 80 %."""
+    run = compose_run(["workload=calibration_prefix_cpu", "workload.num_conversations=24", "cluster=cpu_1x",
+                       "model=tiny", "scheduler=collocated", "slo=absolute", "engine.block_size=128",
+                       "logger.progress=false"])
+    execute(run, tmp_path)
+    import pandas as pd
+    t = pd.read_parquet(tmp_path / "turns.parquet")
+    assert (t.status == "ok").all() and len(t) == 96
+    later = t[t.turn > 0]
+    frac = later.cached_tokens / later.prompt_tokens
+    assert (t[t.turn == 0].cached_tokens == 0).all()
+    assert frac.min() == 0.0 and frac.max() >= 0.8 and (later.cached_tokens % 128 == 0).all()

@@ -354,6 +354,7 @@ class Engine:
             else:
                 decode.append(req)
             budget -= n
+        p_cached = 0
         if not preempted and plan.admit:
             wm = self.watermark_blocks
             chunk_cap = cfg.max_prefill_chunk_tokens
@@ -405,6 +406,7 @@ class Engine:
                 req.in_step = True
                 running.append(req)
                 prefill.append((req, n))
+                p_cached += req.computed       # its prefix-cache hit, reused by the step that starts it
                 budget -= n
         for req, _ in prefill:
             req.in_step = False
@@ -432,7 +434,10 @@ class Engine:
             ctx = 0
             for req in decode:
                 ctx += req.computed
-            cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)
+            if getattr(perf, "has_prefill_terms", False):   # T_pre of harness.sim.perf (issue 20)
+                cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx, len(prefill), p_cached)
+            else:
+                cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)
             ends, energy = [cost.time_s], [cost.energy_j]
         else:
             ends, energy = self._plan_decode_run(decode, 1 if preempted or not plan.repeatable else None)

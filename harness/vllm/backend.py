@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import secrets
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -25,9 +27,13 @@ import numpy as np
 
 from harness.backend import InstanceInfo, InstanceState, TurnJob
 from harness.trace import ConversationRecord
-from harness.vllm.client import CompletionResult, completion_body, prefill_only, stream_completion
+from harness.vllm.client import CompletionResult, completion_body, encode_body, prefill_only, stream_completion
 from harness.vllm.energy import EnergyMeter, local_counters
-from harness.vllm.scrape import Scrape, kv_capacity_tokens, parse_metrics
+from harness.vllm.scrape import MetricsPoller, Scrape, kv_capacity_tokens, parse_metrics
+
+# prepare_first_turns: at most this many prompt ids are prepared before the run (kept as a list of ints, about
+# 36 bytes each, and as JSON bytes, about 6: ~85 MB at the cap); the rest are prepared at their send time
+PREPARE_FIRST_TURNS_MAX_IDS = 2_000_000
 
 # ids below this are the tiny tokenizer's special tokens (<|endoftext|>, <|im_start|>, <|im_end|>)
 FIRST_ID = 3
@@ -98,8 +104,10 @@ class ContextBook:
             ids.extend(self._draw((self._digest("in", rec.conversation_id, turn),), new - len(ids)))
         return ids
 
-    def prompt(self, conversation_id: str, turn: int, reused: int, new: int) -> list[int]:
-        """Turn ``turn``'s prompt ids: ``reused`` ids of the previous context + ``new`` new ids.
+    def build(self, conversation_id: str, turn: int, reused: int, new: int) -> list[int]:
+        """Turn ``turn``'s prompt ids: ``reused`` ids of the previous context + ``new`` new ids, without
+        recording them as the conversation's context (:meth:`commit` does; :meth:`prompt` does both).
+        The same arguments give the same ids until the context changes.
 
         Raises:
             ValueError: if ``reused`` exceeds the previous context.
@@ -118,8 +126,20 @@ class ContextBook:
                 t = rec.turns
                 n = min(self.shared_prefix_tokens, t[0].prompt_tokens, *(x.reused_tokens for x in t[1:]), new)
                 fresh[:n] = self._draw((self._digest("shared-prefix"),), n)
-        ids = prev[:reused] + fresh
+        return prev[:reused] + fresh
+
+    def commit(self, conversation_id: str, ids: list[int]) -> None:
+        """Record ``ids`` (a :meth:`build` result) as the conversation's context."""
         self._ctx[conversation_id] = ids
+
+    def prompt(self, conversation_id: str, turn: int, reused: int, new: int) -> list[int]:
+        """:meth:`build` and :meth:`commit`: the prompt ids, now the conversation's context.
+
+        Raises:
+            ValueError: if ``reused`` exceeds the previous context.
+        """
+        ids = self.build(conversation_id, turn, reused, new)
+        self.commit(conversation_id, ids)
         return ids
 
     def extend(self, conversation_id: str, output_ids: Sequence[int]) -> None:
@@ -140,6 +160,14 @@ class VllmBackend:
             completion callback (the run then ends with it).
     ``on_progress`` (settable) is called after every finished or failed turn.
     Call ``await connect()`` (reads capacities), then the controller drives it.
+
+    While a run streams, the loop does no ``/metrics`` work: ``poller`` (a
+    ``harness.vllm.scrape.MetricsPoller``, set by ``VllmCluster``) scrapes in its own thread, and after a
+    finished turn only a ``poller.finish(i)`` is queued. Request bodies are serialised ahead of their send
+    time: every first turn by :meth:`prepare_first_turns` before the clock starts, and turn k+1 of a
+    conversation right after turn k finished (:meth:`prepare`); a turn whose prepared body does not match
+    its job (other lengths) is built at its send time. Each request carries ``X-Request-Id``
+    ``h<run tag>-<conversation>-<turn>`` (:meth:`request_id`).
     """
 
     def __init__(self, endpoints: Sequence[Endpoint], model: str, clock, session: aiohttp.ClientSession,
@@ -162,6 +190,58 @@ class VllmBackend:
         # logger.steps: after every completed turn, its decode instance's request histograms (sum, count),
         # so that an interval in which exactly one request finished gives that request's engine-side times
         self.finish_scrapes: Optional[list[dict]] = None
+        self.poller: Optional[MetricsPoller] = None
+        self.tag = secrets.token_hex(3)
+        # (conversation, turn) -> ((reused, new, output_tokens), prompt ids, local streaming body bytes)
+        self._prepared: dict[tuple[str, int], tuple[tuple[int, int, int], list[int], bytes]] = {}
+
+    def request_id(self, conversation_id: str, turn: int, part: str = "") -> str:
+        """The ``X-Request-Id`` of a turn's request: ``h<tag>-<conversation, URL-quoted>-<turn>[part]``
+        (``part``: ``"p"`` for a P/D prefill request); vLLM names it ``cmpl-<id>``."""
+        return f"h{self.tag}-{urllib.parse.quote(conversation_id, safe='')}-{turn}{part}"
+
+    def prepare(self, conversation_id: str, turn: int, reused: int, new: int, output_tokens: int) -> None:
+        """Build and serialise turn ``turn``'s prompt and streaming body now (from the current context),
+        for :meth:`_execute` to send as they are if the job asks for the same lengths."""
+        ids = self.contexts.build(conversation_id, turn, reused, new)
+        body = encode_body(completion_body(self.model, ids, output_tokens, True))
+        self._prepared[(conversation_id, turn)] = ((reused, new, output_tokens), ids, body)
+
+    def prepare_first_turns(self, max_ids: int = PREPARE_FIRST_TURNS_MAX_IDS) -> int:
+        """:meth:`prepare` every conversation's first turn (in record order, up to ``max_ids`` prompt ids in
+        all); returns how many were prepared."""
+        n = total = 0
+        for cid, rec in self.contexts._records.items():
+            if not rec.turns:
+                continue
+            t0 = rec.turns[0]
+            if total + t0.prompt_tokens > max_ids:
+                break
+            self.prepare(cid, 0, 0, t0.prompt_tokens, t0.output_tokens)
+            total += t0.prompt_tokens
+            n += 1
+        return n
+
+    def _prepare_next(self, conversation_id: str, turn: int) -> None:
+        rec = self.contexts._records.get(conversation_id)
+        if rec is None or turn + 1 >= len(rec.turns):
+            return
+        nxt = rec.turns[turn + 1]
+        try:
+            self.prepare(conversation_id, turn + 1, nxt.reused_tokens, nxt.prompt_tokens - nxt.reused_tokens,
+                         nxt.output_tokens)
+        except ValueError:   # lengths the context cannot give: the turn is built (and fails) at send time
+            pass
+
+    def _prompt(self, job: TurnJob) -> tuple[list[int], Optional[bytes]]:
+        """The job's prompt ids (now the conversation's context) and its prepared body, if one matches."""
+        reused = job.reused[job.turn]
+        want = (reused, job.prompt_tokens - reused, job.output_tokens)
+        got = self._prepared.pop((job.conversation_id, job.turn), None)
+        if got is not None and got[0] == want:
+            self.contexts.commit(job.conversation_id, got[1])
+            return got[1], got[2]
+        return self.contexts.prompt(job.conversation_id, job.turn, want[0], want[1]), None
 
     async def metrics_text(self, i: int) -> tuple[Optional[str], str]:
         """Instance ``i``'s ``/metrics`` text (10 s timeout): ``(text, "")``, or ``(None, why)`` when it does
@@ -235,38 +315,27 @@ class VllmBackend:
             if error:
                 self._fail(job, error)
             else:
-                job.finish_s = self.clock.now()
+                if job.finish_s is None:
+                    job.finish_s = self.clock.now()
                 job.on_finish(job)
         except Exception as e:  # noqa: BLE001 -- handed over, never swallowed
             self.on_error(e)
             return
-        if self.finish_scrapes is not None and not error:
-            task = asyncio.ensure_future(self._finish_scrape(job.placement.decode_instance))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+        if self.finish_scrapes is not None and self.poller is not None and not error:
+            self.poller.finish(job.placement.decode_instance)   # the GET and its parse run in the poller's thread
         self.on_progress()
-
-    async def _finish_scrape(self, i: int) -> None:
-        """Append instance ``i``'s per-request histogram sums and counts to ``finish_scrapes`` (nothing if it
-        does not answer)."""
-        from harness.vllm.scrape import REQUEST_HISTOGRAMS, parse_histograms
-        t0 = self.clock.now()
-        text, _ = await self.metrics_text(i)
-        if text is None:
-            return
-        h = parse_histograms(text, REQUEST_HISTOGRAMS)
-        self.finish_scrapes.append({"t_s": t0, "t_end_s": self.clock.now(), "instance": self.endpoints[i].name,
-                                    **{k: [v["sum"], v["count"]] for k, v in h.items()}})
+        if not error:
+            self._prepare_next(job.conversation_id, job.turn)   # in the agent's tool time, not at its send time
 
     async def _execute(self, job: TurnJob) -> str:
         """Send the turn's request(s); returns '' or the reason the turn failed."""
-        reused = job.reused[job.turn]
-        ids = self.contexts.prompt(job.conversation_id, job.turn, reused, job.prompt_tokens - reused)
+        ids, body = self._prompt(job)
         p, d = job.placement.prefill_instance, job.placement.decode_instance
         kv_params = None
         if job.placement.disaggregated:
+            body = None
             pre = await prefill_only(self.session, self.endpoints[p].url, self.model, ids, self.pd_kv_params,
-                                     self.timeout_s)
+                                     self.timeout_s, request_id=self.request_id(job.conversation_id, job.turn, "p"))
             if pre.error:
                 return f"prefill on {self.endpoints[p].name}: {pre.error}"
             if self.pd_kv_params is not None and pre.kv_transfer_params is None:
@@ -277,21 +346,21 @@ class VllmBackend:
             job.on_prefill_done(job)
             kv_params = pre.kv_transfer_params
 
-        def first_token():
-            job.first_token_s = self.clock.now()
+        def first_token(stamp_s: float):
+            job.first_token_s = self.clock.at(stamp_s)   # the chunk's perf_counter stamp on the run clock
             if not job.placement.disaggregated:
                 job.prefill_done_s = job.first_token_s
                 job.on_prefill_done(job)
 
-        body = completion_body(self.model, ids, job.output_tokens, True, kv_params)
+        if body is None:
+            body = encode_body(completion_body(self.model, ids, job.output_tokens, True, kv_params))
         res: CompletionResult = await stream_completion(self.session, self.endpoints[d].url, body, first_token,
-                                                        self.timeout_s)
+                                                        self.timeout_s,
+                                                        request_id=self.request_id(job.conversation_id, job.turn))
         job.itl_s = res.itl_s
-        if res.chunk_s and job.first_token_s is not None:
-            # perf_counter stamps -> the run clock: the first chunk's stamp and job.first_token_s were taken
-            # at the same moment (on_first_token runs right after the stamp)
-            shift = job.first_token_s - res.chunk_s[0]
-            job.token_s = [t + shift for t, n in zip(res.chunk_s, res.chunk_tokens) for _ in range(n)]
+        if res.chunk_s:
+            at = self.clock.at
+            job.token_s = [at(t) for t, n in zip(res.chunk_s, res.chunk_tokens) for _ in range(n)]
         if res.error:
             return f"decode on {self.endpoints[d].name}: {res.error}"
         if res.num_tokens != job.output_tokens or len(res.token_ids) != job.output_tokens:
@@ -307,6 +376,8 @@ class VllmBackend:
             job.cached_tokens = max(res.cached_tokens, 0)
             job.prefill_computed_tokens += job.prompt_tokens - job.cached_tokens
         self.contexts.extend(job.conversation_id, res.token_ids)
+        if res.chunk_s:
+            job.finish_s = self.clock.at(res.chunk_s[-1])   # the last token chunk's arrival (vllm bench serve's E2E)
         return ""
 
     def _fail(self, job: TurnJob, reason: str) -> None:

@@ -3,6 +3,11 @@
 One streaming function serves every case (local turns, the decode half of P/D) and one non-streaming
 function the prefill half of P/D (``max_tokens = 1``, ``kv_transfer_params`` as in vLLM's P/D proxy).
 Errors are returned on the result, never raised mid-run (as ``vllm bench serve`` does).
+
+What runs on the event loop while tokens stream is kept to reading a chunk, one ``time.perf_counter()``
+stamp where it arrives, and the JSON decode of that chunk (issue 20): bodies can be serialised before
+their send time (:func:`encode_body`, handed over as ``bytes``), and ``/metrics`` is scraped in a thread
+(``harness.vllm.scrape.MetricsPoller``), never on this loop during a run.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import aiohttp
 class CompletionResult:
     """What one request returned.
 
-    first_token_s / finish_s: ``time.perf_counter()`` stamps of the first and last token chunk (s);
+    first_token_s / finish_s: ``time.perf_counter()`` stamps of the first and last token chunk (s), taken
+    when the chunk's line arrived, before it was decoded;
     itl_s: gaps between token chunks (s); chunk_s / chunk_tokens: ``time.perf_counter()`` stamp (s) and
     token count of every chunk that carried tokens (a server that falls behind sends several tokens in one
     chunk; tokens.parquet gives each of them the chunk's time); num_tokens: completion tokens reported by the server's
@@ -53,19 +59,41 @@ def completion_body(model: str, prompt_ids: list[int], max_tokens: int, stream: 
     return body
 
 
-async def stream_completion(session: aiohttp.ClientSession, base_url: str, body: dict,
-                            on_first_token: Optional[Callable[[], None]] = None,
-                            timeout_s: float = 600.0) -> CompletionResult:
-    """POST a streaming completion and read it to the end (SSE ``data:`` lines until ``[DONE]``)."""
+def encode_body(body: dict) -> bytes:
+    """A completion body as the bytes POSTed (compact JSON, UTF-8): serialise it before its send time
+    (a prompt of 10k token ids takes about a millisecond) and hand the bytes to :func:`stream_completion`."""
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+async def stream_completion(session: aiohttp.ClientSession, base_url: str, body: "dict | bytes",
+                            on_first_token: Optional[Callable[[float], None]] = None,
+                            timeout_s: float = 600.0, request_id: Optional[str] = None) -> CompletionResult:
+    """POST a streaming completion and read it to the end (SSE ``data:`` lines until ``[DONE]``).
+
+    Args:
+        body: the :func:`completion_body` dict, or its :func:`encode_body` bytes (prepared earlier).
+        on_first_token: called with the first token chunk's ``time.perf_counter()`` stamp (s), right
+            after it was taken.
+        request_id: sent as ``X-Request-Id`` (vLLM then names the request ``cmpl-<id>``, its engine
+            request ``cmpl-<id>-0``, e.g. in its OpenTelemetry spans); None: vLLM draws one.
+    """
     res = CompletionResult()
     last = None
+    headers = dict(JSON_HEADERS)
+    if request_id is not None:
+        headers["X-Request-Id"] = request_id
+    data = body if isinstance(body, bytes) else encode_body(body)
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=min(timeout_s, 120.0))
-        async with session.post(base_url + "/v1/completions", json=body, timeout=timeout) as r:
+        async with session.post(base_url + "/v1/completions", data=data, headers=headers, timeout=timeout) as r:
             if r.status != 200:
                 res.error = f"HTTP {r.status}: {(await r.text())[:300]}"
                 return res
             async for raw in r.content:
+                now = time.perf_counter()   # where the line arrived, before anything is parsed
                 line = raw.strip()
                 if not line.startswith(b"data:"):
                     continue
@@ -87,11 +115,10 @@ async def stream_completion(session: aiohttp.ClientSession, base_url: str, body:
                 for ch in chunk.get("choices") or []:
                     ids = ch.get("token_ids") or []
                     if ids or ch.get("text"):
-                        now = time.perf_counter()
                         if last is None:
                             res.first_token_s = now
                             if on_first_token is not None:
-                                on_first_token()
+                                on_first_token(now)
                         else:
                             res.itl_s.append(now - last)
                         last = now
@@ -107,13 +134,17 @@ async def stream_completion(session: aiohttp.ClientSession, base_url: str, body:
 
 
 async def prefill_only(session: aiohttp.ClientSession, base_url: str, model: str, prompt_ids: list[int],
-                       kv_transfer_params: Optional[dict], timeout_s: float = 600.0) -> CompletionResult:
+                       kv_transfer_params: Optional[dict], timeout_s: float = 600.0,
+                       request_id: Optional[str] = None) -> CompletionResult:
     """The P/D prefill request: non-streaming, ``max_tokens = 1``; returns the response's
-    ``kv_transfer_params`` for the decode request."""
+    ``kv_transfer_params`` for the decode request (``request_id``: as in :func:`stream_completion`)."""
     res = CompletionResult()
-    body = completion_body(model, prompt_ids, 1, False, kv_transfer_params)
+    body = encode_body(completion_body(model, prompt_ids, 1, False, kv_transfer_params))
+    headers = dict(JSON_HEADERS)
+    if request_id is not None:
+        headers["X-Request-Id"] = request_id
     try:
-        async with session.post(base_url + "/v1/completions", json=body,
+        async with session.post(base_url + "/v1/completions", data=body, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             if r.status != 200:
                 res.error = f"HTTP {r.status}: {(await r.text())[:300]}"

@@ -30,7 +30,7 @@ from harness.vllm.energy import EnergyMeter
 from harness.vllm.launcher import InstanceSpec, Launcher
 from harness.vllm.nodes import node_address
 from harness.vllm.flags import engine_args
-from harness.vllm.scrape import histogram_delta, parse_histograms
+from harness.vllm.scrape import MetricsPoller, histogram_delta, parse_histograms
 from harness.vllm.wait_scheduler import RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, forms_batches
 
 log = logging.getLogger(__name__)
@@ -222,6 +222,7 @@ class VllmCluster:
         self.backend = VllmBackend(self.endpoints, self.model, self.clock, self.session, contexts, pd_params,
                                    b.request_timeout_s, on_error=self._fatal, energy=energy)
         await self.backend.connect()
+        self.backend.prepare_first_turns()   # every first turn's body serialised before the clock starts
         for e in self.endpoints:
             for k in range(b.warmup_requests):
                 body = completion_body(self.model, list(range(10 + k, 42 + k)), 4, True)
@@ -298,7 +299,9 @@ class VllmCluster:
     def drive(self, start: Callable[[], None], done: Callable[[], bool], on_tick: Callable[[], None],
               tick_s: Optional[float]) -> str:
         """Set t = 0, call ``start()``, and run the loop until ``done()``, an error, or ``backend.max_run_s``;
-        scrape ``/metrics`` every ``backend.scrape_interval_s`` and call ``on_tick`` after each scrape.
+        scrape ``/metrics`` every ``backend.scrape_interval_s`` and call ``on_tick`` after each scrape (the
+        scrapes, and with ``logger.steps`` one per finished turn, run in a ``MetricsPoller`` thread; only
+        ``on_tick`` comes back to this loop).
 
         Returns ``""`` when done, else the time-limit reason. Raises what the controller or a policy
         raised, as soon as it was raised.
@@ -323,27 +326,39 @@ class VllmCluster:
                 self._wake.set()
         backend.on_progress = check
 
-        async def scrape_loop():
-            while not stop.is_set():
-                await asyncio.gather(*(backend.scrape_one(i) for i in range(len(self.endpoints))))
-                dead = self.dead_servers()
-                if dead:  # a launched server died: the run is not what was configured any more; it ends, partial
-                    self._fatal(RuntimeError("server died mid-run: " + "; ".join(
-                        f"instance {n} {why}" for n, why in dead.items())))
-                    return
-                try:
-                    on_tick()
-                except Exception as e:  # noqa: BLE001 -- a recorder error ends the run, never silently
-                    self._fatal(e)
-                    return
-                try:
-                    await asyncio.wait_for(stop.wait(), b.scrape_interval_s)
-                except asyncio.TimeoutError:
-                    pass
+        loop = asyncio.get_running_loop()
 
-        scraper = asyncio.create_task(scrape_loop())
+        def tick():   # on the loop, after each round of the poller's scrapes
+            if stop.is_set():
+                return
+            dead = self.dead_servers()
+            if dead:  # a launched server died: the run is not what was configured any more; it ends, partial
+                self._fatal(RuntimeError("server died mid-run: " + "; ".join(
+                    f"instance {n} {why}" for n, why in dead.items())))
+                return
+            try:
+                on_tick()
+            except Exception as e:  # noqa: BLE001 -- a recorder error ends the run, never silently
+                self._fatal(e)
+
+        def scraped(i: int, sc, fetch_s: float) -> None:   # in the poller's thread
+            backend.scrapes[i] = sc
+            backend.scrape_s.append(fetch_s)
+
+        def failed(i: int, why: str) -> None:
+            backend.scrape_error[i] = why
+
+        # every /metrics GET and parse of the run in the poller's own thread, none on this loop (issue 20)
+        poller = MetricsPoller([e.url for e in self.endpoints], [e.name for e in self.endpoints], self.clock.now,
+                               b.scrape_interval_s, on_scrape=scraped, on_error=failed,
+                               on_round=lambda: loop.call_soon_threadsafe(tick),
+                               on_failure=lambda e: loop.call_soon_threadsafe(self._fatal, e))
+        backend.poller = poller
+        if steps:
+            backend.finish_scrapes = poller.finish_records
         try:
             start()
+            poller.start()
             for t, fn in self.hooks:
                 self.clock.call_at(t, fn, self)
             check()
@@ -356,11 +371,10 @@ class VllmCluster:
             self._energy = backend.energy.energy_j()  # exactly the measured window
         finally:
             stop.set()
-            await asyncio.gather(scraper, return_exceptions=True)
+            # the last turns' finish scrapes (logger.steps) are served before the thread ends, up to 10 s
+            await asyncio.to_thread(poller.stop, 10.0)
         if self._error is not None:
             raise self._error
-        if steps and backend.tasks:   # let the last turns' /metrics scrapes finish (logger.steps)
-            await asyncio.wait(list(backend.tasks), timeout=10)
         for task in list(backend.tasks):
             task.cancel()
         await asyncio.gather(*backend.tasks, return_exceptions=True)
