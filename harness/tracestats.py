@@ -209,16 +209,12 @@ def is_request_trace(path: str) -> bool:
 
     Raises:
         TraceError: the file cannot be read."""
-    import json
+    from harness.trace import _looks_like_request_trace  # the loader's own rule, on the first non-empty line
     try:
         with _open_lines(path) as f:
             for line in f:
                 if line.strip():
-                    try:
-                        obj = json.loads(line)
-                    except ValueError:
-                        return False
-                    return isinstance(obj, dict) and "input_length" in obj and "turns" not in obj
+                    return _looks_like_request_trace(line)
     except (OSError, EOFError, UnicodeDecodeError) as e:
         raise TraceError(f"{path}: cannot read trace file: {e}") from e
     return False
