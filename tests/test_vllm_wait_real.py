@@ -59,19 +59,26 @@ def iteration_tokens(text: str) -> Counter:
     return out
 
 
-def test_wait_forms_batches_inside_vllm_within_the_caps(tmp_path, monkeypatch):
-    run = compose_run(RUN + [f"backend.port_base={free_port_base(1)}"])
-    run.backend.extra_args = list(run.backend.extra_args) + [
-        "--custom-histogram-buckets", json.dumps({"iteration_tokens": BUCKETS})]
-    final_metrics = {}
+def scrape_before_close(monkeypatch) -> dict:
+    """``{instance: /metrics text}`` filled when the run's cluster closes: each server's own metrics after
+    the run, before it is stopped."""
+    final_metrics: dict = {}
     close = cluster_mod.VllmCluster.close
 
-    def close_after_scrape(self):  # the server's own /metrics, after the run, before it is stopped
+    def close_after_scrape(self):
         for e in self.endpoints:
             with urllib.request.urlopen(e.url + "/metrics", timeout=10) as r:
                 final_metrics[e.name] = r.read().decode()
         close(self)
     monkeypatch.setattr(cluster_mod.VllmCluster, "close", close_after_scrape)
+    return final_metrics
+
+
+def test_wait_forms_batches_inside_vllm_within_the_caps(tmp_path, monkeypatch):
+    run = compose_run(RUN + [f"backend.port_base={free_port_base(1)}"])
+    run.backend.extra_args = list(run.backend.extra_args) + [
+        "--custom-histogram-buckets", json.dumps({"iteration_tokens": BUCKETS})]
+    final_metrics = scrape_before_close(monkeypatch)
 
     summary = execute(run, tmp_path)
     t = pd.read_parquet(tmp_path / "turns.parquet")
