@@ -216,70 +216,76 @@ def claim_energy(r: pd.DataFrame, homo: str, hetero: Optional[str], margin: floa
 
 
 def claim_robustness(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], str, list[dict]]:
-    """C5: AMPD's metrics at each error level over its own error-free run on the same seed (paired),
-    ConServe's value beside; per AMPD mode and p95 TTFET reading the verdict of the paired ratio at the
+    """C5: AMPD's metrics at each error level over its own error-free run on the same seed and load
+    (paired), ConServe's value beside, one table per load that has error arms. Error in the predictor
+    (``rate x``, ``sigma x``): per AMPD mode and p95 TTFET reading the verdict of the paired ratio at the
     largest error rate (:func:`harness.stats.verdict`, direction "grows", any size) and, descriptive, the
-    linear fit of the ratios over the error rate (slope, R^2)."""
-    b = r[(r._sens == "base") & (r._tier == homo)]
-    err = b[b._error_label != "none"]
+    linear fit of the ratios over the error rate (slope, R^2). Error at the decision (``misroute x``,
+    ``scheduler.misroute_frac``): the realised misrouted share and the slope over the misroute rate."""
+    b0 = r[(r._sens == "base") & (r._tier == homo)]
+    err = b0[b0._error_label != "none"]
     if err.empty:
         return [], "no data", []
-    pred_err = err[err._error_label.str.startswith(("rate", "sigma"))]   # the load of the predictor-error arms
-    rate = float((pred_err if len(pred_err) else err)._rate.dropna().iloc[0])
-    b = b[b._rate == rate]
     metrics = [("ttfet_first_p95_s", "p95 TTFET first"), ("ttfet_visible_p95_s", "p95 TTFET visible"),
                ("slo_attainment_first", "SLO attainment first"), ("slo_attainment_visible", "SLO attainment visible")]
-    lines = [f"At {rate:g} conv/s on {homo}; each cell: AMPD at that error / AMPD error-free (same mode, same "
-             f"seed) − 1; decision flips = share of turns ≥ 1 whose remote/local choice differs from the error-free "
-             f"predictor's on the same view.", "",
-             "| AMPD mode | error | decision flips | " + " | ".join(lab for _, lab in metrics) + " |",
-             "|---|---|---|" + "---|" * len(metrics)]
+    lines: list[str] = []
     cells = []
-    for m in MODES:
-        zero = b[(b._variant == m) & (b._error_label == "none")]
-        if zero.empty:
-            continue
-        labels = sorted(set(b[(b._variant == m)]._error_label) - {"none"},
-                        key=lambda s: ({"rate": 0, "sigma": 1}.get(s.split()[0], 2), float(s.split()[1]), s))
-        pts, mis = {}, {}
-        for lab in labels:
-            e = b[(b._variant == m) & (b._error_label == lab)]
-            flips = mean_ci(pd.to_numeric(e.get("ampd_decision_flip_frac", pd.Series(dtype=float)), errors="coerce"))
-            row = [MODE_LABEL[m], lab, f"{flips[0]:.3f}" if flips[2] else "n/a"]
-            for key, _ in metrics:
-                mean, ci, n, k = paired(e, zero, key)
-                row.append(fmt(mean, ci, n, k))
-                if lab.startswith("rate") and "+" not in lab:
-                    pts.setdefault(key, []).append((float(lab.split()[1]), mean, ci, n, k))
-                if lab.startswith("misroute"):
-                    mis.setdefault(key, []).append((float(lab.split()[1]), mean))
-            lines.append("| " + " | ".join(row) + " |")
-        for key, lab in metrics[:2]:   # error at the decision: the slope over the misroute rate (no verdict)
-            q = sorted([(0.0, 0.0)] + mis.get(key, []))
-            if len(q) >= 3 and all(np.isfinite(y) for _, y in q):
-                slope = float(np.polyfit([a for a, _ in q], [y for _, y in q], 1)[0])
-                lines.append(f"| {MODE_LABEL[m]} | linear fit over misroute rate, {lab} | | slope {slope:+.1f} % "
-                             f"per unit decision-error rate | | | |")
-        for key, lab in metrics[:2]:
-            p = sorted([(0.0, 0.0, (0.0, 0.0), 0, 0)] + pts.get(key, []))
-            if len(p) < 3:
+    for rate in sorted(err._rate.dropna().unique()):
+        b = b0[b0._rate == rate]
+        if lines:
+            lines.append("")
+        lines += [f"At {rate:g} conv/s on {homo}; each cell: AMPD at that error / AMPD error-free (same mode, same "
+                  f"seed, same load) − 1; decisions: for a predictor error the share of turns ≥ 1 whose "
+                  f"remote/local choice differs from the error-free predictor's on the same view "
+                  f"(`ampd_decision_flip_frac`), for a misroute arm the share inverted (`ampd_misrouted_frac`).", "",
+                  "| AMPD mode | error | decisions changed | " + " | ".join(lab for _, lab in metrics) + " |",
+                  "|---|---|---|" + "---|" * len(metrics)]
+        for m in MODES:
+            zero = b[(b._variant == m) & (b._error_label == "none")]
+            if zero.empty:
                 continue
-            x, y = np.array([q[0] for q in p]), np.array([q[1] for q in p])
-            slope, icpt = np.polyfit(x, y, 1)
-            ss = float(((y - (slope * x + icpt)) ** 2).sum())
-            tot = float(((y - y.mean()) ** 2).sum())
-            r2 = 1 - ss / tot if tot > 0 else math.nan
-            top = p[-1]
-            v = verdict(top[1], top[2], +1.0, margin, min_effect=0.0)  # the claim: grows (no size given)
-            cells.append({"mode": m, "reading": lab.split()[-1], "verdict": v, "slope": slope, "r2": r2,
-                          "mean": top[1], "ci": top[2], "n": top[3]})
-            lines.append(f"| {MODE_LABEL[m]} | linear fit, {lab} | | slope {slope:+.1f} % per unit error rate, "
-                         f"R² {r2:.2f}; at rate {top[0]:g}: {fmt(*top[1:])} → {v} | | | |")
-    cs = b[(b._variant == "conserve") & (b._error_label == "none")]
-    if not cs.empty:
-        vals = [f"{point_interval(k, pd.to_numeric(cs[k], errors='coerce'))[0]:.3g}" if k in cs.columns else "n/a"
-                for k, _ in metrics]
-        lines.append("| ConServe (predicts nothing: flat by construction) | — | — | " + " | ".join(vals) + " |")
+            labels = sorted(set(b[(b._variant == m)]._error_label) - {"none"},
+                            key=lambda s: ({"rate": 0, "sigma": 1}.get(s.split()[0], 2), float(s.split()[1]), s))
+            pts, mis = {}, {}
+            for lab in labels:
+                e = b[(b._variant == m) & (b._error_label == lab)]
+                share_key = "ampd_misrouted_frac" if lab.startswith("misroute") else "ampd_decision_flip_frac"
+                share = mean_ci(pd.to_numeric(e.get(share_key, pd.Series(dtype=float)), errors="coerce"))
+                row = [MODE_LABEL[m], lab, f"{share[0]:.3f}" if share[2] else "n/a"]
+                for key, _ in metrics:
+                    mean, ci, n, k = paired(e, zero, key)
+                    row.append(fmt(mean, ci, n, k))
+                    if lab.startswith("rate") and "+" not in lab:
+                        pts.setdefault(key, []).append((float(lab.split()[1]), mean, ci, n, k))
+                    if lab.startswith("misroute"):
+                        mis.setdefault(key, []).append((float(lab.split()[1]), mean))
+                lines.append("| " + " | ".join(row) + " |")
+            for key, lab in metrics[:2]:   # error at the decision: the slope over the misroute rate (no verdict)
+                q = sorted([(0.0, 0.0)] + mis.get(key, []))
+                if len(q) >= 3 and all(np.isfinite(y) for _, y in q):
+                    slope = float(np.polyfit([a for a, _ in q], [y for _, y in q], 1)[0])
+                    lines.append(f"| {MODE_LABEL[m]} | linear fit over misroute rate, {lab} | | slope {slope:+.1f} % "
+                                 f"per unit decision-error rate | | | |")
+            for key, lab in metrics[:2]:
+                p = sorted([(0.0, 0.0, (0.0, 0.0), 0, 0)] + pts.get(key, []))
+                if len(p) < 3:
+                    continue
+                x, y = np.array([q[0] for q in p]), np.array([q[1] for q in p])
+                slope, icpt = np.polyfit(x, y, 1)
+                ss = float(((y - (slope * x + icpt)) ** 2).sum())
+                tot = float(((y - y.mean()) ** 2).sum())
+                r2 = 1 - ss / tot if tot > 0 else math.nan
+                top = p[-1]
+                v = verdict(top[1], top[2], +1.0, margin, min_effect=0.0)  # the claim: grows (no size given)
+                cells.append({"mode": m, "reading": lab.split()[-1], "verdict": v, "slope": slope, "r2": r2,
+                              "mean": top[1], "ci": top[2], "n": top[3], "rate": rate})
+                lines.append(f"| {MODE_LABEL[m]} | linear fit, {lab} | | slope {slope:+.1f} % per unit error rate, "
+                             f"R² {r2:.2f}; at rate {top[0]:g}: {fmt(*top[1:])} → {v} | | | |")
+        cs = b[(b._variant == "conserve") & (b._error_label == "none")]
+        if not cs.empty:
+            vals = [f"{point_interval(k, pd.to_numeric(cs[k], errors='coerce'))[0]:.3g}" if k in cs.columns else "n/a"
+                    for k, _ in metrics]
+            lines.append("| ConServe (predicts nothing: flat by construction) | — | — | " + " | ".join(vals) + " |")
     return lines, _depends(cells, ["mode", "reading"]), cells
 
 

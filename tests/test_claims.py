@@ -107,3 +107,29 @@ def test_split_table_pairs_with_collocated_on_the_same_gpus():
     line = next(l for l in md.splitlines() if l.startswith("| 4 |") and "| conserve |" in l)
     assert "+20.0 % [+20.0, +20.0] (n=3, 3 of 3 > 0)" in line      # 120 / 100 on every seed
     assert split_markdown(pd.DataFrame([r for r in rows if r["scheduler.name"] != "collocated"])) == ""
+
+
+def test_c5_pairs_each_error_arm_with_the_error_free_run_of_its_own_load():
+    """Two loads with misroute arms (ampd_robustness: 0.06 and 0.04 conv/s): each arm is paired with the
+    error-free AMPD of the same load and seed only (3 pairs, not 6), in a table of its own per load, and the
+    decisions column shows the realised misrouted share."""
+    from harness.claims import claim_robustness
+    rows = []
+    for s in range(3):
+        for rate, base_first, mis_first in ((0.06, 1.0, 1.10), (0.04, 2.0, 2.50)):
+            rows.append(row("ampd_rd", rate=rate, seed=s, ttfet_first_p95_s=base_first))
+            rows.append({**row("ampd_rd", rate=rate, seed=s, ttfet_first_p95_s=mis_first),
+                         "scheduler.misroute_frac": 0.3, "ampd_misrouted_frac": 0.296})
+            rows.append(row("conserve", rate=rate, seed=s))
+        rows.append(row("ampd_rd", rate=0.06, seed=s, err=0.5, ttfet_first_p95_s=1.2))  # a predictor-error arm
+    r = classify(pd.DataFrame(rows))
+    lines, _, cells = claim_robustness(r, "a40_1p3d")
+    text = "\n".join(lines)
+    assert "At 0.04 conv/s" in text and "At 0.06 conv/s" in text
+    mis = [ln for ln in lines if ln.startswith("| AMPD remote_default | misroute 0.3 |")]
+    # 0.06: 1.10 / 1.0 - 1 = +10.0 % on every seed; 0.04: 2.5 / 2.0 - 1 = +25.0 %; n = 3 pairs each
+    assert len(mis) == 2
+    assert "| 0.296 | +25.0 % [+25.0, +25.0] (n=3, 3 of 3 > 0) |" in mis[0]   # loads in ascending order
+    assert "| 0.296 | +10.0 % [+10.0, +10.0] (n=3, 3 of 3 > 0) |" in mis[1]
+    # the predictor-error verdict at 0.06: 1.2 / 1.0 - 1 = +20 % on every seed, a growth -> reproduced
+    assert [c["verdict"] for c in cells if c["reading"] == "first"] == ["reproduced"]

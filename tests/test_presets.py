@@ -83,7 +83,9 @@ def test_every_ampd_robustness_arm_resolves():
     assert "conserve" in arms and sum(a.startswith("ampd") for a in arms) >= 4
     sigmas, misroutes, conserve_loads = [], {}, []
     for arm in arms:
-        run = compose_run(["+experiment=ampd_robustness", f"+experiment/arm={arm}"])
+        # in the order Hydra's sweeper composes a job: the swept arm first, the preset last (a value the
+        # preset's body set would replace the arm's: the 0.04 conv/s arms once ran at 0.06)
+        run = compose_run([f"+experiment/arm={arm}", "+experiment=ampd_robustness"])
         load = run.cfg.workload.rate_per_s
         if arm.startswith("conserve"):
             assert run.scheduler_name == "conserve"
