@@ -121,7 +121,8 @@ def test_c5_pairs_each_error_arm_with_the_error_free_run_of_its_own_load():
             rows.append({**row("ampd_rd", rate=rate, seed=s, ttfet_first_p95_s=mis_first),
                          "scheduler.misroute_frac": 0.3, "ampd_misrouted_frac": 0.296})
             rows.append(row("conserve", rate=rate, seed=s))
-        rows.append(row("ampd_rd", rate=0.06, seed=s, err=0.5, ttfet_first_p95_s=1.2))  # a predictor-error arm
+        for e, first in ((0.1, 1.05), (0.3, 1.1), (0.5, 1.2)):   # predictor-error arms at 0.06 only
+            rows.append(row("ampd_rd", rate=0.06, seed=s, err=e, ttfet_first_p95_s=first))
     r = classify(pd.DataFrame(rows))
     lines, _, cells = claim_robustness(r, "a40_1p3d")
     text = "\n".join(lines)
