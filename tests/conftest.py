@@ -12,6 +12,9 @@ from harness.config import PROJECT_ROOT, register_configs, resolve
 from harness.trace import ConversationRecord, TurnRecord
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+# the registered schedulers that form batches inside the engine (a batch rule: the simulator and launched vLLM
+# servers take them, the fake backend and already-running servers do not); a registry trait is issue 24's
+BATCH_FORMING = ("wait", "nested_wait", "wait_cp", "wait_cp_control")
 
 
 def compose_cfg(overrides=()):

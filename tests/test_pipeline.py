@@ -31,7 +31,7 @@ from harness.config import PROJECT_ROOT, ConfigError
 from harness.runner import execute
 from harness.schedulers import registered
 from harness.session import estimated_capacities
-from tests.conftest import compose_run
+from tests.conftest import BATCH_FORMING, compose_run
 
 SMALL = ["workload.num_conversations=6", "workload.max_turns=4", "workload.rate_per_s=0.5", "logger.progress=false"]
 PD_NEEDED = {"conserve", "ampd", "disaggregated"}
@@ -134,9 +134,7 @@ def test_backend_conformance_same_files_columns_and_decision_kinds(scheduler, tm
     take), is refused before anything runs with an error naming the backend."""
     # the fake backend composes as backend=fake once registered (register_configs runs per compose)
     base = SMALL + [f"scheduler={scheduler}", f"cluster={cluster_for(scheduler)}", "slo=absolute"]
-    # the schedulers that form batches inside the engine (a registry trait is issue 24's)
-    batch_forming = ("wait", "nested_wait", "wait_cp", "wait_cp_control")
-    if not FakeBackendConfig.__dict__.get("supports_batch_rules") and scheduler in batch_forming:
+    if not FakeBackendConfig.__dict__.get("supports_batch_rules") and scheduler in BATCH_FORMING:
         with pytest.raises(ConfigError, match="backend=fake cannot take one"):
             execute(compose_run(base + ["backend=fake"]), tmp_path / "fake")
         assert not (tmp_path / "fake" / "turns.parquet").exists()

@@ -30,7 +30,7 @@ from harness.vllm.crosscheck import crosscheck
 from harness.vllm.launcher import Launcher, port_free
 from harness.vllm.cluster import instance_specs, model_path
 from harness.vllm.scrape import parse_metrics
-from tests.conftest import compose_run, free_port_base, pid_alive
+from tests.conftest import BATCH_FORMING, compose_run, free_port_base, pid_alive
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
@@ -340,7 +340,7 @@ def test_backend_conformance_with_the_simulator_on_real_servers(collocated_serve
             over = ["model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128", f"cluster={cluster}",
                     f"scheduler={scheduler}", f"backend={backend}", *small, *extra]
             out = tmp_path / f"{scheduler}_{backend}"
-            if backend == "vllm" and scheduler in ("wait", "nested_wait"):
+            if backend == "vllm" and scheduler in BATCH_FORMING:
                 with pytest.raises(ConfigError, match="backend.launch=false: scheduler=.* forms every batch"):
                     execute(compose_run(over), out)
                 break
