@@ -402,19 +402,27 @@ def request_stats_text(path: str, block_size: int = 16, hash_block_tokens: int =
     """:func:`trace_stats`'s text for a request trace without ``--cache-tokens``, computed by
     :func:`stream_request_stats` (bounded memory) -- the same lines and numbers."""
     r = stream_request_stats(path, block_size, hash_block_tokens)
-    n, conv = r["requests"], r["sessions"]
-    lines = [f"requests: {n:,}", f"sessions: {conv:,} (turns per session: mean {n / conv:.2f}, max {r['max_turns']})"]
-    if not math.isnan(r["t_min"]):
-        dur = r["t_max"] - r["t_min"]
+    lines = _size_lines(r["requests"], r["sessions"], r["max_turns"], r["t_min"], r["t_max"], r["prompt"], r["output"])
+    hr = r["hit_tokens"] / r["prompt_tokens"] if r["prompt_tokens"] else math.nan
+    lines.append(f"ideal prefix-hit ratio, infinite cache (block {block_size}): {hr:.4f}")
+    return "\n".join(lines)
+
+
+def _size_lines(n: int, sessions: int, max_turns: int, t_first: float, t_last: float, prompt: np.ndarray,
+                output: np.ndarray) -> list[str]:
+    """The first lines of the statistics text: requests, sessions, duration and rate (``t_first`` /
+    ``t_last`` in s, NaN without timestamps), input and output tokens per request (``prompt`` / ``output``:
+    one entry per request, tokens)."""
+    lines = [f"requests: {n:,}", f"sessions: {sessions:,} (turns per session: mean {n / sessions:.2f}, max {max_turns})"]
+    if not math.isnan(t_first):
+        dur = t_last - t_first
         lines.append(f"duration: {dur:,.1f} s (first to last request)")
         lines.append(f"rate: {n / dur:.3f} requests/s" if dur > 0 else "rate: n/a (one instant)")
     else:
         lines.append("duration, rate: n/a (no timestamps: closed-loop conversations)")
-    lines.append(f"input tokens per request: {_pct(r['prompt'])}  (total {r['prompt'].sum():,})")
-    lines.append(f"output tokens per request: {_pct(r['output'])}  (total {r['output'].sum():,})")
-    hr = r["hit_tokens"] / r["prompt_tokens"] if r["prompt_tokens"] else math.nan
-    lines.append(f"ideal prefix-hit ratio, infinite cache (block {block_size}): {hr:.4f}")
-    return "\n".join(lines)
+    lines.append(f"input tokens per request: {_pct(prompt)}  (total {prompt.sum():,})")
+    lines.append(f"output tokens per request: {_pct(output)}  (total {output.sum():,})")
+    return lines
 
 
 def _pct(a: np.ndarray) -> str:
@@ -429,18 +437,10 @@ def trace_stats(records: Sequence[ConversationRecord], block_size: int = 16, cac
     turns = [t for r in records for t in r.turns]
     inp = np.array([t.prompt_tokens for t in turns], dtype=np.int64)
     out = np.array([t.output_tokens for t in turns], dtype=np.int64)
-    lines = [f"requests: {len(turns):,}", f"sessions: {len(records):,} "
-             f"(turns per session: mean {len(turns) / len(records):.2f}, max {max(len(r.turns) for r in records)})"]
-    order = request_order(records)
-    times = [t for t, _, _ in order]
-    if times and not any(math.isnan(t) for t in times):
-        dur = times[-1] - times[0]
-        lines.append(f"duration: {dur:,.1f} s (first to last request)")
-        lines.append(f"rate: {len(turns) / dur:.3f} requests/s" if dur > 0 else "rate: n/a (one instant)")
-    else:
-        lines.append("duration, rate: n/a (no timestamps: closed-loop conversations)")
-    lines.append(f"input tokens per request: {_pct(inp)}  (total {inp.sum():,})")
-    lines.append(f"output tokens per request: {_pct(out)}  (total {out.sum():,})")
+    times = [t for t, _, _ in request_order(records)]
+    timed = bool(times) and not any(math.isnan(t) for t in times)
+    lines = _size_lines(len(turns), len(records), max(len(r.turns) for r in records),
+                        times[0] if timed else math.nan, times[-1] if timed else math.nan, inp, out)
     hr, _ = ideal_hit_ratio(records, block_size, None, shared_prefix_tokens)
     lines.append(f"ideal prefix-hit ratio, infinite cache (block {block_size}): {hr:.4f}")
     if cache_tokens is not None:
