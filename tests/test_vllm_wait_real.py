@@ -74,15 +74,21 @@ def scrape_before_close(monkeypatch) -> dict:
     return final_metrics
 
 
-def test_wait_forms_batches_inside_vllm_within_the_caps(tmp_path, monkeypatch):
-    run = compose_run(RUN + [f"backend.port_base={free_port_base(1)}"])
+def run_with_step_histogram(overrides, buckets, n_prompts, tmp_path, monkeypatch):
+    """One launched server (its own port) with ``iteration_tokens`` histogram ``buckets``: the run's
+    ``(summary, turns frame, {instance: final /metrics text})``, every turn checked ok and counted."""
+    run = compose_run(list(overrides) + [f"backend.port_base={free_port_base(1)}"])
     run.backend.extra_args = list(run.backend.extra_args) + [
-        "--custom-histogram-buckets", json.dumps({"iteration_tokens": BUCKETS})]
+        "--custom-histogram-buckets", json.dumps({"iteration_tokens": buckets})]
     final_metrics = scrape_before_close(monkeypatch)
-
     summary = execute(run, tmp_path)
     t = pd.read_parquet(tmp_path / "turns.parquet")
-    assert (t.status == "ok").all() and len(t) == N_PROMPTS and summary["token_count_mismatches"] == 0
+    assert (t.status == "ok").all() and len(t) == n_prompts and summary["token_count_mismatches"] == 0
+    return summary, t, final_metrics
+
+
+def test_wait_forms_batches_inside_vllm_within_the_caps(tmp_path, monkeypatch):
+    summary, t, final_metrics = run_with_step_histogram(RUN, BUCKETS, N_PROMPTS, tmp_path, monkeypatch)
     assert (t.output_tokens == OUTPUT).all() and (t.prompt_tokens == PROMPT).all()
     assert summary["policy_plan"].startswith("tl=8; n=[2]")
     assert summary["batch_rule_step_logs"] == {"collocated0": str(tmp_path / "logs" / "collocated0.steps.jsonl")}
