@@ -189,17 +189,22 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     write_json(meta, out_dir / "meta.json")
     log.info("workload: %d conversations, %d turns from %s", len(conversations),
              sum(len(r.turns) for _, r in conversations), source)
+    def replay_alone(what: str, under: str = "", **kw) -> tuple[Optional[dict], str]:
+        """The unloaded readings, or on an interrupt those done so far and the error naming it (the run
+        never starts; the summary says so, partial)."""
+        try:
+            return unloaded_readings(run, conversations, stats, **kw), ""
+        except BaselineInterrupted as e:
+            err = (f"KeyboardInterrupt: {e} during the {what} (unloaded-TTFET replays{under}: "
+                   f"{len(e.readings)} of {e.total} conversations done); the run did not start")
+            log.error("interrupted: %s", err)
+            return e.readings, err
+
     unloaded = None
     baseline_error = ""
     if cfg.slo.needs_unloaded():
         log.info("SLO baseline: replaying each conversation alone under %s", cfg.slo.reference_scheduler)
-        try:
-            unloaded = unloaded_readings(run, conversations, stats)
-        except BaselineInterrupted as e:  # the run never starts; the summary says so (partial)
-            unloaded = e.readings
-            baseline_error = (f"KeyboardInterrupt: {e} during the SLO baseline (unloaded-TTFET replays: "
-                              f"{len(e.readings)} of {e.total} conversations done); the run did not start")
-            log.error("interrupted: %s", baseline_error)
+        unloaded, baseline_error = replay_alone("SLO baseline")
     scale_unloaded = None
     if cfg.slo.needs_scale_unloaded() and not baseline_error:
         ref = cfg.slo.scale_reference_name()
@@ -207,12 +212,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
             scale_unloaded = unloaded
         else:
             log.info("SLO-scale baseline: replaying each conversation alone under %s", ref)
-            try:
-                scale_unloaded = unloaded_readings(run, conversations, stats, reference=ref)
-            except BaselineInterrupted as e:
-                baseline_error = (f"KeyboardInterrupt: {e} during the SLO-scale baseline (unloaded-TTFET replays "
-                                  f"under {ref}: {len(e.readings)} of {e.total} conversations done); the run did not start")
-                log.error("interrupted: %s", baseline_error)
+            scale_unloaded, baseline_error = replay_alone("SLO-scale baseline", f" under {ref}", reference=ref)
 
     bar = None
     if cfg.logger.progress:
