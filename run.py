@@ -3,112 +3,11 @@
 Defaults: ConServe on the shipped SWE-bench trace, simulated A40 cluster (1 prefiller + 3 decoders).
 Sweep: ``python run.py -m scheduler=conserve,ampd workload.rate_per_s=0.1,0.2``.
 Results go to ``results/runs/<time>_<scheduler>/`` (or ``results/sweeps/<time>/<n>_<scheduler>/``).
+The same as the installed console script ``agentic-harness``: the body is ``harness.cli``.
 See README.md and conf/README.md.
 """
 
-from __future__ import annotations
-
-import signal
-import sys
-from pathlib import Path
-
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
-
-from harness.config import ConfigError, register_configs, resolve
-from harness.trace import TraceError
-
-register_configs()
-
-
-def _drop_if_empty(out: Path) -> None:
-    """A config error leaves no run directory behind: remove ``out`` if it holds only what Hydra wrote
-    (``.hydra/``, ``run.log``), never measured results."""
-    import shutil
-    if out.is_dir() and {p.name for p in out.iterdir()} <= {".hydra", "run.log"}:
-        shutil.rmtree(out, ignore_errors=True)
-
-
-def _sigterm(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
-
-
-def _mark_interrupted(out: Path, why: str, multirun: bool) -> None:
-    """Mark an interrupted job's directory: ``interrupted.json`` (what stopped it, when), beside the partial
-    ``summary.json`` when the run had started; a re-run recomputes the job."""
-    import datetime
-    import os
-
-    from harness.recorder import write_json
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json({"interrupted": True, "error": why, "pid": os.getpid(), "sweep": multirun,
-                    "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
-                   out / "interrupted.json")
-    except OSError:
-        pass
-
-
-@hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> dict:
-    from hydra.types import RunMode
-
-    from harness.catalog import summary_table
-    from harness.loggers import logged_run
-    from harness.provenance import RUN_LOCK, DirLock, LockHeld, fingerprint
-    from harness.runner import completed_run, execute
-    hc = HydraConfig.get()
-    multirun = hc.mode == RunMode.MULTIRUN
-    signal.signal(signal.SIGTERM, _sigterm)  # like Ctrl-C: what was measured is written, partial
-    out = Path(hc.runtime.output_dir)
-    job = list(hc.overrides.task)
-    lock = None
-    try:
-        run = resolve(cfg)
-        resolved_yaml = OmegaConf.to_yaml(cfg)
-        lock = DirLock(out, RUN_LOCK).acquire()  # one writer per run directory
-        fp = fingerprint(run, resolved_yaml)
-        done = completed_run(out, resolved_yaml, fp, job)
-        if done is not None:
-            print(f"{out}: already complete with this config, trace, code and profiles (fingerprint "
-                  f"{fp['digest'][:12]}); skipped (delete it to run again)")
-            return done
-        with logged_run(run.cfg.logger, out, OmegaConf.to_container(cfg, resolve=True)):
-            summary = execute(run, out, resolved_yaml, fp=fp, job=job)
-    except (ConfigError, TraceError, LockHeld) as e:
-        print(f"error: {e}", file=sys.stderr)
-        if not isinstance(e, LockHeld):
-            if lock is not None:
-                lock.release()
-            _drop_if_empty(out)
-        sys.exit(2)
-    except KeyboardInterrupt as e:
-        why = str(e) or "Ctrl-C"
-        why = why if why.startswith("KeyboardInterrupt") else f"KeyboardInterrupt: {why}"
-        _mark_interrupted(out, why, multirun)
-        has = (out / "summary.json").is_file()
-        print(f"interrupted ({why}); " + (f"what was measured is in {out} (partial)" if has else
-                                           f"nothing was measured yet ({out})")
-              + ("; the sweep stops here (re-run the same command to resume it)" if multirun else ""),
-              file=sys.stderr)
-        sys.exit(130)
-    except RuntimeError as e:  # the run failed; partial results are written
-        print(f"error: {e}", file=sys.stderr)
-        if multirun:  # the sweep goes on; its comparison table marks this job
-            return {"partial": True, "error": str(e)}
-        sys.exit(1)
-    finally:
-        if lock is not None:
-            lock.release()
-    w = run.cfg.workload
-    rate = {"fixed": "t=0", "trace": f"the trace's timestamps x{1 / w.time_scale:g}"}.get(w.arrival,
-                                                                                       f"{w.rate_per_s} conv/s")
-    verdict = "VALID" if summary.get("valid") else "INVALID: " + "; ".join(summary.get("invalid_reasons", []))
-    print(f"\n{run.scheduler_name} on {run.cfg.cluster.name} ({run.backend_name}), {summary['workload']} "
-          f"@ {rate} -> {out}\n{summary_table({run.scheduler_name: summary})}\nrun {verdict}")
-    return summary
-
+from harness.cli import main
 
 if __name__ == "__main__":
     main()

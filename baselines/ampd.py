@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.policy import (AdmitAll, ClusterView, InstanceHints, InstanceView, Placement, PolicyContext, Predictor,
-                            PredictorConfig, TurnView, least_loaded, occupancy, register, require_roles)
+                            PredictorConfig, TurnView, least_loaded, occupancy, register)
 
 MODES = ("remote_default", "cost")
 TURN0 = ("observed", "predicted_demand")
@@ -285,7 +285,7 @@ class Ampd(AdmitAll):
         return out
 
 
-@register("ampd", AmpdConfig)
+@register("ampd", AmpdConfig, roles=("prefiller", "decoder"))
 def make(cfg: AmpdConfig, ctx: PolicyContext) -> Ampd:
     if cfg.mode not in MODES:
         raise ValueError(f"scheduler.mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
@@ -306,6 +306,5 @@ def make(cfg: AmpdConfig, ctx: PolicyContext) -> Ampd:
         raise ValueError(f"scheduler.misroute_frac must be in [0, 1] (a probability), got {cfg.misroute_frac!r}")
     if not (isinstance(cfg.misroute_seed, int) and 0 <= cfg.misroute_seed < 2**63):
         raise ValueError(f"scheduler.misroute_seed must be an int in [0, 2**63), got {cfg.misroute_seed!r}")
-    require_roles("ampd", ctx.cluster_roles, ("prefiller", "decoder"))
     pred = Predictor.from_config(ctx.truth, cfg.predictor)
     return Ampd(cfg, pred, ctx.hints, ctx.seed)

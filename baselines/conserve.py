@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from harness.policy import (Admission, ClusterView, Placement, PolicyContext, TurnView, least_loaded, occupancy,
-                            pick_prefiller, pool_occupancy, prefill_queue_s, register, require_roles)
+from harness.policy import (Admission, ClusterView, Placement, PolicyBase, PolicyContext, TurnView, least_loaded,
+                            occupancy, pick_prefiller, pool_occupancy, prefill_queue_s, register)
 
 
 @dataclass
@@ -33,7 +33,7 @@ class ConserveConfig:
     recheck_s: float = 0.05
 
 
-class Conserve:
+class Conserve(PolicyBase):
     """ConServe admission + placement."""
 
     name = "conserve"
@@ -96,7 +96,7 @@ class Conserve:
                          tuple((i.index, occupancy(i)) for i in decoders))
 
 
-@register("conserve", ConserveConfig)
+@register("conserve", ConserveConfig, roles=("prefiller", "decoder"))
 def make(cfg: ConserveConfig, ctx: PolicyContext) -> Conserve:
     if not 0 < cfg.kv_admit_frac <= 1:
         raise ValueError(f"scheduler.kv_admit_frac must be in (0, 1], got {cfg.kv_admit_frac!r}")
@@ -104,5 +104,4 @@ def make(cfg: ConserveConfig, ctx: PolicyContext) -> Conserve:
         raise ValueError(f"scheduler.max_prefill_queue_s must be > 0, got {cfg.max_prefill_queue_s!r}")
     if not cfg.recheck_s > 0:
         raise ValueError(f"scheduler.recheck_s must be > 0, got {cfg.recheck_s!r}")
-    require_roles("conserve", ctx.cluster_roles, ("prefiller", "decoder"))
     return Conserve(cfg)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.policy import (AdmitAll, ClusterView, Placement, PolicyContext, TurnView, least_loaded, occupancy,
-                            pick_prefiller, register, require_roles)
+                            pick_prefiller, register)
 
 
 @dataclass
@@ -40,9 +40,8 @@ class Disaggregated(AdmitAll):
                          tuple((i.index, occupancy(i)) for i in decoders))
 
 
-@register("disaggregated", DisaggregatedConfig)
+@register("disaggregated", DisaggregatedConfig, roles=("prefiller", "decoder"))
 def make(cfg: DisaggregatedConfig, ctx: PolicyContext) -> Disaggregated:
     if cfg.decoder_choice not in ("least_kv", "sticky"):
         raise ValueError(f"scheduler.decoder_choice must be 'least_kv' or 'sticky', got {cfg.decoder_choice!r}")
-    require_roles("disaggregated", ctx.cluster_roles, ("prefiller", "decoder"))
     return Disaggregated(cfg.decoder_choice)

@@ -36,6 +36,7 @@ from baselines.collocated import Collocated
 from harness.batching import RequestState, StepInput, StepPlan, prefill_chunk
 from harness.fluid import PromptType
 from harness.policy import PolicyContext, Predictor
+from harness.registry import register_rule
 
 THRESHOLD_SOURCES = ("fluid", "tl")
 IDLE_POLICIES = ("wait", "decode_residents")
@@ -506,9 +507,11 @@ class NestedWaitRule:
         return _plan(run, admit, inp.running, wake)
 
 
+@register_rule("wait")
+@register_rule("nested_wait")
 def rule_from_spec(spec: dict, classify: Optional[Callable] = None):
-    """Rebuild a :class:`WaitRule` or :class:`NestedWaitRule` from its ``to_spec()`` dict (every engine rule of
-    ``baselines``, WAIT-CP's included: :func:`baselines.batch_rules.rule_from_spec`).
+    """Rebuild a :class:`WaitRule` or :class:`NestedWaitRule` from its ``to_spec()`` dict (registered as the
+    builder of rules ``wait`` and ``nested_wait``: ``harness.registry.rule_from_spec`` rebuilds any engine rule).
 
     ``classify``: WAIT's ``request -> bin`` (default: :class:`KnownOutputClassifier` of the spec's bins,
     reading the request's ``known_output_tokens``). The knobs are checked as the policies check them.

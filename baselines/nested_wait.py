@@ -24,7 +24,6 @@ residents, most recently admitted first, when KV runs out).
 
 from __future__ import annotations
 
-from typing import ClassVar
 
 from dataclasses import dataclass, field, replace
 
@@ -43,7 +42,6 @@ class NestedWaitConfig:
     (Algorithm 2) or ``decode_residents``; stage_caps: ``raised`` (a cap of 0 becomes 1) or ``rotate``
     (the segment totals kept, the extra ones rotating from step to step)."""
 
-    forms_batches: ClassVar[bool] = True  # its engines run a batch rule (backends launch engines for it)
     name: str = "nested_wait"
     output_bins: list[int] = field(default_factory=lambda: [64, 256, 1024])
     thresholds: str = "tl"
@@ -61,7 +59,7 @@ class NestedWait(BatchRulePolicy):
     name = "nested_wait"
 
 
-@register("nested_wait", NestedWaitConfig)
+@register("nested_wait", NestedWaitConfig, forms_batches=True, reads_workload=True)
 def make(cfg: NestedWaitConfig, ctx: PolicyContext) -> NestedWait:
     edges = check_knobs(cfg.output_bins, cfg.max_wait_s, cfg.thresholds, cfg.total_cap_tl, cfg.idle_policy)
     if not 0 <= cfg.eta < 1:

@@ -19,7 +19,6 @@ The rule itself (eligibility, per-stage caps, pausing, eviction preference, fini
 
 from __future__ import annotations
 
-from typing import ClassVar
 
 from dataclasses import dataclass, field
 
@@ -37,7 +36,6 @@ class WaitConfig:
     (``fluid`` only); max_wait_s: finite-horizon timeout, s; idle_policy: ``wait`` (Algorithm 1) or
     ``decode_residents``."""
 
-    forms_batches: ClassVar[bool] = True  # its engines run a batch rule (backends launch engines for it)
     name: str = "wait"
     output_bins: list[int] = field(default_factory=lambda: [64, 256, 1024])
     thresholds: str = "fluid"
@@ -60,7 +58,7 @@ def tl_thresholds(types, tl: float) -> list[int]:
     return [max(1, int(tl * t.rate_per_s / denom)) for t in types]
 
 
-@register("wait", WaitConfig)
+@register("wait", WaitConfig, forms_batches=True, reads_workload=True)
 def make(cfg: WaitConfig, ctx: PolicyContext) -> Wait:
     edges = check_knobs(cfg.output_bins, cfg.max_wait_s, cfg.thresholds, cfg.total_cap_tl, cfg.idle_policy)
     if not cfg.margin >= 0:

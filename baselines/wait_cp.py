@@ -56,11 +56,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from itertools import islice
-from typing import ClassVar, Optional, Sequence
+from typing import Optional, Sequence
 
 from baselines.fluid_admission import BatchRulePolicy, check_knobs, prompt_types
 from harness.batching import StepInput, StepPlan, VllmV1Rule
 from harness.policy import PolicyContext, register
+from harness.registry import register_rule
 
 AUTHORS_SOURCE = ("Luoxiaogan/vidur_or@011fe971a7cd vidur/scheduler/replica_scheduler/"
                   "general_nested_chunked_replica_scheduler.py")
@@ -286,9 +287,12 @@ class WaitCpRule:
                         admit_chunk_cap=cs)
 
 
+@register_rule("wait_cp")
+@register_rule("wait_cp_control")
 def cp_rule_from_spec(spec: dict):
-    """Rebuild a :class:`WaitCpRule` or :class:`BudgetCapRule` from its ``to_spec()`` dict (the vLLM
-    wrapper, ``harness.vllm.wait_scheduler``).
+    """Rebuild a :class:`WaitCpRule` or :class:`BudgetCapRule` from its ``to_spec()`` dict (registered as the
+    builder of rules ``wait_cp`` and ``wait_cp_control``; the vLLM wrapper, ``harness.vllm.wait_scheduler``,
+    rebuilds it through ``harness.registry.rule_from_spec``).
 
     Raises:
         ValueError: a missing or bad field, naming it.
@@ -347,7 +351,6 @@ class WaitCpConfig:
     watermark, fraction of KV blocks (their ``watermark_blocks_fraction``); max_wait_s: finite-horizon
     escape of ``wait_gate``, s."""
 
-    forms_batches: ClassVar[bool] = True
     name: str = "wait_cp"
     tl: float = 21.0
     cs: int = 256
@@ -364,7 +367,6 @@ class WaitCpControlConfig:
     """The same-budget Sarathi-like control: ``tl``, ``cs``, ``seg_margin``, ``output_bins`` only serve to
     compute WAIT-CP's ``batch_est`` (the step budget) and ``tl`` (the cap on requests holding KV)."""
 
-    forms_batches: ClassVar[bool] = True
     name: str = "wait_cp_control"
     tl: float = 21.0
     cs: int = 256
@@ -399,7 +401,7 @@ def _note(c: CpConstants, tl: float, cs: int) -> str:
             f"segments={[(s.start, s.end, s.total) for s in c.segments]} ({AUTHORS_SOURCE})")
 
 
-@register("wait_cp", WaitCpConfig)
+@register("wait_cp", WaitCpConfig, forms_batches=True, reads_workload=True)
 def make(cfg: WaitCpConfig, ctx: PolicyContext) -> WaitCp:
     if not 0 <= cfg.watermark_frac < 1:
         raise ValueError(f"scheduler.watermark_frac must be in [0, 1), got {cfg.watermark_frac!r}")
@@ -411,7 +413,7 @@ def make(cfg: WaitCpConfig, ctx: PolicyContext) -> WaitCp:
     return WaitCp(rules, _note(consts[0], cfg.tl, cfg.cs) + f" gate={cfg.gate} wait_gate={cfg.wait_gate}")
 
 
-@register("wait_cp_control", WaitCpControlConfig)
+@register("wait_cp_control", WaitCpControlConfig, forms_batches=True, reads_workload=True)
 def make_control(cfg: WaitCpControlConfig, ctx: PolicyContext) -> WaitCpControl:
     consts, _ = _constants(cfg, ctx)
     rules = [BudgetCapRule(c.batch_est, int(cfg.tl)) for c in consts]

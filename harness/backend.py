@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence
 
 from harness.policy import Placement
 from harness.registry import Registry, Spec
@@ -139,10 +139,31 @@ class Cluster(Protocol):
         """Backend-specific measurements for ``summary.json`` (e.g. server start-up times)."""
 
 
+class BackendConfig:
+    """Base of every backend's config dataclass (the ``backend`` config node's schema), with the default
+    hooks the run reads before anything is opened: a backend overrides those that apply to it."""
+
+    supports_batch_rules: ClassVar[bool] = False
+    """Its engines take a policy's batch rule (``harness.batching``; the simulator, launched vLLM servers)."""
+
+    def validate(self, run: Any) -> None:
+        """Check the backend's own keys against the run (a ``harness.config.Resolved``); raise ``ValueError``
+        naming the key. Default: nothing to check."""
+
+    def context_limit(self) -> Optional[int]:
+        """The context the backend serves with when shorter than the model's (e.g. vLLM's
+        ``--max-model-len``), tokens; ``None``: the model's own (``model.max_model_len``)."""
+        return None
+
+    def check_batch_rules(self, run: Any, rules: Sequence[Any]) -> None:
+        """Raise ``ValueError`` if a rule of ``rules`` (the policy's, one per instance that has one) cannot run
+        on this backend. Default: every rule can (only read when ``supports_batch_rules``)."""
+
+
 BackendSpec = Spec
-"""A registered backend (``harness.registry.Spec``): its name, config dataclass (the ``backend`` config
-node's schema; it may define ``validate(run)`` raising ``ValueError`` naming the key, and a class attribute
-``supports_batch_rules``) and ``open(run, run_dir, *, conversations, ...) -> ContextManager[Cluster]``
+"""A registered backend (``harness.registry.Spec``): its name, config dataclass (a :class:`BackendConfig`
+subclass: the ``backend`` config node's schema and its hooks) and
+``open(run, run_dir, *, conversations, ...) -> ContextManager[Cluster]``
 (``run``: a ``harness.config.Resolved``; ``conversations``: the workload's ``(arrival_s, record)`` pairs,
 for what a backend derives from them, e.g. which KV blocks they share)."""
 
@@ -152,11 +173,15 @@ ENTRY_POINT_GROUP = "agentic_harness.backends"
 
 
 def register_backend(name: str, config_cls: type):
-    """Decorator registering ``open`` as backend ``name`` with its config dataclass.
+    """Decorator registering ``open`` as backend ``name`` with its config dataclass (a
+    :class:`BackendConfig` subclass).
 
     Raises:
-        ValueError: if ``name`` is already registered.
+        ValueError: if ``name`` is already registered. TypeError: ``config_cls`` does not derive from
+        :class:`BackendConfig`.
     """
+    if not (isinstance(config_cls, type) and issubclass(config_cls, BackendConfig)):
+        raise TypeError(f"backend {name!r}: config class {config_cls!r} must derive from harness.backend.BackendConfig")
     return _BACKENDS.register(name, config_cls)
 
 

@@ -22,13 +22,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from harness.backend import backends, get_backend
 from harness.metrics import SloConfig
+from harness.paths import PROJECT_ROOT, data_path  # noqa: F401  (PROJECT_ROOT re-exported)
 from harness.policy import ROLES
 from harness.profiles import ClusterConfig, EngineConfig, HardwareConfig, ModelConfig, kv_capacity_blocks
 from harness.schedulers import get_spec, registered
 from harness.validity import ValidityConfig
 from harness.workload import WorkloadConfig
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 class ConfigError(ValueError):
@@ -142,12 +141,9 @@ class Resolved:
 
 
 def resolve_path(p: str) -> Path:
-    """A relative path is looked up in the working directory, then under the project root."""
-    path = Path(p)
-    if path.is_absolute():
-        return path
-    cwd = Path(os.getcwd()) / path
-    return cwd if cwd.exists() else PROJECT_ROOT / path
+    """A relative path is looked up in the working directory, then under the project root, then in the
+    installed package (``harness.paths.data_path``)."""
+    return data_path(p)
 
 
 def scheduler_config(name: str, node: Any) -> Any:
@@ -306,9 +302,8 @@ def resolve(dcfg: DictConfig) -> Resolved:
         raise ConfigError(f"workload.trace: {why}: {cfg.workload.trace} (looked for {trace})")
     backend_name, backend_obj = _plugin_choice(cfg.backend, "backend", backend_config)
     run = Resolved(cfg, instances, name, sched_obj, trace, backend_name, backend_obj)
-    if hasattr(backend_obj, "validate"):
-        try:
-            backend_obj.validate(run)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+    try:
+        backend_obj.validate(run)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return run

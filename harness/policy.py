@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkabl
 import numpy as np
 
 from harness.profiles import kv_transfer_s
-from harness.registry import Registry, Spec
+from harness.registry import Registry, SchedulerSpec
 
 ROLES = ("prefiller", "decoder", "collocated")
 
@@ -194,21 +194,43 @@ class Policy(Protocol):
     once per released turn. Both must be pure functions of their arguments (plus the predictor and a
     seeded generator given at construction).
 
-    Optional: ``batch_rule(instance) -> harness.batching.BatchRule | None`` (the policy forms each step's
-    batch inside that engine, e.g. WAIT; only backends whose config has ``supports_batch_rules`` take it,
-    and the policy's config class must declare ``forms_batches: ClassVar[bool] = True``, which a backend
-    that launches engines reads before the policy can be built: ``harness.session.check_policies``),
-    ``plan_note`` (a string logged once as the ``plan`` decision).
+    Hooks with defaults (:class:`PolicyBase`): ``batch_rule(instance) -> harness.batching.BatchRule |
+    None`` (the policy forms each step's batch inside that engine, e.g. WAIT; only backends whose config
+    has ``supports_batch_rules`` take it, and the variant must be registered with ``forms_batches=True``,
+    which a backend that launches engines reads before the policy can be built:
+    ``harness.session.check_policies``), ``plan_note`` (a string logged once as the ``plan`` decision),
+    ``summary() -> dict`` (the policy's own counters for ``summary.json``).
     """
 
     name: str
+    plan_note: str
 
     def admit(self, queue: Sequence[TurnView], view: ClusterView, now: float) -> Admission: ...
 
     def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement: ...
 
+    def batch_rule(self, instance_index: int) -> Any: ...
 
-class AdmitAll:
+    def summary(self) -> dict: ...
+
+
+class PolicyBase:
+    """The default hooks of a :class:`Policy` (every variant derives from it, as vLLM's schedulers derive
+    from ``SchedulerInterface``): no engine batch rule, no plan note, no own summary fields."""
+
+    plan_note: str = ""
+
+    def batch_rule(self, instance_index: int) -> Any:
+        """The engine batch rule of instance ``instance_index`` (``harness.batching.BatchRule``), or None:
+        the engine's own rule."""
+        return None
+
+    def summary(self) -> dict:
+        """The policy's own counters merged into ``summary.json`` (e.g. AMPD's decision flips); ``{}``."""
+        return {}
+
+
+class AdmitAll(PolicyBase):
     """Admission mixin: release every held turn at once (no admission control)."""
 
     def admit(self, queue: Sequence[TurnView], view: ClusterView, now: float) -> Admission:
@@ -368,23 +390,31 @@ class PolicyContext:
     kv_capacity_tokens: tuple[int, ...]
 
 
-_SCHEDULERS = Registry("scheduler")
-PolicySpec = Spec
+_SCHEDULERS = Registry("scheduler", SchedulerSpec)
+PolicySpec = SchedulerSpec
 
 
-def register(name: str, config_cls: type):
+def register(name: str, config_cls: type, *, roles: Sequence[str] = (), forms_batches: bool = False,
+             reads_workload: bool = False):
     """Class/function decorator adding a policy factory ``(cfg, ctx) -> Policy`` to the registry under
-    ``name``. ``harness.config.register_configs`` turns every registered config class into the Hydra option
+    ``name``, with the variant's traits (``harness.registry.SchedulerSpec``): ``roles`` the cluster must
+    have (each of :data:`ROLES`), ``forms_batches`` (its policy returns engine batch rules),
+    ``reads_workload`` (its decisions read the workload statistics or the seed).
+    ``harness.config.register_configs`` turns every registered config class into the Hydra option
     ``scheduler=<name>`` (a YAML file in ``conf/scheduler/`` is not needed).
 
     Raises:
-        ValueError: if ``name`` is already registered.
+        ValueError: if ``name`` is already registered, or a role is not one of :data:`ROLES`.
     """
-    return _SCHEDULERS.register(name, config_cls)
+    bad = [r for r in roles if r not in ROLES]
+    if bad:
+        raise ValueError(f"scheduler {name!r}: roles {bad} are not among {list(ROLES)}")
+    return _SCHEDULERS.register(name, config_cls, roles=tuple(roles), forms_batches=bool(forms_batches),
+                                reads_workload=bool(reads_workload))
 
 
 def registry() -> dict[str, PolicySpec]:
-    """The specs registered so far (``harness.schedulers`` imports ``baselines`` to fill it)."""
+    """The specs registered so far (``harness.schedulers`` loads the plug-ins to fill it)."""
     return _SCHEDULERS.specs()
 
 

@@ -1,11 +1,14 @@
-"""The scheduler registry, filled: importing this module imports ``baselines`` (every variant registers
-itself with ``harness.policy.register``). Kept apart from ``harness.policy`` so that the policy interface
-never imports the variants built on it (no import cycle)."""
+"""The scheduler registry, filled: importing this module loads the plug-ins (``harness.registry.load_plugins``:
+``baselines`` and the ``agentic_harness.schedulers`` entry points; every variant registers itself with
+``harness.policy.register``). Kept apart from ``harness.policy`` so that the policy interface never imports
+the variants built on it (no import cycle)."""
 
 from __future__ import annotations
 
-import baselines  # noqa: F401  (fills the registry)
 from harness.policy import _SCHEDULERS, PolicySpec
+from harness.registry import load_plugins
+
+load_plugins()  # fills the registry
 
 
 def get_spec(name: str) -> PolicySpec:
@@ -20,3 +23,4 @@ def get_spec(name: str) -> PolicySpec:
 def registered() -> list[str]:
     """Names of all registered variants, sorted."""
     return sorted(_SCHEDULERS.specs())
+

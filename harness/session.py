@@ -50,8 +50,7 @@ def instance_hints(hw: HardwareConfig, model: ModelConfig) -> InstanceHints:
 
 def batch_rules(policy: Policy, n: int) -> list:
     """The policy's engine batch rule per instance (``None``: the engine's default rule)."""
-    rule_of = getattr(policy, "batch_rule", None)
-    return [rule_of(i) if rule_of else None for i in range(n)]
+    return [policy.batch_rule(i) for i in range(n)]
 
 
 def policy_context(run: Any, stats: WorkloadStats, oracle: Callable, kv_capacity_tokens: Sequence[int]
@@ -64,11 +63,10 @@ def policy_context(run: Any, stats: WorkloadStats, oracle: Callable, kv_capacity
 
 def context_limit(run: Any) -> Optional[int]:
     """The served model's context, tokens: ``model.max_model_len`` (its ``config.json``), and on a
-    backend that serves with a shorter one (``backend.context_limit``, e.g. vLLM's ``--max-model-len``),
+    backend that serves with a shorter one (``BackendConfig.context_limit``, e.g. vLLM's ``--max-model-len``),
     that. ``None`` when neither says."""
     limits = [run.cfg.model.max_model_len or None]
-    own = getattr(run.backend, "context_limit", None)
-    limits.append(own() if own else None)
+    limits.append(run.backend.context_limit())
     limits = [x for x in limits if x]
     return min(limits) if limits else None
 
@@ -77,10 +75,14 @@ def make_policy(name: str, sched_cfg: Any, ctx: PolicyContext) -> Policy:
     """Build the registered scheduler ``name`` from its config dataclass and the context.
 
     Raises:
-        KeyError: unknown scheduler. ValueError: the factory rejects the config or the cluster.
+        KeyError: unknown scheduler. ValueError: the cluster lacks a role the variant is registered with
+        (``roles``), or the factory rejects the config or the cluster.
     """
+    from harness.policy import require_roles
     from harness.schedulers import get_spec
-    return get_spec(name).factory(sched_cfg, ctx)
+    spec = get_spec(name)
+    require_roles(name, ctx.cluster_roles, spec.roles)
+    return spec.factory(sched_cfg, ctx)
 
 
 def estimated_capacities(run: Any) -> list[int]:
@@ -147,7 +149,7 @@ def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float,
                 raise ValueError(f"scheduler {scheduler_name} forms batches inside the engine; this backend cannot")
             cluster.set_batch_rule(i, rule)
     recorder.bind([i.name for i in cluster.infos])
-    plan = getattr(policy, "plan_note", "")
+    plan = policy.plan_note
     if plan:  # a policy's plan (e.g. WAIT's fluid thresholds), once, at t = 0
         recorder.decision(PlanDecision(0.0, plan))
     controller = Controller(cluster, policy, conversations, recorder, ctx.hints,
@@ -188,9 +190,7 @@ def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float,
                       "client_wait_max_s": max(waits) if waits else math.nan})
     if plan:
         extra["policy_plan"] = plan
-    summary_hook = getattr(policy, "summary", None)
-    if callable(summary_hook):  # a policy's own counters (e.g. AMPD's decision flips), backend-neutral
-        extra.update(summary_hook())
+    extra.update(policy.summary())  # a policy's own counters (e.g. AMPD's decision flips), backend-neutral
     return SessionResult(recorder, convs, cluster.energy_j(end), start, end, cluster.preemptions(),
                          cluster.clock.events, wall, error, tb, extra)
 
@@ -217,6 +217,7 @@ def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRe
         ConfigError: naming the scheduler and the factory's message.
     """
     from harness.config import ConfigError
+    from harness.schedulers import get_spec
     names = [(run.scheduler_name, run.scheduler)]
     if run.cfg.slo.needs_unloaded() and run.cfg.slo.reference_scheduler != "same":
         names.append(reference_policy(run))
@@ -227,16 +228,14 @@ def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRe
         try:
             policy = make_policy(name, sched_cfg, ctx)
             rules = [r for r in batch_rules(policy, len(run.instances)) if r is not None]
-            if rules and not getattr(run.backend, "supports_batch_rules", False):
+            if rules and not run.backend.supports_batch_rules:
                 raise ValueError(f"forms batches inside the engine (a batch rule); backend={run.backend_name} cannot "
                                  f"take one")
-            if rules and not getattr(type(sched_cfg), "forms_batches", False):
-                raise ValueError(f"returns batch rules, but its config class {type(sched_cfg).__name__} does not "
-                                 f"declare forms_batches = True (a backend that launches engines reads it before "
-                                 f"the policy can be built)")
-            check = getattr(run.backend, "check_batch_rules", None)
-            if rules and check is not None:
-                check(run, rules)
+            if rules and not get_spec(name).forms_batches:
+                raise ValueError(f"returns batch rules, but it is not registered with forms_batches=True (a backend "
+                                 f"that launches engines reads it before the policy can be built)")
+            if rules:
+                run.backend.check_batch_rules(run, rules)
         except ValueError as e:
             what = ("scheduler" if name == run.scheduler_name else "slo.reference_scheduler"
                     if name == run.cfg.slo.reference_scheduler else "slo.scale_reference")
@@ -356,19 +355,16 @@ def unloaded_ttfet(run: Any, conversations: Sequence[tuple[float, ConversationRe
 # in one process (Hydra's basic launcher, or one joblib worker) replays each distinct conversation once.
 _UNLOADED_CACHE: dict[tuple, float] = {}
 _UNLOADED_CACHE_MAX = 200_000
-# Reference schedulers whose placement reads neither the workload statistics nor the run's seed (their
-# own config, predictor seed included, is part of the key).
-_STATS_FREE_REFERENCES = ("collocated", "conserve", "ampd", "disaggregated")
 
 
 def cache_root() -> Optional[Path]:
     """The on-disk cache directory: ``$HARNESS_CACHE_DIR`` if set (``""`` or ``off``: no disk cache),
-    else ``results/cache`` of the project."""
+    else ``results/cache`` of the project (``harness.paths.results_root``)."""
     env = os.environ.get("HARNESS_CACHE_DIR")
     if env is not None:
         return None if env.strip() in ("", "off") else Path(env)
-    from harness.config import PROJECT_ROOT
-    return PROJECT_ROOT / "results" / "cache"
+    from harness.paths import results_root
+    return results_root() / "cache"
 
 
 def _digest(text: str) -> str:
@@ -475,12 +471,13 @@ class _DiskCache:
 def _unloaded_cache_key(run: Any, stats: WorkloadStats, name: str, ref: Any) -> str:
     """What an unloaded replay depends on besides the conversation: instances (hardware), model, engine,
     link, the shared system prompt, the reference scheduler and its config (and the workload stats and
-    seed when the reference scheduler may read them: a scheduler outside ``_STATS_FREE_REFERENCES``, or AMPD
-    with ``misroute_frac > 0``)."""
+    seed when the reference scheduler may read them: one registered with ``reads_workload=True``, or AMPD
+    with ``misroute_frac > 0``; its own config, predictor seed included, is part of the key anyway)."""
     cfg = run.cfg
     parts = [run.instances, cfg.model, cfg.engine, cfg.cluster.link, cfg.workload.effective_shared_prefix_tokens(),
              name, ref]
-    if name not in _STATS_FREE_REFERENCES or getattr(ref, "misroute_frac", 0) > 0:
+    from harness.schedulers import get_spec
+    if get_spec(name).reads_workload or getattr(ref, "misroute_frac", 0) > 0:
         # (AMPD's misroute draw reads the run's seed, so a misrouting reference is not seed-free)
         parts += [cfg.seed, stats.rate_per_s, stats.mean_turns,
                   *(a.tobytes() for a in (stats.turn_prompt_tokens, stats.turn_new_tokens,

@@ -523,9 +523,9 @@ def write_trace(path: str | os.PathLike, conversations: Iterable[ConversationRec
         raise
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the statistics CLI lives in harness.tracestats (trace must not import it: a cycle)
     import sys as _sys
 
-    from harness.tracestats import main as _main
-
-    _sys.exit(_main())
+    print("error: the trace statistics moved: python -m harness.tracestats stats FILE [--cache-tokens N] ...",
+          file=_sys.stderr)
+    _sys.exit(2)

@@ -1,4 +1,4 @@
-"""Statistics of a trace before a run: ``python -m harness.trace stats FILE``.
+"""Statistics of a trace before a run: ``python -m harness.tracestats stats FILE``.
 
 Prints the number of requests (LLM calls) and sessions (conversations), the duration and request rate
 (request traces with timestamps), percentiles of the input (prompt) and output lengths, and the *ideal*
@@ -433,7 +433,7 @@ def _pct(a: np.ndarray) -> str:
 
 def trace_stats(records: Sequence[ConversationRecord], block_size: int = 16, cache_tokens: Optional[int] = None,
                 shared_prefix_tokens: int = 0) -> str:
-    """The statistics text printed by ``python -m harness.trace stats`` (module docstring)."""
+    """The statistics text printed by ``python -m harness.tracestats stats`` (module docstring)."""
     turns = [t for r in records for t in r.turns]
     inp = np.array([t.prompt_tokens for t in turns], dtype=np.int64)
     out = np.array([t.output_tokens for t in turns], dtype=np.int64)
@@ -452,9 +452,9 @@ def trace_stats(records: Sequence[ConversationRecord], block_size: int = 16, cac
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """CLI: ``python -m harness.trace stats FILE [--cache-tokens N] [--block-size B]
+    """CLI: ``python -m harness.tracestats stats FILE [--cache-tokens N] [--block-size B]
     [--shared-prefix-tokens N] [--hash-block-tokens H]``. Returns the exit status (2 on a bad trace)."""
-    ap = argparse.ArgumentParser(prog="python -m harness.trace", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m harness.tracestats", description=__doc__.split("\n\n")[0],
                                  epilog="Exit status: 0 printed; 2 a missing, unreadable or malformed trace "
                                         "(the message names file:line and the field) or a bad argument.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -485,3 +485,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{a.file}")
     print(text)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

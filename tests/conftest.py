@@ -9,12 +9,15 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from harness.config import PROJECT_ROOT, register_configs, resolve
+from harness.schedulers import get_spec, registered
 from harness.trace import ConversationRecord, TurnRecord
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 # the registered schedulers that form batches inside the engine (a batch rule: the simulator and launched vLLM
-# servers take them, the fake backend and already-running servers do not); a registry trait is issue 24's
-BATCH_FORMING = ("wait", "nested_wait", "wait_cp", "wait_cp_control")
+# servers take them, the fake backend and already-running servers do not), and those that need a prefiller
+# and a decoder: read from the registry's traits (harness.registry.SchedulerSpec)
+BATCH_FORMING = tuple(n for n in registered() if get_spec(n).forms_batches)
+NEEDS_PD = frozenset(n for n in registered() if {"prefiller", "decoder"} <= set(get_spec(n).roles))
 
 
 def compose_cfg(overrides=()):

@@ -13,7 +13,7 @@ import math
 import pytest
 
 from baselines.ampd import Ampd, AmpdConfig
-from harness.policy import ClusterView, InstanceHints, InstanceView, Predictor, TurnTruth, TurnView
+from harness.policy import ClusterView, InstanceHints, InstanceView, PolicyBase, Predictor, TurnTruth, TurnView
 from tests.conftest import compose_run
 from tests.test_handcalc import CONV
 
@@ -158,7 +158,7 @@ def test_controller_books_cached_prefixes(monkeypatch):
     def spy(name, cfg, ctx):
         pol = orig(name, cfg, ctx)
 
-        class Spy:
+        class Spy(PolicyBase):
             def __init__(self):
                 self.name = pol.name
 

@@ -31,11 +31,9 @@ from harness.profiles import kv_capacity_blocks
 from harness.sim.backend import SimBackend
 from harness.trace import TraceError
 from harness.workload import WorkloadConfig, build_workload
-from tests.conftest import compose_cfg, compose_run, conversation
+from tests.conftest import NEEDS_PD, compose_cfg, compose_run, conversation
 
 CONF = PROJECT_ROOT / "conf"
-# Variants that prefill on a prefiller and decode on a decoder (their factories call require_roles).
-NEEDS_PD = {"conserve", "disaggregated", "ampd"}
 # What compose_run / execute may raise for a bad input (anything else, e.g. a bare ValueError or KeyError,
 # reaches the CLI as a traceback).
 CONFIG_ERRORS = (ConfigError, TraceError, HydraException)

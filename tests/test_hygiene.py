@@ -24,7 +24,7 @@ from harness.tracestats import ideal_hit_ratio, request_stats_text, stream_reque
 MOONCAKE = PROJECT_ROOT / "traces" / "mooncake" / "conversation_trace.jsonl.gz"
 
 
-# ---- harness.trace stats: streaming, bounded memory ------------------------------------------------------
+# ---- harness.tracestats stats: streaming, bounded memory ------------------------------------------------------
 
 def write_request_trace(path: Path, n: int, seed: int = 0, *, sessions: bool = False, shuffle: bool = False,
                         ids: bool = True) -> None:
@@ -103,8 +103,8 @@ def test_trace_stats_memory_per_request_is_bounded(tmp_path):
     small, big = tmp_path / "small.jsonl", tmp_path / "big.jsonl"
     write_request_trace(small, 10_000, seed=1)
     write_request_trace(big, 90_000, seed=1)
-    rss_small, _ = _peak_rss_bytes("-m", "harness.trace", "stats", str(small))
-    rss_big, out = _peak_rss_bytes("-m", "harness.trace", "stats", str(big))
+    rss_small, _ = _peak_rss_bytes("-m", "harness.tracestats", "stats", str(small))
+    rss_big, out = _peak_rss_bytes("-m", "harness.tracestats", "stats", str(big))
     assert "requests: 90,000" in out
     per_request = (rss_big - rss_small) / 80_000
     assert per_request < 1000, f"{per_request:.0f} bytes per request"

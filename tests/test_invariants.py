@@ -14,7 +14,7 @@ from harness.session import simulate
 from harness.sim.engine import Engine
 from harness.trace import load_trace
 from harness.workload import WorkloadConfig, build_workload, truncate_turns
-from tests.conftest import compose_run
+from tests.conftest import NEEDS_PD, compose_run
 
 # A small, memory-starved cluster so that eviction and preemption happen: 5 % of 48 GB minus 1.19 GB of
 # weights and a 256 MiB reserve leaves ~8k tokens of KV per instance, against contexts of several thousand.
@@ -61,7 +61,7 @@ def checked_engines(monkeypatch):
 
 @pytest.mark.parametrize("scheduler", registered())
 def test_conservation_policy_matrix(scheduler, checked_engines):
-    cluster = "a40_4x" if scheduler in ("collocated", "wait", "nested_wait") else "a40_1p3d"
+    cluster = "a40_1p3d" if scheduler in NEEDS_PD else "a40_4x"
     run = compose_run([f"scheduler={scheduler}", f"cluster={cluster}", *TIGHT])
     convs, stats = workload(run)
     res = simulate(run, convs, stats, scheduler, run.scheduler)

@@ -7,8 +7,9 @@ plug-ins, engine knobs that mean the same everywhere, and layering without impor
 * A policy that raises mid-run ends the run at once: ``partial: true``, the policy's error and traceback
   in ``summary.json``, the measured rows kept, a non-zero exit from the CLI.
 * ``engine.*`` knobs reach ``vllm serve`` as flags, or are rejected naming the key.
-* The import graph of ``harness/`` + ``baselines/`` has no cycle, and neither ``harness.vllm`` nor
-  ``baselines`` imports ``harness.sim``; ``Controller(`` is constructed in one place.
+* The import graph of ``harness/`` + ``baselines/`` (every import: module level, function level, ``__main__``
+  blocks) has no cycle; neither ``harness.vllm`` nor ``baselines`` imports ``harness.sim``, no backend imports
+  ``baselines``, the vLLM backend does not import the config module; ``Controller(`` is constructed in one place.
 """
 
 from __future__ import annotations
@@ -25,26 +26,25 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.backend import InstanceInfo, InstanceState, backends, register_backend
+from harness.backend import BackendConfig, InstanceInfo, InstanceState, backends, register_backend
 from harness.clock import SimClock
 from harness.config import PROJECT_ROOT, ConfigError
 from harness.runner import execute
 from harness.schedulers import registered
 from harness.session import estimated_capacities
-from tests.conftest import BATCH_FORMING, compose_run
+from tests.conftest import BATCH_FORMING, NEEDS_PD, compose_run
 
 SMALL = ["workload.num_conversations=6", "workload.max_turns=4", "workload.rate_per_s=0.5", "logger.progress=false"]
-PD_NEEDED = {"conserve", "ampd", "disaggregated"}
 
 
 def cluster_for(scheduler: str) -> str:
-    return "a40_1p3d" if scheduler in PD_NEEDED else "a40_4x"
+    return "a40_1p3d" if scheduler in NEEDS_PD else "a40_4x"
 
 
 # ---- a fake in-memory backend: a third implementation of the Cluster protocol ----------------------------
 
 @dataclass
-class FakeBackendConfig:
+class FakeBackendConfig(BackendConfig):
     """``backend=fake`` (tests only): every turn takes ``step_s`` per token, no KV, no energy."""
 
     name: str = "fake"
@@ -254,39 +254,55 @@ def test_a_sim_key_is_not_a_vllm_key():
 
 # ---- layering -----------------------------------------------------------------------------------------
 
-def internal_imports() -> dict[str, set[str]]:
-    """Module -> the project modules it imports (``harness.*``, ``baselines.*``), from the source."""
+def _is_type_checking_block(node) -> bool:
+    """``if TYPE_CHECKING:``: imports for annotations only, never executed (no runtime dependency)."""
+    t = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (getattr(t, "id", "") == "TYPE_CHECKING" or getattr(t, "attr", "") == "TYPE_CHECKING")
+
+
+def internal_imports(root_dir: Path = PROJECT_ROOT) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (``harness.*``, ``baselines.*``), from the source: every
+    ``import`` / ``from ... import`` anywhere in the file (module level, inside functions and methods, inside
+    ``if __name__ == "__main__":``), relative imports resolved; only ``if TYPE_CHECKING:`` blocks are left out
+    (annotations, never executed)."""
     mods = {}
     for root in ("harness", "baselines"):
-        for p in (PROJECT_ROOT / root).rglob("*.py"):
-            rel = p.relative_to(PROJECT_ROOT).with_suffix("")
+        for p in (root_dir / root).rglob("*.py"):
+            rel = p.relative_to(root_dir).with_suffix("")
             name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
             mods[name] = p
-    def is_main_block(node) -> bool:  # ``if __name__ == "__main__":``: a CLI entry, not a dependency
-        t = getattr(node, "test", None)
-        return (isinstance(node, ast.If) and isinstance(t, ast.Compare) and getattr(t.left, "id", "") == "__name__")
-
     graph: dict[str, set[str]] = {}
     for name, p in mods.items():
         deps = set()
         tree = ast.parse(p.read_text())
-        tree.body = [n for n in tree.body if not is_main_block(n)]
-        for node in ast.walk(tree):
+        package = name if p.name == "__init__.py" else name.rpartition(".")[0]
+        skip = {id(n) for n in ast.walk(tree) if _is_type_checking_block(n)}
+        stack = [tree]
+        while stack:
+            node = stack.pop()
+            if id(node) in skip:
+                continue
+            stack.extend(ast.iter_child_nodes(node))
             targets = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # from . import x / from ..y import z
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*up, base] if base else up)
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
             for t in targets:
-                if t in mods and t != name:
+                while t and t not in mods:   # ``import harness.sim.perf as x`` -> harness.sim.perf; a name -> its module
+                    t = t.rpartition(".")[0]
+                if t and t != name:
                     deps.add(t)
         graph[name] = deps
     return graph
 
 
-def test_no_import_cycles_and_no_simulator_import_from_vllm_or_baselines():
-    graph = internal_imports()
-    # package __init__ files import nothing but their children here; a cycle is a path back to oneself
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every back edge found by a depth-first search: each a path ``[a, b, ..., a]`` (empty: acyclic)."""
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles = []
@@ -294,7 +310,7 @@ def test_no_import_cycles_and_no_simulator_import_from_vllm_or_baselines():
     def visit(m):
         state[m] = 1
         stack.append(m)
-        for d in graph[m]:
+        for d in sorted(graph[m]):
             if state.get(d) == 1:
                 cycles.append(stack[stack.index(d):] + [d])
             elif d not in state:
@@ -302,17 +318,70 @@ def test_no_import_cycles_and_no_simulator_import_from_vllm_or_baselines():
         stack.pop()
         state[m] = 2
 
-    for m in graph:
+    for m in sorted(graph):
         if m not in state:
             visit(m)
-    assert not cycles, cycles
-    bad = [(m, d) for m, ds in graph.items() for d in ds
-           if (m.startswith("harness.vllm") or m.startswith("baselines")) and d.startswith("harness.sim")]
-    assert not bad, bad
-    # baselines import only the policy interface (with its helpers and the engine batch-rule interface),
-    # the fluid model and each other
-    allowed = ("harness.policy", "harness.batching", "harness.fluid", "baselines")
-    assert all(d.startswith(allowed) for m, ds in graph.items() if m.startswith("baselines") for d in ds), graph
+    return cycles
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[tuple[str, str, str]]:
+    """``(module, imported module, rule)`` for each import against the stated layering rules."""
+    backends = ("harness.sim", "harness.vllm", "harness.backend")
+    bad = []
+    for m, ds in graph.items():
+        for d in ds:
+            if m.startswith(("harness.vllm", "baselines")) and d.startswith("harness.sim"):
+                bad.append((m, d, "harness.vllm / baselines import the simulator"))
+            if m.startswith(backends) and d.startswith("baselines"):
+                bad.append((m, d, "a backend imports a scheduler variant"))
+            if m.startswith("harness.vllm") and d == "harness.config":
+                bad.append((m, d, "the vLLM backend imports the config module"))
+            # baselines import only the policy interface (with its helpers and the engine batch-rule
+            # interface), the fluid model, the registry and each other
+            if m.startswith("baselines") and not d.startswith(("harness.policy", "harness.batching", "harness.fluid",
+                                                               "harness.registry", "baselines")):
+                bad.append((m, d, "baselines import only the policy interface, batch rules, fluid model, registry"))
+    return sorted(bad)
+
+
+def test_no_import_cycles_and_no_simulator_import_from_vllm_or_baselines():
+    graph = internal_imports()
+    assert not import_cycles(graph), import_cycles(graph)
+    assert not layering_violations(graph), layering_violations(graph)
+
+
+def test_the_import_graph_sees_function_level_main_block_and_relative_imports(tmp_path):
+    """The checker itself: a planted cycle through a ``__main__`` block, a function-level import of the
+    simulator from ``harness.vllm``, and a relative import of ``baselines`` from a backend are each found; an
+    ``if TYPE_CHECKING:`` import is not an edge."""
+    (tmp_path / "harness" / "vllm").mkdir(parents=True)
+    (tmp_path / "harness" / "sim").mkdir()
+    (tmp_path / "baselines").mkdir()
+    files = {
+        "harness/__init__.py": "",
+        "harness/a.py": "import os\nif __name__ == '__main__':\n    from harness.b import main\n",
+        "harness/b.py": "from harness.a import x\n",
+        "harness/sim/__init__.py": "",
+        "harness/sim/engine.py": "",
+        "harness/vllm/__init__.py": "",
+        "harness/vllm/x.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from harness.config import R\n"
+                              "def f():\n    from harness.sim import engine\n    return engine\n"),
+        "harness/vllm/y.py": "from ...baselines import w\n",
+        "harness/config.py": "",
+        "baselines/__init__.py": "",
+        "baselines/w.py": "",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).write_text(text)
+    graph = internal_imports(tmp_path)
+    assert graph["harness.vllm.x"] == {"harness.sim", "harness.sim.engine"}   # the TYPE_CHECKING import is no edge
+    assert graph["harness.vllm.y"] == {"baselines", "baselines.w"}
+    assert import_cycles(graph) == [["harness.a", "harness.b", "harness.a"]]
+    assert layering_violations(graph) == [
+        ("harness.vllm.x", "harness.sim", "harness.vllm / baselines import the simulator"),
+        ("harness.vllm.x", "harness.sim.engine", "harness.vllm / baselines import the simulator"),
+        ("harness.vllm.y", "baselines", "a backend imports a scheduler variant"),
+        ("harness.vllm.y", "baselines.w", "a backend imports a scheduler variant")]
 
 
 def test_the_controller_is_constructed_in_one_place():

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from baselines.batch_rules import rule_from_spec
+from harness.registry import rule_from_spec
 from baselines.fluid_admission import NestedWaitRule, WaitRule
 from harness.config import PROJECT_ROOT, ConfigError
 from harness.vllm import wait_scheduler as ws

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Sequence
 
-from harness.backend import register_backend
+from harness.backend import BackendConfig, register_backend
 
 
 @dataclass
-class SimBackendConfig:
+class SimBackendConfig(BackendConfig):
     """``backend=sim``: a simulated cluster of vLLM-like engines (``harness.sim``).
 
     max_coalesce_s: the longest run of identical decode-only steps simulated as one event, s; also the

@@ -18,12 +18,12 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import aiohttp
 
 from harness.clock import AsyncioClock
-from harness.config import PROJECT_ROOT, Resolved
+from harness.paths import PROJECT_ROOT
 from harness.vllm.backend import ContextBook, Endpoint, VllmBackend
 from harness.vllm.client import completion_body, stream_completion
 from harness.vllm.energy import EnergyMeter
@@ -32,6 +32,9 @@ from harness.vllm.nodes import node_address
 from harness.vllm.flags import engine_args
 from harness.vllm.scrape import MetricsPoller, histogram_delta, parse_histograms
 from harness.vllm.wait_scheduler import RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, forms_batches
+
+if TYPE_CHECKING:  # a type only: the backend does not import the config module
+    from harness.config import Resolved
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Optional, Sequence
 
-from harness.backend import register_backend
+from harness.backend import BackendConfig, register_backend
 from harness.profiles import EngineConfig
 from harness.vllm.flags import ENGINE_NOT_ON_VLLM, VLLM_FLAGS, flag_value
 from harness.vllm.wait_scheduler import SCHEDULER_CLS, forms_batches
 
 @dataclass
-class VllmBackendConfig:
+class VllmBackendConfig(BackendConfig):
     """``backend=vllm``: real ``vllm serve`` instances (see ``conf/README.md``).
 
     model: path (or name) of the served model; ``tiny`` builds the offline test model

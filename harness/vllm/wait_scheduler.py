@@ -10,7 +10,7 @@ How a step is formed (vLLM 0.32, ``vllm/v1/core/sched/scheduler.py``):
    blocks), the token budget (``max_num_scheduled_tokens``), ``max_num_seqs`` and the per-request chunk
    cap (``long_prefill_token_threshold``); admission order, submission time and the time a request last
    advanced are kept here (:class:`Tracker`), on ``time.monotonic()`` seconds.
-2. The rule (rebuilt from the JSON spec the harness writes, ``baselines.batch_rules.rule_from_spec``:
+2. The rule (rebuilt from the JSON spec the harness writes, ``harness.registry.rule_from_spec``:
    the same class and parameters as the simulator's) returns its plan.
 3. :func:`select` turns the plan into vLLM terms; :meth:`RuleSchedulingMixin.schedule` then (a) preempts
    the rule's preferred victims (unselected residents, most recently admitted first) while the selected
@@ -54,9 +54,10 @@ SCHEDULER_CLS = "harness.vllm.wait_scheduler.RuleScheduler"
 
 
 def forms_batches(run: Any) -> bool:
-    """True when the run's scheduler forms batches inside the engine (its config class declares
-    ``forms_batches``): its servers then run :data:`SCHEDULER_CLS`."""
-    return bool(getattr(type(run.scheduler), "forms_batches", False))
+    """True when the run's scheduler forms batches inside the engine (registered with ``forms_batches=True``,
+    ``harness.registry.SchedulerSpec``): its servers then run :data:`SCHEDULER_CLS`."""
+    from harness.policy import registry
+    return registry()[run.scheduler_name].forms_batches
 
 
 class Tracker:
@@ -189,7 +190,8 @@ def blocks_needed(req: Any, tokens: int, held: int, block_size: int, lookahead: 
 
 
 def load_rule(path: str | Path):
-    """The rule of the spec file at ``path`` (``baselines.batch_rules.rule_from_spec``), or None
+    """The rule of the spec file at ``path`` (``harness.registry.rule_from_spec``: the builder registered
+    under the spec's ``rule``), or None
     while the file does not exist.
 
     Raises:
@@ -199,7 +201,7 @@ def load_rule(path: str | Path):
     p = Path(path)
     if not p.is_file():
         return None
-    from baselines.batch_rules import rule_from_spec
+    from harness.registry import rule_from_spec
     try:
         spec = json.loads(p.read_text())
     except ValueError as e:

@@ -1,0 +1,104 @@
+"""The installable package (issue 24, item 4): the wheel built from this checkout, installed in a fresh virtual
+environment outside the checkout, runs the main job with its console script ``agentic-harness`` and prints
+the main job's table as README.md shows it (every row but the wall time), with Hydra finding ``conf/`` through
+``pkg://harness.conf`` and the default trace shipped as package data.
+
+The venv is made with ``--system-site-packages`` (the heavy dependencies -- hydra, numpy, pandas, pyarrow --
+are not downloaded again) and ``--no-index``: the test needs no network; what is imported is checked to be the
+wheel's copy (``harness.__file__`` under the venv), never the checkout's or an editable install's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from harness.paths import PROJECT_ROOT
+
+# what a source copy leaves out (build outputs, results, caches)
+IGNORE = shutil.ignore_patterns(".git", "results", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+                                ".venv", "outputs", "multirun")
+
+
+def readme_main_table() -> list[str]:
+    """The rows of the main job's table in README.md (the fenced block holding ``| metric | conserve |``)."""
+    text = (PROJECT_ROOT / "README.md").read_text()
+    for block in re.findall(r"```\n(.*?)```", text, re.S):
+        lines = block.splitlines()
+        if "| metric | conserve |" in lines and lines[0].startswith("conserve on a40_1p3d (sim)"):
+            return [ln for ln in lines if ln.startswith("|")]
+    pytest.fail("README.md has no fenced block with the main job's table")
+
+
+def table_rows(stdout: str) -> list[str]:
+    return [ln for ln in stdout.splitlines() if ln.startswith("|")]
+
+
+def _clean_env() -> dict:
+    """This process's environment without what would put the checkout (or another venv) on ``sys.path``."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+
+
+def test_the_wheel_installed_outside_the_checkout_runs_the_main_job(tmp_path):
+    pytest.importorskip("setuptools", minversion="77")   # the build backend (PEP 639 license string), offline
+    src = tmp_path / "src"
+    shutil.copytree(PROJECT_ROOT, src, ignore=IGNORE)    # build from a copy: the checkout gets no build files
+    wheels = tmp_path / "wheels"
+    env = _clean_env()
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
+                    str(src)], check=True, env=env, cwd=tmp_path, timeout=300)
+    (wheel,) = wheels.glob("agentic_serving_harness-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for need in ("harness/cli.py", "baselines/wait.py", "harness/conf/__init__.py", "harness/conf/config.yaml",
+                 "harness/conf/cluster/a40_1p3d.yaml", "harness/traces/swebench_verified_mini_gemini3pro.jsonl.gz",
+                 "harness/traces/tokenizer/qwen2.5/vocab.json"):
+        assert need in names, need
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    meta = next(zipfile.ZipFile(wheel).read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
+    assert "Name: agentic-serving-harness" in meta and "License-Expression: MIT" in meta
+    for extra in ("vllm", "test"):   # harness.vllm.scrape imports it: declared where it is needed
+        assert f'Requires-Dist: prometheus_client>=0.18; extra == "{extra}"' in meta, extra
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], check=True, env=env,
+                   timeout=300)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    where = subprocess.run([str(py), "-c", "import harness, baselines; print(harness.__file__); print(baselines.__file__)"],
+                           cwd=outside, env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert all(Path(p).resolve().is_relative_to(venv.resolve()) for p in where), where   # the wheel's copy
+
+    env["HARNESS_CACHE_DIR"] = str(tmp_path / "cache")
+    r = subprocess.run([str(venv / "bin" / "agentic-harness"), "logger.progress=false",
+                        f"hydra.run.dir={outside / 'run'}"], cwd=outside, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = next(ln for ln in r.stdout.splitlines() if ln.startswith("conserve on "))
+    assert first.startswith("conserve on a40_1p3d (sim), swebench_verified_mini_gemini3pro.jsonl.gz @ 0.05 conv/s")
+    got = [ln for ln in table_rows(r.stdout) if not ln.startswith("| run wall")]
+    want = [ln for ln in readme_main_table() if not ln.startswith("| run wall")]
+    assert got == want
+    assert "run VALID" in r.stdout
+    assert (outside / "run" / "summary.json").is_file() and (outside / "run" / "turns.parquet").is_file()
+    assert not list(venv.glob("lib/python*/site-packages/results"))   # nothing written into the install
+
+
+def test_a_missing_config_directory_is_named():
+    """Neither a checkout's ``conf/`` nor the wheel's ``harness/conf``: the error names both places."""
+    from unittest import mock
+
+    from harness import cli
+    with mock.patch.object(cli, "PROJECT_ROOT", Path("/nonexistent/checkout")), \
+            mock.patch.object(cli, "PACKAGE_DIR", Path("/nonexistent/site-packages/harness")):
+        with pytest.raises(FileNotFoundError, match=r"/nonexistent/checkout/conf .*/nonexistent/site-packages/harness/conf"):
+            cli.config_path()
