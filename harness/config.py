@@ -114,12 +114,39 @@ def register_configs() -> None:
     run directories use. Idempotent."""
     if not OmegaConf.has_resolver("pid"):  # run directories: two runs started in the same second differ
         OmegaConf.register_new_resolver("pid", os.getpid)
+    if not OmegaConf.has_resolver("harness_config_groups"):  # --help (conf/config.yaml hydra.help.template)
+        OmegaConf.register_new_resolver("harness_config_groups", config_groups_help)
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     for name in registered():
         cs.store(group="scheduler", name=name, node=get_spec(name).config_cls)
     for name, spec in backends().items():
         cs.store(group="backend", name=name, node=spec.config_cls)
+
+
+def config_groups_help() -> str:
+    """The config groups ``--help`` lists (``group: option, ...``, one line each): the YAML options of every
+    group under ``conf/`` (the checkout's, else the installed package's), the registered schedulers and
+    backends; the generated experiment sub-groups (``experiment/arm``, ``experiment/cell``,
+    ``experiment/wait_point``: hundreds of names) by their count only. Hydra's own groups (``hydra/...``)
+    are left out, as Hydra's ``$APP_CONFIG_GROUPS`` leaves them."""
+    from harness.paths import PACKAGE_DIR, in_checkout
+    conf = PROJECT_ROOT / "conf" if in_checkout() else PACKAGE_DIR / "conf"
+    groups: dict[str, list[str]] = {}
+    for p in conf.rglob("*.yaml"):
+        rel = p.relative_to(conf)
+        if len(rel.parts) >= 2 and rel.parts[0] != "hydra":
+            groups.setdefault("/".join(rel.parts[:-1]), []).append(p.stem)
+    groups["scheduler"] = registered()
+    groups["backend"] = list(backends())
+    lines = []
+    for g in sorted(groups):
+        opts = sorted(groups[g])
+        if "/" in g:   # generated sub-groups of the experiment presets
+            lines.append(f"{g}: {len(opts)} generated options (conf/{g}/*.yaml; chosen by +experiment=...)")
+        else:
+            lines.append(f"{g}: {', '.join(opts)}")
+    return "\n".join(lines)
 
 
 @dataclass

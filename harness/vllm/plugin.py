@@ -8,6 +8,7 @@ on any machine.
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Optional, Sequence
@@ -185,17 +186,22 @@ class VllmBackendConfig(BackendConfig):
                                  f"--no-async-scheduling itself and needs the FCFS policy")
 
     def check_batch_rules(self, run: Any, rules: Sequence[Any]) -> None:
-        """Each rule must be expressible as a spec the server-side scheduler rebuilds (``rule.to_spec()``).
+        """Each rule must be expressible as a spec the server-side scheduler rebuilds (``rule.to_spec()``, a
+        JSON object whose ``rule`` names a builder registered with ``harness.registry.register_rule``): the
+        spec is rebuilt here once, as the server will (``harness.registry.rule_from_spec``).
 
         Raises:
-            ValueError: the rule has no ``to_spec`` or refuses (its message says why).
+            ValueError: the rule has no ``to_spec``, refuses, or its spec is not JSON or names no registered
+                builder (its message says why).
         """
+        from harness.registry import rule_from_spec
         for r in rules:
-            to_spec = getattr(r, "to_spec", None)
+            to_spec = getattr(r, "to_spec", None)   # harness.batching.BatchRule leaves it optional (sim-only rules)
             if to_spec is None:
                 raise ValueError(f"batch rule {getattr(r, 'name', type(r).__name__)!r} cannot be sent to a vLLM "
-                                 f"server (no to_spec(); {SCHEDULER_CLS} rebuilds WAIT and Nested WAIT rules only)")
-            to_spec()
+                                 f"server: no to_spec() ({SCHEDULER_CLS} rebuilds a rule from its JSON spec by the "
+                                 f"builder registered under its name, harness.registry.register_rule)")
+            rule_from_spec(json.loads(json.dumps(to_spec())))
 
     def _validate_placement(self, run: Any) -> None:
         """The launcher keys (``launcher``, ``tensor_parallel_size``, ``host``, ``placement``, ...).
