@@ -53,6 +53,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.paths import shipped
 from harness.trace import ConversationRecord, TurnRecord, write_trace
 
 __all__ = [
@@ -90,7 +91,7 @@ __all__ = [
 ]
 
 #: Tokenizer files shipped with the project (Apache-2.0, see its SOURCE.md).
-DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "traces" / "tokenizer" / "qwen2.5"
+DEFAULT_TOKENIZER_DIR = shipped("traces/tokenizer/qwen2.5")   # the checkout's, or the installed wheel's
 
 #: Cap on generated tokens per call (tokens). 8192 is a common ``max_tokens``
 #: for agent calls (e.g. the default output cap of many OpenAI-compatible

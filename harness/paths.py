@@ -41,3 +41,13 @@ def data_path(rel: str | Path) -> Path:
         if (base / path).exists():
             return base / path
     return (PROJECT_ROOT if in_checkout() else Path.cwd()) / path
+
+
+def shipped(rel: str | Path) -> Path:
+    """A file or directory the project ships (e.g. ``traces/tokenizer/qwen2.5``): the checkout's copy, else the
+    installed package's (:data:`PACKAGE_DIR`); where neither exists, the checkout's path (for the caller's
+    error message, which names it)."""
+    for base in (PROJECT_ROOT, PACKAGE_DIR):
+        if (base / rel).exists():
+            return base / rel
+    return PROJECT_ROOT / rel

@@ -79,6 +79,9 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_main_job(tmp_path):
     where = subprocess.run([str(py), "-c", "import harness, baselines; print(harness.__file__); print(baselines.__file__)"],
                            cwd=outside, env=env, capture_output=True, text=True, check=True).stdout.split()
     assert all(Path(p).resolve().is_relative_to(venv.resolve()) for p in where), where   # the wheel's copy
+    tok = subprocess.run([str(py), "-c", "from harness.convert import DEFAULT_TOKENIZER_DIR as d; print(d)"],
+                         cwd=outside, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(tok).resolve().is_relative_to(venv.resolve()) and (Path(tok) / "vocab.json").is_file(), tok
 
     env["HARNESS_CACHE_DIR"] = str(tmp_path / "cache")
     r = subprocess.run([str(venv / "bin" / "agentic-harness"), "logger.progress=false",
