@@ -110,6 +110,19 @@ def server_spec(args, model: str, otlp_endpoint: str, run_dir: Path):
     return spec
 
 
+def _run(cmd: list[str], **kw) -> None:
+    """Run a client; its output is kept out of the report (vLLM's import prints pages of Triton warnings)
+    and its stderr's tail shown when it fails.
+
+    Raises:
+        subprocess.CalledProcessError: the client exited non-zero.
+    """
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+    if r.returncode:
+        sys.stderr.write(r.stderr[-4000:])
+        raise subprocess.CalledProcessError(r.returncode, cmd[:3])
+
+
 def harness_round(args, url: str, model: str, seed: int, out: Path, spans: dict, thresholds: dict) -> dict:
     """One harness run against ``url``: goodput and throughput (req/s), median TTFT (ms), per-request TTFT
     offsets (ms) and its turns (for the shifted recount)."""
@@ -120,7 +133,7 @@ def harness_round(args, url: str, model: str, seed: int, out: Path, spans: dict,
            f"workload.num_conversations={args.num_requests}", "workload.arrival=poisson",
            f"workload.rate_per_s={args.rate}", f"workload.seed={seed}", f"slo.goodput='{args.goodput}'",
            "logger.progress=false", f"hydra.run.dir={out}"]
-    subprocess.run(cmd, check=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL)
+    _run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     s = json.loads((out / "summary.json").read_text())
     t = pd.read_parquet(out / "turns.parquet")
     time.sleep(SPAN_FLUSH_S)
@@ -148,7 +161,7 @@ def bench_round(args, url: str, model: str, seed: int, k: int, out: Path, spans:
            "--ignore-eos", "--goodput", *args.goodput.split(), "--percentile-metrics", "ttft,tpot,itl,e2el",
            "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", "bench.json",
            "--request-id-prefix", prefix, "--disable-tqdm"]
-    subprocess.run(cmd, check=True, env=dict(os.environ, **CPU_ENV), stdout=subprocess.DEVNULL)
+    _run(cmd, env=dict(os.environ, **CPU_ENV))
     res = json.loads((out / "bench.json").read_text())
     time.sleep(SPAN_FLUSH_S)
     offsets = []
