@@ -395,7 +395,7 @@ class VllmCluster:
                 await asyncio.wait_for(self._wake.wait(), self.max_run_s)
             except asyncio.TimeoutError:
                 reason = (f"backend.max_run_s={self.max_run_s:.0f} reached" + (
-                    "" if b.max_run_s is not None else " (derived: workload span + backend.max_run_margin_s; harness.vllm.cluster.run_limit_s)"))
+                    "" if b.max_run_s is not None else " (derived from the workload and backend.max_run_margin_s: harness.vllm.cluster.run_limit_s)"))
             self._energy = backend.energy.energy_j()  # exactly the measured window
         finally:
             stop.set()
