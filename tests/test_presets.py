@@ -278,10 +278,12 @@ def test_the_authors_exact_llama3_arms():
 
 
 def test_the_paper_rates_above_the_llama2_grid():
-    """Optional points at the paper's rates for the Llama-3-8B arms: Figure C's near-boundary 22, 23 and
-    Figure G's 3.5-5 prompts/s (numerical.tex), past the preset's grids; not in the default sweep."""
+    """Optional points at the paper's rates: Figure B's and C's near-boundary 22, 23 (512/20 between the
+    grid's 20 and 24; two types past the Llama-2-7B grid) and Figure G's 3.5-5 prompts/s (numerical.tex);
+    not in the default sweep."""
     params = sweep_params("wait_paper")
-    extra = {"wait_two_types_r22": ("wait_two_types", 22), "wait_two_types_r23": ("wait_two_types", 23),
+    extra = {"wait_single_r22": ("wait_single", 22), "wait_single_r23": ("wait_single", 23),
+             "wait_two_types_r22": ("wait_two_types", 22), "wait_two_types_r23": ("wait_two_types", 23),
              "wait_long_r3p5": ("wait_long", 3.5), "wait_long_r4": ("wait_long", 4),
              "wait_long_r4p5": ("wait_long", 4.5), "wait_long_r5": ("wait_long", 5)}
     for p, (wl, rate) in extra.items():
