@@ -35,7 +35,9 @@ def run_arm(arm: str, workload: str, rate: float, n: int, seed: int, extra: list
           f"workload.num_conversations={n}", f"workload.seed={seed}", *extra]
     arm, *arm_ov = arm.split("@")         # e.g. wait_wait@scheduler.idle_policy=decode_residents
     if arm == "collocated":
-        ov.append("scheduler=collocated")   # the preset sets no scheduler: without this it is the default, conserve
+        # the preset sets no scheduler (without this it is the default, conserve) and no
+        # engine.gpu_memory_utilization / max_num_seqs (each arm takes them from conf/experiment/wait_engine/)
+        ov += ["scheduler=collocated", "+experiment/wait_engine=vidur"]
     else:
         ov.append(f"+experiment/arm={arm}")
     ov += arm_ov

@@ -73,6 +73,9 @@ def test_ports_and_cores_are_counted_per_machine_address():
     (["backend.srun_args=['--partition=gpu']"], "backend.srun_args"),
     (["backend.max_run_margin_s=0"], "backend.max_run_margin_s"),
     (["backend.cpus_per_instance=0"], "backend.cpus_per_instance"),
+    # a hand-set run limit that would cut a duration-stopped run before its stop (run_limit_s derives one)
+    (["workload.arrival=closed", "workload.concurrency=2", "workload.duration_s=60", "backend.max_run_s=60"],
+     "backend.max_run_s=60 s would end the run before or at its duration stop"),
 ])
 def test_launcher_keys_are_validated_naming_the_key(over, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -142,6 +145,30 @@ def test_run_limit_derives_from_the_workload_span():
     assert run_limit_s(run.backend, convs) == 154.0
     fixed = compose_run(COMMON + ["cluster=cpu_1x", "scheduler=collocated", "backend.max_run_s=600"])
     assert run_limit_s(fixed.backend, convs) == 600.0
+
+
+def test_run_limit_of_a_closed_population_a_cap_and_a_duration_stop():
+    """By hand, margin 100 s: tool times a 42 s, b 4 s, c 0 s -> D = 142, 104, 100 s (sum 346 s).
+    Closed, 2 agents (all arrivals 0): max_j (D_j + (346 - D_j) / 2) = 142 + 102 = 244 s (= Graham's
+    346 / 2 + (1 - 1/2) 142). A cap of 1 over arrivals 0, 50, 60 s: c at 60 + 100 + (346 - 100) = 406 s
+    (b: 50 + 104 + 242 = 396; a: 0 + 142 + 204 = 346). A 60 s duration stop: min(244, 60 + 100) = 160 s;
+    one of 500 s leaves the 244 s. The uncapped limit is unchanged: c at 60 + 100 = 160 s."""
+    a = conversation("a", [(0, 10, 5, 30.0), (10, 5, 5, 12.0), (20, 5, 5, 0.0)])
+    b = conversation("b", [(0, 10, 5, 4.0), (10, 5, 5, 0.0)])
+    c = conversation("c", [(0, 10, 5, 0.0)])
+    base = COMMON + ["cluster=cpu_1x", "scheduler=collocated", "backend.max_run_margin_s=100"]
+    closed = compose_run(base + ["workload.arrival=closed", "workload.concurrency=2"])
+    at0 = [(0.0, a), (0.0, b), (0.0, c)]
+    assert run_limit_s(closed.backend, at0, closed.cfg.workload) == pytest.approx(244.0)
+    capped = compose_run(base + ["workload.max_concurrency=1"])
+    spread = [(0.0, a), (50.0, b), (60.0, c)]
+    assert run_limit_s(capped.backend, spread, capped.cfg.workload) == pytest.approx(406.0)
+    open_ = compose_run(base)
+    assert run_limit_s(open_.backend, spread, open_.cfg.workload) == pytest.approx(160.0)
+    stop = compose_run(base + ["workload.arrival=closed", "workload.concurrency=2", "workload.duration_s=60"])
+    assert run_limit_s(stop.backend, at0, stop.cfg.workload) == pytest.approx(160.0)
+    late = compose_run(base + ["workload.arrival=closed", "workload.concurrency=2", "workload.duration_s=500"])
+    assert run_limit_s(late.backend, at0, late.cfg.workload) == pytest.approx(244.0)
 
 
 # ---- real: Ray -------------------------------------------------------------------------------------

