@@ -455,3 +455,19 @@ def test_engine_times_config_is_checked():
     assert mode == "off" and "backend.otlp_port" in why and "engine_times=scrape" in why
     b3 = compose_run(base + ["backend.launch=false", "backend.endpoints=[http://x:1]", "backend.otlp_port=4318"]).backend
     assert engine_times_mode(b3, steps=True) == ("spans", "")
+
+
+def test_launched_servers_are_told_where_to_send_their_spans(tmp_path):
+    from harness.vllm.cluster import instance_specs
+    from tests.conftest import compose_run
+    run = compose_run(["backend=vllm", "model=tiny", "cluster=cpu_1p1d", "scheduler=collocated", "slo=absolute",
+                       "engine.block_size=128"])
+    plain = instance_specs(run, "m", tmp_path)
+    assert all("--otlp-traces-endpoint" not in s.args and "OTEL_SERVICE_NAME" not in s.env for s in plain)
+    specs = instance_specs(run, "m", tmp_path, "http://127.0.0.1:4318/v1/traces")
+    for s in specs:
+        cmd = s.command()
+        assert cmd[cmd.index("--otlp-traces-endpoint") + 1] == "http://127.0.0.1:4318/v1/traces"
+        assert s.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"   # vLLM's default is gRPC
+        assert s.env["OTEL_SERVICE_NAME"] == s.name
+    assert len({s.name for s in specs}) == 2                      # one service name per instance
