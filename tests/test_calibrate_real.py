@@ -55,9 +55,11 @@ def server(tmp_path_factory):
 def assert_binned(values, hist, what):
     """``values`` (one per request, s) fall into ``hist``'s buckets (``histogram_delta`` form: upper bounds
     ``le``, cumulative counts) exactly as the histogram counted them, and sum to its ``sum``: the spans carry
-    the very values vLLM observed (``vllm/v1/metrics/stats.py``)."""
+    the very values vLLM observed (``vllm/v1/metrics/stats.py``). The last bound, +Inf, is JSON's null."""
     assert hist["count"] == len(values), what
-    assert [sum(v <= le for v in values) for le in hist["le"]] == hist["cumulative"], what
+    bounds = [math.inf if le is None else le for le in hist["le"]]
+    assert bounds[-1] == math.inf and len(bounds) > 3, (what, bounds)
+    assert [sum(v <= le for v in values) for le in bounds] == hist["cumulative"], what
     assert sum(values) == pytest.approx(hist["sum"], rel=1e-9, abs=1e-9), what
 
 
