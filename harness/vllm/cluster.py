@@ -30,7 +30,7 @@ from harness.vllm.energy import EnergyMeter
 from harness.vllm.launcher import InstanceSpec, Launcher
 from harness.vllm.nodes import node_address
 from harness.vllm.flags import engine_args
-from harness.vllm.otlp import SPAN_EXPORT_DELAY_MS, SpanReceiver, span_env
+from harness.vllm.otlp import SPAN_EXPORT_DELAY_MS, SpanReceiver, engine_times_mode, span_env
 from harness.vllm.scrape import MetricsPoller, histogram_delta, parse_histograms
 from harness.vllm.wait_scheduler import RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, forms_batches
 
@@ -533,7 +533,6 @@ def open_cluster(run: Resolved, run_dir: Path, conversations: Sequence = (), hoo
     """Launch (``backend.launch``) or connect to the servers and yield an opened :class:`VllmCluster`;
     on exit, whatever happened, close it and stop every launched server, then remove ``run_dir/kv_store``
     (the KV blocks ``ExampleConnector`` servers exchange through the filesystem: scratch, not a result)."""
-    from harness.vllm.plugin import engine_times_mode
     b = run.backend
     model = model_path(b.model)
     mode, why = engine_times_mode(b, bool(run.cfg.logger.steps))

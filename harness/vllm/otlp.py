@@ -59,6 +59,30 @@ def vllm_request_id(x_request_id: str) -> str:
     return f"cmpl-{x_request_id}-0"
 
 
+ENGINE_TIMES = ("auto", "spans", "scrape", "off")
+
+
+def engine_times_mode(backend: Any, steps: bool) -> tuple[str, str]:
+    """The per-request engine-time source of a run (``backend``: a ``harness.vllm.plugin.VllmBackendConfig``),
+    ``(mode, why)``: ``mode`` is ``spans``, ``scrape`` or
+    ``off`` (``backend.engine_times`` with ``auto`` resolved); ``why`` says, for ``auto`` resolved to
+    ``off``, why and what to set (logged once), else ``""``. Without ``logger.steps`` nothing is recorded:
+    ``off``."""
+    if not steps:
+        return "off", ""
+    mode = backend.engine_times
+    if mode != "auto":
+        return mode, ""
+    if backend.launch or backend.otlp_port is not None:
+        return "spans", ""
+    return "off", ("backend.launch=false and no backend.otlp_port: vLLM's per-request spans cannot reach this run, so "
+                   "server_metrics.json holds the run's histograms only, no per-request engine times. Start each server "
+                   "with --otlp-traces-endpoint http://<this host>:PORT/v1/traces and "
+                   "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf and set backend.otlp_port=PORT, or set "
+                   "backend.engine_times=scrape (one /metrics GET per finished turn, which delays the server's "
+                   "token streams; docs/metrics.md)")
+
+
 def _value(v: Any) -> Any:
     kind = v.WhichOneof("value")
     return getattr(v, kind) if kind else None

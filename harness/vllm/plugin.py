@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Iterator, Optional, Sequence
 from harness.backend import register_backend
 from harness.profiles import EngineConfig
 from harness.vllm.flags import ENGINE_NOT_ON_VLLM, VLLM_FLAGS, flag_value
+from harness.vllm.otlp import ENGINE_TIMES, engine_times_mode  # noqa: F401 -- engine_times_mode: re-exported
 from harness.vllm.wait_scheduler import SCHEDULER_CLS, forms_batches
 
 @dataclass
@@ -271,29 +272,6 @@ class VllmBackendConfig:
             if shutil.which("srun") is None:
                 raise ValueError("backend.launcher=slurm needs Slurm's srun on PATH (run inside a Slurm cluster; "
                                  "scripts/install-cluster-tools.sh installs a local one for tests)")
-
-
-ENGINE_TIMES = ("auto", "spans", "scrape", "off")
-
-
-def engine_times_mode(backend: VllmBackendConfig, steps: bool) -> tuple[str, str]:
-    """The per-request engine-time source of a run, ``(mode, why)``: ``mode`` is ``spans``, ``scrape`` or
-    ``off`` (``backend.engine_times`` with ``auto`` resolved); ``why`` says, for ``auto`` resolved to
-    ``off``, why and what to set (logged once), else ``""``. Without ``logger.steps`` nothing is recorded:
-    ``off``."""
-    if not steps:
-        return "off", ""
-    mode = backend.engine_times
-    if mode != "auto":
-        return mode, ""
-    if backend.launch or backend.otlp_port is not None:
-        return "spans", ""
-    return "off", ("backend.launch=false and no backend.otlp_port: vLLM's per-request spans cannot reach this run, so "
-                   "server_metrics.json holds the run's histograms only, no per-request engine times. Start each server "
-                   "with --otlp-traces-endpoint http://<this host>:PORT/v1/traces and "
-                   "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf and set backend.otlp_port=PORT, or set "
-                   "backend.engine_times=scrape (one /metrics GET per finished turn, which delays the server's "
-                   "token streams; docs/metrics.md)")
 
 
 @register_backend("vllm", VllmBackendConfig)
