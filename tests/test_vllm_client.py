@@ -471,3 +471,20 @@ def test_launched_servers_are_told_where_to_send_their_spans(tmp_path):
         assert s.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"   # vLLM's default is gRPC
         assert s.env["OTEL_SERVICE_NAME"] == s.name
     assert len({s.name for s in specs}) == 2                      # one service name per instance
+
+
+def test_a_taken_otlp_port_is_refused_naming_the_key(tmp_path):
+    import socket
+
+    from harness.vllm.cluster import open_cluster
+    from tests.conftest import compose_run
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        sk.listen()
+        port = sk.getsockname()[1]
+        run = compose_run(["backend=vllm", "backend.launch=false", "backend.endpoints=[http://127.0.0.1:9]",
+                           "backend.model=fake", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute",
+                           "engine.block_size=128", "logger.steps=true", f"backend.otlp_port={port}"])
+        with pytest.raises(RuntimeError, match=f"backend.otlp_port={port}"):
+            with open_cluster(run, tmp_path):
+                pass

@@ -542,7 +542,12 @@ def open_cluster(run: Resolved, run_dir: Path, conversations: Sequence = (), hoo
         launcher = None
         spans = None
         if mode == "spans":   # bound before any server starts: a launched one is told where to send
-            spans = stack.enter_context(SpanReceiver(b.otlp_port or 0, node_address(b.host)))
+            host = node_address(b.host)
+            try:
+                spans = stack.enter_context(SpanReceiver(b.otlp_port or 0, host))
+            except OSError as e:
+                raise RuntimeError(f"backend.otlp_port={b.otlp_port}: the span receiver cannot listen on {host} ({e}); "
+                                   f"give another port, or backend.engine_times=off") from e
             log.info("per-request engine times from vLLM's spans, received at %s", spans.endpoint)
         endpoint = spans.endpoint if spans is not None and b.launch else None
         if b.launch:
