@@ -459,8 +459,14 @@ class VllmCluster:
         preempt1 = [int(sc.get("num_preemptions_total", 0)) if sc else 0 for sc in backend.scrapes]
         self._preemptions = sum(b1 - b0 for b0, b1 in zip(self._preempt0, preempt1))
         if steps and self.engine_times == "spans":
-            # the last turns' spans: the servers export every SPAN_EXPORT_DELAY_MS (instances reported as sending
-            # none are not waited for)
+            # the last turns' spans: the servers export every SPAN_EXPORT_DELAY_MS
+            # (instances reported as sending none are not waited for, unless a span of theirs came since: late, not absent)
+            late = {c["instance"] for c in backend.completed
+                    if c["instance"] in self._span_warned and self.spans.get(c["request_id"]) is not None}
+            for inst in late:
+                self._span_warned.pop(inst)
+                self._span_ok.add(inst)
+                log.info("instance %s: its spans came after all, late (the warning above was early)", inst)
             want = [c["request_id"] for c in backend.completed if c["instance"] not in self._span_warned]
             missing = await asyncio.to_thread(self.spans.wait_for, want, SPAN_DRAIN_S)
             self._check_spans(math.inf if missing else self.clock.now())
