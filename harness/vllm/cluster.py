@@ -169,7 +169,7 @@ class VllmCluster:
         hooks: ``(t_s, fn(cluster))`` called at run time ``t_s``. launcher: the servers' launcher, or
             None when connecting to running servers. run_dir: where ``server_metrics.json`` goes
             (``logger.steps``; None: not written). engine_times: ``spans``, ``scrape`` or ``off``
-            (``harness.vllm.plugin.engine_times_mode``). spans: the receiver of the servers' spans
+            (``harness.vllm.otlp.engine_times_mode``). spans: the receiver of the servers' spans
             (``engine_times=spans``).
     """
 
@@ -242,9 +242,10 @@ class VllmCluster:
         write_json(out, self.run_dir / "server_metrics.json")
 
     def _check_spans(self, now_s: float) -> None:
-        """``engine_times=spans``: log once per instance that sends no spans (one of its first finished turns'
-        spans absent ``SPAN_SILENCE_S`` after it finished); the run goes on (server_metrics.json then lists
-        those turns in ``spans_missing``). Cheap: a few dict look-ups per instance until it is settled."""
+        """``engine_times=spans``: log once per instance that sends no spans (no span of its first finished
+        turns, up to 8, ``SPAN_SILENCE_S`` after the first of them finished; ``now_s``: run clock, s); the run
+        goes on (server_metrics.json then lists those turns in ``spans_missing``). Cheap: a few dict look-ups
+        per instance until every instance is settled, nothing after."""
         if self.spans is None or len(self._span_ok) + len(self._span_warned) >= len(self.endpoints):
             return
         first: dict[str, list[dict]] = {}
