@@ -38,9 +38,10 @@ SPAN_KEYS = {"gen_ai.latency.time_to_first_token": "ttft_s", "gen_ai.latency.e2e
 # The environment a launched server exports its spans with (vllm/tracing/otel.py reads the protocol;
 # the OpenTelemetry SDK's resource detector the service name; its BatchSpanProcessor the delay).
 # OTEL_BSP_SCHEDULE_DELAY: ms between the exporter's batches (the SDK's default 5000 ms); 1000 ms keeps the
-# end-of-run wait for the last spans short. The export's cost was below the noise of a measurement on this
-# machine: the API server's CPU time per request (tiny model, 60 sequential requests of 128 + 32 tokens,
-# load average 8-10) was 35.3 and 28.0 ms without spans, 25.7 ms with them (docs/metrics.md).
+# end-of-run wait for the last spans short. The export's cost was within the noise of a measurement on this
+# machine (``benchmarks/server_observation_cost.py``: the API server's CPU time per request, tiny model, 60
+# sequential requests of 128 + 32 tokens, load average 8-11, 3 rounds): 30.2 / 23.2 / 28.0 ms without spans,
+# 35.2 / 21.8 / 29.2 ms with them (docs/metrics.md).
 SPAN_EXPORT_DELAY_MS = 1000
 
 

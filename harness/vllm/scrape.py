@@ -157,9 +157,9 @@ OBSERVE_SAMPLES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vll
 # registry is also mounted as ``prometheus_client``'s ASGI app (``vllm/entrypoints/serve/instrumentator/
 # metrics.py``), reached with the slash, whose ``name[]`` parameters restrict the rendering to the
 # collectors of those samples (``prometheus_client.exposition._bake_output``, ``restricted_registry``):
-# ~1 KB. Measured on this machine (tiny model, 2-core host at load average 10, 100 GETs each, twice): the
-# API server's CPU time per GET 5.2-6.6 ms for the full 59 KB text, 0.6-0.8 ms restricted; wall p50 13-18 ms
-# vs 1.1-1.5 ms (docs/metrics.md).
+# ~1 KB. Measured on this machine (``benchmarks/server_observation_cost.py``: tiny model, 2-core host at load
+# average 8-10, blocks of 100 GETs, 6 each): the API server's CPU time per GET 5.2-7.1 ms for the full 59 KB
+# text, 0.6-1.2 ms restricted (docs/metrics.md).
 OBSERVE_PATH = "/metrics/?" + urllib.parse.urlencode([("name[]", n) for n in OBSERVE_SAMPLES])
 
 
