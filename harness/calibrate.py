@@ -1,8 +1,9 @@
 """Fit a hardware profile's step-time coefficients to a real run (``python -m harness.calibrate``).
 
 Input: a run directory of ``backend=vllm`` written with ``logger.steps=true`` (``tokens.parquet``: every
-output token's time at the client; ``server_metrics.json``: vLLM's own request histograms after every
-finished turn; ``turns.parquet``; ``config.yaml``; ``instances.parquet``). Output: a hardware YAML
+output token's time at the client; ``server_metrics.json``: vLLM's own histograms over the run and its
+per-request spans (or, in older run directories, its request histograms after every finished turn);
+``turns.parquet``; ``config.yaml``; ``instances.parquet``). Output: a hardware YAML
 (``conf/hardware/<name>.yaml``, loadable by the harness) whose step-time coefficients reproduce the run's
 steps through the simulator's own step model (``harness.sim.perf.PerfModel``), with the fit's residuals
 and the run it came from in its header. Method and measured numbers: ``docs/fidelity_cpu.md``.
@@ -18,13 +19,16 @@ model of an observation is the mean of ``PerfModel.step`` over its steps.
   whole gap; its KV context the sum of their prompt + already generated tokens. A gap during which
   another request was in its prefill, or started or ended decoding, is dropped. Each step is seen by each
   of its B requests, so each observation weighs 1 / B.
-* ``prefill_engine`` and ``decode_engine`` (vLLM's clocks): with ``logger.steps`` the backend reads the
-  server's request histograms after every finished turn; an interval in which exactly one request
-  finished gives that request's ``request_prefill_time_seconds`` (scheduled to first token: the step that
-  computed its prompt, with the decodes running then) and ``request_decode_time_seconds`` (first to last
-  token: its ``output - 1`` decode steps, each composed as the client saw the batch at that token), and
-  its prompt, computed-prefill and output token counts, which identify the turn. Prompts whose first
-  tokens reached the client within ``same_step_s`` of each other were prefilled in the same step.
+* ``prefill_engine`` and ``decode_engine`` (vLLM's clocks): with ``logger.steps`` each finished request's
+  engine times come from its OpenTelemetry span (``backend.engine_times=spans``, ``harness.vllm.otlp``),
+  keyed to its turn by the request id; run directories written before (or with ``engine_times=scrape``)
+  carry the server's request histograms after every finished turn instead, where an interval in which
+  exactly one request finished gives that request's times, matched to its turn by its prompt,
+  computed-prefill and output token counts. Either gives the request's prefill time (scheduled to first
+  token: the step that computed its prompt, with the decodes running then) and decode time (first to last
+  token: its ``output - 1`` decode steps, each composed as the client saw the batch at that token). Prompts
+  whose first tokens reached the client within ``same_step_s`` of each other were prefilled in the same
+  step.
 * ``prefill_client`` (only without engine data): the TTFT of a request whose first token streamed live
   and during whose prefill no other request was prefilling (plus half a decode step of the batch it
   joined: the step in flight when it arrived).
@@ -166,11 +170,31 @@ class _Req:
     finish: float
 
 
+ENGINE_COLUMNS = ["instance", "t_end_s", "prompt", "computed", "output", "prefill_s", "decode_s", "queue_s"]
+
+
 def _engine_requests(server_metrics: dict) -> pd.DataFrame:
-    """Per-request engine-side times from ``server_metrics.json``'s ``per_finish`` snapshots: per instance,
-    consecutive snapshots (ordered by request count; the first against the run's ``baseline``) whose
-    request count grew by exactly 1; columns instance, t_end_s, prompt, computed, output (tokens),
-    prefill_s, decode_s, queue_s."""
+    """Per-request engine-side times from ``server_metrics.json`` (docs/metrics.md), one row per request;
+    columns instance, t_end_s, prompt, computed, output (tokens), prefill_s, decode_s, queue_s (s).
+
+    * Format 2 with ``spans`` (``backend.engine_times=spans``): one row per span of a turn's decode request
+      (``part == "decode"``; a P/D turn's prefill request is left out), with its ``conversation_id`` and
+      ``turn`` (the span's request id names them), ``ttft_s`` and ``e2e_s`` added; ``computed`` is -1 (a
+      span does not say), ``t_end_s`` the span's end on the server's clock (s since the epoch).
+    * Otherwise (``engine_times=scrape``, and every run directory written before format 2): from the
+      ``per_finish`` snapshots: per instance, consecutive snapshots (ordered by request count; the first
+      against the run's ``baseline``) whose request count grew by exactly 1 (their deltas); matched to turns
+      by token counts (:func:`match_engine_requests`).
+    """
+    spans = server_metrics.get("spans")
+    if spans is not None:
+        rows = [{"instance": r["instance"], "t_end_s": r.get("end_unix_s", math.nan),
+                 "prompt": int(r.get("prompt_tokens", -1)), "computed": -1, "output": int(r.get("output_tokens", -1)),
+                 "prefill_s": r.get("prefill_s", math.nan), "decode_s": r.get("decode_s", math.nan),
+                 "queue_s": r.get("queue_s", math.nan), "conversation_id": r["conversation_id"], "turn": int(r["turn"]),
+                 "ttft_s": r.get("ttft_s", math.nan), "e2e_s": r.get("e2e_s", math.nan)}
+                for r in spans.values() if r.get("part", "decode") == "decode"]
+        return pd.DataFrame(rows, columns=ENGINE_COLUMNS + ["conversation_id", "turn", "ttft_s", "e2e_s"])
     rows = []
     base = {b["instance"]: b for b in server_metrics.get("baseline", [])}
     per = server_metrics.get("per_finish", [])
@@ -190,17 +214,27 @@ def _engine_requests(server_metrics: dict) -> pd.DataFrame:
                          "output": round(d["vllm:request_generation_tokens"]),
                          "prefill_s": d[p_key], "decode_s": d["vllm:request_decode_time_seconds"],
                          "queue_s": d["vllm:request_queue_time_seconds"]})
-    return pd.DataFrame(rows, columns=["instance", "t_end_s", "prompt", "computed", "output", "prefill_s",
-                                       "decode_s", "queue_s"])
+    return pd.DataFrame(rows, columns=ENGINE_COLUMNS)
 
 
 def match_engine_requests(turns: pd.DataFrame, engine: pd.DataFrame) -> pd.DataFrame:
     """The turns (completed, of one instance) that ``engine`` rows (:func:`_engine_requests`, same instance)
-    belong to: same prompt and output tokens (and computed prefill, where known), finished at the client
-    no later than the snapshot that saw them; of several candidates the one that finished last. Returns
-    the engine rows with ``conversation_id`` and ``turn`` added (unmatched rows left out)."""
-    out = []
+    belong to. Returns the engine rows with ``conversation_id`` and ``turn`` (unmatched rows left out).
+
+    * Span rows (they carry ``conversation_id`` and ``turn``, from the request id): joined to the completed
+      turn of that id; a row whose prompt or output tokens differ from the turn's is left out (it would be
+      another request under the same id: never seen, but never matched silently either).
+    * Snapshot rows (run directories before format 2, ``engine_times=scrape``): same prompt and output
+      tokens (and computed prefill, where known), finished at the client no later than the snapshot that
+      saw them; of several candidates the one that finished last.
+    """
     ok = turns[turns.status == "ok"]
+    if "conversation_id" in engine.columns:
+        key = ok[["conversation_id", "turn", "prompt_tokens", "output_tokens"]].astype({"turn": int})
+        j = engine.merge(key, on=["conversation_id", "turn"], how="inner")
+        j = j[(j.prompt == j.prompt_tokens) & (j.output == j.output_tokens)]
+        return j[list(engine.columns)].reset_index(drop=True)
+    out = []
     used: set = set()
     for e in engine.sort_values("t_end_s").itertuples(index=False):
         c = ok[(ok.prompt_tokens == e.prompt) & (ok.output_tokens == e.output) & (ok.finish_s <= e.t_end_s + 1e-3)]
@@ -310,7 +344,7 @@ def observations(turns: pd.DataFrame, tokens: pd.DataFrame, server_metrics: Opti
                 stats["decode_live"] += 1
             req_gaps[i] = rows
             every_gap.extend(rows)
-        # engine-side per-request times, matched to this instance's turns by token counts and finish order
+        # engine-side per-request times, matched to this instance's turns (by request id; old runs: by token counts)
         if not engine.empty:
             index = {q.key: i for i, q in enumerate(reqs)}
             for e in match_engine_requests(g, engine[engine.instance == inst]).itertuples(index=False):

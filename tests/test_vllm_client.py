@@ -91,9 +91,9 @@ def test_backend_streams_while_the_poller_scrapes_in_its_thread(monkeypatch):
     fetch_threads: list[int] = []
     real_fetch = scrape.fetch_metrics
 
-    def spy(url, timeout_s=10.0):
+    def spy(url, *args):
         fetch_threads.append(threading.get_ident())
-        return real_fetch(url, timeout_s)
+        return real_fetch(url, *args)
     monkeypatch.setattr(scrape, "fetch_metrics", spy)
 
     rec = ConversationRecord("conv/1", (TurnRecord(12, 0, 3, 0.05, True, 3), TurnRecord(4, 14, 2, 0.0, True, 2)),
@@ -225,4 +225,266 @@ def test_otlp_receiver_decodes_vllm_request_spans():
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(bad, timeout=5)
     assert rx.spans == {"cmpl-bench0-3-0": {"ttft_s": 0.0125, "prompt_tokens": 128}}
-    assert rx.bad_posts == 1
+    assert rx.bad_posts == 1 and rx.posts == 1
+
+
+def _export(spans: list[tuple[str, dict]], service: str = "i0") -> bytes:
+    """An OTLP export as vLLM's ``do_tracing`` + the SDK build it: one resource (``service.name``), one span per
+    ``(request id, {attribute: value})``, start/end times in ns."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    msg = ExportTraceServiceRequest()
+    rs = msg.resource_spans.add()
+    rs.resource.attributes.append(KeyValue(key="service.name", value=AnyValue(string_value=service)))
+    ss = rs.scope_spans.add()
+    for rid, attrs in spans:
+        span = ss.spans.add()
+        span.name = "llm_request"
+        span.start_time_unix_nano, span.end_time_unix_nano = 1_700_000_000_000_000_000, 1_700_000_000_500_000_000
+        span.attributes.append(KeyValue(key="gen_ai.request.id", value=AnyValue(string_value=rid)))
+        for k, v in attrs.items():
+            val = AnyValue(int_value=v) if isinstance(v, int) else AnyValue(double_value=v)
+            span.attributes.append(KeyValue(key=k, value=val))
+    return msg.SerializeToString()
+
+
+def test_receiver_keeps_service_times_filters_and_waits():
+    import gzip
+    import urllib.request
+
+    from harness.vllm.otlp import SpanReceiver, span_env, vllm_request_id
+
+    assert vllm_request_id("habc-c%2F1-0") == "cmpl-habc-c%2F1-0-0"
+    assert span_env("collocated0")["OTEL_SERVICE_NAME"] == "collocated0"
+    with SpanReceiver() as rx:
+        rx.accept = lambda rid: rid.startswith("cmpl-hx-")
+        missing: list = []
+        waiter = threading.Thread(target=lambda: missing.append(rx.wait_for(["cmpl-hx-a-0-0"], 10.0)))
+        waiter.start()
+        time.sleep(0.1)
+        body = gzip.compress(_export([("cmpl-hx-a-0-0", {"gen_ai.latency.e2e": 0.75}),
+                                      ("cmpl-other-0", {"gen_ai.latency.e2e": 1.0})]))
+        req = urllib.request.Request(rx.endpoint, data=body, method="POST",
+                                     headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"})
+        assert urllib.request.urlopen(req, timeout=5).status == 200
+        waiter.join(5)
+        assert missing == [set()]
+        t0 = time.monotonic()
+        assert rx.wait_for(["cmpl-hx-a-0-0", "cmpl-hx-b-0-0"], 0.3) == {"cmpl-hx-b-0-0"}
+        assert time.monotonic() - t0 >= 0.29
+    assert rx.snapshot() == {"cmpl-hx-a-0-0": {"e2e_s": 0.75, "service": "i0", "start_unix_s": 1.7e9,
+                                               "end_unix_s": 1.7e9 + 0.5}}
+    assert rx.other_spans == 1
+
+
+class SpanningVllm(FakeVllm):
+    """:class:`FakeVllm` that also serves the restricted ``/metrics/?name[]=`` text (as prometheus_client's ASGI
+    app does on vLLM) and, when ``otlp`` is set, exports one span per finished request with an
+    ``X-Request-Id`` (``cmpl-<id>-0``, TTFT = its own arrival-to-first-chunk time) to it."""
+
+    def __init__(self, otlp=None):
+        super().__init__()
+        self.otlp = otlp
+        self.full_gets = 0
+        self.restricted_gets = 0
+        self.sent: dict[str, float] = {}
+
+    async def metrics(self, request):
+        self.full_gets += 1
+        return await super().metrics(request)
+
+    async def restricted(self, request):
+        self.restricted_gets += 1
+        names = request.query.getall("name[]", [])
+        text = _metrics_text(self.finished)
+        keep = [ln for ln in text.split("\n") if any(ln.startswith(n + "{") for n in names)]
+        return web.Response(text="\n".join(keep) + "\n")
+
+    async def completions(self, request):
+        t0 = time.perf_counter()
+        rid = request.headers.get("X-Request-Id")
+        resp = await super().completions(request)
+        if rid and self.otlp:
+            ttft = 0.02 + 1e-4 * len(self.sent)           # distinct per request
+            self.sent[f"cmpl-{rid}-0"] = ttft
+            body = _export([(f"cmpl-{rid}-0", {"gen_ai.latency.time_to_first_token": ttft,
+                                               "gen_ai.latency.e2e": time.perf_counter() - t0,
+                                               "gen_ai.usage.completion_tokens": 3})])
+            async with aiohttp.ClientSession() as s:
+                await s.post(self.otlp, data=body, headers={"Content-Type": "application/x-protobuf"})
+        return resp
+
+
+def _serve_in_thread(fake: SpanningVllm):
+    """Run ``fake`` on a loop of its own thread; returns (url, stop)."""
+    ready = threading.Event()
+    box: dict = {}
+
+    def main():
+        loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_get("/metrics", fake.metrics)
+        app.router.add_get("/metrics/", fake.restricted)
+        app.router.add_post("/v1/completions", fake.completions)
+        runner = web.AppRunner(app)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        box["url"] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        box["loop"] = loop
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    th = threading.Thread(target=main, daemon=True)
+    th.start()
+    ready.wait(10)
+
+    def stop():
+        box["loop"].call_soon_threadsafe(box["loop"].stop)
+        th.join(10)
+    return box["url"], stop
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _replay(url: str, out, extra=()):
+    from harness.runner import execute
+    from tests.conftest import compose_run
+    run = compose_run(["backend=vllm", "backend.launch=false", f"backend.endpoints=[{url}]", "backend.model=fake",
+                       "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute", "engine.block_size=128",
+                       "logger.steps=true", "logger.progress=false", "backend.warmup_requests=1",
+                       "backend.scrape_interval_s=0.05", "workload=calibration_cpu", "workload.num_conversations=4",
+                       "workload.prompt_types=[{input_tokens:12,output_tokens:3,weight:1.0}]",
+                       "workload.arrival=poisson", "workload.rate_per_s=20", "workload.seed=3", *extra])
+    execute(run, out)
+    return json.loads((out / "server_metrics.json").read_text())
+
+
+def test_spans_replace_the_per_turn_scrape(tmp_path):
+    """``backend.engine_times`` default with ``otlp_port`` on a server that exports spans: server_metrics.json keys
+    one span per completed turn by vLLM's request id, with that turn's conversation and turn; /metrics is read in
+    full only before and after the run (connect, start and end histograms, the final scrape), the periodic scrape
+    takes the restricted text."""
+    import pandas as pd
+    port = _free_port()
+    fake = SpanningVllm(otlp=f"http://127.0.0.1:{port}/v1/traces")
+    url, stop = _serve_in_thread(fake)
+    try:
+        sm = _replay(url, tmp_path, [f"backend.otlp_port={port}"])
+    finally:
+        stop()
+    t = pd.read_parquet(tmp_path / "turns.parquet")
+    assert (t.status == "ok").all() and len(t) == 4
+    assert sm["format"] == 2 and sm["engine_times"] == "spans" and "per_finish" not in sm
+    assert sm["spans_missing"] == []
+    assert len(sm["spans"]) == 4 and set(sm["spans"]) == set(fake.sent)     # the warm-up (no id) is not kept
+    for rid, row in sm["spans"].items():
+        assert rid == f"cmpl-{rid[5:].rsplit('-', 1)[0]}-0" and rid.startswith("cmpl-h")
+        assert rid.endswith(f"-{row['conversation_id']}-{row['turn']}-0".replace("/", "%2F"))
+        assert row["ttft_s"] == pytest.approx(fake.sent[rid]) and row["service"] == "i0"
+        assert row["instance"] == "collocated0" and row["part"] == "decode" and row["output_tokens"] == 3
+    assert sorted((r["conversation_id"], r["turn"]) for r in sm["spans"].values()) == \
+        sorted(zip(t.conversation_id, t.turn))
+    # full /metrics: connect, the histograms before t = 0 and after the last turn, the final scrape -- none per turn
+    assert fake.full_gets == 4, fake.full_gets
+    assert fake.restricted_gets >= 2                      # connect's probe + the periodic scrapes
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["engine_times"] == "spans" and s["observe_restricted"] == 1
+
+
+def test_a_server_without_spans_does_not_break_the_run(tmp_path, monkeypatch, caplog):
+    """Spans expected (``otlp_port`` set) but the server sends none: the run completes, one warning names the
+    instance, server_metrics.json lists every turn in ``spans_missing``; with ``engine_times=scrape`` the old
+    per-turn GET comes back; with no port and ``launch=false`` (auto) nothing per request, said once."""
+    import logging
+
+    from harness.vllm import cluster
+    monkeypatch.setattr(cluster, "SPAN_SILENCE_S", 0.2)
+    monkeypatch.setattr(cluster, "SPAN_DRAIN_S", 0.5)
+    fake = SpanningVllm(otlp=None)
+    url, stop = _serve_in_thread(fake)
+    try:
+        with caplog.at_level(logging.WARNING, logger="harness.vllm.cluster"):
+            sm = _replay(url, tmp_path / "a", [f"backend.otlp_port={_free_port()}"])
+        warned = [r for r in caplog.records if "no vLLM span" in r.getMessage()]
+        assert len(warned) == 1 and "collocated0" in warned[0].getMessage()
+        assert sm["engine_times"] == "spans" and sm["spans"] == {} and len(sm["spans_missing"]) == 4
+        assert "collocated0" in sm["spans_receiver"]["instances_without_spans"]
+        assert "vllm:time_to_first_token_seconds" in sm["instances"]["collocated0"]   # the run's histograms stay
+
+        fake.full_gets = 0
+        sm = _replay(url, tmp_path / "b", ["backend.engine_times=scrape"])
+        assert sm["engine_times"] == "scrape" and len(sm["per_finish"]) == 4 and "spans" not in sm
+        assert fake.full_gets == 4 + 4                    # + one per finished turn
+
+        caplog.clear()
+        fake.full_gets = 0
+        with caplog.at_level(logging.WARNING, logger="harness.vllm.cluster"):
+            sm = _replay(url, tmp_path / "c")
+        assert sm["engine_times"] == "off" and "spans" not in sm and "per_finish" not in sm
+        assert fake.full_gets == 4
+        assert len([r for r in caplog.records if "backend.otlp_port" in r.getMessage()]) == 1
+    finally:
+        stop()
+
+
+def test_engine_times_config_is_checked():
+    from harness.vllm.plugin import engine_times_mode
+    from tests.conftest import compose_run
+    base = ["backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute",
+            "engine.block_size=128"]
+    for bad, key in ((["backend.engine_times=sometimes"], "backend.engine_times"),
+                     (["backend.otlp_port=80"], "backend.otlp_port"),
+                     (["backend.launch=false", "backend.endpoints=[http://x:1]", "backend.engine_times=spans"],
+                      "backend.otlp_port"),
+                     (["backend.extra_args=[--otlp-traces-endpoint,http://x:1/v1/traces]"], "--otlp-traces-endpoint")):
+        with pytest.raises(ValueError, match=key.replace("[", r"\[")):
+            compose_run(base + bad)
+    b = compose_run(base).backend
+    assert engine_times_mode(b, steps=True) == ("spans", "")
+    assert engine_times_mode(b, steps=False) == ("off", "")
+    b2 = compose_run(base + ["backend.launch=false", "backend.endpoints=[http://x:1]"]).backend
+    mode, why = engine_times_mode(b2, steps=True)
+    assert mode == "off" and "backend.otlp_port" in why and "engine_times=scrape" in why
+    b3 = compose_run(base + ["backend.launch=false", "backend.endpoints=[http://x:1]", "backend.otlp_port=4318"]).backend
+    assert engine_times_mode(b3, steps=True) == ("spans", "")
+
+
+def test_launched_servers_are_told_where_to_send_their_spans(tmp_path):
+    from harness.vllm.cluster import instance_specs
+    from tests.conftest import compose_run
+    run = compose_run(["backend=vllm", "model=tiny", "cluster=cpu_1p1d", "scheduler=collocated", "slo=absolute",
+                       "engine.block_size=128"])
+    plain = instance_specs(run, "m", tmp_path)
+    assert all("--otlp-traces-endpoint" not in s.args and "OTEL_SERVICE_NAME" not in s.env for s in plain)
+    specs = instance_specs(run, "m", tmp_path, "http://127.0.0.1:4318/v1/traces")
+    for s in specs:
+        cmd = s.command()
+        assert cmd[cmd.index("--otlp-traces-endpoint") + 1] == "http://127.0.0.1:4318/v1/traces"
+        assert s.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"   # vLLM's default is gRPC
+        assert s.env["OTEL_SERVICE_NAME"] == s.name
+    assert len({s.name for s in specs}) == 2                      # one service name per instance
+
+
+def test_a_taken_otlp_port_is_refused_naming_the_key(tmp_path):
+    import socket
+
+    from harness.vllm.cluster import open_cluster
+    from tests.conftest import compose_run
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        sk.listen()
+        port = sk.getsockname()[1]
+        run = compose_run(["backend=vllm", "backend.launch=false", "backend.endpoints=[http://127.0.0.1:9]",
+                           "backend.model=fake", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute",
+                           "engine.block_size=128", "logger.steps=true", f"backend.otlp_port={port}"])
+        with pytest.raises(RuntimeError, match=f"backend.otlp_port={port}"):
+            with open_cluster(run, tmp_path):
+                pass

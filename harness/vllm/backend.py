@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
 import secrets
 import time
@@ -29,7 +30,10 @@ from harness.backend import InstanceInfo, InstanceState, TurnJob
 from harness.trace import ConversationRecord
 from harness.vllm.client import CompletionResult, completion_body, encode_body, prefill_only, stream_completion
 from harness.vllm.energy import EnergyMeter, local_counters
-from harness.vllm.scrape import MetricsPoller, Scrape, kv_capacity_tokens, parse_metrics
+from harness.vllm.otlp import vllm_request_id
+from harness.vllm.scrape import OBSERVE_PATH, MetricsPoller, Scrape, kv_capacity_tokens, parse_metrics
+
+log = logging.getLogger(__name__)
 
 # prepare_first_turns: at most this many prompt ids are prepared before the run (kept as a list of ints, about
 # 36 bytes each, and as JSON bytes, about 6: ~85 MB at the cap); the rest are prepared at their send time
@@ -167,7 +171,10 @@ class VllmBackend:
     time: every first turn by :meth:`prepare_first_turns` before the clock starts, and turn k+1 of a
     conversation right after turn k finished (:meth:`prepare`); a turn whose prepared body does not match
     its job (other lengths) is built at its send time. Each request carries ``X-Request-Id``
-    ``h<run tag>-<conversation>-<turn>`` (:meth:`request_id`).
+    ``h<run tag>-<conversation>-<turn>`` (:meth:`request_id`); ``completed`` lists, per completed turn and
+    in finish order, the vLLM request id of each of its requests (``cmpl-<X-Request-Id>-0``: the id of its
+    OpenTelemetry span) with its conversation, turn, instance and part (``decode``; ``prefill`` for the
+    prefill request of a P/D turn) and ``finish_s`` (run clock, s).
     """
 
     def __init__(self, endpoints: Sequence[Endpoint], model: str, clock, session: aiohttp.ClientSession,
@@ -187,11 +194,14 @@ class VllmBackend:
             [local_counters(e.device).read for e in self.endpoints])
         self.tasks: set[asyncio.Task] = set()
         self.mismatches = 0
-        # logger.steps: after every completed turn, its decode instance's request histograms (sum, count),
+        # backend.engine_times=scrape: after every completed turn, its decode instance's request histograms (sum, count),
         # so that an interval in which exactly one request finished gives that request's engine-side times
         self.finish_scrapes: Optional[list[dict]] = None
         self.poller: Optional[MetricsPoller] = None
         self.tag = secrets.token_hex(3)
+        self.completed: list[dict] = []
+        # per instance, the periodic scrape's path: the restricted text where the server serves it (connect)
+        self.observe_paths: list[str] = ["/metrics"] * len(self.endpoints)
         # (conversation, turn) -> ((reused, new, output_tokens), prompt ids, local streaming body bytes)
         self._prepared: dict[tuple[str, int], tuple[tuple[int, int, int], list[int], bytes]] = {}
 
@@ -243,11 +253,12 @@ class VllmBackend:
             return got[1], got[2]
         return self.contexts.prompt(job.conversation_id, job.turn, want[0], want[1]), None
 
-    async def metrics_text(self, i: int) -> tuple[Optional[str], str]:
-        """Instance ``i``'s ``/metrics`` text (10 s timeout): ``(text, "")``, or ``(None, why)`` when it does
-        not answer (an HTTP status other than 200, or a connection error)."""
+    async def metrics_text(self, i: int, path: str = "/metrics") -> tuple[Optional[str], str]:
+        """Instance ``i``'s ``/metrics`` text (``path``: another path, e.g. ``scrape.OBSERVE_PATH``; 10 s
+        timeout): ``(text, "")``, or ``(None, why)`` when it does not answer (an HTTP status other than 200,
+        or a connection error)."""
         try:
-            async with self.session.get(self.endpoints[i].url + "/metrics",
+            async with self.session.get(self.endpoints[i].url + path,
                                         timeout=aiohttp.ClientTimeout(total=10)) as r:
                 if r.status != 200:
                     return None, f"HTTP {r.status}"
@@ -269,7 +280,10 @@ class VllmBackend:
         return s
 
     async def connect(self) -> None:
-        """Scrape every instance once and build the static ``infos`` (capacity from /metrics).
+        """Scrape every instance once and build the static ``infos`` (capacity from /metrics); then ask each
+        for the restricted text of the periodic scrape (``scrape.OBSERVE_PATH``) and use it where it comes
+        back restricted (it holds ``vllm:kv_cache_usage_perc`` and not ``vllm:cache_config_info``), else the
+        full ``/metrics`` (logged once per instance).
 
         Raises:
             RuntimeError: an instance does not answer or reports no KV capacity.
@@ -280,6 +294,16 @@ class VllmBackend:
             if s is None:
                 raise RuntimeError(f"instance {e.name} at {e.url}: /metrics did not answer ({self.scrape_error[i]})")
             infos.append(InstanceInfo(i, e.name, e.role, e.hardware, kv_capacity_tokens(s)))
+            text, why = await self.metrics_text(i, OBSERVE_PATH)
+            try:
+                r = parse_metrics(text) if text is not None else None
+            except ValueError as err:
+                r, why = None, str(err)
+            if r is not None and "vllm:kv_cache_usage_perc" in r.values and "vllm:cache_config_info" not in r.values:
+                self.observe_paths[i] = OBSERVE_PATH
+            else:
+                log.info("instance %s: the restricted /metrics text (%s) is not served (%s); the periodic scrape "
+                         "reads the full /metrics", e.name, OBSERVE_PATH, why or "not restricted")
         self.infos = tuple(infos)
 
     # ---- what the cluster exposes -------------------------------------------------------------
@@ -321,11 +345,23 @@ class VllmBackend:
         except Exception as e:  # noqa: BLE001 -- handed over, never swallowed
             self.on_error(e)
             return
+        if not error:
+            self._record_completed(job)
         if self.finish_scrapes is not None and self.poller is not None and not error:
             self.poller.finish(job.placement.decode_instance)   # the GET and its parse run in the poller's thread
         self.on_progress()
         if not error:
             self._prepare_next(job.conversation_id, job.turn)   # in the agent's tool time, not at its send time
+
+    def _record_completed(self, job: TurnJob) -> None:
+        """Append the completed turn's request ids to ``completed`` (class docstring)."""
+        p, d = job.placement.prefill_instance, job.placement.decode_instance
+        base = dict(conversation_id=job.conversation_id, turn=job.turn, finish_s=job.finish_s)
+        if job.placement.disaggregated:
+            self.completed.append(dict(base, request_id=vllm_request_id(self.request_id(job.conversation_id, job.turn, "p")),
+                                       instance=self.endpoints[p].name, part="prefill"))
+        self.completed.append(dict(base, request_id=vllm_request_id(self.request_id(job.conversation_id, job.turn)),
+                                   instance=self.endpoints[d].name, part="decode"))
 
     async def _execute(self, job: TurnJob) -> str:
         """Send the turn's request(s); returns '' or the reason the turn failed."""

@@ -30,6 +30,7 @@ from harness.vllm.energy import EnergyMeter
 from harness.vllm.launcher import InstanceSpec, Launcher
 from harness.vllm.nodes import node_address
 from harness.vllm.flags import engine_args
+from harness.vllm.otlp import SPAN_EXPORT_DELAY_MS, SpanReceiver, engine_times_mode, span_env
 from harness.vllm.scrape import MetricsPoller, histogram_delta, parse_histograms
 from harness.vllm.wait_scheduler import RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, forms_batches
 
@@ -37,6 +38,12 @@ if TYPE_CHECKING:  # a type only: the backend does not import the config module
     from harness.config import Resolved
 
 log = logging.getLogger(__name__)
+
+# spans (backend.engine_times=spans): an instance with a finished turn but no span for this long after it is
+# reported once as sending none (the exporter sends every SPAN_EXPORT_DELAY_MS; 10 s leaves room for a busy
+# host); at the end of the run the last spans are awaited for at most SPAN_DRAIN_S
+SPAN_SILENCE_S = SPAN_EXPORT_DELAY_MS / 1000 + 10.0
+SPAN_DRAIN_S = SPAN_EXPORT_DELAY_MS / 1000 + 15.0
 
 KEEPALIVE_S = 2.0   # client keep-alive, s: under vLLM's server keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5 s)
 
@@ -62,9 +69,11 @@ def vocab_size(model_dir: str) -> int:
     return int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
 
 
-def instance_specs(run: Resolved, model: str, run_dir: Path) -> list[InstanceSpec]:
+def instance_specs(run: Resolved, model: str, run_dir: Path, otlp_endpoint: Optional[str] = None) -> list[InstanceSpec]:
     """One ``InstanceSpec`` per cluster instance: ports, CPU/GPU placement, KV connector roles, and every
-    ``engine.*`` knob as its ``vllm serve`` flag (``harness.vllm.flags.VLLM_FLAGS``)."""
+    ``engine.*`` knob as its ``vllm serve`` flag (``harness.vllm.flags.VLLM_FLAGS``); with ``otlp_endpoint``
+    (a ``harness.vllm.otlp.SpanReceiver``'s), ``--otlp-traces-endpoint`` and ``otlp.span_env`` (the instance's
+    name as the spans' service name), so each server exports one span per finished request there."""
     b = run.backend
     specs = []
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -104,6 +113,9 @@ def instance_specs(run: Resolved, model: str, run_dir: Path) -> list[InstanceSpe
         if forms_batches(run):
             args += ["--scheduler-cls", SCHEDULER_CLS, "--no-async-scheduling"]
             env.update(batch_rule_env(run_dir, name))
+        if otlp_endpoint is not None:
+            args += ["--otlp-traces-endpoint", otlp_endpoint]
+            env.update(span_env(name))
         specs.append(InstanceSpec(name, role, b.port_base + i, model, args, env, kv, device, host))
     return specs
 
@@ -187,11 +199,19 @@ class VllmCluster:
         run: the resolved run; endpoints: one per instance, in index order; model: served model path.
         hooks: ``(t_s, fn(cluster))`` called at run time ``t_s``. launcher: the servers' launcher, or
             None when connecting to running servers. run_dir: where ``server_metrics.json`` goes
-            (``logger.steps``; None: not written).
+            (``logger.steps``; None: not written). engine_times: ``spans``, ``scrape`` or ``off``
+            (``harness.vllm.otlp.engine_times_mode``). spans: the receiver of the servers' spans
+            (``engine_times=spans``).
     """
 
     def __init__(self, run: Resolved, endpoints: list[Endpoint], model: str, hooks: Sequence = (),
-                 launcher: Optional[Any] = None, conversations: Sequence = (), run_dir: Optional[Path] = None):
+                 launcher: Optional[Any] = None, conversations: Sequence = (), run_dir: Optional[Path] = None,
+                 engine_times: str = "off", spans: Optional[SpanReceiver] = None):
+        if engine_times == "spans" and spans is None:
+            raise ValueError("engine_times=spans needs the span receiver")
+        self.engine_times, self.spans = engine_times, spans
+        self._span_ok: set[str] = set()
+        self._span_warned: dict[str, str] = {}
         self.run, self.endpoints, self.model, self.hooks, self.launcher = run, endpoints, model, hooks, launcher
         self.max_run_s = run_limit_s(run.backend, conversations, run.cfg.workload)
         self.records = [r for _, r in conversations]
@@ -218,17 +238,66 @@ class VllmCluster:
         return list(await asyncio.gather(*(one(i) for i in range(len(self.endpoints)))))
 
     async def _write_server_metrics(self) -> None:
-        """``server_metrics.json``: per instance, what each histogram accrued over the run (the scrape after
-        warm-up subtracted from the scrape after the last turn), ``histogram_delta``'s form."""
+        """``server_metrics.json`` (format 2, docs/metrics.md): per instance, what each histogram accrued over
+        the run (the scrape after warm-up subtracted from the scrape after the last turn),
+        ``histogram_delta``'s form; ``engine_times`` (the mode); with ``spans``, every completed turn's
+        request spans keyed by vLLM's request id (``cmpl-h<tag>-<conversation>-<turn>-0``; the receiver's
+        row plus ``conversation_id``, ``turn``, ``instance``, ``part``), the ids of those whose span never
+        came (``spans_missing``) and the receiver's counts; with ``scrape``, ``per_finish`` (one snapshot of
+        the request histograms per finished turn)."""
         from harness.recorder import write_json
         after = await self._histograms()
-        out = {"source": "vLLM /metrics histograms, delta over the measured window (engine-side clocks)",
-               "loadavg_1min": {"start": self._load0, "end": os.getloadavg()[0]},   # CPU contention on this machine
-               "instances": {e.name: histogram_delta(h0, h1) for e, h0, h1 in zip(self.endpoints, self._hist0, after)},
-               "baseline": [{"instance": e.name, **{k: [v["sum"], v["count"]] for k, v in h0.items()}}
-                            for e, h0 in zip(self.endpoints, self._hist0)],
-               "per_finish": sorted(self.backend.finish_scrapes or [], key=lambda r: r["t_end_s"])}
+        out: dict[str, Any] = {
+            "source": "vLLM /metrics histograms, delta over the measured window (engine-side clocks)",
+            "format": 2, "engine_times": self.engine_times,
+            "loadavg_1min": {"start": self._load0, "end": os.getloadavg()[0]},   # CPU contention on this machine
+            "instances": {e.name: histogram_delta(h0, h1) for e, h0, h1 in zip(self.endpoints, self._hist0, after)},
+            "baseline": [{"instance": e.name, **{k: [v["sum"], v["count"]] for k, v in h0.items()}}
+                         for e, h0 in zip(self.endpoints, self._hist0)]}
+        if self.engine_times == "scrape":
+            out["per_finish"] = sorted(self.backend.finish_scrapes or [], key=lambda r: r["t_end_s"])
+        if self.engine_times == "spans":
+            spans, missing = {}, []
+            for c in self.backend.completed:
+                row = self.spans.get(c["request_id"])
+                if row is None:
+                    missing.append(c["request_id"])
+                    continue
+                spans[c["request_id"]] = {**row, "conversation_id": c["conversation_id"], "turn": c["turn"],
+                                          "instance": c["instance"], "part": c["part"]}
+            out["spans"] = spans
+            out["spans_missing"] = missing
+            out["spans_receiver"] = {"endpoint": self.spans.endpoint, "posts": self.spans.posts,
+                                     "bad_posts": self.spans.bad_posts, "other_spans": self.spans.other_spans,
+                                     "instances_without_spans": dict(self._span_warned)}
         write_json(out, self.run_dir / "server_metrics.json")
+
+    def _check_spans(self, now_s: float) -> None:
+        """``engine_times=spans``: log once per instance that sends no spans (no span of its first finished
+        turns, up to 8, ``SPAN_SILENCE_S`` after the first of them finished; ``now_s``: run clock, s); the run
+        goes on (server_metrics.json then lists those turns in ``spans_missing``). Cheap: a few dict look-ups
+        per instance until every instance is settled, nothing after."""
+        if self.spans is None or len(self._span_ok) + len(self._span_warned) >= len(self.endpoints):
+            return
+        first: dict[str, list[dict]] = {}
+        for c in self.backend.completed:
+            if c["instance"] in self._span_ok or c["instance"] in self._span_warned:
+                continue
+            lst = first.setdefault(c["instance"], [])
+            if len(lst) < 8:
+                lst.append(c)
+            if len(first) == len(self.endpoints) and all(len(v) >= 8 for v in first.values()):
+                break
+        for inst, cs in first.items():
+            if any(self.spans.get(c["request_id"]) is not None for c in cs):
+                self._span_ok.add(inst)
+            elif now_s - cs[0]["finish_s"] > SPAN_SILENCE_S:
+                why = (f"no vLLM span for its first finished turns {now_s - cs[0]['finish_s']:.0f} s after the first "
+                       f"finished (started with --otlp-traces-endpoint {self.spans.endpoint} and "
+                       f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf?)")
+                self._span_warned[inst] = why
+                log.warning("instance %s: %s; the run goes on, server_metrics.json lists the turns without a span "
+                            "(spans_missing) and has per-request engine times only where spans came", inst, why)
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def open(self) -> None:
@@ -252,6 +321,9 @@ class VllmCluster:
         energy = EnergyMeter(self.launcher.energy_readers()) if self.launcher is not None else None
         self.backend = VllmBackend(self.endpoints, self.model, self.clock, self.session, contexts, pd_params,
                                    b.request_timeout_s, on_error=self._fatal, energy=energy)
+        if self.spans is not None:   # only this run's requests (X-Request-Id h<tag>-...): not warm-ups, not others'
+            prefix = f"cmpl-h{self.backend.tag}-"
+            self.spans.accept = lambda rid: rid.startswith(prefix)
         await self.backend.connect()
         self.backend.prepare_first_turns()   # every first turn's body serialised before the clock starts
         for e in self.endpoints:
@@ -330,9 +402,12 @@ class VllmCluster:
     def drive(self, start: Callable[[], None], done: Callable[[], bool], on_tick: Callable[[], None],
               tick_s: Optional[float]) -> str:
         """Set t = 0, call ``start()``, and run the loop until ``done()``, an error, or ``backend.max_run_s``;
-        scrape ``/metrics`` every ``backend.scrape_interval_s`` and call ``on_tick`` after each scrape (the
-        scrapes, and with ``logger.steps`` one per finished turn, run in a ``MetricsPoller`` thread; only
-        ``on_tick`` comes back to this loop).
+        scrape ``/metrics`` every ``backend.scrape_interval_s`` (the restricted text of the samples the view
+        needs, ``scrape.OBSERVE_PATH``, where the server serves it) and call ``on_tick`` after each scrape (the
+        scrapes, and with ``backend.engine_times=scrape`` one full GET per finished turn, run in a
+        ``MetricsPoller`` thread; only ``on_tick`` comes back to this loop). With ``logger.steps`` the full
+        histograms are read before t = 0 and after the last turn, and with ``engine_times=spans`` the last
+        turns' spans are awaited (up to ``SPAN_DRAIN_S``) before ``server_metrics.json`` is written.
 
         Returns ``""`` when done, else the time-limit reason. Raises what the controller or a policy
         raised, as soon as it was raised.
@@ -347,7 +422,8 @@ class VllmCluster:
         if steps:
             self._hist0 = await self._histograms()
             self._load0 = os.getloadavg()[0]
-            backend.finish_scrapes = []
+            if self.engine_times == "scrape":
+                backend.finish_scrapes = []
         stop = asyncio.Event()
         self.clock.start()
         backend.energy.start()
@@ -369,6 +445,7 @@ class VllmCluster:
                 return
             try:
                 on_tick()
+                self._check_spans(self.clock.now())
             except Exception as e:  # noqa: BLE001 -- a recorder error ends the run, never silently
                 self._fatal(e)
 
@@ -383,9 +460,10 @@ class VllmCluster:
         poller = MetricsPoller([e.url for e in self.endpoints], [e.name for e in self.endpoints], self.clock.now,
                                b.scrape_interval_s, on_scrape=scraped, on_error=failed,
                                on_round=lambda: loop.call_soon_threadsafe(tick),
-                               on_failure=lambda e: loop.call_soon_threadsafe(self._fatal, e))
+                               on_failure=lambda e: loop.call_soon_threadsafe(self._fatal, e),
+                               paths=backend.observe_paths)
         backend.poller = poller
-        if steps:
+        if steps and self.engine_times == "scrape":
             backend.finish_scrapes = poller.finish_records
         try:
             start()
@@ -412,6 +490,18 @@ class VllmCluster:
         await asyncio.gather(*(backend.scrape_one(i) for i in range(len(self.endpoints))))
         preempt1 = [int(sc.get("num_preemptions_total", 0)) if sc else 0 for sc in backend.scrapes]
         self._preemptions = sum(b1 - b0 for b0, b1 in zip(self._preempt0, preempt1))
+        if steps and self.engine_times == "spans":
+            # the last turns' spans: the servers export every SPAN_EXPORT_DELAY_MS
+            # (instances reported as sending none are not waited for, unless a span of theirs came since: late, not absent)
+            late = {c["instance"] for c in backend.completed
+                    if c["instance"] in self._span_warned and self.spans.get(c["request_id"]) is not None}
+            for inst in late:
+                self._span_warned.pop(inst)
+                self._span_ok.add(inst)
+                log.info("instance %s: its spans came after all, late (the warning above was early)", inst)
+            want = [c["request_id"] for c in backend.completed if c["instance"] not in self._span_warned]
+            missing = await asyncio.to_thread(self.spans.wait_for, want, SPAN_DRAIN_S)
+            self._check_spans(math.inf if missing else self.clock.now())
         if steps:
             await self._write_server_metrics()
         return reason
@@ -446,7 +536,9 @@ class VllmCluster:
             "energy_reason": backend.energy.reason, "token_count_mismatches": backend.mismatches,
             "scrape_p50_s": scrape_s[len(scrape_s) // 2] if scrape_s else math.nan,
             "scrape_max_s": scrape_s[-1] if scrape_s else math.nan,
-            "preemptions_server": self._preemptions, "max_run_s": self.max_run_s}
+            "preemptions_server": self._preemptions, "max_run_s": self.max_run_s,
+            "engine_times": self.engine_times,
+            "observe_restricted": sum(p != "/metrics" for p in backend.observe_paths)}
         if self.rule_files:
             out["batch_rule_files"] = dict(self.rule_files)
             out["batch_rule_step_logs"] = {s.name: s.env.get(STEP_LOG_ENV) for s in self.launcher.specs
@@ -481,17 +573,30 @@ def open_cluster(run: Resolved, run_dir: Path, conversations: Sequence = (), hoo
     (the KV blocks ``ExampleConnector`` servers exchange through the filesystem: scratch, not a result)."""
     b = run.backend
     model = model_path(b.model)
+    mode, why = engine_times_mode(b, bool(run.cfg.logger.steps))
+    if why:
+        log.warning(why)
     with contextlib.ExitStack() as stack:
         launcher = None
+        spans = None
+        if mode == "spans":   # bound before any server starts: a launched one is told where to send
+            host = node_address(b.host)
+            try:
+                spans = stack.enter_context(SpanReceiver(b.otlp_port or 0, host))
+            except OSError as e:
+                raise RuntimeError(f"backend.otlp_port={b.otlp_port}: the span receiver cannot listen on {host} ({e}); "
+                                   f"give another port, or backend.engine_times=off") from e
+            log.info("per-request engine times from vLLM's spans, received at %s", spans.endpoint)
+        endpoint = spans.endpoint if spans is not None and b.launch else None
         if b.launch:
             stack.callback(remove_kv_store, Path(run_dir))  # registered first: runs after the servers stop
-            launcher = stack.enter_context(make_launcher(run, instance_specs(run, model, run_dir), run_dir))
+            launcher = stack.enter_context(make_launcher(run, instance_specs(run, model, run_dir, endpoint), run_dir))
             log.info("servers healthy: %s", {k: round(v, 1) for k, v in launcher.startup_s.items()})
             eps = [Endpoint(s.name, s.role, s.url, hw.name, s.device)
                    for s, (_, _, hw) in zip(launcher.specs, run.instances)]
         else:
             eps = [Endpoint(n, r, u.rstrip("/"), hw.name) for (n, r, hw), u in zip(run.instances, b.endpoints)]
-        cluster = VllmCluster(run, eps, model, hooks, launcher, conversations, run_dir)
+        cluster = VllmCluster(run, eps, model, hooks, launcher, conversations, run_dir, mode, spans)
         stack.callback(cluster.close)
         cluster.open()
         yield cluster

