@@ -129,7 +129,7 @@ class ItlPool:
         self._stats: Optional[tuple] = None
 
     def __len__(self) -> int:
-        return len(self._buf)
+        return len(self._buf) if self._buf is not None else 0
 
     def add(self, gaps: Any) -> None:
         """Append one turn's gaps (a sequence of s)."""
@@ -140,7 +140,16 @@ class ItlPool:
 
     def gaps(self) -> np.ndarray:
         """A copy of the pooled gaps, s (in arrival order until :meth:`stats` ran)."""
+        if self._buf is None:
+            raise RuntimeError("ItlPool.gaps after release()")
         return np.array(self._buf, dtype=np.float64)
+
+    def release(self) -> None:
+        """Free the buffer (8 bytes a gap) once :meth:`stats` has read it; :meth:`stats` keeps answering with
+        the values it computed, :meth:`add` and :meth:`gaps` raise from then on."""
+        if self._stats is None:
+            raise RuntimeError("ItlPool.release before stats(): the pooled ITL would be lost")
+        self._buf = None
 
     def stats(self, percentiles: Sequence[float]) -> tuple[float, dict]:
         """``(mean s, {q: percentile s})`` of the pooled gaps: the mean over every gap (NaN when there is

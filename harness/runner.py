@@ -269,6 +269,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         summary.pop("client_wait_max_s", None)
     summary.update(serving_metrics(turns, res.window_end_s - res.window_start_s, cfg.logger.percentiles,
                                    recorder.itl))
+    recorder.itl.release()   # the pooled gaps (8 bytes each) are not needed after their statistics
     summary.update(goodput_summary(turns, cfg.slo.goodput_thresholds_ms(), res.window_end_s - res.window_start_s))
     instances = recorder.instances_frame()
     summary.update(pressure_metrics(turns, instances, (res.window_start_s, res.window_end_s)))

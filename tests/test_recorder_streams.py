@@ -115,3 +115,17 @@ def test_decisions_frame_is_the_row_frame():
     assert _parquet(got) == _parquet(want)
     assert got.candidates[1] == "p0=0.25;d0=0.333333" and got.view_kv_used_frac[1] == "0.123,0.500"
     assert _parquet(decisions_frame([], names)) == _parquet(pd.DataFrame([], columns=DECISION_COLUMNS))
+
+
+def test_itl_pool_release_keeps_the_statistics_and_frees_the_buffer():
+    pool = ItlPool()
+    with pytest.raises(RuntimeError):
+        pool.release()                                  # before stats(): the pooled ITL would be lost
+    pool.add([0.25, 0.75])
+    before = pool.stats([50])
+    pool.release()
+    assert len(pool) == 0 and pool.stats([50]) == before == (0.5, {50.0: 0.5})
+    with pytest.raises(RuntimeError):
+        pool.gaps()
+    with pytest.raises(RuntimeError):
+        pool.add([1.0])
