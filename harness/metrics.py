@@ -38,7 +38,10 @@ from dataclasses import dataclass
 from typing import Any, List, Optional
 
 import numpy as np
-import pandas as pd
+
+from harness import LazyModule
+
+pd = LazyModule("pandas")   # imported on first use: harness.config imports this module for SloConfig
 
 
 READINGS = ("first", "visible")
