@@ -63,38 +63,51 @@ class ColumnStore:
     def __init__(self, columns: Sequence[str]):
         self.columns = list(columns)
         self._data: list = [None] * len(self.columns)   # per column: array('d'), array('q') or list
-        self._type: list = [None] * len(self.columns)   # per column: float, int, or None (a list)
+        self._types: list = [None] * len(self.columns)  # per column: the type of its last value
+        self._apps: list = []                            # per column: its ``append``
         self.n = 0
 
     def __len__(self) -> int:
         return self.n
 
     def append(self, values: Sequence[Any]) -> None:
-        """One row: ``values[i]`` for ``columns[i]``."""
-        if self.n == 0:
-            for i, v in enumerate(values):
-                t = type(v)
-                if t is float:
-                    self._data[i], self._type[i] = array("d", (v,)), float
-                elif t is int and -2 ** 63 <= v < 2 ** 63:
-                    self._data[i], self._type[i] = array("q", (v,)), int
-                else:
-                    self._data[i], self._type[i] = [v], None
-            self.n = 1
-            return
-        data, types = self._data, self._type
-        for i, v in enumerate(values):
-            t = types[i]
-            if t is not None and type(v) is t:
-                try:
-                    data[i].append(v)
-                    continue
-                except OverflowError:   # an int beyond int64: the column becomes a list
-                    pass
-            if t is not None:
-                data[i], types[i] = list(data[i]), None
-            data[i].append(v)
+        """One row: ``values[i]`` for ``columns[i]``. Fast path: every value has its column's last type."""
+        if self.n and list(map(type, values)) == self._types:
+            try:
+                for app, v in zip(self._apps, values):
+                    app(v)
+            except OverflowError:   # an int beyond int64 in an array('q') column
+                self._append_slow(values)
+        else:
+            self._append_slow(values)
         self.n += 1
+
+    def _append_slow(self, values: Sequence[Any]) -> None:
+        """Append the values of this row not appended yet (a column holds ``n + 1`` values once done),
+        turning a typed column into a list when a value does not fit it."""
+        n, data, types = self.n, self._data, self._types
+        if not n:
+            self._apps = [None] * len(self.columns)
+        for i, v in enumerate(values):
+            d, t = data[i], type(v)
+            if d is None:   # the first row decides: float -> array('d'), int -> array('q'), else a list
+                d = data[i] = array("d") if t is float else array("q") if t is int else []
+            elif len(d) > n:
+                continue
+            if isinstance(d, array):
+                ok = t is (float if d.typecode == "d" else int)
+                if ok:
+                    try:
+                        d.append(v)
+                    except OverflowError:
+                        ok = False
+                if not ok:
+                    d = data[i] = list(d)
+                    d.append(v)
+            else:
+                d.append(v)
+            types[i] = t
+            self._apps[i] = d.append
 
     def column(self, name: str) -> list:
         """The values of column ``name`` as a list of Python objects."""
@@ -110,8 +123,9 @@ class ColumnStore:
         """The rows as a DataFrame with ``columns`` (see the class docstring)."""
         if not self.n:
             return pd.DataFrame([], columns=self.columns)
-        return pd.DataFrame({c: (np.array(d, dtype=np.float64 if t is float else np.int64) if t is not None else d)
-                             for c, d, t in zip(self.columns, self._data, self._type)}, columns=self.columns)
+        return pd.DataFrame({c: (np.array(d, dtype=np.float64 if d.typecode == "d" else np.int64)
+                                 if isinstance(d, array) else d)
+                             for c, d in zip(self.columns, self._data)}, columns=self.columns)
 
 
 class ItlPool:

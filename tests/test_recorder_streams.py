@@ -129,3 +129,14 @@ def test_itl_pool_release_keeps_the_statistics_and_frees_the_buffer():
         pool.gaps()
     with pytest.raises(RuntimeError):
         pool.add([1.0])
+
+
+def test_column_store_an_int_beyond_int64_on_the_fast_path():
+    cols = ["a", "b", "c"]
+    rows = [(1, 0.5, "x"), (2 ** 64, 1.5, "y"), (3, 2.5, "z")]   # row 2 differs from row 1 only by the overflow
+    store = ColumnStore(cols)
+    for r in rows:
+        store.append(r)
+    want = pd.DataFrame([dict(zip(cols, r)) for r in rows], columns=cols)
+    pd.testing.assert_frame_equal(store.frame(), want)
+    assert store.column("a") == [1, 2 ** 64, 3] and store.column("b") == [0.5, 1.5, 2.5]
