@@ -75,7 +75,6 @@ def _main(cfg: DictConfig) -> dict:
     from harness.catalog import summary_table
     from harness.loggers import logged_run
     from harness.provenance import RUN_LOCK, DirLock, LockHeld, fingerprint
-    from harness.runner import completed_run, execute
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     signal.signal(signal.SIGTERM, _sigterm)  # like Ctrl-C: what was measured is written, partial
@@ -84,6 +83,7 @@ def _main(cfg: DictConfig) -> dict:
     lock = None
     try:
         run = resolve(cfg)
+        from harness.runner import completed_run, execute  # numpy/pandas/pyarrow: only once the config is valid
         resolved_yaml = OmegaConf.to_yaml(cfg)
         lock = DirLock(out, RUN_LOCK).acquire()  # one writer per run directory
         fp = fingerprint(run, resolved_yaml)

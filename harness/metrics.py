@@ -38,7 +38,10 @@ from dataclasses import dataclass
 from typing import Any, List, Optional
 
 import numpy as np
-import pandas as pd
+
+from harness import LazyModule
+
+pd = LazyModule("pandas")   # imported on first use: harness.config imports this module for SloConfig
 
 
 READINGS = ("first", "visible")
@@ -206,7 +209,9 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
             done_of[cid] = done_of.get(cid, 0) + 1
             first_of.setdefault(cid, {})[turn] = ft
             end_of.setdefault((cid, turn), (fin, tpot))
-    rows = []
+    cols: dict = {c: [] for c in CONVERSATION_COLUMNS}   # built column by column, no dict per conversation
+    (c_id, c_arr, c_nt, c_done, c_ttfet, c_first, c_vis, c_lat, c_fin, c_tpot, c_failed,
+     c_completed) = (cols[c] for c in CONVERSATION_COLUMNS)
     for c in convs:
         rec = c.record
         cid = rec.conversation_id
@@ -225,13 +230,22 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
             if last is not None:
                 latency = float(last[0]) - c.arrival_s
                 last_tpot = float(last[1])
-        rows.append({"conversation_id": rec.conversation_id, "arrival_s": c.arrival_s,
-                     "num_turns": len(rec.turns), "turns_done": done, "ttfet_s": ttfet, "ttfet_first_s": first,
-                     "ttfet_visible_s": vis, "latency_s": latency, "finish_s": c.finish_s,
-                     "last_turn_tpot_s": last_tpot, "failed": bool(c.failed),
-                     # a conversation cut by the duration stop (workload.duration_s) is not completed
-                     "completed": bool(c.done and not c.failed and not getattr(c, "stopped", False))})
-    return pd.DataFrame(rows, columns=CONVERSATION_COLUMNS)
+        c_id.append(rec.conversation_id)
+        c_arr.append(c.arrival_s)
+        c_nt.append(len(rec.turns))
+        c_done.append(done)
+        c_ttfet.append(ttfet)
+        c_first.append(first)
+        c_vis.append(vis)
+        c_lat.append(latency)
+        c_fin.append(c.finish_s)
+        c_tpot.append(last_tpot)
+        c_failed.append(bool(c.failed))
+        # a conversation cut by the duration stop (workload.duration_s) is not completed
+        c_completed.append(bool(c.done and not c.failed and not getattr(c, "stopped", False)))
+    if not convs:
+        return pd.DataFrame([], columns=CONVERSATION_COLUMNS)
+    return pd.DataFrame(cols, columns=CONVERSATION_COLUMNS)
 
 
 def _threshold(conv: pd.DataFrame, slo: Optional[tuple[str, float]], unloaded: Optional[dict], reading: str

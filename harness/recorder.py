@@ -15,6 +15,7 @@ import json
 import math
 import os
 import tempfile
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -45,6 +46,155 @@ def sorted_percentile(a: np.ndarray, q: float) -> float:
     return float(a[i] + (a[i + 1] - a[i]) * (r - i))
 
 
+class ColumnStore:
+    """Rows kept column by column, typed where the values allow it: a column whose values are all Python
+    ``float`` is an ``array('d')`` (8 bytes a value instead of a 24-byte float object plus a row dict's
+    slot), all Python ``int`` an ``array('q')``; a column that meets any other type (a ``bool``, a
+    ``str``, ``None``, a numpy scalar, an int beyond int64) becomes a plain list of the values from then
+    on. :meth:`frame` is the same DataFrame -- dtypes, values, parquet bytes -- as
+    ``pd.DataFrame(list_of_row_dicts, columns=columns)`` of the same rows (pandas infers a column of
+    Python floats as float64 and of Python ints as int64 either way; ``tests/test_recorder_streams.py``
+    checks it on mixed columns).
+
+    Args:
+        columns: the column names, in order; :meth:`append` takes one value per column in that order.
+    """
+
+    def __init__(self, columns: Sequence[str]):
+        self.columns = list(columns)
+        self._data: list = [None] * len(self.columns)   # per column: array('d'), array('q') or list
+        self._types: list = [None] * len(self.columns)  # per column: the type of its last value
+        self._apps: list = []                            # per column: its ``append``
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def append(self, values: Sequence[Any]) -> None:
+        """One row: ``values[i]`` for ``columns[i]``. Fast path: every value has its column's last type."""
+        if self.n and list(map(type, values)) == self._types:
+            try:
+                for app, v in zip(self._apps, values):
+                    app(v)
+            except OverflowError:   # an int beyond int64 in an array('q') column
+                self._append_slow(values)
+        else:
+            self._append_slow(values)
+        self.n += 1
+
+    def _append_slow(self, values: Sequence[Any]) -> None:
+        """Append the values of this row not appended yet (a column holds ``n + 1`` values once done),
+        turning a typed column into a list when a value does not fit it."""
+        n, data, types = self.n, self._data, self._types
+        if not n:
+            self._apps = [None] * len(self.columns)
+        for i, v in enumerate(values):
+            d, t = data[i], type(v)
+            if d is None:   # the first row decides: float -> array('d'), int -> array('q'), else a list
+                d = data[i] = array("d") if t is float else array("q") if t is int else []
+            elif len(d) > n:
+                continue
+            if isinstance(d, array):
+                ok = t is (float if d.typecode == "d" else int)
+                if ok:
+                    try:
+                        d.append(v)
+                    except OverflowError:
+                        ok = False
+                if not ok:
+                    d = data[i] = list(d)
+                    d.append(v)
+            else:
+                d.append(v)
+            types[i] = t
+            self._apps[i] = d.append
+
+    def column(self, name: str) -> list:
+        """The values of column ``name`` as a list of Python objects."""
+        c = self._data[self.columns.index(name)]
+        return [] if c is None else list(c)
+
+    def rows(self) -> list[dict]:
+        """The rows as dicts (``{column: value}``), in order."""
+        cols = [[] if c is None else list(c) for c in self._data]
+        return [dict(zip(self.columns, vals)) for vals in zip(*cols)] if self.n else []
+
+    def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame with ``columns`` (see the class docstring)."""
+        if not self.n:
+            return pd.DataFrame([], columns=self.columns)
+        return pd.DataFrame({c: (np.array(d, dtype=np.float64 if d.typecode == "d" else np.int64)
+                                 if isinstance(d, array) else d)
+                             for c, d in zip(self.columns, self._data)}, columns=self.columns)
+
+
+class ItlPool:
+    """Every completed turn's inter-token gaps, pooled in one growing ``array('d')`` buffer, s (8 bytes a gap,
+    no per-turn array kept, no concatenated copy).
+
+    :meth:`stats` gives the pooled mean and percentiles exactly as ``vllm bench serve`` pools them and as
+    ``numpy.mean`` / ``numpy.percentile`` (linear) of the concatenated gaps give them: the mean over the
+    gaps in arrival order first, then all percentiles from one in-place ``numpy.percentile`` call on the
+    buffer (one partition for every requested rank; the buffer's order is not kept afterwards).
+    """
+
+    def __init__(self):
+        self._buf = array("d")
+        self._stats: Optional[tuple] = None
+
+    def __len__(self) -> int:
+        return len(self._buf) if self._buf is not None else 0
+
+    def add(self, gaps: Any) -> None:
+        """Append one turn's gaps (a sequence of s)."""
+        if self._stats is not None:
+            raise RuntimeError("ItlPool.add after stats(): the pooled gaps were already reordered")
+        a = np.ascontiguousarray(gaps, dtype=np.float64).reshape(-1)
+        self._buf.frombytes(memoryview(a).cast("B"))
+
+    def gaps(self) -> np.ndarray:
+        """A copy of the pooled gaps, s (in arrival order until :meth:`stats` ran)."""
+        if self._buf is None:
+            raise RuntimeError("ItlPool.gaps after release()")
+        return np.array(self._buf, dtype=np.float64)
+
+    def release(self) -> None:
+        """Free the buffer (8 bytes a gap) once :meth:`stats` has read it; :meth:`stats` keeps answering with
+        the values it computed, :meth:`add` and :meth:`gaps` raise from then on."""
+        if self._stats is None:
+            raise RuntimeError("ItlPool.release before stats(): the pooled ITL would be lost")
+        self._buf = None
+
+    def stats(self, percentiles: Sequence[float]) -> tuple[float, dict]:
+        """``(mean s, {q: percentile s})`` of the pooled gaps: the mean over every gap (NaN when there is
+        none; a non-finite gap makes it non-finite, as ``numpy.mean`` does), each percentile over the finite
+        gaps (numpy's linear interpolation; NaN without any). Computed once; later calls with the same
+        ``percentiles`` return the same values."""
+        key = tuple(float(q) for q in percentiles)
+        if self._stats is not None and self._stats[0] == key:
+            return self._stats[1], dict(self._stats[2])
+        if self._stats is not None:
+            raise RuntimeError("ItlPool.stats: already computed for other percentiles")
+        n = len(self._buf)
+        if not n:
+            mean, pct = math.nan, {q: math.nan for q in key}
+        else:
+            a = np.frombuffer(self._buf, dtype=np.float64)
+            mean = float(a.mean())
+            if not math.isfinite(mean):   # some gap is NaN or infinite: the percentiles skip those
+                a = a[np.isfinite(a)]
+            if not len(a):
+                pct = {q: math.nan for q in key}
+            elif key:
+                vals = np.percentile(a, list(key), overwrite_input=True)
+                pct = {q: float(v) for q, v in zip(key, vals)}
+            else:
+                pct = {}
+            del a
+        self._stats = (key, mean, pct)
+        return mean, dict(pct)
+
+
 def _itl_stats(itl_s: Sequence[float]) -> tuple[float, float, float]:
     """p50, p99 and max of a turn's inter-token gaps, s (NaN for fewer than one gap)."""
     if len(itl_s) == 0:
@@ -53,8 +203,9 @@ def _itl_stats(itl_s: Sequence[float]) -> tuple[float, float, float]:
     return sorted_percentile(a, 50), sorted_percentile(a, 99), float(a[-1])
 
 
-def turn_row(job, names: Sequence[str], visible: bool) -> dict:
-    """One ``turns.parquet`` row from a finished or failed ``TurnJob`` (instance names from ``names``).
+def turn_values(job, names: Sequence[str], visible: bool) -> tuple:
+    """One ``turns.parquet`` row from a finished or failed ``TurnJob`` (instance names from ``names``), as a
+    tuple in ``TURN_COLUMNS`` order.
 
     Times in s; TTFT = first token - submit, TPOT = (finish - first token) / (output - 1),
     E2E = finish - submit, queue = admit - submit; ITL p50/p99/max over the turn's token gaps.
@@ -64,23 +215,21 @@ def turn_row(job, names: Sequence[str], visible: bool) -> dict:
     fin = job.finish_s if job.finish_s is not None else math.nan
     out = job.output_tokens
     p50, p99, mx = _itl_stats(job.itl_s)
-    return {
-        "conversation_id": job.conversation_id, "turn": job.turn, "submit_s": job.submit_s,
-        "admit_s": job.admit_s, "start_s": job.start_s,
-        "prefill_done_s": job.prefill_done_s if job.prefill_done_s is not None else math.nan,
-        "first_token_s": first, "finish_s": fin, "prompt_tokens": job.prompt_tokens,
-        "cached_tokens": job.cached_tokens, "prefill_computed_tokens": job.prefill_computed_tokens,
-        "output_tokens": out if ok else 0,
-        "prefill_instance": names[job.placement.prefill_instance],
-        "decode_instance": names[job.placement.decode_instance],
-        "disaggregated": job.placement.disaggregated, "decode_cached_tokens": job.decode_cached_tokens,
-        "transfer_tokens": job.transfer_tokens if job.transfer_tokens >= 0 else math.nan,
-        "transfer_s": job.transfer_s if job.transfer_tokens >= 0 else math.nan, "preemptions": job.preemptions,
-        "visible": visible, "status": "ok" if ok else "failed", "error": job.error,
-        "ttft_s": first - job.submit_s, "tpot_s": (fin - first) / (out - 1) if out > 1 else math.nan,
-        "e2e_s": fin - job.submit_s, "queue_s": job.admit_s - job.submit_s,
-        "itl_p50_s": p50, "itl_p99_s": p99, "itl_max_s": mx,
-    }
+    pl = job.placement
+    transfer = job.transfer_tokens >= 0
+    return (job.conversation_id, job.turn, job.submit_s, job.admit_s, job.start_s,
+            job.prefill_done_s if job.prefill_done_s is not None else math.nan,
+            first, fin, job.prompt_tokens, job.cached_tokens, job.prefill_computed_tokens, out if ok else 0,
+            names[pl.prefill_instance], names[pl.decode_instance], pl.disaggregated, job.decode_cached_tokens,
+            job.transfer_tokens if transfer else math.nan, job.transfer_s if transfer else math.nan,
+            job.preemptions, visible, "ok" if ok else "failed", job.error,
+            first - job.submit_s, (fin - first) / (out - 1) if out > 1 else math.nan,
+            fin - job.submit_s, job.admit_s - job.submit_s, p50, p99, mx)
+
+
+def turn_row(job, names: Sequence[str], visible: bool) -> dict:
+    """:func:`turn_values` as a ``{column: value}`` dict (``TURN_COLUMNS``)."""
+    return dict(zip(TURN_COLUMNS, turn_values(job, names, visible)))
 
 
 def token_times(job) -> np.ndarray:
@@ -91,15 +240,18 @@ def token_times(job) -> np.ndarray:
     return job.first_token_s + np.concatenate(([0.0], np.cumsum(np.asarray(job.itl_s, dtype=float))))
 
 
+def instance_values(now_s: float, info, state, power_w: float = math.nan) -> tuple:
+    """One ``instances.parquet`` row (``INSTANCE_COLUMNS`` order): instance ``info`` (``InstanceInfo``) in
+    ``state`` (``InstanceState``) at ``now_s`` (s); KV in tokens and as a fraction of capacity, cumulative
+    energy in J, power in W (NaN where the backend does not observe it)."""
+    return (now_s, info.name, info.role, info.hardware, state.kv_used_tokens, info.kv_capacity_tokens,
+            state.kv_used_tokens / info.kv_capacity_tokens, state.num_running, state.num_waiting, state.energy_j,
+            power_w)
+
+
 def instance_row(now_s: float, info, state, power_w: float = math.nan) -> dict:
-    """One ``instances.parquet`` row: instance ``info`` (``InstanceInfo``) in ``state``
-    (``InstanceState``) at ``now_s`` (s); KV in tokens and as a fraction of capacity, cumulative energy
-    in J, power in W (NaN where the backend does not observe it)."""
-    return {"t_s": now_s, "instance": info.name, "role": info.role, "hardware": info.hardware,
-            "kv_used_tokens": state.kv_used_tokens, "kv_capacity_tokens": info.kv_capacity_tokens,
-            "kv_used_frac": state.kv_used_tokens / info.kv_capacity_tokens,
-            "num_running": state.num_running, "num_waiting": state.num_waiting, "energy_j": state.energy_j,
-            "power_w": power_w}
+    """:func:`instance_values` as a ``{column: value}`` dict (``INSTANCE_COLUMNS``)."""
+    return dict(zip(INSTANCE_COLUMNS, instance_values(now_s, info, state, power_w)))
 
 
 # ---- decisions: typed records ----------------------------------------------------------------------
@@ -173,6 +325,43 @@ def decision_row(d, names: Sequence[str]) -> dict:
     return row
 
 
+def decisions_frame(decisions: Sequence[Any], names: Sequence[str]) -> pd.DataFrame:
+    """``decisions.parquet`` (``DECISION_COLUMNS``) from typed decision records, built column by column: the
+    same frame as ``pd.DataFrame([decision_row(d, names) for d in decisions], columns=DECISION_COLUMNS)``
+    without a dict per row."""
+    if not decisions:
+        return pd.DataFrame([], columns=DECISION_COLUMNS)
+    n = len(decisions)
+    t_s = [d.t_s for d in decisions]
+    reason = [d.reason for d in decisions]
+    kind = [""] * n
+    cid = [""] * n
+    turn = [-1] * n
+    pre = [-1] * n
+    dec = [-1] * n
+    cand = [""] * n
+    kv = [""] * n
+    queued = [""] * n
+    held = [0] * n
+    mis = [False] * n
+    for j, d in enumerate(decisions):
+        if isinstance(d, PlanDecision):
+            kind[j] = "plan"
+            continue
+        v = d.view
+        kv[j] = ",".join([f"{x:.3f}" for x in v.kv_used_frac])
+        queued[j] = ",".join([str(x) for x in v.queued_prefill_tokens])
+        held[j] = v.num_held
+        if isinstance(d, HoldDecision):
+            kind[j] = "hold"
+        else:
+            kind[j], cid[j], turn[j], pre[j], dec[j], mis[j] = ("place", d.conversation_id, d.turn,
+                                                                d.prefill_instance, d.decode_instance, d.misrouted)
+            cand[j] = ";".join([f"{names[i]}={s:.6g}" for i, s in d.candidates])
+    return pd.DataFrame(dict(zip(DECISION_COLUMNS, (t_s, kind, cid, turn, pre, dec, reason, cand, kv, queued, held,
+                                                    mis))), columns=DECISION_COLUMNS)
+
+
 # ---- the recorder ----------------------------------------------------------------------------------
 
 class Recorder:
@@ -182,17 +371,33 @@ class Recorder:
         visible: ``(conversation_id, turn) -> bool``, whether a turn is user-visible (from the trace).
         log_decisions: keep decision records (``decisions.parquet``).
         log_tokens: keep every completed turn's output-token times (``tokens.parquet``, ``logger.steps``).
-    ``bind(names)`` gives the instance names once the cluster is open.
+    ``bind(names)`` gives the instance names once the cluster is open. Turn and instance rows are kept column
+    by column (:class:`ColumnStore`), the pooled ITL gaps in one buffer (:class:`ItlPool`).
     """
 
     def __init__(self, visible: Callable[[str, int], bool], log_decisions: bool = True, log_tokens: bool = False):
         self.visible, self.log_decisions, self.log_tokens = visible, log_decisions, log_tokens
         self.tokens: list[tuple[str, int, str, np.ndarray]] = []
         self.names: list[str] = []
-        self.turns: list[dict] = []
+        self._turns = ColumnStore(TURN_COLUMNS)
         self.decisions: list[Any] = []
-        self.samples: list[dict] = []
-        self.itl: list[np.ndarray] = []   # every completed turn's inter-token gaps, s (pooled ITL percentiles)
+        self._samples = ColumnStore(INSTANCE_COLUMNS)
+        self.itl = ItlPool()   # every completed turn's inter-token gaps, s (pooled ITL mean and percentiles)
+
+    @property
+    def turns(self) -> list[dict]:
+        """``turns.parquet`` rows as dicts (``TURN_COLUMNS``), built on each access."""
+        return self._turns.rows()
+
+    @property
+    def samples(self) -> list[dict]:
+        """``instances.parquet`` rows as dicts (``INSTANCE_COLUMNS``), built on each access."""
+        return self._samples.rows()
+
+    @property
+    def num_turns(self) -> int:
+        """Turns recorded so far (finished or failed)."""
+        return len(self._turns)
 
     def bind(self, names: Sequence[str]) -> None:
         """The cluster's instance names, in index order."""
@@ -200,16 +405,16 @@ class Recorder:
 
     def turn(self, job) -> None:
         """Record a finished or failed ``TurnJob``."""
-        self.turns.append(turn_row(job, self.names, self.visible(job.conversation_id, job.turn)))
+        self._turns.append(turn_values(job, self.names, self.visible(job.conversation_id, job.turn)))
         if not job.error and len(job.itl_s):
-            self.itl.append(np.asarray(job.itl_s, dtype=float))
+            self.itl.add(job.itl_s)
         if self.log_tokens and not job.error and job.first_token_s is not None:
             self.tokens.append((job.conversation_id, job.turn, self.names[job.placement.decode_instance],
                                 token_times(job)))
 
     def itl_gaps(self) -> np.ndarray:
-        """Every completed turn's inter-token gaps, pooled, s."""
-        return np.concatenate(self.itl) if self.itl else np.empty(0)
+        """Every completed turn's inter-token gaps, pooled, s (a copy; :meth:`ItlPool.stats` needs none)."""
+        return self.itl.gaps()
 
     def decision(self, d) -> None:
         """Record a typed decision (:class:`HoldDecision`, :class:`PlaceDecision`, :class:`PlanDecision`)."""
@@ -219,16 +424,16 @@ class Recorder:
     def sample(self, now_s: float, infos, states, power_w: Sequence[float]) -> None:
         """One ``instances.parquet`` row per instance at ``now_s`` (s)."""
         for info, st, p in zip(infos, states, power_w):
-            self.samples.append(instance_row(now_s, info, st, p))
+            self._samples.append(instance_values(now_s, info, st, p))
 
     # ---- frames --------------------------------------------------------------------------------
     def turns_frame(self) -> pd.DataFrame:
         """``turns.parquet`` (``TURN_COLUMNS``)."""
-        return pd.DataFrame(self.turns, columns=TURN_COLUMNS)
+        return self._turns.frame()
 
     def instances_frame(self) -> pd.DataFrame:
         """``instances.parquet`` (``INSTANCE_COLUMNS``)."""
-        return pd.DataFrame(self.samples, columns=INSTANCE_COLUMNS)
+        return self._samples.frame()
 
     def tokens_frame(self) -> pd.DataFrame:
         """``tokens.parquet`` (``TOKEN_COLUMNS``): one row per output token of every completed turn: its
@@ -245,8 +450,8 @@ class Recorder:
             "t_s": np.concatenate([t for _, _, _, t in self.tokens])})
 
     def decisions_frame(self) -> pd.DataFrame:
-        """``decisions.parquet`` (``DECISION_COLUMNS``)."""
-        return pd.DataFrame([decision_row(d, self.names) for d in self.decisions], columns=DECISION_COLUMNS)
+        """``decisions.parquet`` (``DECISION_COLUMNS``), built column by column (:func:`decision_columns`)."""
+        return decisions_frame(self.decisions, self.names)
 
 
 # ---- atomic files ----------------------------------------------------------------------------------

@@ -242,6 +242,10 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     log.info("%s run: %d events in %.2f s of wall time", run.backend_name, res.events, res.wall_s)
     if res.extra.get("policy_plan"):
         log.info("%s plan: %s", run.scheduler_name, res.extra["policy_plan"])
+    # the pooled ITL statistics first (harness.validity.serving_metrics reads them back), then the gaps' buffer
+    # (8 bytes a gap, the run's largest record) is freed before any frame is built
+    recorder.itl.stats(cfg.logger.percentiles)
+    recorder.itl.release()
     turns = recorder.turns_frame()
     conv = apply_slo(conversation_table(turns, res.convs, cfg.slo.ttfet_definition), cfg.slo, unloaded)
     summary = summarize(turns, conv, res.energy_j, res.window_end_s - res.window_start_s, res.preemptions)
@@ -268,7 +272,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         summary.pop("client_wait_mean_s", None)
         summary.pop("client_wait_max_s", None)
     summary.update(serving_metrics(turns, res.window_end_s - res.window_start_s, cfg.logger.percentiles,
-                                   recorder.itl_gaps()))
+                                   recorder.itl))
     summary.update(goodput_summary(turns, cfg.slo.goodput_thresholds_ms(), res.window_end_s - res.window_start_s))
     instances = recorder.instances_frame()
     summary.update(pressure_metrics(turns, instances, (res.window_start_s, res.window_end_s)))

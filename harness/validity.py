@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:   # harness.config imports this module for ValidityConfig: pandas only when a table is read
+    import pandas as pd
 
 
 @dataclass
@@ -86,14 +88,28 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(v, q)) if len(v) else math.nan
 
 
+def _pcts(values: np.ndarray, qs: Sequence[float]) -> list[float]:
+    """Each ``q`` of ``qs`` (0-100) as the percentile of the finite ``values`` (numpy's linear rule; NaN
+    without any): one copy and one partition for every ``q``, the same floats as one
+    ``numpy.percentile(finite, q)`` per ``q``."""
+    v = values[np.isfinite(values)] if len(values) else values
+    if not len(v) or not len(qs):
+        return [math.nan] * len(qs)
+    return [float(x) for x in np.percentile(v, [float(q) for q in qs], overwrite_input=True)]
+
+
 def pname(q: float) -> str:
     """The key part of a percentile: 50 -> ``p50``, 99.9 -> ``p99.9``."""
     return f"p{q:g}"
 
 
 def serving_metrics(turns: pd.DataFrame, window_s: float, percentiles: Sequence[float],
-                    itl_gaps: Optional[np.ndarray]) -> dict:
-    """Throughput and latency percentiles of the completed turns (module docstring); units in the keys."""
+                    itl_gaps: Any) -> dict:
+    """Throughput and latency percentiles of the completed turns (module docstring); units in the keys.
+
+    ``itl_gaps``: the pooled inter-token gaps of every completed turn, s: a ``harness.recorder.ItlPool``
+    (its mean and percentiles in one pass over its buffer, no copy), an array, or None (no gaps).
+    """
     ok = turns[turns.status == "ok"] if len(turns) else turns
     prompt = int(ok.prompt_tokens.sum()) if len(ok) else 0
     gen = int(ok.output_tokens.sum()) if len(ok) else 0
@@ -105,12 +121,18 @@ def serving_metrics(turns: pd.DataFrame, window_s: float, percentiles: Sequence[
         v = cols[name].to_numpy(dtype=float) if name in cols else np.empty(0)
         finite = v[np.isfinite(v)]
         out[f"{name}_mean_s"] = float(finite.mean()) if len(finite) else math.nan
+        for q, x in zip(percentiles, _pcts(finite, percentiles)):
+            out[f"{name}_{pname(q)}_s"] = x
+    if hasattr(itl_gaps, "stats"):   # a harness.recorder.ItlPool
+        mean, pct = itl_gaps.stats(percentiles)
+        out["itl_mean_s"] = mean
         for q in percentiles:
-            out[f"{name}_{pname(q)}_s"] = _pct(v, q)
-    gaps = itl_gaps if itl_gaps is not None else np.empty(0)
+            out[f"itl_{pname(q)}_s"] = pct[float(q)]
+        return out
+    gaps = np.asarray(itl_gaps, dtype=float) if itl_gaps is not None else np.empty(0)
     out["itl_mean_s"] = float(gaps.mean()) if len(gaps) else math.nan
-    for q in percentiles:
-        out[f"itl_{pname(q)}_s"] = _pct(gaps, q)
+    for q, x in zip(percentiles, _pcts(gaps, percentiles)):
+        out[f"itl_{pname(q)}_s"] = x
     return out
 
 

@@ -1,0 +1,142 @@
+"""Per-token observations as streams (issue 21): the recorder's column store, the pooled ITL buffer and the
+column-wise decision frame give exactly what the row dicts and the concatenated gap arrays gave."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.recorder import (DECISION_COLUMNS, ColumnStore, HoldDecision, ItlPool, PlaceDecision, PlanDecision,
+                              ViewDigest, decision_row, decisions_frame)
+from harness.validity import serving_metrics
+
+
+def _parquet(df: pd.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False, engine="pyarrow")
+    return buf.getvalue()
+
+
+def test_column_store_frame_is_the_row_dict_frame_on_mixed_columns():
+    cols = ["f", "i", "f_then_nan", "i_then_float", "i_then_none", "s", "b", "npf", "big", "obj", "none"]
+    rows = [
+        (0.5, 1, 1.0, 2, 3, "a", True, np.float64(1.5), 1, 1, None),
+        (1.5, 2, math.nan, 2.5, None, "b", False, np.float64(2.5), 2 ** 70, "x", None),
+        (2.5, -3, 3.0, 4, 5, "", True, np.float64(3.5), 3, 2.0, None),
+    ]
+    store = ColumnStore(cols)
+    for r in rows:
+        store.append(r)
+    want = pd.DataFrame([dict(zip(cols, r)) for r in rows], columns=cols)
+    got = store.frame()
+    assert list(got.dtypes) == list(want.dtypes)
+    pd.testing.assert_frame_equal(got, want)
+    plain = [c for c in cols if c not in ("big", "obj")]      # parquet takes neither a 2**70 nor an int/str mix
+    assert _parquet(got[plain]) == _parquet(want[plain])
+    assert got["f"].dtype == np.float64 and got["i"].dtype == np.int64     # typed columns stay typed
+    assert len(store) == 3 and store.rows()[1]["s"] == "b" and store.column("i") == [1, 2, -3]
+
+
+def test_column_store_empty_and_single_row():
+    cols = ["a", "b"]
+    empty = ColumnStore(cols)
+    assert _parquet(empty.frame()) == _parquet(pd.DataFrame([], columns=cols)) and empty.rows() == []
+    one = ColumnStore(cols)
+    one.append((1.0, "x"))
+    assert _parquet(one.frame()) == _parquet(pd.DataFrame([{"a": 1.0, "b": "x"}], columns=cols))
+
+
+def test_itl_pool_by_hand():
+    pool = ItlPool()
+    pool.add([1.0, 2.0])
+    pool.add(np.array([], dtype=float))
+    pool.add(np.array([3.0, 4.0]))
+    # by hand: mean (1+2+3+4)/4 = 2.5; p50 at rank 1.5 -> 2.5; p99 at rank 3 * 0.99 = 2.97 -> 3 + 0.97 * 1
+    mean, pct = pool.stats([50, 99])
+    assert mean == 2.5 and pct[50.0] == 2.5 and pct[99.0] == pytest.approx(3.97, abs=1e-12)
+    assert pool.stats([50, 99]) == (mean, pct)          # computed once, the same again
+    with pytest.raises(RuntimeError):
+        pool.add([5.0])                                 # the buffer was reordered by the partition
+    with pytest.raises(RuntimeError):
+        pool.stats([90])
+    m, p = ItlPool().stats([50])
+    assert math.isnan(m) and math.isnan(p[50.0])
+
+
+@pytest.mark.parametrize("bad", [None, math.nan, math.inf])
+def test_itl_pool_matches_numpy_on_the_concatenated_gaps(bad):
+    rng = np.random.default_rng(7)
+    chunks = [rng.exponential(0.02, int(rng.integers(0, 40))) for _ in range(200)]
+    if bad is not None:
+        chunks[3] = np.append(chunks[3], bad)
+    qs = [0, 50, 90, 95, 99, 99.9, 100]
+    pool = ItlPool()
+    for c in chunks:
+        pool.add(c)
+    full = np.concatenate(chunks)
+    finite = full[np.isfinite(full)]
+    mean, pct = pool.stats(qs)
+    ref_mean = float(full.mean())
+    assert mean == ref_mean or (bad is not None and math.isnan(mean) and math.isnan(ref_mean))
+    for q in qs:
+        assert pct[float(q)] == float(np.percentile(finite, q))   # exact, not approximately
+
+
+def test_serving_metrics_same_from_the_pool_and_from_the_array():
+    turns = pd.DataFrame({"status": ["ok", "ok", "failed"], "prompt_tokens": [10, 20, 5], "output_tokens": [3, 4, 0],
+                          "ttft_s": [0.1, 0.3, math.nan], "tpot_s": [0.01, 0.02, math.nan], "e2e_s": [1.0, 2.0, 0.5]})
+    gaps = [np.array([0.5, 0.25]), np.array([0.75, 1.0, 0.125])]
+    pool = ItlPool()
+    for g in gaps:
+        pool.add(g)
+    a = serving_metrics(turns, 10.0, [50, 90, 99], np.concatenate(gaps))
+    b = serving_metrics(turns, 10.0, [50, 90, 99], pool)
+    assert list(a) == list(b) and a == b
+    assert b["itl_mean_s"] == (0.5 + 0.25 + 0.75 + 1.0 + 0.125) / 5
+    assert b["itl_p50_s"] == 0.5                            # the median of the five gaps, by hand
+    assert b["ttft_p50_s"] == pytest.approx(0.2)            # (0.1 + 0.3) / 2 over the completed turns
+    assert b["request_throughput_per_s"] == 0.2             # 2 completed turns / 10 s
+
+
+def test_decisions_frame_is_the_row_frame():
+    v1 = ViewDigest((0.12345, 0.5), (100, 0), 0)
+    v2 = ViewDigest((1.0, 0.0), (0, 2048), 3)
+    ds = [PlanDecision(0.0, "plan: thresholds"),
+          PlaceDecision(1.5, "c1", 0, 0, 1, "least-kv", ((0, 0.25), (1, 1.0 / 3)), v1),
+          HoldDecision(2.0, "kv gate", v2),
+          PlaceDecision(3.25, "c2", 4, 1, 1, "sticky", (), v2, misrouted=True)]
+    names = ["p0", "d0"]
+    want = pd.DataFrame([decision_row(d, names) for d in ds], columns=DECISION_COLUMNS)
+    got = decisions_frame(ds, names)
+    assert _parquet(got) == _parquet(want)
+    assert got.candidates[1] == "p0=0.25;d0=0.333333" and got.view_kv_used_frac[1] == "0.123,0.500"
+    assert _parquet(decisions_frame([], names)) == _parquet(pd.DataFrame([], columns=DECISION_COLUMNS))
+
+
+def test_itl_pool_release_keeps_the_statistics_and_frees_the_buffer():
+    pool = ItlPool()
+    with pytest.raises(RuntimeError):
+        pool.release()                                  # before stats(): the pooled ITL would be lost
+    pool.add([0.25, 0.75])
+    before = pool.stats([50])
+    pool.release()
+    assert len(pool) == 0 and pool.stats([50]) == before == (0.5, {50.0: 0.5})
+    with pytest.raises(RuntimeError):
+        pool.gaps()
+    with pytest.raises(RuntimeError):
+        pool.add([1.0])
+
+
+def test_column_store_an_int_beyond_int64_on_the_fast_path():
+    cols = ["a", "b", "c"]
+    rows = [(1, 0.5, "x"), (2 ** 64, 1.5, "y"), (3, 2.5, "z")]   # row 2 differs from row 1 only by the overflow
+    store = ColumnStore(cols)
+    for r in rows:
+        store.append(r)
+    want = pd.DataFrame([dict(zip(cols, r)) for r in rows], columns=cols)
+    pd.testing.assert_frame_equal(store.frame(), want)
+    assert store.column("a") == [1, 2 ** 64, 3] and store.column("b") == [0.5, 1.5, 2.5]
