@@ -183,7 +183,10 @@ def test_load_shapes_on_a_real_server(collocated_server, tmp_path, shape):
         for _, row in c.iterrows():
             before = c[c.sched < row.sched]
             active = int(((before.arrival_s <= row.sched) & (before.finish_s > row.sched)).sum())
-            assert (active >= 2) == bool(row.arrival_s > row.sched + 1e-3), row.conversation_id
+            if active >= 2:                                          # both slots busy: it waited for one
+                assert row.arrival_s > row.sched + 1e-3, row.conversation_id
+            else:                                                    # a free slot: it started at once (the
+                assert row.arrival_s <= row.sched + LATE, row.conversation_id  # client's loop lags on a busy box)
         assert waited.any()                                          # the cap engaged (3rd arrival at 0.38 s)
         assert c.arrival_s.is_monotonic_increasing                   # FIFO: starts in arrival order
         assert s["client_wait_mean_s"] == pytest.approx((c.arrival_s - c.sched).mean(), abs=1e-6)
