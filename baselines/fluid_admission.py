@@ -27,13 +27,14 @@ import math
 from bisect import bisect_left, bisect_right
 from itertools import islice
 from operator import attrgetter
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from baselines.collocated import Collocated
-from harness.batching import RequestState, StepInput, StepPlan, prefill_chunk
+from harness.batching import RequestState, StepInput, StepPlan, UnselectedResidents, prefill_chunk
 from harness.fluid import PromptType
 from harness.policy import PolicyContext, Predictor
 from harness.registry import register_rule
@@ -183,13 +184,19 @@ def _take_stage0(res: list, wait: list, cap: int, budget: int, chunk_cap: int, r
 _ADMIT_SEQ, _SUBMIT_S = attrgetter("admit_seq"), attrgetter("submit_s")
 
 
-def _plan(run: list, admit: list, running: Sequence, wake: float) -> StepPlan:
-    """A plan whose preferred victims are the unselected residents, most recently admitted first."""
-    chosen = {id(r) for r, _ in run}
-    paused = [r for r in running if id(r) not in chosen]
-    paused.sort(key=_ADMIT_SEQ, reverse=True)
+def _plan(run: list, admit: list, running: Sequence, wake: float, repeat_steps: Optional[int] = 1) -> StepPlan:
+    """A plan whose preferred victims are the unselected residents, most recently admitted first (built
+    only if the engine reads them: :class:`harness.batching.UnselectedResidents`). ``repeat_steps``: the
+    rule's horizon (``StepPlan.repeat_steps``; ``None``: unlimited; 1: the plan holds for this step only)."""
     admit.sort(key=_SUBMIT_S)
-    return StepPlan(tuple(run), tuple(admit), tuple(paused), None if wake == math.inf else wake)
+    return StepPlan(tuple(run), tuple(admit), UnselectedResidents(running, run), None if wake == math.inf else wake,
+                    repeatable=repeat_steps != 1, repeat_steps=_UNTIL_EVENT if repeat_steps is None else repeat_steps)
+
+
+_UNTIL_EVENT = 1 << 30      # no horizon of the rule's own: the plan holds until something arrives or finishes
+
+
+NESTED_HORIZON_STEPS = 64   # the longest horizon Nested WAIT states (steps; checking costs O(groups) per step)
 
 
 class WaitRule:
@@ -319,18 +326,29 @@ class WaitRule:
         admit_ok = True
         if not eligible and self.idle_policy == "decode_residents":
             serve, admit_ok = list(range(m)), False
+        # horizon: the plan repeats until something arrives, finishes or a wake time passes when it is
+        # decode-only and every served type is eligible by its stage-0 count (which decode steps do not
+        # change) and has each of its stages served whole (every group moves up one stage together, so
+        # the groups, their order and the paused residents stay the same; types are fixed per request)
+        repeat = admit_ok and bool(eligible)
         for j in serve:                                  # decode stages: 1 token each
             cap = self.n[j]
+            if repeat and len(res0[j]) + len(wait0[j]) < cap:
+                repeat = False                           # eligible by timeout: serving it may end that
             for grp in stages[j].values():
+                if len(grp) > cap:
+                    repeat = False
                 for r in grp[:cap]:
                     if budget <= 0:
+                        repeat = False
                         break
                     run.append((r, 1))
                     budget -= 1
+        n_dec = len(run)
         if admit_ok:
             for j in serve:                              # stage 0: prefill chunks and admissions
                 budget = _take_stage0(res0[j], wait0[j], self.n[j], budget, inp.chunk_cap, run, admit)
-        return _plan(run, admit, inp.running, wake)
+        return _plan(run, admit, inp.running, wake, None if repeat and len(run) == n_dec and run else 1)
 
 
 STAGE_CAP_RULES = ("raised", "rotate")
@@ -444,7 +462,8 @@ class NestedWaitRule:
         for off in range(max(len(c) for c in self.caps)):
             plan = self._plan_at(inp, inp.step_index + off)
             if plan.run or plan.admit:
-                return plan
+                # moved on (off > 0): the next step's index is one more, not off more: no horizon
+                return plan if off == 0 or not plan.repeatable else replace(plan, repeatable=False, repeat_steps=1)
         return plan
 
     def _plan_at(self, inp: StepInput, t: int) -> StepPlan:
@@ -491,20 +510,66 @@ class NestedWaitRule:
         serve_upto, admit_ok = kstar, True
         if kstar == 0 and self.idle_policy == "decode_residents":
             serve_upto, admit_ok = m, False
+        repeat = admit_ok and serve_upto > 0
+        groups: list = []
         if serve_upto:
             limit = self.bounds[serve_upto - 1] if serve_upto < m else math.inf
             for s in sorted(stages):
                 if s >= limit:
                     break
                 cap = cap_tab[s] if s < n_tab else last_cap
-                for r in stages[s][:cap]:
+                grp = stages[s]
+                if len(grp) > cap:
+                    repeat = False
+                groups.append((s, len(grp)))
+                for r in grp[:cap]:
                     if budget <= 0:
+                        repeat = False
                         break
                     run.append((r, 1))
                     budget -= 1
+            n_dec = len(run)
             if admit_ok:
                 _take_stage0(res0, waiting, cap_of(0, 0), budget, inp.chunk_cap, run, admit)
-        return _plan(run, admit, inp.running, wake)
+            if repeat and (len(run) != n_dec or not run or len(res0) + len(waiting) < cap_of(0, 0)):
+                repeat = False      # a prefill, nothing to run, or segment 1 open by a timeout only
+        horizon = self._horizon(groups, kstar, limit, t, len(res0), len(inp.waiting)) if repeat else 1
+        return _plan(run, admit, inp.running, wake, horizon)
+
+    def _horizon(self, groups: list, kstar: int, limit: float, t: int, n_res0: int, n_waiting: int) -> int:
+        """Steps (this one included, at most ``NESTED_HORIZON_STEPS``) for which a decode-only plan that
+        serves every stage group of segments ``1..kstar`` whole stays the same: at step ``i`` each group
+        ``(stage s, size c)`` is at stage ``s + i``, which must stay below ``limit`` (the first paused
+        segment) with a cap ``>= c``; every served segment ``k >= 2`` must pass its gate by the size of the
+        group then at its entry stage (a timeout does not count: the served requests' idle times are
+        renewed at each step); with ``rotate``, the caps are those of step index ``t + i`` and segment 1's
+        entry cap must not change (it sets the admissions). Segment 1's gate (its stage-0 count) and the
+        paused segments do not change in a decode-only run; a wake time that passes cuts the run."""
+        sizes = dict(groups)
+        entries = self.starts[1:kstar]
+        rot = self.rotate
+        seg_tab, n_tab, last = self._seg_tab, len(self._seg_tab), len(self.bounds) - 1
+        cap_tab, last_cap = self._cap_tab, self.caps[last][-1]
+        cap0 = self.rotated_cap(0, 0, t) if rot else 0
+        for i in range(1, NESTED_HORIZON_STEPS):
+            tt = t + i
+            for s, c in groups:
+                st = s + i
+                if st >= limit:
+                    return i
+                if rot:
+                    cap = self.rotated_cap(seg_tab[st] if st < n_tab else last, st, tt)
+                else:
+                    cap = cap_tab[st] if st < n_tab else last_cap
+                if c > cap:
+                    return i
+            for k, e in enumerate(entries, 1):
+                cap = self.rotated_cap(k, e, tt) if rot else cap_tab[e]
+                if sizes.get(e - i, 0) < cap:
+                    return i
+            if rot and self.rotated_cap(0, 0, tt) != cap0:
+                return i
+        return NESTED_HORIZON_STEPS
 
 
 @register_rule("wait")

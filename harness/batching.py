@@ -33,7 +33,8 @@ Units: tokens, blocks (``block_size`` tokens each), seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Callable, Optional, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -70,9 +71,13 @@ class RequestState(Protocol):
     def stage(self) -> int: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepInput:
     """A snapshot of one engine at the start of a step.
+
+    The simulator keeps one ``StepInput`` per engine and updates ``now_s``, ``free_blocks`` and
+    ``step_index`` in place before each step (no object built per step): a rule reads it during
+    ``plan`` and must not keep it or modify it (``dataclasses.replace`` gives a modified copy).
 
     Fields:
         now_s: simulated time, s.
@@ -125,6 +130,12 @@ class StepPlan:
             whatever the token budget leaves; the engine takes the smaller).
         admit_chunk_cap: per-admission prefill chunk cap, tokens (``None`` or 0: the engine's
             ``chunk_cap`` alone; else the smaller of the two).
+        repeat_steps: with ``repeatable``, the rule's horizon: the plan (the same requests, in the same
+            order) is what the rule would return at each of the next ``repeat_steps - 1`` steps too, as
+            long as nothing arrives, finishes or is transferred and no requested ``wake_at_s`` passes
+            (which cut a run at its next step boundary), steps. ``None``: no limit of the rule's own.
+            The engine simulates up to that many identical steps as one run; exact, not an estimate
+            (``tests/test_speed.py`` checks merged runs against step-by-step simulation).
     """
 
     run: Sequence = ()
@@ -134,6 +145,54 @@ class StepPlan:
     repeatable: bool = False
     admit_budget: Optional[int] = None
     admit_chunk_cap: Optional[int] = None
+    repeat_steps: Optional[int] = None
+
+
+class UnselectedResidents(Sequence):
+    """``evict_first`` built only when read: the residents a plan leaves out, most recently admitted
+    first (``admit_seq`` descending; a stable sort, so equal ones keep their running order).
+
+    The engine reads a plan's ``evict_first`` only on KV overflow, so the list (a set of the selected
+    requests, a scan of the residents and a sort) is not built at every step. ``running``: the residents
+    at plan time (copied to a tuple: later changes to the engine's list do not alter it); ``run``: the
+    plan's ``(request, tokens)`` pairs.
+    """
+
+    __slots__ = ("_running", "_run", "_list")
+
+    def __init__(self, running: Sequence, run: Sequence):
+        self._running, self._run, self._list = tuple(running), run, None
+
+    def _get(self) -> list:
+        if self._list is None:
+            chosen = {id(r) for r, _ in self._run}
+            paused = [r for r in self._running if id(r) not in chosen]
+            paused.sort(key=_admit_seq, reverse=True)
+            self._list, self._running, self._run = paused, (), ()
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __getitem__(self, i):
+        return self._get()[i]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __reversed__(self):
+        return reversed(self._get())
+
+    def __eq__(self, other) -> bool:
+        return list(self._get()) == list(other) if isinstance(other, (list, tuple, UnselectedResidents)) \
+            else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"UnselectedResidents({self._get()!r})"
+
+
+def _admit_seq(r) -> int:
+    return r.admit_seq
 
 
 class BatchRule(Protocol):

@@ -8,6 +8,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
@@ -325,3 +326,28 @@ def test_itl_gaps_from_single_steps_and_runs():
     r.token_times = [1.0, 2.5, (3.0, np.array([0.5, 1.0, 1.5]))]
     assert r.itl_gaps().tolist() == [1.5, 1.0, 0.5, 0.5]
     assert Request("c", 0, 10, 1, (0,)).itl_gaps().tolist() == []
+
+
+# ---- rule-declared horizons: merged WAIT / Nested WAIT / WAIT-CP plans equal step-by-step ----------------
+
+@pytest.mark.parametrize(("scheduler", "extra"), [("wait", []), ("nested_wait", [])])
+def test_merged_rule_plans_equal_step_by_step(scheduler, extra):
+    """A batch rule's declared horizon (``StepPlan.repeat_steps``) lets the engine run its repeated
+    decode-only plans as one event; the turns must be exactly (bit for bit) those of one event per step
+    (``max_coalesce_s = 0``), with fewer events. 30 real trace conversations on the default cluster
+    with 10 % of its memory for the engine, so that admissions fail for KV (WAIT repeats a decode-only
+    plan only then) and residents pause."""
+    from tests.test_invariants import workload
+    from harness.session import simulate
+    from tests.conftest import compose_run
+    run = compose_run([f"scheduler={scheduler}", "engine.gpu_memory_utilization=0.1",
+                       "engine.activation_reserve_bytes=268435456", *extra])
+    convs, stats = workload(run, n=30, rate=1.0, max_turns=8, max_context=20000)
+    merged = simulate(run, convs, stats, scheduler, run.scheduler, max_coalesce_s=0.25)
+    plain = simulate(run, convs, stats, scheduler, run.scheduler, max_coalesce_s=0.0)
+    assert not merged.error and not plain.error
+    a = pd.DataFrame(merged.turns).sort_values(["conversation_id", "turn"]).reset_index(drop=True)
+    b = pd.DataFrame(plain.turns).sort_values(["conversation_id", "turn"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    assert len(a) == sum(len(r.turns) for _, r in convs)
+    assert merged.events < plain.events

@@ -160,11 +160,13 @@ class SimBackend:
     def instance_energy_j(self, i: int, until_s: float) -> float:
         """Energy of instance ``i`` from t=0 to ``until_s``, J: finished steps + idle power otherwise.
 
-        A step in flight is counted when it ends, so mid-run values lag by at most one step run.
+        A step in flight is counted when it ends, so mid-run values lag by at most one step run (by one
+        step inside a run with a rule-declared horizon: ``Engine.busy_energy_now``).
         """
         e = self.engines[i]
-        idle_s = max(0.0, until_s - e.busy_s)
-        return e.energy_busy_j + e.perf.hw.idle_w * idle_s
+        busy_s, busy_j = e.busy_energy_now()
+        idle_s = max(0.0, until_s - busy_s)
+        return busy_j + e.perf.hw.idle_w * idle_s
 
     # ---- callbacks ------------------------------------------------------------------------------
     def _local_first_token(self, job: TurnJob, req: Request) -> None:

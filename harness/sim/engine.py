@@ -25,7 +25,11 @@ its prompt (local prefix hits first), waits for the transfer, then decodes.
 
 Identical decode-only steps are simulated as one event (up to ``max_coalesce_s``) when the rule marks
 its plan repeatable; only the plan's requests advance in such a run (paused ones do not); a new arrival
-cuts such a run at the next step boundary, so the results equal step-by-step simulation. The step after a
+cuts such a run at the next step boundary, so the results equal step-by-step simulation (to the last
+bit for a rule that states a horizon, ``StepPlan.repeat_steps`` (WAIT, Nested WAIT): its runs add every
+step's time and energy to the previous end one by one, as one event per step does, and mid-run energy
+reads (``busy_energy_now``) count the steps ended so far; the older repeatable runs of vLLM's rules keep
+their run-relative sums, equal within rounding, so that their results stay what they were). The step after a
 step's end runs inline (no event of its own) when nothing else is due at that instant before it
 (``SimClock.nothing_due_now``), so the order of same-instant events is unchanged.
 """
@@ -103,6 +107,8 @@ class Request:
         for p in tt:
             if isinstance(p, float):
                 times.append(p)
+            elif isinstance(p, list):   # an exact run's absolute token times
+                times.extend(p)
             else:
                 times.extend((p[1] + p[0]).tolist())
         return np.diff(np.array(times))
@@ -160,8 +166,13 @@ class Engine:
         self._run_prefill: list[tuple[Request, int]] = []
         self._run_decode: list[Request] = []
         self._run_coalesced = False
+        self._run_exact = False         # the run's ends are absolute times (a rule-declared horizon)
+        self._run_durs: list[float] = []
         self._run_paused = 0            # residents the run's steps leave out
         self.step_log = None            # a harness.sim.steps.StepLog when steps are recorded (logger.steps)
+        self._inp = StepInput(0.0, self.running, self.waiting, cfg.max_num_batched_tokens, 0,
+                              self.watermark_blocks, capacity_blocks, self.bs, cfg.max_num_seqs,
+                              cfg.max_prefill_chunk_tokens, self._hit_blocks, 0)
         # counters
         self.busy_s = 0.0
         self.energy_busy_j = 0.0
@@ -196,7 +207,8 @@ class Engine:
         if not self._run_coalesced:
             return used
         ends = self._run_ends
-        j = min(bisect_right(ends, self.clock.now() - self._run_start), len(ends) - 1)
+        now = self.clock.now()
+        j = min(bisect_right(ends, now if self._run_exact else now - self._run_start), len(ends) - 1)
         key = (self._version, j, used)     # nothing else changes the answer inside one run
         if self._used_now_key == key:
             return self._used_now
@@ -207,6 +219,19 @@ class Engine:
                 used += extra
         self._used_now_key, self._used_now = key, used
         return used
+
+    def busy_energy_now(self) -> tuple[float, float]:
+        """``(busy_s, energy_busy_j)`` as step-by-step simulation shows them now (s, J): inside a run
+        with a rule-declared horizon, the steps ended by now are added, one by one; otherwise (and for
+        other coalesced runs, which count at their end) the counters."""
+        busy, ej = self.busy_s, self.energy_busy_j
+        if self._run_exact and self._run_coalesced:
+            j = bisect_right(self._run_ends, self.clock.now())
+            for d in self._run_durs[:j]:
+                busy += d
+            for e in self._run_energy[:j]:
+                ej += e
+        return busy, ej
 
     # ---- KV blocks ------------------------------------------------------------------------------
     def _release(self, req: Request) -> None:
@@ -268,8 +293,18 @@ class Engine:
 
     # ---- the step -------------------------------------------------------------------------------
     def _truncate(self) -> None:
-        elapsed = self.clock.now() - self._run_start
         ends = self._run_ends
+        if self._run_exact:                      # absolute end times
+            j = bisect_left(ends, self.clock.now())
+            if j >= len(ends) - 1:
+                return
+            del ends[j + 1:]
+            del self._run_energy[j + 1:]
+            del self._run_durs[j + 1:]
+            self._version += 1
+            self.clock.call_at(ends[j], self._step_end, self._version, priority=0)
+            return
+        elapsed = self.clock.now() - self._run_start
         j = bisect_left(ends, elapsed)           # the step in flight at `now` completes at ends[j]
         if j >= len(ends) - 1:
             return
@@ -319,16 +354,17 @@ class Engine:
         bs = self.bs
         running = self.running
         waiting = self.waiting
-        plan = self.rule.plan(StepInput(now, running, waiting, cfg.max_num_batched_tokens,
-                                        self.free + self.cached_total, self.watermark_blocks,
-                                        self.capacity_blocks, bs, cfg.max_num_seqs,
-                                        cfg.max_prefill_chunk_tokens, self._hit_blocks, self.steps))
+        inp = self._inp                 # one snapshot object per engine, updated in place (no per-step build)
+        inp.now_s = now
+        inp.free_blocks = self.kv.free + self.kv.cached
+        inp.step_index = self.steps
+        plan = self.rule.plan(inp)
         if plan.wake_at_s is not None:
             self._arm_timer(plan.wake_at_s)
         budget = cfg.max_num_batched_tokens
         prefill: list[tuple[Request, int]] = []
         decode: list[Request] = []
-        prefer = list(reversed(plan.evict_first)) if plan.evict_first else []
+        prefer = None                   # the rule's preferred victims, read only on KV overflow
         preempted = False
         for req, n in plan.run:
             if req.state != RUNNING:        # preempted earlier in this step
@@ -336,6 +372,9 @@ class Engine:
             need = -(-(req.computed + n) // bs) - req.kv.blocks
             if need > 0:                    # (a step inside its blocks needs none: no overflow check)
                 while need > self.kv.available:
+                    if prefer is None:
+                        ef = plan.evict_first
+                        prefer = list(reversed(ef)) if ef else []
                     victim = self._victim(prefer)
                     if victim.in_step:      # scheduled earlier in this step: drop it from the step
                         victim.in_step = False
@@ -439,18 +478,34 @@ class Engine:
             else:
                 cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)
             ends, energy = [cost.time_s], [cost.energy_j]
+        elif plan.repeat_steps is not None and plan.repeatable and not preempted:
+            # a rule-declared horizon: up to repeat_steps identical steps as one run, timed as step-by-step
+            self._run_durs = []
+            ends, energy = self._plan_decode_run(decode, plan.repeat_steps, now)
+            self._run_start = now
+            self._run_ends, self._run_energy = ends, energy
+            self._run_prefill, self._run_decode = prefill, decode
+            self._run_coalesced = len(ends) > 1
+            self._run_exact = True
+            self._version += 1
+            self.clock.call_at(ends[-1], self._step_end, self._version, priority=0)
+            return
         else:
             ends, energy = self._plan_decode_run(decode, 1 if preempted or not plan.repeatable else None)
         self._run_start = now
         self._run_ends, self._run_energy = ends, energy
         self._run_prefill, self._run_decode = prefill, decode
         self._run_coalesced = len(ends) > 1
+        self._run_exact = False
         self._version += 1
         self.clock.call_at(now + ends[-1], self._step_end, self._version, priority=0)
 
-    def _plan_decode_run(self, decode: list[Request], max_steps: Optional[int] = None
-                         ) -> tuple[list[float], list[float]]:
-        """Cumulative end times (s, from run start) and energies (J) of up to k identical decode steps.
+    def _plan_decode_run(self, decode: list[Request], max_steps: Optional[int] = None,
+                         exact_from: Optional[float] = None) -> tuple[list[float], list[float]]:
+        """Cumulative end times (s, from run start) and energies (J) of up to k identical decode steps;
+        with ``exact_from`` (the run's start, s): the steps' absolute end times (s) and their own
+        energies (J), added up step by step as one event per step would (``PerfModel.decode_steps``; the
+        durations go to ``_run_durs``).
 
         k is limited by the first request to finish, by a request still owing its first token, by the
         KV blocks available for the run's growth, by ``max_coalesce_s`` and by ``max_steps`` (1 after a
@@ -472,7 +527,11 @@ class Engine:
         limit = self.max_coalesce_s
         if limit <= 0:
             kmax = 1
-        ends, energy = self.perf.decode_run(b, ctx, kmax, limit)
+        if exact_from is None:
+            ends, energy = self.perf.decode_run(b, ctx, kmax, limit)
+        else:
+            ends, durs, energy = self.perf.decode_steps(b, ctx, kmax, exact_from, limit)
+            self._run_durs = durs
         k = len(ends)
         if k > 1:   # blocks for k more tokens per request must be available (step 1's were allocated)
             avail = self.kv.available
@@ -486,6 +545,8 @@ class Engine:
                 k = max(1, k // 2)
             del ends[k:]
             del energy[k:]
+            if exact_from is not None:
+                del self._run_durs[k:]
         return ends, energy
 
     def _step_end(self, version: int) -> None:
@@ -497,8 +558,18 @@ class Engine:
         if self.step_log is not None:
             self.step_log.record(self)
         self.steps += k
-        self.busy_s += self._run_ends[-1]
-        self.energy_busy_j += self._run_energy[-1]
+        exact = self._run_exact
+        if exact:                       # step by step, as one event per step adds them
+            busy, ej = self.busy_s, self.energy_busy_j
+            for d in self._run_durs:
+                busy += d
+            for e in self._run_energy:
+                ej += e
+            self.busy_s, self.energy_busy_j = busy, ej
+            self.paused_steps += self._run_paused * (k - 1)     # (counted once at the run's start)
+        else:
+            self.busy_s += self._run_ends[-1]
+            self.energy_busy_j += self._run_energy[-1]
         bs = self.bs
         finished: list[Request] = []
         for req, n in self._run_prefill:
@@ -518,7 +589,8 @@ class Engine:
                     finished.append(req)
         # the batch's token times: a single step's is now (= run start + its end, the same addition), a run's
         # (start, step-end offsets), shared by the batch
-        run = (self._run_start, np.asarray(self._run_ends)) if k > 1 else now
+        # (an exact run's: its absolute end times, a list)
+        run = (self._run_ends if exact else (self._run_start, np.asarray(self._run_ends))) if k > 1 else now
         for req in self._run_decode:
             req.token_times.append(run)
             req.idle_since_s = now

@@ -201,6 +201,45 @@ class PerfModel:
         k = min(k, n)
         return ends[:k].tolist(), np.cumsum(ej[:k]).tolist()
 
+    def decode_steps(self, decode_seqs: int, ctx_tokens: int, max_steps: int, start_s: float, limit_s: float
+                     ) -> tuple[list[float], list[float], list[float]]:
+        """Up to ``max_steps`` consecutive decode-only steps as one event would simulate them one by one:
+        ``(end times, durations, energies)``, s, s, J, one per step. Step ``j`` costs
+        ``decode_run(decode_seqs, ctx_tokens + j * decode_seqs, 1, inf)`` exactly (the same float
+        operations), and its end time is the previous end (``start_s`` for the first) plus its duration:
+        the additions of step-by-step simulation, so every time is bit for bit what one event per step
+        gives. Stops after the step that ends at or after ``start_s + limit_s``."""
+        b = decode_seqs
+        lin_c = (self._lin_flops_per_token + self._head_flops_per_seq) * b / self._decode_flops_rate
+        base_s = self._lin(lin_c, self._weights_s) + self._seq_s * b + self._fixed_s
+        kv_s = self._kv_s_per_token
+        dyn_w, cap_dyn_w, mpf, idle = self._dyn_w, self._cap_dyn_w, self.hw.memory_power_frac, self.hw.idle_w
+        busy0 = lin_c + mpf * self._weights_s + self._opf * (self._seq_s * b + self._fixed_s)
+        stop = start_s + limit_s
+        ends: list[float] = []
+        durs: list[float] = []
+        energy: list[float] = []
+        t = start_s
+        ctx = ctx_tokens
+        for _ in range(max_steps):
+            kv_m = kv_s * (ctx + b)
+            step_s = base_s + kv_m
+            busy = busy0 + mpf * kv_m
+            dyn_j = dyn_w * (busy if busy < step_s else step_s)
+            if dyn_j > cap_dyn_w * step_s:
+                c = self._finish(lin_c, 0.0, kv_m, self._seq_s * b)
+                step_s, ej = c.time_s, c.energy_j
+            else:
+                ej = idle * step_s + dyn_j
+            t = t + step_s
+            ends.append(t)
+            durs.append(step_s)
+            energy.append(0.0 + ej)
+            if t >= stop:
+                break
+            ctx += b
+        return ends, durs, energy
+
     def _decode_run_arrays(self, b: int, lin_c: float, base_s: float, ctx_tokens: int, n: int
                            ) -> tuple[np.ndarray, np.ndarray]:
         """Cumulative end times (s) and per-step energies (J) of ``n`` decode steps (``decode_run``)."""

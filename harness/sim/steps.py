@@ -64,7 +64,8 @@ class StepLog:
         decode = eng._run_decode
         for req in decode:
             d_ctx += req.computed
-        self._runs.append((eng.index, eng.perf, eng._run_start, len(eng._run_ends), eng._run_ends[0],
+        self._runs.append((eng.index, eng.perf, eng._run_start, len(eng._run_ends),
+                           eng._run_durs[0] if eng._run_exact else eng._run_ends[0],
                            eng._run_energy[0], p_tok, p_ctx, len(eng._run_prefill), len(decode), d_ctx,
                            eng._run_paused))
 
