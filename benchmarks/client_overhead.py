@@ -108,7 +108,7 @@ def harness_leg(args, url: str, model: str, steps: bool, out: Path) -> np.ndarra
     cmd = [sys.executable, str(ROOT / "run.py"), "backend=vllm", "backend.launch=false", f"backend.endpoints=[{url}]",
            f"backend.model={model}", *COMMON, "workload=calibration_cpu", "backend.warmup_requests=2",
            f"workload.prompt_types=[{{input_tokens:{args.input_len},output_tokens:{args.output_len},weight:1.0}}]",
-           f"workload.num_conversations={args.num_requests}", "workload.arrival=poisson",
+           f"workload.num_conversations={args.num_requests}", "workload.arrival=poisson", "workload.normalize_span=true",  # bench normalises its span
            f"workload.rate_per_s={args.rate}", f"workload.seed={args.seed}", f"logger.steps={str(steps).lower()}",
            "logger.progress=false", f"hydra.run.dir={out}"]
     if steps:

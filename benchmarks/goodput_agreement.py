@@ -130,7 +130,7 @@ def harness_round(args, url: str, model: str, seed: int, out: Path, spans: dict,
     cmd = [sys.executable, str(ROOT / "run.py"), "backend.launch=false", f"backend.endpoints=[{url}]",
            f"backend.model={model}", *COMMON, "workload=calibration_cpu", "backend.warmup_requests=2",
            f"workload.prompt_types=[{{input_tokens:{args.input_len},output_tokens:{args.output_len},weight:1.0}}]",
-           f"workload.num_conversations={args.num_requests}", "workload.arrival=poisson",
+           f"workload.num_conversations={args.num_requests}", "workload.arrival=poisson", "workload.normalize_span=true",  # bench normalises its span
            f"workload.rate_per_s={args.rate}", f"workload.seed={seed}", f"slo.goodput='{args.goodput}'",
            "logger.progress=false", f"hydra.run.dir={out}"]
     _run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))

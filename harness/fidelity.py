@@ -37,7 +37,9 @@ import pandas as pd
 from harness.calibrate import kv_mem_bytes, load_profile, load_run_config, run_means
 from harness.profiles import HardwareConfig, ModelConfig
 
-TARGETS = {"e2e_mean_s": 0.15, "tpot_mean_s": 0.15, "ttft_mean_s": 0.25}
+# the field's targets (issue 20; anchors below): mean E2E and mean TPOT/ITL within 10 %, mean TTFT within 20 %,
+# judged on vLLM's own clocks where the real run has them (the simulator has no API-server or client term)
+TARGETS = {"e2e_mean_s": 0.10, "tpot_mean_s": 0.10, "ttft_mean_s": 0.20}
 ANCHORS = ("BLIS: 6.7 % median E2E, 17.6 % TTFT error; Vidur (arXiv 2405.05465): < 9 %; "
            "LLMServingSim: 2.2 % E2E")
 PCTS = (50, 90, 99)
@@ -266,7 +268,8 @@ def markdown(result: dict) -> str:
              f"- simulated: `{result['sim_dir']}` with hardware profile `{result['profile_path']}`",
              f"- load average (1 min) on the real run's machine at its start / end: "
              f"{_load(result.get('real_loadavg'))}",
-             f"- error = sim / real - 1; targets: mean E2E and mean TPOT within 15 %, mean TTFT within 25 % "
+             f"- error = sim / real - 1; targets: mean E2E and mean TPOT within 10 %, mean TTFT within 20 %, "
+             f"on vLLM's own clocks where the run has them "
              f"(anchors: {ANCHORS})", "",
              "| metric | real | sim | error |", "|---|---|---|---|"]
     for k, r in c["metrics"].items():
@@ -358,7 +361,7 @@ def launch_real(overrides: Sequence[str], out_dir: Path) -> Path:
 # ---- the protocol (issue 20): calibration and held-out back to back, a repeat, errors beside the spread ----
 
 # targets of the field on the engine's clocks (issue 20; BLIS 6.7 % median E2E / 17.6 % TTFT, Vidur < 9 %)
-FIELD_TARGETS = {"server_e2e_mean_s": 0.10, "server_ttft_mean_s": 0.20, "server_itl_mean_s": 0.10}
+FIELD_TARGETS = {ENGINE_TARGETS[k]: tol for k, tol in TARGETS.items()}   # the same targets, engine-side keys
 CALIBRATION_OVERRIDES = ("backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute",
                          "engine.block_size=128", "workload=calibration_prefix_cpu")
 
@@ -460,7 +463,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["protocol"]:
         return protocol_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m harness.fidelity", description=__doc__.split("\n\n")[0],
-                                 epilog="Exit status: 0 when every target is met on the client's clocks, 1 when one "
+                                 epilog="Exit status: 0 when every target is met on vLLM's own clocks (on the client's "
+                                        "where the run has no server_metrics.json), 1 when one "
                                         "is missed, 2 on bad arguments (no such run directory or completed run, "
                                         "no such or an invalid profile, bad --launch overrides), 3 when the "
                                         "--launch run failed, 130 when interrupted.")
@@ -487,7 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     print(markdown(result))
-    return 0 if result["comparison"]["all_met"] else 1
+    c = result["comparison"]
+    return 0 if (c["engine_all_met"] if c.get("engine_verdict") else c["all_met"]) else 1
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@ Arrival processes (``arrival``):
   * ``gamma``: Gamma gaps with mean ``1 / rate_per_s`` and coefficient of variation ``burstiness``
     (shape ``k = 1 / burstiness**2``, scale ``1 / (rate_per_s * k)``; burstiness 1 is Poisson, > 1
     burstier);
+  * ``normalize_span`` (``poisson``, ``gamma``; no ramp): the drawn arrival times are scaled by one factor
+    so the last of the n arrivals is at exactly ``(n - 1) / rate_per_s`` (the first stays at t = 0): the
+    offered rate is then exactly ``rate_per_s`` whatever the seed, as ``vllm bench serve`` scales its
+    delays so its last request is sent at ``n / request_rate`` (``vllm/benchmarks/serve.py``,
+    ``normalize_factor``; its first request is itself delayed by one gap); the gaps' shape is kept;
   * ``fixed``: every conversation arrives at t = 0 (a closed batch);
   * ``constant``: gaps of exactly ``1 / rate_per_s`` (AIPerf's constant request rate; vLLM's
     ``--burstiness inf``);
@@ -111,7 +116,8 @@ class WorkloadConfig:
     concurrency: ``arrival=closed`` only: the agents (int >= 1). max_concurrency: a cap on the active
         conversations over any arrival (int >= 1 or None). ramp: None | ``linear`` | ``exponential``;
         ramp_start_rate_per_s: its first rate (conversations/s, > 0). duration_s: stop time (s, > 0, or
-        None: run to the end). All in the module docstring.
+        None: run to the end). normalize_span: scale poisson/gamma arrival times so the last is at
+        ``(n - 1) / rate_per_s`` (vLLM bench's practice; bool). All in the module docstring.
     """
 
     name: str = "swebench"
@@ -136,6 +142,7 @@ class WorkloadConfig:
     ramp: Optional[str] = None
     ramp_start_rate_per_s: Optional[float] = None
     duration_s: Optional[float] = None
+    normalize_span: bool = False
 
     def max_active(self) -> Optional[int]:
         """The run-time cap on active conversations: ``concurrency`` (closed) or ``max_concurrency``."""
@@ -256,6 +263,9 @@ class WorkloadConfig:
                                  f"with {where}.ramp, got {r0!r}")
         elif self.ramp_start_rate_per_s is not None:
             raise ValueError(f"{where}.ramp_start_rate_per_s needs {where}.ramp (linear or exponential)")
+        if self.normalize_span and (self.arrival not in ("poisson", "gamma") or self.ramp is not None):
+            raise ValueError(f"{where}.normalize_span applies to {where}.arrival poisson or gamma without a ramp "
+                             f"(arrival is {self.arrival!r}, ramp {self.ramp!r})")
         d = self.duration_s
         if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or not (math.isfinite(d) and d > 0)):
             raise ValueError(f"{where}.duration_s must be a finite number > 0 (s) or null, got {d!r}")
@@ -503,6 +513,8 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig,
             gaps = rng_a.gamma(k, 1.0 / (cfg.rate_per_s * k), size=n)
         gaps[0] = 0.0  # the first conversation arrives at t = 0
         times = np.cumsum(gaps)
+        if cfg.normalize_span and n > 1 and times[-1] > 0:  # the last at exactly (n - 1) / rate (module doc)
+            times = times * ((n - 1) / cfg.rate_per_s / times[-1])
         rate = cfg.rate_per_s
     turns = [t for r in chosen for t in r.turns]
     stats = WorkloadStats(

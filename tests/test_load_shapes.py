@@ -108,6 +108,22 @@ def test_constant_and_ramp_arrivals_by_hand():
     assert np.diff(t) == pytest.approx((z / rates)[1:])
 
 
+def test_normalized_span_by_hand():
+    """``normalize_span``: the seed's Poisson times scaled by one factor so the last of n is at (n - 1) / rate
+    (vLLM bench's normalisation, conf/README.md): the offered rate is exact, the gaps keep their ratios."""
+    many = [conversation(f"c{i}", [(0, 10, 2, 0.0)]) for i in range(200)]
+    raw = np.array([x for x, _ in build_workload(many, WorkloadConfig(sample="first", rate_per_s=4.0))[0]])
+    t = np.array([x for x, _ in build_workload(many, WorkloadConfig(sample="first", rate_per_s=4.0,
+                                                                     normalize_span=True))[0]])
+    g = np.random.default_rng([0, 2]).exponential(0.25, 200)     # the seed's draws (_STREAM_ARRIVAL = 2)
+    g[0] = 0.0
+    assert raw == pytest.approx(np.cumsum(g))
+    assert t[0] == 0.0 and t[-1] == pytest.approx(199 / 4.0)      # (n - 1) / rate, whatever the draws
+    assert t == pytest.approx(np.cumsum(g) * (199 / 4.0) / np.cumsum(g)[-1])
+    with pytest.raises(ValueError, match="workload.normalize_span applies to"):
+        WorkloadConfig(arrival="constant", normalize_span=True).validate()
+
+
 def test_same_seed_same_conversations_whatever_the_arrival():
     recs = [conversation(f"c{i}", [(0, 10, 2, 0.0)]) for i in range(20)]
     ids = {a: [r.conversation_id for _, r in build_workload(recs, WorkloadConfig(
