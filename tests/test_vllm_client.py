@@ -5,6 +5,7 @@ before their send time; stamps are on the run clock; the filtered parsers give w
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 import time
@@ -288,6 +289,7 @@ class SpanningVllm(FakeVllm):
         self.full_gets = 0
         self.restricted_gets = 0
         self.sent: dict[str, float] = {}
+        self.frozen: list[int] = []        # gc.get_freeze_count() as each turn arrives (one process)
 
     async def metrics(self, request):
         self.full_gets += 1
@@ -303,6 +305,8 @@ class SpanningVllm(FakeVllm):
     async def completions(self, request):
         t0 = time.perf_counter()
         rid = request.headers.get("X-Request-Id")
+        if rid:
+            self.frozen.append(gc.get_freeze_count())
         resp = await super().completions(request)
         if rid and self.otlp:
             ttft = 0.02 + 1e-4 * len(self.sent)           # distinct per request
@@ -397,6 +401,8 @@ def test_spans_replace_the_per_turn_scrape(tmp_path):
     assert fake.restricted_gets >= 2                      # connect's probe + the periodic scrapes
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["engine_times"] == "spans" and s["observe_restricted"] == 1
+    # the start-up heap is frozen while the turns stream (no generation-2 pass over it), and thawed after
+    assert len(fake.frozen) == 4 and min(fake.frozen) > 0 and gc.get_freeze_count() == 0
 
 
 def test_a_server_without_spans_does_not_break_the_run(tmp_path, monkeypatch, caplog):
