@@ -32,9 +32,17 @@ def _env(**extra):
     return env
 
 
+def _default_sigint():
+    """In the child before exec: SIGINT back to its default, so Python installs its KeyboardInterrupt handler
+    even when the suite itself runs with SIGINT ignored (a background job of a non-interactive shell inherits
+    SIG_IGN, and Python then leaves SIGINT ignored: the interrupt tests would see no interrupt)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(*args, timeout=300, **env):
     return subprocess.run([sys.executable, "run.py", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=_env(**env))
+                          timeout=timeout, env=_env(**env), preexec_fn=_default_sigint)
 
 
 def _state(pid: int) -> str:
