@@ -160,6 +160,13 @@ class PerfModel:
         kv_m = self._kv_s_per_token * (decode_ctx_tokens + decode_seqs)
         return self._finish(lin_c, 0.0, kv_m, self._seq_s * decode_seqs)
 
+    def _decode_batch_terms(self, b: int) -> tuple[float, float]:
+        """The terms of a decode step of ``b`` sequences that do not depend on its context, for a run of such
+        steps: ``(lin_c, base_s)``, the linear layers' compute time and ``T_lin + per-sequence + fixed``
+        overheads, s (the same float operations as ``decode_step``)."""
+        lin_c = (self._lin_flops_per_token + self._head_flops_per_seq) * b / self._decode_flops_rate
+        return lin_c, self._lin(lin_c, self._weights_s) + self._seq_s * b + self._fixed_s
+
     def decode_run(self, decode_seqs: int, ctx_tokens: int, max_steps: int, limit_s: float
                    ) -> tuple[list[float], list[float]]:
         """Cumulative end times (s) and energies (J) of up to ``max_steps`` consecutive decode-only steps
@@ -179,9 +186,7 @@ class PerfModel:
         same order as step-by-step). O(steps) in C, identical results.
         """
         b = decode_seqs
-        lin_c = (self._lin_flops_per_token + self._head_flops_per_seq) * b / self._decode_flops_rate
-        lin_m = self._weights_s
-        base_s = self._lin(lin_c, lin_m) + self._seq_s * b + self._fixed_s
+        lin_c, base_s = self._decode_batch_terms(b)
         kv_s = self._kv_s_per_token
         n = max_steps
         if n > _SMALL_RUN:
@@ -210,8 +215,7 @@ class PerfModel:
         the additions of step-by-step simulation, so every time is bit for bit what one event per step
         gives. Stops after the step that ends at or after ``start_s + limit_s``."""
         b = decode_seqs
-        lin_c = (self._lin_flops_per_token + self._head_flops_per_seq) * b / self._decode_flops_rate
-        base_s = self._lin(lin_c, self._weights_s) + self._seq_s * b + self._fixed_s
+        lin_c, base_s = self._decode_batch_terms(b)
         kv_s = self._kv_s_per_token
         dyn_w, cap_dyn_w, mpf, idle = self._dyn_w, self._cap_dyn_w, self.hw.memory_power_frac, self.hw.idle_w
         busy0 = lin_c + mpf * self._weights_s + self._opf * (self._seq_s * b + self._fixed_s)
