@@ -8,6 +8,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
@@ -319,13 +320,68 @@ def test_itl_gaps_from_single_steps_and_runs():
     """Token times: a prefill step ending at 1.0 s, a single decode step ending at 2.5 s, then a run of
     three decode steps started at 3.0 s ending 0.5, 1.0, 1.5 s later -> times 1.0, 2.5, 3.5, 4.0, 4.5 s,
     gaps 1.5, 1.0, 0.5, 0.5 s (all exact in binary)."""
-    import numpy as np
     from harness.sim.engine import Request
 
     r = Request("c", 0, 10, 5, (0,))
-    r.token_times = [1.0, 2.5, (3.0, np.array([0.5, 1.0, 1.5]))]
+    r.token_times = [1.0, 2.5, 3.5, 4.0, 4.5]
     assert r.itl_gaps().tolist() == [1.5, 1.0, 0.5, 0.5]
     assert Request("c", 0, 10, 1, (0,)).itl_gaps().tolist() == []
+    one = Request("c", 0, 10, 1, (0,))
+    one.token_times.append(7.0)
+    assert one.itl_gaps().tolist() == [] and one.itl_gaps().dtype == np.float64
+
+
+def test_engine_token_times_of_a_single_step_and_a_run():
+    """The engine's token times (hence ITL gaps) by hand: a step model whose steps last 1, 2, 3, ... s
+    (step j of a run costs j + 1 s: cumulative ends 1, 3, 6, ...) and 0.5 s for a prefill step. One request
+    of prompt 4, 4 output tokens, ``max_coalesce_s`` = 100: the prefill step ends at 0.5 s (token 1), then
+    a decode run of 3 steps started at 0.5 s ends at 0.5 + 1, 0.5 + 3, 0.5 + 6 -> token times 0.5, 1.5, 3.5,
+    6.5 s, gaps 1.0, 2.0, 3.0 s; the run's energy is the sum of its steps' (10 J + 20 + 30) and a cut run's
+    energy that of its steps run so far."""
+    from harness.clock import SimClock
+    from harness.profiles import EngineConfig
+    from harness.sim.engine import Engine, Request
+
+    class Cost:
+        def __init__(self, t, e):
+            self.time_s, self.energy_j = t, e
+
+    class Perf:
+        def step(self, *a):
+            return Cost(0.5, 5.0)
+
+        def decode_run(self, b, ctx, kmax, limit_s):
+            ends, energy, t, e = [], [], 0.0, 0.0
+            for j in range(kmax):
+                t += j + 1.0
+                e += 10.0 * (j + 1)
+                ends.append(t)
+                energy.append(e)
+                if t >= limit_s:
+                    break
+            return ends, energy
+
+    clock = SimClock()
+    eng = Engine(0, "e", clock, Perf(), EngineConfig(block_size=16), 100, lambda r, why: None, max_coalesce_s=100.0)
+    done = []
+    req = Request("c", 0, 4, 4, (0,), on_finish=done.append)
+    eng.submit(req)
+    clock.run()
+    assert done == [req] and req.finish_s == 6.5
+    assert req.token_times == [0.5, 1.5, 3.5, 6.5]
+    assert req.itl_gaps().tolist() == [1.0, 2.0, 3.0]
+    assert eng.energy_busy_j == 5.0 + 60.0 and eng.busy_s == 6.5 and eng.steps == 4
+    # the same run cut by a submission at 2.0 s (inside its second step): the run ends after that step
+    # (3.5 s, 5 + 10 + 20 J), the next run (1 step, ctx grown) ends at 3.5 + 1 = 4.5 s
+    clock = SimClock()
+    eng = Engine(0, "e", clock, Perf(), EngineConfig(block_size=16), 100, lambda r, why: None, max_coalesce_s=100.0)
+    req = Request("c", 0, 4, 4, (0,), on_finish=lambda r: None)
+    eng.submit(req)
+    clock.call_at(2.0, eng.wake)
+    clock.run(until=3.5)
+    assert req.token_times == [0.5, 1.5, 3.5] and eng.energy_busy_j == 5.0 + 30.0
+    clock.run()
+    assert req.token_times == [0.5, 1.5, 3.5, 4.5] and eng.energy_busy_j == 5.0 + 30.0 + 10.0
 
 
 # ---- rule-declared horizons: merged WAIT / Nested WAIT / WAIT-CP plans equal step-by-step ----------------

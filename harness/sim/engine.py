@@ -36,6 +36,7 @@ step's end runs inline (no event of its own) when nothing else is due at that in
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 
 import numpy as np
@@ -89,29 +90,21 @@ class Request:
         self.submit_s = 0.0             # when it reached this engine, s
         self.idle_since_s = 0.0         # when it last advanced (or was submitted), s
         self.in_step = False            # scheduled in the step being planned
-        self.token_times: list = []     # when its output tokens were sampled, in order: a time (s) for a
-        #                                 single step, (run start, step-end offsets) for a run of decode steps
+        self.token_times: list[float] = []  # when its output tokens were sampled, in order, s
 
     def itl_gaps(self) -> np.ndarray:
         """The gaps between this request's successive output tokens on this engine, s (shape: tokens - 1).
 
-        Rebuilt from the steps it took part in: a run of k decode steps started at t0 samples its tokens at
-        ``t0 + ends[j]``; a gap across a pause or a preemption is one long gap, as a client sees it.
+        The token times are kept as the steps end (``token_times``: a single step's end; a run of k decode
+        steps started at t0 samples its tokens at ``t0 + ends[j]``, added once per run for the whole batch,
+        whose requests share the floats); a gap across a pause or a preemption is one long gap, as a client
+        sees it. The gaps are ``numpy.diff`` of those times (``t[i+1] - t[i]``, the same subtraction).
         """
         tt = self.token_times
-        if not tt:
+        if len(tt) < 2:
             return np.empty(0)
-        # a lone token time p is a float; a run's are ends[j] + t0, the same float64 additions as numpy's
-        # (one vector addition per run), collected in order and differenced once
-        times: list = []
-        for p in tt:
-            if isinstance(p, float):
-                times.append(p)
-            elif isinstance(p, list):   # an exact run's absolute token times
-                times.extend(p)
-            else:
-                times.extend((p[1] + p[0]).tolist())
-        return np.diff(np.array(times))
+        a = np.array(tt)
+        return a[1:] - a[:-1]
 
     @property
     def stage(self) -> int:
@@ -162,7 +155,9 @@ class Engine:
         self._version = 0
         self._run_start = 0.0
         self._run_ends: list[float] = []
-        self._run_energy: list[float] = []
+        self._run_energy: list[float] = []  # per step, J (a run with a rule-declared horizon only)
+        self._run_ej = 0.0              # the run's energy, J (other runs)
+        self._run_ctx = 0               # the decode run's summed context at its start, tokens
         self._run_prefill: list[tuple[Request, int]] = []
         self._run_decode: list[Request] = []
         self._run_coalesced = False
@@ -309,7 +304,7 @@ class Engine:
         if j >= len(ends) - 1:
             return
         del ends[j + 1:]
-        del self._run_energy[j + 1:]
+        self._run_ej = self._decode_energy(j + 1, len(self._run_decode))
         self._version += 1
         self.clock.call_at(self._run_start + ends[j], self._step_end, self._version, priority=0)
 
@@ -366,11 +361,18 @@ class Engine:
         decode: list[Request] = []
         prefer = None                   # the rule's preferred victims, read only on KV overflow
         preempted = False
+        kv = self.kv
+        caching = kv.enable
         for req, n in plan.run:
             if req.state != RUNNING:        # preempted earlier in this step
                 continue
-            need = -(-(req.computed + n) // bs) - req.kv.blocks
-            if need > 0:                    # (a step inside its blocks needs none: no overflow check)
+            tok = req.computed + n
+            lease = req.kv
+            need = -(-tok // bs) - lease.blocks
+            if need <= 0:                   # inside its blocks: no overflow check, and grow() would do nothing
+                if caching and not lease.stop and tok // bs > lease.hashed:    # unless a block fills up
+                    kv.grow(lease, need, tok)
+            else:
                 while need > self.kv.available:
                     if prefer is None:
                         ef = plan.evict_first
@@ -386,7 +388,7 @@ class Engine:
                         break
                 if req.state != RUNNING:
                     continue
-            self.kv.grow(req.kv, need, req.computed + n)
+                kv.grow(lease, need, tok)
             req.in_step = True
             if req.computed < req.prefill_target:
                 prefill.append((req, n))
@@ -454,7 +456,7 @@ class Engine:
         if not prefill and not decode:
             self.busy = False
             return
-        used = self.capacity_blocks - self.free - self.cached_total
+        used = self.capacity_blocks - kv.free - kv.cached
         if used > self.peak_used_blocks:
             self.peak_used_blocks = used
         self._run_paused = len(running) - len(prefill) - len(decode)
@@ -477,13 +479,14 @@ class Engine:
                 cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx, len(prefill), p_cached)
             else:
                 cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)
-            ends, energy = [cost.time_s], [cost.energy_j]
+            ends = [cost.time_s]
+            self._run_ej = cost.energy_j
         elif plan.repeat_steps is not None and plan.repeatable and not preempted:
             # a rule-declared horizon: up to repeat_steps identical steps as one run, timed as step-by-step
             self._run_durs = []
-            ends, energy = self._plan_decode_run(decode, plan.repeat_steps, now)
+            ends = self._plan_decode_run(decode, plan.repeat_steps, now)
             self._run_start = now
-            self._run_ends, self._run_energy = ends, energy
+            self._run_ends = ends
             self._run_prefill, self._run_decode = prefill, decode
             self._run_coalesced = len(ends) > 1
             self._run_exact = True
@@ -491,9 +494,9 @@ class Engine:
             self.clock.call_at(ends[-1], self._step_end, self._version, priority=0)
             return
         else:
-            ends, energy = self._plan_decode_run(decode, 1 if preempted or not plan.repeatable else None)
+            ends = self._plan_decode_run(decode, 1 if preempted or not plan.repeatable else None)
         self._run_start = now
-        self._run_ends, self._run_energy = ends, energy
+        self._run_ends = ends
         self._run_prefill, self._run_decode = prefill, decode
         self._run_coalesced = len(ends) > 1
         self._run_exact = False
@@ -501,11 +504,11 @@ class Engine:
         self.clock.call_at(now + ends[-1], self._step_end, self._version, priority=0)
 
     def _plan_decode_run(self, decode: list[Request], max_steps: Optional[int] = None,
-                         exact_from: Optional[float] = None) -> tuple[list[float], list[float]]:
-        """Cumulative end times (s, from run start) and energies (J) of up to k identical decode steps;
-        with ``exact_from`` (the run's start, s): the steps' absolute end times (s) and their own
-        energies (J), added up step by step as one event per step would (``PerfModel.decode_steps``; the
-        durations go to ``_run_durs``).
+                         exact_from: Optional[float] = None) -> list[float]:
+        """Cumulative end times (s, from run start) of up to k identical decode steps, their energy (J) in
+        ``_run_ej``; with ``exact_from`` (the run's start, s): the steps' absolute end times (s), their own
+        energies (J) in ``_run_energy`` and durations in ``_run_durs``, added up step by step as one event
+        per step would (``PerfModel.decode_steps``).
 
         k is limited by the first request to finish, by a request still owing its first token, by the
         KV blocks available for the run's growth, by ``max_coalesce_s`` and by ``max_steps`` (1 after a
@@ -527,11 +530,16 @@ class Engine:
         limit = self.max_coalesce_s
         if limit <= 0:
             kmax = 1
-        if exact_from is None:
-            ends, energy = self.perf.decode_run(b, ctx, kmax, limit)
-        else:
+        self._run_ctx = ctx
+        energy = None
+        if exact_from is not None:
             ends, durs, energy = self.perf.decode_steps(b, ctx, kmax, exact_from, limit)
-            self._run_durs = durs
+            self._run_durs, self._run_energy = durs, energy
+        elif getattr(self.perf, "decode_run_total", None) is not None:
+            ends, self._run_ej = self.perf.decode_run_total(b, ctx, kmax, limit)
+        else:   # a step model with decode_run only
+            ends, es = self.perf.decode_run(b, ctx, kmax, limit)
+            self._run_ej = es[-1]
         k = len(ends)
         if k > 1:   # blocks for k more tokens per request must be available (step 1's were allocated)
             avail = self.kv.available
@@ -543,11 +551,20 @@ class Engine:
                 if need <= avail or k == 1:
                     break
                 k = max(1, k // 2)
-            del ends[k:]
-            del energy[k:]
-            if exact_from is not None:
-                del self._run_durs[k:]
-        return ends, energy
+            if k < len(ends):
+                del ends[k:]
+                if energy is not None:
+                    del energy[k:]
+                    del self._run_durs[k:]
+                else:
+                    self._run_ej = self._decode_energy(k, b)
+        return ends
+
+    def _decode_energy(self, k: int, b: int) -> float:
+        """Energy of the first ``k`` steps of the decode run of ``b`` sequences being planned or in flight
+        (not one with a rule-declared horizon), J: ``PerfModel.decode_run`` from the run's starting context
+        (``_run_ctx``), the same sums as the whole run's (used when a run is cut short)."""
+        return self.perf.decode_run(b, self._run_ctx, k, math.inf)[1][-1]
 
     def _step_end(self, version: int) -> None:
         if version != self._version:
@@ -569,7 +586,7 @@ class Engine:
             self.paused_steps += self._run_paused * (k - 1)     # (counted once at the run's start)
         else:
             self.busy_s += self._run_ends[-1]
-            self.energy_busy_j += self._run_energy[-1]
+            self.energy_busy_j += self._run_ej
         bs = self.bs
         finished: list[Request] = []
         for req, n in self._run_prefill:
@@ -587,24 +604,36 @@ class Engine:
                         req.on_first_token(req)
                 if req.out_done >= req.out_target:
                     finished.append(req)
-        # the batch's token times: a single step's is now (= run start + its end, the same addition), a run's
-        # (start, step-end offsets), shared by the batch
-        # (an exact run's: its absolute end times, a list)
-        run = (self._run_ends if exact else (self._run_start, np.asarray(self._run_ends))) if k > 1 else now
-        for req in self._run_decode:
-            req.token_times.append(run)
-            req.idle_since_s = now
-            if k > 1:
-                self.kv.grow(req.kv, -(-(req.computed + k) // bs) - req.blocks, req.computed + k)
-            req.computed += k
-            req.out_done += k
-            self.decode_tokens += k
-            if req.first_token_s is None:
-                req.first_token_s = now
-                if req.on_first_token is not None:
-                    req.on_first_token(req)
-            if req.out_done >= req.out_target:
-                finished.append(req)
+        decode = self._run_decode
+        if k == 1:      # a single step's token time is now (= run start + its end, the same addition)
+            for req in decode:
+                req.token_times.append(now)
+                req.idle_since_s = now
+                req.computed += 1
+                req.out_done += 1
+                if req.first_token_s is None:
+                    req.first_token_s = now
+                    if req.on_first_token is not None:
+                        req.on_first_token(req)
+                if req.out_done >= req.out_target:
+                    finished.append(req)
+            self.decode_tokens += len(decode)
+        elif decode:
+            # a run's token times, shared by the batch: run start + step-end offsets (one vector addition
+            # per run), or an exact run's absolute end times
+            t0 = self._run_start
+            times = self._run_ends if exact else [e + t0 for e in self._run_ends]
+            kv = self.kv
+            for req in decode:          # (no request in a run owes its first token: _plan_decode_run)
+                req.token_times.extend(times)
+                req.idle_since_s = now
+                c = req.computed + k
+                kv.grow(req.kv, -(-c // bs) - req.kv.blocks, c)
+                req.computed = c
+                req.out_done += k
+                if req.out_done >= req.out_target:
+                    finished.append(req)
+            self.decode_tokens += k * len(decode)
         self._run_prefill, self._run_decode = [], []
         if k > 1:
             used = self.capacity_blocks - self.free - self.cached_total

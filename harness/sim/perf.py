@@ -187,16 +187,50 @@ class PerfModel:
         """
         b = decode_seqs
         lin_c, base_s = self._decode_batch_terms(b)
-        kv_s = self._kv_s_per_token
-        n = max_steps
-        if n > _SMALL_RUN:
-            # every step lasts at least the first one (the context only grows; throttling only lengthens a
-            # step), so the run reaches limit_s within limit_s / step0 + 1 steps; + 2 for rounding
-            step0 = base_s + kv_s * (ctx_tokens + b)
-            if step0 > 0 and limit_s < math.inf:
-                n = min(n, int(limit_s / step0) + 2)
+        n = self._run_bound(b, base_s, ctx_tokens, max_steps, limit_s)
         if n <= _SMALL_RUN:
             return self._decode_run_loop(b, lin_c, base_s, ctx_tokens, n, limit_s)
+        ends, ej, k = self._decode_run_long(b, lin_c, base_s, ctx_tokens, n, max_steps, limit_s)
+        return ends, np.cumsum(ej[:k]).tolist()
+
+    def decode_run_total(self, decode_seqs: int, ctx_tokens: int, max_steps: int, limit_s: float
+                         ) -> tuple[list[float], float]:
+        """``decode_run`` with the run's total energy only: ``(cumulative end times s, energy J of all the
+        steps)``, i.e. ``(ends, energies[-1])`` of ``decode_run``, bit for bit (the same sums; the per-step
+        energies are not kept). The engine's hot path: the energy of a run cut after ``k`` steps is
+        ``decode_run(decode_seqs, ctx_tokens, k, inf)[1][-1]`` (the same first ``k`` steps)."""
+        b = decode_seqs
+        lin_c, base_s = self._decode_batch_terms(b)
+        n = self._run_bound(b, base_s, ctx_tokens, max_steps, limit_s)
+        if n <= _SMALL_RUN:
+            lin_m = self._weights_s
+            mpf = self.hw.memory_power_frac
+            busy0 = lin_c + mpf * lin_m + self._opf * (self._seq_s * b + self._fixed_s)
+            # the power cap cannot bind and min(busy, step) is busy when the cap's dynamic power is at least
+            # the TDP's (dyn_w * x <= cap_dyn_w * x) and busy0 <= base_s with mpf <= 1 (each term of busy is
+            # at most the matching term of the step time, and rounding is monotone); then each step is
+            # _decode_run_loop's with its two branches decided, the same float operations
+            if self._cap_dyn_w >= self._dyn_w and busy0 <= base_s and mpf <= 1.0:
+                return self._decode_run_plain(b, base_s, busy0, ctx_tokens, n, limit_s)
+            ends, energy = self._decode_run_loop(b, lin_c, base_s, ctx_tokens, n, limit_s)
+            return ends, energy[-1]
+        ends, ej, k = self._decode_run_long(b, lin_c, base_s, ctx_tokens, n, max_steps, limit_s)
+        return ends, float(np.cumsum(ej[:k])[-1])
+
+    def _run_bound(self, b: int, base_s: float, ctx_tokens: int, max_steps: int, limit_s: float) -> int:
+        """Steps to evaluate for a run of at most ``max_steps`` that stops at ``limit_s``: ``max_steps``, or
+        for a long run ``limit_s / step0 + 2`` (every step lasts at least the first one: the context only
+        grows, throttling only lengthens a step; + 2 for rounding)."""
+        n = max_steps
+        if n > _SMALL_RUN:
+            step0 = base_s + self._kv_s_per_token * (ctx_tokens + b)
+            if step0 > 0 and limit_s < math.inf:
+                n = min(n, int(limit_s / step0) + 2)
+        return n
+
+    def _decode_run_long(self, b: int, lin_c: float, base_s: float, ctx_tokens: int, n: int, max_steps: int,
+                         limit_s: float) -> tuple[list[float], np.ndarray, int]:
+        """A long run as arrays: ``(ends as a list, per-step energies, k steps)`` (``decode_run``)."""
         while True:
             ends, ej = self._decode_run_arrays(b, lin_c, base_s, ctx_tokens, n)
             k = int(np.searchsorted(ends, limit_s, side="left")) + 1   # the step that reaches limit_s
@@ -204,7 +238,7 @@ class PerfModel:
                 break
             n = min(max_steps, 2 * n)   # not reached (rounding beyond the bound above): evaluate more steps
         k = min(k, n)
-        return ends[:k].tolist(), np.cumsum(ej[:k]).tolist()
+        return ends[:k].tolist(), ej, k
 
     def decode_steps(self, decode_seqs: int, ctx_tokens: int, max_steps: int, start_s: float, limit_s: float
                      ) -> tuple[list[float], list[float], list[float]]:
@@ -293,6 +327,29 @@ class PerfModel:
                 break
             ctx += b
         return ends, energy
+
+    def _decode_run_plain(self, b: int, base_s: float, busy0: float, ctx_tokens: int, max_steps: int,
+                          limit_s: float) -> tuple[list[float], float]:
+        """``_decode_run_loop`` where no step reaches the power cap and every step's busy time is below its
+        duration (``decode_run_total`` checks both): ``(cumulative end times s, total energy J)``. The same
+        float operations step by step: ``kv_m = kv_s * (ctx + b)``, ``step = base_s + kv_m``, ``energy =
+        idle * step + dyn_w * (busy0 + mpf * kv_m)``, each summed in order."""
+        kv_s = self._kv_s_per_token
+        dyn_w, mpf, idle = self._dyn_w, self.hw.memory_power_frac, self.hw.idle_w
+        ends: list[float] = []
+        app = ends.append
+        t = e = 0.0
+        c = ctx_tokens + b
+        for _ in range(max_steps):
+            kv_m = kv_s * c
+            step_s = base_s + kv_m
+            t += step_s
+            e += idle * step_s + dyn_w * (busy0 + mpf * kv_m)
+            app(t)
+            if t >= limit_s:
+                break
+            c += b
+        return ends, e
 
     def _finish(self, lin_c: float, attn_c: float, kv_m: float, extra_s: float) -> StepCost:
         """Step time and energy from the FLOP times (lin_c, attn_c), the byte time of the KV (kv_m) and

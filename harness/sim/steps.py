@@ -64,10 +64,11 @@ class StepLog:
         decode = eng._run_decode
         for req in decode:
             d_ctx += req.computed
+        exact = eng._run_exact      # a single step's energy is the run's (read only for k == 1 runs)
         self._runs.append((eng.index, eng.perf, eng._run_start, len(eng._run_ends),
-                           eng._run_durs[0] if eng._run_exact else eng._run_ends[0],
-                           eng._run_energy[0], p_tok, p_ctx, len(eng._run_prefill), len(decode), d_ctx,
-                           eng._run_paused))
+                           eng._run_durs[0] if exact else eng._run_ends[0],
+                           eng._run_energy[0] if exact else eng._run_ej, p_tok, p_ctx, len(eng._run_prefill),
+                           len(decode), d_ctx, eng._run_paused))
 
     def __len__(self) -> int:
         """Runs recorded (events, not steps)."""
