@@ -199,7 +199,8 @@ def _itl_stats(itl_s: Sequence[float]) -> tuple[float, float, float]:
     """p50, p99 and max of a turn's inter-token gaps, s (NaN for fewer than one gap)."""
     if len(itl_s) == 0:
         return math.nan, math.nan, math.nan
-    a = np.sort(np.asarray(itl_s, dtype=float))
+    a = np.array(itl_s, dtype=float)    # a copy (the caller's order is kept), sorted in place: np.sort's sort
+    a.sort()
     return sorted_percentile(a, 50), sorted_percentile(a, 99), float(a[-1])
 
 

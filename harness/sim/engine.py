@@ -37,6 +37,7 @@ step's end runs inline (no event of its own) when nothing else is due at that in
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, bisect_right
 
 import numpy as np
@@ -103,7 +104,7 @@ class Request:
         tt = self.token_times
         if len(tt) < 2:
             return np.empty(0)
-        a = np.array(tt)
+        a = np.frombuffer(array("d", tt))   # (a C-level copy of the floats, cheaper than np.array of a list)
         return a[1:] - a[:-1]
 
     @property
@@ -135,6 +136,7 @@ class Engine:
                  capacity_blocks: int, on_fail: Callable[[Request, str], None], max_coalesce_s: float = 0.25):
         self.index, self.name, self.clock, self.perf, self.cfg = index, name, clock, perf, cfg
         self.max_coalesce_s = max_coalesce_s
+        self._decode_run_total = getattr(perf, "decode_run_total", None)   # (a step model may lack it)
         self.bs = cfg.block_size
         self.capacity_blocks = capacity_blocks
         self.kv = PrefixBlockPool(capacity_blocks, self.bs, cfg.enable_prefix_caching)
@@ -535,8 +537,8 @@ class Engine:
         if exact_from is not None:
             ends, durs, energy = self.perf.decode_steps(b, ctx, kmax, exact_from, limit)
             self._run_durs, self._run_energy = durs, energy
-        elif getattr(self.perf, "decode_run_total", None) is not None:
-            ends, self._run_ej = self.perf.decode_run_total(b, ctx, kmax, limit)
+        elif self._decode_run_total is not None:
+            ends, self._run_ej = self._decode_run_total(b, ctx, kmax, limit)
         else:   # a step model with decode_run only
             ends, es = self.perf.decode_run(b, ctx, kmax, limit)
             self._run_ej = es[-1]
@@ -547,7 +549,7 @@ class Engine:
             while True:
                 need = 0
                 for req in decode:
-                    need += -(-(req.computed + k) // bs) - req.blocks
+                    need += -(-(req.computed + k) // bs) - req.kv.blocks
                 if need <= avail or k == 1:
                     break
                 k = max(1, k // 2)

@@ -116,6 +116,7 @@ class PerfModel:
         self._dyn_w = hw.tdp_w - hw.idle_w
         self._opf = hw.overhead_power_frac
         self._cap_dyn_w = hw.cap_w - hw.idle_w
+        self._batch_memo: dict[int, tuple[float, float, float, bool]] = {}   # decode_run_total's, per batch
 
     def _lin(self, c: float, m: float) -> float:
         """The linear operators' time, s: ``(c**k + m**k)**(1/k)`` (``max(c, m)`` when k is None)."""
@@ -200,22 +201,31 @@ class PerfModel:
         energies are not kept). The engine's hot path: the energy of a run cut after ``k`` steps is
         ``decode_run(decode_seqs, ctx_tokens, k, inf)[1][-1]`` (the same first ``k`` steps)."""
         b = decode_seqs
-        lin_c, base_s = self._decode_batch_terms(b)
-        n = self._run_bound(b, base_s, ctx_tokens, max_steps, limit_s)
+        terms = self._batch_memo.get(b)
+        if terms is None:
+            terms = self._batch_memo[b] = self._run_terms(b)
+        lin_c, base_s, busy0, plain = terms
+        n = max_steps if max_steps <= _SMALL_RUN else self._run_bound(b, base_s, ctx_tokens, max_steps, limit_s)
         if n <= _SMALL_RUN:
-            lin_m = self._weights_s
-            mpf = self.hw.memory_power_frac
-            busy0 = lin_c + mpf * lin_m + self._opf * (self._seq_s * b + self._fixed_s)
-            # the power cap cannot bind and min(busy, step) is busy when the cap's dynamic power is at least
-            # the TDP's (dyn_w * x <= cap_dyn_w * x) and busy0 <= base_s with mpf <= 1 (each term of busy is
-            # at most the matching term of the step time, and rounding is monotone); then each step is
-            # _decode_run_loop's with its two branches decided, the same float operations
-            if self._cap_dyn_w >= self._dyn_w and busy0 <= base_s and mpf <= 1.0:
+            if plain:
                 return self._decode_run_plain(b, base_s, busy0, ctx_tokens, n, limit_s)
             ends, energy = self._decode_run_loop(b, lin_c, base_s, ctx_tokens, n, limit_s)
             return ends, energy[-1]
         ends, ej, k = self._decode_run_long(b, lin_c, base_s, ctx_tokens, n, max_steps, limit_s)
         return ends, float(np.cumsum(ej[:k])[-1])
+
+    def _run_terms(self, b: int) -> tuple[float, float, float, bool]:
+        """A decode run's terms that depend on its batch ``b`` alone (memoised per ``b`` in ``_batch_memo``):
+        ``(lin_c, base_s, busy0, plain)``: ``_decode_batch_terms``, the busy time without the KV term (s;
+        the same float operations as ``_decode_run_loop``), and whether the power cap can never bind and
+        ``min(busy, step)`` is always ``busy``: when the cap's dynamic power is at least the TDP's
+        (``dyn_w * x <= cap_dyn_w * x``) and ``busy0 <= base_s`` with ``memory_power_frac <= 1`` (each term of
+        busy is at most the matching term of the step time, and rounding is monotone). Then each step is
+        ``_decode_run_loop``'s with its two branches decided (``_decode_run_plain``)."""
+        lin_c, base_s = self._decode_batch_terms(b)
+        mpf = self.hw.memory_power_frac
+        busy0 = lin_c + mpf * self._weights_s + self._opf * (self._seq_s * b + self._fixed_s)
+        return lin_c, base_s, busy0, self._cap_dyn_w >= self._dyn_w and busy0 <= base_s and mpf <= 1.0
 
     def _run_bound(self, b: int, base_s: float, ctx_tokens: int, max_steps: int, limit_s: float) -> int:
         """Steps to evaluate for a run of at most ``max_steps`` that stops at ``limit_s``: ``max_steps``, or
