@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from harness.backend import Cluster, TurnJob
+from harness.clock import SimClock
 from harness.policy import Admission, ClusterView, InstanceHints, InstanceView, Placement, Policy, TurnView
 from harness.recorder import HoldDecision, PlaceDecision, Recorder, ViewDigest
 from harness.trace import ConversationRecord
@@ -111,6 +112,10 @@ class Controller:
         self._iv: list = [None] * n
         self._iv_key: list = [None] * n
         self._observe_load = getattr(cluster, "observe_load", None)   # optional: observe without energy
+        # on the simulator's clock nothing changes the cluster between two calls inside one event, so the first
+        # turn an admission releases is placed on the admission's view (its held count updated); a wall-clock
+        # backend is observed afresh
+        self._same_instant_views = isinstance(cluster.clock, SimClock)
         # per conversation: instance -> tokens of its context that instance holds (where its turns ran)
         self._holds: dict[str, dict[int, int]] = {}
         self._recheck_at = math.inf
@@ -249,8 +254,13 @@ class Controller:
                 for i in reversed(chosen):
                     del held[i]
                     del queue[i]
-            for c, tv in released:
-                self._launch(c, tv, self.view())
+            for j, (c, tv) in enumerate(released):
+                if j or not self._same_instant_views:
+                    v = self.view()
+                else:   # nothing has run since `view` (same instant, no event): only the held count changed
+                    v = ClusterView(view.now_s, view.instances, view.kv_bytes_per_token,
+                                    view.link_bandwidth_bytes_per_s, view.link_latency_s, len(self.held))
+                self._launch(c, tv, v)
         recheck = adm.recheck_at
         if recheck is not None and self.held and recheck < self._recheck_at:
             # never "again right now": a policy that keeps asking for that would loop at one instant
