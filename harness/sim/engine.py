@@ -200,7 +200,8 @@ class Engine:
     def used_blocks_now(self) -> int:
         """``used_blocks`` as step-by-step simulation would show it now: inside a coalesced decode run,
         the blocks of the steps begun by now are counted (they are allocated at the run's end)."""
-        used = self.kv.used
+        kv = self.kv
+        used = kv.capacity_blocks - kv.free - kv.cached     # kv.used, inline
         if not self._run_coalesced:
             return used
         ends = self._run_ends
@@ -211,7 +212,7 @@ class Engine:
             return self._used_now
         bs = self.bs
         for r in self._run_decode:
-            extra = -(-(r.computed + j + 1) // bs) - r.blocks
+            extra = -(-(r.computed + j + 1) // bs) - r.kv.blocks
             if extra > 0:
                 used += extra
         self._used_now_key, self._used_now = key, used
@@ -638,7 +639,7 @@ class Engine:
             self.decode_tokens += k * len(decode)
         self._run_prefill, self._run_decode = [], []
         if k > 1:
-            used = self.capacity_blocks - self.free - self.cached_total
+            used = self.capacity_blocks - self.kv.free - self.kv.cached
             if used > self.peak_used_blocks:
                 self.peak_used_blocks = used
         self._run_coalesced = False

@@ -218,7 +218,10 @@ class PrefixBlockPool:
         """Allocate ``n`` more blocks to ``lease`` and hash its full blocks up to token ``tokens`` (the
         tokens scheduled so far)."""
         if n > 0:
-            self.allocate(n)
+            if n <= self.free:      # allocate()'s first case, inline: free blocks only, no eviction
+                self.free -= n
+            else:
+                self.allocate(n)
             lease.blocks += n
         if self.enable and not lease.stop:
             upto = tokens // self.bs
@@ -248,9 +251,18 @@ class PrefixBlockPool:
             if cur < 0:
                 node.hold(target)
                 held.append([node, target])
-            else:
-                node.unhold(cur)
-                node.hold(target)
+            else:                    # node.unhold(cur); node.hold(target), inline (the hot case)
+                hd = node.holders
+                c = hd[cur] - 1
+                if c:
+                    hd[cur] = c
+                else:
+                    del hd[cur]
+                    if cur == node.ref_hi:
+                        node.ref_hi = max(hd) if hd else node.lo
+                hd[target] = hd.get(target, 0) + 1
+                if target > node.ref_hi:
+                    node.ref_hi = target
                 held[-1][1] = target
             h = target
             if target == hi:
