@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import tempfile
 from array import array
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -33,6 +35,9 @@ INSTANCE_COLUMNS = ["t_s", "instance", "role", "hardware", "kv_used_tokens", "kv
 TOKEN_COLUMNS = ["conversation_id", "turn", "instance", "token", "t_s"]
 DECISION_COLUMNS = ["t_s", "kind", "conversation_id", "turn", "prefill_instance", "decode_instance", "reason",
                     "candidates", "view_kv_used_frac", "view_queued_prefill_tokens", "num_held", "misrouted"]
+
+
+_drain = deque(maxlen=0).extend     # consume an iterator (for its calls' effects) without keeping anything
 
 
 def sorted_percentile(a: np.ndarray, q: float) -> float:
@@ -73,9 +78,8 @@ class ColumnStore:
     def append(self, values: Sequence[Any]) -> None:
         """One row: ``values[i]`` for ``columns[i]``. Fast path: every value has its column's last type."""
         if self.n and list(map(type, values)) == self._types:
-            try:
-                for app, v in zip(self._apps, values):
-                    app(v)
+            try:    # app(v) for each column in order, the loop in C (an exception stops it where a loop would)
+                _drain(map(operator.call, self._apps, values))
             except OverflowError:   # an int beyond int64 in an array('q') column
                 self._append_slow(values)
         else:
