@@ -61,6 +61,12 @@ def assert_same_run(perf: PerfModel, b: int, ctx: int, max_steps: int, limit_s: 
     base_s = perf._lin(lin_c, perf._weights_s) + perf._seq_s * b + perf._fixed_s
     loop_t, loop_e = perf._decode_run_loop(b, lin_c, base_s, ctx, len(ends), limit_s)
     assert ends == loop_t and energy == loop_e
+    # the engine's hot path: the same ends and the last cumulative energy, bit for bit; a run cut after j
+    # steps has the energy decode_run gives for j steps
+    tot_t, tot_e = perf.decode_run_total(b, ctx, max_steps, limit_s)
+    assert tot_t == ends and tot_e == energy[-1]
+    for j in {1, (len(ends) + 1) // 2, len(ends)}:
+        assert perf.decode_run(b, ctx, j, math.inf)[1][-1] == energy[j - 1]
     return len(ends)
 
 
@@ -103,6 +109,19 @@ def test_decode_run_across_the_power_cap(a40, llama):
     assert last.energy_j / last.time_s < 199.0
     assert assert_same_run(perf, b, 0, steps, math.inf) == steps
     assert_same_run(perf, b, 0, steps, 3.0)
+
+
+@pytest.mark.parametrize("cap_w,mpf", [(None, 0.8), (200.0, 0.8), (None, 1.0), (150.0, 0.3)])
+def test_decode_run_total_with_and_without_the_power_cap(a40, llama, cap_w, mpf):
+    """``decode_run_total`` takes a branch-free loop when the cap cannot bind (cap = TDP) and busy never
+    exceeds the step (memory_power_frac <= 1); under a 150-200 W cap (below the A40's 300 W TDP) it takes
+    the general loop. Either way: decode_run's ends and last energy, bit for bit, at short and long runs."""
+    hw = dataclasses.replace(a40, power_cap_w=cap_w, memory_power_frac=mpf)
+    perf = PerfModel(hw, llama)
+    assert perf._run_terms(8)[3] == (cap_w is None)
+    for b, ctx, max_steps, limit_s in [(1, 10, 40, 0.25), (8, 4000, 96, math.inf), (8, 4000, 300, 0.5),
+                                       (256, 0, 30, math.inf), (3, 100, 1 << 30, 0.25)]:
+        assert_same_run(perf, b, ctx, max_steps, limit_s)
 
 
 # ---- the unloaded-TTFET baseline on disk ---------------------------------------------------------------
@@ -382,6 +401,18 @@ def test_engine_token_times_of_a_single_step_and_a_run():
     assert req.token_times == [0.5, 1.5, 3.5] and eng.energy_busy_j == 5.0 + 30.0
     clock.run()
     assert req.token_times == [0.5, 1.5, 3.5, 4.5] and eng.energy_busy_j == 5.0 + 30.0 + 10.0
+    # a run shortened for KV blocks: block size 2, 7 blocks, two such requests. The prefill step (both prompts,
+    # 2 blocks each) ends at 0.5 s; the decode run's first step holds 3 blocks each (5 tokens), 1 block is
+    # left, and 3 steps would need 1 more each (7 tokens: 4 blocks) -> the run is one step (1 s, 10 J): at
+    # 1.5 s the energy is 5 + 10 J, not the 60 J of the 3-step run the step model first returned
+    clock = SimClock()
+    eng = Engine(0, "e", clock, Perf(), EngineConfig(block_size=2), 7, lambda r, why: None, max_coalesce_s=100.0)
+    reqs = [Request(c, 0, 4, 4, (0,), on_finish=lambda r: None) for c in "ab"]
+    for r in reqs:
+        eng.submit(r)
+    clock.run(until=1.5)
+    assert [r.token_times for r in reqs] == [[0.5, 1.5]] * 2 and eng.energy_busy_j == 5.0 + 10.0
+    assert eng.steps == 2 and eng.busy_s == 1.5
 
 
 # ---- rule-declared horizons: merged WAIT / Nested WAIT / WAIT-CP plans equal step-by-step ----------------

@@ -544,7 +544,10 @@ class Engine:
             ends, es = self.perf.decode_run(b, ctx, kmax, limit)
             self._run_ej = es[-1]
         k = len(ends)
-        if k > 1:   # blocks for k more tokens per request must be available (step 1's were allocated)
+        # blocks for k more tokens per request must be available (step 1's were allocated: a request holds
+        # ceil((computed + 1) / bs) blocks, so it needs at most ceil((k - 1) / bs) <= (k - 1) // bs + 1 more;
+        # when the batch's bound fits, the check below would pass at once)
+        if k > 1 and b * ((k - 1) // self.bs + 1) > self.kv.available:
             avail = self.kv.available
             bs = self.bs
             while True:
@@ -637,7 +640,7 @@ class Engine:
                 if req.out_done >= req.out_target:
                     finished.append(req)
             self.decode_tokens += k * len(decode)
-        self._run_prefill, self._run_decode = [], []
+        self._run_prefill = self._run_decode = ()      # (step_begin builds the next run's lists)
         if k > 1:
             used = self.capacity_blocks - self.kv.free - self.kv.cached
             if used > self.peak_used_blocks:
