@@ -339,10 +339,11 @@ def test_itl_gaps_from_single_steps_and_runs():
     """Token times: a prefill step ending at 1.0 s, a single decode step ending at 2.5 s, then a run of
     three decode steps started at 3.0 s ending 0.5, 1.0, 1.5 s later -> times 1.0, 2.5, 3.5, 4.0, 4.5 s,
     gaps 1.5, 1.0, 0.5, 0.5 s (all exact in binary)."""
+    from array import array
     from harness.sim.engine import Request
 
     r = Request("c", 0, 10, 5, (0,))
-    r.token_times = [1.0, 2.5, 3.5, 4.0, 4.5]
+    r.token_times = array("d", [1.0, 2.5, 3.5, 4.0, 4.5])
     assert r.itl_gaps().tolist() == [1.5, 1.0, 0.5, 0.5]
     assert Request("c", 0, 10, 1, (0,)).itl_gaps().tolist() == []
     one = Request("c", 0, 10, 1, (0,))
@@ -387,7 +388,7 @@ def test_engine_token_times_of_a_single_step_and_a_run():
     eng.submit(req)
     clock.run()
     assert done == [req] and req.finish_s == 6.5
-    assert req.token_times == [0.5, 1.5, 3.5, 6.5]
+    assert req.token_times.tolist() == [0.5, 1.5, 3.5, 6.5]
     assert req.itl_gaps().tolist() == [1.0, 2.0, 3.0]
     assert eng.energy_busy_j == 5.0 + 60.0 and eng.busy_s == 6.5 and eng.steps == 4
     # the same run cut by a submission at 2.0 s (inside its second step): the run ends after that step
@@ -398,9 +399,9 @@ def test_engine_token_times_of_a_single_step_and_a_run():
     eng.submit(req)
     clock.call_at(2.0, eng.wake)
     clock.run(until=3.5)
-    assert req.token_times == [0.5, 1.5, 3.5] and eng.energy_busy_j == 5.0 + 30.0
+    assert req.token_times.tolist() == [0.5, 1.5, 3.5] and eng.energy_busy_j == 5.0 + 30.0
     clock.run()
-    assert req.token_times == [0.5, 1.5, 3.5, 4.5] and eng.energy_busy_j == 5.0 + 30.0 + 10.0
+    assert req.token_times.tolist() == [0.5, 1.5, 3.5, 4.5] and eng.energy_busy_j == 5.0 + 30.0 + 10.0
     # a run shortened for KV blocks: block size 2, 7 blocks, two such requests. The prefill step (both prompts,
     # 2 blocks each) ends at 0.5 s; the decode run's first step holds 3 blocks each (5 tokens), 1 block is
     # left, and 3 steps would need 1 more each (7 tokens: 4 blocks) -> the run is one step (1 s, 10 J): at
@@ -411,7 +412,7 @@ def test_engine_token_times_of_a_single_step_and_a_run():
     for r in reqs:
         eng.submit(r)
     clock.run(until=1.5)
-    assert [r.token_times for r in reqs] == [[0.5, 1.5]] * 2 and eng.energy_busy_j == 5.0 + 10.0
+    assert [r.token_times.tolist() for r in reqs] == [[0.5, 1.5]] * 2 and eng.energy_busy_j == 5.0 + 10.0
     assert eng.steps == 2 and eng.busy_s == 1.5
 
 

@@ -91,20 +91,20 @@ class Request:
         self.submit_s = 0.0             # when it reached this engine, s
         self.idle_since_s = 0.0         # when it last advanced (or was submitted), s
         self.in_step = False            # scheduled in the step being planned
-        self.token_times: list[float] = []  # when its output tokens were sampled, in order, s
+        self.token_times = array("d")   # when its output tokens were sampled, in order, s (8 bytes a token)
 
     def itl_gaps(self) -> np.ndarray:
         """The gaps between this request's successive output tokens on this engine, s (shape: tokens - 1).
 
-        The token times are kept as the steps end (``token_times``: a single step's end; a run of k decode
-        steps started at t0 samples its tokens at ``t0 + ends[j]``, added once per run for the whole batch,
-        whose requests share the floats); a gap across a pause or a preemption is one long gap, as a client
+        The token times are kept as the steps end (``token_times``, an ``array('d')``: a single step's end; a
+        run of k decode steps started at t0 samples its tokens at ``t0 + ends[j]``, added once per run for the
+        whole batch and copied into each request's array); a gap across a pause or a preemption is one long gap, as a client
         sees it. The gaps are ``numpy.diff`` of those times (``t[i+1] - t[i]``, the same subtraction).
         """
         tt = self.token_times
         if len(tt) < 2:
             return np.empty(0)
-        a = np.frombuffer(array("d", tt))   # (a C-level copy of the floats, cheaper than np.array of a list)
+        a = np.frombuffer(tt, dtype=np.float64)    # a view (no copy); the gaps are a new array
         return a[1:] - a[:-1]
 
     @property
@@ -628,7 +628,7 @@ class Engine:
             # a run's token times, shared by the batch: run start + step-end offsets (one vector addition
             # per run), or an exact run's absolute end times
             t0 = self._run_start
-            times = self._run_ends if exact else [e + t0 for e in self._run_ends]
+            times = array("d", self._run_ends if exact else [e + t0 for e in self._run_ends])
             kv = self.kv
             for req in decode:          # (no request in a run owes its first token: _plan_decode_run)
                 req.token_times.extend(times)
