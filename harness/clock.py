@@ -39,7 +39,7 @@ class SimClock:
         Raises:
             ValueError: if ``t`` is earlier than now or not finite ("negative delay").
         """
-        if not (t >= self._now and math.isfinite(t)):
+        if not self._now <= t < math.inf:     # (NaN fails it too)
             raise ValueError(f"call_at: time {t!r} is before now ({self._now}) or not finite")
         self._seq += 1
         heapq.heappush(self._q, (t, priority, self._seq, fn, args))

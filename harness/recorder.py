@@ -48,7 +48,8 @@ def sorted_percentile(a: np.ndarray, q: float) -> float:
     i = int(r)
     if i + 1 >= len(a):
         return float(a[-1])
-    return float(a[i] + (a[i + 1] - a[i]) * (r - i))
+    lo = a.item(i)      # Python floats: the same IEEE double operations as on numpy scalars, without their cost
+    return lo + (a.item(i + 1) - lo) * (r - i)
 
 
 class ColumnStore:
@@ -205,7 +206,7 @@ def _itl_stats(itl_s: Sequence[float]) -> tuple[float, float, float]:
         return math.nan, math.nan, math.nan
     a = np.array(itl_s, dtype=float)    # a copy (the caller's order is kept), sorted in place: np.sort's sort
     a.sort()
-    return sorted_percentile(a, 50), sorted_percentile(a, 99), float(a[-1])
+    return sorted_percentile(a, 50), sorted_percentile(a, 99), a.item(-1)
 
 
 def turn_values(job, names: Sequence[str], visible: bool) -> tuple:
@@ -273,8 +274,8 @@ class ViewDigest:
     @classmethod
     def of(cls, view) -> "ViewDigest":
         """The digest of a ``ClusterView``."""
-        return cls(tuple(i.kv_used_frac for i in view.instances),
-                   tuple(i.queued_prefill_tokens for i in view.instances), view.num_held)
+        ivs = view.instances
+        return cls(tuple([i.kv_used_frac for i in ivs]), tuple([i.queued_prefill_tokens for i in ivs]), view.num_held)
 
 
 @dataclass(frozen=True, slots=True)

@@ -439,3 +439,22 @@ def test_merged_rule_plans_equal_step_by_step(scheduler, extra):
     pd.testing.assert_frame_equal(a, b, check_exact=True)
     assert len(a) == sum(len(r.turns) for _, r in convs)
     assert merged.events < plain.events
+
+
+def test_sim_clock_rejects_past_and_non_finite_times():
+    """``SimClock.call_at``: a time before now, NaN or infinite is an error naming the time; now itself and
+    a later finite time are accepted, and events run in time order."""
+    from harness.clock import SimClock
+
+    clock = SimClock()
+    seen = []
+    clock.call_at(2.0, seen.append, 2.0)
+    clock.call_at(1.0, seen.append, 1.0)
+    clock.run(until=1.5)               # the event at 1.0 ran: now is 1.0
+    assert seen == [1.0] and clock.now() == 1.0
+    clock.call_at(1.0, seen.append, 1.5)
+    for bad in (0.5, -math.inf, math.nan, math.inf):
+        with pytest.raises(ValueError, match="call_at: time"):
+            clock.call_at(bad, seen.append, bad)
+    clock.run()
+    assert seen == [1.0, 1.5, 2.0]
