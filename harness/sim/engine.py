@@ -65,7 +65,7 @@ class Request:
     __slots__ = ("conv", "turn", "prompt", "out_target", "reused", "prefill_only", "remote_kv",
                  "computed", "prefill_target", "out_done", "kv", "state", "hit_tokens",
                  "first_token_s", "finish_s", "preemptions", "prefill_computed", "on_first_token",
-                 "on_finish", "on_loading", "owner", "admit_seq", "submit_s", "idle_since_s", "in_step",
+                 "on_finish", "on_loading", "owner", "admit_seq", "submit_s", "idle_since_s",
                  "last_token_s", "token_times")
 
     def __init__(self, conv: str, turn: int, prompt: int, out_target: int, reused: tuple,
@@ -90,7 +90,6 @@ class Request:
         self.admit_seq = -1             # admission order into the running set (-1 while waiting)
         self.submit_s = 0.0             # when it reached this engine, s
         self.idle_since_s = 0.0         # when it last advanced (or was submitted), s
-        self.in_step = False            # scheduled in the step being planned
         self.token_times = array("d")   # when its output tokens were sampled, in order, s (8 bytes a token)
 
     def itl_gaps(self) -> np.ndarray:
@@ -381,10 +380,9 @@ class Engine:
                         ef = plan.evict_first
                         prefer = list(reversed(ef)) if ef else []
                     victim = self._victim(prefer)
-                    if victim.in_step:      # scheduled earlier in this step: drop it from the step
-                        victim.in_step = False
-                        prefill = [(r, k) for r, k in prefill if r is not victim]
-                        decode = [r for r in decode if r is not victim]
+                    # scheduled earlier in this step: drop it from the step (no-op filters otherwise)
+                    prefill = [(r, k) for r, k in prefill if r is not victim]
+                    decode = [r for r in decode if r is not victim]
                     self._preempt(victim)
                     preempted = True
                     if victim is req:
@@ -392,7 +390,6 @@ class Engine:
                 if req.state != RUNNING:
                     continue
                 kv.grow(lease, need, tok)
-            req.in_step = True
             if req.computed < req.prefill_target:
                 prefill.append((req, n))
             else:
@@ -447,15 +444,10 @@ class Engine:
                 req.state = RUNNING
                 req.admit_seq = self._admit_counter
                 self._admit_counter += 1
-                req.in_step = True
                 running.append(req)
                 prefill.append((req, n))
                 p_cached += req.computed       # its prefix-cache hit, reused by the step that starts it
                 budget -= n
-        for req, _ in prefill:
-            req.in_step = False
-        for req in decode:
-            req.in_step = False
         if not prefill and not decode:
             self.busy = False
             return
