@@ -139,7 +139,7 @@ def test_a_bad_cache_shard_is_ignored_with_a_warning_and_recomputed(tmp_path, mo
     from harness import session
     run, conversations, stats = _tiny()
     monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
-    fresh = session.unloaded_readings(run, conversations, stats, cache_dir=tmp_path)
+    fresh = session.unloaded_readings(session.session_input(run), conversations, stats, cache_dir=tmp_path)
     (shard_p,) = tmp_path.glob("unloaded_ttfet/*/*.json")
     shard = json.loads(shard_p.read_text())
     assert shard["schema"] == session.SHARD_SCHEMA and session.shard_problem(shard) == ""
@@ -153,7 +153,7 @@ def test_a_bad_cache_shard_is_ignored_with_a_warning_and_recomputed(tmp_path, mo
         monkeypatch.setattr(session, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="harness.session"):
-            again = session.unloaded_readings(run, conversations, stats, cache_dir=tmp_path)
+            again = session.unloaded_readings(session.session_input(run), conversations, stats, cache_dir=tmp_path)
         assert again == fresh, label                         # recomputed: the true values, never the shard's
         assert len(calls) == 2, label                        # both conversations replayed
         assert any("ignoring shard" in r.message and str(shard_p) in r.message for r in caplog.records), label
