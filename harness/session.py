@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from harness.backend import BackendConfig, Cluster
 from harness.controller import ConversationState, Controller
+from harness.paths import code_digest
 from harness.fluid import prefill_iteration_coefficient
 from harness.policy import InstanceHints, Policy, PolicyContext
 from harness.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks
@@ -359,7 +360,8 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
     a shard that fails its schema or checksum is ignored with a warning and its conversations replayed),
     one written (atomically) per process that replayed something, read by every later job, so a sweep (local, or on machines sharing the directory: Slurm,
     Ray) replays each distinct conversation once per setup. The setup digest covers what a replay depends
-    on (:func:`_unloaded_cache_key`) and the code (every ``.py`` under ``harness/`` and ``baselines/``),
+    on (:func:`_unloaded_cache_key`) and the code (``harness.paths.code_digest``: every ``.py`` under
+    ``harness/`` and ``baselines/``),
     so a code change never reads stale numbers. Values round-trip exactly (JSON floats keep ``repr``).
 
     Raises:
@@ -459,21 +461,6 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-_CODE_DIGEST: list[str] = []
-
-
-def _code_digest() -> str:
-    """Digest of every ``.py`` file under ``harness/`` and ``baselines/`` (what a replay's result may depend
-    on), computed once per process."""
-    if not _CODE_DIGEST:
-        root = Path(__file__).resolve().parents[1]
-        h = hashlib.sha256()
-        for p in sorted([*root.joinpath("harness").rglob("*.py"), *root.joinpath("baselines").rglob("*.py")]):
-            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
-        _CODE_DIGEST.append(h.hexdigest()[:32])
-    return _CODE_DIGEST[0]
-
-
 SHARD_SCHEMA = "harness.unloaded_ttfet/2"
 _READINGS = ("first", "last", "visible")
 
@@ -518,7 +505,7 @@ class _DiskCache:
 
     def __init__(self, cache_dir: Optional[Path | str], setup_key: str):
         root = cache_root() if cache_dir is None else (Path(cache_dir) if str(cache_dir) not in ("", "off") else None)
-        self.dir = None if root is None else root / "unloaded_ttfet" / _digest(setup_key + "|" + _code_digest())
+        self.dir = None if root is None else root / "unloaded_ttfet" / _digest(setup_key + "|" + code_digest())
         self._values: dict[str, dict] = {}
         self.rejected: list[tuple[Path, str]] = []
         if self.dir is not None and self.dir.is_dir():

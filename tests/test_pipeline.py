@@ -372,6 +372,7 @@ def test_the_import_graph_sees_function_level_main_block_and_relative_imports(tm
         "baselines/w.py": "",
     }
     for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     graph = internal_imports(tmp_path)
     assert graph["harness.vllm.x"] == {"harness.sim", "harness.sim.engine"}   # the TYPE_CHECKING import is no edge
