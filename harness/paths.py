@@ -53,7 +53,7 @@ def code_digest() -> str:
     """Digest of every ``.py`` file under ``harness/`` and ``baselines/`` (what a result may depend on):
     SHA-256 over each file's path (relative to :data:`PROJECT_ROOT`) and bytes in sorted order, the first
     32 hex digits; computed once per process. Read by the SLO baseline's disk cache
-    (``harness.session``) and the run fingerprint (``harness.provenance.fingerprint``)."""
+    (``harness.slo_baseline``) and the run fingerprint (``harness.provenance.fingerprint``)."""
     if not _CODE_DIGEST:
         h = hashlib.sha256()
         for p in sorted([*PROJECT_ROOT.joinpath("harness").rglob("*.py"), *PROJECT_ROOT.joinpath("baselines").rglob("*.py")]):

@@ -30,7 +30,8 @@ from harness.controller import ConversationState
 from harness.goodput import goodput_summary
 from harness.metrics import apply_slo, conversation_table, pressure_metrics, slo_scale_curve, summarize
 from harness.recorder import Recorder, write_json, write_run_files, write_text
-from harness.session import SessionInput, SessionResult, check_policies, run_session, session_input, unloaded_readings
+from harness.session import SessionInput, SessionResult, check_policies, run_session, session_input
+from harness.slo_baseline import unloaded_readings
 from harness.trace import load_trace
 from harness.validity import failures_by_reason, serving_metrics, verdict
 from harness.workload import Oracle, build_workload
@@ -171,7 +172,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
             results measured until then are written first, with ``partial: true`` and the error.
     """
     from harness.provenance import fingerprint
-    from harness.session import BaselineInterrupted
+    from harness.slo_baseline import BaselineInterrupted
     cfg = run.cfg
     t_start = time.perf_counter()
     synthetic = cfg.workload.kind == "synthetic"

@@ -1,4 +1,4 @@
-"""Both TTFET readings and per-reading SLOs (harness.metrics, harness.session.unloaded_readings).
+"""Both TTFET readings and per-reading SLOs (harness.metrics, harness.slo_baseline.unloaded_readings).
 
 Expected values are written out from the step-time formulas of tests/test_handcalc.py (which restates
 the A40 and Qwen3-0.6B constants), not read from the simulator.
@@ -14,7 +14,8 @@ import pytest
 from harness.config import scheduler_config
 from harness.metrics import SloConfig, apply_slo, conversation_table, summarize
 from harness.recorder import TURN_COLUMNS
-from harness.session import session_input, simulate, unloaded_readings
+from harness.session import session_input, simulate
+from harness.slo_baseline import unloaded_readings
 from harness.workload import WorkloadConfig, build_workload
 from tests.conftest import compose_run, conversation
 from tests.test_handcalc import CONV, decode_step, prefill_step, transfer
