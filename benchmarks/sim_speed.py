@@ -75,6 +75,10 @@ try:
     from harness.session import simulate
 except ImportError:
     from harness.runner import simulate
+try:   # the session's typed input (a checkout before it passes the resolved run itself)
+    from harness.session import session_input
+except ImportError:
+    session_input = lambda run: run
 register_configs()
 with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
     cfg = compose(config_name="config", overrides=args["overrides"])
@@ -90,7 +94,7 @@ except ImportError:
     convs, stats = build_workload(load_trace(run.trace_path), run.cfg.workload, limit)
 lg = run.cfg.logger
 w0, c0 = time.perf_counter(), time.process_time()
-res = simulate(run, convs, stats, run.scheduler_name, run.scheduler, sample_interval_s=lg.metrics_interval_s,
+res = simulate(session_input(run), convs, stats, run.scheduler_name, run.scheduler, sample_interval_s=lg.metrics_interval_s,
                log_decisions=lg.log_decisions)
 wall, cpu = time.perf_counter() - w0, time.process_time() - c0
 assert not res.error, res.error

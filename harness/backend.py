@@ -155,9 +155,10 @@ class BackendConfig:
         ``--max-model-len``), tokens; ``None``: the model's own (``model.max_model_len``)."""
         return None
 
-    def check_batch_rules(self, run: Any, rules: Sequence[Any]) -> None:
+    def check_batch_rules(self, inp: Any, rules: Sequence[Any]) -> None:
         """Raise ``ValueError`` if a rule of ``rules`` (the policy's, one per instance that has one) cannot run
-        on this backend. Default: every rule can (only read when ``supports_batch_rules``)."""
+        on this backend (``inp``: the run's ``harness.session.SessionInput``). Default: every rule can (only
+        read when ``supports_batch_rules``)."""
 
 
 BackendSpec = Spec

@@ -257,7 +257,7 @@ def model_tokenizer(model: str) -> tuple[str, str]:
     Raises:
         ConvertError: no such model config.
     """
-    root = Path(__file__).resolve().parents[1]
+    from harness.paths import PROJECT_ROOT as root
     f = root / "conf" / "model" / f"{model}.yaml"
     if not f.is_file():
         names = ", ".join(sorted(x.stem for x in (root / "conf" / "model").glob("*.yaml")))

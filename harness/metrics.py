@@ -267,7 +267,7 @@ def apply_slo(conv: pd.DataFrame, slo: SloConfig, unloaded: Optional[dict]) -> p
     """Add the SLO columns (in place) and return ``conv``.
 
     ``unloaded``: ``{conversation_id: {"first": s, "visible": s, "last": s}}``, each conversation's
-    first-token time of that reading's turn when replayed alone (``harness.session.unloaded_readings``);
+    first-token time of that reading's turn when replayed alone (``harness.slo_baseline.unloaded_readings``);
     needed when any threshold is relative (``SloConfig.needs_unloaded``).
     Headline (``ttfet_definition``, ``ttfet_mode``): ``unloaded_ttfet_s``, ``slo_ttfet_s`` (threshold, s),
     ``slo_met`` (bool). Per reading r in (first, visible): ``unloaded_ttfet_<r>_s``, ``slo_ttfet_<r>_s``

@@ -8,12 +8,15 @@ default traces ship inside the package (:data:`PACKAGE_DIR`; ``harness.cli``).
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_DIR = Path(__file__).resolve().parent
-"""The ``harness`` package's directory. An installed wheel ships the top-level ``conf/`` and ``traces/`` in it
-(``setup.py``: packages ``harness.conf`` and ``harness.traces``); a checkout has them at ``PROJECT_ROOT``."""
+PACKAGE_DIR = Path(__file__).resolve().parents[__name__.count(".") - 1]
+"""The ``harness`` package's directory (this file's parent, as many levels up as this module's dotted name is
+deep below ``harness``, so it stays right wherever the module sits in the package). An installed wheel ships
+the top-level ``conf/`` and ``traces/`` in it (``setup.py``: packages ``harness.conf`` and ``harness.traces``);
+a checkout has them at ``PROJECT_ROOT``."""
+PROJECT_ROOT = PACKAGE_DIR.parent
 
 
 def in_checkout() -> bool:
@@ -41,6 +44,22 @@ def data_path(rel: str | Path) -> Path:
         if (base / path).exists():
             return base / path
     return (PROJECT_ROOT if in_checkout() else Path.cwd()) / path
+
+
+_CODE_DIGEST: list[str] = []
+
+
+def code_digest() -> str:
+    """Digest of every ``.py`` file under ``harness/`` and ``baselines/`` (what a result may depend on):
+    SHA-256 over each file's path (relative to :data:`PROJECT_ROOT`) and bytes in sorted order, the first
+    32 hex digits; computed once per process. Read by the SLO baseline's disk cache
+    (``harness.slo_baseline``) and the run fingerprint (``harness.provenance.fingerprint``)."""
+    if not _CODE_DIGEST:
+        h = hashlib.sha256()
+        for p in sorted([*PROJECT_ROOT.joinpath("harness").rglob("*.py"), *PROJECT_ROOT.joinpath("baselines").rglob("*.py")]):
+            h.update(str(p.relative_to(PROJECT_ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
+        _CODE_DIGEST.append(h.hexdigest()[:32])
+    return _CODE_DIGEST[0]
 
 
 def shipped(rel: str | Path) -> Path:

@@ -8,7 +8,7 @@ component of everything a run's result depends on, and one digest over them all:
   (``dataclasses.asdict``), so a profile edit is named as such;
 * ``trace``: the trace file's *content* (SHA-256 of its bytes; ``synthetic`` for a synthetic workload), so a
   trace rewritten in place is seen even when its path and config are unchanged;
-* ``code``: the source of every ``.py`` under ``harness/`` and ``baselines/`` (``harness.session._code_digest``,
+* ``code``: the source of every ``.py`` under ``harness/`` and ``baselines/`` (``harness.paths.code_digest``,
   the same digest that keys the unloaded-TTFET cache). A source digest rather than the git sha: it sees an
   uncommitted edit, works outside a git checkout, and two shas with the same harness code agree. The git
   sha and dirty flag are still recorded beside it (``meta.json["code"]``) for people.
@@ -87,7 +87,7 @@ def fingerprint(run: Any, resolved_yaml: str) -> dict:
     """The fingerprint of a resolved run (``harness.config.Resolved``) with config text ``resolved_yaml``:
     ``{"digest": ..., "components": {"config", "profiles", "trace", "code"}, "trace_path": ...}`` (module
     docstring). A trace that cannot be read gets ``unreadable`` (the run then fails on it with a clear error)."""
-    from harness.session import _code_digest
+    from harness.paths import code_digest
     synthetic = run.cfg.workload.kind == "synthetic"
     if synthetic:
         trace = "synthetic"
@@ -99,7 +99,7 @@ def fingerprint(run: Any, resolved_yaml: str) -> dict:
     profiles = json.dumps({"instances": [[n, r, dataclasses.asdict(h)] for n, r, h in run.instances],
                            "model": dataclasses.asdict(run.cfg.model)}, sort_keys=True, default=str)
     comp = {"config": sha256_text(resolved_yaml), "profiles": sha256_text(profiles), "trace": trace,
-            "code": _code_digest()}
+            "code": code_digest()}
     return {"digest": sha256_text(json.dumps(comp, sort_keys=True)), "components": comp,
             "trace_path": None if synthetic else str(run.trace_path)}
 

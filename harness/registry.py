@@ -51,7 +51,7 @@ class SchedulerSpec(Spec):
         policy exists, and a backend that cannot take rules refuses the run at start-up.
     reads_workload: the policy's decisions read the workload statistics or the run's seed
         (``PolicyContext.workload`` / ``seed``); the SLO baseline's cache key then includes them
-        (``harness.session._unloaded_cache_key``).
+        (``harness.slo_baseline._unloaded_cache_key``).
     """
 
     roles: tuple[str, ...] = ()

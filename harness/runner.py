@@ -30,7 +30,8 @@ from harness.controller import ConversationState
 from harness.goodput import goodput_summary
 from harness.metrics import apply_slo, conversation_table, pressure_metrics, slo_scale_curve, summarize
 from harness.recorder import Recorder, write_json, write_run_files, write_text
-from harness.session import SessionResult, check_policies, context_limit, run_session, unloaded_readings
+from harness.session import SessionInput, SessionResult, check_policies, run_session, session_input
+from harness.slo_baseline import unloaded_readings
 from harness.trace import load_trace
 from harness.validity import failures_by_reason, serving_metrics, verdict
 from harness.workload import Oracle, build_workload
@@ -129,12 +130,13 @@ def completed_run(out_dir: Path, resolved_yaml: str, fp: Optional[dict] = None,
     return None
 
 
-def prepare(run: Resolved, load: Any = None) -> tuple[list, Any, Optional[int]]:
+def prepare(run: Resolved, load: Any = None, inp: Optional[SessionInput] = None) -> tuple[list, Any, Optional[int]]:
     """Everything checked before a run starts: load the trace, build the workload, build the run's policies
     once (``harness.session.check_policies``). Returns ``(conversations, stats, context limit tokens)``.
     Used by :func:`execute` and, for every job before a sweep starts, by
     ``harness.callbacks.ValidateSweepCallback``. ``load``: the trace loader (default
-    ``harness.trace.load_trace``; a sweep's validation passes a memoising one).
+    ``harness.trace.load_trace``; a sweep's validation passes a memoising one). ``inp``: the run's session
+    input (``harness.session.session_input(run)``; built here when None).
 
     Raises:
         TraceError: the trace is missing or malformed.
@@ -143,12 +145,13 @@ def prepare(run: Resolved, load: Any = None) -> tuple[list, Any, Optional[int]]:
     """
     cfg = run.cfg
     records = [] if cfg.workload.kind == "synthetic" else (load or load_trace)(run.trace_path)
-    max_context = context_limit(run)
+    inp = inp or session_input(run)
+    max_context = inp.context_limit_tokens
     try:
         conversations, stats = build_workload(records, cfg.workload, max_context)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    check_policies(run, conversations, stats)
+    check_policies(inp, conversations, stats)
     return conversations, stats, max_context
 
 
@@ -169,12 +172,13 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
             results measured until then are written first, with ``partial: true`` and the error.
     """
     from harness.provenance import fingerprint
-    from harness.session import BaselineInterrupted
+    from harness.slo_baseline import BaselineInterrupted
     cfg = run.cfg
     t_start = time.perf_counter()
     synthetic = cfg.workload.kind == "synthetic"
     source = "synthetic prompt types" if synthetic else run.trace_path.name
-    conversations, stats, max_context = prepare(run)
+    inp = session_input(run)  # what the sessions read of the run config, built once
+    conversations, stats, max_context = prepare(run, inp=inp)
     if stats.context_dropped or stats.context_truncated:
         log.warning("workload.context_overflow=%s: %d conversations dropped, %d truncated: a turn needs more "
                     "than the model's %s-token context", cfg.workload.context_overflow, stats.context_dropped,
@@ -193,7 +197,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         """The unloaded readings, or on an interrupt those done so far and the error naming it (the run
         never starts; the summary says so, partial)."""
         try:
-            return unloaded_readings(run, conversations, stats, **kw), ""
+            return unloaded_readings(inp, conversations, stats, **kw), ""
         except BaselineInterrupted as e:
             err = (f"KeyboardInterrupt: {e} during the {what} (unloaded-TTFET replays{under}: "
                    f"{len(e.readings)} of {e.total} conversations done); the run did not start")
@@ -227,7 +231,7 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         if baseline_error:
             raise _NotRun(baseline_error)
         with spec.open(run, out_dir, conversations=conversations, **(open_kwargs or {})) as cluster:
-            res = run_session(cluster, run, conversations, stats, run.scheduler_name, run.scheduler, recorder,
+            res = run_session(cluster, inp, conversations, stats, run.scheduler_name, run.scheduler, recorder,
                               oracle=oracle, tick_s=cfg.logger.metrics_interval_s,
                               on_conversation=(lambda c: bar.update(1)) if bar else None,
                               max_active=cfg.workload.max_active(), stop_s=cfg.workload.duration_s)

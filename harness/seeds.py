@@ -46,7 +46,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from harness.config import PROJECT_ROOT
+from harness.paths import PROJECT_ROOT
 from harness.stats import EQUIVALENCE_MARGIN_PCT, mean_ci, ratio_interval, t_quantile, verdict
 
 SEED_KEY = "workload.seed"

@@ -6,29 +6,35 @@ the only place a policy is built, from a :class:`harness.policy.PolicyContext` t
 may use: the workload's oracle (behind a ``Predictor``), hardware hints from the hardware and model
 profiles, KV capacities; ``check_policies`` builds the run's policies the same way before anything runs
 (no cluster needed), so a policy that rejects its config fails first.
+
+Every function here takes a :class:`SessionInput`: the part of the run config a session reads, typed and
+frozen, built once per run by :func:`session_input` from the resolved config (``harness.config.Resolved``;
+``harness.runner.execute`` builds it). Nothing here reads the whole run config. The relative SLO's
+unloaded-TTFET baseline (a :func:`simulate` session per conversation, and its caches) is
+``harness.slo_baseline``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
-import os
 import time
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from harness.backend import Cluster
+from harness.backend import BackendConfig, Cluster
 from harness.controller import ConversationState, Controller
 from harness.fluid import prefill_iteration_coefficient
 from harness.policy import InstanceHints, Policy, PolicyContext
-from harness.profiles import HardwareConfig, ModelConfig, kv_capacity_blocks
+from harness.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks
 from harness.recorder import PlanDecision, Recorder
 from harness.trace import ConversationRecord
 from harness.workload import Oracle, WorkloadStats
+
+if TYPE_CHECKING:  # annotations only: the config module is read by the builder, never by a session
+    from harness.config import Resolved
+    from harness.sim.plugin import SimBackendConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +59,89 @@ def batch_rules(policy: Policy, n: int) -> list:
     return [policy.batch_rule(i) for i in range(n)]
 
 
-def policy_context(run: Any, stats: WorkloadStats, oracle: Callable, kv_capacity_tokens: Sequence[int]
+@dataclass(frozen=True)
+class SessionInput:
+    """What a session reads of the run config: built once per run by :func:`session_input` (frozen: a
+    session cannot change it; the config objects it holds are the run's own, shared, and not copied).
+
+    instances: ``(name, role, HardwareConfig)`` per instance, in index order (``cluster.instances``
+        expanded by ``harness.config.resolve``; the names are ``<role><k>``).
+    model: the served model's profile (``model``); engine: the engine knobs every backend honours
+        (``engine``: KV block size in tokens, batch limits, chunked prefill, ...); link: the KV-transfer
+        interconnect between instances (``cluster.link``: bytes/s and s per transfer).
+    seed: the run's seed (``seed``), given to every policy (``PolicyContext.seed``).
+    shared_prefix_tokens: the workload's shared system prompt, tokens
+        (``workload.effective_shared_prefix_tokens()``: ``shared_prefix_tokens`` x ``token_scale``).
+    context_limit_tokens: the served context, tokens (:func:`context_limit`); ``None``: unlimited.
+    hints: per instance, what a router may know of it before serving (:func:`instance_hints`: prefill
+        tokens/s, idle decode step s, the fluid model's iteration coefficients).
+    scheduler_name / scheduler: the run's scheduler variant (``scheduler.name``) and its config dataclass
+        (the variant's own type, from the registry: ``harness.registry.SchedulerSpec.config_cls``).
+    reference_scheduler: ``slo.reference_scheduler`` (``same``: the run's own variant), whose unloaded
+        replays are the relative SLO's denominator; needs_reference: the SLO needs them
+        (``SloConfig.needs_unloaded``).
+    scale_reference: the SLO-scale curve's reference (``SloConfig.scale_reference_name``);
+        needs_scale_reference: the curve needs its unloaded replays (``SloConfig.needs_scale_unloaded``).
+    ttfet_definition: the headline TTFET reading, ``first`` / ``visible`` / ``last`` (``slo.ttfet_definition``).
+    backend_name / backend: the backend plug-in (``backend.name``) and its config (its hooks:
+        ``supports_batch_rules``, ``check_batch_rules``); sim: the simulator's settings for the simulated
+        sessions (the SLO replays, :func:`simulate`): the run's backend config when ``backend=sim``, else
+        the simulator's defaults.
+    """
+
+    instances: tuple[tuple[str, str, HardwareConfig], ...]
+    model: ModelConfig
+    engine: EngineConfig
+    link: LinkConfig
+    seed: int
+    shared_prefix_tokens: int
+    context_limit_tokens: Optional[int]
+    hints: tuple[InstanceHints, ...]
+    scheduler_name: str
+    scheduler: Any
+    reference_scheduler: str
+    needs_reference: bool
+    scale_reference: str
+    needs_scale_reference: bool
+    ttfet_definition: str
+    backend_name: str
+    backend: BackendConfig
+    sim: "SimBackendConfig"
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The role of each instance, in index order."""
+        return tuple(r for _, r, _ in self.instances)
+
+
+def session_input(run: "Resolved") -> SessionInput:
+    """The :class:`SessionInput` of a resolved run (``harness.config.resolve``): the one place a session's
+    input is read from the run config. The hints are evaluated here, once per run."""
+    from harness.sim.plugin import SimBackendConfig
+    cfg = run.cfg
+    return SessionInput(
+        instances=tuple(run.instances), model=cfg.model, engine=cfg.engine, link=cfg.cluster.link, seed=cfg.seed,
+        shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens(), context_limit_tokens=context_limit(run),
+        hints=tuple(instance_hints(hw, cfg.model) for _, _, hw in run.instances),
+        scheduler_name=run.scheduler_name, scheduler=run.scheduler,
+        reference_scheduler=cfg.slo.reference_scheduler, needs_reference=cfg.slo.needs_unloaded(),
+        scale_reference=cfg.slo.scale_reference_name(), needs_scale_reference=cfg.slo.needs_scale_unloaded(),
+        ttfet_definition=cfg.slo.ttfet_definition, backend_name=run.backend_name, backend=run.backend,
+        sim=run.backend if isinstance(run.backend, SimBackendConfig) else SimBackendConfig())
+
+
+def policy_context(inp: SessionInput, stats: WorkloadStats, oracle: Callable, kv_capacity_tokens: Sequence[int]
                    ) -> PolicyContext:
-    """The context a policy of ``run`` (a ``harness.config.Resolved``) is built with."""
-    hints = tuple(instance_hints(hw, run.cfg.model) for _, _, hw in run.instances)
-    return PolicyContext(truth=oracle, seed=run.cfg.seed, cluster_roles=tuple(r for _, r, _ in run.instances),
-                         workload=stats, hints=hints, kv_capacity_tokens=tuple(kv_capacity_tokens))
+    """The context a policy of the session ``inp`` is built with (``kv_capacity_tokens``: per instance, tokens)."""
+    return PolicyContext(truth=oracle, seed=inp.seed, cluster_roles=inp.roles, workload=stats, hints=inp.hints,
+                         kv_capacity_tokens=tuple(kv_capacity_tokens))
 
 
-def context_limit(run: Any) -> Optional[int]:
-    """The served model's context, tokens: ``model.max_model_len`` (its ``config.json``), and on a
-    backend that serves with a shorter one (``BackendConfig.context_limit``, e.g. vLLM's ``--max-model-len``),
-    that. ``None`` when neither says."""
+def context_limit(run: "Resolved") -> Optional[int]:
+    """The served model's context of a resolved run, tokens: ``model.max_model_len`` (its ``config.json``),
+    and on a backend that serves with a shorter one (``BackendConfig.context_limit``, e.g. vLLM's
+    ``--max-model-len``), that. ``None`` when neither says. (A session reads it as
+    ``SessionInput.context_limit_tokens``.)"""
     limits = [run.cfg.model.max_model_len or None]
     limits.append(run.backend.context_limit())
     limits = [x for x in limits if x]
@@ -85,11 +162,11 @@ def make_policy(name: str, sched_cfg: Any, ctx: PolicyContext) -> Policy:
     return spec.factory(sched_cfg, ctx)
 
 
-def estimated_capacities(run: Any) -> list[int]:
+def estimated_capacities(inp: SessionInput) -> list[int]:
     """KV capacity per instance as the hardware profile sizes it, tokens (for checks before a cluster
     exists; a real backend reads the servers' own)."""
-    e = run.cfg.engine
-    return [kv_capacity_blocks(hw, run.cfg.model, e) * e.block_size for _, _, hw in run.instances]
+    e = inp.engine
+    return [kv_capacity_blocks(hw, inp.model, e) * e.block_size for _, _, hw in inp.instances]
 
 
 @dataclass
@@ -122,12 +199,13 @@ class SessionResult:
         return self.recorder.turns
 
 
-def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
+def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tuple[float, ConversationRecord]],
                 stats: WorkloadStats, scheduler_name: str, sched_cfg: Any, recorder: Recorder, *,
                 oracle: Optional[Oracle] = None, tick_s: Optional[float] = None,
                 on_conversation: Optional[Callable[[ConversationState], None]] = None,
                 max_active: Optional[int] = None, stop_s: Optional[float] = None) -> SessionResult:
-    """Replay ``conversations`` on an opened ``cluster`` under scheduler ``scheduler_name``.
+    """Replay ``conversations`` on an opened ``cluster`` (of the session ``inp``) under scheduler
+    ``scheduler_name`` with its config ``sched_cfg``.
 
     The policy is built here (``make_policy``) with the cluster's KV capacities; the controller is built
     here and nowhere else; every row goes to ``recorder``; ``tick_s``: instance-sample period (s of the
@@ -139,9 +217,8 @@ def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float,
     ``max_active_conversations``, ``client_wait_mean_s`` / ``client_wait_max_s`` (s) and ``duration_stop_s``,
     and the conversations never started are left out of ``convs``.
     """
-    cfg = run.cfg
     oracle = oracle or Oracle(conversations)
-    ctx = policy_context(run, stats, oracle, [i.kv_capacity_tokens for i in cluster.infos])
+    ctx = policy_context(inp, stats, oracle, [i.kv_capacity_tokens for i in cluster.infos])
     policy = make_policy(scheduler_name, sched_cfg, ctx)
     for i, rule in enumerate(batch_rules(policy, len(cluster.infos))):  # engine-level batch formation (WAIT)
         if rule is not None:
@@ -153,10 +230,10 @@ def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float,
     if plan:  # a policy's plan (e.g. WAIT's fluid thresholds), once, at t = 0
         recorder.decision(PlanDecision(0.0, plan))
     controller = Controller(cluster, policy, conversations, recorder, ctx.hints,
-                            link_bandwidth_bytes_per_s=cfg.cluster.link.bandwidth_bytes_per_s,
-                            link_latency_s=cfg.cluster.link.latency_s, kv_bytes_per_token=cfg.model.kv_bytes_per_token,
+                            link_bandwidth_bytes_per_s=inp.link.bandwidth_bytes_per_s,
+                            link_latency_s=inp.link.latency_s, kv_bytes_per_token=inp.model.kv_bytes_per_token,
                             on_conversation=on_conversation or (lambda c: None),
-                            max_context_tokens=context_limit(run), max_active=max_active, stop_s=stop_s)
+                            max_context_tokens=inp.context_limit_tokens, max_active=max_active, stop_s=stop_s)
 
     def tick():
         recorder.sample(cluster.clock.now(), cluster.infos, cluster.observe(), cluster.power_w())
@@ -195,20 +272,29 @@ def run_session(cluster: Cluster, run: Any, conversations: Sequence[tuple[float,
                          cluster.clock.events, wall, error, tb, extra)
 
 
-def simulate(run: Any, conversations: Sequence[tuple[float, ConversationRecord]], stats: WorkloadStats,
+def simulate(inp: SessionInput, conversations: Sequence[tuple[float, ConversationRecord]], stats: WorkloadStats,
              scheduler_name: str, sched_cfg: Any, *, sample_interval_s: Optional[float] = None,
              log_decisions: bool = False, max_coalesce_s: Optional[float] = None,
              on_conversation: Optional[Callable[[ConversationState], None]] = None) -> SessionResult:
-    """``run_session`` on a fresh simulated cluster of ``run`` (``max_coalesce_s`` overrides
-    ``backend.max_coalesce_s``; the run's backend config is used only if it is the simulator's)."""
-    from harness.sim.plugin import open_sim
+    """``run_session`` on a fresh simulated cluster of ``inp`` (its instances, model, engine, link and
+    ``inp.sim``'s limits; ``max_coalesce_s`` overrides ``inp.sim.max_coalesce_s``, s), whose KV block pools
+    know which blocks ``conversations`` share (``harness.prefix.BlockContent``: each conversation's own
+    prefix and the shared system prompt, as ``harness.sim.plugin.open_sim`` builds them for a run). No
+    engine steps are recorded."""
+    from harness.prefix import BlockContent
+    from harness.sim.backend import SimBackend
     recorder = Recorder(Oracle(conversations).visible, log_decisions)
-    with open_sim(run, conversations=conversations, max_coalesce_s=max_coalesce_s) as cluster:
-        return run_session(cluster, run, conversations, stats, scheduler_name, sched_cfg, recorder,
-                           tick_s=sample_interval_s, on_conversation=on_conversation)
+    b = inp.sim
+    content = BlockContent([r for _, r in conversations], shared_prefix_tokens=inp.shared_prefix_tokens)
+    cluster = SimBackend(list(inp.instances), inp.model, inp.engine, inp.link,
+                         max_coalesce_s=b.max_coalesce_s if max_coalesce_s is None else max_coalesce_s,
+                         max_sim_time_s=b.max_sim_time_s, max_events=b.max_events, content=content,
+                         record_steps=False)
+    return run_session(cluster, inp, conversations, stats, scheduler_name, sched_cfg, recorder,
+                       tick_s=sample_interval_s, on_conversation=on_conversation)
 
 
-def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRecord]], stats: WorkloadStats) -> None:
+def check_policies(inp: SessionInput, conversations: Sequence[tuple[float, ConversationRecord]], stats: WorkloadStats) -> None:
     """Build the run's policy (and the SLO reference policy) once, with capacities estimated from the
     profiles and no cluster, so a policy that rejects its config or the cluster's roles fails before
     anything runs.
@@ -218,268 +304,37 @@ def check_policies(run: Any, conversations: Sequence[tuple[float, ConversationRe
     """
     from harness.config import ConfigError
     from harness.schedulers import get_spec
-    names = [(run.scheduler_name, run.scheduler)]
-    if run.cfg.slo.needs_unloaded() and run.cfg.slo.reference_scheduler != "same":
-        names.append(reference_policy(run))
-    if run.cfg.slo.needs_scale_unloaded() and run.cfg.slo.scale_reference_name() not in ("same", run.scheduler_name):
-        names.append(reference_policy(run, run.cfg.slo.scale_reference_name()))
-    ctx = policy_context(run, stats, Oracle(conversations), estimated_capacities(run))
+    names = [(inp.scheduler_name, inp.scheduler)]
+    if inp.needs_reference and inp.reference_scheduler != "same":
+        names.append(reference_policy(inp))
+    if inp.needs_scale_reference and inp.scale_reference not in ("same", inp.scheduler_name):
+        names.append(reference_policy(inp, inp.scale_reference))
+    ctx = policy_context(inp, stats, Oracle(conversations), estimated_capacities(inp))
     for name, sched_cfg in names:
         try:
             policy = make_policy(name, sched_cfg, ctx)
-            rules = [r for r in batch_rules(policy, len(run.instances)) if r is not None]
-            if rules and not run.backend.supports_batch_rules:
-                raise ValueError(f"forms batches inside the engine (a batch rule); backend={run.backend_name} cannot "
+            rules = [r for r in batch_rules(policy, len(inp.instances)) if r is not None]
+            if rules and not inp.backend.supports_batch_rules:
+                raise ValueError(f"forms batches inside the engine (a batch rule); backend={inp.backend_name} cannot "
                                  f"take one")
             if rules and not get_spec(name).forms_batches:
                 raise ValueError(f"returns batch rules, but it is not registered with forms_batches=True (a backend "
                                  f"that launches engines reads it before the policy can be built)")
             if rules:
-                run.backend.check_batch_rules(run, rules)
+                inp.backend.check_batch_rules(inp, rules)
         except ValueError as e:
-            what = ("scheduler" if name == run.scheduler_name else "slo.reference_scheduler"
-                    if name == run.cfg.slo.reference_scheduler else "slo.scale_reference")
+            what = ("scheduler" if name == inp.scheduler_name else "slo.reference_scheduler"
+                    if name == inp.reference_scheduler else "slo.scale_reference")
             raise ConfigError(f"{what} ({name}): {e}") from None
 
 
-# ---- the unloaded-TTFET baseline (the relative SLO's denominator) ----------------------------------------
-
-def reference_policy(run: Any, reference: Optional[str] = None) -> tuple[str, Any]:
+def reference_policy(inp: SessionInput, reference: Optional[str] = None) -> tuple[str, Any]:
     """The relative SLO's reference scheduler: ``(name, config)``; ``slo.reference_scheduler=same`` is
     the run's own scheduler with its own config (each variant judged against itself). ``reference``:
     another scheduler name (or ``same``) instead of ``slo.reference_scheduler`` (the SLO-scale curve's
     ``slo.scale_reference``)."""
     from harness.config import scheduler_config
-    ref = run.cfg.slo.reference_scheduler if reference is None else reference
+    ref = inp.reference_scheduler if reference is None else reference
     if ref == "same":
-        return run.scheduler_name, run.scheduler
+        return inp.scheduler_name, inp.scheduler
     return ref, scheduler_config(ref, {"name": ref})
-
-
-def unloaded_readings(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
-                      stats: WorkloadStats, *, cache_dir: Optional[Path | str] = None,
-                      reference: Optional[str] = None) -> dict[str, dict[str, float]]:
-    """Each conversation replayed alone (arrival at 0) on the idle simulated cluster under the SLO's
-    reference scheduler (:func:`reference_policy`; ``reference`` overrides ``slo.reference_scheduler``):
-    ``{conversation_id: {"first": s, "visible": s,
-    "last": s}}``, the first-token time of turn 0, of the first user-visible turn and of the last turn
-    (= that reading's unloaded TTFET, s). A session per conversation, memoised in-process and on disk.
-
-    The disk cache (``cache_dir``, default :func:`cache_root`: ``$HARNESS_CACHE_DIR`` or
-    ``results/cache``; ``""`` or ``off``: none) holds ``unloaded_ttfet/<setup digest>/*.json``: shards of
-    ``{"schema", "checksum", "values": {conversation digest: {reading: s or null}}}`` (:func:`shard_problem`;
-    a shard that fails its schema or checksum is ignored with a warning and its conversations replayed),
-    one written (atomically) per process that replayed something, read by every later job, so a sweep (local, or on machines sharing the directory: Slurm,
-    Ray) replays each distinct conversation once per setup. The setup digest covers what a replay depends
-    on (:func:`_unloaded_cache_key`) and the code (every ``.py`` under ``harness/`` and ``baselines/``),
-    so a code change never reads stale numbers. Values round-trip exactly (JSON floats keep ``repr``).
-
-    Raises:
-        RuntimeError: an unloaded replay failed.
-        BaselineInterrupted: Ctrl-C / SIGTERM (a ``KeyboardInterrupt``) during the replays; it carries the
-            readings measured so far, which are also written to the disk cache.
-    """
-    from harness.metrics import ttfet_turn_index
-    name, ref = reference_policy(run, reference)
-    key = _unloaded_cache_key(run, stats, name, ref)
-    disk = _DiskCache(cache_dir, key)
-    out: dict[str, dict[str, float]] = {}
-    fresh: dict[str, dict[str, Optional[float]]] = {}
-    hook = _interrupt_hook("baseline")
-    try:
-        for k, (_, rec) in enumerate(conversations):
-            if hook is not None and k == hook[0]:
-                os.environ.pop("HARNESS_TEST_INTERRUPT", None)  # once per process
-                os.kill(os.getpid(), hook[1])  # test-only fault injection (HARNESS_TEST_INTERRUPT)
-            hit = _UNLOADED_CACHE.get((key, rec.turns))
-            if hit is None:
-                hit = disk.get(rec.turns)
-                if hit is not None:
-                    _UNLOADED_CACHE[(key, rec.turns)] = hit
-            if hit is not None:
-                out[rec.conversation_id] = dict(hit)
-                continue
-            res = simulate(run, [(0.0, rec)], stats, name, ref, max_coalesce_s=math.inf)
-            if res.error.startswith("KeyboardInterrupt"):  # run_session keeps an interrupt as an error: re-raise
-                raise KeyboardInterrupt(res.error.partition(": ")[2])
-            if res.error:
-                raise RuntimeError(f"unloaded replay of {rec.conversation_id} failed: {res.error}")
-            first = {r["turn"]: r["first_token_s"] for r in res.turns if r["status"] == "ok"}
-            visible = [t.visible for t in rec.turns]
-            val = {d: float(first.get(ttfet_turn_index(visible, d), math.nan)) for d in ("first", "visible", "last")}
-            out[rec.conversation_id] = val
-            if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
-                _UNLOADED_CACHE.clear()
-            _UNLOADED_CACHE[(key, rec.turns)] = tuple(val.items())
-            fresh[_digest(repr(rec.turns))] = {d: (None if math.isnan(v) else v) for d, v in val.items()}
-    except KeyboardInterrupt as e:
-        raise BaselineInterrupted(str(e) or "Ctrl-C", out, len(conversations)) from e
-    finally:
-        disk.add(fresh)  # what was replayed before an interrupt or a failure is kept for the next run
-    return out
-
-
-class BaselineInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM during the SLO baseline (:func:`unloaded_readings`): ``readings`` holds the
-    conversations replayed before it (``{conversation_id: {reading: s}}``), ``total`` how many were due."""
-
-    def __init__(self, message: str, readings: dict, total: int):
-        super().__init__(message)
-        self.readings, self.total = readings, total
-
-
-def _interrupt_hook(phase: str) -> Optional[tuple[int, int]]:
-    """Test-only fault injection: ``HARNESS_TEST_INTERRUPT=<phase>:<k>[:<signal>]`` makes the process send
-    itself ``signal`` (default ``INT``; ``TERM`` ...) just before the ``k``-th (0-based) conversation of
-    ``phase`` (``baseline``: the unloaded-TTFET replays), once per process (the variable is then removed), so a
-    test interrupts (or, with ``STOP``, freezes) a run at a known point instead of racing a timer. ``(k, signal number)`` or None when unset or for another phase."""
-    import signal as _signal
-    spec = os.environ.get("HARNESS_TEST_INTERRUPT", "")
-    parts = spec.split(":")
-    if len(parts) < 2 or parts[0] != phase:
-        return None
-    sig = getattr(_signal, "SIG" + (parts[2] if len(parts) > 2 else "INT").upper().removeprefix("SIG"))
-    return int(parts[1]), int(sig)
-
-
-def unloaded_ttfet(run: Any, conversations: Sequence[tuple[float, ConversationRecord]],
-                   stats: WorkloadStats, *, cache_dir: Optional[Path | str] = None) -> dict[str, float]:
-    """Each conversation's unloaded TTFET under the headline reading (``slo.ttfet_definition``), s
-    (:func:`unloaded_readings`)."""
-    d = run.cfg.slo.ttfet_definition
-    return {cid: v[d] for cid, v in unloaded_readings(run, conversations, stats, cache_dir=cache_dir).items()}
-
-
-# In-process memo of unloaded first-token times, s: ``(setup key, a conversation's turns) -> ((reading, s), ...)``. An unloaded replay
-# depends only on the conversation's turns and the setup below, so a sweep over rates, variants or seeds
-# in one process (Hydra's basic launcher, or one joblib worker) replays each distinct conversation once.
-_UNLOADED_CACHE: dict[tuple, float] = {}
-_UNLOADED_CACHE_MAX = 200_000
-
-
-def cache_root() -> Optional[Path]:
-    """The on-disk cache directory: ``$HARNESS_CACHE_DIR`` if set (``""`` or ``off``: no disk cache),
-    else ``results/cache`` of the project (``harness.paths.results_root``)."""
-    env = os.environ.get("HARNESS_CACHE_DIR")
-    if env is not None:
-        return None if env.strip() in ("", "off") else Path(env)
-    from harness.paths import results_root
-    return results_root() / "cache"
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-_CODE_DIGEST: list[str] = []
-
-
-def _code_digest() -> str:
-    """Digest of every ``.py`` file under ``harness/`` and ``baselines/`` (what a replay's result may depend
-    on), computed once per process."""
-    if not _CODE_DIGEST:
-        root = Path(__file__).resolve().parents[1]
-        h = hashlib.sha256()
-        for p in sorted([*root.joinpath("harness").rglob("*.py"), *root.joinpath("baselines").rglob("*.py")]):
-            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
-        _CODE_DIGEST.append(h.hexdigest()[:32])
-    return _CODE_DIGEST[0]
-
-
-SHARD_SCHEMA = "harness.unloaded_ttfet/2"
-_READINGS = ("first", "last", "visible")
-
-
-def _shard_checksum(values: dict) -> str:
-    """SHA-256 of a shard's values in canonical JSON (sorted keys), hex."""
-    return hashlib.sha256(json.dumps(values, sort_keys=True, allow_nan=False).encode()).hexdigest()
-
-
-def shard_problem(obj: Any) -> str:
-    """Why ``obj`` (a parsed shard file) is not a valid unloaded-TTFET shard, or ``""``. A shard is
-    ``{"schema": SHARD_SCHEMA, "checksum": <sha256 of values>, "values": {<32-hex conversation digest>:
-    {"first": s, "last": s, "visible": s}}}``, each reading a finite number >= 0 (s) or null."""
-    if not isinstance(obj, dict) or set(obj) != {"schema", "checksum", "values"}:
-        return "not a {schema, checksum, values} object"
-    if obj["schema"] != SHARD_SCHEMA:
-        return f"schema {obj['schema']!r}, expected {SHARD_SCHEMA!r}"
-    vals = obj["values"]
-    if not isinstance(vals, dict):
-        return "values is not an object"
-    for k, v in vals.items():
-        if not (isinstance(k, str) and len(k) == 32 and all(c in "0123456789abcdef" for c in k)):
-            return f"key {k!r:.40} is not a conversation digest"
-        if not isinstance(v, dict) or set(v) != set(_READINGS):
-            return f"entry {k}: expected readings {list(_READINGS)}, got {v!r:.80}"
-        for d, x in v.items():
-            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))
-                                  or not math.isfinite(x) or x < 0):
-                return f"entry {k}: reading {d} = {x!r:.40} is not a time in s (a finite number >= 0, or null)"
-    try:
-        ok = obj["checksum"] == _shard_checksum(vals)
-    except (TypeError, ValueError):
-        ok = False
-    return "" if ok else "checksum does not match its values"
-
-
-class _DiskCache:
-    """The unloaded first-token shards of one setup (see :func:`unloaded_readings`). Every shard is checked
-    (:func:`shard_problem`: schema, shapes, ranges and a SHA-256 checksum) before any of it is used; a shard
-    that fails (unreadable, another shape, a bad checksum) is ignored with a warning naming the file and why,
-    and its conversations are replayed again. (A crashed writer leaves only a temporary file.)"""
-
-    def __init__(self, cache_dir: Optional[Path | str], setup_key: str):
-        root = cache_root() if cache_dir is None else (Path(cache_dir) if str(cache_dir) not in ("", "off") else None)
-        self.dir = None if root is None else root / "unloaded_ttfet" / _digest(setup_key + "|" + _code_digest())
-        self._values: dict[str, dict] = {}
-        self.rejected: list[tuple[Path, str]] = []
-        if self.dir is not None and self.dir.is_dir():
-            for p in sorted(self.dir.glob("*.json")):
-                try:
-                    obj = json.loads(p.read_text())
-                    why = shard_problem(obj)
-                except (OSError, ValueError, UnicodeDecodeError) as e:
-                    why = f"unreadable ({type(e).__name__}: {e})"
-                if why:
-                    self.rejected.append((p, why))
-                    log.warning("unloaded-TTFET cache: ignoring shard %s (%s); its conversations are replayed", p, why)
-                    continue
-                self._values.update(obj["values"])
-
-    def get(self, turns: tuple) -> Optional[tuple]:
-        """The cached ``((reading, s), ...)`` of a conversation with these turns (NaN where none), or None."""
-        v = self._values.get(_digest(repr(turns)))
-        if not isinstance(v, dict):
-            return None
-        return tuple((d, math.nan if x is None else float(x)) for d, x in v.items())
-
-    def add(self, values: dict) -> None:
-        """Write ``values`` as a new shard (atomic rename); a read-only or full disk only loses the cache."""
-        if self.dir is None or not values:
-            return
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            name = f"{os.getpid()}-{time.time_ns()}"
-            tmp = self.dir / f".{name}.tmp"
-            tmp.write_text(json.dumps({"schema": SHARD_SCHEMA, "checksum": _shard_checksum(values),
-                                       "values": values}, sort_keys=True))
-            os.replace(tmp, self.dir / f"{name}.json")
-        except OSError as e:
-            log.warning("unloaded-TTFET cache not written to %s: %s", self.dir, e)
-
-
-def _unloaded_cache_key(run: Any, stats: WorkloadStats, name: str, ref: Any) -> str:
-    """What an unloaded replay depends on besides the conversation: instances (hardware), model, engine,
-    link, the shared system prompt, the reference scheduler and its config (and the workload stats and
-    seed when the reference scheduler may read them: one registered with ``reads_workload=True``, or AMPD
-    with ``misroute_frac > 0``; its own config, predictor seed included, is part of the key anyway)."""
-    cfg = run.cfg
-    parts = [run.instances, cfg.model, cfg.engine, cfg.cluster.link, cfg.workload.effective_shared_prefix_tokens(),
-             name, ref]
-    from harness.schedulers import get_spec
-    if get_spec(name).reads_workload or getattr(ref, "misroute_frac", 0) > 0:
-        # (AMPD's misroute draw reads the run's seed, so a misrouting reference is not seed-free)
-        parts += [cfg.seed, stats.rate_per_s, stats.mean_turns,
-                  *(a.tobytes() for a in (stats.turn_prompt_tokens, stats.turn_new_tokens,
-                                          stats.turn_output_tokens, stats.tool_time_s))]
-    return repr(parts)

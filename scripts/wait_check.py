@@ -54,7 +54,7 @@ def run_arm(arm: str, workload: str, rate: float, n: int, seed: int, extra: list
     sim_backend.SimBackend = capture        # open_sim builds the cluster from this module's class
     try:
         t0 = time.perf_counter()
-        res = session.simulate(run, convs, stats, run.scheduler_name, run.scheduler, log_decisions=True)
+        res = session.simulate(session.session_input(run), convs, stats, run.scheduler_name, run.scheduler, log_decisions=True)
         wall = time.perf_counter() - t0
     finally:
         sim_backend.SimBackend = orig

@@ -45,7 +45,7 @@ def conversation(cid: str, turns: list[tuple[int, int, int, float]]) -> Conversa
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache_dir(tmp_path_factory):
-    """The on-disk caches (``harness.session.cache_root``) of the tests' runs go to a fresh directory, never
+    """The on-disk caches (``harness.slo_baseline.cache_root``) of the tests' runs go to a fresh directory, never
     to ``results/cache`` (subprocesses inherit it through the environment)."""
     import os
     old = os.environ.get("HARNESS_CACHE_DIR")

@@ -172,7 +172,7 @@ def test_controller_books_cached_prefixes(monkeypatch):
     monkeypatch.setattr(session, "make_policy", spy)
     run = compose_run(["scheduler=ampd", "cluster=a40_1p3d"])
     convs, stats = build_workload([CONV], WorkloadConfig(arrival="fixed"))
-    res = session.simulate(run, convs, stats, "ampd", scheduler_config("ampd", {"name": "ampd"}))
+    res = session.simulate(session.session_input(run), convs, stats, "ampd", scheduler_config("ampd", {"name": "ampd"}))
     assert not res.error
     assert seen[0].cached_prefix == ()
     assert seen[1].cached_prefix == ((0, 1_000), (1, 1_010))

@@ -9,6 +9,7 @@ an exact count of steps or a hand-computable linear formula.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -369,20 +370,20 @@ def test_backend_without_batch_rules_rejects_wait():
     anything runs, naming itself (backend=vllm takes it through its scheduler class:
     tests/test_vllm_wait_scheduler.py)."""
     from harness.config import ConfigError
-    from harness.session import check_policies
+    from harness.session import check_policies, session_input
     from harness.workload import build_workload
     from tests.conftest import compose_run
     base = ["slo=absolute", "model=tiny", "cluster=cpu_1x", "workload=wait_single", "engine.block_size=128",
             "workload.num_conversations=2"]
     run = compose_run([*base, "scheduler=wait"])
     convs, stats = build_workload([], run.cfg.workload)
-    check_policies(run, convs, stats)                      # the simulator takes it
-    run.backend = SimpleNamespace(supports_batch_rules=False)
-    run.backend_name = "nobatch"
+    inp = session_input(run)
+    check_policies(inp, convs, stats)                      # the simulator takes it
+    nobatch = dataclasses.replace(inp, backend=SimpleNamespace(supports_batch_rules=False), backend_name="nobatch")
     with pytest.raises(ConfigError, match="backend=nobatch cannot take one"):
-        check_policies(run, convs, stats)
+        check_policies(nobatch, convs, stats)
     run = compose_run([*base, "scheduler=collocated"])
-    check_policies(run, convs, stats)
+    check_policies(session_input(run), convs, stats)
 
 
 class _Req:

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 import harness.runner as runner
 import harness.session as session
+import harness.slo_baseline as slo_baseline
 from harness.config import PROJECT_ROOT, ConfigError, resolve
 from harness.backend import backends
 from harness.policy import Policy
@@ -81,7 +82,7 @@ def run_tiny(run, scheduler: str, sched_cfg, monkeypatch) -> tuple[session.Sessi
 
     monkeypatch.setattr(session, "make_policy", recording_make_policy)
     conversations, stats = tiny_workload()
-    return session.simulate(run, conversations, stats, scheduler, sched_cfg), built
+    return session.simulate(session.session_input(run), conversations, stats, scheduler, sched_cfg), built
 
 
 def assert_completed(res: runner.SimResult, where: str = "") -> None:
@@ -230,7 +231,7 @@ def test_reference_scheduler_runs_on_every_cluster():
     for cluster in options("cluster"):
         run = cluster_run(cluster)
         conversations, stats = tiny_workload()
-        out = session.unloaded_ttfet(run, conversations, stats)
+        out = slo_baseline.unloaded_ttfet(session.session_input(run), conversations, stats)
         assert set(out) == {c.conversation_id for c in CONVS}
         assert all(v > 0 for v in out.values()), (cluster, run.cfg.slo.reference_scheduler, out)
 

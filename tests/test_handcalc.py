@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from harness.config import scheduler_config
-from harness.session import simulate
+from harness.session import session_input, simulate
 from harness.workload import WorkloadConfig, build_workload
 from tests.conftest import compose_run, conversation
 
@@ -74,7 +74,7 @@ def run_one(scheduler: str, overrides=(), **sched):
     run = compose_run([f"scheduler={scheduler}", "cluster=a40_1p3d", *overrides])
     convs, stats = build_workload([CONV], WorkloadConfig(arrival="fixed"))
     cfg = scheduler_config(scheduler, {"name": scheduler, **sched})
-    res = simulate(run, convs, stats, scheduler, cfg)
+    res = simulate(session_input(run), convs, stats, scheduler, cfg)
     assert not res.error
     return pd.DataFrame(res.turns).set_index("turn")
 

@@ -136,28 +136,28 @@ def _bad_shapes(shard: dict) -> list:
 
 
 def test_a_bad_cache_shard_is_ignored_with_a_warning_and_recomputed(tmp_path, monkeypatch, caplog):
-    from harness import session
+    from harness import session, slo_baseline
     run, conversations, stats = _tiny()
-    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
-    fresh = session.unloaded_readings(run, conversations, stats, cache_dir=tmp_path)
+    monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
+    fresh = slo_baseline.unloaded_readings(session.session_input(run), conversations, stats, cache_dir=tmp_path)
     (shard_p,) = tmp_path.glob("unloaded_ttfet/*/*.json")
     shard = json.loads(shard_p.read_text())
-    assert shard["schema"] == session.SHARD_SCHEMA and session.shard_problem(shard) == ""
+    assert shard["schema"] == slo_baseline.SHARD_SCHEMA and slo_baseline.shard_problem(shard) == ""
     for label, bad in _bad_shapes(shard):
         for p in shard_p.parent.glob("*.json"):
             p.unlink()
         shard_p.write_text(bad if isinstance(bad, str) else json.dumps(bad))
-        monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
+        monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
         calls = []
-        real = session.simulate
-        monkeypatch.setattr(session, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
+        real = slo_baseline.simulate
+        monkeypatch.setattr(slo_baseline, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="harness.session"):
-            again = session.unloaded_readings(run, conversations, stats, cache_dir=tmp_path)
+        with caplog.at_level(logging.WARNING, logger="harness.slo_baseline"):
+            again = slo_baseline.unloaded_readings(session.session_input(run), conversations, stats, cache_dir=tmp_path)
         assert again == fresh, label                         # recomputed: the true values, never the shard's
         assert len(calls) == 2, label                        # both conversations replayed
         assert any("ignoring shard" in r.message and str(shard_p) in r.message for r in caplog.records), label
-        monkeypatch.setattr(session, "simulate", real)
+        monkeypatch.setattr(slo_baseline, "simulate", real)
 
 
 # ---- result files with the process umask --------------------------------------------------------------

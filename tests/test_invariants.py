@@ -10,7 +10,7 @@ import pytest
 
 from harness.schedulers import registered
 from harness.runner import execute
-from harness.session import simulate
+from harness.session import session_input, simulate
 from harness.sim.engine import Engine
 from harness.trace import load_trace
 from harness.workload import WorkloadConfig, build_workload, truncate_turns
@@ -64,7 +64,7 @@ def test_conservation_policy_matrix(scheduler, checked_engines):
     cluster = "a40_1p3d" if scheduler in NEEDS_PD else "a40_4x"
     run = compose_run([f"scheduler={scheduler}", f"cluster={cluster}", *TIGHT])
     convs, stats = workload(run)
-    res = simulate(run, convs, stats, scheduler, run.scheduler)
+    res = simulate(session_input(run), convs, stats, scheduler, run.scheduler)
     assert not res.error
     t = pd.DataFrame(res.turns)
     # every turn of every conversation ran exactly once and produced exactly its requested tokens
@@ -91,7 +91,7 @@ def test_conservation_policy_matrix(scheduler, checked_engines):
 def test_preemption_happens_under_tight_memory(checked_engines):
     run = compose_run(["scheduler=collocated", "cluster=a40_4x", *TIGHT])
     convs, stats = workload(run, n=20, rate=2.0)
-    res = simulate(run, convs, stats, "collocated", run.scheduler)
+    res = simulate(session_input(run), convs, stats, "collocated", run.scheduler)
     assert not res.error and res.preemptions > 0
 
 
@@ -105,8 +105,8 @@ def test_coalescing_does_not_change_results(scheduler, n, mem, ctx):
                        "engine.activation_reserve_bytes=268435456"])
     convs, stats = workload(run, n=n, rate=1.0, max_turns=12, max_context=ctx)
     cfg = run.scheduler
-    a = pd.DataFrame(simulate(run, convs, stats, scheduler, cfg, max_coalesce_s=0.25).turns)
-    b = pd.DataFrame(simulate(run, convs, stats, scheduler, cfg, max_coalesce_s=0.0).turns)
+    a = pd.DataFrame(simulate(session_input(run), convs, stats, scheduler, cfg, max_coalesce_s=0.25).turns)
+    b = pd.DataFrame(simulate(session_input(run), convs, stats, scheduler, cfg, max_coalesce_s=0.0).turns)
     pd.testing.assert_frame_equal(a.sort_values(["conversation_id", "turn"]).reset_index(drop=True),
                                   b.sort_values(["conversation_id", "turn"]).reset_index(drop=True),
                                   rtol=1e-9, atol=1e-9)
@@ -133,7 +133,7 @@ def test_request_larger_than_kv_fails_cleanly():
     run = compose_run(["scheduler=conserve", "engine.gpu_memory_utilization=0.035",
                        "engine.activation_reserve_bytes=268435456"])
     convs, stats = workload(run, n=6, max_turns=6, max_context=10**9)
-    res = simulate(run, convs, stats, "conserve", run.scheduler)
+    res = simulate(session_input(run), convs, stats, "conserve", run.scheduler)
     assert not res.error
     t = pd.DataFrame(res.turns)
     failed = t[t.status == "failed"]

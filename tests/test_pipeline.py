@@ -31,7 +31,7 @@ from harness.clock import SimClock
 from harness.config import PROJECT_ROOT, ConfigError
 from harness.runner import execute
 from harness.schedulers import registered
-from harness.session import estimated_capacities
+from harness.session import estimated_capacities, session_input
 from tests.conftest import BATCH_FORMING, NEEDS_PD, compose_run
 
 SMALL = ["workload.num_conversations=6", "workload.max_turns=4", "workload.rate_per_s=0.5", "logger.progress=false"]
@@ -57,7 +57,7 @@ class FakeCluster:
     def __init__(self, run, step_s: float):
         self.clock = SimClock()
         self.step_s = step_s
-        caps = estimated_capacities(run)  # the profiles' KV capacity, as a real server would report its own
+        caps = estimated_capacities(session_input(run))  # the profiles' KV capacity, as a real server would report its own
         self.infos = tuple(InstanceInfo(i, n, r, hw.name, c) for i, ((n, r, hw), c) in enumerate(zip(run.instances, caps)))
         self.running = [0] * len(self.infos)
 
@@ -372,6 +372,7 @@ def test_the_import_graph_sees_function_level_main_block_and_relative_imports(tm
         "baselines/w.py": "",
     }
     for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     graph = internal_imports(tmp_path)
     assert graph["harness.vllm.x"] == {"harness.sim", "harness.sim.engine"}   # the TYPE_CHECKING import is no edge

@@ -1,7 +1,7 @@
 """Nothing mixed, nothing lost: sweep locks, run fingerprints, interrupts during the SLO baseline, errors
 before work (issue 19, items 3-5). Every case runs ``run.py`` in a subprocess, as a user does, on a few
 conversations of the shipped trace; interrupts are injected at a known point (``HARNESS_TEST_INTERRUPT``,
-``harness.session._interrupt_hook``), never by a timer."""
+``harness.slo_baseline._interrupt_hook``), never by a timer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Both TTFET readings and per-reading SLOs (harness.metrics, harness.session.unloaded_readings).
+"""Both TTFET readings and per-reading SLOs (harness.metrics, harness.slo_baseline.unloaded_readings).
 
 Expected values are written out from the step-time formulas of tests/test_handcalc.py (which restates
 the A40 and Qwen3-0.6B constants), not read from the simulator.
@@ -14,7 +14,8 @@ import pytest
 from harness.config import scheduler_config
 from harness.metrics import SloConfig, apply_slo, conversation_table, summarize
 from harness.recorder import TURN_COLUMNS
-from harness.session import simulate, unloaded_readings
+from harness.session import session_input, simulate
+from harness.slo_baseline import unloaded_readings
 from harness.workload import WorkloadConfig, build_workload
 from tests.conftest import compose_run, conversation
 from tests.test_handcalc import CONV, decode_step, prefill_step, transfer
@@ -36,7 +37,7 @@ def conv_frame(ids, ttfet_first, ttfet_visible) -> pd.DataFrame:
 def test_two_readings_differ_by_hand_computed_amount():
     run = compose_run(["scheduler=collocated", "cluster=a40_4x"])
     convs, stats = build_workload([CONV], WorkloadConfig(arrival="fixed"))
-    res = simulate(run, convs, stats, "collocated", scheduler_config("collocated", {"name": "collocated"}))
+    res = simulate(session_input(run), convs, stats, "collocated", scheduler_config("collocated", {"name": "collocated"}))
     assert not res.error
     conv = conversation_table(pd.DataFrame(res.turns), res.convs, "visible")
     first = prefill_step(1000, 0)                                  # the prefill step samples token 1
@@ -58,8 +59,8 @@ def test_unloaded_baseline_of_the_same_variant():
     run_same = compose_run(["scheduler=conserve", "cluster=a40_1p3d", "slo.reference_scheduler=same"])
     run_col = compose_run(["scheduler=conserve", "cluster=a40_1p3d"])    # reference: collocated
     convs, stats = build_workload([CONV, small], WorkloadConfig(arrival="fixed"))
-    same = unloaded_readings(run_same, convs, stats)
-    col = unloaded_readings(run_col, convs, stats)
+    same = unloaded_readings(session_input(run_same), convs, stats)
+    col = unloaded_readings(session_input(run_col), convs, stats)
     cs_first = prefill_step(1000, 0) + transfer(1000) + decode_step(1000)
     assert same["c0"]["first"] == pytest.approx(cs_first, rel=1e-9)
     assert col["c0"]["first"] == pytest.approx(prefill_step(1000, 0), rel=1e-9)

@@ -58,7 +58,7 @@ def test_every_shipped_rule_round_trips_by_name():
         if not get_spec(name).forms_batches:
             continue
         run = compose_run([f"scheduler={name}", "cluster=a40_4x", "slo=absolute"])
-        ctx = session.policy_context(run, stats, None, session.estimated_capacities(run))
+        ctx = session.policy_context(inp := session.session_input(run), stats, None, session.estimated_capacities(inp))
         rule = session.make_policy(name, run.scheduler, ctx).batch_rule(0)
         spec = json.loads(json.dumps(rule.to_spec()))
         again = rule_from_spec(spec)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from harness.config import scheduler_config
-from harness.session import simulate
+from harness.session import session_input, simulate
 from harness.trace import TraceError, load_trace
 from harness.tracestats import ideal_hit_ratio, main as stats_main
 from harness.workload import WorkloadConfig, build_workload
@@ -174,7 +174,7 @@ def _sim(recs, overrides=(), shared_prefix=0, arrival="trace"):
     wcfg = WorkloadConfig(arrival=arrival, sample="first", shared_prefix_tokens=shared_prefix,
                           **({} if arrival == "trace" else {"rate_per_s": 0.01}))
     convs, stats = build_workload(recs, wcfg)
-    res = simulate(run, convs, stats, "collocated", scheduler_config("collocated", {"name": "collocated"}))
+    res = simulate(session_input(run), convs, stats, "collocated", scheduler_config("collocated", {"name": "collocated"}))
     assert not res.error
     return {(r["conversation_id"], r["turn"]): r for r in res.turns}
 
@@ -213,7 +213,7 @@ def test_sim_mooncake_hits_match_trace_stats():
     recs = load_trace("traces/mooncake/conversation_trace.jsonl.gz")[:400]
     run = compose_run(["cluster=a100_1x", "scheduler=collocated", "slo=absolute"])
     convs, stats = build_workload(recs, WorkloadConfig(arrival="trace", sample="first"))
-    res = simulate(run, convs, stats, "collocated", scheduler_config("collocated", {"name": "collocated"}))
+    res = simulate(session_input(run), convs, stats, "collocated", scheduler_config("collocated", {"name": "collocated"}))
     assert not res.error
     from harness.sim.backend import SimBackend
     cap = SimBackend(run.instances, run.cfg.model, run.cfg.engine, run.cfg.cluster.link).infos[0].kv_capacity_tokens

@@ -136,56 +136,56 @@ def _tiny():
 
 
 def test_unloaded_ttfet_disk_cache_round_trips_exactly(tmp_path, monkeypatch):
-    from harness import session
+    from harness import session, slo_baseline
     run, conversations, stats = _tiny()
-    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
-    fresh = session.unloaded_ttfet(run, conversations, stats, cache_dir=tmp_path)
+    monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
+    fresh = slo_baseline.unloaded_ttfet(session.session_input(run), conversations, stats, cache_dir=tmp_path)
     shards = list(tmp_path.glob("unloaded_ttfet/*/*.json"))
     assert len(shards) == 1
     # a new process (empty memo) reads the shard and replays nothing
-    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
+    monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
 
     def no_replay(*a, **k):
         raise AssertionError("replayed although cached on disk")
-    monkeypatch.setattr(session, "simulate", no_replay)
-    again = session.unloaded_ttfet(run, conversations, stats, cache_dir=tmp_path)
+    monkeypatch.setattr(slo_baseline, "simulate", no_replay)
+    again = slo_baseline.unloaded_ttfet(session.session_input(run), conversations, stats, cache_dir=tmp_path)
     assert again == fresh                     # exact: floats written with repr
     # the in-process memo alone (no disk) also replays nothing
-    assert session.unloaded_ttfet(run, conversations, stats, cache_dir="off") == fresh
+    assert slo_baseline.unloaded_ttfet(session.session_input(run), conversations, stats, cache_dir="off") == fresh
 
 
 def test_unloaded_ttfet_disk_cache_is_keyed_by_setup_and_conversation(tmp_path, monkeypatch):
-    from harness import session
+    from harness import session, slo_baseline
     from tests.conftest import compose_run
     run, conversations, stats = _tiny()
-    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
-    session.unloaded_ttfet(run, conversations[:1], stats, cache_dir=tmp_path)
-    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
+    monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
+    slo_baseline.unloaded_ttfet(session.session_input(run), conversations[:1], stats, cache_dir=tmp_path)
+    monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
     # another conversation is replayed (a second shard), the cached one is not
     calls = []
-    real = session.simulate
-    monkeypatch.setattr(session, "simulate", lambda run, convs, *a, **k: calls.append(convs[0][1].conversation_id)
+    real = slo_baseline.simulate
+    monkeypatch.setattr(slo_baseline, "simulate", lambda run, convs, *a, **k: calls.append(convs[0][1].conversation_id)
                         or real(run, convs, *a, **k))
-    session.unloaded_ttfet(run, conversations, stats, cache_dir=tmp_path)
+    slo_baseline.unloaded_ttfet(session.session_input(run), conversations, stats, cache_dir=tmp_path)
     assert calls == [conversations[1][1].conversation_id]
     assert len(list(tmp_path.glob("unloaded_ttfet/*/*.json"))) == 2
     # another engine setup: another directory, everything replayed
-    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
+    monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
     calls.clear()
     other = compose_run(["scheduler=collocated", "engine.max_num_batched_tokens=512"])
-    session.unloaded_ttfet(other, conversations, stats, cache_dir=tmp_path)
+    slo_baseline.unloaded_ttfet(session.session_input(other), conversations, stats, cache_dir=tmp_path)
     assert len(calls) == 2 and len(list(tmp_path.glob("unloaded_ttfet/*"))) == 2
 
 
 def test_unloaded_ttfet_cache_dir_from_environment(tmp_path, monkeypatch):
-    from harness import session
+    from harness import session, slo_baseline
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "c"))
-    assert session.cache_root() == tmp_path / "c"
+    assert slo_baseline.cache_root() == tmp_path / "c"
     monkeypatch.setenv("HARNESS_CACHE_DIR", "off")
-    assert session.cache_root() is None
+    assert slo_baseline.cache_root() is None
     run, conversations, stats = _tiny()
-    monkeypatch.setattr(session, "_UNLOADED_CACHE", {})
-    session.unloaded_ttfet(run, conversations, stats)
+    monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
+    slo_baseline.unloaded_ttfet(session.session_input(run), conversations, stats)
     assert not (tmp_path / "c").exists()
 
 
@@ -426,13 +426,13 @@ def test_merged_rule_plans_equal_step_by_step(scheduler, extra):
     with 10 % of its memory for the engine, so that admissions fail for KV (WAIT repeats a decode-only
     plan only then) and residents pause."""
     from tests.test_invariants import workload
-    from harness.session import simulate
+    from harness.session import session_input, simulate
     from tests.conftest import compose_run
     run = compose_run([f"scheduler={scheduler}", "engine.gpu_memory_utilization=0.1",
                        "engine.activation_reserve_bytes=268435456", *extra])
     convs, stats = workload(run, n=30, rate=1.0, max_turns=8, max_context=20000)
-    merged = simulate(run, convs, stats, scheduler, run.scheduler, max_coalesce_s=0.25)
-    plain = simulate(run, convs, stats, scheduler, run.scheduler, max_coalesce_s=0.0)
+    merged = simulate(session_input(run), convs, stats, scheduler, run.scheduler, max_coalesce_s=0.25)
+    plain = simulate(session_input(run), convs, stats, scheduler, run.scheduler, max_coalesce_s=0.0)
     assert not merged.error and not plain.error
     a = pd.DataFrame(merged.turns).sort_values(["conversation_id", "turn"]).reset_index(drop=True)
     b = pd.DataFrame(plain.turns).sort_values(["conversation_id", "turn"]).reset_index(drop=True)

@@ -12,7 +12,7 @@ import pytest
 from harness.clock import SimClock
 from harness.profiles import EngineConfig
 from harness.recorder import Recorder
-from harness.session import run_session
+from harness.session import run_session, session_input
 from harness.sim.engine import Engine, Request
 from harness.sim.perf import PerfModel, StepCost
 from harness.sim.plugin import open_sim
@@ -98,7 +98,7 @@ def steps_of(run, convs, stats, scheduler, coalesce):
     """Run a session on a simulated cluster that records its steps; (steps frame, turns, cluster)."""
     rec = Recorder(Oracle(convs).visible, False)
     with open_sim(run, conversations=convs, max_coalesce_s=coalesce, record_steps=True) as cluster:
-        res = run_session(cluster, run, convs, stats, scheduler, run.scheduler, rec)
+        res = run_session(cluster, session_input(run), convs, stats, scheduler, run.scheduler, rec)
         assert not res.error
         return cluster.steps_frame(), pd.DataFrame(res.turns), cluster
 

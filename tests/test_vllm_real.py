@@ -215,7 +215,7 @@ def test_mooncake_prefix_hits_agree_with_simulator(fresh_server, tmp_path):
     import gzip as _gzip
 
     from harness.config import scheduler_config
-    from harness.session import simulate
+    from harness.session import session_input, simulate
     from harness.trace import load_trace
     from harness.workload import build_workload
     url, _ = fresh_server
@@ -239,7 +239,7 @@ def test_mooncake_prefix_hits_agree_with_simulator(fresh_server, tmp_path):
     sim_run = compose_run(["backend=sim", "model=tiny", "slo=absolute", "cluster=cpu_1x", "scheduler=collocated",
                            "engine.block_size=128", *wl])
     convs, stats = build_workload(load_trace(trace), sim_run.cfg.workload)
-    res = simulate(sim_run, convs, stats, "collocated", scheduler_config("collocated", {"name": "collocated"}))
+    res = simulate(session_input(sim_run), convs, stats, "collocated", scheduler_config("collocated", {"name": "collocated"}))
     assert not res.error
     sim_hits = sum(r["cached_tokens"] for r in res.turns)
     prompts = int(t.prompt_tokens.sum())

@@ -401,12 +401,12 @@ def test_backend_vllm_refuses_what_the_wrapper_cannot_express(extra, needle):
 
 
 def test_check_policies_accepts_wait_and_nested_wait_on_vllm():
-    from harness.session import check_policies
+    from harness.session import check_policies, session_input
     from harness.workload import build_workload
     for sched in ("wait", "nested_wait"):
         run = compose_run([*BASE[:-1], f"scheduler={sched}"])
         convs, stats = build_workload([], run.cfg.workload)
-        check_policies(run, convs, stats)
+        check_policies(session_input(run), convs, stats)
 
 
 class Fake032(FakeVllmScheduler):

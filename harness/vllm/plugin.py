@@ -242,7 +242,7 @@ class VllmBackendConfig(BackendConfig):
                 raise ValueError(f"backend.extra_args sets {flag}: {what}, which sets --scheduler-cls and "
                                  f"--no-async-scheduling itself and needs the FCFS policy")
 
-    def check_batch_rules(self, run: Any, rules: Sequence[Any]) -> None:
+    def check_batch_rules(self, inp: Any, rules: Sequence[Any]) -> None:
         """Each rule must be expressible as a spec the server-side scheduler rebuilds (``rule.to_spec()``, a
         JSON object whose ``rule`` names a builder registered with ``harness.registry.register_rule``): the
         spec is rebuilt here once, as the server will (``harness.registry.rule_from_spec``).
