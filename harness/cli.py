@@ -160,7 +160,7 @@ def main() -> None:
 class _ModeSetByConfig(BaseException):
     """The single compose of :func:`_one_compose` met a config that sets ``hydra.mode`` to something other
     than ``RUN``, or an error; a ``BaseException`` so that it passes Hydra's ``run_and_report`` (which
-    reports ``Exception``\ s) before anything ran, and :func:`main` starts over on Hydra's own flow."""
+    reports every ``Exception``) before anything ran, and :func:`main` starts over on Hydra's own flow."""
 
 
 def _one_compose_applies(argv: list[str]) -> bool:
