@@ -9,7 +9,6 @@ the working directory. See README.md and conf/README.md.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import signal
 import sys
@@ -144,74 +143,10 @@ def main() -> None:
     ``key=value``, ``-m`` sweeps, ``--help``) on the configs of :func:`config_path`; exit status 0 done, 1 the
     run failed (partial results written), 2 a config error, 130 interrupted."""
     gc.freeze()  # the modules imported so far stay out of the collections while Hydra composes (docs/speed.md)
-    app = hydra.main(config_path=config_path(), config_name="config", version_base="1.3")(_main)
     try:
-        if _one_compose_applies(sys.argv[1:]):
-            try:
-                with _one_compose():
-                    return app()
-            except _ModeSetByConfig:
-                pass  # the config sets hydra.mode (or composing failed): Hydra's own flow decides and reports
-        app()
+        hydra.main(config_path=config_path(), config_name="config", version_base="1.3")(_main)()
     finally:
         _exit_without_gc_pass()
-
-
-class _ModeSetByConfig(BaseException):
-    """The single compose of :func:`_one_compose` met a config that sets ``hydra.mode`` to something other
-    than ``RUN``, or an error; a ``BaseException`` so that it passes Hydra's ``run_and_report`` (which
-    reports every ``Exception``) before anything ran, and :func:`main` starts over on Hydra's own flow."""
-
-
-def _one_compose_applies(argv: list[str]) -> bool:
-    """Whether a command line may take :func:`_one_compose`: overrides only (no flag: ``-m``, ``--cfg``,
-    ``--help``, ``--config-dir``, ... keep Hydra's own flow), on the Hydra 1.3 whose flow it mirrors."""
-    from hydra import __version__
-    from hydra._internal.hydra import Hydra
-    return (__version__.startswith("1.3.") and hasattr(Hydra, "get_mode")
-            and not any(a.startswith("-") for a in argv))
-
-
-@contextlib.contextmanager
-def _one_compose():
-    """Compose the config once for a single run instead of twice. Hydra 1.3's ``_run_hydra`` first composes
-    the whole config only to read ``hydra.mode`` (``Hydra.get_mode``), then composes it again to run (about
-    0.25 s CPU each for this project's configs, 3 % of ``python run.py``; docs/speed.md). Without ``-m``
-    that first answer matters only when the config sets ``hydra.mode``, which the run's own compose also
-    shows; so here ``get_mode`` answers ``RUN`` without composing, and the run's compose is checked: a
-    config that leaves ``hydra.mode`` unset gets exactly what Hydra's flow gives it (``hydra.mode=RUN``
-    applied and appended to ``hydra.overrides.hydra``, as ``_run_app`` appends it); one that sets it to
-    ``MULTIRUN``, or a compose that fails (e.g. a sweep override without ``-m``), raises
-    :class:`_ModeSetByConfig` before anything ran, and :func:`main` runs Hydra's own flow (which then
-    sweeps, or reports the error as it always did). Hydra is patched only inside this block."""
-    from hydra._internal.hydra import Hydra
-    from hydra.types import RunMode
-    get_mode, compose = Hydra.get_mode, Hydra.compose_config
-    checked = []
-
-    def run_mode(self, config_name, overrides):
-        return RunMode.RUN
-
-    def compose_once(self, config_name, overrides, run_mode, *args, **kwargs):
-        if checked or run_mode != RunMode.RUN:
-            return compose(self, config_name, overrides, run_mode, *args, **kwargs)
-        checked.append(True)
-        try:
-            cfg = compose(self, config_name, overrides, run_mode, *args, **kwargs)
-        except Exception as e:
-            raise _ModeSetByConfig(str(e)) from None
-        if cfg.hydra.mode is None:
-            cfg.hydra.mode = RunMode.RUN
-            cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
-        elif cfg.hydra.mode != RunMode.RUN:
-            raise _ModeSetByConfig(f"hydra.mode={cfg.hydra.mode}")
-        return cfg
-
-    Hydra.get_mode, Hydra.compose_config = run_mode, compose_once
-    try:
-        yield
-    finally:
-        Hydra.get_mode, Hydra.compose_config = get_mode, compose
 
 
 def _exit_without_gc_pass() -> None:
