@@ -24,9 +24,9 @@ the instances.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
-from itertools import islice
-from operator import attrgetter
+from bisect import bisect_left, bisect_right, insort
+from itertools import compress, islice
+from operator import attrgetter, ne
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
@@ -196,6 +196,108 @@ def _plan(run: list, admit: list, running: Sequence, wake: float, repeat_steps: 
 _UNTIL_EVENT = 1 << 30      # no horizon of the rule's own: the plan holds until something arrives or finishes
 
 
+
+_IDLE = attrgetter("idle_since_s")
+
+
+class KeyedResidents:
+    """An engine's residents split by a key (WAIT: the request's type; Nested WAIT: the segment of its
+    stage), each key's residents in the engine's running (admission) order, kept up to date from what
+    changed since the last step instead of being rebuilt at every step (issue 21: WAIT's per-step
+    classification of every resident was 46 % of its profile; its residents are mostly paused).
+
+    ``sync(running, touched)`` brings ``members`` to the residents now and returns the keys whose members
+    changed (``None``: rebuilt, every key). ``touched``: the keys of every resident that the rule's
+    previous plan let advance (prefill chunks and decodes). It is incremental when ``running`` is the same
+    list object as at the last call, its old members still first and in the same order, and new members
+    only appended (admissions, arrived KV transfers): then only the ``touched`` keys' members are re-keyed
+    (the ones whose key changed move, in running order) and the new members are keyed. This rests on the
+    simulator's contract (``harness.sim.engine.Engine``, ``harness.batching.StepInput``): between two
+    plans of one engine a resident's progress changes only when the previous plan ran it (``_step_end``
+    advances the plan's requests), a preempted or finished one leaves the list, and admissions and
+    arrived transfers append. Anything else (the first call, another list object, such as a vLLM step's
+    fresh snapshot, a member removed, ``incremental=False``) rebuilds from scratch, O(residents).
+
+    ``static``: a request's key never changes (WAIT's type), so the touched keys' members are not re-keyed.
+
+    Attributes:
+        members: ``members[k]``: the residents of key ``k`` (a list, running order); read-only for callers.
+        rebuilds: syncs that rebuilt (a count, for tests and profiles).
+
+    Raises:
+        TypeError: only from ``key_of``. Requests that do not hash by identity make every call a rebuild.
+    """
+
+    __slots__ = ("key_of", "nkeys", "incremental", "static", "lst", "snap", "pos", "next_pos", "members",
+                 "rebuilds")
+
+    def __init__(self, key_of: Callable, nkeys: int, incremental: bool = True, static: bool = False):
+        self.key_of, self.nkeys, self.incremental, self.static = key_of, nkeys, incremental, static
+        self.lst = None
+        self.snap: list = []
+        self.pos: dict = {}
+        self.next_pos = 0
+        self.members: list[list] = [[] for _ in range(nkeys)]
+        self.rebuilds = 0
+
+    def rebuild(self, running: Sequence) -> None:
+        """Key every resident of ``running`` from scratch (O(residents))."""
+        running = running if isinstance(running, list) else list(running)
+        members: list[list] = [[] for _ in range(self.nkeys)]
+        key_of = self.key_of
+        for r in running:
+            members[key_of(r)].append(r)
+        try:
+            self.pos = {r: i for i, r in enumerate(running)}
+            self.lst = running
+        except TypeError:               # not hashable by identity: rebuild at every call
+            self.pos, self.lst = {}, None
+        self.members, self.next_pos, self.snap = members, len(running), list(running)
+        self.rebuilds += 1
+
+    def sync(self, running: Sequence, touched) -> Optional[set]:
+        """Bring ``members`` to ``running``; ``touched``: the keys the previous plan advanced residents of.
+        Returns the keys whose members changed, or ``None`` after a rebuild (all of them)."""
+        snap = self.snap
+        n = len(snap)
+        if (running is not self.lst or not self.incremental or len(running) < n
+                or (running[:n] != snap if len(running) > n else running != snap)):
+            self.rebuild(running)
+            return None
+        changed = set(touched)
+        members, key_of = self.members, self.key_of
+        for k in () if self.static else touched:
+            mk = members[k]
+            stay = None
+            for i, r in enumerate(mk):
+                k2 = key_of(r)
+                if k2 != k:                     # moved to another key (Nested WAIT: crossed a boundary)
+                    if stay is None:
+                        stay = mk[:i]
+                    dest = members[k2]
+                    if dest and self.pos[dest[-1]] > self.pos[r]:
+                        insort(dest, r, key=self.pos.__getitem__)
+                    else:
+                        dest.append(r)
+                    changed.add(k2)
+                elif stay is not None:
+                    stay.append(r)
+            if stay is not None:
+                members[k] = stay
+        if len(running) > n:
+            pos = self.pos
+            p = self.next_pos
+            for r in running[n:]:
+                k = key_of(r)
+                members[k].append(r)            # its position is the largest: the list stays in order
+                pos[r] = p
+                p += 1
+                changed.add(k)
+                snap.append(r)
+            self.next_pos = p
+        return changed
+
+
 NESTED_HORIZON_STEPS = 64   # the longest horizon Nested WAIT states (steps; checking costs O(groups) per step)
 
 
@@ -218,17 +320,34 @@ class WaitRule:
     Args:
         thresholds: ``n_j`` per type index (ints >= 1). classify: request -> type index.
         max_wait_s: timeout, s. idle_policy: ``wait`` or ``decode_residents``.
+        incremental: keep each type's residents (:class:`KeyedResidents`) and their stage groups from step
+            to step, re-reading only the types the previous plan ran and the new residents (default);
+            ``False`` rebuilds them at every step (the same plans; for checks).
     """
 
     name = "wait"
 
     def __init__(self, thresholds: Sequence[int], classify: Callable[[RequestState], int],
-                 max_wait_s: float, idle_policy: str = "wait"):
+                 max_wait_s: float, idle_policy: str = "wait", incremental: bool = True):
         self.n = [int(x) for x in thresholds]
         if any(x < 1 for x in self.n):
             raise ValueError(f"WAIT thresholds must be >= 1, got {self.n}")
         self.classify, self.max_wait_s, self.idle_policy = classify, max_wait_s, idle_policy
         self._memo: dict = {}
+        self._index = KeyedResidents(self._type, len(self.n), incremental, static=True)
+        self._groups: list = [None] * len(self.n)   # per type: (stage-0 residents, {stage: residents}, oldest s)
+        self._touched: Sequence = ()                # the types whose residents the last plan ran
+
+    def _type(self, r) -> int:
+        """The type of request ``r`` (memo by identity, then the classifier)."""
+        memo = self._memo
+        try:
+            j = memo.get(r)
+        except TypeError:                   # a request that does not hash by identity
+            return self.classify(r)
+        if j is None:
+            j = memo[r] = self.classify(r)
+        return j
 
     def _types(self, reqs) -> list:
         """The type of each of ``reqs`` (a list), in order: from the rule's memo (request -> type, one
@@ -273,20 +392,13 @@ class WaitRule:
         running, waiting = inp.running, inp.waiting
         if len(self._memo) > 4 * (len(running) + len(waiting)) + 4096:
             self._memo = {}
-        if not isinstance(running, list):
-            running = list(running)
-        res0: list[list] = [[] for _ in range(m)]
+        changed = self._index.sync(running, self._touched)
+        tg = self._groups
+        for j in (range(m) if changed is None else changed):
+            tg[j] = _stage_groups(self._index.members[j])
+        res0 = [g[0] for g in tg]
         wait0: list[list] = [[] for _ in range(m)]
-        stages: list[dict[int, list]] = [{} for _ in range(m)]
-        oldest = [math.inf] * m
-        for r, j in zip(running, self._types(running)):
-            s = r.stage
-            if s == 0:
-                res0[j].append(r)
-            else:
-                stages[j].setdefault(s, []).append(r)
-            if r.idle_since_s < oldest[j]:
-                oldest[j] = r.idle_since_s
+        oldest = [g[2] for g in tg]
         # the waiting queue is FCFS: a type's first requests are its oldest, and no type needs more than
         # n_j of them: per type short of n_j prefilling residents, its first n_j - those requests in queue
         # order, found by C-level searches of the queue's types (the queue can be long in overload)
@@ -314,11 +426,13 @@ class WaitRule:
         for j in range(m):
             if len(res0[j]) + len(wait0[j]) >= self.n[j]:
                 eligible.append(j)
-            elif oldest[j] < math.inf:
-                if oldest[j] + mw <= now:
+                continue
+            o = oldest[j]
+            if o < math.inf:
+                if o + mw <= now:
                     eligible.append(j)
-                elif oldest[j] + mw < wake:
-                    wake = oldest[j] + mw
+                elif o + mw < wake:
+                    wake = o + mw
         run: list = []
         admit: list = []
         budget = inp.token_budget
@@ -335,7 +449,7 @@ class WaitRule:
             cap = self.n[j]
             if repeat and len(res0[j]) + len(wait0[j]) < cap:
                 repeat = False                           # eligible by timeout: serving it may end that
-            for grp in stages[j].values():
+            for grp in tg[j][1].values():
                 if len(grp) > cap:
                     repeat = False
                 for r in grp[:cap]:
@@ -348,7 +462,29 @@ class WaitRule:
         if admit_ok:
             for j in serve:                              # stage 0: prefill chunks and admissions
                 budget = _take_stage0(res0[j], wait0[j], self.n[j], budget, inp.chunk_cap, run, admit)
+        self._touched = serve if run else ()
         return _plan(run, admit, inp.running, wake, None if repeat and len(run) == n_dec and run else 1)
+
+
+def _stage_groups(members: list) -> tuple[list, dict, float]:
+    """``(stage-0 residents, {stage >= 1: residents}, oldest idle_since_s)`` of ``members`` (running
+    order kept in every list; the dict in order of first appearance), s."""
+    res0: list = []
+    stages: dict = {}
+    oldest = math.inf
+    for r in members:
+        s = r.stage
+        if s == 0:
+            res0.append(r)
+        else:
+            g = stages.get(s)
+            if g is None:
+                stages[s] = [r]
+            else:
+                g.append(r)
+        if r.idle_since_s < oldest:
+            oldest = r.idle_since_s
+    return res0, stages, oldest
 
 
 STAGE_CAP_RULES = ("raised", "rotate")
