@@ -24,9 +24,9 @@ the instances.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
-from itertools import islice
-from operator import attrgetter
+from bisect import bisect_left, bisect_right, insort
+from itertools import compress, islice
+from operator import attrgetter, ne
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
@@ -196,6 +196,156 @@ def _plan(run: list, admit: list, running: Sequence, wake: float, repeat_steps: 
 _UNTIL_EVENT = 1 << 30      # no horizon of the rule's own: the plan holds until something arrives or finishes
 
 
+
+_IDLE = attrgetter("idle_since_s")
+
+
+class KeyedResidents:
+    """An engine's residents split by a key (WAIT: the request's type; Nested WAIT: the segment of its
+    stage) and, per key, grouped by stage, kept up to date from what changed since the last step instead
+    of being rebuilt at every step (issue 21: WAIT's per-step classification of every resident was 46 %
+    of its profile, and most residents are paused, so unchanged).
+
+    ``groups[k]`` is ``[stage-0 residents, {stage >= 1: residents}, oldest idle_since_s (s)]`` of key
+    ``k``; every list is in the engine's running (admission) order. The dict is in order of first
+    appearance in running order for a key rebuilt or regrouped at this step, and for a key that only
+    gained new residents (appended, so still that order); with ``static=False`` (keys that change with
+    the stage) a key that received a resident from another key may have its stages in another order
+    (Nested WAIT sorts them). ``key_of(request, stage) -> int`` in ``range(nkeys)``; ``static``: it never
+    changes for a request (WAIT's type).
+
+    ``sync(running, touched)``: ``touched`` are the keys of every resident the rule's previous plan let
+    advance (prefill chunks and decodes). It is incremental when ``running`` is the same list object as
+    at the last call, its old members still first and in the same order, and new members only appended
+    (admissions, arrived KV transfers): then only the touched keys' residents are re-read (stage, key)
+    and regrouped, the ones whose key changed move (in running order), and the new members are added.
+    This rests on the simulator's contract (``harness.sim.engine.Engine``; ``harness.batching.StepInput``):
+    between two plans of one engine a resident's progress changes only if the previous plan ran it
+    (``_step_end`` advances the plan's requests), a preempted or finished one leaves the list, and
+    admissions and arrived transfers append. Anything else (the first call, another list object, such as
+    a vLLM step's fresh snapshot, a member removed, ``incremental=False``) rebuilds from scratch,
+    O(residents). ``tests/test_batching.py`` checks the plans against ``incremental=False`` at every step
+    of simulations.
+
+    Attributes:
+        members: ``members[k]``: the residents of key ``k`` (a list, running order). Read-only, as
+            ``groups``, for callers.
+        rebuilds: syncs that rebuilt (a count, for tests and profiles).
+
+    Raises:
+        TypeError: only from ``key_of``. Requests that do not hash by identity make every call a rebuild.
+    """
+
+    __slots__ = ("key_of", "nkeys", "incremental", "static", "lst", "snap", "pos", "next_pos", "members",
+                 "groups", "rebuilds")
+
+    def __init__(self, key_of: Callable, nkeys: int, incremental: bool = True, static: bool = False):
+        self.key_of, self.nkeys, self.incremental, self.static = key_of, nkeys, incremental, static
+        self.lst = None
+        self.snap: list = []
+        self.pos: dict = {}
+        self.next_pos = 0
+        self.members: list[list] = [[] for _ in range(nkeys)]
+        self.groups: list[list] = [[[], {}, math.inf] for _ in range(nkeys)]
+        self.rebuilds = 0
+
+    def rebuild(self, running: Sequence) -> None:
+        """Key and group every resident of ``running`` from scratch (O(residents))."""
+        running = running if isinstance(running, list) else list(running)
+        members: list[list] = [[] for _ in range(self.nkeys)]
+        groups: list[list] = [[[], {}, math.inf] for _ in range(self.nkeys)]
+        key_of = self.key_of
+        for r in running:
+            s = r.stage
+            k = key_of(r, s)
+            members[k].append(r)
+            _group_add(groups[k], r, s)
+        try:
+            self.pos = {r: i for i, r in enumerate(running)}
+            self.lst = running
+        except TypeError:               # not hashable by identity: rebuild at every call
+            self.pos, self.lst = {}, None
+        self.members, self.groups, self.next_pos, self.snap = members, groups, len(running), list(running)
+        self.rebuilds += 1
+
+    def sync(self, running: Sequence, touched) -> None:
+        """Bring ``members`` and ``groups`` to ``running``; ``touched``: the keys the previous plan
+        advanced residents of (see the class)."""
+        snap = self.snap
+        n = len(snap)
+        if (running is not self.lst or not self.incremental or len(running) < n
+                or (running[:n] != snap if len(running) > n else running != snap)):
+            self.rebuild(running)
+            return
+        members, groups, key_of, static = self.members, self.groups, self.key_of, self.static
+        moved = []
+        for k in touched:                       # regroup: one pass over the key's residents
+            g = [[], {}, math.inf]
+            res0, stages = g[0], g[1]
+            oldest = math.inf
+            mk = members[k]
+            stay = mk if static else []
+            for r in mk:
+                st = r.stage
+                if not static:
+                    k2 = key_of(r, st)
+                    if k2 != k:                 # moved to another key (Nested WAIT: crossed a boundary)
+                        moved.append((r, st, k2))
+                        continue
+                    stay.append(r)
+                if st == 0:
+                    res0.append(r)
+                else:
+                    sl = stages.get(st)
+                    if sl is None:
+                        stages[st] = [r]
+                    else:
+                        sl.append(r)
+                if r.idle_since_s < oldest:
+                    oldest = r.idle_since_s
+            g[2] = oldest
+            members[k], groups[k] = stay, g
+        if moved:
+            key = self.pos.__getitem__
+            for r, st, k2 in moved:
+                mk = members[k2]
+                if mk and key(mk[-1]) > key(r):
+                    insort(mk, r, key=key)
+                    _group_add(groups[k2], r, st, key)
+                else:
+                    mk.append(r)
+                    _group_add(groups[k2], r, st)
+        if len(running) > n:
+            pos = self.pos
+            p = self.next_pos
+            for r in running[n:]:
+                st = r.stage
+                k = key_of(r, st)
+                members[k].append(r)            # its position is the largest: the lists stay in order
+                _group_add(groups[k], r, st)
+                pos[r] = p
+                p += 1
+                snap.append(r)
+            self.next_pos = p
+
+
+def _group_add(g: list, r, st: int, key: Optional[Callable] = None) -> None:
+    """Add resident ``r`` at stage ``st`` to a key's groups ``g`` (see :class:`KeyedResidents`): appended
+    (``key`` None: it comes after every resident there in running order), else inserted by ``key``."""
+    if st == 0:
+        lst = g[0]
+    else:
+        lst = g[1].get(st)
+        if lst is None:
+            g[1][st] = lst = []
+    if key is None:
+        lst.append(r)
+    else:
+        insort(lst, r, key=key)
+    if r.idle_since_s < g[2]:
+        g[2] = r.idle_since_s
+
+
 NESTED_HORIZON_STEPS = 64   # the longest horizon Nested WAIT states (steps; checking costs O(groups) per step)
 
 
@@ -218,17 +368,33 @@ class WaitRule:
     Args:
         thresholds: ``n_j`` per type index (ints >= 1). classify: request -> type index.
         max_wait_s: timeout, s. idle_policy: ``wait`` or ``decode_residents``.
+        incremental: keep each type's residents (:class:`KeyedResidents`) and their stage groups from step
+            to step, re-reading only the types the previous plan ran and the new residents (default);
+            ``False`` rebuilds them at every step (the same plans; for checks).
     """
 
     name = "wait"
 
     def __init__(self, thresholds: Sequence[int], classify: Callable[[RequestState], int],
-                 max_wait_s: float, idle_policy: str = "wait"):
+                 max_wait_s: float, idle_policy: str = "wait", incremental: bool = True):
         self.n = [int(x) for x in thresholds]
         if any(x < 1 for x in self.n):
             raise ValueError(f"WAIT thresholds must be >= 1, got {self.n}")
         self.classify, self.max_wait_s, self.idle_policy = classify, max_wait_s, idle_policy
         self._memo: dict = {}
+        self._index = KeyedResidents(self._type, len(self.n), incremental, static=True)
+        self._touched: Sequence = ()                # the types whose residents the last plan ran
+
+    def _type(self, r, stage: int = 0) -> int:
+        """The type of request ``r`` (memo by identity, then the classifier; ``stage`` unused)."""
+        memo = self._memo
+        try:
+            j = memo.get(r)
+        except TypeError:                   # a request that does not hash by identity
+            return self.classify(r)
+        if j is None:
+            j = memo[r] = self.classify(r)
+        return j
 
     def _types(self, reqs) -> list:
         """The type of each of ``reqs`` (a list), in order: from the rule's memo (request -> type, one
@@ -273,20 +439,11 @@ class WaitRule:
         running, waiting = inp.running, inp.waiting
         if len(self._memo) > 4 * (len(running) + len(waiting)) + 4096:
             self._memo = {}
-        if not isinstance(running, list):
-            running = list(running)
-        res0: list[list] = [[] for _ in range(m)]
+        self._index.sync(running, self._touched)
+        tg = self._index.groups
+        res0 = [g[0] for g in tg]
         wait0: list[list] = [[] for _ in range(m)]
-        stages: list[dict[int, list]] = [{} for _ in range(m)]
-        oldest = [math.inf] * m
-        for r, j in zip(running, self._types(running)):
-            s = r.stage
-            if s == 0:
-                res0[j].append(r)
-            else:
-                stages[j].setdefault(s, []).append(r)
-            if r.idle_since_s < oldest[j]:
-                oldest[j] = r.idle_since_s
+        oldest = [g[2] for g in tg]
         # the waiting queue is FCFS: a type's first requests are its oldest, and no type needs more than
         # n_j of them: per type short of n_j prefilling residents, its first n_j - those requests in queue
         # order, found by C-level searches of the queue's types (the queue can be long in overload)
@@ -314,11 +471,13 @@ class WaitRule:
         for j in range(m):
             if len(res0[j]) + len(wait0[j]) >= self.n[j]:
                 eligible.append(j)
-            elif oldest[j] < math.inf:
-                if oldest[j] + mw <= now:
+                continue
+            o = oldest[j]
+            if o < math.inf:
+                if o + mw <= now:
                     eligible.append(j)
-                elif oldest[j] + mw < wake:
-                    wake = oldest[j] + mw
+                elif o + mw < wake:
+                    wake = o + mw
         run: list = []
         admit: list = []
         budget = inp.token_budget
@@ -335,7 +494,7 @@ class WaitRule:
             cap = self.n[j]
             if repeat and len(res0[j]) + len(wait0[j]) < cap:
                 repeat = False                           # eligible by timeout: serving it may end that
-            for grp in stages[j].values():
+            for grp in tg[j][1].values():
                 if len(grp) > cap:
                     repeat = False
                 for r in grp[:cap]:
@@ -348,6 +507,7 @@ class WaitRule:
         if admit_ok:
             for j in serve:                              # stage 0: prefill chunks and admissions
                 budget = _take_stage0(res0[j], wait0[j], self.n[j], budget, inp.chunk_cap, run, admit)
+        self._touched = serve if run else ()
         return _plan(run, admit, inp.running, wake, None if repeat and len(run) == n_dec and run else 1)
 
 
@@ -403,13 +563,15 @@ class NestedWaitRule:
     Args:
         boundaries: ``b_1..b_m`` (ints, increasing). stage_caps: per segment, the cap of each of its
             stages (``segment_stage_caps``; >= 1 unless ``rotate``). max_wait_s: s. idle_policy: ``wait`` or
-            ``decode_residents``. rotate: see above.
+            ``decode_residents``. rotate: see above. incremental: keep each segment's residents and stage
+            groups from step to step (default); ``False`` rebuilds them at every step (the same plans; for
+            checks).
     """
 
     name = "nested_wait"
 
     def __init__(self, boundaries: Sequence[int], stage_caps: Sequence[Sequence[int]], max_wait_s: float,
-                 idle_policy: str = "wait", rotate: bool = False):
+                 idle_policy: str = "wait", rotate: bool = False, incremental: bool = True):
         self.bounds = [int(b) for b in boundaries]
         self.caps = [list(c) for c in stage_caps]
         self.rotate = bool(rotate)
@@ -425,6 +587,15 @@ class NestedWaitRule:
         # (stages from the last boundary on: the last segment, its last stage's cap)
         self._seg_tab = [self.segment(st) for st in range(self.bounds[-1])] if self.bounds else []
         self._cap_tab = [self.cap(k, st) for st, k in enumerate(self._seg_tab)]
+        self._rot = [(len(c), *divmod(tot, len(c)), a) for c, tot, a in zip(self.caps, self.totals, self.starts)]
+        # each segment's residents from step to step (KeyedResidents: only the segments the last plan ran
+        # and new residents are re-read), and per segment (stage-0 residents, {stage: residents}, oldest)
+        self._index = KeyedResidents(self._segment_of, len(self.bounds), incremental)
+        self._touched: Sequence = ()
+
+    def _segment_of(self, r, s: int) -> int:
+        """0-based segment of stage ``s`` (request ``r``'s; from the table, the last segment past it)."""
+        return self._seg_tab[s] if s < len(self._seg_tab) else len(self.bounds) - 1
 
     def to_spec(self) -> dict:
         """The rule's parameters as a JSON-able dict (``rule_from_spec`` rebuilds it):
@@ -446,48 +617,51 @@ class NestedWaitRule:
 
     def rotated_cap(self, k: int, stage: int, step_index: int) -> int:
         """``rotate``: the cap of ``stage`` in segment ``k`` at step ``step_index`` (prompts)."""
-        d = len(self.caps[k])
-        base, rem = divmod(self.totals[k], d)
-        i = min(stage - self.starts[k], d - 1)
-        return base + (1 if (i + step_index) % d < rem else 0)
+        d, base, rem, start = self._rot[k]
+        i = stage - start
+        if i >= d:
+            i = d - 1
+        return base + 1 if (i + step_index) % d < rem else base
 
     def plan(self, inp: StepInput) -> StepPlan:
+        self._index.sync(inp.running, self._touched)
+        sg = self._index.groups
         if not self.rotate:
-            return self._plan_at(inp, 0)
+            plan, served = self._plan_at(inp, 0, sg)
+            self._touched = range(served) if plan.run else ()
+            return plan
         # rotate: a step whose rotated caps give nothing to run would leave the engine idle with the step
         # index unchanged (it counts executed steps), so the rotation moves on to the first offset at
         # which something runs (at most the longest segment's length; the authors' counter advances on
         # every call, empty or not)
         plan = None
-        for off in range(max(len(c) for c in self.caps)):
-            plan = self._plan_at(inp, inp.step_index + off)
-            if plan.run or plan.admit:
+        offsets = max(len(c) for c in self.caps)
+        for off in range(offsets):
+            plan, served = self._plan_at(inp, inp.step_index + off, sg, final=off == offsets - 1)
+            if plan is not None and (plan.run or plan.admit):
+                self._touched = range(served) if plan.run else ()
                 # moved on (off > 0): the next step's index is one more, not off more: no horizon
                 return plan if off == 0 or not plan.repeatable else replace(plan, repeatable=False, repeat_steps=1)
+        self._touched = ()
         return plan
 
-    def _plan_at(self, inp: StepInput, t: int) -> StepPlan:
+    def _plan_at(self, inp: StepInput, t: int, sg: list, final: bool = True) -> tuple[Optional[StepPlan], int]:
+        """The plan at step index ``t`` from the segments' stage groups ``sg`` (per segment: stage-0
+        residents, ``{stage: residents}`` in running order, oldest ``idle_since_s``); also the number of
+        segments it serves (``1..served`` may have residents in its run). ``final=False``: ``None``
+        instead of a plan that runs and admits nothing (a rotation offset that ``plan`` moves past)."""
         m = len(self.bounds)
-        res0: list = []
-        stages: dict[int, list] = {}
-        oldest = [math.inf] * m
-        seg_tab, cap_tab, n_tab, last = self._seg_tab, self._cap_tab, len(self._seg_tab), m - 1
-        cap_of = self.cap
+        res0 = sg[0][0]
+        oldest = [g[2] for g in sg]
+        n_tab, last = len(self._seg_tab), m - 1
+        cap_tab, cap_of = self._cap_tab, self.cap
         last_cap = self.caps[last][-1]
-        if self.rotate:
-            cap_tab = [self.rotated_cap(k, st, t) for st, k in enumerate(seg_tab)]
-            last_cap = self.rotated_cap(last, self.bounds[-1] - 1, t)
+        rot = self.rotate
+        if rot:     # the caps of step index t, computed for the stages looked at only (not a table per call:
+            #         a plan may try up to a segment's length of offsets, over up to bounds[-1] stages)
             cap_of = lambda k, st: self.rotated_cap(k, st, t)  # noqa: E731
-        for r in inp.running:
-            s = r.stage
-            if s == 0:
-                res0.append(r)
-            else:
-                stages.setdefault(s, []).append(r)
-            k = seg_tab[s] if s < n_tab else last
-            if r.idle_since_s < oldest[k]:
-                oldest[k] = r.idle_since_s
-        waiting = list(islice(inp.waiting, max(0, cap_of(0, 0) - len(res0))))  # FCFS: head is oldest
+        cap0 = cap_of(0, 0)
+        waiting = list(islice(inp.waiting, max(0, cap0 - len(res0))))  # FCFS: head is oldest
         for r in waiting:
             if r.idle_since_s < oldest[0]:
                 oldest[0] = r.idle_since_s
@@ -498,7 +672,7 @@ class NestedWaitRule:
         kstar = 0
         wake = math.inf
         for k in range(m):
-            entry = len(res0) + len(waiting) if k == 0 else len(stages.get(self.starts[k], ()))
+            entry = len(res0) + len(waiting) if k == 0 else len(sg[k][1].get(self.starts[k], ()))
             if entry >= cap_of(k, self.starts[k]) or suffix[k] + mw <= now:
                 kstar = k + 1
                 continue
@@ -512,29 +686,32 @@ class NestedWaitRule:
             serve_upto, admit_ok = m, False
         repeat = admit_ok and serve_upto > 0
         groups: list = []
+        limit = math.inf
         if serve_upto:
             limit = self.bounds[serve_upto - 1] if serve_upto < m else math.inf
-            for s in sorted(stages):
-                if s >= limit:
-                    break
-                cap = cap_tab[s] if s < n_tab else last_cap
-                grp = stages[s]
-                if len(grp) > cap:
-                    repeat = False
-                groups.append((s, len(grp)))
-                for r in grp[:cap]:
-                    if budget <= 0:
+            for k in range(serve_upto):         # the served segments' stages, in stage order
+                stages = sg[k][1]
+                for s in (sorted(stages) if len(stages) > 1 else stages):
+                    cap = cap_of(k, s) if rot else cap_tab[s] if s < n_tab else last_cap
+                    grp = stages[s]
+                    if len(grp) > cap:
                         repeat = False
-                        break
-                    run.append((r, 1))
-                    budget -= 1
+                    groups.append((s, len(grp)))
+                    for r in grp[:cap]:
+                        if budget <= 0:
+                            repeat = False
+                            break
+                        run.append((r, 1))
+                        budget -= 1
             n_dec = len(run)
             if admit_ok:
-                _take_stage0(res0, waiting, cap_of(0, 0), budget, inp.chunk_cap, run, admit)
-            if repeat and (len(run) != n_dec or not run or len(res0) + len(waiting) < cap_of(0, 0)):
+                _take_stage0(res0, waiting, cap0, budget, inp.chunk_cap, run, admit)
+            if repeat and (len(run) != n_dec or not run or len(res0) + len(waiting) < cap0):
                 repeat = False      # a prefill, nothing to run, or segment 1 open by a timeout only
+        if not final and not run and not admit:
+            return None, serve_upto
         horizon = self._horizon(groups, kstar, limit, t, len(res0), len(inp.waiting)) if repeat else 1
-        return _plan(run, admit, inp.running, wake, horizon)
+        return _plan(run, admit, inp.running, wake, horizon), serve_upto
 
     def _horizon(self, groups: list, kstar: int, limit: float, t: int, n_res0: int, n_waiting: int) -> int:
         """Steps (this one included, at most ``NESTED_HORIZON_STEPS``) for which a decode-only plan that

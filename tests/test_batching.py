@@ -409,3 +409,118 @@ def test_wait_picks_each_types_first_waiting_requests_and_classifies_each_reques
         assert run == [] and admit == [w[0], w[1], w[2]]
         assert plan.wake_at_s is None
     assert len(calls) == 5
+
+
+# ---- incremental resident bookkeeping (KeyedResidents): by hand, and against a rebuild at every step -------
+
+class _R:
+    """A resident with just what KeyedResidents reads (stage, idle_since_s), hashed by identity."""
+
+    def __init__(self, name, stage, idle):
+        self.name, self.stage, self.idle_since_s = name, stage, idle
+
+    def __repr__(self):
+        return self.name
+
+
+def test_keyed_residents_bookkeeping_by_hand():
+    """Keys by stage (key 0: stages 0-2, key 1: stage 3 on), as Nested WAIT's segments with a boundary at 3.
+    Derived by hand: a (stage 0), b (stage 2), c (stage 3), all idle since 0 s -> key 0 = [a, b] with a at
+    stage 0 and {2: [b]}, key 1 = {3: [c]}. The previous plan ran key 0: a reaches stage 1 and b stage 3
+    (idle since 1 s); d (stage 0, idle since 0.5 s) is admitted (appended). Incrementally: key 0 = [a, d],
+    d at stage 0, {1: [a]}, oldest 0.5 s; b moves to key 1 *before* c (running order b, c): {3: [b, c]},
+    oldest 0 s (c); nothing rebuilt. Then c finishes (removed): a rebuild, key 1 = {3: [b]}, oldest 1 s."""
+    from baselines.fluid_admission import KeyedResidents
+    a, b, c, d = _R("a", 0, 0.0), _R("b", 2, 0.0), _R("c", 3, 0.0), _R("d", 0, 0.5)
+    idx = KeyedResidents(lambda r, s: 0 if s < 3 else 1, 2)
+    running = [a, b, c]
+    idx.sync(running, ())
+    assert idx.rebuilds == 1
+    assert idx.members == [[a, b], [c]]
+    assert idx.groups == [[[a], {2: [b]}, 0.0], [[], {3: [c]}, 0.0]]
+    a.stage, a.idle_since_s = 1, 1.0
+    b.stage, b.idle_since_s = 3, 1.0
+    running.append(d)
+    idx.sync(running, range(1))             # the previous plan served key 0 only
+    assert idx.rebuilds == 1                # incremental
+    assert idx.members == [[a, d], [b, c]]
+    assert idx.groups == [[[d], {1: [a]}, 0.5], [[], {3: [b, c]}, 0.0]]
+    running.remove(c)
+    idx.sync(running, ())
+    assert idx.rebuilds == 2
+    assert idx.members == [[a, d], [b]]
+    assert idx.groups[1] == [[], {3: [b]}, 1.0]
+    # another list object (a vLLM step's fresh snapshot): rebuilt, same groups
+    idx.sync(list(running), ())
+    assert idx.rebuilds == 3 and idx.groups == [[[d], {1: [a]}, 0.5], [[], {3: [b]}, 1.0]]
+
+
+def test_wait_rule_incremental_types_by_hand():
+    """WAIT with n = 1 for two types (0: a, c; 1: b): a at stage 0, b at stage 0, c at stage 2. Type 0 and
+    type 1 are eligible (one prompt each at stage 0): the plan runs c (decode, stage 2), then a's and b's
+    prefills. After the step (a, b at stage 1; c at stage 3; idle since 1 s) nothing is at stage 0: no
+    type is eligible, the plan is empty with a wake-up at 1 + 0.5 s; the rule re-read types 0 and 1 only
+    (the ones its plan ran), without a rebuild."""
+    a, b, c = _R("a", 0, 0.0), _R("b", 0, 0.0), _R("c", 2, 0.0)
+    for r, p in ((a, 100), (b, 100), (c, 100)):
+        r.prefill_target, r.computed, r.submit_s = p, 0 if r is not c else p, 0.0
+    types = {"a": 0, "b": 1, "c": 0}
+    rule = WaitRule([1, 1], lambda r: types[r.name], max_wait_s=0.5)
+    running = [a, b, c]
+    inp = StepInput(0.1, running, [], 1000, 100, 0, 100, 16, 16, 0, lambda r: 0)
+    p = rule.plan(inp)
+    assert [(r.name, n) for r, n in p.run] == [("c", 1), ("a", 100), ("b", 100)]
+    for r in running:
+        r.stage += 1
+        r.idle_since_s = 1.0
+        r.computed = r.prefill_target
+    inp.now_s = 1.0
+    p = rule.plan(inp)
+    assert p.run == () and p.admit == () and p.wake_at_s == 1.5
+    assert rule._index.rebuilds == 1
+
+
+def _plan_key(p):
+    return ([(id(r), n) for r, n in p.run], [id(r) for r in p.admit], [id(r) for r in p.evict_first],
+            p.wake_at_s, p.repeatable, p.repeat_steps, p.admit_budget, p.admit_chunk_cap)
+
+
+@pytest.mark.parametrize(("scheduler", "extra"), [("wait", []), ("nested_wait", []),
+                                                  ("nested_wait", ["scheduler.stage_caps=rotate"])])
+def test_incremental_plans_equal_rebuilt_plans_at_every_step(monkeypatch, scheduler, extra):
+    """At every step of a simulation (real trace conversations, tight memory so that residents pause, are
+    preempted and re-admitted), the rule's incremental plan equals the plan of the same rule rebuilding
+    its resident groups from scratch (``incremental=False``) from the same engine snapshot; and the
+    incremental path is taken (fewer rebuilds than plans)."""
+    from baselines.fluid_admission import NestedWaitRule as NW, WaitRule as W
+    from harness.session import session_input, simulate
+    from tests.conftest import compose_run
+    from tests.test_invariants import workload
+    seen = {"plans": 0, "rebuilds": 0}
+
+    def shadow_of(rule):
+        if isinstance(rule, W):
+            return W(rule.n, rule.classify, rule.max_wait_s, rule.idle_policy, incremental=False)
+        return NW(rule.bounds, rule.caps, rule.max_wait_s, rule.idle_policy, rotate=rule.rotate, incremental=False)
+
+    def checked(orig):
+        def plan(self, inp):
+            p = orig(self, inp)
+            if not hasattr(self, "_shadow_rule"):
+                self._shadow_rule = shadow_of(self)
+            q = orig(self._shadow_rule, inp)
+            assert _plan_key(p) == _plan_key(q), (inp.now_s, inp.step_index)
+            seen["plans"] += 1
+            seen["rebuilds"] = seen["rebuilds"] + (self._index.rebuilds - getattr(self, "_last_rebuilds", 0))
+            self._last_rebuilds = self._index.rebuilds
+            return p
+        return plan
+
+    monkeypatch.setattr(W, "plan", checked(W.plan))
+    monkeypatch.setattr(NW, "plan", checked(NW.plan))
+    run = compose_run([f"scheduler={scheduler}", "engine.gpu_memory_utilization=0.1",
+                       "engine.activation_reserve_bytes=268435456", *extra])
+    convs, stats = workload(run, n=5 if extra else 12, rate=1.0, max_turns=8, max_context=20000)
+    res = simulate(session_input(run), convs, stats, scheduler, run.scheduler, max_coalesce_s=0.25)
+    assert not res.error and len(res.turns) == sum(len(r.turns) for _, r in convs)
+    assert seen["plans"] > 1000 and seen["rebuilds"] < seen["plans"] / 2
