@@ -1,7 +1,7 @@
 """Packages of the wheel beyond what ``pyproject.toml`` can say: the top-level ``conf/`` and ``traces/``
 directories ship inside the ``harness`` package as ``harness.conf`` (found by Hydra as ``pkg://harness.conf``,
-``harness.cli.config_path``) and ``harness.traces`` (the default traces and the Qwen2.5 tokenizer,
-``harness.paths.data_path``), so an installed wheel runs the main job outside a checkout. Metadata, extras and
+``harness.run.cli.config_path``) and ``harness.traces`` (the default traces and the Qwen2.5 tokenizer,
+``harness.core.paths.data_path``), so an installed wheel runs the main job outside a checkout. Metadata, extras and
 the console script are in ``pyproject.toml``."""
 
 from setuptools import find_packages, setup

@@ -1,11 +1,11 @@
-"""The scheduler variants, one small module each, registered by name (``harness.policy.register``).
+"""The scheduler variants, one small module each, registered by name (``harness.core.policy.register``).
 
-Importing this package imports every module in it (``harness.registry.load_plugins`` imports the package by
+Importing this package imports every module in it (``harness.core.registry.load_plugins`` imports the package by
 name), so a new variant is its module (with its ``@register(name, ConfigClass, roles=..., forms_batches=...,
 reads_workload=...)`` factory) plus one row in ``docs/schedulers.md``; the registry makes it the Hydra option
 ``scheduler=<name>``. Each module imports only the policy interface and its shared helpers
-(``harness.policy``), the registry (``harness.registry``: ``register_rule`` for an engine batch rule) and,
-for WAIT, the engine batch-rule interface (``harness.batching``) and the fluid model (``harness.fluid``). The
+(``harness.core.policy``), the registry (``harness.core.registry``: ``register_rule`` for an engine batch rule) and,
+for WAIT, the engine batch-rule interface (``harness.core.batching``) and the fluid model (``baselines.wait.fluid``). The
 variants, their rules and their sources: ``docs/schedulers.md``; how to add one: ``docs/extending.md``.
 """
 

@@ -36,7 +36,7 @@ documented in docs/schedulers.md:
   KV demand fraction that is not over (remote prefill, the whole context it lacks moved there) if that
   is cheaper under the mode's rule (remote_default: always; cost: if its T_remote is lowest).
 * Predictions (output length, tool time, remaining turns, KV growth) come from the error-injected
-  :class:`harness.policy.Predictor` (``predictor.*``; sigma = error_rate = 0 is the oracle). Beside every
+  :class:`harness.core.policy.Predictor` (``predictor.*``; sigma = error_rate = 0 is the oracle). Beside every
   decision the same rule is evaluated with an error-free predictor on the same view; ``summary()``
   reports the share of turns >= 1 whose remote/local choice flipped (``ampd_decision_flip_frac``).
 * Error at the decision (``misroute_frac``, issue 18): after the rule has decided a turn >= 1, a seeded
@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.policy import (AdmitAll, ClusterView, InstanceHints, InstanceView, Placement, PolicyContext, Predictor,
+from harness.core.policy import (AdmitAll, ClusterView, InstanceHints, InstanceView, Placement, PolicyContext, Predictor,
                             PredictorConfig, TurnView, least_loaded, occupancy, register)
 
 MODES = ("remote_default", "cost")

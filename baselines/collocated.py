@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.policy import AdmitAll, ClusterView, Placement, PolicyContext, TurnView, occupancy, register, sticky_instance
+from harness.core.policy import AdmitAll, ClusterView, Placement, PolicyContext, TurnView, occupancy, register, sticky_instance
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from harness.policy import (Admission, ClusterView, Placement, PolicyBase, PolicyContext, TurnView, least_loaded,
+from harness.core.policy import (Admission, ClusterView, Placement, PolicyBase, PolicyContext, TurnView, least_loaded,
                             occupancy, pick_prefiller, pool_occupancy, prefill_queue_s, register)
 
 

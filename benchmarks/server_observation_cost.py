@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
+from harness.run.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
 from harness.vllm.cluster import instance_specs, model_path  # noqa: E402
 from harness.vllm.launcher import Launcher  # noqa: E402
 from harness.vllm.otlp import SpanReceiver  # noqa: E402

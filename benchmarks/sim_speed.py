@@ -10,7 +10,7 @@ Usage::
 Honest by construction:
 
 * every measurement builds exactly the workload ``python run.py`` builds: the worker calls the checkout's own
-  ``harness.runner.prepare`` (trace, sampling, arrivals **and the model's context limit**), or, in a checkout
+  ``harness.run.runner.prepare`` (trace, sampling, arrivals **and the model's context limit**), or, in a checkout
   without it, ``build_workload(records, cfg.workload, context_limit(run))`` -- the same thing; the session is
   the main job's (instance samples every ``logger.metrics_interval_s``, decisions logged as ``logger``
   says); a consistency line compares the worker's LLM calls with ``run.py``'s ``summary.json``;
@@ -70,13 +70,13 @@ import json, resource, sys, time
 args = json.loads(sys.argv[1])
 sys.path.insert(0, args["root"])
 from hydra import compose, initialize_config_dir
-from harness.config import PROJECT_ROOT, register_configs, resolve
+from harness.run.config import PROJECT_ROOT, register_configs, resolve
 try:
-    from harness.session import simulate
+    from harness.run.session import simulate
 except ImportError:
-    from harness.runner import simulate
+    from harness.run.runner import simulate
 try:   # the session's typed input (a checkout before it passes the resolved run itself)
-    from harness.session import session_input
+    from harness.run.session import session_input
 except ImportError:
     session_input = lambda run: run
 register_configs()
@@ -84,12 +84,12 @@ with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="
     cfg = compose(config_name="config", overrides=args["overrides"])
 run = resolve(cfg)
 try:   # exactly run.py's workload: trace, sampling, arrivals and the context limit
-    from harness.runner import prepare
+    from harness.run.runner import prepare
     convs, stats, limit = prepare(run)
 except ImportError:
-    from harness.session import context_limit
-    from harness.trace import load_trace
-    from harness.workload import build_workload
+    from harness.run.session import context_limit
+    from harness.core.trace import load_trace
+    from harness.workload.workload import build_workload
     limit = context_limit(run)
     convs, stats = build_workload(load_trace(run.trace_path), run.cfg.workload, limit)
 lg = run.cfg.logger

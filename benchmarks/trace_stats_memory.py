@@ -1,10 +1,10 @@
-"""Peak memory of ``python -m harness.tracestats stats`` on a large generated request trace.
+"""Peak memory of ``python -m harness.tools.tracestats stats`` on a large generated request trace.
 
     python benchmarks/trace_stats_memory.py [N_REQUESTS] [--keep PATH]
 
 Writes an N-line (default 10^6) Mooncake-format request trace into a temporary directory -- input lengths
 uniform in [600, 12000) tokens, outputs in [10, 600), 0-199 ms between requests, the first 0-5 ``hash_ids``
-from a common pool (shared prefixes) and the rest fresh -- then runs ``harness.tracestats stats`` on it in a
+from a common pool (shared prefixes) and the rest fresh -- then runs ``harness.tools.tracestats stats`` on it in a
 child process and prints its peak resident set size (``os.wait4``'s ``ru_maxrss``: that child's own) and
 wall time. Target (issue 19): under 1 GB for 10^6 requests (the in-memory replay needed ~23 KB per request).
 """
@@ -59,10 +59,10 @@ def main() -> int:
         print(f"wrote {path}: {a.n:,} requests, {path.stat().st_size / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s")
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         t0 = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-m", "harness.tracestats", "stats", str(path)], cwd=ROOT, env=env)
+        p = subprocess.Popen([sys.executable, "-m", "harness.tools.tracestats", "stats", str(path)], cwd=ROOT, env=env)
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
-        print(f"harness.tracestats stats: exit {os.waitstatus_to_exitcode(status)}, peak RSS {ru.ru_maxrss / 1024:.0f} MB "
+        print(f"harness.tools.tracestats stats: exit {os.waitstatus_to_exitcode(status)}, peak RSS {ru.ru_maxrss / 1024:.0f} MB "
               f"({ru.ru_maxrss * 1024 / a.n:.0f} bytes per request), {wall:.1f} s")
     return 0
 

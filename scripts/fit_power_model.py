@@ -32,7 +32,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 from scipy.optimize import least_squares
 
-from harness.profiles import HardwareConfig, ModelConfig
+from harness.core.profiles import HardwareConfig, ModelConfig
 from harness.sim.perf import PerfModel
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -145,7 +145,7 @@ HEADERS = {
 #   err:   AMPD remote_default with error rate 0.1 / 0.3 / 0.5 (x or / 2) and log-normal sigma 1, AMPD
 #          cost with error rate 0.1 / 0.3 / 0.5, at 0.06 conv/s on a40_1p3d, seeds 0-2           (21 runs)
 #   python run.py -m +experiment=conserve_sensitivity
-#   python -m harness.report results/sweeps/<time>_conserve_sensitivity    # report.md + claims.md
+#   python -m harness.analysis.report results/sweeps/<time>_conserve_sensitivity    # report.md + claims.md
 """,
     "conserve_kvbound": """# ConServe's claims where KV capacity binds (issue 18). On the shipped setting (engine.gpu_memory_utilization
 # 0.92: 358,368 KV tokens per A40 for Qwen3-0.6B, 114,688 B per token) a decoder never holds more than
@@ -162,13 +162,13 @@ HEADERS = {
 #         x seeds 0-2 and 0.06 conv/s x seeds 0-9                                             (96 runs)
 #   err:  AMPD remote_default, error rate 0.1 / 0.3 / 0.5 (x or / 2), 0.06 conv/s, a40_1p3d, seeds 0-2 (9 runs)
 #   python run.py -m +experiment=conserve_kvbound
-#   python -m harness.report results/sweeps/<time>_conserve_kvbound    # report.md + claims.md
+#   python -m harness.analysis.report results/sweeps/<time>_conserve_kvbound    # report.md + claims.md
 """,
     "pd_split": """# The prefiller/decoder split on the same GPU count: 1P3D vs 4 collocated (0.06 conv/s), 1P5D vs 6
 # (0.09), 2P6D vs 8 (0.12 conv/s: 0.015 conv/s per GPU), ConServe and AMPD on the homogeneous and the
 # heterogeneous (200 W decoders) tier, collocated on all GPUs; 200 conversations, 3 seeds (45 runs).
 # Cells: conf/experiment/cell/split_*.yaml (scripts/make_experiment_cells.py).
-#   python run.py -m +experiment=pd_split && python -m harness.report results/sweeps/<time>_pd_split
+#   python run.py -m +experiment=pd_split && python -m harness.analysis.report results/sweeps/<time>_pd_split
 """,
 }
 BODY = """defaults:

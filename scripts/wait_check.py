@@ -22,9 +22,9 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import harness.session as session  # noqa: E402
+import harness.run.session as session  # noqa: E402
 import harness.sim.backend as sim_backend  # noqa: E402
-from harness.workload import build_workload  # noqa: E402
+from harness.workload.workload import build_workload  # noqa: E402
 from tests.conftest import compose_run  # noqa: E402
 
 ARMS = ["collocated", "wait_vllm", "wait_sarathi", "wait_wait", "wait_nested", "wait_cp", "wait_cp_control"]

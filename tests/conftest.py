@@ -8,14 +8,14 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from harness.config import PROJECT_ROOT, register_configs, resolve
-from harness.schedulers import get_spec, registered
-from harness.trace import ConversationRecord, TurnRecord
+from harness.run.config import PROJECT_ROOT, register_configs, resolve
+from harness.core.schedulers import get_spec, registered
+from harness.core.trace import ConversationRecord, TurnRecord
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 # the registered schedulers that form batches inside the engine (a batch rule: the simulator and launched vLLM
 # servers take them, the fake backend and already-running servers do not), and those that need a prefiller
-# and a decoder: read from the registry's traits (harness.registry.SchedulerSpec)
+# and a decoder: read from the registry's traits (harness.core.registry.SchedulerSpec)
 BATCH_FORMING = tuple(n for n in registered() if get_spec(n).forms_batches)
 NEEDS_PD = frozenset(n for n in registered() if {"prefiller", "decoder"} <= set(get_spec(n).roles))
 
@@ -45,7 +45,7 @@ def conversation(cid: str, turns: list[tuple[int, int, int, float]]) -> Conversa
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache_dir(tmp_path_factory):
-    """The on-disk caches (``harness.slo_baseline.cache_root``) of the tests' runs go to a fresh directory, never
+    """The on-disk caches (``harness.run.slo_baseline.cache_root``) of the tests' runs go to a fresh directory, never
     to ``results/cache`` (subprocesses inherit it through the environment)."""
     import os
     old = os.environ.get("HARNESS_CACHE_DIR")

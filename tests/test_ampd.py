@@ -13,7 +13,7 @@ import math
 import pytest
 
 from baselines.ampd import Ampd, AmpdConfig
-from harness.policy import ClusterView, InstanceHints, InstanceView, PolicyBase, Predictor, TurnTruth, TurnView
+from harness.core.policy import ClusterView, InstanceHints, InstanceView, PolicyBase, Predictor, TurnTruth, TurnView
 from tests.conftest import compose_run
 from tests.test_handcalc import CONV
 
@@ -149,9 +149,9 @@ def test_turn0_placement_uses_only_observable_state():
 def test_controller_books_cached_prefixes(monkeypatch):
     """Turn 1 of the handcalc conversation after a P->D turn 0: the prefiller holds turn 0's prompt (1,000
     tokens), the decoder prompt + output (1,010) -- the controller's bookkeeping, shown in the TurnView."""
-    import harness.session as session
-    from harness.config import scheduler_config
-    from harness.workload import WorkloadConfig, build_workload
+    import harness.run.session as session
+    from harness.run.config import scheduler_config
+    from harness.workload.workload import WorkloadConfig, build_workload
     seen: list[TurnView] = []
     orig = session.make_policy
 
@@ -181,7 +181,7 @@ def test_controller_books_cached_prefixes(monkeypatch):
 def test_run_with_error_rate_reports_a_nonzero_flip_share(tmp_path):
     """``python run.py scheduler=ampd scheduler.predictor.mode=rate scheduler.predictor.error_rate=0.3``
     (on 60 conversations): the flip share is in summary.json and above 0; at error 0 it is 0."""
-    from harness.runner import execute
+    from harness.run.runner import execute
     base = ["scheduler=ampd", "workload.num_conversations=60", "logger.progress=false", "slo=absolute"]
     s = execute(compose_run(base + ["scheduler.predictor.mode=rate", "scheduler.predictor.error_rate=0.3"]),
                 tmp_path / "err")
@@ -258,7 +258,7 @@ def test_run_with_misroute_records_the_flag(tmp_path):
     conversations): every turn >= 1 placement is flagged in decisions.parquet and summary.json reports a
     realised share of 1; at the default 0 nothing is flagged and the misroute keys are absent."""
     import pandas as pd
-    from harness.runner import execute
+    from harness.run.runner import execute
     base = ["scheduler=ampd", "workload.num_conversations=40", "logger.progress=false", "slo=absolute",
             "logger.log_decisions=true"]
     s = execute(compose_run(base + ["scheduler.misroute_frac=1.0"]), tmp_path / "m1")

@@ -1,6 +1,6 @@
-"""Engine-level batch formation (harness/batching.py, baselines/fluid_admission.py) against hand-worked
+"""Engine-level batch formation (harness/core/batching.py, baselines/wait/fluid_admission.py) against hand-worked
 examples. Every expected value is derived in the docstrings and comments from the algorithms' text
-(Ao et al., arXiv 2504.11320, Algorithms 1 and 2; vLLM V1/V0 scheduling as in harness/batching.py),
+(Ao et al., arXiv 2504.11320, Algorithms 1 and 2; vLLM V1/V0 scheduling as in harness/core/batching.py),
 not from running the code.
 
 The engine under test is the real ``harness.sim.engine.Engine`` with a stub step-time model, so time is
@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from baselines.fluid_admission import NestedWaitRule, WaitRule, segment_stage_caps
-from harness.batching import StepInput, StepPlan, VllmV0Rule, VllmV1Rule
-from harness.clock import SimClock
-from harness.profiles import EngineConfig
+from baselines.wait.fluid_admission import NestedWaitRule, WaitRule, segment_stage_caps
+from harness.core.batching import StepInput, StepPlan, VllmV0Rule, VllmV1Rule
+from harness.core.clock import SimClock
+from harness.core.profiles import EngineConfig
 from harness.sim.engine import DONE, RUNNING, WAITING, Engine, Request
 from harness.sim.perf import StepCost
 
@@ -369,9 +369,9 @@ def test_backend_without_batch_rules_rejects_wait():
     """WAIT forms batches inside the engine; a backend that cannot take a batch rule must refuse it before
     anything runs, naming itself (backend=vllm takes it through its scheduler class:
     tests/test_vllm_wait_scheduler.py)."""
-    from harness.config import ConfigError
-    from harness.session import check_policies, session_input
-    from harness.workload import build_workload
+    from harness.run.config import ConfigError
+    from harness.run.session import check_policies, session_input
+    from harness.workload.workload import build_workload
     from tests.conftest import compose_run
     base = ["slo=absolute", "model=tiny", "cluster=cpu_1x", "workload=wait_single", "engine.block_size=128",
             "workload.num_conversations=2"]
@@ -430,7 +430,7 @@ def test_keyed_residents_bookkeeping_by_hand():
     (idle since 1 s); d (stage 0, idle since 0.5 s) is admitted (appended). Incrementally: key 0 = [a, d],
     d at stage 0, {1: [a]}, oldest 0.5 s; b moves to key 1 *before* c (running order b, c): {3: [b, c]},
     oldest 0 s (c); nothing rebuilt. Then c finishes (removed): a rebuild, key 1 = {3: [b]}, oldest 1 s."""
-    from baselines.fluid_admission import KeyedResidents
+    from baselines.wait.fluid_admission import KeyedResidents
     a, b, c, d = _R("a", 0, 0.0), _R("b", 2, 0.0), _R("c", 3, 0.0), _R("d", 0, 0.5)
     idx = KeyedResidents(lambda r, s: 0 if s < 3 else 1, 2)
     running = [a, b, c]
@@ -492,8 +492,8 @@ def test_incremental_plans_equal_rebuilt_plans_at_every_step(monkeypatch, schedu
     preempted and re-admitted), the rule's incremental plan equals the plan of the same rule rebuilding
     its resident groups from scratch (``incremental=False``) from the same engine snapshot; and the
     incremental path is taken (fewer rebuilds than plans)."""
-    from baselines.fluid_admission import NestedWaitRule as NW, WaitRule as W
-    from harness.session import session_input, simulate
+    from baselines.wait.fluid_admission import NestedWaitRule as NW, WaitRule as W
+    from harness.run.session import session_input, simulate
     from tests.conftest import compose_run
     from tests.test_invariants import workload
     seen = {"plans": 0, "rebuilds": 0}

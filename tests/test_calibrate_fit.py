@@ -1,4 +1,4 @@
-"""harness.calibrate on synthetic observations: step times generated from known coefficients by the
+"""harness.tools.calibrate on synthetic observations: step times generated from known coefficients by the
 roofline written out by hand below (not by harness.sim.perf), then fitted back; the reconstruction of
 step observations from hand-made token timestamps; the engine-side per-request deltas; the written YAML
 loads as a hardware profile."""
@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.calibrate import (FITTED, Observations, _engine_requests, fit, load_profile, observations,
+from harness.tools.calibrate import (FITTED, Observations, _engine_requests, fit, load_profile, observations,
                                profile_yaml, FitResult)
-from harness.profiles import HardwareConfig, ModelConfig
+from harness.core.profiles import HardwareConfig, ModelConfig
 
 # The tiny model (conf/model/tiny.yaml): 2 layers, hidden 256, 4 heads / 2 KV heads x 64, MLP 512, vocab 4096.
 TINY = ModelConfig(name="tiny", num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
@@ -151,7 +151,7 @@ def test_engine_requests_from_spans_are_matched_by_request_id():
     decode spans of completed turns with the turns' token counts are matched (the join is by id even where
     two turns have equal lengths, so no order or length rule decides); a P/D prefill span is not a decode
     row; a span whose output count differs from its turn's, and one of a failed turn, are left out."""
-    from harness.calibrate import match_engine_requests
+    from harness.tools.calibrate import match_engine_requests
     turns = pd.DataFrame({"conversation_id": ["a", "b", "c", "d"], "turn": [1, 0, 0, 0],
                           "status": ["ok", "ok", "ok", "failed"], "decode_instance": "c0",
                           "prompt_tokens": [200, 200, 64, 64], "cached_tokens": [128, 0, 0, 0],
@@ -203,7 +203,7 @@ def test_fidelity_compare_errors_and_verdict():
     """err = sim / real - 1 per metric; the verdict checks |err| against the field's 10 % (E2E, TPOT) and 20 %
     (TTFT);
     a missing or zero real value gives no error (NaN), never a pass."""
-    from harness.fidelity import compare
+    from harness.tools.fidelity import compare
     real = {"e2e_mean_s": 1.0, "tpot_mean_s": 0.010, "ttft_mean_s": 0.200, "preemptions": 0.0,
             "_kv": np.array([0.1, 0.2, 0.3]), "server_itl_mean_s": 0.008}
     sim = {"e2e_mean_s": 1.09, "tpot_mean_s": 0.0084, "ttft_mean_s": 0.26, "preemptions": 3.0,
@@ -226,8 +226,8 @@ def test_sim_tokens_parquet_matches_the_turns(tmp_path):
     its first_token_s and its last at its finish_s; times never decrease within a turn."""
     from omegaconf import OmegaConf
 
-    from harness.config import resolve
-    from harness.runner import execute
+    from harness.run.config import resolve
+    from harness.run.runner import execute
     from tests.conftest import compose_cfg
     dcfg = compose_cfg(["model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute",
                         "engine.block_size=128", "workload.num_conversations=4", "workload.max_turns=3",
@@ -279,7 +279,7 @@ def test_prefill_intercept_and_cached_prefix_cost_recovered():
     for k, v in {**TRUE, **TRUE_PRE}.items():
         assert res.params[k] == pytest.approx(v, rel=0.02), (k, res.params)
     assert res.at_bound == []
-    assert "fitted by harness.calibrate" in res.hw.prefill_terms_source
+    assert "fitted by harness.tools.calibrate" in res.hw.prefill_terms_source
     res.hw.validate("hw")
 
 

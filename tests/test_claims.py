@@ -1,4 +1,4 @@
-"""harness.claims on a hand-made runs table: paired ratios, verdicts, sensitivity flags, robustness fit."""
+"""harness.analysis.claims on a hand-made runs table: paired ratios, verdicts, sensitivity flags, robustness fit."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from harness.claims import claims_markdown, classify, fmt, paired
-from harness.stats import verdict
+from harness.analysis.claims import claims_markdown, classify, fmt, paired
+from harness.analysis.stats import verdict
 
 
 def row(variant, tier="a40_1p3d", rate=0.06, seed=0, err=0.0, kvmem=0.915, **metrics):
@@ -43,7 +43,7 @@ def test_paired_ratio_and_verdicts_by_hand():
 
 
 def test_the_five_verdicts_on_hand_made_intervals():
-    """One rule (harness.stats.verdict) on intervals made by hand, paper's C1 (-51.08 %: reproduced needs
+    """One rule (harness.analysis.stats.verdict) on intervals made by hand, paper's C1 (-51.08 %: reproduced needs
     <= -25.54 %) and C3 (+7.51 %: needs >= +3.755 %), margin 3 %."""
     assert verdict(-30.0, (-35.0, -25.0), -51.08) == "reproduced"              # below 0, |-30| >= 25.54
     assert verdict(-10.0, (-15.0, -5.0), -51.08) == "same direction, smaller"  # below 0, |-10| < 25.54
@@ -93,7 +93,7 @@ def test_claims_table_depends_on_reading_and_flags_sensitivity():
 
 def test_split_table_pairs_with_collocated_on_the_same_gpus():
     import json
-    from harness.claims import split_markdown
+    from harness.analysis.claims import split_markdown
     pd4 = json.dumps([{"role": "prefiller", "hardware": "a40", "count": 1}, {"role": "decoder", "hardware": "a40", "count": 3}])
     col4 = json.dumps([{"role": "collocated", "hardware": "a40", "count": 4}])
     rows = []
@@ -113,7 +113,7 @@ def test_c5_pairs_each_error_arm_with_the_error_free_run_of_its_own_load():
     """Two loads with misroute arms (ampd_robustness: 0.06 and 0.04 conv/s): each arm is paired with the
     error-free AMPD of the same load and seed only (3 pairs, not 6), in a table of its own per load, and the
     decisions column shows the realised misrouted share."""
-    from harness.claims import claim_robustness
+    from harness.analysis.claims import claim_robustness
     rows = []
     for s in range(3):
         for rate, base_first, mis_first in ((0.06, 1.0, 1.10), (0.04, 2.0, 2.50)):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.config import PROJECT_ROOT, ConfigError
+from harness.run.config import PROJECT_ROOT, ConfigError
 from harness.vllm.cluster import instance_specs, run_limit_s
 from harness.vllm.energy import EnergyMeter
 from harness.vllm.launcher import InstanceSpec, port_free
@@ -240,8 +240,8 @@ def test_ray_pd_pair_on_two_nodes_runs_conserve_end_to_end(ray_cluster, tmp_path
 
 
 def execute_run(run, out: Path) -> dict:
-    """``harness.runner.execute``, also recording the server pids the launcher reported (for the checks)."""
-    from harness.runner import execute
+    """``harness.run.runner.execute``, also recording the server pids the launcher reported (for the checks)."""
+    from harness.run.runner import execute
     from harness.vllm import cluster as vc
     seen: list[int] = []
     orig = vc.make_launcher

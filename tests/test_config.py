@@ -1,8 +1,8 @@
 """The config system end to end: every shipped option composes and resolves, every registered scheduler
-builds (a ``harness.policy.Policy``) and runs on a cluster it supports, and every bad input fails fast --
+builds (a ``harness.core.policy.Policy``) and runs on a cluster it supports, and every bad input fails fast --
 before any simulated turn starts -- with an error that names the key (or the file and line).
 
-Bad inputs are checked in-process (``compose_run`` + ``harness.runner.execute`` with the simulator
+Bad inputs are checked in-process (``compose_run`` + ``harness.run.runner.execute`` with the simulator
 booby-trapped) and, for a few, through the real CLI (``python run.py ...``: non-zero exit, the key on
 stderr, no Python traceback, no results written).
 """
@@ -21,17 +21,17 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-import harness.runner as runner
-import harness.session as session
-import harness.slo_baseline as slo_baseline
-from harness.config import PROJECT_ROOT, ConfigError, resolve
-from harness.backend import backends
-from harness.policy import Policy
-from harness.schedulers import get_spec, registered
-from harness.profiles import kv_capacity_blocks
+import harness.run.runner as runner
+import harness.run.session as session
+import harness.run.slo_baseline as slo_baseline
+from harness.run.config import PROJECT_ROOT, ConfigError, resolve
+from harness.core.backend import backends
+from harness.core.policy import Policy
+from harness.core.schedulers import get_spec, registered
+from harness.core.profiles import kv_capacity_blocks
 from harness.sim.backend import SimBackend
-from harness.trace import TraceError
-from harness.workload import WorkloadConfig, build_workload
+from harness.core.trace import TraceError
+from harness.workload.workload import WorkloadConfig, build_workload
 from tests.conftest import NEEDS_PD, compose_cfg, compose_run, conversation
 
 CONF = PROJECT_ROOT / "conf"
@@ -240,10 +240,10 @@ def test_reference_scheduler_runs_on_every_cluster():
 
 def schema_keys() -> dict[str, list[str]]:
     """Every key of every group, as conf/README.md writes it (nested keys with their parent's prefix)."""
-    from harness.config import LoggerConfig
-    from harness.metrics import SloConfig
-    from harness.profiles import ClusterConfig, EngineConfig, HardwareConfig, InstanceGroupConfig, ModelConfig
-    from harness.workload import WorkloadConfig
+    from harness.run.config import LoggerConfig
+    from harness.analysis.metrics import SloConfig
+    from harness.core.profiles import ClusterConfig, EngineConfig, HardwareConfig, InstanceGroupConfig, ModelConfig
+    from harness.workload.workload import WorkloadConfig
 
     def fields(cls, prefix=""):
         out = []
@@ -268,7 +268,7 @@ def schema_keys() -> dict[str, list[str]]:
 def test_conf_readme_documents_every_key_and_option():
     text = (CONF / "README.md").read_text()
     missing = [f"{group}: {key}" for group, ks in schema_keys().items() for key in ks if f"`{key}`" not in text]
-    from harness.config import RunConfig
+    from harness.run.config import RunConfig
     missing += [f"section ## {f.name}" for f in dataclasses.fields(RunConfig) if f"\n## {f.name}\n" not in text]
     groups = [p.name for p in CONF.iterdir() if p.is_dir()] + ["scheduler", "backend"]
     missing += [f"section ## {g}" for g in groups if f"\n## {g}\n" not in text]

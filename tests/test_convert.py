@@ -1,4 +1,4 @@
-"""Tests of the trajectory converter (harness.convert).
+"""Tests of the trajectory converter (harness.workload.convert).
 
 Counts are checked against the tokenizer applied directly to the full rendered
 prompt strings, which the test builds itself (not with the module's helpers).
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import convert as cv
-from harness.trace import load_trace
+from harness.workload import convert as cv
+from harness.core.trace import load_trace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 MINI_DIR = SHARED / "data" / "swebench-trajectories" / "mini-swe-agent-v1.15_gemini-3-pro-preview" / "trajs"

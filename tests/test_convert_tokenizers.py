@@ -1,4 +1,4 @@
-"""The converter with any ``tokenizer.json`` (harness.convert.load_tokenizer) and the Llama 3 chat template.
+"""The converter with any ``tokenizer.json`` (harness.workload.convert.load_tokenizer) and the Llama 3 chat template.
 
 Two word-level tokenizers built here with ``tokenizers`` (whitespace split, so every word is one token and
 whitespace is none) make every count a hand count:
@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from harness import convert as cv
+from harness.workload import convert as cv
 
 WORDS = ["[UNK]", "system", "user", "assistant", "fix", "the", "bug", "done"]
 CHATML = ["<|im_start|>", "<|im_end|>"]
@@ -74,7 +74,7 @@ def test_a_template_whose_tokens_the_tokenizer_lacks_is_refused(tmp_path):
 
 def test_cli_with_a_tokenizer_json_and_with_a_model_config(tmp_path, capsys):
     from tests.test_convert import _swe_fixture
-    from harness.trace import load_trace
+    from harness.core.trace import load_trace
     (tmp_path / "a.traj").write_text(json.dumps(_swe_fixture()))
     tj = word_tokenizer(tmp_path / "tokenizer.json", LLAMA3)
     out = tmp_path / "o.jsonl"

@@ -1,4 +1,4 @@
-"""Exports (harness.export) in the peers' formats, loaded by the peers' readers or checked against their schemas.
+"""Exports (harness.analysis.export) in the peers' formats, loaded by the peers' readers or checked against their schemas.
 
 * vllm-bench: a small run on the fake backend (tests/test_pipeline.py: TTFT = ``step_s``, every gap
   ``step_s``, nothing queues) exported; values checked against the trace by hand (counts, tokens, TTFT,
@@ -21,11 +21,11 @@ import pandas as pd
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from harness.export import export, main
-from harness.runner import execute
-from harness.session import context_limit
-from harness.trace import load_trace
-from harness.workload import build_workload
+from harness.analysis.export import export, main
+from harness.run.runner import execute
+from harness.run.session import context_limit
+from harness.core.trace import load_trace
+from harness.workload.workload import build_workload
 from tests.conftest import compose_run
 from tests.test_pipeline import SMALL  # noqa: F401  (also registers backend=fake)
 

@@ -1,10 +1,10 @@
-"""harness.fidelity's protocol verdict on hand-made errors and run-to-run spreads."""
+"""harness.tools.fidelity's protocol verdict on hand-made errors and run-to-run spreads."""
 
 from __future__ import annotations
 
 import math
 
-from harness.fidelity import FIELD_TARGETS, protocol_rows, protocol_verdict
+from harness.tools.fidelity import FIELD_TARGETS, protocol_rows, protocol_verdict
 
 
 def test_verdict_within_noise_met_missed():

@@ -1,4 +1,4 @@
-"""Hand-worked checks of harness/fluid.py (Ao et al., arXiv 2504.11320; docs/schedulers.md "WAIT and Nested WAIT").
+"""Hand-worked checks of baselines/wait/fluid.py (Ao et al., arXiv 2504.11320; docs/schedulers.md "WAIT and Nested WAIT").
 
 Every expected number below is worked out by hand in the comments, not by calling the code.
 Notation: w_j = (l'_j + 1)(l_j + l'_j/2) tokens, S = sum_j lambda_j w_j tokens/s.
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from harness.fluid import (
+from baselines.wait.fluid import (
     FluidEquilibrium,
     NestedWaitPlan,
     PromptType,

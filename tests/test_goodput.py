@@ -1,4 +1,4 @@
-"""Per-request goodput (harness.goodput): vLLM's and AIPerf's ``--goodput`` semantics, counted by hand.
+"""Per-request goodput (harness.analysis.goodput): vLLM's and AIPerf's ``--goodput`` semantics, counted by hand.
 
 * A hand-made turns table whose TTFT/TPOT/E2E sit on either side of the thresholds: the good turns are
   listed by hand, for vLLM's rule (a 1-token turn's TPOT is 0) and AIPerf's (a 1-token turn has no ITL and
@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.config import ConfigError
-from harness.goodput import good_turns, goodput_summary, parse_goodput
-from harness.runner import execute
-from harness.session import context_limit
-from harness.trace import load_trace
-from harness.workload import build_workload
+from harness.run.config import ConfigError
+from harness.analysis.goodput import good_turns, goodput_summary, parse_goodput
+from harness.run.runner import execute
+from harness.run.session import context_limit
+from harness.core.trace import load_trace
+from harness.workload.workload import build_workload
 from tests.conftest import compose_run
 from tests.test_pipeline import SMALL  # noqa: F401  (also registers backend=fake)
 
@@ -106,7 +106,7 @@ def test_small_run_goodput_equals_a_hand_count(tmp_path):
 
 def _agreement_module():
     import importlib.util
-    from harness.config import PROJECT_ROOT
+    from harness.run.config import PROJECT_ROOT
     spec = importlib.util.spec_from_file_location("goodput_agreement", PROJECT_ROOT / "benchmarks" / "goodput_agreement.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

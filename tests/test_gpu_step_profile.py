@@ -9,7 +9,7 @@ import sys
 import pandas as pd
 import pytest
 
-from harness.config import PROJECT_ROOT
+from harness.run.config import PROJECT_ROOT
 
 pytest.importorskip("torch")
 

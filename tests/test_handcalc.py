@@ -12,9 +12,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from harness.config import scheduler_config
-from harness.session import session_input, simulate
-from harness.workload import WorkloadConfig, build_workload
+from harness.run.config import scheduler_config
+from harness.run.session import session_input, simulate
+from harness.workload.workload import WorkloadConfig, build_workload
 from tests.conftest import compose_run, conversation
 
 # --- datasheet / config constants, restated (conf/hardware/a40.yaml) -------------------------------

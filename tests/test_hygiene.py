@@ -1,7 +1,7 @@
 """Nothing left behind, nothing leaked, nothing trusted unchecked (issue 19, item 6): streaming trace
 statistics in bounded memory, unloaded-TTFET cache shards checked by schema and checksum, result files with
 the process umask, W&B secrets scrubbed by value, calibrate refusing a partial run, documented exit
-statuses of harness.fidelity / harness.calibrate, kv_store/ removed."""
+statuses of harness.tools.fidelity / harness.tools.calibrate, kv_store/ removed."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.config import PROJECT_ROOT
-from harness.trace import load_trace
-from harness.tracestats import ideal_hit_ratio, request_stats_text, stream_request_stats, trace_stats
+from harness.run.config import PROJECT_ROOT
+from harness.core.trace import load_trace
+from harness.tools.tracestats import ideal_hit_ratio, request_stats_text, stream_request_stats, trace_stats
 
 MOONCAKE = PROJECT_ROOT / "traces" / "mooncake" / "conversation_trace.jsonl.gz"
 
 
-# ---- harness.tracestats stats: streaming, bounded memory ------------------------------------------------------
+# ---- harness.tools.tracestats stats: streaming, bounded memory ------------------------------------------------------
 
 def write_request_trace(path: Path, n: int, seed: int = 0, *, sessions: bool = False, shuffle: bool = False,
                         ids: bool = True) -> None:
@@ -103,8 +103,8 @@ def test_trace_stats_memory_per_request_is_bounded(tmp_path):
     small, big = tmp_path / "small.jsonl", tmp_path / "big.jsonl"
     write_request_trace(small, 10_000, seed=1)
     write_request_trace(big, 90_000, seed=1)
-    rss_small, _ = _peak_rss_bytes("-m", "harness.tracestats", "stats", str(small))
-    rss_big, out = _peak_rss_bytes("-m", "harness.tracestats", "stats", str(big))
+    rss_small, _ = _peak_rss_bytes("-m", "harness.tools.tracestats", "stats", str(small))
+    rss_big, out = _peak_rss_bytes("-m", "harness.tools.tracestats", "stats", str(big))
     assert "requests: 90,000" in out
     per_request = (rss_big - rss_small) / 80_000
     assert per_request < 1000, f"{per_request:.0f} bytes per request"
@@ -113,7 +113,7 @@ def test_trace_stats_memory_per_request_is_bounded(tmp_path):
 # ---- unloaded-TTFET cache shards -------------------------------------------------------------------------
 
 def _tiny():
-    from harness.workload import WorkloadConfig, build_workload
+    from harness.workload.workload import WorkloadConfig, build_workload
     from tests.conftest import compose_run, conversation
     convs = [conversation("c0", [(0, 300, 20, 0.5), (320, 40, 10, 0.0)]),
              conversation("c1", [(0, 500, 30, 1.0), (530, 50, 8, 0.0)])]
@@ -136,7 +136,7 @@ def _bad_shapes(shard: dict) -> list:
 
 
 def test_a_bad_cache_shard_is_ignored_with_a_warning_and_recomputed(tmp_path, monkeypatch, caplog):
-    from harness import session, slo_baseline
+    from harness.run import session, slo_baseline
     run, conversations, stats = _tiny()
     monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
     fresh = slo_baseline.unloaded_readings(session.session_input(run), conversations, stats, cache_dir=tmp_path)
@@ -152,7 +152,7 @@ def test_a_bad_cache_shard_is_ignored_with_a_warning_and_recomputed(tmp_path, mo
         real = slo_baseline.simulate
         monkeypatch.setattr(slo_baseline, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="harness.slo_baseline"):
+        with caplog.at_level(logging.WARNING, logger="harness.run.slo_baseline"):
             again = slo_baseline.unloaded_readings(session.session_input(run), conversations, stats, cache_dir=tmp_path)
         assert again == fresh, label                         # recomputed: the true values, never the shard's
         assert len(calls) == 2, label                        # both conversations replayed
@@ -164,8 +164,8 @@ def test_a_bad_cache_shard_is_ignored_with_a_warning_and_recomputed(tmp_path, mo
 
 @pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_result_files_get_the_process_umask(tmp_path, mask, mode):
-    from harness.recorder import write_json, write_parquet, write_text
-    from harness.trace import write_trace
+    from harness.core.recorder import write_json, write_parquet, write_text
+    from harness.core.trace import write_trace
     from tests.conftest import conversation
     old = os.umask(mask)
     try:
@@ -182,7 +182,7 @@ def test_result_files_get_the_process_umask(tmp_path, mask, mode):
 # ---- W&B: secrets scrubbed by value -------------------------------------------------------------------
 
 def test_secrets_are_scrubbed_from_every_string_by_value(monkeypatch):
-    from harness.loggers import REDACTED, scrub, scrub_string
+    from harness.run.loggers import REDACTED, scrub, scrub_string
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-9f8e7d6c5b4a")
     cases = {
         "https://alice:hunter2pass@db.example.com:5432/x": "https://alice:<redacted>@db.example.com:5432/x",
@@ -208,8 +208,8 @@ def test_wandb_init_gets_scrubbed_tags_group_and_config(monkeypatch, tmp_path):
     """The logger passes tags, group and name through the scrubber (a fake wandb module records the call)."""
     import types
 
-    from harness.config import LoggerConfig
-    from harness.loggers import WandbLogger
+    from harness.run.config import LoggerConfig
+    from harness.run.loggers import WandbLogger
     seen = {}
     fake = types.SimpleNamespace(Settings=lambda **k: k, init=lambda **k: seen.update(k) or object())
     monkeypatch.setitem(sys.modules, "wandb", fake)
@@ -227,7 +227,7 @@ def test_wandb_init_gets_scrubbed_tags_group_and_config(monkeypatch, tmp_path):
 # ---- calibrate / fidelity: refusals and exit statuses --------------------------------------------------
 
 def test_calibrate_refuses_a_partial_run_unless_allowed(tmp_path, capsys):
-    from harness.calibrate import main
+    from harness.tools.calibrate import main
     run = tmp_path / "run"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"partial": True, "error": "KeyboardInterrupt: Ctrl-C"}))
@@ -243,7 +243,7 @@ def test_calibrate_refuses_a_partial_run_unless_allowed(tmp_path, capsys):
 
 
 def test_fidelity_exit_status_2_on_a_missing_run_or_profile(tmp_path, capsys):
-    from harness.fidelity import main
+    from harness.tools.fidelity import main
     assert main([str(tmp_path / "nope"), "--profile", "cpu"]) == 2
     assert "no summary.json" in capsys.readouterr().err
     run = tmp_path / "run"

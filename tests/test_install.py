@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.paths import PROJECT_ROOT
+from harness.core.paths import PROJECT_ROOT
 
 # what a source copy leaves out (build outputs, results, caches)
 IGNORE = shutil.ignore_patterns(".git", "results", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
@@ -58,7 +58,7 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_main_job(tmp_path):
                     str(src)], check=True, env=env, cwd=tmp_path, timeout=300)
     (wheel,) = wheels.glob("agentic_serving_harness-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for need in ("harness/cli.py", "baselines/wait.py", "harness/conf/__init__.py", "harness/conf/config.yaml",
+    for need in ("harness/run/cli.py", "baselines/wait/wait.py", "harness/conf/__init__.py", "harness/conf/config.yaml",
                  "harness/conf/cluster/a40_1p3d.yaml", "harness/traces/swebench_verified_mini_gemini3pro.jsonl.gz",
                  "harness/traces/tokenizer/qwen2.5/vocab.json"):
         assert need in names, need
@@ -79,7 +79,7 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_main_job(tmp_path):
     where = subprocess.run([str(py), "-c", "import harness, baselines; print(harness.__file__); print(baselines.__file__)"],
                            cwd=outside, env=env, capture_output=True, text=True, check=True).stdout.split()
     assert all(Path(p).resolve().is_relative_to(venv.resolve()) for p in where), where   # the wheel's copy
-    tok = subprocess.run([str(py), "-c", "from harness.convert import DEFAULT_TOKENIZER_DIR as d; print(d)"],
+    tok = subprocess.run([str(py), "-c", "from harness.workload.convert import DEFAULT_TOKENIZER_DIR as d; print(d)"],
                          cwd=outside, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert Path(tok).resolve().is_relative_to(venv.resolve()) and (Path(tok) / "vocab.json").is_file(), tok
 
@@ -102,7 +102,7 @@ def test_a_missing_config_directory_is_named():
     """Neither a checkout's ``conf/`` nor the wheel's ``harness/conf``: the error names both places."""
     from unittest import mock
 
-    from harness import cli
+    from harness.run import cli
     with mock.patch.object(cli, "PROJECT_ROOT", Path("/nonexistent/checkout")), \
             mock.patch.object(cli, "PACKAGE_DIR", Path("/nonexistent/site-packages/harness")):
         with pytest.raises(FileNotFoundError, match=r"/nonexistent/checkout/conf .*/nonexistent/site-packages/harness/conf"):
@@ -112,7 +112,7 @@ def test_a_missing_config_directory_is_named():
 def test_help_lists_the_groups_without_the_generated_experiment_cells():
     """``--help`` names every group and its options, but the generated ``experiment/{arm,cell,wait_point}``
     sub-groups only by their count (hundreds of names were two thirds of the text)."""
-    from harness.schedulers import registered
+    from harness.core.schedulers import registered
     r = subprocess.run([sys.executable, "run.py", "--help"], cwd=PROJECT_ROOT, capture_output=True, text=True,
                        timeout=120, env=dict(os.environ, PYTHONPATH=str(PROJECT_ROOT)))
     assert r.returncode == 0, r.stderr

@@ -8,12 +8,12 @@ import hashlib
 import pandas as pd
 import pytest
 
-from harness.schedulers import registered
-from harness.runner import execute
-from harness.session import session_input, simulate
+from harness.core.schedulers import registered
+from harness.run.runner import execute
+from harness.run.session import session_input, simulate
 from harness.sim.engine import Engine
-from harness.trace import load_trace
-from harness.workload import WorkloadConfig, build_workload, truncate_turns
+from harness.core.trace import load_trace
+from harness.workload.workload import WorkloadConfig, build_workload, truncate_turns
 from tests.conftest import NEEDS_PD, compose_run
 
 # A small, memory-starved cluster so that eviction and preemption happen: 5 % of 48 GB minus 1.19 GB of

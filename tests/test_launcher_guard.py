@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import PROJECT_ROOT
+from harness.run.config import PROJECT_ROOT
 from harness.vllm import launcher as L
 from tests.conftest import free_port_base, pid_alive
 

@@ -1,4 +1,4 @@
-"""Load shapes (harness.workload arrivals; harness.controller's concurrency gate and duration stop).
+"""Load shapes (harness.workload.workload arrivals; harness.core.controller's concurrency gate and duration stop).
 
 Hand-made conversations of two turns (5 output tokens each, 1 s of tool time between them) on the fake
 backend of tests/test_pipeline.py (a turn's first token ``step_s`` after it starts, the last ``5 x step_s``
@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.runner import execute
-from harness.workload import WorkloadConfig, build_workload
+from harness.run.runner import execute
+from harness.workload.workload import WorkloadConfig, build_workload
 from tests.conftest import compose_run, conversation
 from tests.test_pipeline import FakeBackendConfig  # noqa: F401  (registers backend=fake)
 
@@ -37,7 +37,7 @@ def _convs(n=10):
 
 
 def _run(tmp_path, monkeypatch, overrides, n=10):
-    import harness.runner as runner
+    import harness.run.runner as runner
     monkeypatch.setattr(runner, "load_trace", lambda path: _convs(n))
     s = execute(compose_run(BASE + overrides), tmp_path)
     return s, pd.read_parquet(tmp_path / "conversations.parquet"), pd.read_parquet(tmp_path / "turns.parquet")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.loggers import NullLogger, is_secret_key, logged_run, scrub, start_logger
-from harness.runner import execute
+from harness.run.loggers import NullLogger, is_secret_key, logged_run, scrub, start_logger
+from harness.run.runner import execute
 from tests.conftest import compose_cfg, compose_run
 from tests.wandb_log import read_offline_run
 
@@ -122,7 +122,7 @@ def test_wandb_run_is_closed_when_the_run_fails(monkeypatch, tmp_path: Path):
     overrides = tiny_overrides("logger=wandb", "logger.log_figures=false")
     run = compose_run(overrides)
     out = tmp_path / "run"
-    import harness.runner as runner
+    import harness.run.runner as runner
 
     def boom(*a, **k):
         raise RuntimeError("simulated failure")

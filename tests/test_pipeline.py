@@ -1,4 +1,4 @@
-"""The run pipeline: one wiring for every backend (``harness.session.run_session``), one recorder, backends as
+"""The run pipeline: one wiring for every backend (``harness.run.session.run_session``), one recorder, backends as
 plug-ins, engine knobs that mean the same everywhere, and layering without import cycles.
 
 * Conformance: the same tiny workload through the simulator and through a fake in-memory backend (a
@@ -26,12 +26,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.backend import BackendConfig, InstanceInfo, InstanceState, backends, register_backend
-from harness.clock import SimClock
-from harness.config import PROJECT_ROOT, ConfigError
-from harness.runner import execute
-from harness.schedulers import registered
-from harness.session import estimated_capacities, session_input
+from harness.core.backend import BackendConfig, InstanceInfo, InstanceState, backends, register_backend
+from harness.core.clock import SimClock
+from harness.run.config import PROJECT_ROOT, ConfigError
+from harness.run.runner import execute
+from harness.core.schedulers import registered
+from harness.run.session import estimated_capacities, session_input
 from tests.conftest import BATCH_FORMING, NEEDS_PD, compose_run
 
 SMALL = ["workload.num_conversations=6", "workload.max_turns=4", "workload.rate_per_s=0.5", "logger.progress=false"]
@@ -227,7 +227,7 @@ def test_engine_knobs_reach_vllm_serve_as_flags(tmp_path):
 
 def test_every_engine_knob_has_a_vllm_flag_or_a_reason_it_has_none():
     from dataclasses import fields as dc_fields
-    from harness.profiles import EngineConfig
+    from harness.core.profiles import EngineConfig
     from harness.vllm.flags import ENGINE_NOT_ON_VLLM, VLLM_FLAGS
     assert {f.name for f in dc_fields(EngineConfig)} == set(VLLM_FLAGS) | set(ENGINE_NOT_ON_VLLM)
 
@@ -326,7 +326,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def layering_violations(graph: dict[str, set[str]]) -> list[tuple[str, str, str]]:
     """``(module, imported module, rule)`` for each import against the stated layering rules."""
-    backends = ("harness.sim", "harness.vllm", "harness.backend")
+    backends = ("harness.sim", "harness.vllm", "harness.core.backend")
     bad = []
     for m, ds in graph.items():
         for d in ds:
@@ -334,12 +334,12 @@ def layering_violations(graph: dict[str, set[str]]) -> list[tuple[str, str, str]
                 bad.append((m, d, "harness.vllm / baselines import the simulator"))
             if m.startswith(backends) and d.startswith("baselines"):
                 bad.append((m, d, "a backend imports a scheduler variant"))
-            if m.startswith("harness.vllm") and d == "harness.config":
+            if m.startswith("harness.vllm") and d == "harness.run.config":
                 bad.append((m, d, "the vLLM backend imports the config module"))
             # baselines import only the policy interface (with its helpers and the engine batch-rule
             # interface), the fluid model, the registry and each other
-            if m.startswith("baselines") and not d.startswith(("harness.policy", "harness.batching", "harness.fluid",
-                                                               "harness.registry", "baselines")):
+            if m.startswith("baselines") and not d.startswith(("harness.core.policy", "harness.core.batching", "baselines.wait.fluid",
+                                                               "harness.core.registry", "baselines")):
                 bad.append((m, d, "baselines import only the policy interface, batch rules, fluid model, registry"))
     return sorted(bad)
 
@@ -364,10 +364,10 @@ def test_the_import_graph_sees_function_level_main_block_and_relative_imports(tm
         "harness/sim/__init__.py": "",
         "harness/sim/engine.py": "",
         "harness/vllm/__init__.py": "",
-        "harness/vllm/x.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from harness.config import R\n"
+        "harness/vllm/x.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from harness.run.config import R\n"
                               "def f():\n    from harness.sim import engine\n    return engine\n"),
         "harness/vllm/y.py": "from ...baselines import w\n",
-        "harness/config.py": "",
+        "harness/run/config.py": "",
         "baselines/__init__.py": "",
         "baselines/w.py": "",
     }
@@ -392,4 +392,72 @@ def test_the_controller_is_constructed_in_one_place():
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Controller":
                 sites.append(str(p.relative_to(PROJECT_ROOT)))
-    assert sites == ["harness/session.py"], sites
+    assert sites == ["harness/run/session.py"], sites
+
+
+# ---- the wings (harness/core, workload, analysis, run, tools; the backends sim, vllm; baselines) -----------
+
+WING_ALLOWED = {
+    "harness.core": ("harness.core",),
+    "harness.workload": ("harness.core", "harness.workload"),
+    "harness.sim": ("harness.core", "harness.workload", "harness.sim"),
+    "harness.vllm": ("harness.core", "harness.workload", "harness.vllm"),
+    "harness.analysis": ("harness.core", "harness.workload", "harness.analysis"),
+    "baselines": ("harness.core.policy", "harness.core.batching", "harness.core.registry", "baselines"),
+    "harness.run": ("harness.core", "harness.workload", "harness.analysis", "harness.sim", "harness.vllm",
+                    "harness.run", "baselines"),
+    "harness.tools": ("harness", "baselines"),
+}
+"""Wing -> the modules its modules may import (by prefix; the top package ``harness`` is open to all:
+``harness.LazyModule``). Each wing imports only the wings before it: core <- workload <- backends (sim,
+vllm) and analysis <- run <- tools; baselines see only the policy and batch-rule interfaces and the registry."""
+
+
+def wing_of(module: str, packages: frozenset = frozenset()) -> str:
+    """The wing a module belongs to: its longest prefix in ``WING_ALLOWED``; any other subpackage of
+    ``harness`` (``harness.<name>`` in ``packages``, and its modules: a backend plug-in such as ``sim``,
+    ``vllm`` or a new one) is a backend, ``"harness.<name>"``; ``""`` for the top package and for a module
+    directly under ``harness/`` (which belongs in a wing)."""
+    hits = [w for w in WING_ALLOWED if module == w or module.startswith(w + ".")]
+    if hits:
+        return max(hits, key=len)
+    parts = module.split(".")
+    top = ".".join(parts[:2])
+    return top if parts[0] == "harness" and len(parts) >= 2 and (len(parts) >= 3 or top in packages) else ""
+
+
+def wing_allowed(wing: str) -> tuple[str, ...]:
+    """The import prefixes of ``wing`` (a backend not named in ``WING_ALLOWED``: the core, the workload, itself)."""
+    return WING_ALLOWED.get(wing, ("harness.core", "harness.workload", wing))
+
+
+def wing_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """``(module, imported module)`` for each import a module's wing does not allow (a module of no wing,
+    other than the top package, is reported with itself)."""
+    packages = frozenset(m.rpartition(".")[0] for m in graph if "." in m)
+    bad = []
+    for m, ds in graph.items():
+        w = wing_of(m, packages)
+        if not w:
+            if m != "harness":
+                bad.append((m, m))
+            continue
+        for d in ds:
+            if d != "harness" and not any(d == p or d.startswith(p + ".") for p in wing_allowed(w)):
+                bad.append((m, d))
+    return sorted(bad)
+
+
+def test_the_wings_import_only_downward(tmp_path):
+    """Every module of ``harness/`` is in a wing, and each wing imports only what ``WING_ALLOWED`` says (a
+    backend package not named there: the core, the workload and itself); the checker itself finds a planted
+    upward import (core -> run), a new backend importing the run wing, and a module outside every wing."""
+    graph = internal_imports()
+    assert not wing_violations(graph), wing_violations(graph)
+    planted = {"harness": set(), "harness.core.policy": {"harness.run.session", "harness"},
+               "harness.run.session": {"harness.core.policy", "baselines.wait.fluid"}, "harness.stray": set(),
+               "harness.fixed": set(), "harness.fixed.plugin": {"harness.core.backend", "harness.fixed",
+                                                                "harness.run.session"}}
+    assert wing_violations(planted) == [("harness.core.policy", "harness.run.session"),
+                                        ("harness.fixed.plugin", "harness.run.session"),
+                                        ("harness.stray", "harness.stray")]

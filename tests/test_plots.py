@@ -1,4 +1,4 @@
-"""``python -m harness.report SWEEP --x ... --y ...`` (harness/plots.py): points, filters, facets and
+"""``python -m harness.analysis.report SWEEP --x ... --y ...`` (harness/analysis/plots.py): points, filters, facets and
 Pareto fronts on a hand-made sweep whose values are written here."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("seaborn")
 
-from harness import plots, report  # noqa: E402
+from harness.analysis import plots, report  # noqa: E402
 from tests.test_report import config, make_run  # noqa: E402
 
 # (scheduler, cluster, rate) -> per-seed (output tokens/s, TTFT p99 s)

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from harness.profiles import HardwareConfig, ModelConfig
+from harness.core.profiles import HardwareConfig, ModelConfig
 from harness.sim.perf import PerfModel
 
 ROOT = Path(__file__).resolve().parents[1]

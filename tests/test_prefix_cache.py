@@ -1,11 +1,11 @@
-"""Content-addressed prefix caching (harness.prefix + harness.sim.kvcache), values derived by hand."""
+"""Content-addressed prefix caching (harness.workload.prefix + harness.sim.kvcache), values derived by hand."""
 
 from __future__ import annotations
 
 
-from harness.prefix import BlockContent, block_ranges
+from harness.workload.prefix import BlockContent, block_ranges
 from harness.sim.kvcache import KVLease, PrefixBlockPool
-from harness.trace import ConversationRecord, TurnRecord
+from harness.core.trace import ConversationRecord, TurnRecord
 
 BS = 4  # tokens per KV block in these tests
 

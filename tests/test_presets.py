@@ -12,8 +12,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from harness.config import PROJECT_ROOT, register_configs
-from harness.runner import execute
+from harness.run.config import PROJECT_ROOT, register_configs
+from harness.run.runner import execute
 from tests.conftest import compose_run
 
 CONF = PROJECT_ROOT / "conf"
@@ -195,7 +195,7 @@ def test_wait_paper_variants_are_the_papers_baselines():
         assert e.preemption_order == "lifo_arrival"
         assert run.cfg.cluster.name == "a100_1x" and run.cfg.model.name == "llama2_7b"
         # KV: (80 GiB x 0.99 - 13.48e9 B of weights) / 0.5 MiB per token = 136,496 tokens (1.37e5)
-        from harness.profiles import kv_capacity_blocks
+        from harness.core.profiles import kv_capacity_blocks
         cap = kv_capacity_blocks(run.cfg.hardware["a100"], run.cfg.model, e) * e.block_size
         assert abs(cap - 1.37e5) / 1.37e5 < 0.01
         assert run.cfg.workload.num_conversations >= 5000
@@ -207,7 +207,7 @@ def test_wait_paper_variants_are_the_papers_baselines():
         assert (m.name, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.vocab_size,
                 m.intermediate_size) == ("llama3_8b", 32, 4096, 32, 8, 128, 128256, 14336)
         assert (run.scheduler_name, e.max_num_batched_tokens) == (sched, budget)
-        from harness.profiles import kv_capacity_blocks
+        from harness.core.profiles import kv_capacity_blocks
         cap = kv_capacity_blocks(run.cfg.hardware["a100"], m, e) * e.block_size
         # (80 GiB x 0.99 - 2 x 8.03e9 B) / (2 x 32 x 8 x 128 x 2 = 131,072 B per token) = 5.26e5 tokens
         assert abs(cap - 5.26e5) / 5.26e5 < 0.01
@@ -242,8 +242,8 @@ def test_a_wait_paper_arm_sets_its_engine_in_either_order(arm):
 
 def test_the_authors_exact_llama3_arms():
     """The authors' Llama-3-8B engine and WAIT-CP configurations (docs/wait.md), values derived by hand."""
-    from baselines.wait_cp import CpType, wait_cp_constants
-    from harness.profiles import kv_capacity_blocks
+    from baselines.wait.wait_cp import CpType, wait_cp_constants
+    from harness.core.profiles import kv_capacity_blocks
     run = compose_run(["+experiment/arm=wait_sarathi_llama3_exact", "+experiment/wait_point=wait_single_r20",
                        "+experiment=wait_paper"])
     m, e = run.cfg.model, run.cfg.engine

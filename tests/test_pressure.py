@@ -1,4 +1,4 @@
-"""KV-capacity and admission pressure in ``summary.json`` (``harness.metrics.pressure_metrics``, issue 18):
+"""KV-capacity and admission pressure in ``summary.json`` (``harness.analysis.metrics.pressure_metrics``, issue 18):
 hand-made turns and instance samples, every expected number computed by hand in the comments."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from harness.metrics import pressure_metrics
+from harness.analysis.metrics import pressure_metrics
 
 
 def test_admission_holds_and_time_weighted_decoder_kv_by_hand():

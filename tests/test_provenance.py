@@ -1,7 +1,7 @@
 """Nothing mixed, nothing lost: sweep locks, run fingerprints, interrupts during the SLO baseline, errors
 before work (issue 19, items 3-5). Every case runs ``run.py`` in a subprocess, as a user does, on a few
 conversations of the shipped trace; interrupts are injected at a known point (``HARNESS_TEST_INTERRUPT``,
-``harness.slo_baseline._interrupt_hook``), never by a timer."""
+``harness.run.slo_baseline._interrupt_hook``), never by a timer."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.config import PROJECT_ROOT
-from harness.provenance import SWEEP_LOCK, DirLock, LockHeld, changed_components, mixed_components
-from harness.trace import load_trace, write_trace
+from harness.run.config import PROJECT_ROOT
+from harness.analysis.provenance import SWEEP_LOCK, DirLock, LockHeld, changed_components, mixed_components
+from harness.core.trace import load_trace, write_trace
 
 TINY = ["workload.num_conversations=4", "workload.max_turns=3", "logger.progress=false"]
 SHIPPED = PROJECT_ROOT / "traces" / "swebench_verified_mini_gemini3pro.jsonl.gz"
@@ -102,7 +102,7 @@ def test_a_lock_left_by_a_dead_holder_is_taken_over_and_the_log_says_so(tmp_path
 def test_dir_lock_in_process(tmp_path):
     """A live holder (another process) is refused with its record; the OS frees the lock when it dies."""
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from harness.provenance import DirLock\n"
+        "import sys, time; from harness.analysis.provenance import DirLock\n"
         f"DirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); time.sleep(60)")],
         cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True, env=_env())
     try:
@@ -145,7 +145,7 @@ def test_a_trace_rewritten_in_place_recomputes_the_job_and_says_why(tmp_path):
     for job in before:  # recomputed on the new trace: twice the output tokens (the run served all of them)
         assert after[job]["output_tokens"] == 2 * before[job]["output_tokens"] > 0, job
     # the report sees one code and one trace content: nothing mixed, exit 0
-    rep = subprocess.run([sys.executable, "-m", "harness.report", str(sweep), "--no-figures"], cwd=PROJECT_ROOT,
+    rep = subprocess.run([sys.executable, "-m", "harness.analysis.report", str(sweep), "--no-figures"], cwd=PROJECT_ROOT,
                          capture_output=True, text=True, env=_env(), timeout=300)
     assert rep.returncode == 0, rep.stderr[-2000:]
     runs = pd.read_csv(sweep / "report" / "runs.csv")
@@ -156,14 +156,14 @@ def test_a_trace_rewritten_in_place_recomputes_the_job_and_says_why(tmp_path):
     meta = json.loads(meta_p.read_text())
     meta["fingerprint"]["components"]["code"] = "0" * 32
     meta_p.write_text(json.dumps(meta))
-    rep = subprocess.run([sys.executable, "-m", "harness.report", str(sweep), "--no-figures"], cwd=PROJECT_ROOT,
+    rep = subprocess.run([sys.executable, "-m", "harness.analysis.report", str(sweep), "--no-figures"], cwd=PROJECT_ROOT,
                          capture_output=True, text=True, env=_env(), timeout=300)
     assert rep.returncode == 3 and "2 different code versions" in rep.stderr, rep.stderr[-2000:]
     md = (sweep / "report" / "report.md").read_text()
     assert md.startswith("> **WARNING: this sweep mixes results that are not comparable")
     runs = pd.read_csv(sweep / "report" / "runs.csv").set_index("run")
     assert bool(runs.loc["1_conserve", "mixed"]) != bool(runs.loc["0_collocated", "mixed"])
-    rep = subprocess.run([sys.executable, "-m", "harness.report", str(sweep), "--no-figures", "--allow-mixed"],
+    rep = subprocess.run([sys.executable, "-m", "harness.analysis.report", str(sweep), "--no-figures", "--allow-mixed"],
                          cwd=PROJECT_ROOT, capture_output=True, text=True, env=_env(), timeout=300)
     assert rep.returncode == 0, rep.stderr[-2000:]
     # and a resume recomputes that job, naming the code
@@ -246,7 +246,7 @@ def test_a_sweep_with_an_emptied_workload_or_a_scheduler_cluster_mismatch_fails_
 def test_the_sweeps_comparison_table_is_headed_by_a_warning_when_code_versions_mix(tmp_path):
     from omegaconf import OmegaConf
 
-    from harness.callbacks import SummaryTableCallback
+    from harness.run.callbacks import SummaryTableCallback
     base = {"scheduler": "conserve", "cluster": "c", "model": "m", "workload": "w", "partial": False,
             "num_conversations": 1}
     for i, code in enumerate(["a" * 32, "b" * 32]):

@@ -1,4 +1,4 @@
-"""Both TTFET readings and per-reading SLOs (harness.metrics, harness.slo_baseline.unloaded_readings).
+"""Both TTFET readings and per-reading SLOs (harness.analysis.metrics, harness.run.slo_baseline.unloaded_readings).
 
 Expected values are written out from the step-time formulas of tests/test_handcalc.py (which restates
 the A40 and Qwen3-0.6B constants), not read from the simulator.
@@ -11,12 +11,12 @@ import math
 import pandas as pd
 import pytest
 
-from harness.config import scheduler_config
-from harness.metrics import SloConfig, apply_slo, conversation_table, summarize
-from harness.recorder import TURN_COLUMNS
-from harness.session import session_input, simulate
-from harness.slo_baseline import unloaded_readings
-from harness.workload import WorkloadConfig, build_workload
+from harness.run.config import scheduler_config
+from harness.analysis.metrics import SloConfig, apply_slo, conversation_table, summarize
+from harness.core.recorder import TURN_COLUMNS
+from harness.run.session import session_input, simulate
+from harness.run.slo_baseline import unloaded_readings
+from harness.workload.workload import WorkloadConfig, build_workload
 from tests.conftest import compose_run, conversation
 from tests.test_handcalc import CONV, decode_step, prefill_step, transfer
 
@@ -110,7 +110,7 @@ def test_per_reading_slo_modes():
 def test_central_window_mean_by_hand():
     """Eight turns submitted out of order: the central window is the 3rd..6th by submission time
     (positions 2..5 of 8); the failed one among them is left out of the mean."""
-    from harness.metrics import _central_mean, central_window
+    from harness.analysis.metrics import _central_mean, central_window
     submit = [7.0, 0.0, 5.0, 1.0, 3.0, 2.0, 6.0, 4.0]
     e2e = [70.0, 0.5, 50.0, 10.0, 30.0, 20.0, 60.0, 40.0]
     status = ["ok", "ok", "ok", "ok", "failed", "ok", "ok", "ok"]

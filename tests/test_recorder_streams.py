@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.recorder import (DECISION_COLUMNS, ColumnStore, HoldDecision, ItlPool, PlaceDecision, PlanDecision,
+from harness.core.recorder import (DECISION_COLUMNS, ColumnStore, HoldDecision, ItlPool, PlaceDecision, PlanDecision,
                               ViewDigest, decision_row, decisions_frame)
-from harness.validity import serving_metrics
+from harness.analysis.validity import serving_metrics
 
 
 def _parquet(df: pd.DataFrame) -> bytes:

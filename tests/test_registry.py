@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.backend import BackendConfig, register_backend
-from harness.policy import ROLES
-from harness.registry import Registry, SchedulerSpec, register_rule, rule_from_spec, rules
-from harness.schedulers import get_spec, registered
+from harness.core.backend import BackendConfig, register_backend
+from harness.core.policy import ROLES
+from harness.core.registry import Registry, SchedulerSpec, register_rule, rule_from_spec, rules
+from harness.core.schedulers import get_spec, registered
 
 
 def test_the_shipped_variants_traits_are_what_their_papers_need():
@@ -40,7 +40,7 @@ def test_registry_refuses_a_second_name_and_an_unknown_trait():
 
 
 def test_a_role_outside_the_roles_is_refused_at_registration():
-    from harness.policy import register
+    from harness.core.policy import register
     with pytest.raises(ValueError, match="'prefill'"):
         register("typo_variant", dict, roles=("prefill",))
 
@@ -48,8 +48,8 @@ def test_a_role_outside_the_roles_is_refused_at_registration():
 def test_every_shipped_rule_round_trips_by_name():
     """Each engine rule of a shipped variant, built by its policy, survives ``to_spec`` -> JSON ->
     ``rule_from_spec`` with the same class and the same spec (what a vLLM server rebuilds)."""
-    from harness import session
-    from harness.workload import WorkloadConfig, build_workload
+    from harness.run import session
+    from harness.workload.workload import WorkloadConfig, build_workload
     from tests.conftest import compose_run
     from tests.test_config import CONVS
     convs, stats = build_workload(CONVS, WorkloadConfig(arrival="poisson", rate_per_s=1.0))
@@ -105,7 +105,7 @@ def test_a_backend_config_must_derive_from_the_base():
     class Plain:
         name: str = "plain"
 
-    with pytest.raises(TypeError, match="must derive from harness.backend.BackendConfig"):
+    with pytest.raises(TypeError, match="must derive from harness.core.backend.BackendConfig"):
         register_backend("plain_test", Plain)
     base = BackendConfig()
     assert base.supports_batch_rules is False and base.context_limit() is None

@@ -1,4 +1,4 @@
-"""``python -m harness.report`` on small hand-made sweeps: the tidy table, the per-point seed-level estimate
+"""``python -m harness.analysis.report`` on small hand-made sweeps: the tidy table, the per-point seed-level estimate
 and 95 % interval (checked against values computed by hand), the markdown, and which figures are drawn."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import yaml
 pytest.importorskip("seaborn")
 pytest.importorskip("scipy")
 
-from harness import report  # noqa: E402
+from harness.analysis import report  # noqa: E402
 
 # Student-t 0.975 quantiles from a printed table: 1 and 2 degrees of freedom.
 T_1DF, T_2DF = 12.7062, 4.3027
@@ -149,7 +149,7 @@ def test_conserve_three_seeds_interval_by_hand():
     hand: logits ln(p / (1 - p)) = 0.91489, 2.84385, 3.31678; mean 2.35851, sd 1.27237, half-width
     4.3027 x 1.27237 / sqrt 3 = 3.16079 -> expit(2.35851) = 0.91361 [expit(-0.80228) = 0.30954,
     expit(5.51930) = 0.99601], with expit(z) = 1 / (1 + e^-z)."""
-    from harness.stats import point_interval
+    from harness.analysis.stats import point_interval
     e, lo, hi, n = point_interval("slo_attainment_first", [0.714, 0.945, 0.965], [200, 200, 200])
     assert n == 3
     assert e == pytest.approx(0.91361, abs=2e-4)
@@ -160,7 +160,7 @@ def test_conserve_three_seeds_interval_by_hand():
 def test_no_interval_leaves_its_range():
     """A count whose log(1 + x) interval reaches below 0 is cut at 0; a proportion with 0 and 1 seeds stays
     inside (0, 1); a time that spans decades stays positive."""
-    from harness.stats import point_interval
+    from harness.analysis.stats import point_interval
     assert point_interval("preemptions", [0, 0, 30])[1] == 0.0
     _, lo, hi, _ = point_interval("slo_attainment_visible", [0.0, 1.0, 1.0], [10, 10, 10])
     assert 0 < lo < hi < 1

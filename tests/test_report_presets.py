@@ -1,4 +1,4 @@
-"""``python -m harness.report`` on a reduced run of every experiment preset (``conf/experiment/*.yaml``) and
+"""``python -m harness.analysis.report`` on a reduced run of every experiment preset (``conf/experiment/*.yaml``) and
 of the README's six-way sweep (``python run.py -m scheduler=conserve,ampd,collocated,disaggregated,wait,
 nested_wait``): the same sweep shape (the preset's swept keys, fewer of their values), 2 seeds, 3
 conversations of at most 3 turns. The report (tables, markdown, claims, figures) must succeed on each and
@@ -9,8 +9,8 @@ and last; a union of grids (a group under ``+experiment/``, e.g. the cells of ``
 up to four evenly spaced options, first and last included, fewer (down to two) while the sweep has more
 than ``UNION_BUDGET`` jobs. A preset added later is reduced the same way.
 
-The figures are built (every plotting call runs) but not rendered to files: ``harness.report._save``
-(and ``harness.plotting._save``, which the claims figures use) is replaced by one that closes the figure and records its name, and ``Figure.tight_layout`` does nothing
+The figures are built (every plotting call runs) but not rendered to files: ``harness.analysis.report._save``
+(and ``harness.analysis.plotting._save``, which the claims figures use) is replaced by one that closes the figure and records its name, and ``Figure.tight_layout`` does nothing
 (rendering and laying out text are most of the report's time and are covered by tests/test_report.py)."""
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("seaborn")
 
-from harness import report  # noqa: E402
-from harness.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
-from harness.runner import execute  # noqa: E402
-from harness.stats import is_count, is_proportion  # noqa: E402
+from harness.analysis import report  # noqa: E402
+from harness.run.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
+from harness.run.runner import execute  # noqa: E402
+from harness.analysis.stats import is_count, is_proportion  # noqa: E402
 from tests.test_presets import PRESETS, sweep_params  # noqa: E402
 
 SIX_WAY = {"scheduler": ["conserve", "ampd", "collocated", "disaggregated", "wait", "nested_wait"],
@@ -96,7 +96,7 @@ def test_report_on_a_reduced_sweep(name, params, tmp_path: Path, monkeypatch):
         drawn.append(figure_name)
         return [Path(out) / f"{figure_name}.png"]
     monkeypatch.setattr(report, "_save", built)
-    from harness import plotting  # the claims figures save through harness.plotting._save
+    from harness.analysis import plotting  # the claims figures save through harness.analysis.plotting._save
     monkeypatch.setattr(plotting, "_save", built)
     import matplotlib.figure
     monkeypatch.setattr(matplotlib.figure.Figure, "tight_layout", lambda self, *a, **k: None)

@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from harness.config import scheduler_config
-from harness.session import session_input, simulate
-from harness.trace import TraceError, load_trace
-from harness.tracestats import ideal_hit_ratio, main as stats_main
-from harness.workload import WorkloadConfig, build_workload
+from harness.run.config import scheduler_config
+from harness.run.session import session_input, simulate
+from harness.core.trace import TraceError, load_trace
+from harness.tools.tracestats import ideal_hit_ratio, main as stats_main
+from harness.workload.workload import WorkloadConfig, build_workload
 from tests.conftest import SHARED, compose_run, conversation
 
 
@@ -208,7 +208,7 @@ def test_sim_shared_system_prompt_across_conversations():
 def test_sim_mooncake_hits_match_trace_stats():
     # the first 400 requests of the shipped Mooncake trace on one A100 (Qwen3-0.6B): a single KV cache
     # serving them in arrival order at low load, so the simulated hit fraction equals the ideal one
-    # computed by harness.tracestats for the same cache size within 1 point (concurrency: requests in
+    # computed by harness.tools.tracestats for the same cache size within 1 point (concurrency: requests in
     # flight hold blocks the ideal replay would have free)
     recs = load_trace("traces/mooncake/conversation_trace.jsonl.gz")[:400]
     run = compose_run(["cluster=a100_1x", "scheduler=collocated", "slo=absolute"])
@@ -263,7 +263,7 @@ def test_context_book_blocks_give_the_simulators_hits():
     # token ids the client sends, block by block as vLLM does, gives the same ideal hits (infinite cache)
     # as the simulator's content model
     from harness.vllm.backend import ContextBook
-    from harness.workload import scale_tokens
+    from harness.workload.workload import scale_tokens
     recs = [scale_tokens(r, 1 / 32) for r in load_trace("traces/mooncake/conversation_trace.jsonl.gz")[:300]]
     assert recs[0].hash_block_tokens == 16
     book = ContextBook(50_000, seed=0, records=recs)
@@ -294,7 +294,7 @@ def test_context_book_shared_system_prompt():
 
 
 def test_write_trace_rejects_request_traces(tmp_path):
-    from harness.trace import write_trace
+    from harness.core.trace import write_trace
     recs = load_trace(write_jsonl(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 5, "output_length": 1,
                                                           "hash_ids": [1]}]))
     with pytest.raises(TraceError, match=r"out\.jsonl:1: 'req000000' has hash_ids"):

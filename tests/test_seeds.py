@@ -1,4 +1,4 @@
-"""``python -m harness.seeds``: the stopping rule on hand-made log ratios, the rounds with a fake runner
+"""``python -m harness.analysis.seeds``: the stopping rule on hand-made log ratios, the rounds with a fake runner
 (seconds), and the real run.py multirun into one sweep directory with resume on a tiny workload."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import seeds
-from harness.seeds import adapt, decide, metric_state, next_seeds
+from harness.analysis import seeds
+from harness.analysis.seeds import adapt, decide, metric_state, next_seeds
 
 T_2DF, T_3DF = 4.3027, 3.1824  # Student-t 0.975 quantiles, 2 and 3 degrees of freedom (printed table)
 

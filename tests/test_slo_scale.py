@@ -1,4 +1,4 @@
-"""SLO-scale curves (``harness.metrics.slo_scale_curve``, ``slo.scales``; issue 18): hand-made
+"""SLO-scale curves (``harness.analysis.metrics.slo_scale_curve``, ``slo.scales``; issue 18): hand-made
 per-conversation TTFETs and references, every attainment counted by hand in the comments; the config
 checks; a run's curve beside its headline; the report's attainment-vs-scale figure."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.metrics import SloConfig, scale_key, slo_scale_curve
+from harness.analysis.metrics import SloConfig, scale_key, slo_scale_curve
 from tests.conftest import compose_run
 
 SCALES = [0.5, 1, 2, 3]
@@ -82,8 +82,8 @@ def test_run_curve_matches_the_headline_at_its_multiple(tmp_path: Path):
     """Default slo=relative (visible <= 1.5 x collocated's unloaded TTFET, scales 0.5 ... 10): the curve at
     1.5 is the headline's visible attainment (both readings share the threshold rule); an unknown
     scale_reference fails before the run."""
-    from harness.config import ConfigError
-    from harness.runner import execute
+    from harness.run.config import ConfigError
+    from harness.run.runner import execute
     base = ["scheduler=ampd", "workload.num_conversations=12", "logger.progress=false"]
     s = execute(compose_run(base), tmp_path / "r")
     assert s["slo_scales"] == [0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]
@@ -101,7 +101,7 @@ def test_run_curve_matches_the_headline_at_its_multiple(tmp_path: Path):
 
 def test_report_draws_attainment_vs_scale(tmp_path: Path):
     pytest.importorskip("seaborn")
-    from harness import report
+    from harness.analysis import report
     from tests.test_report import config, make_run
     root = tmp_path / "sweep"
     i = 0

@@ -1,4 +1,4 @@
-"""The smoke preset (conf/experiment/smoke.yaml) and the size-scaled verdict (harness.validity).
+"""The smoke preset (conf/experiment/smoke.yaml) and the size-scaled verdict (harness.analysis.validity).
 
 * The floor by hand: ``min(100, max(1, ceil(0.5 x n x 0.8)))`` -> 7 for 16 conversations, 1 for 2, 100 for
   1000; unset, the fixed 100.
@@ -13,11 +13,11 @@ import json
 
 import pytest
 
-from harness.runner import execute
-from harness.validity import ValidityConfig
+from harness.run.runner import execute
+from harness.analysis.validity import ValidityConfig
 from tests.conftest import compose_run, conversation
 from tests.test_pipeline import FakeBackendConfig, FakeCluster
-from harness.backend import backends, register_backend
+from harness.core.backend import backends, register_backend
 
 SMOKE = ["+experiment=smoke"]
 
@@ -85,7 +85,7 @@ def test_smoke_is_invalid_when_the_backend_fails_turns(tmp_path):
 
 
 def test_smoke_is_invalid_when_a_conversation_is_dropped_for_the_context(tmp_path, monkeypatch):
-    import harness.runner as runner
+    import harness.run.runner as runner
     convs = [conversation(f"c{i}", [(0, 200, 10, 1.0), (210, 50, 10, 0.0)]) for i in range(15)]
     convs.append(conversation("huge", [(0, 100_000, 10, 0.0)]))  # > Qwen3-0.6B's 40,960-token context
     monkeypatch.setattr(runner, "load_trace", lambda path: convs)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from harness.profiles import HardwareConfig, ModelConfig
+from harness.core.profiles import HardwareConfig, ModelConfig
 from harness.sim.perf import PerfModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,7 +128,7 @@ def test_decode_run_total_with_and_without_the_power_cap(a40, llama, cap_w, mpf)
 
 def _tiny():
     from tests.conftest import compose_run, conversation
-    from harness.workload import WorkloadConfig, build_workload
+    from harness.workload.workload import WorkloadConfig, build_workload
     convs = [conversation("c0", [(0, 300, 20, 0.5), (320, 40, 10, 0.2), (370, 30, 5, 0.0)]),
              conversation("c1", [(0, 500, 30, 1.0), (530, 50, 8, 0.0)])]
     conversations, stats = build_workload(convs, WorkloadConfig(arrival="poisson", rate_per_s=1.0))
@@ -136,7 +136,7 @@ def _tiny():
 
 
 def test_unloaded_ttfet_disk_cache_round_trips_exactly(tmp_path, monkeypatch):
-    from harness import session, slo_baseline
+    from harness.run import session, slo_baseline
     run, conversations, stats = _tiny()
     monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
     fresh = slo_baseline.unloaded_ttfet(session.session_input(run), conversations, stats, cache_dir=tmp_path)
@@ -155,7 +155,7 @@ def test_unloaded_ttfet_disk_cache_round_trips_exactly(tmp_path, monkeypatch):
 
 
 def test_unloaded_ttfet_disk_cache_is_keyed_by_setup_and_conversation(tmp_path, monkeypatch):
-    from harness import session, slo_baseline
+    from harness.run import session, slo_baseline
     from tests.conftest import compose_run
     run, conversations, stats = _tiny()
     monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
@@ -178,7 +178,7 @@ def test_unloaded_ttfet_disk_cache_is_keyed_by_setup_and_conversation(tmp_path, 
 
 
 def test_unloaded_ttfet_cache_dir_from_environment(tmp_path, monkeypatch):
-    from harness import session, slo_baseline
+    from harness.run import session, slo_baseline
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "c"))
     assert slo_baseline.cache_root() == tmp_path / "c"
     monkeypatch.setenv("HARNESS_CACHE_DIR", "off")
@@ -194,7 +194,7 @@ def test_unloaded_ttfet_cache_dir_from_environment(tmp_path, monkeypatch):
 def test_nothing_due_now_follows_the_heap_order():
     """An event scheduled now at priority p runs next iff nothing is due now at priority <= p (ties at
     equal time and priority go to the earlier one, which is already queued)."""
-    from harness.clock import SimClock
+    from harness.core.clock import SimClock
     c = SimClock()
     assert c.nothing_due_now(0)
     c.call_at(1.0, lambda: None, priority=0)
@@ -209,8 +209,8 @@ def test_inline_steps_keep_results_and_save_events():
     """One engine, two requests submitted at t = 0 (each with its own 100-token prompt, 5 output tokens):
     the run's token times equal a run where every step is its own event (max_coalesce_s = 0 and the
     inline path disabled), with fewer clock events."""
-    from harness.clock import SimClock
-    from harness.profiles import EngineConfig
+    from harness.core.clock import SimClock
+    from harness.core.profiles import EngineConfig
     from harness.sim.engine import Engine, Request
 
     def run(inline: bool):
@@ -246,7 +246,7 @@ def test_conversation_table_by_hand():
     latency and TPOT NaN, 1 turn done. c2 has no rows."""
     import pandas as pd
     from types import SimpleNamespace as NS
-    from harness.metrics import CONVERSATION_COLUMNS, conversation_table
+    from harness.analysis.metrics import CONVERSATION_COLUMNS, conversation_table
 
     def conv(cid, arrival, visible, finish, failed=False, done=True):
         return NS(record=NS(conversation_id=cid, turns=[NS(visible=v) for v in visible]), arrival_s=arrival,
@@ -282,12 +282,12 @@ def test_controller_held_queue_and_books_after_a_non_head_release():
     holds 2 turns and empty books, d's holds 2 turns and instance 0's book (b, turn 0, 10 tokens, in
     flight); the t = 4 view shows both books."""
     import math as _m
-    from harness.backend import InstanceInfo, InstanceState
-    from harness.clock import SimClock
-    from harness.controller import Controller
-    from harness.policy import Admission, InstanceHints, Placement
-    from harness.recorder import Recorder
-    from harness.trace import ConversationRecord, TurnRecord
+    from harness.core.backend import InstanceInfo, InstanceState
+    from harness.core.clock import SimClock
+    from harness.core.controller import Controller
+    from harness.core.policy import Admission, InstanceHints, Placement
+    from harness.core.recorder import Recorder
+    from harness.core.trace import ConversationRecord, TurnRecord
 
     class Stub:
         def __init__(self):
@@ -358,8 +358,8 @@ def test_engine_token_times_of_a_single_step_and_a_run():
     a decode run of 3 steps started at 0.5 s ends at 0.5 + 1, 0.5 + 3, 0.5 + 6 -> token times 0.5, 1.5, 3.5,
     6.5 s, gaps 1.0, 2.0, 3.0 s; the run's energy is the sum of its steps' (10 J + 20 + 30) and a cut run's
     energy that of its steps run so far."""
-    from harness.clock import SimClock
-    from harness.profiles import EngineConfig
+    from harness.core.clock import SimClock
+    from harness.core.profiles import EngineConfig
     from harness.sim.engine import Engine, Request
 
     class Cost:
@@ -426,7 +426,7 @@ def test_merged_rule_plans_equal_step_by_step(scheduler, extra):
     with 10 % of its memory for the engine, so that admissions fail for KV (WAIT repeats a decode-only
     plan only then) and residents pause."""
     from tests.test_invariants import workload
-    from harness.session import session_input, simulate
+    from harness.run.session import session_input, simulate
     from tests.conftest import compose_run
     run = compose_run([f"scheduler={scheduler}", "engine.gpu_memory_utilization=0.1",
                        "engine.activation_reserve_bytes=268435456", *extra])
@@ -444,7 +444,7 @@ def test_merged_rule_plans_equal_step_by_step(scheduler, extra):
 def test_sim_clock_rejects_past_and_non_finite_times():
     """``SimClock.call_at``: a time before now, NaN or infinite is an error naming the time; now itself and
     a later finite time are accepted, and events run in time order."""
-    from harness.clock import SimClock
+    from harness.core.clock import SimClock
 
     clock = SimClock()
     seen = []
@@ -467,7 +467,7 @@ def test_merged_nested_wait_rotate_plans_equal_step_by_step():
     about 5 s per simulation). At this size no rotate horizon outlasts one step (a rotation offset or a
     changed entry cap ends it), so the event counts may be equal; never more."""
     from tests.test_invariants import workload
-    from harness.session import session_input, simulate
+    from harness.run.session import session_input, simulate
     from tests.conftest import compose_run
     run = compose_run(["scheduler=nested_wait", "engine.gpu_memory_utilization=0.1",
                        "engine.activation_reserve_bytes=268435456", "scheduler.stage_caps=rotate"])

@@ -9,15 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.clock import SimClock
-from harness.profiles import EngineConfig
-from harness.recorder import Recorder
-from harness.session import run_session, session_input
+from harness.core.clock import SimClock
+from harness.core.profiles import EngineConfig
+from harness.core.recorder import Recorder
+from harness.run.session import run_session, session_input
 from harness.sim.engine import Engine, Request
 from harness.sim.perf import PerfModel, StepCost
 from harness.sim.plugin import open_sim
 from harness.sim.steps import STEP_COLUMNS, StepLog
-from harness.workload import Oracle
+from harness.workload.workload import Oracle
 from tests.conftest import compose_run
 from tests.test_handcalc import decode_step, prefill_step
 from tests.test_invariants import workload
@@ -152,7 +152,7 @@ def test_decode_tokens_count_every_output_token_but_the_first():
 def test_steps_file_off_by_default_and_on_request(tmp_path):
     """``python run.py`` writes no steps.parquet unless ``logger.steps=true``; with it, the file's
     per-instance energy plus idle power outside the steps is the run's energy (summary.json)."""
-    from harness.runner import execute
+    from harness.run.runner import execute
     base = ["workload.num_conversations=10", "workload.rate_per_s=0.2", "logger.progress=false"]
     execute(compose_run(base), tmp_path / "off")
     assert (tmp_path / "off" / "summary.json").exists() and not (tmp_path / "off" / "steps.parquet").exists()
@@ -172,12 +172,12 @@ def test_logger_steps_must_be_bool():
 
 
 def test_importing_the_sim_plugin_first_keeps_every_backend():
-    """``harness.backend.backends()`` loads the built-in plug-ins even when one was imported directly first
-    (as this module and ``harness.session.simulate`` import ``harness.sim.plugin``): a fresh interpreter
+    """``harness.core.backend.backends()`` loads the built-in plug-ins even when one was imported directly first
+    (as this module and ``harness.run.session.simulate`` import ``harness.sim.plugin``): a fresh interpreter
     that imports the sim plug-in before asking the registry still finds ``vllm``."""
     import subprocess
     import sys
-    code = ("import harness.sim.plugin\nfrom harness.backend import backends\n"
+    code = ("import harness.sim.plugin\nfrom harness.core.backend import backends\n"
             "assert {'sim', 'vllm'} <= set(backends()), sorted(backends())\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

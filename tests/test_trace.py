@@ -1,4 +1,4 @@
-"""Tests of the trace schema, loader/validator and writer (harness.trace)."""
+"""Tests of the trace schema, loader/validator and writer (harness.core.trace)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.trace import ConversationRecord, TraceError, TurnRecord, load_trace, write_trace
+from harness.core.trace import ConversationRecord, TraceError, TurnRecord, load_trace, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "traces" / "swebench_verified_mini_gemini3pro.jsonl.gz"

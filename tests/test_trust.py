@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.config import PROJECT_ROOT, ConfigError
-from harness.runner import completed_run, execute
-from harness.workload import WorkloadConfig, build_workload
+from harness.run.config import PROJECT_ROOT, ConfigError
+from harness.run.runner import completed_run, execute
+from harness.workload.workload import WorkloadConfig, build_workload
 from tests.conftest import compose_run, conversation, pid_alive
 
 TINY = ["workload.num_conversations=4", "workload.max_turns=3", "logger.progress=false", "slo=absolute"]
@@ -51,7 +51,7 @@ def test_a_tool_time_that_is_an_epoch_timestamp_stops_the_run_naming_the_limit(t
     """A trace whose tool time is a Unix timestamp (1.7e9 s) would keep the clock running for 54 years: the
     run stops at backend.max_sim_time_s (a year), partial, with the key in the error."""
     conv = conversation("epoch", [(0, 100, 5, 1.7e9), (105, 10, 5, 0.0)])
-    import harness.runner as runner
+    import harness.run.runner as runner
     monkeypatch.setattr(runner, "load_trace", lambda path: [conv])
     run = compose_run(["workload.num_conversations=1", "logger.progress=false", "slo=absolute"])
     with pytest.raises(RuntimeError, match="backend.max_sim_time_s"):
@@ -65,7 +65,7 @@ def test_a_tool_time_that_is_an_epoch_timestamp_stops_the_run_naming_the_limit(t
 def test_two_runs_in_the_same_second_get_different_directories():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from harness.config import register_configs
+    from harness.run.config import register_configs
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
@@ -117,7 +117,7 @@ def test_sigterm_mid_run_writes_partial_results(tmp_path):
 # ---- failures are counted and shown ----------------------------------------------------------------------
 
 def _single(monkeypatch, convs):
-    import harness.runner as runner
+    import harness.run.runner as runner
     monkeypatch.setattr(runner, "load_trace", lambda path: convs)
 
 
@@ -172,7 +172,7 @@ def test_serving_metrics_and_the_verdict_by_hand():
     """Three completed turns in a 10 s window: 0.3 requests/s; prompt tokens 100 + 200 + 300 = 600 -> 60/s;
     output 10 + 20 + 30 = 60 -> 6/s; ITL gaps [1, 2, 3, 4] -> p50 = 2.5 (linear interpolation), p99 =
     3 + 0.97 x 1 = 3.97; a run with 2 steady-state conversations is invalid under min_conversations = 100."""
-    from harness.validity import ValidityConfig, serving_metrics, verdict
+    from harness.analysis.validity import ValidityConfig, serving_metrics, verdict
     turns = pd.DataFrame({"status": ["ok"] * 3, "prompt_tokens": [100, 200, 300], "output_tokens": [10, 20, 30],
                           "ttft_s": [0.1, 0.2, 0.3], "tpot_s": [0.01, 0.02, 0.03], "e2e_s": [1.0, 2.0, 3.0]})
     m = serving_metrics(turns, 10.0, [50, 99], np.array([1.0, 2.0, 3.0, 4.0]))
@@ -209,7 +209,7 @@ def test_summary_json_is_strict_json(tmp_path):
 
 
 def test_a_failed_write_leaves_no_truncated_file(tmp_path, monkeypatch):
-    from harness.recorder import write_parquet
+    from harness.core.recorder import write_parquet
     df = pd.DataFrame({"a": [1, 2, 3]})
     write_parquet(df, tmp_path / "x.parquet")
 
@@ -246,7 +246,7 @@ def test_a_negative_predictor_seed_is_rejected_before_the_run(tmp_path):
 
 
 def test_provenance_outside_a_git_checkout_is_unknown(tmp_path, monkeypatch):
-    import harness.runner as runner
+    import harness.run.runner as runner
     outer = tmp_path / "other_repo"
     (outer / "project").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(outer)], check=True)
@@ -310,7 +310,7 @@ def test_a_config_error_leaves_no_run_directory(tmp_path):
 
 def test_the_report_flags_invalid_runs(tmp_path):
     """Two runs of one point, one of them invalid: the report says so and marks the point."""
-    from harness import report
+    from harness.analysis import report
     import yaml
     for i, valid in enumerate([True, False]):
         d = tmp_path / f"{i}_collocated_seed{i}"

@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from harness.backend import TurnJob
-from harness.clock import AsyncioClock
-from harness.policy import Placement
-from harness.trace import ConversationRecord, TurnRecord
+from harness.core.backend import TurnJob
+from harness.core.clock import AsyncioClock
+from harness.core.policy import Placement
+from harness.core.trace import ConversationRecord, TurnRecord
 from harness.vllm import scrape
 from harness.vllm.backend import ContextBook, Endpoint, VllmBackend
 from harness.vllm.client import completion_body, encode_body
@@ -359,7 +359,7 @@ def _free_port() -> int:
 
 
 def _replay(url: str, out, extra=()):
-    from harness.runner import execute
+    from harness.run.runner import execute
     from tests.conftest import compose_run
     run = compose_run(["backend=vllm", "backend.launch=false", f"backend.endpoints=[{url}]", "backend.model=fake",
                        "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute", "engine.block_size=128",

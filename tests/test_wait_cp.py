@@ -1,4 +1,4 @@
-"""WAIT-CP (baselines/wait_cp.py) against hand-worked examples from the authors' formulas
+"""WAIT-CP (baselines/wait/wait_cp.py) against hand-worked examples from the authors' formulas
 (``Luoxiaogan/vidur_or@011fe971a7cd``, ``general_nested_chunked_replica_scheduler.py``; docs/wait.md).
 Every expected number is derived in the docstrings from those formulas, not from running the code. The
 engine is the real ``harness.sim.engine.Engine`` with 1 s stub steps (tests/test_batching.py's helpers).
@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from baselines.wait_cp import BudgetCapRule, CpType, Segment, WaitCpRule, wait_cp_constants
+from baselines.wait.wait_cp import BudgetCapRule, CpType, Segment, WaitCpRule, wait_cp_constants
 from harness.sim.engine import Request
 from tests.test_batching import fake, make_engine, resident, step_input
 
@@ -162,7 +162,7 @@ def test_nested_wait_stage_caps_paper_totals_rotate():
     an open gate (stage 0's cap is 1 = B_1 // 20 with B_1 = 21: offsets with (i + t) mod 20 < 1 get 2),
     at t = 0 segment 2 runs offsets 0..8 (stages 20..28): 9; at t = 25 offsets i with (i + 25) mod 30 < 9:
     i = 5..13 (stages 25..33): 9."""
-    from baselines.fluid_admission import NestedWaitRule, segment_stage_caps
+    from baselines.wait.fluid_admission import NestedWaitRule, segment_stage_caps
     n1 = 30 / 29
     raw = segment_stage_caps([20, 30], [n1, 0.3 * n1], raise_zero=False)
     assert raw[1] == [0] * 21 + [1] * 9 and sum(raw[0]) == 21

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.runner import execute
-from harness.trace import ConversationRecord
-from harness.workload import PromptTypeConfig, WorkloadConfig, build_workload
+from harness.run.runner import execute
+from harness.core.trace import ConversationRecord
+from harness.workload.workload import PromptTypeConfig, WorkloadConfig, build_workload
 from tests.conftest import compose_run
 
 TWO_TYPES = [PromptTypeConfig(512, 20, 0.7), PromptTypeConfig(512, 50, 0.3)]

@@ -3,5 +3,5 @@
 Reading order: ``perf`` (roofline step time and power), ``engine`` (one vLLM-like engine:
 continuous batching, chunked prefill, paged KV with prefix caching, preemption by recompute),
 ``backend`` (a cluster of engines, KV transfers over links, the event loop that drives them: a
-``harness.backend.Cluster``), ``plugin`` (the ``backend=sim`` config and ``open``).
+``harness.core.backend.Cluster``), ``plugin`` (the ``backend=sim`` config and ``open``).
 """

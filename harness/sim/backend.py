@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional, Sequence
 
-from harness.backend import InstanceInfo, InstanceState, TurnJob
-from harness.clock import SimClock
-from harness.prefix import BlockContent, block_ranges
-from harness.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks, kv_transfer_s
+from harness.core.backend import InstanceInfo, InstanceState, TurnJob
+from harness.core.clock import SimClock
+from harness.workload.prefix import BlockContent, block_ranges
+from harness.core.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks, kv_transfer_s
 from harness.sim.engine import FAILED, Engine, Request
 from harness.sim.perf import PerfModel
 from harness.sim.steps import StepLog
@@ -16,7 +16,7 @@ from harness.sim.steps import StepLog
 
 class SimBackend:
     """A cluster of simulated vLLM engines sharing one :class:`SimClock` (implements
-    ``harness.backend.Cluster``).
+    ``harness.core.backend.Cluster``).
 
     Args:
         instances: ``(name, role, HardwareConfig)`` per instance, in index order.
@@ -24,14 +24,14 @@ class SimBackend:
         max_coalesce_s: longest run of identical decode-only steps simulated as one event, s (also the
             maximum staleness of the state a policy observes; results do not depend on it).
         max_sim_time_s, max_events: limits of ``drive`` (s of virtual time, events).
-        content: which KV blocks the workload's turns share (``harness.prefix.BlockContent`` over the
+        content: which KV blocks the workload's turns share (``harness.workload.prefix.BlockContent`` over the
             workload's conversations, with its shared system prompt if any). ``None``: each
             conversation's own prefix only, learnt from the turns as they start (exact for the trace's
             ``reused_tokens``; no sharing across conversations).
         record_steps: keep one record per engine step (``steps_frame``, ``steps.parquet``;
             ``harness.sim.steps``); off: nothing is recorded.
     KV transfers into one instance are serialised (one at a time, FIFO); transfer time is
-    :func:`harness.profiles.kv_transfer_s`.
+    :func:`harness.core.profiles.kv_transfer_s`.
     """
 
     def __init__(self, instances: Sequence[tuple[str, str, HardwareConfig]], model: ModelConfig,
@@ -75,12 +75,12 @@ class SimBackend:
         self.engines[p.prefill_instance].submit(preq)
 
     def set_batch_rule(self, instance_index: int, rule) -> None:
-        """Install a batch rule (``harness.batching.BatchRule``) on one engine; ``None`` restores the
+        """Install a batch rule (``harness.core.batching.BatchRule``) on one engine; ``None`` restores the
         engine's default (``engine.step_mode``)."""
         self.engines[instance_index].set_rule(rule)
 
     def _ranges(self, job: TurnJob) -> tuple:
-        """The turn's full KV blocks by content (``harness.prefix.block_ranges``)."""
+        """The turn's full KV blocks by content (``harness.workload.prefix.block_ranges``)."""
         if self.content is not None:
             return block_ranges(self.content.segments(job.conversation_id, job.turn), self._bs)
         segs = self._learnt.learn(job.conversation_id, job.turn, job.reused[job.turn],

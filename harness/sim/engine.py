@@ -1,6 +1,6 @@
 """One vLLM-like engine: continuous batching, chunked prefill, paged KV, prefix caching, preemption.
 
-Which requests a step advances is decided by a batch rule (``harness.batching``): by default vLLM V1's
+Which requests a step advances is decided by a batch rule (``harness.core.batching``): by default vLLM V1's
 step (``vllm/v1/core/sched/scheduler.py``): a per-step token budget (``max_num_batched_tokens``); RUNNING
 requests first (a prefilling request takes a chunk of its remaining prompt, a decoding one 1 token); then
 WAITING requests in FCFS order, as long as budget, ``max_num_seqs`` and free blocks allow (a long prompt
@@ -14,7 +14,7 @@ each decode step samples one token.
 
 KV blocks are counted, not materialised, in a content-addressed block pool
 (``harness.sim.kvcache.PrefixBlockPool``, vLLM's ``BlockPool``): a request's full blocks are identified
-by their content (``harness.prefix``: a conversation's own prefix, a shared system prompt, or a request
+by their content (``harness.workload.prefix``: a conversation's own prefix, a shared system prompt, or a request
 trace's ``hash_ids``), shared by every request that has them, hashed when scheduled, and LRU-evicted
 after release (unhashed blocks are reused first; a released request's tail is evicted before its head).
 A request hits the longest run of its leading blocks that is cached, capped at ``prompt - 1`` tokens.
@@ -44,9 +44,9 @@ import numpy as np
 from collections import deque
 from typing import Callable, Optional, Sequence
 
-from harness.batching import BatchRule, StepInput, default_rule
-from harness.clock import SimClock
-from harness.profiles import EngineConfig
+from harness.core.batching import BatchRule, StepInput, default_rule
+from harness.core.clock import SimClock
+from harness.core.profiles import EngineConfig
 from harness.sim.kvcache import KVLease, PrefixBlockPool
 from harness.sim.perf import PerfModel
 
@@ -58,7 +58,7 @@ class Request:
 
     Token counts are in tokens, times in s. ``reused`` is the conversation's per-turn reused-prefix
     list (from the trace). ``ranges``: the full KV blocks of the turn's context (prompt + output) by
-    content, ``(key, first block, end block)`` (``harness.prefix.block_ranges``); blocks of equal key
+    content, ``(key, first block, end block)`` (``harness.workload.prefix.block_ranges``); blocks of equal key
     and index are shared with other requests. Empty: nothing is shared.
     """
 

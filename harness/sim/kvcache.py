@@ -4,7 +4,7 @@ What is modelled, from vLLM 0.32 (``vllm/v1/core/block_pool.py``, ``kv_cache_man
 ``single_type_kv_cache_manager.py``, ``kv_cache_utils.py``):
 
 * A full block is identified by the hash of its tokens chained with its parent block's hash
-  (``hash_block_tokens``); here by ``(segment key, block index)`` from ``harness.prefix`` -- the same
+  (``hash_block_tokens``); here by ``(segment key, block index)`` from ``harness.workload.prefix`` -- the same
   equality, derived from the trace. Identical blocks are shared by every request that has them,
   whatever its conversation (``BlockPool.get_cached_block`` / ``touch``: a hit raises the block's
   reference count and takes it out of the free queue).
@@ -76,7 +76,7 @@ class _Node:
 class KVLease:
     """One request's KV blocks: ``blocks`` allocated (blocks), of which the first ``hashed`` are cached
     blocks held through ``held`` (``[node, extent]`` per segment, in order); the rest are private
-    (unhashed). ``ranges``: the request's full-block ranges ``(key, lo, hi)`` (``harness.prefix
+    (unhashed). ``ranges``: the request's full-block ranges ``(key, lo, hi)`` (``harness.workload.prefix
     .block_ranges``)."""
 
     __slots__ = ("ranges", "blocks", "hashed", "held", "seg", "stop")

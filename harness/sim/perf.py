@@ -63,7 +63,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.profiles import HardwareConfig, ModelConfig
+from harness.core.profiles import HardwareConfig, ModelConfig
 
 
 REF_KV_HEADS = 32      # Llama-2-7B, the model the attention overheads were fitted on (docs/calibration.md)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Sequence
 
-from harness.backend import BackendConfig, register_backend
+from harness.core.backend import BackendConfig, register_backend
 
 
 @dataclass
@@ -23,7 +23,7 @@ class SimBackendConfig(BackendConfig):
         trace takes about 3e5).
     """
 
-    supports_batch_rules: ClassVar[bool] = True  # the engines take a policy's batch rule (harness.batching)
+    supports_batch_rules: ClassVar[bool] = True  # the engines take a policy's batch rule (harness.core.batching)
     name: str = "sim"
     max_coalesce_s: float = 0.25
     max_sim_time_s: float = 3.156e7
@@ -31,7 +31,7 @@ class SimBackendConfig(BackendConfig):
 
     def validate(self, run: Any) -> None:
         """Raise ``ValueError`` naming the key: ``backend.max_coalesce_s`` must be >= 0. (That the model
-        fits every instance's hardware is checked for every backend by ``harness.config.resolve``.)"""
+        fits every instance's hardware is checked for every backend by ``harness.run.config.resolve``.)"""
         if not self.max_coalesce_s >= 0:
             raise ValueError(f"backend.max_coalesce_s must be >= 0 (s), got {self.max_coalesce_s!r}")
         if not (isinstance(self.max_sim_time_s, (int, float)) and self.max_sim_time_s > 0):
@@ -44,15 +44,15 @@ class SimBackendConfig(BackendConfig):
 @contextlib.contextmanager
 def open_sim(run: Any, run_dir: Path | None = None, *, conversations: Sequence = (),
              max_coalesce_s: float | None = None, record_steps: bool | None = None) -> Iterator[Any]:
-    """A fresh simulated cluster for ``run`` (a ``harness.config.Resolved``), on its own virtual clock,
+    """A fresh simulated cluster for ``run`` (a ``harness.run.config.Resolved``), on its own virtual clock,
     whose KV block pools know which blocks the workload's ``conversations`` (``(arrival_s, record)``)
-    share (``harness.prefix.BlockContent``: each conversation's own prefix, plus the workload's shared
+    share (``harness.workload.prefix.BlockContent``: each conversation's own prefix, plus the workload's shared
     system prompt). ``max_coalesce_s`` overrides the config's (the unloaded-TTFET replays use ``inf``).
     ``record_steps``: record every engine step (``harness.sim.steps``); ``None``: when ``logger.steps``
     is set and there is a run directory (the run itself, not the unloaded-TTFET replays). With a run
     directory the steps are written to ``<run_dir>/steps.parquet`` when the cluster closes, also after an
     error (what was simulated until then)."""
-    from harness.prefix import BlockContent
+    from harness.workload.prefix import BlockContent
     from harness.sim.backend import SimBackend
     cfg = run.cfg
     b = run.backend if isinstance(run.backend, SimBackendConfig) else SimBackendConfig()
@@ -68,5 +68,5 @@ def open_sim(run: Any, run_dir: Path | None = None, *, conversations: Sequence =
         yield cluster
     finally:
         if record_steps and run_dir is not None:
-            from harness.recorder import write_parquet
+            from harness.core.recorder import write_parquet
             write_parquet(cluster.steps_frame(), Path(run_dir) / "steps.parquet")

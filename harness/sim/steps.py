@@ -9,7 +9,7 @@ One row per engine step, per instance, with the columns of ``STEP_COLUMNS``:
   included); ``decode_tokens``: decode sequences advanced (one token each; the first output token,
   sampled by the step that completes a prompt, is a prefill step's token and is not counted here);
 * ``batch_size``: requests the step advanced (prefill chunks + decode sequences); ``paused``: resident
-  requests (running, KV kept) the step's batch rule left out (``harness.batching``; 0 under vLLM's own
+  requests (running, KV kept) the step's batch rule left out (``harness.core.batching``; 0 under vLLM's own
   rules unless a step is limited by its token budget or ``max_num_seqs``);
 * ``kv_tokens_read``: cached KV tokens read by attention: each prefill chunk's prefix (tokens computed
   before it) plus each decode sequence's context (its computed tokens). The KV written (one token per

@@ -26,8 +26,8 @@ from typing import Callable, Iterable, Optional, Sequence
 import aiohttp
 import numpy as np
 
-from harness.backend import InstanceInfo, InstanceState, TurnJob
-from harness.trace import ConversationRecord
+from harness.core.backend import InstanceInfo, InstanceState, TurnJob
+from harness.core.trace import ConversationRecord
 from harness.vllm.client import CompletionResult, completion_body, encode_body, prefill_only, stream_completion
 from harness.vllm.energy import EnergyMeter, local_counters
 from harness.vllm.otlp import vllm_request_id
@@ -67,7 +67,7 @@ class ContextBook:
             request -- a session's later turns chain from the session and turn, private), and
             ``shared_prefix_tokens``.
         shared_prefix_tokens: the first N ids of every conversation's first prompt (capped as in
-            ``harness.prefix.BlockContent``) are the same ids in all conversations.
+            ``harness.workload.prefix.BlockContent``) are the same ids in all conversations.
     Other new input is fresh ids from a generator seeded by ``(seed, conversation, turn)``.
     """
 

@@ -1,4 +1,4 @@
-"""A real-vLLM cluster as a ``harness.backend.Cluster``: launch (or connect to) servers, warm them up,
+"""A real-vLLM cluster as a ``harness.core.backend.Cluster``: launch (or connect to) servers, warm them up,
 drive the asyncio loop for the session, measure, and tear everything down.
 
 Warm-up: ``backend.warmup_requests`` short requests per instance before t = 0, not recorded.
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import aiohttp
 
-from harness.clock import AsyncioClock
-from harness.paths import PROJECT_ROOT
+from harness.core.clock import AsyncioClock
+from harness.core.paths import PROJECT_ROOT
 from harness.vllm.backend import ContextBook, Endpoint, VllmBackend
 from harness.vllm.client import completion_body, stream_completion
 from harness.vllm.energy import EnergyMeter
@@ -36,7 +36,7 @@ from harness.vllm.scrape import MetricsPoller, histogram_delta, parse_histograms
 from harness.vllm.wait_scheduler import RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, forms_batches
 
 if TYPE_CHECKING:  # a type only: the backend does not import the config module
-    from harness.config import Resolved
+    from harness.run.config import Resolved
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def make_launcher(run: Resolved, specs: list[InstanceSpec], run_dir: Path):
 
 
 class VllmCluster:
-    """The opened real cluster (``harness.backend.Cluster``), on its own asyncio loop in this thread.
+    """The opened real cluster (``harness.core.backend.Cluster``), on its own asyncio loop in this thread.
 
     Args:
         run: the resolved run; endpoints: one per instance, in index order; model: served model path.
@@ -246,7 +246,7 @@ class VllmCluster:
         row plus ``conversation_id``, ``turn``, ``instance``, ``part``), the ids of those whose span never
         came (``spans_missing``) and the receiver's counts; with ``scrape``, ``per_finish`` (one snapshot of
         the request histograms per finished turn)."""
-        from harness.recorder import write_json
+        from harness.core.recorder import write_json
         after = await self._histograms()
         out: dict[str, Any] = {
             "source": "vLLM /metrics histograms, delta over the measured window (engine-side clocks)",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from harness.profiles import EngineConfig
+from harness.core.profiles import EngineConfig
 
 # engine.<knob> -> the ``vllm serve`` flag that sets it (vLLM 0.32 ``EngineArgs``; booleans as
 # ``--flag`` / ``--no-flag``). Every EngineConfig field is here or in ENGINE_NOT_ON_VLLM.

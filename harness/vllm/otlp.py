@@ -11,7 +11,7 @@ token's output), ``gen_ai.latency.e2e``, ``gen_ai.latency.time_in_queue``,
 ``gen_ai.usage.prompt_tokens`` / ``completion_tokens``. The histograms give these only as sums over many
 requests; the spans give them per request, which a client leg (client TTFT - vLLM TTFT) per request needs
 (``benchmarks/client_overhead.py``) and the calibration's engine-side observations use
-(``harness.calibrate``): a replay with ``logger.steps`` keeps them in ``server_metrics.json`` (``spans``,
+(``harness.tools.calibrate``): a replay with ``logger.steps`` keeps them in ``server_metrics.json`` (``spans``,
 docs/metrics.md) instead of one ``/metrics`` GET per finished turn, which made vLLM's API server render its
 ~60 KB text on the event loop that streams the tokens (issue 20).
 

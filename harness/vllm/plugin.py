@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Optional, Sequence
 
-from harness.backend import BackendConfig, register_backend
-from harness.profiles import EngineConfig
+from harness.core.backend import BackendConfig, register_backend
+from harness.core.profiles import EngineConfig
 from harness.vllm.flags import ENGINE_NOT_ON_VLLM, VLLM_FLAGS, flag_value
 from harness.vllm.otlp import ENGINE_TIMES, engine_times_mode  # noqa: F401 -- engine_times_mode: re-exported
 from harness.vllm.wait_scheduler import SCHEDULER_CLS, forms_batches
@@ -244,20 +244,20 @@ class VllmBackendConfig(BackendConfig):
 
     def check_batch_rules(self, inp: Any, rules: Sequence[Any]) -> None:
         """Each rule must be expressible as a spec the server-side scheduler rebuilds (``rule.to_spec()``, a
-        JSON object whose ``rule`` names a builder registered with ``harness.registry.register_rule``): the
-        spec is rebuilt here once, as the server will (``harness.registry.rule_from_spec``).
+        JSON object whose ``rule`` names a builder registered with ``harness.core.registry.register_rule``): the
+        spec is rebuilt here once, as the server will (``harness.core.registry.rule_from_spec``).
 
         Raises:
             ValueError: the rule has no ``to_spec``, refuses, or its spec is not JSON or names no registered
                 builder (its message says why).
         """
-        from harness.registry import rule_from_spec
+        from harness.core.registry import rule_from_spec
         for r in rules:
-            to_spec = getattr(r, "to_spec", None)   # harness.batching.BatchRule leaves it optional (sim-only rules)
+            to_spec = getattr(r, "to_spec", None)   # harness.core.batching.BatchRule leaves it optional (sim-only rules)
             if to_spec is None:
                 raise ValueError(f"batch rule {getattr(r, 'name', type(r).__name__)!r} cannot be sent to a vLLM "
                                  f"server: no to_spec() ({SCHEDULER_CLS} rebuilds a rule from its JSON spec by the "
-                                 f"builder registered under its name, harness.registry.register_rule)")
+                                 f"builder registered under its name, harness.core.registry.register_rule)")
             rule_from_spec(json.loads(json.dumps(to_spec())))
 
     def _validate_placement(self, run: Any) -> None:

@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from harness.paths import PROJECT_ROOT
+from harness.core.paths import PROJECT_ROOT
 from harness.vllm.launcher import InstanceSpec, StartStop, wait_http_healthy
 from harness.vllm.nodes import NodeServer, node_address
 from harness.vllm.placement import localize

@@ -38,7 +38,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from harness.paths import PROJECT_ROOT
+from harness.core.paths import PROJECT_ROOT
 from harness.vllm.launcher import STATE_DIR, InstanceSpec, StartStop, _die_with_parent, _tail, wait_all, wait_http_healthy
 from harness.vllm.placement import AGENT_PORT_OFFSET, assign, localize
 

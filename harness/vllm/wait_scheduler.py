@@ -4,13 +4,13 @@ vLLM").
 
 How a step is formed (vLLM 0.32, ``vllm/v1/core/sched/scheduler.py``):
 
-1. The rule's :class:`~harness.batching.StepInput` is built from vLLM's own ``Request`` objects
+1. The rule's :class:`~harness.core.batching.StepInput` is built from vLLM's own ``Request`` objects
    (:func:`request_view`, :func:`step_input`): computed tokens, prompt tokens, output tokens, the paper's
    stage, blocks held, free blocks (``block_pool.get_num_free_blocks()``: free plus evictable prefix-cache
    blocks), the token budget (``max_num_scheduled_tokens``), ``max_num_seqs`` and the per-request chunk
    cap (``long_prefill_token_threshold``); admission order, submission time and the time a request last
    advanced are kept here (:class:`Tracker`), on ``time.monotonic()`` seconds.
-2. The rule (rebuilt from the JSON spec the harness writes, ``harness.registry.rule_from_spec``:
+2. The rule (rebuilt from the JSON spec the harness writes, ``harness.core.registry.rule_from_spec``:
    the same class and parameters as the simulator's) returns its plan.
 3. :func:`select` turns the plan into vLLM terms; :meth:`RuleSchedulingMixin.schedule` then (a) preempts
    the rule's preferred victims (unselected residents, most recently admitted first) while the selected
@@ -23,7 +23,7 @@ How a step is formed (vLLM 0.32, ``vllm/v1/core/sched/scheduler.py``):
 
 WAIT's per-request type needs the output length: the harness sends ``max_tokens`` = the turn's true output
 with ``ignore_eos`` (``harness.vllm.client.completion_body``), so ``Request.max_tokens`` is the known
-output length the paper assumes (:class:`baselines.fluid_admission.KnownOutputClassifier`). Nested WAIT
+output length the paper assumes (:class:`baselines.wait.fluid_admission.KnownOutputClassifier`). Nested WAIT
 uses only the tokens generated so far.
 
 Configuration (environment of the server process, set by ``harness.vllm.cluster.instance_specs``):
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from harness.batching import StepInput, StepPlan
+from harness.core.batching import StepInput, StepPlan
 
 RULE_FILE_ENV = "HARNESS_BATCH_RULE_FILE"
 STEP_LOG_ENV = "HARNESS_STEP_LOG"
@@ -55,8 +55,8 @@ SCHEDULER_CLS = "harness.vllm.wait_scheduler.RuleScheduler"
 
 def forms_batches(run: Any) -> bool:
     """True when the run's scheduler forms batches inside the engine (registered with ``forms_batches=True``,
-    ``harness.registry.SchedulerSpec``): its servers then run :data:`SCHEDULER_CLS`."""
-    from harness.policy import registry
+    ``harness.core.registry.SchedulerSpec``): its servers then run :data:`SCHEDULER_CLS`."""
+    from harness.core.policy import registry
     return registry()[run.scheduler_name].forms_batches
 
 
@@ -99,7 +99,7 @@ class Tracker:
 
 
 class RequestView:
-    """One vLLM ``Request`` as the rules see it (``harness.batching.RequestState``).
+    """One vLLM ``Request`` as the rules see it (``harness.core.batching.RequestState``).
 
     ``computed``: ``num_computed_tokens``; ``prompt``: ``num_prompt_tokens``; ``out_done``:
     ``num_output_tokens``. A request is *prefilling* while more than its last sampled token is left to
@@ -190,7 +190,7 @@ def blocks_needed(req: Any, tokens: int, held: int, block_size: int, lookahead: 
 
 
 def load_rule(path: str | Path):
-    """The rule of the spec file at ``path`` (``harness.registry.rule_from_spec``: the builder registered
+    """The rule of the spec file at ``path`` (``harness.core.registry.rule_from_spec``: the builder registered
     under the spec's ``rule``), or None
     while the file does not exist.
 
@@ -201,7 +201,7 @@ def load_rule(path: str | Path):
     p = Path(path)
     if not p.is_file():
         return None
-    from harness.registry import rule_from_spec
+    from harness.core.registry import rule_from_spec
     try:
         spec = json.loads(p.read_text())
     except ValueError as e:

@@ -1,0 +1,388 @@
+"""Export a harness run (or every run of a sweep) in the result formats of ``vllm bench serve`` and AIPerf,
+so their readers and plot tools (``vllm bench sweep plot``, dashboards reading AIPerf exports) take our runs.
+
+Usage::
+
+    python -m harness.analysis.export RUN_DIR --format vllm-bench      # -> RUN_DIR/export/vllm-bench/
+    python -m harness.analysis.export SWEEP_DIR --format aiperf --goodput 'ttft:200 tpot:50'
+
+One request = one turn (``turns.parquet``). Times: our run clock (s from the run's start) -- a simulated
+run has no wall-clock timestamps, so AIPerf's ``*_ns`` timestamps are run-clock ns and ``start_time`` /
+``end_time`` are omitted.
+
+**vllm-bench** (vLLM 0.32.0, ``vllm/benchmarks/serve.py``: ``benchmark`` builds the result dict,
+``main`` adds the setup keys and ``--save-result`` writes it; ``--save-detailed`` keeps the per-request
+arrays): ``<label>.json`` with ``date``, ``endpoint_type``, ``backend``, ``label``, ``model_id``,
+``tokenizer_id``, ``num_prompts``, ``request_rate``, ``burstiness``, ``max_concurrency``, ``duration`` (s),
+``completed``, ``failed``, ``total_input_tokens``, ``total_output_tokens``, ``request_throughput``
+(req/s), ``request_goodput`` (req/s or null), ``output_throughput``, ``total_token_throughput`` (tok/s),
+``max_output_tokens_per_s``, ``max_concurrent_requests``, ``rtfx``, ``{mean,median,std,p<q>}_{ttft,tpot,itl,
+e2el}_ms`` (ms), and with ``--detailed`` ``input_lens``, ``output_lens``, ``ttfts`` (s), ``itls`` (s lists),
+``latencies`` (s), ``start_times`` (s), ``queue_times`` (s), ``generated_texts``, ``errors``. The same dict,
+with ``run_number`` and the harness's point keys, is written as a one-element list to ``summary.json``:
+the file ``vllm bench sweep serve`` writes per parameter combination and ``vllm bench sweep plot``
+globs (``vllm/benchmarks/sweep/serve.py``, ``sweep/plot.py``).
+
+**aiperf** (github ai-dynamo/aiperf @ db4f639): ``profile_export_aiperf.json`` (``JsonExportData`` of
+``aiperf/common/models/export_models.py``: one ``JsonMetricResult`` {unit, avg, min, max, p1, p5, p10,
+p25, p50, p75, p90, p95, p99, std} per metric tag, in display units), ``profile_export_aiperf.csv``
+(``aiperf/exporters/csv_exporter.py``: a request-metrics section ``Metric,avg,min,...,std`` and a
+system-metrics section ``Metric,Value``, numbers with 2 decimals) and ``profile_export.jsonl``
+(``MetricRecordInfo`` of ``aiperf/common/models/record_models.py``: ``metadata``, ``metrics`` {tag:
+{value, unit}}, ``error``), one line per request.
+
+Field-by-field mapping to the harness's own: ``docs/metrics.md`` ("Exports").
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from harness.analysis.goodput import good_turns, parse_goodput
+from harness.core.recorder import strict_json, write_json, write_text
+
+FORMATS = ("vllm-bench", "aiperf")
+AIPERF_STATS = ("avg", "min", "max", "p1", "p5", "p10", "p25", "p50", "p75", "p90", "p95", "p99", "std")
+
+
+class ExportError(ValueError):
+    """A run directory that cannot be exported (missing files), with the path named."""
+
+
+def _read_run(run_dir: Path) -> tuple[dict, pd.DataFrame, Optional[pd.DataFrame], dict]:
+    s_p, t_p = run_dir / "summary.json", run_dir / "turns.parquet"
+    if not s_p.is_file() or not t_p.is_file():
+        raise ExportError(f"{run_dir}: not a run directory (needs summary.json and turns.parquet)")
+    summary = json.loads(s_p.read_text())
+    turns = pd.read_parquet(t_p).sort_values(["submit_s", "conversation_id", "turn"], kind="stable")
+    tok_p = run_dir / "tokens.parquet"
+    tokens = pd.read_parquet(tok_p) if tok_p.is_file() else None
+    config = {}
+    c_p = run_dir / "config.yaml"
+    if c_p.is_file():
+        from omegaconf import OmegaConf
+        config = OmegaConf.to_container(OmegaConf.load(c_p), resolve=False)
+    return summary, turns.reset_index(drop=True), tokens, config
+
+
+def _token_gaps(turns: pd.DataFrame, tokens: Optional[pd.DataFrame]) -> Optional[list[list[float]]]:
+    """Per turn (rows of ``turns``), the gaps between successive output tokens, s; None without
+    ``tokens.parquet`` (``logger.steps=true``)."""
+    if tokens is None:
+        return None
+    by = {k: np.diff(np.sort(g.t_s.to_numpy(dtype=float))).tolist()
+          for k, g in tokens.groupby(["conversation_id", "turn"], sort=False)}
+    return [by.get((c, t), []) if s == "ok" else [] for c, t, s in zip(turns.conversation_id, turns.turn, turns.status)]
+
+
+def _stats_ms(v: np.ndarray, percentiles: Sequence[float], name: str) -> dict:
+    """vLLM's ``mean/median/std/p<q>_<name>_ms`` (``np.mean(x or 0)`` etc.: 0 for an empty list)."""
+    v = v[np.isfinite(v)] if len(v) else v
+    x = v if len(v) else np.zeros(1)
+    out = {f"mean_{name}_ms": float(np.mean(x)) * 1e3, f"median_{name}_ms": float(np.median(x)) * 1e3,
+           f"std_{name}_ms": float(np.std(x)) * 1e3}
+    for p in percentiles:
+        word = str(int(p)) if int(p) == p else str(p)
+        out[f"p{word}_{name}_ms"] = float(np.percentile(x, p)) * 1e3
+    return out
+
+
+def _percentiles(config: dict, summary: dict) -> list[float]:
+    ps = (config.get("logger") or {}).get("percentiles")
+    return [float(p) for p in ps] if ps else [50.0, 90.0, 95.0, 99.0]
+
+
+def vllm_bench_result(summary: dict, turns: pd.DataFrame, tokens: Optional[pd.DataFrame], config: dict,
+                      goodput_ms: Optional[dict] = None, detailed: bool = True) -> dict:
+    """The ``vllm bench serve --save-result`` dict of one run (module docstring; ms for the statistics, s for
+    ``duration`` and the per-request arrays). ``goodput_ms``: thresholds for ``request_goodput``
+    (default: the run's ``goodput_thresholds_ms``; null without any)."""
+    ok = (turns.status == "ok").to_numpy()
+    n = len(turns)
+    window = float(summary.get("window_s") or math.nan)
+    per_s = (lambda x: x / window) if window > 0 else (lambda x: math.nan)
+    gp = goodput_ms if goodput_ms is not None else (summary.get("goodput_thresholds_ms") or {})
+    out_lens = np.where(ok, turns.output_tokens.to_numpy(), 0).astype(int)
+    in_lens = turns.prompt_tokens.to_numpy().astype(int)
+    total_in, total_out = int(in_lens[ok].sum()), int(out_lens.sum())
+    gaps = _token_gaps(turns, tokens)
+    wl = config.get("workload") or {}
+    res: dict[str, Any] = {
+        "date": summary.get("date", ""),
+        "endpoint_type": f"harness-{summary.get('backend', 'sim')}", "backend": f"harness-{summary.get('backend', 'sim')}",
+        "label": summary.get("scheduler"), "model_id": summary.get("model"),
+        "tokenizer_id": (config.get("model") or {}).get("hf_name") or summary.get("model"), "num_prompts": n,
+        # vLLM's request_rate is an input (req/s); a closed-loop replay has none: the realized submission rate
+        "request_rate": per_s(n), "burstiness": float(wl.get("burstiness", 1.0) or 1.0),
+        "max_concurrency": wl.get("concurrency") if wl.get("arrival") == "closed" else wl.get("max_concurrency"),
+        "duration": window, "completed": int(ok.sum()), "failed": int((~ok).sum()),
+        "total_input_tokens": total_in, "total_output_tokens": total_out,
+        "request_throughput": per_s(int(ok.sum())),
+        "request_goodput": per_s(int(good_turns(turns, gp, "vllm").sum())) if gp else None,
+        "output_throughput": per_s(total_out), "total_token_throughput": per_s(total_in + total_out),
+    }
+    if detailed:  # the arrays vLLM drops without --save-detailed
+        res.update({
+            "input_lens": in_lens.tolist(), "output_lens": out_lens.tolist(),
+            "ttfts": np.where(ok, turns.ttft_s.to_numpy(dtype=float), 0.0).tolist(),
+            "itls": gaps if gaps is not None else [[] for _ in range(n)],
+            "start_times": turns.submit_s.to_numpy(dtype=float).tolist(),
+            "generated_texts": [""] * n, "errors": ["" if s == "ok" else str(e) for s, e in zip(turns.status, turns.error)],
+        })
+    # kept by vLLM either way
+    res["latencies"] = np.where(ok, turns.e2e_s.to_numpy(dtype=float), 0.0).tolist()
+    res["queue_times"] = [0.0] * n  # client-side queueing: the replay submits a turn when it is ready
+    res.update(_max_rates(turns, tokens))
+    res["rtfx"] = 0.0
+    ps = _percentiles(config, summary)
+    okt = turns[ok]
+    res.update(_stats_ms(okt.ttft_s.to_numpy(dtype=float), ps, "ttft"))
+    tpot = okt.tpot_s.to_numpy(dtype=float)[okt.output_tokens.to_numpy() > 1]
+    res.update(_stats_ms(tpot, ps, "tpot"))
+    if gaps is not None:
+        res.update(_stats_ms(np.asarray([g for row in gaps for g in row], dtype=float), ps, "itl"))
+    else:  # the run's pooled ITL statistics (harness.analysis.validity.serving_metrics); no std without the gaps
+        from harness.analysis.validity import pname
+        res.update({"mean_itl_ms": _ms(summary.get("itl_mean_s")), "median_itl_ms": _ms(summary.get("itl_p50_s")),
+                    "std_itl_ms": None})
+        for p in ps:
+            word = str(int(p)) if int(p) == p else str(p)
+            res[f"p{word}_itl_ms"] = _ms(summary.get(f"itl_{pname(p)}_s"))
+    res.update(_stats_ms(okt.e2e_s.to_numpy(dtype=float), ps, "e2el"))
+    return res
+
+
+def _ms(v: Any) -> Optional[float]:
+    return None if v is None or not math.isfinite(float(v)) else float(v) * 1e3
+
+
+def _max_rates(turns: pd.DataFrame, tokens: Optional[pd.DataFrame]) -> dict:
+    """vLLM's ``max_output_tokens_per_s`` (most tokens in one 1-s bucket from the first start) and
+    ``max_concurrent_requests`` (most requests active in one bucket); the first needs token times
+    (``tokens.parquet``), else null."""
+    ok = turns[turns.status == "ok"]
+    if not len(ok):
+        return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
+    t0 = float(ok.submit_s.min())
+    nb = int(np.ceil(float(ok.finish_s.max()) - t0)) + 1
+    conc = np.zeros(nb)
+    for a, b in zip(ok.submit_s.to_numpy(dtype=float), ok.finish_s.to_numpy(dtype=float)):
+        conc[int(a - t0): int(b - t0) + 1] += 1
+    mx_tok = None
+    if tokens is not None and len(tokens):
+        keys = set(zip(ok.conversation_id, ok.turn))
+        tt = tokens[[k in keys for k in zip(tokens.conversation_id, tokens.turn)]].t_s.to_numpy(dtype=float)
+        b = (tt - t0).astype(int)
+        b = b[(b >= 0) & (b < nb)]
+        mx_tok = float(np.bincount(b, minlength=nb).max()) if len(b) else 0.0
+    return {"max_output_tokens_per_s": mx_tok, "max_concurrent_requests": int(conc.max())}
+
+
+# ---- AIPerf -------------------------------------------------------------------------------------------
+
+# tag -> (header, display unit, turns column or None, scale to the display unit)
+_AIPERF_RECORD = {
+    "time_to_first_token": ("Time to First Token", "ms", "ttft_s", 1e3),
+    "request_latency": ("Request Latency", "ms", "e2e_s", 1e3),
+    "inter_token_latency": ("Inter Token Latency", "ms", "tpot_s", 1e3),
+    "output_token_throughput_per_user": ("Output Token Throughput Per User", "tokens/sec/user", None, 1.0),
+    "output_sequence_length": ("Output Sequence Length", "tokens", "output_tokens", 1.0),
+    "input_sequence_length": ("Input Sequence Length", "tokens", "prompt_tokens", 1.0),
+}
+
+
+def _aiperf_stats(v: np.ndarray, unit: str) -> dict:
+    """AIPerf's ``JsonMetricResult`` of one record metric (``std``: numpy's population std, as AIPerf's
+    ``MetricArray`` computes it)."""
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return {"unit": unit}
+    out: dict[str, Any] = {"unit": unit, "avg": float(v.mean()), "min": float(v.min()), "max": float(v.max())}
+    for p in (1, 5, 10, 25, 50, 75, 90, 95, 99):
+        out[f"p{p}"] = float(np.percentile(v, p))
+    out["std"] = float(v.std())
+    return out
+
+
+def _record_values(turns: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Per request (completed turns only; AIPerf computes record metrics on valid records), display units."""
+    ok = turns[turns.status == "ok"]
+    vals = {}
+    for tag, (_, _, col, scale) in _AIPERF_RECORD.items():
+        if col is None:
+            continue
+        v = ok[col].to_numpy(dtype=float) * scale
+        if tag == "inter_token_latency":  # needs OSL >= 2 (no value otherwise)
+            v = np.where(ok.output_tokens.to_numpy() >= 2, v, np.nan)
+        vals[tag] = v
+    itl_s = vals["inter_token_latency"] / 1e3
+    with np.errstate(divide="ignore", invalid="ignore"):
+        vals["output_token_throughput_per_user"] = np.where(itl_s > 0, 1.0 / itl_s, np.nan)
+    return vals
+
+
+def aiperf_export(summary: dict, turns: pd.DataFrame, goodput_ms: Optional[dict] = None) -> tuple[dict, str, str]:
+    """``(profile_export_aiperf.json dict, profile_export_aiperf.csv text, profile_export.jsonl text)`` of one
+    run (module docstring). ``goodput_ms``: thresholds for ``goodput`` / ``good_request_count`` (default:
+    the run's; omitted without any)."""
+    ok = turns.status == "ok"
+    window = float(summary.get("window_s") or math.nan)
+    vals = _record_values(turns)
+    data: dict[str, Any] = {}
+    for tag, (_, unit, _, _) in _AIPERF_RECORD.items():
+        data[tag] = _aiperf_stats(vals[tag], unit)
+    n_ok, osl = int(ok.sum()), int(turns.output_tokens[ok].sum())
+    isl = int(turns.prompt_tokens[ok].sum())
+    system = {
+        "request_throughput": ("Request Throughput", "requests/sec", n_ok / window if window > 0 else math.nan),
+        "output_token_throughput": ("Output Token Throughput", "tokens/sec", osl / window if window > 0 else math.nan),
+        "request_count": ("Request Count", "requests", n_ok),
+        "error_request_count": ("Error Request Count", "requests", int((~ok).sum())),
+        "benchmark_duration": ("Benchmark Duration", "sec", window),
+        "total_output_tokens": ("Total Output Tokens", "tokens", osl),
+        "total_osl": ("Total Output Sequence Length", "tokens", osl),
+        "total_isl": ("Total Input Sequence Length", "tokens", isl),
+    }
+    gp = goodput_ms if goodput_ms is not None else (summary.get("goodput_thresholds_ms") or {})
+    if gp:
+        good = int(good_turns(turns, gp, "aiperf").sum())
+        system["good_request_count"] = ("Good Request Count", "requests", good)
+        system["goodput"] = ("Goodput", "requests/sec", good / window if window > 0 else math.nan)
+    for tag, (_, unit, v) in system.items():
+        data[tag] = {"unit": unit, "avg": v}
+    errs: dict[str, int] = {}
+    for e in turns.error[~ok]:
+        errs[str(e)] = errs.get(str(e), 0) + 1
+    data["was_cancelled"] = bool(summary.get("partial"))
+    data["error_summary"] = [{"error_details": {"code": None, "type": m.split(":")[0][:40] or None, "message": m},
+                              "count": c} for m, c in sorted(errs.items())]
+    data = strict_json(data)
+    # CSV (csv_exporter.py): request metrics (those with percentiles) sorted by tag, then system metrics
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["Metric", *AIPERF_STATS])
+    fmt = (lambda v: "" if v is None else (f"{int(v)}" if isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                           else f"{float(v):.2f}"))
+    for tag in sorted(_AIPERF_RECORD):
+        header, unit = _AIPERF_RECORD[tag][:2]
+        w.writerow([f"{header} ({unit})" if unit not in ("count", "requests") else header,
+                    *(fmt(data[tag].get(k)) for k in AIPERF_STATS)])
+    w.writerow([])
+    w.writerow(["Metric", "Value"])
+    for tag in sorted(system):
+        header, unit, _ = system[tag]
+        w.writerow([f"{header} ({unit})" if unit not in ("count", "requests") else header, fmt(data[tag].get("avg"))])
+    # JSONL (MetricRecordInfo): every request, its metrics in display units
+    lines = []
+    conv_index = {c: i for i, c in enumerate(dict.fromkeys(turns.conversation_id))}
+    okv = ok.to_numpy()
+    pos = np.cumsum(okv) - 1
+    for i, r in enumerate(turns.itertuples(index=False)):
+        metrics = {}
+        if okv[i]:
+            for tag, (_, unit, _, _) in _AIPERF_RECORD.items():
+                v = vals[tag][pos[i]]
+                if np.isfinite(v):
+                    metrics[tag] = {"value": int(v) if unit == "tokens" else float(v), "unit": unit}
+        end = r.finish_s if np.isfinite(r.finish_s) else r.submit_s
+        rec = {"metadata": {"session_num": conv_index[r.conversation_id], "x_request_id": f"{r.conversation_id}:{r.turn}",
+                            "x_correlation_id": str(r.conversation_id), "conversation_id": str(r.conversation_id),
+                            "turn_index": int(r.turn), "request_start_ns": int(round(r.submit_s * 1e9)),
+                            "request_ack_ns": None, "request_end_ns": int(round(end * 1e9)),
+                            "worker_id": "harness", "record_processor_id": "harness",
+                            "benchmark_phase": "profiling", "was_cancelled": False, "cancellation_time_ns": None},
+               "metrics": metrics,
+               "error": None if okv[i] else {"code": None, "type": str(r.error).split(":")[0][:40] or None,
+                                             "message": str(r.error)}}
+        lines.append(json.dumps(rec, allow_nan=False))
+    return data, buf.getvalue(), "\n".join(lines) + ("\n" if lines else "")
+
+
+# ---- runs and sweeps ----------------------------------------------------------------------------------
+
+def _point_keys(summary: dict) -> dict:
+    return {k: summary.get(k) for k in ("scheduler", "cluster", "model", "workload", "workload_rate_per_s",
+                                        "workload_arrival", "seed") if k in summary}
+
+
+def export_run(run_dir: Path, fmt: str, out: Path, goodput: Any = None, detailed: bool = True) -> list[Path]:
+    """Write ``run_dir``'s export in ``fmt`` (``vllm-bench`` | ``aiperf``) under ``out``; returns the files.
+
+    Raises:
+        ExportError: ``run_dir`` is not a run directory, or ``fmt`` is unknown.
+        ValueError: ``goodput`` is malformed (``harness.analysis.goodput.parse_goodput``).
+    """
+    if fmt not in FORMATS:
+        raise ExportError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    summary, turns, tokens, config = _read_run(Path(run_dir))
+    gp = parse_goodput(goodput, "--goodput") if goodput is not None else None
+    out.mkdir(parents=True, exist_ok=True)
+    if fmt == "vllm-bench":
+        # vLLM's "date" is when the benchmark ended ("%Y%m%d-%H%M%S"): our summary.json's write time
+        date = datetime.fromtimestamp((Path(run_dir) / "summary.json").stat().st_mtime).strftime("%Y%m%d-%H%M%S")
+        res = vllm_bench_result({**summary, "date": date}, turns, tokens, config, gp, detailed)
+        label = str(res.get("label") or "run")
+        write_json(res, out / f"{label}.json")
+        write_json([{**res, "run_number": 0, **_point_keys(summary)}], out / "summary.json")
+        return [out / f"{label}.json", out / "summary.json"]
+    data, csv_text, jsonl = aiperf_export(summary, turns, gp)
+    write_json(data, out / "profile_export_aiperf.json")
+    write_text(csv_text, out / "profile_export_aiperf.csv")
+    write_text(jsonl, out / "profile_export.jsonl")
+    return [out / "profile_export_aiperf.json", out / "profile_export_aiperf.csv", out / "profile_export.jsonl"]
+
+
+def export(path: Path, fmt: str, out: Optional[Path] = None, goodput: Any = None, detailed: bool = True) -> list[Path]:
+    """Export a run directory, or every run directory under a sweep directory (each into
+    ``<out>/<run dir name>/``). ``out`` defaults to ``<path>/export/<fmt>``.
+
+    Raises:
+        ExportError: nothing to export under ``path``.
+    """
+    path = Path(path)
+    out = Path(out) if out else path / "export" / fmt
+    if (path / "summary.json").is_file():
+        return export_run(path, fmt, out, goodput, detailed)
+    runs = sorted(p.parent for p in path.glob("*/summary.json") if (p.parent / "turns.parquet").is_file())
+    if not runs:
+        raise ExportError(f"{path}: neither a run directory nor a sweep directory holding run directories")
+    files: list[Path] = []
+    for r in runs:
+        files += export_run(r, fmt, out / r.name, goodput, detailed)
+    return files
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.analysis.export", description=__doc__.split("\n\n")[0])
+    ap.add_argument("path", type=Path, help="a run directory, or a sweep directory of run directories")
+    ap.add_argument("--format", required=True, choices=FORMATS, help="the peer tool's result format")
+    ap.add_argument("--out", type=Path, default=None, help="output directory (default: PATH/export/FORMAT)")
+    ap.add_argument("--goodput", default=None,
+                    help="goodput thresholds, ms, as vLLM/AIPerf take them ('ttft:200 tpot:50 e2el:2000'); "
+                         "default: the run's slo.goodput")
+    ap.add_argument("--no-detailed", action="store_true",
+                    help="vllm-bench: leave out the per-request arrays (as without --save-detailed)")
+    args = ap.parse_args(argv)
+    try:
+        files = export(args.path, args.format, args.out, args.goodput, not args.no_detailed)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for f in files:
+        print(f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

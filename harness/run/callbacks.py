@@ -1,0 +1,138 @@
+"""Hydra callbacks: before a multirun, lock the sweep directory (``harness.analysis.provenance.DirLock``) and validate
+every job (its config, its workload and its scheduler on its cluster: ``harness.run.runner.prepare``); after it,
+print and save one comparison table of every job's summary (failed jobs marked, mixed fingerprints flagged)
+and release the lock."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+
+def _overrides(run_dir: Path) -> dict[str, str]:
+    """A job's command-line overrides (``.hydra/overrides.yaml``) as ``{key: value}``."""
+    f = run_dir / ".hydra" / "overrides.yaml"
+    if not f.exists():
+        return {}
+    out = {}
+    for item in yaml.safe_load(f.read_text()) or []:
+        k, _, v = str(item).partition("=")
+        out[k.lstrip("+~")] = v
+    return out
+
+
+class SummaryTableCallback(Callback):
+    """Writes ``comparison.md`` in the sweep directory and prints it: one column per job, labelled by
+    the overrides that differ between the jobs (the scheduler by its name)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from harness.analysis.catalog import summary_table
+        sweep = Path(config.hydra.sweep.dir)
+        summaries = {}
+
+        def job(p: Path) -> str:  # the job's own directory (an override holding '/' nests deeper)
+            return p.relative_to(sweep).parts[0]
+
+        def num(p: Path) -> int:
+            head = job(p).split("_")[0]
+            return int(head) if head.isdigit() else 0
+
+        runs = sorted(sweep.rglob("summary.json"), key=num)
+        overrides = [_overrides(p.parent) for p in runs]
+        varying = [k for k in dict.fromkeys(k for o in overrides for k in o)
+                   if len({o.get(k) for o in overrides}) > 1]
+        for p, o in zip(runs, overrides):
+            label = ",".join(o[k] if k == "scheduler" else f"{k}={o.get(k)}" for k in varying) or job(p)
+            summaries[f"{num(p)}:{label}" if label in summaries else label] = json.loads(p.read_text())
+        if not summaries:
+            return
+        table = summary_table(summaries)
+        from harness.analysis.provenance import mixed_components, mixed_warning, read_fingerprint
+        warn = mixed_warning(mixed_components([read_fingerprint(p.parent) for p in runs]))
+        if warn:
+            table = f"**{warn}**\n\n{table}"
+            print(warn, file=sys.stderr)
+        failed = [label for label, smr in summaries.items() if smr.get("partial")]
+        if failed:
+            table += (f"\n\n{len(failed)} of {len(summaries)} jobs failed (partial results): "
+                      + "; ".join(f"{label}: {summaries[label].get('error', '')}" for label in failed))
+        (sweep / "comparison.md").write_text(table + "\n")
+        if len(summaries) <= 12:
+            print(f"\nSweep {sweep} ({len(summaries)} runs):\n{table}")
+        else:
+            print(f"\nSweep {sweep}: {len(summaries)} runs; table in {sweep / 'comparison.md'}; "
+                  f"figures: python -m harness.analysis.report {sweep}")
+
+
+def sweep_jobs(config: DictConfig) -> list[list[str]]:
+    """Every job's overrides of a multirun, expanded as Hydra's basic sweeper expands them: the
+    ``hydra.sweeper.params`` of the config (e.g. an experiment preset's) then the command line."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    node = config.hydra.sweeper.get("params")
+    params = OmegaConf.to_container(node, resolve=False) if node else {}
+    args = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    overrides = OverridesParser.create().parse_overrides(args)
+    return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+
+
+class SweepLockCallback(Callback):
+    """Takes the sweep directory's lock (``harness.analysis.provenance.DirLock``, ``.sweep.lock``) before any job runs
+    and releases it when the sweep ends (or the process exits, however). A second sweep into a locked
+    ``hydra.sweep.dir`` prints the holder (pid, host, since, command) and exits with status 2 before anything
+    runs; a lock left by a dead holder is taken over with a warning naming it."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from harness.analysis.provenance import SWEEP_LOCK, DirLock, LockHeld
+        try:
+            self.lock = DirLock(Path(config.hydra.sweep.dir), SWEEP_LOCK).acquire()
+        except LockHeld as e:
+            print(f"error: another sweep is writing this sweep directory; nothing was run: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        lock = getattr(self, "lock", None)
+        if lock is not None:
+            lock.release()
+
+
+class ValidateSweepCallback(Callback):
+    """Before the first job of a multirun runs, compose and validate (``harness.run.config.resolve``) every
+    job's config and check what a job would check before running (``harness.run.runner.prepare``: its trace, its
+    workload after ``workload.context_overflow``, its scheduler on its cluster); if any is invalid, print every
+    invalid job with its error and exit (status 2) before anything runs. (Hydra turns an exception raised by a
+    callback into a warning, so this exits.) A trace is loaded once per distinct file."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra import compose
+
+        from harness.run.config import ConfigError, resolve
+        from harness.run.runner import prepare
+        from harness.core.trace import TraceError, load_trace
+        jobs = sweep_jobs(config)
+        bad = []
+        traces: dict = {}
+
+        def cached_load(path, *a, **k):
+            key = (str(path), a, tuple(sorted(k.items())))
+            if key not in traces:
+                traces[key] = load_trace(path, *a, **k)
+            return traces[key]
+        for i, job in enumerate(jobs):
+            try:
+                run = resolve(compose(config_name=config.hydra.job.config_name, overrides=job))
+                prepare(run, cached_load)
+            except (ConfigError, TraceError) as e:
+                bad.append(f"  job {i} ({' '.join(job)}): {e}")
+            except Exception as e:  # noqa: BLE001 -- composition errors are reported the same way
+                bad.append(f"  job {i} ({' '.join(job)}): {type(e).__name__}: {str(e).splitlines()[0]}")
+        if bad:
+            print(f"error: {len(bad)} of {len(jobs)} sweep jobs are invalid; nothing was run:\n" + "\n".join(bad),
+                  file=sys.stderr)
+            sys.exit(2)

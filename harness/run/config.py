@@ -1,0 +1,337 @@
+"""Hydra structured configs and start-up validation.
+
+The schema (``RunConfig``) is registered in Hydra's ConfigStore as ``run_schema``; ``conf/config.yaml``
+extends it, so a misspelt key or a wrong type fails when Hydra composes the config. ``resolve`` then
+checks every value and cross-reference (cluster -> hardware profiles, roles, scheduler registry and the
+roles it needs, the trace file) before anything expensive starts; each error names the config key (or
+the file and line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from harness.core.backend import backends, get_backend
+from harness.analysis.metrics import SloConfig
+from harness.core.paths import PROJECT_ROOT, data_path  # noqa: F401  (PROJECT_ROOT re-exported)
+from harness.core.policy import ROLES
+from harness.core.profiles import ClusterConfig, EngineConfig, HardwareConfig, ModelConfig, kv_capacity_blocks
+from harness.core.schedulers import get_spec, registered
+from harness.analysis.validity import ValidityConfig
+from harness.workload.workload import WorkloadConfig
+
+
+class ConfigError(ValueError):
+    """A config value or cross-reference is invalid; the message names the key."""
+
+
+@dataclass
+class LoggerConfig:
+    """``logger`` group: ``parquet`` (the run directory only) or ``wandb`` (also a Weights & Biases run,
+    ``harness.run.loggers``). parquet results are always written.
+
+    log_decisions: write ``decisions.parquet``; metrics_interval_s: sampling period of
+    ``instances.parquet`` (s); progress: show a progress bar.
+    W&B only: project, entity (``None``: the account's default), mode (``offline``: local files under
+    ``dir``, sync later with ``wandb sync``; ``online``; ``disabled``), group (``None``: the sweep
+    directory's name in a multirun), tags, dir (``None``: ``$WANDB_DIR``, else the run directory),
+    log_tables (per-turn / per-conversation / instance tables), log_figures, max_table_rows (rows per
+    table; the parquet files keep them all), max_history_points (instance time-series points per run).
+    percentiles: the percentiles of TTFT, TPOT, E2E and ITL in ``summary.json`` (``harness.analysis.validity``).
+    steps: write the per-step / per-token observations (opt-in; they are large): ``steps.parquet`` (the
+    simulator: one row per engine step, ``harness.sim.steps``), ``tokens.parquet`` (every output token's
+    time, on every backend) and, on real vLLM, ``server_metrics.json`` (each server's ``/metrics``
+    histograms over the run: iteration tokens, prefill / decode / queue time, TTFT, ITL; per-request
+    engine times as ``backend.engine_times`` says, by default vLLM's per-request spans), the input of
+    ``python -m harness.tools.calibrate``. Off: nothing is recorded.
+    """
+
+    name: str = "parquet"
+    log_decisions: bool = True
+    metrics_interval_s: float = 1.0
+    progress: bool = True
+    project: str = "agentic-serving"
+    entity: Optional[str] = None
+    mode: str = "offline"
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    dir: Optional[str] = None
+    log_tables: bool = True
+    log_figures: bool = True
+    max_table_rows: int = 100_000
+    max_history_points: int = 2000
+    percentiles: list[float] = field(default_factory=lambda: [50.0, 90.0, 95.0, 99.0])
+    steps: bool = False
+
+    def validate(self, where: str = "logger") -> None:
+        """Raise ``ValueError`` naming ``logger.<field>`` for the first invalid value."""
+        if self.name not in ("parquet", "wandb"):
+            raise ValueError(f"{where}.name must be 'parquet' or 'wandb', got {self.name!r}")
+        if self.mode not in ("offline", "online", "disabled"):
+            raise ValueError(f"{where}.mode must be offline, online or disabled, got {self.mode!r}")
+        if not self.metrics_interval_s > 0:
+            raise ValueError(f"{where}.metrics_interval_s must be > 0, got {self.metrics_interval_s!r}")
+        if self.max_table_rows < 1:
+            raise ValueError(f"{where}.max_table_rows must be >= 1, got {self.max_table_rows!r}")
+        if self.max_history_points < 1:
+            raise ValueError(f"{where}.max_history_points must be >= 1, got {self.max_history_points!r}")
+        if not self.percentiles or not all(isinstance(q, (int, float)) and 0 <= q <= 100 for q in self.percentiles):
+            raise ValueError(f"{where}.percentiles must be a non-empty list of numbers in [0, 100], "
+                             f"got {self.percentiles!r}")
+        if not isinstance(self.steps, bool):
+            raise ValueError(f"{where}.steps must be true or false, got {self.steps!r}")
+
+
+@dataclass
+class RunConfig:
+    """The whole run (see ``conf/README.md`` for every group and key)."""
+
+    hardware: dict[str, HardwareConfig] = field(default_factory=dict)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    scheduler: Any = None
+    backend: Any = None
+    slo: SloConfig = field(default_factory=SloConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    validity: ValidityConfig = field(default_factory=ValidityConfig)
+    seed: int = 0
+
+
+def register_configs() -> None:
+    """Register ``run_schema`` in Hydra's ConfigStore, and every registered scheduler and backend config
+    class as the options of the ``scheduler`` and ``backend`` groups (``scheduler=<name>``,
+    ``backend=<name>``: no YAML file needed); and the ``${pid:}`` resolver (this process's id) that the
+    run directories use. Idempotent."""
+    if not OmegaConf.has_resolver("pid"):  # run directories: two runs started in the same second differ
+        OmegaConf.register_new_resolver("pid", os.getpid)
+    if not OmegaConf.has_resolver("harness_config_groups"):  # --help (conf/config.yaml hydra.help.template)
+        OmegaConf.register_new_resolver("harness_config_groups", config_groups_help)
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    for name in registered():
+        cs.store(group="scheduler", name=name, node=get_spec(name).config_cls)
+    for name, spec in backends().items():
+        cs.store(group="backend", name=name, node=spec.config_cls)
+
+
+def config_groups_help() -> str:
+    """The config groups ``--help`` lists (``group: option, ...``, one line each): the YAML options of every
+    group under ``conf/`` (the checkout's, else the installed package's), the registered schedulers and
+    backends; the generated experiment sub-groups (``experiment/arm``, ``experiment/cell``,
+    ``experiment/wait_point``: hundreds of names) by their count only. Hydra's own groups (``hydra/...``)
+    are left out, as Hydra's ``$APP_CONFIG_GROUPS`` leaves them."""
+    from harness.core.paths import PACKAGE_DIR, in_checkout
+    conf = PROJECT_ROOT / "conf" if in_checkout() else PACKAGE_DIR / "conf"
+    groups: dict[str, list[str]] = {}
+    for p in conf.rglob("*.yaml"):
+        rel = p.relative_to(conf)
+        if len(rel.parts) >= 2 and rel.parts[0] != "hydra":
+            groups.setdefault("/".join(rel.parts[:-1]), []).append(p.stem)
+    groups["scheduler"] = registered()
+    groups["backend"] = list(backends())
+    lines = []
+    for g in sorted(groups):
+        opts = sorted(groups[g])
+        if "/" in g:   # generated sub-groups of the experiment presets
+            lines.append(f"{g}: {len(opts)} generated options (conf/{g}/*.yaml; chosen by +experiment=...)")
+        else:
+            lines.append(f"{g}: {', '.join(opts)}")
+    return "\n".join(lines)
+
+
+@dataclass
+class Resolved:
+    """A validated run: typed config objects plus the expanded instance list.
+
+    instances: ``(name, role, HardwareConfig)`` in index order; scheduler: the policy's own config
+    dataclass instance; backend: the backend plug-in's config dataclass instance; trace_path: absolute
+    path of the trace file.
+    """
+
+    cfg: RunConfig
+    instances: list[tuple[str, str, HardwareConfig]]
+    scheduler_name: str
+    scheduler: Any
+    trace_path: Path
+    backend_name: str = "sim"
+    backend: Any = None
+
+
+def resolve_path(p: str) -> Path:
+    """A relative path is looked up in the working directory, then under the project root, then in the
+    installed package (``harness.core.paths.data_path``)."""
+    return data_path(p)
+
+
+def scheduler_config(name: str, node: Any) -> Any:
+    """The scheduler's config dataclass filled from ``node`` (a dict/DictConfig).
+
+    Raises:
+        ConfigError: unknown scheduler (listing the valid ones) or an unknown/mistyped key.
+    """
+    try:
+        spec = get_spec(name)
+    except KeyError as e:
+        raise ConfigError(f"scheduler {name!r}: {e.args[0]}") from None
+    return _plugin_config(spec.config_cls, node, "scheduler.")
+
+
+def backend_config(name: str, node: Any) -> Any:
+    """The backend plug-in's config dataclass filled from ``node``.
+
+    Raises:
+        ConfigError: unknown backend (listing the valid ones) or an unknown/mistyped key.
+    """
+    try:
+        spec = get_backend(name)
+    except KeyError as e:
+        raise ConfigError(f"backend.name: {e.args[0]}") from None
+    return _plugin_config(spec.config_cls, node, "backend.")
+
+
+def _plugin_choice(node: Any, group: str, build) -> tuple[str, Any]:
+    """``(name, config object)`` of the chosen option of a plug-in group (``scheduler`` or ``backend``):
+    the group's structured option as composed, or a mapping with a ``name`` key.
+
+    Raises:
+        ConfigError: no option chosen, or the option's config rejects a key.
+    """
+    if dataclasses.is_dataclass(node):  # a registered option, typed by Hydra: re-checked as the registry's
+        node = dataclasses.asdict(node)
+    if not isinstance(node, dict) or "name" not in node:
+        raise ConfigError(f"{group} must be a mapping with a 'name' key (choose an option: {group}=<name>)")
+    return node["name"], build(node["name"], node)
+
+
+def _plugin_config(cls: type, node: Any, prefix: str) -> Any:
+    try:
+        if isinstance(node, DictConfig):
+            node = OmegaConf.to_container(node, resolve=True)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), node))
+    except OmegaConfBaseException as e:
+        raise ConfigError(_omegaconf_message(e, prefix)) from None
+
+
+def _omegaconf_message(e: OmegaConfBaseException, prefix: str = "") -> str:
+    """One line naming the full key of an OmegaConf error, e.g. ``scheduler.kv_admit_frac: Value 'x' ...``."""
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    key = getattr(e, "full_key", None)
+    return f"{prefix}{key}: {first}" if key else f"{prefix.rstrip('.')}: {first}"
+
+
+def _reject_unknown_keys(node: Any, path: str) -> None:
+    """Raise ConfigError for a key under a schema-typed node that its dataclass does not declare (Hydra's
+    ``+key=value`` adds keys past the struct check)."""
+    if isinstance(node, DictConfig):
+        typ = OmegaConf.get_type(node)
+        known = {f.name for f in dataclasses.fields(typ)} if dataclasses.is_dataclass(typ) else None
+        for key in node.keys():
+            where = f"{path}.{key}" if path else str(key)
+            if known is not None and key not in known:
+                raise ConfigError(f"{where}: unknown key (not a field of {typ.__name__}; a typo?)")
+            _reject_unknown_keys(node._get_node(key), where)
+    elif isinstance(node, ListConfig) and not node._is_none():   # a typed list left at null has no items
+        for i, item in enumerate(node):
+            _reject_unknown_keys(item, f"{path}[{i}]")
+
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]{0,127}$")
+
+
+def _check_names(cfg: RunConfig) -> None:
+    """Names that become parts of run-directory paths must be plain file names (no ``/``, no ``..``).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    named = {"cluster.name": cfg.cluster.name, "model.name": cfg.model.name, "workload.name": cfg.workload.name,
+             "slo.name": cfg.slo.name, "logger.name": cfg.logger.name,
+             **{f"hardware.{k} (its key)": k for k in cfg.hardware}}
+    for key, v in named.items():
+        if not (isinstance(v, str) and _SAFE_NAME.match(v) and ".." not in v):
+            raise ConfigError(f"{key} must be a plain name (letters, digits, _ . + = -; no '/' or '..'), got {v!r}")
+
+
+def resolve(dcfg: DictConfig) -> Resolved:
+    """Validate a composed config and expand the cluster.
+
+    Raises:
+        ConfigError: naming the key of the first invalid value.
+    """
+    _reject_unknown_keys(dcfg, "")
+    try:
+        cfg: RunConfig = OmegaConf.to_object(dcfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_omegaconf_message(e)) from None
+    _check_names(cfg)
+    for key, hw in cfg.hardware.items():
+        hw.name = key  # the key a profile is composed under is its name
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or cfg.seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0 (it seeds numpy generators, which take no negative "
+                          f"seed), got {cfg.seed!r}")
+    try:
+        for key, hw in cfg.hardware.items():
+            hw.validate(f"hardware.{key}")
+        cfg.model.validate("model")
+        cfg.engine.validate("engine")
+        cfg.workload.validate("workload")
+        cfg.slo.validate("slo")
+        cfg.cluster.link.validate("cluster.link")
+        cfg.logger.validate("logger")
+        cfg.validity.validate("validity")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not cfg.cluster.instances:
+        raise ConfigError("cluster.instances must list at least one instance group")
+    instances: list[tuple[str, str, HardwareConfig]] = []
+    counts: dict[str, int] = {}
+    for gi, g in enumerate(cfg.cluster.instances):
+        where = f"cluster.instances[{gi}]"
+        if g.role not in ROLES:
+            raise ConfigError(f"{where}.role must be one of {list(ROLES)}, got {g.role!r}")
+        if g.hardware not in cfg.hardware:
+            raise ConfigError(f"{where}.hardware: unknown hardware profile {g.hardware!r}; "
+                              f"known: {sorted(cfg.hardware)}")
+        if not (isinstance(g.count, int) and g.count >= 1):
+            raise ConfigError(f"{where}.count must be an int >= 1, got {g.count!r}")
+        for _ in range(g.count):
+            k = counts.get(g.role, 0)
+            counts[g.role] = k + 1
+            instances.append((f"{g.role}{k}", g.role, cfg.hardware[g.hardware]))
+        try:  # every backend: the policies' hints and capacity estimates come from these profiles
+            kv_capacity_blocks(cfg.hardware[g.hardware], cfg.model, cfg.engine)
+        except ValueError as e:
+            raise ConfigError(f"{where}.hardware: {e}") from None
+    name, sched_obj = _plugin_choice(cfg.scheduler, "scheduler", scheduler_config)
+    if cfg.slo.needs_unloaded() and cfg.slo.reference_scheduler != "same":
+        try:
+            scheduler_config(cfg.slo.reference_scheduler, {"name": cfg.slo.reference_scheduler})
+        except ConfigError as e:
+            raise ConfigError(f"slo.reference_scheduler: {e}") from None
+    if cfg.slo.needs_scale_unloaded() and cfg.slo.scale_reference_name() != "same":
+        try:
+            scheduler_config(cfg.slo.scale_reference_name(), {"name": cfg.slo.scale_reference_name()})
+        except ConfigError as e:
+            raise ConfigError(f"slo.scale_reference: {e}") from None
+    trace = resolve_path(cfg.workload.trace)
+    if cfg.workload.kind == "trace" and not trace.is_file():
+        why = "is a directory, not a trace file" if trace.is_dir() else "file not found"
+        raise ConfigError(f"workload.trace: {why}: {cfg.workload.trace} (looked for {trace})")
+    backend_name, backend_obj = _plugin_choice(cfg.backend, "backend", backend_config)
+    run = Resolved(cfg, instances, name, sched_obj, trace, backend_name, backend_obj)
+    try:
+        backend_obj.validate(run)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return run

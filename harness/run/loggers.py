@@ -1,0 +1,311 @@
+"""Run loggers: where a run's results go besides its run directory (which is always written).
+
+``logger=parquet``: nowhere else. ``logger=wandb``: a Weights & Biases run that gets the resolved config,
+the summary metrics, the per-turn / per-conversation / per-instance tables (``wandb.Table``), the
+instances' time series (history, against ``sim_time_s``) and two figures (TTFET CDF, KV occupancy).
+The default mode is ``offline``: no network and no account; the run is written under
+``<dir>/wandb/offline-run-*`` and can be uploaded later with ``wandb sync``.
+
+Use :func:`logged_run` around the run (``run.py`` does)::
+
+    with logged_run(cfg.logger, out_dir, config_dict):
+        execute(run, out_dir, ...)
+
+It starts the W&B run before the simulation and, in a ``finally``, logs what the run directory holds
+and closes the W&B run -- with exit code 1 and the error in its summary when the run failed -- so a
+failed simulation never leaves a W&B run open. If wandb is not installed, or ``wandb.init`` fails, a
+warning is logged and the run goes on with parquet only; a failure while logging results is logged and
+never replaces the run's own outcome.
+
+Secrets: every mapping logged (config, summary) goes through :func:`scrub`, and every other string
+logged (tags, group, run name) through :func:`scrub_string`. They redact by *value*: the value of any
+environment variable named like a credential, a URL's password, the value after a credential's name
+(``X-Api-Key: ...``, ``Authorization: ...``, ``token=...``), well-known key shapes (``sk-``, ``hf_``, JWTs,
+``Bearer ...``); and under a key that names a credential (:func:`is_secret_key`: ``api_key``, ``token``,
+``secret``, ``password``, ... -- not token *counts* such as ``max_num_batched_tokens``) any value but a
+number, so a metric such as ``first_token_s`` keeps its value and its name. W&B's own metadata (command
+line, git remote, code) is turned off, so an API key on the command line or in a git URL is not captured
+either. Offline, W&B's update check and error reporting (Sentry) are off too: nothing waits on a network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional, Protocol
+
+log = logging.getLogger(__name__)
+
+REDACTED = "<redacted>"
+# Credential-like key names. "token" must be a whole word (not "tokens"), and "per_token" (a unit) is not
+# a credential.
+_SECRET_WORDS = re.compile(r"api[_\-]?key|secret|passw(or)?d|credential|private[_\-]?key|bearer|authorization",
+                           re.IGNORECASE)
+_TOKEN_WORD = re.compile(r"(^|[^a-z])token($|[^a-z])", re.IGNORECASE)
+_UNIT_TOKEN = re.compile(r"per[_\-]token", re.IGNORECASE)
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a mapping key names a credential (its value must never be logged).
+
+    True for e.g. ``api_key``, ``WANDB_API_KEY``, ``hf_token``, ``token``, ``access-token``, ``client_secret``,
+    ``db_password``; false for token counts and units (``max_num_batched_tokens``, ``prompt_tokens``,
+    ``kv_bytes_per_token``, ``tokens_per_joule``).
+    """
+    k = str(key)
+    if _SECRET_WORDS.search(k):
+        return True
+    return bool(_TOKEN_WORD.search(k)) and not _UNIT_TOKEN.search(k)
+
+
+# Secret-looking values, whatever their key: well-known credential prefixes (OpenAI/Anthropic ``sk-``,
+# Hugging Face ``hf_``, GitHub ``ghp_``/``github_pat_``, Slack ``xox?-``, AWS access key ids, W&B's
+# 40-hex API keys, JWTs), and ``Bearer`` headers; a ``KEY=value`` string whose key is a credential.
+_SECRET_VALUE = re.compile(
+    r"\b(sk-[A-Za-z0-9_\-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+    r"|xox[abpors]-[A-Za-z0-9\-]{10,}|AKIA[0-9A-Z]{16}|[0-9a-f]{40}|eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]+)\b"
+    r"|bearer\s+\S+", re.IGNORECASE)
+# CLI flags whose next argument is a credential (``--api-key sk-...``); also ``--api-key=...``.
+_SECRET_FLAG = re.compile(r"^--?[a-z0-9_\-]*(api[_\-]?key|token|secret|passw(or)?d|credential)$", re.IGNORECASE)
+
+
+# A URL's password (``scheme://user:password@host``).
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.\-]*://[^/\s:@]*:)(?P<pw>[^/\s@]+)(?=@)", re.IGNORECASE)
+# A header or assignment whose name is a credential: ``X-Api-Key: v``, ``Authorization: Basic v``,
+# ``api_key=v``, ``"token": "v"`` (the name is judged by :func:`is_secret_key`).
+_NAMED_VALUE = re.compile(r"(?P<name>[A-Za-z][A-Za-z0-9_\-]*)(?P<sep>\"?\s*[:=]\s*\"?)(?P<val>[^\s\"',;&]+)")
+# ``Authorization: <scheme> <credentials>`` (RFC 9110 11.6.2): the scheme is kept, the credentials go.
+_AUTH_HEADER = re.compile(r"(?P<head>(proxy-)?authorization\"?\s*[:=]\s*\"?(?:[A-Za-z]+\s+)?)(?P<val>[^\s\"',;]+)",
+                          re.IGNORECASE)
+_MIN_ENV_SECRET = 8  # shorter environment values ("1", "true") are not redacted wherever they occur
+
+
+def _env_secrets() -> list[str]:
+    """Values of the environment variables whose names are credentials (``WANDB_API_KEY``, ``HF_TOKEN``,
+    ``AWS_SECRET_ACCESS_KEY``, ...), longest first; read at each call (the environment may change)."""
+    vals = {v for k, v in os.environ.items() if is_secret_key(k) and len(v) >= _MIN_ENV_SECRET}
+    return sorted(vals, key=len, reverse=True)
+
+
+def _named(m: re.Match) -> str:
+    name, val = m.group("name"), m.group("val")
+    if not is_secret_key(name) or val == REDACTED or name.lower().endswith("authorization"):
+        return m.group(0)
+    return f"{name}{m.group('sep')}{REDACTED}"
+
+
+def scrub_string(v: str) -> str:
+    """``v`` with every credential it holds replaced by ``"<redacted>"``, whatever key it is logged under:
+    the value of an environment variable named like a credential (:func:`_env_secrets`), a URL's password,
+    the value after a credential's name (``X-Api-Key: ...``, ``token=...``, ``--api-key=...``), and
+    well-known credential shapes (``sk-``/``hf_``/``ghp_`` prefixes, 40-hex keys, JWTs, ``Bearer ...``)."""
+    for secret in _env_secrets():
+        v = v.replace(secret, REDACTED)
+    v = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, v)
+    if "=" in v:
+        k, _, rest = v.partition("=")
+        if _SECRET_FLAG.match(k) and rest:
+            return f"{k}={REDACTED}"
+    v = _AUTH_HEADER.sub(lambda m: m.group("head") + REDACTED, v)
+    v = _NAMED_VALUE.sub(_named, v)
+    return _SECRET_VALUE.sub(REDACTED, v)
+
+
+def _scrub_value(v: Any) -> Any:
+    return scrub_string(v) if isinstance(v, str) else v
+
+
+def scrub(obj: Any) -> Any:
+    """A copy of ``obj`` (nested dicts / lists) with credentials replaced by ``"<redacted>"``: under a secret
+    key (:func:`is_secret_key`) any value but a number, bool or null (a metric named ``first_token_s`` or
+    ``output_token_throughput_per_s`` keeps its number; ``token: "abc"`` is redacted); in every string,
+    whatever its key, the credentials :func:`scrub_string` finds; and in a list the argument after a
+    credential flag (``["--api-key", "sk-..."]``). Keys themselves are kept (a metric's name is not a secret)."""
+    if isinstance(obj, dict):
+        return {k: (REDACTED if is_secret_key(k) and not _plain_number(v) else scrub(v)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        out, redact_next = [], False
+        for v in obj:
+            out.append(REDACTED if redact_next else scrub(v))
+            redact_next = isinstance(v, str) and bool(_SECRET_FLAG.match(v))
+        return out
+    return _scrub_value(obj)
+
+
+def _plain_number(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float))
+
+
+class RunLogger(Protocol):
+    """What :func:`logged_run` needs from a logger."""
+
+    def finish(self, out_dir: Path, error: Optional[BaseException]) -> None:
+        """Log what ``out_dir`` holds and close; ``error`` is the run's exception (``None``: success)."""
+
+
+class NullLogger:
+    """``logger=parquet``: the run directory is the whole record."""
+
+    def finish(self, out_dir: Path, error: Optional[BaseException]) -> None:
+        return None
+
+
+def _sweep_group() -> Optional[str]:
+    """The sweep directory's name when running inside a Hydra multirun, else ``None``."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        if not HydraConfig.initialized():
+            return None
+        hc = HydraConfig.get()
+        return Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
+    except Exception:
+        return None
+
+
+def _settings(wandb, offline: bool = False):
+    """W&B settings that keep it quiet and out of anything that may carry a secret (command line,
+    git remote URL, code), and offline away from the network (no update check, no error reports); keys a
+    given wandb version lacks are skipped."""
+    wanted = {"disable_git": True, "save_code": False, "disable_code": True, "silent": True,
+              "console": "off", "x_disable_meta": True, "x_disable_stats": True,
+              "_disable_meta": True, "_disable_stats": True}
+    if offline:
+        wanted.update({"mode": "offline", "x_disable_update_check": True, "x_disable_machine_info": True})
+    kwargs = {}
+    for k, v in wanted.items():
+        try:
+            wandb.Settings(**kwargs, **{k: v})
+            kwargs[k] = v
+        except Exception:
+            continue
+    return wandb.Settings(**kwargs)
+
+
+class WandbLogger:
+    """One W&B run per harness run (see the module docstring)."""
+
+    def __init__(self, lc: Any, out_dir: Path, config: dict):
+        import wandb
+        self.wandb, self.lc = wandb, lc
+        # read $WANDB_DIR here: wandb reads its environment once per process
+        directory = lc.dir or os.environ.get("WANDB_DIR") or str(out_dir)
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        names = [config.get(g, {}).get("name") for g in ("scheduler", "cluster", "workload")
+                 if isinstance(config.get(g), dict)]
+        backend = (config.get("backend") or {}).get("name", "sim") if isinstance(config.get("backend"), dict) else "sim"
+        if lc.mode == "offline":  # offline never touches the network (no version check, no login, no Sentry)
+            os.environ["WANDB_MODE"] = "offline"
+            os.environ.setdefault("WANDB_DISABLE_SERVICE_CHECK", "true")
+            os.environ["WANDB_ERROR_REPORTING"] = "false"   # wandb's Sentry reports: retried HTTP to sentry.io
+            os.environ.setdefault("WANDB_DISABLE_CODE", "true")
+        tags = [scrub_string(str(t)) for t in dict.fromkeys([*lc.tags, *[n for n in names if n]])]
+        group = lc.group or _sweep_group()
+        self.run = wandb.init(project=lc.project, entity=lc.entity, mode=lc.mode, dir=directory,
+                              name=scrub_string(out_dir.name), group=scrub_string(group) if group else None,
+                              job_type=scrub_string(str(backend)), tags=tags,
+                              config=scrub(config), settings=_settings(wandb, offline=lc.mode == "offline"))
+
+    def finish(self, out_dir: Path, error: Optional[BaseException]) -> None:
+        try:
+            self._log_results(Path(out_dir), error)
+        except Exception as e:  # the parquet files are the record; never fail the run for W&B
+            log.warning("wandb: logging the results failed: %s: %s", type(e).__name__, e)
+        finally:
+            self.run.finish(exit_code=1 if error is not None else 0)
+
+    def _log_results(self, out_dir: Path, error: Optional[BaseException]) -> None:
+        import pandas as pd
+        wandb, lc, run = self.wandb, self.lc, self.run
+        summary_path = out_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        if error is not None:
+            summary.setdefault("partial", True)
+            summary["error"] = summary.get("error") or f"{type(error).__name__}: {error}"
+        for k, v in scrub(summary).items():
+            if isinstance(v, float) and not math.isfinite(v):
+                v = None  # JSON has no NaN; a missing value stays missing
+            run.summary[k] = v
+        if lc.log_tables:
+            for name in ("conversations", "turns"):
+                p = out_dir / f"{name}.parquet"
+                if p.is_file():
+                    df = pd.read_parquet(p)
+                    run.log({name: wandb.Table(dataframe=df.head(lc.max_table_rows))})
+        p = out_dir / "instances.parquet"
+        if p.is_file():
+            inst = pd.read_parquet(p)
+            if len(inst):
+                if lc.log_tables:
+                    run.log({"instances": wandb.Table(dataframe=inst.head(lc.max_table_rows))})
+                self._log_series(inst)
+        if lc.log_figures and summary_path.is_file():
+            self._log_figures(out_dir)
+
+    def _log_series(self, inst) -> None:
+        """Instance time series into the history, at most ``max_history_points`` points per instance."""
+        run = self.run
+        run.define_metric("sim_time_s")
+        run.define_metric("instance/*", step_metric="sim_time_s")
+        cols = [c for c in ("kv_used_frac", "kv_used_tokens", "num_running", "num_waiting", "energy_j")
+                if c in inst.columns]
+        wide = inst.pivot_table(index="t_s", columns="instance", values=cols, aggfunc="last").sort_index()
+        step = max(1, math.ceil(len(wide) / self.lc.max_history_points))
+        for t, row in wide.iloc[::step].iterrows():
+            rec = {"sim_time_s": float(t)}
+            for (col, name), v in row.items():
+                if v == v:  # not NaN
+                    rec[f"instance/{name}/{col}"] = float(v)
+            run.log(rec)
+
+    def _log_figures(self, out_dir: Path) -> None:
+        from harness.analysis import report
+        with tempfile.TemporaryDirectory() as tmp:
+            sw = report.load_sweep(out_dir)
+            images = {}
+            for f in [*report.ttfet_cdf(sw, Path(tmp)), *report.kv_occupancy(sw, Path(tmp))]:
+                if f.suffix == ".png":
+                    images[f"figures/{f.stem}"] = self.wandb.Image(str(f))
+            if images:
+                self.run.log(images)
+
+
+def start_logger(lc: Any, out_dir: Path, config: dict) -> RunLogger:
+    """The logger ``lc.name`` names, started; falls back to :class:`NullLogger` (with a warning) when
+    wandb is missing or cannot start."""
+    if lc.name != "wandb" or lc.mode == "disabled":
+        return NullLogger()
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        log.warning("logger=wandb but wandb is not installed (pip install -e '.[wandb]'); parquet only")
+        return NullLogger()
+    try:
+        return WandbLogger(lc, Path(out_dir), config)
+    except Exception as e:
+        log.warning("wandb.init failed (%s: %s); parquet only", type(e).__name__, e)
+        return NullLogger()
+
+
+@contextmanager
+def logged_run(lc: Any, out_dir: Path, config: dict) -> Iterator[RunLogger]:
+    """Start the configured logger, run the body, then log the run directory and close the logger --
+    also when the body raises (the exception propagates unchanged)."""
+    logger = start_logger(lc, Path(out_dir), config)
+    error: Optional[BaseException] = None
+    try:
+        yield logger
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        logger.finish(Path(out_dir), error)
+
+
+# ---- reading an offline run back (no network, no account) --------------------------------------------

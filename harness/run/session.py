@@ -1,0 +1,340 @@
+"""One run session: the only place a controller, a policy, a cluster and a recorder are put together.
+
+``run_session`` is used for every run on every backend (the main run on the simulator or on real vLLM,
+each conversation's unloaded replay for the SLO baseline, the tests' fake backends). ``make_policy`` is
+the only place a policy is built, from a :class:`harness.core.policy.PolicyContext` that holds everything it
+may use: the workload's oracle (behind a ``Predictor``), hardware hints from the hardware and model
+profiles, KV capacities; ``check_policies`` builds the run's policies the same way before anything runs
+(no cluster needed), so a policy that rejects its config fails first.
+
+Every function here takes a :class:`SessionInput`: the part of the run config a session reads, typed and
+frozen, built once per run by :func:`session_input` from the resolved config (``harness.run.config.Resolved``;
+``harness.run.runner.execute`` builds it). Nothing here reads the whole run config. The relative SLO's
+unloaded-TTFET baseline (a :func:`simulate` session per conversation, and its caches) is
+``harness.run.slo_baseline``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+from harness.core.backend import BackendConfig, Cluster
+from harness.core.controller import ConversationState, Controller
+from baselines.wait.fluid import prefill_iteration_coefficient
+from harness.core.policy import InstanceHints, Policy, PolicyContext
+from harness.core.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks
+from harness.core.recorder import PlanDecision, Recorder
+from harness.core.trace import ConversationRecord
+from harness.workload.workload import Oracle, WorkloadStats
+
+if TYPE_CHECKING:  # annotations only: the config module is read by the builder, never by a session
+    from harness.run.config import Resolved
+    from harness.sim.plugin import SimBackendConfig
+
+log = logging.getLogger(__name__)
+
+
+def instance_hints(hw: HardwareConfig, model: ModelConfig) -> InstanceHints:
+    """What a router may know of an instance before serving: the hardware profile's step model (the
+    simulator's, ``harness.sim.perf.PerfModel``, evaluated on the profiles alone) for prefill throughput
+    (2048-token chunk, tokens/s), an idle decode step (1 sequence, 1024-token context, s), and the WAIT
+    fluid model's iteration line ``d0 + d1 * KV tokens`` (``PerfModel.decode_linear_coefficients``) with its
+    prefill term ``d2`` (``baselines.wait.fluid.prefill_iteration_coefficient``: linear-layer FLOPs per token over
+    peak x prefill efficiency)."""
+    from harness.sim.perf import PerfModel
+    perf = PerfModel(hw, model)
+    d0, d1 = perf.decode_linear_coefficients()
+    d2 = prefill_iteration_coefficient(2.0 * model.num_layers * model.linear_params_per_layer, hw.peak_flops,
+                                       hw.prefill_efficiency)
+    return InstanceHints(perf.prefill_tokens_per_s(), perf.idle_decode_step_s(), d0, d1, d2)
+
+
+def batch_rules(policy: Policy, n: int) -> list:
+    """The policy's engine batch rule per instance (``None``: the engine's default rule)."""
+    return [policy.batch_rule(i) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class SessionInput:
+    """What a session reads of the run config: built once per run by :func:`session_input` (frozen: a
+    session cannot change it; the config objects it holds are the run's own, shared, and not copied).
+
+    instances: ``(name, role, HardwareConfig)`` per instance, in index order (``cluster.instances``
+        expanded by ``harness.run.config.resolve``; the names are ``<role><k>``).
+    model: the served model's profile (``model``); engine: the engine knobs every backend honours
+        (``engine``: KV block size in tokens, batch limits, chunked prefill, ...); link: the KV-transfer
+        interconnect between instances (``cluster.link``: bytes/s and s per transfer).
+    seed: the run's seed (``seed``), given to every policy (``PolicyContext.seed``).
+    shared_prefix_tokens: the workload's shared system prompt, tokens
+        (``workload.effective_shared_prefix_tokens()``: ``shared_prefix_tokens`` x ``token_scale``).
+    context_limit_tokens: the served context, tokens (:func:`context_limit`); ``None``: unlimited.
+    hints: per instance, what a router may know of it before serving (:func:`instance_hints`: prefill
+        tokens/s, idle decode step s, the fluid model's iteration coefficients).
+    scheduler_name / scheduler: the run's scheduler variant (``scheduler.name``) and its config dataclass
+        (the variant's own type, from the registry: ``harness.core.registry.SchedulerSpec.config_cls``).
+    reference_scheduler: ``slo.reference_scheduler`` (``same``: the run's own variant), whose unloaded
+        replays are the relative SLO's denominator; needs_reference: the SLO needs them
+        (``SloConfig.needs_unloaded``).
+    scale_reference: the SLO-scale curve's reference (``SloConfig.scale_reference_name``);
+        needs_scale_reference: the curve needs its unloaded replays (``SloConfig.needs_scale_unloaded``).
+    ttfet_definition: the headline TTFET reading, ``first`` / ``visible`` / ``last`` (``slo.ttfet_definition``).
+    backend_name / backend: the backend plug-in (``backend.name``) and its config (its hooks:
+        ``supports_batch_rules``, ``check_batch_rules``); sim: the simulator's settings for the simulated
+        sessions (the SLO replays, :func:`simulate`): the run's backend config when ``backend=sim``, else
+        the simulator's defaults.
+    """
+
+    instances: tuple[tuple[str, str, HardwareConfig], ...]
+    model: ModelConfig
+    engine: EngineConfig
+    link: LinkConfig
+    seed: int
+    shared_prefix_tokens: int
+    context_limit_tokens: Optional[int]
+    hints: tuple[InstanceHints, ...]
+    scheduler_name: str
+    scheduler: Any
+    reference_scheduler: str
+    needs_reference: bool
+    scale_reference: str
+    needs_scale_reference: bool
+    ttfet_definition: str
+    backend_name: str
+    backend: BackendConfig
+    sim: "SimBackendConfig"
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The role of each instance, in index order."""
+        return tuple(r for _, r, _ in self.instances)
+
+
+def session_input(run: "Resolved") -> SessionInput:
+    """The :class:`SessionInput` of a resolved run (``harness.run.config.resolve``): the one place a session's
+    input is read from the run config. The hints are evaluated here, once per run."""
+    from harness.sim.plugin import SimBackendConfig
+    cfg = run.cfg
+    return SessionInput(
+        instances=tuple(run.instances), model=cfg.model, engine=cfg.engine, link=cfg.cluster.link, seed=cfg.seed,
+        shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens(), context_limit_tokens=context_limit(run),
+        hints=tuple(instance_hints(hw, cfg.model) for _, _, hw in run.instances),
+        scheduler_name=run.scheduler_name, scheduler=run.scheduler,
+        reference_scheduler=cfg.slo.reference_scheduler, needs_reference=cfg.slo.needs_unloaded(),
+        scale_reference=cfg.slo.scale_reference_name(), needs_scale_reference=cfg.slo.needs_scale_unloaded(),
+        ttfet_definition=cfg.slo.ttfet_definition, backend_name=run.backend_name, backend=run.backend,
+        sim=run.backend if isinstance(run.backend, SimBackendConfig) else SimBackendConfig())
+
+
+def policy_context(inp: SessionInput, stats: WorkloadStats, oracle: Callable, kv_capacity_tokens: Sequence[int]
+                   ) -> PolicyContext:
+    """The context a policy of the session ``inp`` is built with (``kv_capacity_tokens``: per instance, tokens)."""
+    return PolicyContext(truth=oracle, seed=inp.seed, cluster_roles=inp.roles, workload=stats, hints=inp.hints,
+                         kv_capacity_tokens=tuple(kv_capacity_tokens))
+
+
+def context_limit(run: "Resolved") -> Optional[int]:
+    """The served model's context of a resolved run, tokens: ``model.max_model_len`` (its ``config.json``),
+    and on a backend that serves with a shorter one (``BackendConfig.context_limit``, e.g. vLLM's
+    ``--max-model-len``), that. ``None`` when neither says. (A session reads it as
+    ``SessionInput.context_limit_tokens``.)"""
+    limits = [run.cfg.model.max_model_len or None]
+    limits.append(run.backend.context_limit())
+    limits = [x for x in limits if x]
+    return min(limits) if limits else None
+
+
+def make_policy(name: str, sched_cfg: Any, ctx: PolicyContext) -> Policy:
+    """Build the registered scheduler ``name`` from its config dataclass and the context.
+
+    Raises:
+        KeyError: unknown scheduler. ValueError: the cluster lacks a role the variant is registered with
+        (``roles``), or the factory rejects the config or the cluster.
+    """
+    from harness.core.policy import require_roles
+    from harness.core.schedulers import get_spec
+    spec = get_spec(name)
+    require_roles(name, ctx.cluster_roles, spec.roles)
+    return spec.factory(sched_cfg, ctx)
+
+
+def estimated_capacities(inp: SessionInput) -> list[int]:
+    """KV capacity per instance as the hardware profile sizes it, tokens (for checks before a cluster
+    exists; a real backend reads the servers' own)."""
+    e = inp.engine
+    return [kv_capacity_blocks(hw, inp.model, e) * e.block_size for _, _, hw in inp.instances]
+
+
+@dataclass
+class SessionResult:
+    """What one session produced.
+
+    recorder: the rows (turns, decisions, instance samples); convs: the controller's conversation
+    states; energy_j: per instance over the measured window, J; window_start_s / window_end_s: first
+    arrival and last finish, s; preemptions; events (clock callbacks); wall_s: wall time of the drive, s;
+    error: ``""`` or why the run ended early (``"<Type>: <message>"`` for an exception);
+    error_traceback: the exception's traceback; extra: backend measurements, the policy plan, and the
+    policy's own summary (``policy.summary() -> dict``, when it has one), merged into ``summary.json``.
+    """
+
+    recorder: Recorder
+    convs: list[ConversationState]
+    energy_j: list[float]
+    window_start_s: float
+    window_end_s: float
+    preemptions: int
+    events: int
+    wall_s: float
+    error: str = ""
+    error_traceback: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def turns(self) -> list[dict]:
+        """``turns.parquet`` rows."""
+        return self.recorder.turns
+
+
+def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tuple[float, ConversationRecord]],
+                stats: WorkloadStats, scheduler_name: str, sched_cfg: Any, recorder: Recorder, *,
+                oracle: Optional[Oracle] = None, tick_s: Optional[float] = None,
+                on_conversation: Optional[Callable[[ConversationState], None]] = None,
+                max_active: Optional[int] = None, stop_s: Optional[float] = None) -> SessionResult:
+    """Replay ``conversations`` on an opened ``cluster`` (of the session ``inp``) under scheduler
+    ``scheduler_name`` with its config ``sched_cfg``.
+
+    The policy is built here (``make_policy``) with the cluster's KV capacities; the controller is built
+    here and nowhere else; every row goes to ``recorder``; ``tick_s``: instance-sample period (s of the
+    cluster's clock; None: no samples). An exception raised by the controller or a policy ends the run
+    at once on every backend; it is returned in ``error`` (with its traceback), never swallowed
+    silently, and what was measured until then is kept. ``max_active``, ``stop_s``: the load shapes of
+    the main run (``harness.core.controller.Controller``; ``workload.max_active()``, ``workload.duration_s``);
+    with them, ``extra`` gets ``num_conversations_started`` / ``_stopped`` / ``_not_started``,
+    ``max_active_conversations``, ``client_wait_mean_s`` / ``client_wait_max_s`` (s) and ``duration_stop_s``,
+    and the conversations never started are left out of ``convs``.
+    """
+    oracle = oracle or Oracle(conversations)
+    ctx = policy_context(inp, stats, oracle, [i.kv_capacity_tokens for i in cluster.infos])
+    policy = make_policy(scheduler_name, sched_cfg, ctx)
+    for i, rule in enumerate(batch_rules(policy, len(cluster.infos))):  # engine-level batch formation (WAIT)
+        if rule is not None:
+            if not hasattr(cluster, "set_batch_rule"):
+                raise ValueError(f"scheduler {scheduler_name} forms batches inside the engine; this backend cannot")
+            cluster.set_batch_rule(i, rule)
+    recorder.bind([i.name for i in cluster.infos])
+    plan = policy.plan_note
+    if plan:  # a policy's plan (e.g. WAIT's fluid thresholds), once, at t = 0
+        recorder.decision(PlanDecision(0.0, plan))
+    controller = Controller(cluster, policy, conversations, recorder, ctx.hints,
+                            link_bandwidth_bytes_per_s=inp.link.bandwidth_bytes_per_s,
+                            link_latency_s=inp.link.latency_s, kv_bytes_per_token=inp.model.kv_bytes_per_token,
+                            on_conversation=on_conversation or (lambda c: None),
+                            max_context_tokens=inp.context_limit_tokens, max_active=max_active, stop_s=stop_s)
+
+    def tick():
+        recorder.sample(cluster.clock.now(), cluster.infos, cluster.observe(), cluster.power_w())
+
+    t0 = time.perf_counter()
+    error = tb = ""
+    try:
+        reason = cluster.drive(controller.start, lambda: controller.finished, tick, tick_s)
+        if reason:
+            error = f"{reason}: {len(conversations) - controller.num_done} conversations unfinished"
+    except (Exception, KeyboardInterrupt) as e:  # keep what was measured; the caller marks the run partial
+        error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        tb = traceback.format_exc()
+        log.error("run ended by an error: %s", error)
+    wall = time.perf_counter() - t0
+    convs = controller.convs
+    shaped = max_active is not None or stop_s is not None
+    if shaped:
+        convs = [c for c in convs if not c.not_started]
+    end = max([c.finish_s for c in convs if c.done] or [cluster.clock.now()])
+    start = min((t for t, _ in conversations), default=0.0)
+    extra = dict(cluster.measured())
+    if shaped:
+        waits = [c.client_wait_s for c in convs if c.begun]
+        extra.update({"num_conversations_started": sum(c.begun for c in convs),
+                      "num_conversations_stopped": sum(c.stopped for c in convs),
+                      "num_conversations_not_started": len(controller.convs) - len(convs),
+                      "max_active_conversations": controller.max_active_seen,
+                      "max_active_limit": max_active, "duration_stop_s": stop_s,
+                      "client_wait_mean_s": sum(waits) / len(waits) if waits else math.nan,
+                      "client_wait_max_s": max(waits) if waits else math.nan})
+    if plan:
+        extra["policy_plan"] = plan
+    extra.update(policy.summary())  # a policy's own counters (e.g. AMPD's decision flips), backend-neutral
+    return SessionResult(recorder, convs, cluster.energy_j(end), start, end, cluster.preemptions(),
+                         cluster.clock.events, wall, error, tb, extra)
+
+
+def simulate(inp: SessionInput, conversations: Sequence[tuple[float, ConversationRecord]], stats: WorkloadStats,
+             scheduler_name: str, sched_cfg: Any, *, sample_interval_s: Optional[float] = None,
+             log_decisions: bool = False, max_coalesce_s: Optional[float] = None,
+             on_conversation: Optional[Callable[[ConversationState], None]] = None) -> SessionResult:
+    """``run_session`` on a fresh simulated cluster of ``inp`` (its instances, model, engine, link and
+    ``inp.sim``'s limits; ``max_coalesce_s`` overrides ``inp.sim.max_coalesce_s``, s), whose KV block pools
+    know which blocks ``conversations`` share (``harness.workload.prefix.BlockContent``: each conversation's own
+    prefix and the shared system prompt, as ``harness.sim.plugin.open_sim`` builds them for a run). No
+    engine steps are recorded."""
+    from harness.workload.prefix import BlockContent
+    from harness.sim.backend import SimBackend
+    recorder = Recorder(Oracle(conversations).visible, log_decisions)
+    b = inp.sim
+    content = BlockContent([r for _, r in conversations], shared_prefix_tokens=inp.shared_prefix_tokens)
+    cluster = SimBackend(list(inp.instances), inp.model, inp.engine, inp.link,
+                         max_coalesce_s=b.max_coalesce_s if max_coalesce_s is None else max_coalesce_s,
+                         max_sim_time_s=b.max_sim_time_s, max_events=b.max_events, content=content,
+                         record_steps=False)
+    return run_session(cluster, inp, conversations, stats, scheduler_name, sched_cfg, recorder,
+                       tick_s=sample_interval_s, on_conversation=on_conversation)
+
+
+def check_policies(inp: SessionInput, conversations: Sequence[tuple[float, ConversationRecord]], stats: WorkloadStats) -> None:
+    """Build the run's policy (and the SLO reference policy) once, with capacities estimated from the
+    profiles and no cluster, so a policy that rejects its config or the cluster's roles fails before
+    anything runs.
+
+    Raises:
+        ConfigError: naming the scheduler and the factory's message.
+    """
+    from harness.run.config import ConfigError
+    from harness.core.schedulers import get_spec
+    names = [(inp.scheduler_name, inp.scheduler)]
+    if inp.needs_reference and inp.reference_scheduler != "same":
+        names.append(reference_policy(inp))
+    if inp.needs_scale_reference and inp.scale_reference not in ("same", inp.scheduler_name):
+        names.append(reference_policy(inp, inp.scale_reference))
+    ctx = policy_context(inp, stats, Oracle(conversations), estimated_capacities(inp))
+    for name, sched_cfg in names:
+        try:
+            policy = make_policy(name, sched_cfg, ctx)
+            rules = [r for r in batch_rules(policy, len(inp.instances)) if r is not None]
+            if rules and not inp.backend.supports_batch_rules:
+                raise ValueError(f"forms batches inside the engine (a batch rule); backend={inp.backend_name} cannot "
+                                 f"take one")
+            if rules and not get_spec(name).forms_batches:
+                raise ValueError(f"returns batch rules, but it is not registered with forms_batches=True (a backend "
+                                 f"that launches engines reads it before the policy can be built)")
+            if rules:
+                inp.backend.check_batch_rules(inp, rules)
+        except ValueError as e:
+            what = ("scheduler" if name == inp.scheduler_name else "slo.reference_scheduler"
+                    if name == inp.reference_scheduler else "slo.scale_reference")
+            raise ConfigError(f"{what} ({name}): {e}") from None
+
+
+def reference_policy(inp: SessionInput, reference: Optional[str] = None) -> tuple[str, Any]:
+    """The relative SLO's reference scheduler: ``(name, config)``; ``slo.reference_scheduler=same`` is
+    the run's own scheduler with its own config (each variant judged against itself). ``reference``:
+    another scheduler name (or ``same``) instead of ``slo.reference_scheduler`` (the SLO-scale curve's
+    ``slo.scale_reference``)."""
+    from harness.run.config import scheduler_config
+    ref = inp.reference_scheduler if reference is None else reference
+    if ref == "same":
+        return inp.scheduler_name, inp.scheduler
+    return ref, scheduler_config(ref, {"name": ref})

@@ -1,0 +1,239 @@
+"""The relative SLO's denominator: each conversation's unloaded TTFET, replayed alone on the idle simulated
+cluster under the SLO's reference scheduler (``harness.run.session.reference_policy``), with its caches: an
+in-process memo and checksummed on-disk shards shared by every job of a sweep (``$HARNESS_CACHE_DIR``).
+
+``harness.run.runner.execute`` calls :func:`unloaded_readings` before the run when the SLO is relative (and for
+the SLO-scale curve's reference); each replay is a ``harness.run.session.simulate`` session of the run's
+:class:`harness.run.session.SessionInput`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from harness.core.paths import code_digest
+from harness.run.session import SessionInput, reference_policy, simulate
+from harness.core.trace import ConversationRecord
+from harness.workload.workload import WorkloadStats
+
+log = logging.getLogger(__name__)
+
+
+def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, ConversationRecord]],
+                      stats: WorkloadStats, *, cache_dir: Optional[Path | str] = None,
+                      reference: Optional[str] = None) -> dict[str, dict[str, float]]:
+    """Each conversation replayed alone (arrival at 0) on the idle simulated cluster under the SLO's
+    reference scheduler (``harness.run.session.reference_policy``; ``reference`` overrides ``slo.reference_scheduler``):
+    ``{conversation_id: {"first": s, "visible": s,
+    "last": s}}``, the first-token time of turn 0, of the first user-visible turn and of the last turn
+    (= that reading's unloaded TTFET, s). A session per conversation, memoised in-process and on disk.
+
+    The disk cache (``cache_dir``, default :func:`cache_root`: ``$HARNESS_CACHE_DIR`` or
+    ``results/cache``; ``""`` or ``off``: none) holds ``unloaded_ttfet/<setup digest>/*.json``: shards of
+    ``{"schema", "checksum", "values": {conversation digest: {reading: s or null}}}`` (:func:`shard_problem`;
+    a shard that fails its schema or checksum is ignored with a warning and its conversations replayed),
+    one written (atomically) per process that replayed something, read by every later job, so a sweep (local, or on machines sharing the directory: Slurm,
+    Ray) replays each distinct conversation once per setup. The setup digest covers what a replay depends
+    on (:func:`_unloaded_cache_key`) and the code (``harness.core.paths.code_digest``: every ``.py`` under
+    ``harness/`` and ``baselines/``),
+    so a code change never reads stale numbers. Values round-trip exactly (JSON floats keep ``repr``).
+
+    Raises:
+        RuntimeError: an unloaded replay failed.
+        BaselineInterrupted: Ctrl-C / SIGTERM (a ``KeyboardInterrupt``) during the replays; it carries the
+            readings measured so far, which are also written to the disk cache.
+    """
+    from harness.analysis.metrics import ttfet_turn_index
+    name, ref = reference_policy(inp, reference)
+    key = _unloaded_cache_key(inp, stats, name, ref)
+    disk = _DiskCache(cache_dir, key)
+    out: dict[str, dict[str, float]] = {}
+    fresh: dict[str, dict[str, Optional[float]]] = {}
+    hook = _interrupt_hook("baseline")
+    try:
+        for k, (_, rec) in enumerate(conversations):
+            if hook is not None and k == hook[0]:
+                os.environ.pop("HARNESS_TEST_INTERRUPT", None)  # once per process
+                os.kill(os.getpid(), hook[1])  # test-only fault injection (HARNESS_TEST_INTERRUPT)
+            hit = _UNLOADED_CACHE.get((key, rec.turns))
+            if hit is None:
+                hit = disk.get(rec.turns)
+                if hit is not None:
+                    _UNLOADED_CACHE[(key, rec.turns)] = hit
+            if hit is not None:
+                out[rec.conversation_id] = dict(hit)
+                continue
+            res = simulate(inp, [(0.0, rec)], stats, name, ref, max_coalesce_s=math.inf)
+            if res.error.startswith("KeyboardInterrupt"):  # run_session keeps an interrupt as an error: re-raise
+                raise KeyboardInterrupt(res.error.partition(": ")[2])
+            if res.error:
+                raise RuntimeError(f"unloaded replay of {rec.conversation_id} failed: {res.error}")
+            first = {r["turn"]: r["first_token_s"] for r in res.turns if r["status"] == "ok"}
+            visible = [t.visible for t in rec.turns]
+            val = {d: float(first.get(ttfet_turn_index(visible, d), math.nan)) for d in ("first", "visible", "last")}
+            out[rec.conversation_id] = val
+            if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
+                _UNLOADED_CACHE.clear()
+            _UNLOADED_CACHE[(key, rec.turns)] = tuple(val.items())
+            fresh[_digest(repr(rec.turns))] = {d: (None if math.isnan(v) else v) for d, v in val.items()}
+    except KeyboardInterrupt as e:
+        raise BaselineInterrupted(str(e) or "Ctrl-C", out, len(conversations)) from e
+    finally:
+        disk.add(fresh)  # what was replayed before an interrupt or a failure is kept for the next run
+    return out
+
+
+class BaselineInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during the SLO baseline (:func:`unloaded_readings`): ``readings`` holds the
+    conversations replayed before it (``{conversation_id: {reading: s}}``), ``total`` how many were due."""
+
+    def __init__(self, message: str, readings: dict, total: int):
+        super().__init__(message)
+        self.readings, self.total = readings, total
+
+
+def _interrupt_hook(phase: str) -> Optional[tuple[int, int]]:
+    """Test-only fault injection: ``HARNESS_TEST_INTERRUPT=<phase>:<k>[:<signal>]`` makes the process send
+    itself ``signal`` (default ``INT``; ``TERM`` ...) just before the ``k``-th (0-based) conversation of
+    ``phase`` (``baseline``: the unloaded-TTFET replays), once per process (the variable is then removed), so a
+    test interrupts (or, with ``STOP``, freezes) a run at a known point instead of racing a timer. ``(k, signal number)`` or None when unset or for another phase."""
+    import signal as _signal
+    spec = os.environ.get("HARNESS_TEST_INTERRUPT", "")
+    parts = spec.split(":")
+    if len(parts) < 2 or parts[0] != phase:
+        return None
+    sig = getattr(_signal, "SIG" + (parts[2] if len(parts) > 2 else "INT").upper().removeprefix("SIG"))
+    return int(parts[1]), int(sig)
+
+
+def unloaded_ttfet(inp: SessionInput, conversations: Sequence[tuple[float, ConversationRecord]],
+                   stats: WorkloadStats, *, cache_dir: Optional[Path | str] = None) -> dict[str, float]:
+    """Each conversation's unloaded TTFET under the headline reading (``slo.ttfet_definition``), s
+    (:func:`unloaded_readings`)."""
+    d = inp.ttfet_definition
+    return {cid: v[d] for cid, v in unloaded_readings(inp, conversations, stats, cache_dir=cache_dir).items()}
+
+
+# In-process memo of unloaded first-token times, s: ``(setup key, a conversation's turns) -> ((reading, s), ...)``. An unloaded replay
+# depends only on the conversation's turns and the setup below, so a sweep over rates, variants or seeds
+# in one process (Hydra's basic launcher, or one joblib worker) replays each distinct conversation once.
+_UNLOADED_CACHE: dict[tuple, float] = {}
+_UNLOADED_CACHE_MAX = 200_000
+
+
+def cache_root() -> Optional[Path]:
+    """The on-disk cache directory: ``$HARNESS_CACHE_DIR`` if set (``""`` or ``off``: no disk cache),
+    else ``results/cache`` of the project (``harness.core.paths.results_root``)."""
+    env = os.environ.get("HARNESS_CACHE_DIR")
+    if env is not None:
+        return None if env.strip() in ("", "off") else Path(env)
+    from harness.core.paths import results_root
+    return results_root() / "cache"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+SHARD_SCHEMA = "harness.unloaded_ttfet/2"
+_READINGS = ("first", "last", "visible")
+
+
+def _shard_checksum(values: dict) -> str:
+    """SHA-256 of a shard's values in canonical JSON (sorted keys), hex."""
+    return hashlib.sha256(json.dumps(values, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+def shard_problem(obj: Any) -> str:
+    """Why ``obj`` (a parsed shard file) is not a valid unloaded-TTFET shard, or ``""``. A shard is
+    ``{"schema": SHARD_SCHEMA, "checksum": <sha256 of values>, "values": {<32-hex conversation digest>:
+    {"first": s, "last": s, "visible": s}}}``, each reading a finite number >= 0 (s) or null."""
+    if not isinstance(obj, dict) or set(obj) != {"schema", "checksum", "values"}:
+        return "not a {schema, checksum, values} object"
+    if obj["schema"] != SHARD_SCHEMA:
+        return f"schema {obj['schema']!r}, expected {SHARD_SCHEMA!r}"
+    vals = obj["values"]
+    if not isinstance(vals, dict):
+        return "values is not an object"
+    for k, v in vals.items():
+        if not (isinstance(k, str) and len(k) == 32 and all(c in "0123456789abcdef" for c in k)):
+            return f"key {k!r:.40} is not a conversation digest"
+        if not isinstance(v, dict) or set(v) != set(_READINGS):
+            return f"entry {k}: expected readings {list(_READINGS)}, got {v!r:.80}"
+        for d, x in v.items():
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))
+                                  or not math.isfinite(x) or x < 0):
+                return f"entry {k}: reading {d} = {x!r:.40} is not a time in s (a finite number >= 0, or null)"
+    try:
+        ok = obj["checksum"] == _shard_checksum(vals)
+    except (TypeError, ValueError):
+        ok = False
+    return "" if ok else "checksum does not match its values"
+
+
+class _DiskCache:
+    """The unloaded first-token shards of one setup (see :func:`unloaded_readings`). Every shard is checked
+    (:func:`shard_problem`: schema, shapes, ranges and a SHA-256 checksum) before any of it is used; a shard
+    that fails (unreadable, another shape, a bad checksum) is ignored with a warning naming the file and why,
+    and its conversations are replayed again. (A crashed writer leaves only a temporary file.)"""
+
+    def __init__(self, cache_dir: Optional[Path | str], setup_key: str):
+        root = cache_root() if cache_dir is None else (Path(cache_dir) if str(cache_dir) not in ("", "off") else None)
+        self.dir = None if root is None else root / "unloaded_ttfet" / _digest(setup_key + "|" + code_digest())
+        self._values: dict[str, dict] = {}
+        self.rejected: list[tuple[Path, str]] = []
+        if self.dir is not None and self.dir.is_dir():
+            for p in sorted(self.dir.glob("*.json")):
+                try:
+                    obj = json.loads(p.read_text())
+                    why = shard_problem(obj)
+                except (OSError, ValueError, UnicodeDecodeError) as e:
+                    why = f"unreadable ({type(e).__name__}: {e})"
+                if why:
+                    self.rejected.append((p, why))
+                    log.warning("unloaded-TTFET cache: ignoring shard %s (%s); its conversations are replayed", p, why)
+                    continue
+                self._values.update(obj["values"])
+
+    def get(self, turns: tuple) -> Optional[tuple]:
+        """The cached ``((reading, s), ...)`` of a conversation with these turns (NaN where none), or None."""
+        v = self._values.get(_digest(repr(turns)))
+        if not isinstance(v, dict):
+            return None
+        return tuple((d, math.nan if x is None else float(x)) for d, x in v.items())
+
+    def add(self, values: dict) -> None:
+        """Write ``values`` as a new shard (atomic rename); a read-only or full disk only loses the cache."""
+        if self.dir is None or not values:
+            return
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            name = f"{os.getpid()}-{time.time_ns()}"
+            tmp = self.dir / f".{name}.tmp"
+            tmp.write_text(json.dumps({"schema": SHARD_SCHEMA, "checksum": _shard_checksum(values),
+                                       "values": values}, sort_keys=True))
+            os.replace(tmp, self.dir / f"{name}.json")
+        except OSError as e:
+            log.warning("unloaded-TTFET cache not written to %s: %s", self.dir, e)
+
+
+def _unloaded_cache_key(inp: SessionInput, stats: WorkloadStats, name: str, ref: Any) -> str:
+    """What an unloaded replay depends on besides the conversation: instances (hardware), model, engine,
+    link, the shared system prompt, the reference scheduler and its config (and the workload stats and
+    seed when the reference scheduler may read them: one registered with ``reads_workload=True``, or AMPD
+    with ``misroute_frac > 0``; its own config, predictor seed included, is part of the key anyway)."""
+    parts = [list(inp.instances), inp.model, inp.engine, inp.link, inp.shared_prefix_tokens, name, ref]
+    from harness.core.schedulers import get_spec
+    if get_spec(name).reads_workload or getattr(ref, "misroute_frac", 0) > 0:
+        # (AMPD's misroute draw reads the run's seed, so a misrouting reference is not seed-free)
+        parts += [inp.seed, stats.rate_per_s, stats.mean_turns,
+                  *(a.tobytes() for a in (stats.turn_prompt_tokens, stats.turn_new_tokens,
+                                          stats.turn_output_tokens, stats.tool_time_s))]
+    return repr(parts)
