@@ -69,29 +69,31 @@ WORKER = r"""
 import json, resource, sys, time
 args = json.loads(sys.argv[1])
 sys.path.insert(0, args["root"])
+import importlib, os
 from hydra import compose, initialize_config_dir
-from harness.run.config import PROJECT_ROOT, register_configs, resolve
-try:
-    from harness.run.session import simulate
-except ImportError:
-    from harness.run.runner import simulate
-try:   # the session's typed input (a checkout before it passes the resolved run itself)
-    from harness.run.session import session_input
-except ImportError:
-    session_input = lambda run: run
+# module paths by the checkout's layout (its own, never this checkout's: an editable install elsewhere
+# could otherwise serve a module the base does not have): the wings (harness/run/, ...) or the flat harness/
+WINGS = os.path.isdir(os.path.join(args["root"], "harness", "run"))
+def mod(new, old):
+    return importlib.import_module(new if WINGS else old)
+config = mod("harness.run.config", "harness.config")
+PROJECT_ROOT, register_configs, resolve = config.PROJECT_ROOT, config.register_configs, config.resolve
+session = mod("harness.run.session", "harness.session")
+runner = mod("harness.run.runner", "harness.runner")
+simulate = getattr(session, "simulate", None) or runner.simulate
+# the session's typed input (a checkout before it passes the resolved run itself)
+session_input = getattr(session, "session_input", lambda run: run)
+assert os.path.realpath(session.__file__).startswith(os.path.realpath(args["root"])), session.__file__
 register_configs()
 with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
     cfg = compose(config_name="config", overrides=args["overrides"])
 run = resolve(cfg)
-try:   # exactly run.py's workload: trace, sampling, arrivals and the context limit
-    from harness.run.runner import prepare
-    convs, stats, limit = prepare(run)
-except ImportError:
-    from harness.run.session import context_limit
-    from harness.core.trace import load_trace
-    from harness.workload.workload import build_workload
-    limit = context_limit(run)
-    convs, stats = build_workload(load_trace(run.trace_path), run.cfg.workload, limit)
+if hasattr(runner, "prepare"):   # exactly run.py's workload: trace, sampling, arrivals and the context limit
+    convs, stats, limit = runner.prepare(run)
+else:
+    limit = session.context_limit(run)
+    convs, stats = mod("harness.workload.workload", "harness.workload").build_workload(
+        mod("harness.core.trace", "harness.trace").load_trace(run.trace_path), run.cfg.workload, limit)
 lg = run.cfg.logger
 w0, c0 = time.perf_counter(), time.process_time()
 res = simulate(session_input(run), convs, stats, run.scheduler_name, run.scheduler, sample_interval_s=lg.metrics_interval_s,
