@@ -164,6 +164,19 @@ class BatchRulePolicy(Collocated):
         return self.rules[instance_index]
 
 
+def _take_decode(grp: list, cap: int, budget: int, run: list) -> tuple[int, bool]:
+    """One decode stage's group of a WAIT / Nested WAIT plan: append up to ``cap`` of ``grp``'s requests to
+    ``run`` as ``(request, 1)`` (one token each) while ``budget`` (tokens) lasts. Returns the budget left and
+    whether the whole group ran (``False``: the cap or the budget cut it, so the plan cannot repeat)."""
+    whole = len(grp) <= cap
+    for r in grp[:cap]:
+        if budget <= 0:
+            return budget, False
+        run.append((r, 1))
+        budget -= 1
+    return budget, whole
+
+
 def _take_stage0(res: list, wait: list, cap: int, budget: int, chunk_cap: int, run: list, admit: list
                  ) -> int:
     """Select up to ``cap`` stage-0 requests: prefilling residents first, then waiting ones (FCFS).
@@ -495,14 +508,9 @@ class WaitRule:
             if repeat and len(res0[j]) + len(wait0[j]) < cap:
                 repeat = False                           # eligible by timeout: serving it may end that
             for grp in tg[j][1].values():
-                if len(grp) > cap:
+                budget, whole = _take_decode(grp, cap, budget, run)
+                if not whole:
                     repeat = False
-                for r in grp[:cap]:
-                    if budget <= 0:
-                        repeat = False
-                        break
-                    run.append((r, 1))
-                    budget -= 1
         n_dec = len(run)
         if admit_ok:
             for j in serve:                              # stage 0: prefill chunks and admissions
@@ -694,15 +702,10 @@ class NestedWaitRule:
                 for s in (sorted(stages) if len(stages) > 1 else stages):
                     cap = cap_of(k, s) if rot else cap_tab[s] if s < n_tab else last_cap
                     grp = stages[s]
-                    if len(grp) > cap:
-                        repeat = False
                     groups.append((s, len(grp)))
-                    for r in grp[:cap]:
-                        if budget <= 0:
-                            repeat = False
-                            break
-                        run.append((r, 1))
-                        budget -= 1
+                    budget, whole = _take_decode(grp, cap, budget, run)
+                    if not whole:
+                        repeat = False
             n_dec = len(run)
             if admit_ok:
                 _take_stage0(res0, waiting, cap0, budget, inp.chunk_cap, run, admit)
