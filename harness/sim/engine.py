@@ -476,27 +476,22 @@ class Engine:
                 cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)
             ends = [cost.time_s]
             self._run_ej = cost.energy_j
+            exact = False
         elif plan.repeat_steps is not None and plan.repeatable and not preempted:
             # a rule-declared horizon: up to repeat_steps identical steps as one run, timed as step-by-step
             self._run_durs = []
-            ends = self._plan_decode_run(decode, plan.repeat_steps, now)
-            self._run_start = now
-            self._run_ends = ends
-            self._run_prefill, self._run_decode = prefill, decode
-            self._run_coalesced = len(ends) > 1
-            self._run_exact = True
-            self._version += 1
-            self.clock.call_at(ends[-1], self._step_end, self._version, priority=0)
-            return
+            ends = self._plan_decode_run(decode, plan.repeat_steps, now)   # absolute end times
+            exact = True
         else:
             ends = self._plan_decode_run(decode, 1 if preempted or not plan.repeatable else None)
+            exact = False
         self._run_start = now
         self._run_ends = ends
         self._run_prefill, self._run_decode = prefill, decode
         self._run_coalesced = len(ends) > 1
-        self._run_exact = False
+        self._run_exact = exact
         self._version += 1
-        self.clock.call_at(now + ends[-1], self._step_end, self._version, priority=0)
+        self.clock.call_at(ends[-1] if exact else now + ends[-1], self._step_end, self._version, priority=0)
 
     def _plan_decode_run(self, decode: list[Request], max_steps: Optional[int] = None,
                          exact_from: Optional[float] = None) -> list[float]:
