@@ -120,6 +120,14 @@ class Request:
         return self.kv.blocks
 
 
+def _first_token(req: Request, now: float) -> None:
+    """A request's first output token at ``now`` (s): its TTFT stamp and its ``on_first_token`` callback
+    (called only once per request, off the per-token path)."""
+    req.first_token_s = now
+    if req.on_first_token is not None:
+        req.on_first_token(req)
+
+
 class Engine:
     """A simulated vLLM instance.
 
@@ -592,9 +600,7 @@ class Engine:
                 self.decode_tokens += 1
                 req.token_times.append(now)
                 if req.first_token_s is None:
-                    req.first_token_s = now
-                    if req.on_first_token is not None:
-                        req.on_first_token(req)
+                    _first_token(req, now)
                 if req.out_done >= req.out_target:
                     finished.append(req)
         decode = self._run_decode
@@ -605,9 +611,7 @@ class Engine:
                 req.computed += 1
                 req.out_done += 1
                 if req.first_token_s is None:
-                    req.first_token_s = now
-                    if req.on_first_token is not None:
-                        req.on_first_token(req)
+                    _first_token(req, now)
                 if req.out_done >= req.out_target:
                     finished.append(req)
             self.decode_tokens += len(decode)
