@@ -136,7 +136,7 @@ def prepare(run: Resolved, load: Any = None, inp: Optional[SessionInput] = None)
     once (``harness.run.session.check_policies``). Returns ``(conversations, stats, context limit tokens)``.
     Used by :func:`execute` and, for every job before a sweep starts, by
     ``harness.run.callbacks.ValidateSweepCallback``. ``load``: the trace loader (default
-    ``harness.core.trace.load_trace``; a sweep's validation passes a memoising one). ``inp``: the run's session
+    ``harness.core.trace.load_trace``, memoised per process by the file's content). ``inp``: the run's session
     input (``harness.run.session.session_input(run)``; built here when None).
 
     Raises:
