@@ -160,6 +160,48 @@ def test_a_bad_cache_shard_is_ignored_with_a_warning_and_recomputed(tmp_path, mo
         monkeypatch.setattr(slo_baseline, "simulate", real)
 
 
+def test_two_jobs_starting_together_on_one_setup_replay_it_once(tmp_path, monkeypatch):
+    """A job that finds another process replaying its setup waits on the setup's lock, then reads that
+    process's shard: it replays nothing and returns the shard's values (hand-written here, so a replay would
+    show as other numbers). Once the in-process memo holds every conversation, the lock is not even taken."""
+    import threading
+
+    from harness.run import session, slo_baseline
+    run, conversations, stats = _tiny()
+    inp = session.session_input(run)
+    key = slo_baseline._unloaded_cache_key(inp, stats, *session.reference_policy(inp, None))
+    setup_dir = slo_baseline._DiskCache(tmp_path, key).dir
+    held = slo_baseline.setup_lock(setup_dir)          # "the other process", mid-replay
+    assert held is not None
+    monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
+    calls, waiting, result = [], threading.Event(), {}
+    real_lock = slo_baseline.setup_lock
+    monkeypatch.setattr(slo_baseline, "setup_lock", lambda d: waiting.set() or real_lock(d))
+    monkeypatch.setattr(slo_baseline, "simulate", lambda *a, **k: calls.append(1))   # a replay would fail loudly
+    job = threading.Thread(target=lambda: result.update(
+        slo_baseline.unloaded_readings(inp, conversations, stats, cache_dir=tmp_path)))
+    job.start()
+    assert waiting.wait(60)
+    job.join(0.3)
+    assert job.is_alive()                               # blocked on the lock, not replaying
+    values = {slo_baseline._digest(repr(rec.turns)): {"first": 0.125 * (i + 1), "last": 0.5 * (i + 1),
+                                                      "visible": 0.5 * (i + 1)}
+              for i, (_, rec) in enumerate(conversations)}
+    (setup_dir / "other.json").write_text(json.dumps({"schema": slo_baseline.SHARD_SCHEMA,
+                                                       "checksum": slo_baseline._shard_checksum(values),
+                                                       "values": values}))
+    os.close(held)                                      # the other process is done
+    job.join(60)
+    assert not job.is_alive() and calls == []
+    assert result == {rec.conversation_id: {"first": 0.125 * (i + 1), "last": 0.5 * (i + 1), "visible": 0.5 * (i + 1)}
+                      for i, (_, rec) in enumerate(conversations)}
+
+    def no_lock(d):
+        raise AssertionError("the lock was taken although the in-process memo holds every conversation")
+    monkeypatch.setattr(slo_baseline, "setup_lock", no_lock)
+    assert slo_baseline.unloaded_readings(inp, conversations, stats, cache_dir=tmp_path) == result
+
+
 # ---- result files with the process umask --------------------------------------------------------------
 
 @pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])

@@ -40,7 +40,9 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
     ``{"schema", "checksum", "values": {conversation digest: {reading: s or null}}}`` (:func:`shard_problem`;
     a shard that fails its schema or checksum is ignored with a warning and its conversations replayed),
     one written (atomically) per process that replayed something, read by every later job, so a sweep (local, or on machines sharing the directory: Slurm,
-    Ray) replays each distinct conversation once per setup. The setup digest covers what a replay depends
+    Ray) replays each distinct conversation once per setup; jobs that start together on one setup replay it
+    once too: the first to miss the in-process memo holds the setup's lock (:func:`setup_lock`) from reading
+    the shards to writing its own, and the others wait for it, then read its shard. The setup digest covers what a replay depends
     on (:func:`_unloaded_cache_key`) and the code (``harness.core.paths.code_digest``: every ``.py`` under
     ``harness/`` and ``baselines/``),
     so a code change never reads stale numbers. Values round-trip exactly (JSON floats keep ``repr``).
@@ -53,7 +55,7 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
     from harness.analysis.metrics import ttfet_turn_index
     name, ref = reference_policy(inp, reference)
     key = _unloaded_cache_key(inp, stats, name, ref)
-    disk = _DiskCache(cache_dir, key)
+    disk: Optional[_DiskCache] = None   # opened at the first in-process miss (a sweep's later jobs never read it)
     out: dict[str, dict[str, float]] = {}
     fresh: dict[str, dict[str, Optional[float]]] = {}
     hook = _interrupt_hook("baseline")
@@ -64,6 +66,8 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
                 os.kill(os.getpid(), hook[1])  # test-only fault injection (HARNESS_TEST_INTERRUPT)
             hit = _UNLOADED_CACHE.get((key, rec.turns))
             if hit is None:
+                if disk is None:   # waits while another process replays this setup, then reads its shards
+                    disk = _DiskCache(cache_dir, key, lock=True)
                 hit = disk.get(rec.turns)
                 if hit is not None:
                     _UNLOADED_CACHE[(key, rec.turns)] = hit
@@ -86,7 +90,11 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
     except KeyboardInterrupt as e:
         raise BaselineInterrupted(str(e) or "Ctrl-C", out, len(conversations)) from e
     finally:
-        disk.add(fresh)  # what was replayed before an interrupt or a failure is kept for the next run
+        if disk is not None:
+            try:
+                disk.add(fresh)  # what was replayed before an interrupt or a failure is kept for the next run
+            finally:
+                disk.close()     # then the next process waiting on this setup reads it
     return out
 
 
@@ -182,13 +190,24 @@ class _DiskCache:
     """The unloaded first-token shards of one setup (see :func:`unloaded_readings`). Every shard is checked
     (:func:`shard_problem`: schema, shapes, ranges and a SHA-256 checksum) before any of it is used; a shard
     that fails (unreadable, another shape, a bad checksum) is ignored with a warning naming the file and why,
-    and its conversations are replayed again. (A crashed writer leaves only a temporary file.)"""
+    and its conversations are replayed again. (A crashed writer leaves only a temporary file.) ``lock``: hold
+    the setup's lock (:func:`setup_lock`, taken before the shards are read) until :meth:`close`."""
 
-    def __init__(self, cache_dir: Optional[Path | str], setup_key: str):
+    def __init__(self, cache_dir: Optional[Path | str], setup_key: str, lock: bool = False):
         root = cache_root() if cache_dir is None else (Path(cache_dir) if str(cache_dir) not in ("", "off") else None)
         self.dir = None if root is None else root / "unloaded_ttfet" / _digest(setup_key + "|" + code_digest())
         self._values: dict[str, dict] = {}
         self.rejected: list[tuple[Path, str]] = []
+        self._lock_fd: Optional[int] = None
+        if lock and self.dir is not None:
+            self._lock_fd = setup_lock(self.dir)
+        try:
+            self._read()
+        except BaseException:
+            self.close()
+            raise
+
+    def _read(self) -> None:
         if self.dir is not None and self.dir.is_dir():
             for p in sorted(self.dir.glob("*.json")):
                 try:
@@ -201,6 +220,12 @@ class _DiskCache:
                     log.warning("unloaded-TTFET cache: ignoring shard %s (%s); its conversations are replayed", p, why)
                     continue
                 self._values.update(obj["values"])
+
+    def close(self) -> None:
+        """Release the setup's lock (:func:`setup_lock`) if this cache holds it; idempotent."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)   # closing the descriptor releases its flock
 
     def get(self, turns: tuple) -> Optional[tuple]:
         """The cached ``((reading, s), ...)`` of a conversation with these turns (NaN where none), or None."""
@@ -222,6 +247,39 @@ class _DiskCache:
             os.replace(tmp, self.dir / f"{name}.json")
         except OSError as e:
             log.warning("unloaded-TTFET cache not written to %s: %s", self.dir, e)
+
+
+SETUP_LOCK = ".lock"
+
+
+def setup_lock(setup_dir: Path) -> Optional[int]:
+    """Take the exclusive lock of one setup's shard directory (``<setup_dir>/.lock``, an ``fcntl.flock``),
+    waiting while another process holds it; returns the descriptor (closing it releases the lock), or None
+    where the directory cannot be made or the filesystem has no ``flock`` (the cache then works unlocked,
+    as before: two processes may replay the same conversations, never read a half-written shard).
+
+    :func:`unloaded_readings` holds it from reading the shards to writing its own, so two jobs of a sweep
+    that start together on one setup (``hydra/launcher=joblib`` with ``n_jobs`` > 1, Slurm array tasks on
+    a shared ``$HARNESS_CACHE_DIR``) do not both replay every conversation: the second waits, then reads the
+    first one's shard and replays only what it still lacks. The operating system releases the lock when its
+    holder dies, however it dies; a Ctrl-C while waiting interrupts the wait."""
+    import fcntl
+    try:
+        setup_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(setup_dir / SETUP_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        log.warning("unloaded-TTFET cache: no lock in %s (%s); replaying unlocked", setup_dir, e)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:   # e.g. ENOLCK / EOPNOTSUPP on a filesystem without flock
+        os.close(fd)
+        log.warning("unloaded-TTFET cache: no flock in %s (%s); replaying unlocked", setup_dir, e)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _unloaded_cache_key(inp: SessionInput, stats: WorkloadStats, name: str, ref: Any) -> str:
