@@ -217,6 +217,30 @@ def test_jobs_starting_together_on_one_setup_replay_each_conversation_once(tmp_p
     assert slo_baseline.unloaded_readings(inp, conversations, stats, cache_dir=tmp_path) == result
 
 
+def test_a_holder_showing_no_progress_is_not_waited_for(tmp_path, monkeypatch, caplog):
+    """A process holding a setup's lock that stops touching it (stopped, hung) is waited for only
+    ``SETUP_LOCK_STALL_S``: the job then replays the conversations itself, with a warning, and gets the same
+    numbers as a job with no cache at all."""
+    from harness.run import session, slo_baseline
+    run, conversations, stats = _tiny()
+    inp = session.session_input(run)
+    monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
+    alone = slo_baseline.unloaded_readings(inp, conversations, stats, cache_dir="off")
+    key = slo_baseline._unloaded_cache_key(inp, stats, *session.reference_policy(inp, None))
+    setup_dir = slo_baseline._DiskCache(tmp_path, key).dir
+    held, _ = slo_baseline.claim_setup(setup_dir, [slo_baseline._digest(repr(rec.turns)) for _, rec in conversations])
+    try:
+        monkeypatch.setattr(slo_baseline, "SETUP_LOCK_STALL_S", 0.5)
+        monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
+        with caplog.at_level(logging.WARNING, logger="harness.run.slo_baseline"):
+            got = slo_baseline.unloaded_readings(inp, conversations, stats, cache_dir=tmp_path)
+        assert got == alone
+        assert any("shows no progress" in r.message for r in caplog.records)
+        assert len(list(setup_dir.glob("*.json"))) == 1   # its replays are still kept for the next job
+    finally:
+        os.close(held)
+
+
 # ---- result files with the process umask --------------------------------------------------------------
 
 @pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])

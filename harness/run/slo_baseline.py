@@ -100,6 +100,8 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
             visible = [t.visible for t in rec.turns]
             val = {d: float(first.get(ttfet_turn_index(visible, d), math.nan)) for d in ("first", "visible", "last")}
             vals[k] = val
+            if disk is not None:
+                _progress(lock_fd, disk.dir)
             if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
                 _UNLOADED_CACHE.clear()
             _UNLOADED_CACHE[(key, rec.turns)] = tuple(val.items())
@@ -331,15 +333,51 @@ def claim_setup(setup_dir: Path, digests: Sequence[str]) -> tuple[Optional[int],
     return fd, None
 
 
+SETUP_LOCK_STALL_S = 60.0
+"""How long :func:`setup_lock` waits for a holder that shows no progress (it touches the lock file after every
+replay, :func:`_progress`) before replaying unlocked: a holder stopped (SIGSTOP, a suspended Slurm job) or hung
+never blocks the other jobs for longer, s."""
+
+
+def _progress(fd: Optional[int], setup_dir: Path) -> None:
+    """Tell the processes waiting on this setup that its holder is alive: touch the lock file (its mtime)."""
+    if fd is not None:
+        try:
+            os.utime(setup_dir / SETUP_LOCK)
+        except OSError:
+            pass
+
+
 def setup_lock(setup_dir: Path, digests: Sequence[str] = ()) -> Optional[int]:
-    """:func:`claim_setup`, waiting while another process holds the lock; returns the descriptor, or None
-    where there is no lock to take (as :func:`claim_setup`). A Ctrl-C while waiting interrupts the wait."""
+    """:func:`claim_setup`, waiting while another process holds the lock and makes progress; returns the
+    descriptor, or None where there is no lock to take (as :func:`claim_setup`) or the holder showed no
+    progress for :data:`SETUP_LOCK_STALL_S` (then replay unlocked; a warning names the directory). Polls every
+    0.1 s; a Ctrl-C while waiting interrupts the wait."""
     import fcntl
     fd = _open_setup_lock(setup_dir)
     if fd is None:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        last, since = None, time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                pass
+            try:
+                mtime = os.fstat(fd).st_mtime_ns
+            except OSError:
+                mtime = None
+            now = time.monotonic()
+            if mtime != last:
+                last, since = mtime, now
+            elif now - since > SETUP_LOCK_STALL_S:
+                os.close(fd)
+                log.warning("unloaded-TTFET cache: the process holding %s shows no progress for %.0f s; "
+                            "replaying unlocked", setup_dir / SETUP_LOCK, SETUP_LOCK_STALL_S)
+                return None
+            time.sleep(0.1)
     except OSError as e:
         os.close(fd)
         log.warning("unloaded-TTFET cache: no flock in %s (%s); replaying unlocked", setup_dir, e)
