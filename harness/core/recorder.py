@@ -355,7 +355,7 @@ def decisions_frame(decisions: Sequence[Any], names: Sequence[str]) -> pd.DataFr
     # formatting docs; both call ``PyOS_double_to_string``), and ``%s`` of an int or float is its ``str``.
     kv_fmt: dict[int, str] = {}
     q_fmt: dict[int, str] = {}
-    c_fmt: dict[int, str] = {}
+    c_fmt: dict[tuple, str] = {}
     for j, d in enumerate(decisions):
         if isinstance(d, PlanDecision):
             kind[j] = "plan"
@@ -378,10 +378,12 @@ def decisions_frame(decisions: Sequence[Any], names: Sequence[str]) -> pd.DataFr
             kind[j], cid[j], turn[j], pre[j], dec[j], mis[j] = ("place", d.conversation_id, d.turn,
                                                                 d.prefill_instance, d.decode_instance, d.misrouted)
             x = d.candidates
-            f = c_fmt.get(len(x))
-            if f is None:
-                f = c_fmt[len(x)] = ";".join(["%s=%.6g"] * len(x))
-            cand[j] = f % tuple([y for i, s in x for y in (names[i], s)])
+            if x:
+                idx, scores = zip(*x)   # one format per instance sequence, the names in it (``%`` escaped)
+                f = c_fmt.get(idx)
+                if f is None:
+                    f = c_fmt[idx] = ";".join([str(names[i]).replace("%", "%%") + "=%.6g" for i in idx])
+                cand[j] = f % scores
     return pd.DataFrame(dict(zip(DECISION_COLUMNS, (t_s, kind, cid, turn, pre, dec, reason, cand, kv, queued, held,
                                                     mis))), columns=DECISION_COLUMNS)
 
