@@ -160,6 +160,87 @@ def test_a_bad_cache_shard_is_ignored_with_a_warning_and_recomputed(tmp_path, mo
         monkeypatch.setattr(slo_baseline, "simulate", real)
 
 
+def _shard(setup_dir, name, values):
+    from harness.run import slo_baseline
+    (setup_dir / f"{name}.json").write_text(json.dumps({"schema": slo_baseline.SHARD_SCHEMA,
+                                                        "checksum": slo_baseline._shard_checksum(values),
+                                                        "values": values}))
+
+
+@pytest.mark.parametrize("claimed_by_other", [(0, 1), (0,)])
+def test_jobs_starting_together_on_one_setup_replay_each_conversation_once(tmp_path, monkeypatch, claimed_by_other):
+    """A job that finds another process replaying its setup (holding the setup's lock and claiming some
+    conversations) replays only the conversations not claimed, then waits for that process and reads its
+    shard for the rest: the claimed ones come back with the shard's values (hand-written here, so a replay
+    would show as other numbers) and are never replayed. Once the in-process memo holds every conversation,
+    the lock is not even looked at."""
+    import threading
+
+    from harness.run import session, slo_baseline
+    run, conversations, stats = _tiny()
+    inp = session.session_input(run)
+    key = slo_baseline._unloaded_cache_key(inp, stats, *session.reference_policy(inp, None))
+    setup_dir = slo_baseline._DiskCache(tmp_path, key).dir
+    digests = [slo_baseline._digest(repr(rec.turns)) for _, rec in conversations]
+    held, _ = slo_baseline.claim_setup(setup_dir, [digests[i] for i in claimed_by_other])   # "the other process"
+    assert held is not None
+    monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
+    replayed, waiting, result = [], threading.Event(), {}
+    real_lock, real_sim = slo_baseline.setup_lock, slo_baseline.simulate
+    monkeypatch.setattr(slo_baseline, "setup_lock", lambda *a: waiting.set() or real_lock(*a))
+    monkeypatch.setattr(slo_baseline, "simulate",
+                        lambda inp_, convs, *a, **k: replayed.append(convs[0][1].conversation_id) or real_sim(inp_, convs, *a, **k))
+    job = threading.Thread(target=lambda: result.update(
+        slo_baseline.unloaded_readings(inp, conversations, stats, cache_dir=tmp_path)))
+    job.start()
+    assert waiting.wait(60)                             # the unclaimed ones done, now waiting for the claimed
+    job.join(0.3)
+    assert job.is_alive()                               # blocked on the lock, not replaying the claimed ones
+    mine = [rec.conversation_id for i, (_, rec) in enumerate(conversations) if i not in claimed_by_other]
+    assert replayed == mine
+    hand = {i: {"first": 0.125 * (i + 1), "last": 0.5 * (i + 1), "visible": 0.5 * (i + 1)} for i in claimed_by_other}
+    _shard(setup_dir, "other", {digests[i]: v for i, v in hand.items()})
+    os.close(held)                                      # the other process is done
+    job.join(60)
+    assert not job.is_alive() and replayed == mine      # nothing replayed after the wait
+    for i, (_, rec) in enumerate(conversations):
+        if i in claimed_by_other:
+            assert result[rec.conversation_id] == hand[i]
+        else:
+            assert result[rec.conversation_id]["first"] > 0 and result[rec.conversation_id] != hand.get(i)
+    assert list(result) == [rec.conversation_id for _, rec in conversations]   # in workload order
+
+    def no_lock(*a):
+        raise AssertionError("the lock was looked at although the in-process memo holds every conversation")
+    monkeypatch.setattr(slo_baseline, "setup_lock", no_lock)
+    monkeypatch.setattr(slo_baseline, "claim_setup", no_lock)
+    assert slo_baseline.unloaded_readings(inp, conversations, stats, cache_dir=tmp_path) == result
+
+
+def test_a_holder_showing_no_progress_is_not_waited_for(tmp_path, monkeypatch, caplog):
+    """A process holding a setup's lock that stops touching it (stopped, hung) is waited for only
+    ``SETUP_LOCK_STALL_S``: the job then replays the conversations itself, with a warning, and gets the same
+    numbers as a job with no cache at all."""
+    from harness.run import session, slo_baseline
+    run, conversations, stats = _tiny()
+    inp = session.session_input(run)
+    monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
+    alone = slo_baseline.unloaded_readings(inp, conversations, stats, cache_dir="off")
+    key = slo_baseline._unloaded_cache_key(inp, stats, *session.reference_policy(inp, None))
+    setup_dir = slo_baseline._DiskCache(tmp_path, key).dir
+    held, _ = slo_baseline.claim_setup(setup_dir, [slo_baseline._digest(repr(rec.turns)) for _, rec in conversations])
+    try:
+        monkeypatch.setattr(slo_baseline, "SETUP_LOCK_STALL_S", 0.5)
+        monkeypatch.setattr(slo_baseline, "_UNLOADED_CACHE", {})
+        with caplog.at_level(logging.WARNING, logger="harness.run.slo_baseline"):
+            got = slo_baseline.unloaded_readings(inp, conversations, stats, cache_dir=tmp_path)
+        assert got == alone
+        assert any("shows no progress" in r.message for r in caplog.records)
+        assert len(list(setup_dir.glob("*.json"))) == 1   # its replays are still kept for the next job
+    finally:
+        os.close(held)
+
+
 # ---- result files with the process umask --------------------------------------------------------------
 
 @pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])

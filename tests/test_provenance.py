@@ -258,3 +258,19 @@ def test_the_sweeps_comparison_table_is_headed_by_a_warning_when_code_versions_m
     SummaryTableCallback().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
     text = (tmp_path / "comparison.md").read_text()
     assert text.startswith("**WARNING: this sweep mixes results that are not comparable: 2 different code versions")
+
+
+def test_package_versions_read_once_are_the_installed_ones():
+    """meta.json's package versions: what importlib.metadata says for each distribution (looked up here
+    directly), the same on a second call (read once per process), and a caller's edit of the returned dict
+    never reaches the next call."""
+    import sys
+    from importlib import metadata
+
+    from harness.run.runner import package_versions
+    first = package_versions()
+    assert first == {"python": sys.version.split()[0],
+                     **{p: metadata.version(p) for p in ("hydra-core", "omegaconf", "numpy", "pandas", "pyarrow",
+                                                         "tqdm")}}
+    first["numpy"] = "edited"
+    assert package_versions()["numpy"] == metadata.version("numpy")

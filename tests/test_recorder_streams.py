@@ -117,6 +117,26 @@ def test_decisions_frame_is_the_row_frame():
     assert _parquet(decisions_frame([], names)) == _parquet(pd.DataFrame([], columns=DECISION_COLUMNS))
 
 
+def test_decisions_frame_formats_edge_values_as_the_row_frame():
+    """The frame's one-format-per-length strings equal the per-value f-strings of ``decision_row`` on the
+    values where printf-style and format-spec formatting could part: -0.0, NaN, inf, an int KV fraction, a
+    bool / int / tiny / large score, an int beyond int64 queued, empty tuples, two instance counts, a ``%`` in
+    an instance name."""
+    v = ViewDigest((0.0, -0.0, math.nan, 1, math.inf), (0, 2 ** 70, 7, 12, 3), 3)
+    names = ["p0", "d0", "d1", "d2", "d%s3"]   # a '%' in a name is printed as is
+    ds = [PlanDecision(0.0, "plan"), HoldDecision(1.0, "h", v),
+          PlaceDecision(2.0, "c", 1, 0, 1, "r", ((0, 1e-9), (1, 12345678.9), (2, True), (3, 7), (4, -0.0)), v, True),
+          PlaceDecision(3.0, "c", 2, 0, 1, "r", (), ViewDigest((), (), 0)),
+          PlaceDecision(4.0, "d", 0, 1, 2, "r", ((2, 0.5),), ViewDigest((0.25, 0.0005), (1, 2), 1))]
+    want = pd.DataFrame([decision_row(d, names) for d in ds], columns=DECISION_COLUMNS)
+    got = decisions_frame(ds, names)
+    pd.testing.assert_frame_equal(got, want)
+    assert got.candidates[2] == "p0=1e-09;d0=1.23457e+07;d1=1;d2=7;d%s3=-0"
+    assert got.view_kv_used_frac[1] == "0.000,-0.000,nan,1.000,inf"
+    assert got.view_queued_prefill_tokens[1] == "0,1180591620717411303424,7,12,3"   # 2**70 in full
+    assert got.view_kv_used_frac[4] == "0.250,0.001"   # 0.0005 rounds half to even on its binary value
+
+
 def test_itl_pool_release_keeps_the_statistics_and_frees_the_buffer():
     pool = ItlPool()
     with pytest.raises(RuntimeError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,51 @@ def test_shipped_trace_is_canonical(shipped, tmp_path):
     out = tmp_path / "again.jsonl.gz"
     write_trace(out, copy.copy(convs))
     assert out.read_bytes() == SHIPPED.read_bytes()
+
+
+def test_load_memo_parses_once_and_sees_an_edit_in_place(tmp_path, monkeypatch):
+    """A trace loaded twice in one process is parsed once (a sweep's jobs share the parse), each call gets
+    its own list, and a file rewritten in place -- same size, same mtime restored -- is parsed again: the
+    memo is keyed by the file's content, not its stat."""
+    import harness.core.trace as tr
+
+    parses = []
+    real = tr._parse_trace
+    monkeypatch.setattr(tr, "_parse_trace", lambda *a: parses.append(a[0]) or real(*a))
+    monkeypatch.setattr(tr, "_LOADED", {})
+    for name in ("m.jsonl", "m.jsonl.gz"):
+        parses.clear()
+        p = _write_lines(tmp_path / name, [_conv("a"), _conv("b")])
+        first = load_trace(p)
+        first.reverse()   # a caller reordering its list must not change what the next caller gets
+        second = load_trace(p)
+        assert [c.conversation_id for c in second] == ["a", "b"]
+        assert len(parses) == 1
+        st = p.stat()
+        edited = _conv("a")
+        edited["turns"][1]["output_tokens"] = 8   # 7 -> 8: same digit count, same file size (plain text)
+        edited["turns"][1]["output_tokens_raw"] = 9
+        _write_lines(p, [edited, _conv("b")])
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+        if not name.endswith(".gz"):
+            assert p.stat().st_size == st.st_size and p.stat().st_mtime_ns == st.st_mtime_ns
+        third = load_trace(p)
+        assert len(parses) == 2
+        assert third[0].turns[1] == TurnRecord(20, 15, 8, 1.5, False, 9)   # the edited turn, as written above
+        _write_lines(p, ['{"conversation_id": "a", "source": "test"}'])   # now invalid: no turns
+        with pytest.raises(TraceError, match=r"m\.jsonl(\.gz)?:1"):
+            load_trace(p)
+
+
+def test_load_memo_separates_paths_and_block_sizes(tmp_path, monkeypatch):
+    """Two files with the same bytes are two entries (records name no path, but errors and the cache key
+    do), and so is one request trace read with two ``hash_block_tokens``."""
+    import harness.core.trace as tr
+
+    monkeypatch.setattr(tr, "_LOADED", {})
+    a = _write_lines(tmp_path / "a.jsonl", [_conv("a")])
+    b = _write_lines(tmp_path / "b.jsonl", [_conv("a")])
+    assert load_trace(a) == load_trace(b)
+    assert len(tr._LOADED) == 2
+    load_trace(a, hash_block_tokens=16)
+    assert len(tr._LOADED) == 3

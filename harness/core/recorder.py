@@ -350,20 +350,40 @@ def decisions_frame(decisions: Sequence[Any], names: Sequence[str]) -> pd.DataFr
     queued = [""] * n
     held = [0] * n
     mis = [False] * n
+    # One %-format per tuple length instead of a formatted string per value: ``"%.3f" % x`` and
+    # ``f"{x:.3f}"`` (and ``%.6g`` / ``:.6g``) are the same conversion of a float (Python's printf-style
+    # formatting docs; both call ``PyOS_double_to_string``), and ``%s`` of an int or float is its ``str``.
+    kv_fmt: dict[int, str] = {}
+    q_fmt: dict[int, str] = {}
+    c_fmt: dict[tuple, str] = {}
     for j, d in enumerate(decisions):
         if isinstance(d, PlanDecision):
             kind[j] = "plan"
             continue
         v = d.view
-        kv[j] = ",".join([f"{x:.3f}" for x in v.kv_used_frac])
-        queued[j] = ",".join([str(x) for x in v.queued_prefill_tokens])
+        x = v.kv_used_frac
+        f = kv_fmt.get(len(x))
+        if f is None:
+            f = kv_fmt[len(x)] = ",".join(["%.3f"] * len(x))
+        kv[j] = f % tuple(x)
+        x = v.queued_prefill_tokens
+        f = q_fmt.get(len(x))
+        if f is None:
+            f = q_fmt[len(x)] = ",".join(["%s"] * len(x))
+        queued[j] = f % tuple(x)
         held[j] = v.num_held
         if isinstance(d, HoldDecision):
             kind[j] = "hold"
         else:
             kind[j], cid[j], turn[j], pre[j], dec[j], mis[j] = ("place", d.conversation_id, d.turn,
                                                                 d.prefill_instance, d.decode_instance, d.misrouted)
-            cand[j] = ";".join([f"{names[i]}={s:.6g}" for i, s in d.candidates])
+            x = d.candidates
+            if x:
+                idx, scores = zip(*x)   # one format per instance sequence, the names in it (``%`` escaped)
+                f = c_fmt.get(idx)
+                if f is None:
+                    f = c_fmt[idx] = ";".join([str(names[i]).replace("%", "%%") + "=%.6g" for i in idx])
+                cand[j] = f % scores
     return pd.DataFrame(dict(zip(DECISION_COLUMNS, (t_s, kind, cid, turn, pre, dec, reason, cand, kv, queued, held,
                                                     mis))), columns=DECISION_COLUMNS)
 

@@ -107,27 +107,21 @@ class ValidateSweepCallback(Callback):
     job's config and check what a job would check before running (``harness.run.runner.prepare``: its trace, its
     workload after ``workload.context_overflow``, its scheduler on its cluster); if any is invalid, print every
     invalid job with its error and exit (status 2) before anything runs. (Hydra turns an exception raised by a
-    callback into a warning, so this exits.) A trace is loaded once per distinct file."""
+    callback into a warning, so this exits.) A trace is parsed once per distinct file (``harness.core.trace.load_trace``
+    memoises by content), and the jobs run in this process reuse that parse."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra import compose
 
         from harness.run.config import ConfigError, resolve
         from harness.run.runner import prepare
-        from harness.core.trace import TraceError, load_trace
+        from harness.core.trace import TraceError
         jobs = sweep_jobs(config)
         bad = []
-        traces: dict = {}
-
-        def cached_load(path, *a, **k):
-            key = (str(path), a, tuple(sorted(k.items())))
-            if key not in traces:
-                traces[key] = load_trace(path, *a, **k)
-            return traces[key]
         for i, job in enumerate(jobs):
             try:
                 run = resolve(compose(config_name=config.hydra.job.config_name, overrides=job))
-                prepare(run, cached_load)
+                prepare(run)  # load_trace memoises by file content: each distinct trace is parsed once
             except (ConfigError, TraceError) as e:
                 bad.append(f"  job {i} ({' '.join(job)}): {e}")
             except Exception as e:  # noqa: BLE001 -- composition errors are reported the same way

@@ -13,6 +13,7 @@ written and ``summary.json`` says ``"partial": true`` with the error.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import logging
@@ -61,7 +62,14 @@ def code_version() -> dict:
 
 
 def package_versions() -> dict:
-    """Versions of the packages a run depends on."""
+    """Versions of the packages a run depends on (a new dict on each call). Read once per process (each
+    ``importlib.metadata.version`` scans ``sys.path``, ~2 ms): a package upgraded on disk during a sweep
+    does not change the one this process has imported, which is the one the runs use."""
+    return dict(_package_versions())
+
+
+@functools.lru_cache(maxsize=1)
+def _package_versions() -> tuple:
     from importlib import metadata
     out = {"python": sys.version.split()[0]}
     for p in ("hydra-core", "omegaconf", "numpy", "pandas", "pyarrow", "tqdm"):
@@ -69,7 +77,7 @@ def package_versions() -> dict:
             out[p] = metadata.version(p)
         except metadata.PackageNotFoundError:
             out[p] = None
-    return out
+    return tuple(out.items())
 
 
 RESULT_FILES = ("summary.json", "turns.parquet", "conversations.parquet", "instances.parquet", "decisions.parquet",
@@ -136,7 +144,7 @@ def prepare(run: Resolved, load: Any = None, inp: Optional[SessionInput] = None)
     once (``harness.run.session.check_policies``). Returns ``(conversations, stats, context limit tokens)``.
     Used by :func:`execute` and, for every job before a sweep starts, by
     ``harness.run.callbacks.ValidateSweepCallback``. ``load``: the trace loader (default
-    ``harness.core.trace.load_trace``; a sweep's validation passes a memoising one). ``inp``: the run's session
+    ``harness.core.trace.load_trace``, memoised per process by the file's content). ``inp``: the run's session
     input (``harness.run.session.session_input(run)``; built here when None).
 
     Raises:

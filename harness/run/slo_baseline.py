@@ -40,7 +40,9 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
     ``{"schema", "checksum", "values": {conversation digest: {reading: s or null}}}`` (:func:`shard_problem`;
     a shard that fails its schema or checksum is ignored with a warning and its conversations replayed),
     one written (atomically) per process that replayed something, read by every later job, so a sweep (local, or on machines sharing the directory: Slurm,
-    Ray) replays each distinct conversation once per setup. The setup digest covers what a replay depends
+    Ray) replays each distinct conversation once per setup; jobs that start together on one setup replay each
+    conversation once too: the first to miss holds the setup's lock (:func:`claim_setup`) until its shard is
+    written, the others replay what it did not claim, then wait for it and read its shard. The setup digest covers what a replay depends
     on (:func:`_unloaded_cache_key`) and the code (``harness.core.paths.code_digest``: every ``.py`` under
     ``harness/`` and ``baselines/``),
     so a code change never reads stale numbers. Values round-trip exactly (JSON floats keep ``repr``).
@@ -53,22 +55,41 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
     from harness.analysis.metrics import ttfet_turn_index
     name, ref = reference_policy(inp, reference)
     key = _unloaded_cache_key(inp, stats, name, ref)
-    disk = _DiskCache(cache_dir, key)
-    out: dict[str, dict[str, float]] = {}
+    vals: list[Optional[dict[str, float]]] = [None] * len(conversations)   # per conversation, in order
     fresh: dict[str, dict[str, Optional[float]]] = {}
     hook = _interrupt_hook("baseline")
-    try:
-        for k, (_, rec) in enumerate(conversations):
-            if hook is not None and k == hook[0]:
-                os.environ.pop("HARNESS_TEST_INTERRUPT", None)  # once per process
-                os.kill(os.getpid(), hook[1])  # test-only fault injection (HARNESS_TEST_INTERRUPT)
+    disk: Optional[_DiskCache] = None   # opened at the first in-process miss (a sweep's later jobs never read it)
+    lock_fd: Optional[int] = None
+
+    def readings() -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for (_, rec), v in zip(conversations, vals):
+            if v is not None:
+                out[rec.conversation_id] = v
+        return out
+
+    def from_cache(todo: list) -> list:
+        """Fill ``vals`` from the in-process memo, else the disk shards; the ``(k, rec)`` still missing."""
+        left = []
+        for k, rec in todo:
             hit = _UNLOADED_CACHE.get((key, rec.turns))
-            if hit is None:
+            if hit is None and disk is not None:
                 hit = disk.get(rec.turns)
                 if hit is not None:
                     _UNLOADED_CACHE[(key, rec.turns)] = hit
+            if hit is None:
+                left.append((k, rec))
+            else:
+                vals[k] = dict(hit)
+        return left
+
+    def replay(todo: list) -> None:
+        for k, rec in todo:
+            if hook is not None and k >= hook[0] and os.environ.pop("HARNESS_TEST_INTERRUPT", None) is not None:
+                os.kill(os.getpid(), hook[1])  # test-only fault injection (HARNESS_TEST_INTERRUPT), once per process
+            hit = _UNLOADED_CACHE.get((key, rec.turns))   # the same turns twice in one workload: replayed once
             if hit is not None:
-                out[rec.conversation_id] = dict(hit)
+                vals[k] = dict(hit)
                 continue
             res = simulate(inp, [(0.0, rec)], stats, name, ref, max_coalesce_s=math.inf)
             if res.error.startswith("KeyboardInterrupt"):  # run_session keeps an interrupt as an error: re-raise
@@ -78,16 +99,44 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
             first = {r["turn"]: r["first_token_s"] for r in res.turns if r["status"] == "ok"}
             visible = [t.visible for t in rec.turns]
             val = {d: float(first.get(ttfet_turn_index(visible, d), math.nan)) for d in ("first", "visible", "last")}
-            out[rec.conversation_id] = val
+            vals[k] = val
+            if disk is not None:
+                _progress(lock_fd, disk.dir)
             if len(_UNLOADED_CACHE) >= _UNLOADED_CACHE_MAX:
                 _UNLOADED_CACHE.clear()
             _UNLOADED_CACHE[(key, rec.turns)] = tuple(val.items())
             fresh[_digest(repr(rec.turns))] = {d: (None if math.isnan(v) else v) for d, v in val.items()}
+
+    try:
+        todo = from_cache([(k, rec) for k, (_, rec) in enumerate(conversations)])
+        if todo:
+            disk = _DiskCache(cache_dir, key)
+            todo = from_cache(todo)
+        if todo and disk.dir is not None:
+            # Another process replaying this setup holds its lock and names the conversations it claimed:
+            # replay the others meanwhile, then wait for it and read its shard for the claimed ones.
+            lock_fd, claimed = claim_setup(disk.dir, [_digest(repr(rec.turns)) for _, rec in todo])
+            if lock_fd is not None:   # a shard written between our read and the lock is read too
+                disk = _DiskCache(cache_dir, key)
+                todo = from_cache(todo)
+            elif claimed is not None:
+                replay([(k, rec) for k, rec in todo if _digest(repr(rec.turns)) not in claimed])
+                todo = [(k, rec) for k, rec in todo if vals[k] is None]
+                if todo:
+                    lock_fd = setup_lock(disk.dir, [_digest(repr(rec.turns)) for _, rec in todo])
+                    disk = _DiskCache(cache_dir, key)
+                    todo = from_cache(todo)
+        replay(todo)
     except KeyboardInterrupt as e:
-        raise BaselineInterrupted(str(e) or "Ctrl-C", out, len(conversations)) from e
+        raise BaselineInterrupted(str(e) or "Ctrl-C", readings(), len(conversations)) from e
     finally:
-        disk.add(fresh)  # what was replayed before an interrupt or a failure is kept for the next run
-    return out
+        try:
+            if disk is not None:
+                disk.add(fresh)  # what was replayed before an interrupt or a failure is kept for the next run
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)   # releases the setup's lock: a process waiting on it now reads our shard
+    return readings()
 
 
 class BaselineInterrupted(KeyboardInterrupt):
@@ -222,6 +271,122 @@ class _DiskCache:
             os.replace(tmp, self.dir / f"{name}.json")
         except OSError as e:
             log.warning("unloaded-TTFET cache not written to %s: %s", self.dir, e)
+
+
+SETUP_LOCK = ".lock"
+
+
+def _open_setup_lock(setup_dir: Path) -> Optional[int]:
+    try:
+        setup_dir.mkdir(parents=True, exist_ok=True)
+        return os.open(setup_dir / SETUP_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        log.warning("unloaded-TTFET cache: no lock in %s (%s); replaying unlocked", setup_dir, e)
+        return None
+
+
+def _write_claims(fd: int, digests: Sequence[str]) -> None:
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, "\n".join(digests).encode(), 0)
+    except OSError:
+        pass   # the claims only order the work of the processes waiting on this one, never their results
+
+
+def claim_setup(setup_dir: Path, digests: Sequence[str]) -> tuple[Optional[int], Optional[set[str]]]:
+    """Try, without waiting, to take the exclusive lock of one setup's shard directory (``<setup_dir>/.lock``,
+    an ``fcntl.flock``) and claim the conversations ``digests`` (each ``_digest(repr(turns))``) that this
+    process is about to replay, written into the lock file for the others to read.
+
+    Returns ``(descriptor, None)`` when taken (closing the descriptor releases it); ``(None, claimed)`` when
+    another process holds it, ``claimed`` being the digests that process named; ``(None, None)`` where the
+    directory cannot be made or the filesystem has no ``flock`` (the cache then works unlocked, as before:
+    two processes may replay the same conversations, never read a half-written shard).
+
+    :func:`unloaded_readings` holds the lock from its last read of the shards to writing its own, so jobs of a
+    sweep that start together on one setup (``hydra/launcher=joblib`` with ``n_jobs`` > 1, Slurm array tasks
+    on a shared ``$HARNESS_CACHE_DIR``) do not all replay every conversation: a job that finds the lock held
+    replays the conversations the holder did not claim, then waits for it (:func:`setup_lock`), reads its
+    shard and replays only what is still missing. The operating system releases the lock when its holder
+    dies, however it dies."""
+    import fcntl
+    fd = _open_setup_lock(setup_dir)
+    if fd is None:
+        return None, None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            claimed = set(os.pread(fd, 1 << 26, 0).decode("ascii", "replace").split())
+        except OSError:
+            claimed = set()
+        os.close(fd)
+        return None, claimed
+    except OSError as e:   # e.g. ENOLCK / EOPNOTSUPP on a filesystem without flock
+        os.close(fd)
+        log.warning("unloaded-TTFET cache: no flock in %s (%s); replaying unlocked", setup_dir, e)
+        return None, None
+    except BaseException:
+        os.close(fd)
+        raise
+    _write_claims(fd, digests)
+    return fd, None
+
+
+SETUP_LOCK_STALL_S = 60.0
+"""How long :func:`setup_lock` waits for a holder that shows no progress (it touches the lock file after every
+replay, :func:`_progress`) before replaying unlocked: a holder stopped (SIGSTOP, a suspended Slurm job) or hung
+never blocks the other jobs for longer, s."""
+
+
+def _progress(fd: Optional[int], setup_dir: Path) -> None:
+    """Tell the processes waiting on this setup that its holder is alive: touch the lock file (its mtime)."""
+    if fd is not None:
+        try:
+            os.utime(setup_dir / SETUP_LOCK)
+        except OSError:
+            pass
+
+
+def setup_lock(setup_dir: Path, digests: Sequence[str] = ()) -> Optional[int]:
+    """:func:`claim_setup`, waiting while another process holds the lock and makes progress; returns the
+    descriptor, or None where there is no lock to take (as :func:`claim_setup`) or the holder showed no
+    progress for :data:`SETUP_LOCK_STALL_S` (then replay unlocked; a warning names the directory). Polls every
+    0.1 s; a Ctrl-C while waiting interrupts the wait."""
+    import fcntl
+    fd = _open_setup_lock(setup_dir)
+    if fd is None:
+        return None
+    try:
+        last, since = None, time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                pass
+            try:
+                mtime = os.fstat(fd).st_mtime_ns
+            except OSError:
+                mtime = None
+            now = time.monotonic()
+            if mtime != last:
+                last, since = mtime, now
+            elif now - since > SETUP_LOCK_STALL_S:
+                os.close(fd)
+                log.warning("unloaded-TTFET cache: the process holding %s shows no progress for %.0f s; "
+                            "replaying unlocked", setup_dir / SETUP_LOCK, SETUP_LOCK_STALL_S)
+                return None
+            time.sleep(0.1)
+    except OSError as e:
+        os.close(fd)
+        log.warning("unloaded-TTFET cache: no flock in %s (%s); replaying unlocked", setup_dir, e)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    _write_claims(fd, digests)
+    return fd
 
 
 def _unloaded_cache_key(inp: SessionInput, stats: WorkloadStats, name: str, ref: Any) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import gzip
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Optional
 
 SPAN_KEYS = {"gen_ai.latency.time_to_first_token": "ttft_s", "gen_ai.latency.e2e": "e2e_s",
@@ -143,6 +142,9 @@ class SpanReceiver:
         self.posts = 0
         self.other_spans = 0
         self.accept: Callable[[str], bool] = lambda rid: True
+        # imported here, not at the top: the module is imported with every backend's config (``harness.vllm.plugin``
+        # re-exports ``engine_times_mode``), and ``http.server`` (~10 ms) is needed only by a receiver
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         self._cond = threading.Condition()
         owner = self
 
