@@ -197,13 +197,16 @@ def _take_stage0(res: list, wait: list, cap: int, budget: int, chunk_cap: int, r
 _ADMIT_SEQ, _SUBMIT_S = attrgetter("admit_seq"), attrgetter("submit_s")
 
 
-def _plan(run: list, admit: list, running: Sequence, wake: float, repeat_steps: Optional[int] = 1) -> StepPlan:
+def _plan(run: list, admit: list, running: Sequence, wake: float, repeat_steps: Optional[int] = 1,
+          idle_after: Optional[tuple] = None) -> StepPlan:
     """A plan whose preferred victims are the unselected residents, most recently admitted first (built
     only if the engine reads them: :class:`harness.core.batching.UnselectedResidents`). ``repeat_steps``: the
-    rule's horizon (``StepPlan.repeat_steps``; ``None``: unlimited; 1: the plan holds for this step only)."""
+    rule's horizon (``StepPlan.repeat_steps``; ``None``: unlimited; 1: the plan holds for this step only);
+    ``idle_after``: ``StepPlan.idle_after``."""
     admit.sort(key=_SUBMIT_S)
     return StepPlan(tuple(run), tuple(admit), UnselectedResidents(running, run), None if wake == math.inf else wake,
-                    repeatable=repeat_steps != 1, repeat_steps=_UNTIL_EVENT if repeat_steps is None else repeat_steps)
+                    repeatable=repeat_steps != 1, repeat_steps=_UNTIL_EVENT if repeat_steps is None else repeat_steps,
+                    idle_after=idle_after)
 
 
 _UNTIL_EVENT = 1 << 30      # no horizon of the rule's own: the plan holds until something arrives or finishes
@@ -481,9 +484,11 @@ class WaitRule:
         now, mw = inp.now_s, self.max_wait_s
         eligible = []
         wake = math.inf
+        by_count = False
         for j in range(m):
             if len(res0[j]) + len(wait0[j]) >= self.n[j]:
                 eligible.append(j)
+                by_count = True
                 continue
             o = oldest[j]
             if o < math.inf:
@@ -498,6 +503,8 @@ class WaitRule:
         admit_ok = True
         if not eligible and self.idle_policy == "decode_residents":
             serve, admit_ok = list(range(m)), False
+        if eligible and not by_count and self.idle_policy == "wait":
+            return self._timeout_plan(inp, eligible, res0, wait0, tg, wake)
         # horizon: the plan repeats until something arrives, finishes or a wake time passes when it is
         # decode-only and every served type is eligible by its stage-0 count (which decode steps do not
         # change) and has each of its stages served whole (every group moves up one stage together, so
@@ -517,6 +524,56 @@ class WaitRule:
                 budget = _take_stage0(res0[j], wait0[j], self.n[j], budget, inp.chunk_cap, run, admit)
         self._touched = serve if run else ()
         return _plan(run, admit, inp.running, wake, None if repeat and len(run) == n_dec and run else 1)
+
+    def _timeout_plan(self, inp: StepInput, serve: list, res0: list, wait0: list, tg: list, wake: float
+                      ) -> StepPlan:
+        """The plan when every eligible type (``serve``) is eligible by its timeout alone (fewer than
+        ``n_j`` requests at stage 0, its oldest waited ``max_wait_s``; ``idle_policy='wait'``): the same
+        selection as ``plan``'s (every stage's ``min(n_j, count)``, no horizon), and its
+        ``StepPlan.idle_after``.
+
+        After such a step, run as planned (the engine checks it: every prefill completes, every admission
+        runs, nothing finishes, nothing arrives), a served type has nothing at stage 0 (fewer than ``n_j``
+        requests there means the waiting queue held no more of its type, and they were all taken), so it
+        stays below its count, and its oldest is that of its residents the step left out (their
+        ``idle_since_s`` is before now), else ``T`` (the served ones advanced at ``T``); every other type
+        is as it is now (its residents paused, its first waiting requests the same: the admitted ones
+        are of served types). So the plan at ``T`` is empty when every such ``oldest + max_wait_s``
+        exceeds ``T``, with ``wake_at_s`` their minimum: ``min(w, T + max_wait_s)``, ``w`` over the
+        fixed ones (``wake`` here, the unserved types', and the left-out residents'), the ``T`` term only
+        if some served type had every request served. It is not stated (``None``) when a served type's
+        stage-0 requests do not all fit the budget. Skipping that plan leaves ``_touched`` as this plan
+        sets it, so the next plan regroups the same types, unchanged since (no step ran): the same
+        groups as regrouping at ``T`` would give."""
+        mw, cap_of, chunk_cap = self.max_wait_s, self.n, inp.chunk_cap
+        run: list = []
+        admit: list = []
+        budget = inp.token_budget
+        w = wake
+        all_served = False
+        for j in serve:                                  # decode stages: 1 token each
+            cap = cap_of[j]
+            left = math.inf                              # the oldest idle_since_s of the type's left-out residents
+            for grp in tg[j][1].values():
+                k = len(run)
+                budget, whole = _take_decode(grp, cap, budget, run)
+                if not whole:
+                    o = min(map(_IDLE, grp[len(run) - k:]))
+                    if o < left:
+                        left = o
+            if left < math.inf:
+                if left + mw < w:
+                    w = left + mw
+            else:
+                all_served = True
+        idle = True
+        for j in serve:                                  # stage 0: prefill chunks and admissions
+            k = len(run)
+            budget = _take_stage0(res0[j], wait0[j], cap_of[j], budget, chunk_cap, run, admit)
+            if len(run) - k != len(res0[j]):
+                idle = False                             # a stage-0 resident left out: stays at stage 0
+        self._touched = serve if run else ()
+        return _plan(run, admit, inp.running, wake, 1, ((w, mw if all_served else None) if idle else None))
 
 
 STAGE_CAP_RULES = ("raised", "rotate")
