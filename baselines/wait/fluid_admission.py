@@ -657,6 +657,11 @@ class NestedWaitRule:
         # and new residents are re-read), and per segment (stage-0 residents, {stage: residents}, oldest)
         self._index = KeyedResidents(self._segment_of, len(self.bounds), incremental)
         self._touched: Sequence = ()
+        # rotate: the offsets a plan may move the rotation on by (the longest segment's length), for the
+        # direct search of the first one at which something runs (direct_search=False: try each in turn)
+        self._offsets = max((len(c) for c in self.caps), default=1)
+        self._offset_range = np.arange(self._offsets, dtype=np.int64)
+        self.direct_search = True
 
     def _segment_of(self, r, s: int) -> int:
         """0-based segment of stage ``s`` (request ``r``'s; from the table, the last segment past it)."""
@@ -698,17 +703,129 @@ class NestedWaitRule:
         # rotate: a step whose rotated caps give nothing to run would leave the engine idle with the step
         # index unchanged (it counts executed steps), so the rotation moves on to the first offset at
         # which something runs (at most the longest segment's length; the authors' counter advances on
-        # every call, empty or not)
-        plan = None
-        offsets = max(len(c) for c in self.caps)
-        for off in range(offsets):
-            plan, served = self._plan_at(inp, inp.step_index + off, sg, final=off == offsets - 1)
-            if plan is not None and (plan.run or plan.admit):
-                self._touched = range(served) if plan.run else ()
-                # moved on (off > 0): the next step's index is one more, not off more: no horizon
-                return plan if off == 0 or not plan.repeatable else replace(plan, repeatable=False, repeat_steps=1)
-        self._touched = ()
-        return plan
+        # every call, empty or not): found from the rotation formula (_first_opening), then planned once
+        offsets = self._offsets
+        off = self._first_opening(inp, sg) if self.direct_search else self._first_opening_linear(inp, sg)
+        if off is None:
+            plan, _ = self._plan_at(inp, inp.step_index + offsets - 1, sg)
+            self._touched = ()
+            return plan
+        plan, served = self._plan_at(inp, inp.step_index + off, sg)
+        self._touched = range(served) if plan.run else ()
+        # moved on (off > 0): the next step's index is one more, not off more: no horizon
+        return plan if off == 0 or not plan.repeatable else replace(plan, repeatable=False, repeat_steps=1)
+
+    def _first_opening_linear(self, inp: StepInput, sg: list) -> Optional[int]:
+        """The smallest offset ``off`` in ``range(offsets)`` (``offsets``: the longest segment's length) at
+        which ``_plan_at`` at step index ``step_index + off`` runs or admits something (``None``: none),
+        by trying each offset in turn (O(offsets x stages); the reference :meth:`_first_opening` is
+        checked against, ``direct_search=False``)."""
+        for off in range(self._offsets):
+            plan, _ = self._plan_at(inp, inp.step_index + off, sg, final=False)
+            if plan is not None:
+                return off
+        return None
+
+    def _first_opening(self, inp: StepInput, sg: list) -> Optional[int]:
+        """:meth:`_first_opening_linear` from the rotation formula, for all offsets at once (numpy arrays
+        over the offsets; O(offsets x segments + stage groups)).
+
+        At step index ``t' = t + off`` a plan runs or admits something exactly when its served segments
+        (the leading ones whose gates pass) have a non-empty stage group whose rotated cap is >= 1, or it
+        admits (``idle_policy='wait'`` or a segment served) and stage 0 has a cap >= 1 and a prefilling
+        resident or a waiting request in its window; with ``decode_residents`` and no gate passing,
+        every segment is served, without admissions. Per segment ``k`` (``(Delta_k, base, rem, start)``):
+        the cap at offset ``i`` is ``base + [(i + t') mod Delta_k < rem]``; its gate passes by its entry
+        count ``E_k`` when ``E_k >= base + [t' mod Delta_k < rem]``, or by its timeout (its suffix's
+        oldest ``idle_since_s + max_wait_s <= now``, as ``_plan_at`` computes it); segment 1's entry and
+        oldest depend on its cap ``cap0`` (the waiting window is ``cap0 - prefilling residents``), two
+        values. A group at offset ``i`` can run at ``t'`` iff ``base >= 1`` or ``(i + t') mod Delta_k`` is in
+        ``[0, rem)``, i.e. ``t' mod Delta_k`` in the cyclic interval ``[-i, -i + rem)``: the residues where a
+        segment has a runnable group are a union of such intervals (a difference array and its cumulative
+        sum). Assumes a positive token budget (a step then takes its first candidate); otherwise linear."""
+        if inp.token_budget <= 0:
+            return self._first_opening_linear(inp, sg)
+        m, rot = len(self.bounds), self._rot
+        t = inp.step_index
+        now, mw = inp.now_s, self.max_wait_s
+        res0 = sg[0][0]
+        R, W = len(res0), len(inp.waiting)
+        suffix = [g[2] for g in sg]
+        for k in range(m - 2, 0, -1):
+            suffix[k] = min(suffix[k], suffix[k + 1])
+        suf1 = suffix[1] if m > 1 else math.inf
+        d0, base0, rem0, _ = rot[0]
+        seg0 = []                               # (gate passes, stage 0 takes something) for cap0 = base0, base0 + 1
+        for cap0 in (base0, base0 + 1):
+            n = max(0, cap0 - R)
+            o = suffix[0]                       # (segment 1's own oldest here: suffix[0] not yet folded)
+            for r in islice(inp.waiting, n):
+                if r.idle_since_s < o:
+                    o = r.idle_since_s
+            e0 = R + min(W, n)
+            seg0.append((e0 >= cap0 or min(o, suf1) + mw <= now, cap0 >= 1 and e0 > 0))
+        ar = self._offset_range
+        hi0 = ((ar + t % d0) % d0) < rem0 if 0 < rem0 else None     # cap0 = base0 + 1 at these offsets
+        (p_lo, s_lo), (p_hi, s_hi) = seg0
+        if hi0 is None or p_lo == p_hi:
+            pass0 = p_lo if hi0 is None else p_hi
+        else:
+            pass0 = hi0 if p_hi else ~hi0
+        if hi0 is None or s_lo == s_hi:
+            stage0 = s_lo if hi0 is None else s_hi
+        else:
+            stage0 = hi0 if s_hi else ~hi0
+        served = pass0                          # segments 1..k+1 served (bool or array over the offsets)
+        opened = served & stage0                # (admissions whenever a segment is served, either policy)
+        any_good = False                        # some segment has a runnable group (decode_residents)
+        for k in range(m):
+            if k:
+                dk, base, rem, start = rot[k]
+                e = len(sg[k][1].get(start, ()))
+                if suffix[k] + mw <= now or e >= base + 1 or (e >= base and rem <= 0):
+                    pk = True
+                elif e < base:
+                    pk = False
+                else:                           # e == base: passes where the entry cap is base
+                    pk = ((ar + t % dk) % dk) >= rem
+                served = served & pk
+                if served is False or (not isinstance(served, bool) and not served.any()):
+                    if self.idle_policy == "wait":
+                        break               # no later segment is served at any offset
+                    served = False
+            good = self._runnable(k, sg[k][1], t)
+            if good is not False:
+                any_good = any_good | good
+                opened = opened | (served & good)
+        if self.idle_policy == "decode_residents":     # no gate passes: every segment, no admissions
+            if isinstance(pass0, bool):
+                opened = opened | (False if pass0 else any_good)
+            else:
+                opened = opened | (~pass0 & any_good)
+        if isinstance(opened, (bool, np.bool_)):
+            return 0 if opened else None
+        i = int(np.argmax(opened))
+        return i if opened[i] else None
+
+    def _runnable(self, k: int, stages: dict, t: int):
+        """Whether segment ``k`` has a stage group (``stages``: ``{stage: residents}``) with a rotated cap
+        >= 1, at each offset's step index ``t + off``: a bool (the same at every offset) or a bool array."""
+        d, base, rem, start = self._rot[k]
+        if not stages:
+            return False
+        if base >= 1:
+            return any(len(g) for g in stages.values())
+        if rem <= 0:
+            return False
+        last = d - 1
+        offs = {min(s - start, last) for s, g in stages.items() if g}
+        if not offs:
+            return False
+        # residues [st, st + rem) of each offset, cyclic: counted over two periods, then folded
+        st = (-np.fromiter(offs, dtype=np.int64, count=len(offs))) % d
+        c = np.cumsum(np.bincount(st, minlength=2 * d + 1) - np.bincount(st + rem, minlength=2 * d + 1))
+        good_res = (c[:d] + c[d:2 * d]) > 0
+        return good_res[(self._offset_range + t % d) % d]
 
     def _plan_at(self, inp: StepInput, t: int, sg: list, final: bool = True) -> tuple[Optional[StepPlan], int]:
         """The plan at step index ``t`` from the segments' stage groups ``sg`` (per segment: stage-0

@@ -5,6 +5,9 @@
 * a rule's statement of its next, empty plan (``StepPlan.idle_after``): the engine skips that plan after a
   step that ran exactly as planned and only arms the timer the plan would have armed.
 
+* Nested WAIT with ``stage_caps=rotate``: the first rotation offset at which something runs, found from
+  the rotation formula (``NestedWaitRule._first_opening``) instead of planning every offset in turn.
+
 Each is checked by hand on a tiny case (events and plans counted from the trace in the docstring) and on
 simulations against the same run with the mechanism off (exact frames).
 """
@@ -152,3 +155,64 @@ def test_simulations_equal_with_the_mechanisms_off(monkeypatch, scheduler, mem):
     assert counts[True][0] < counts[False][0]
     if scheduler == "wait":
         assert counts[True][1] < counts[False][1]
+
+
+# ---- Nested WAIT, stage_caps=rotate: the first opening offset from the rotation formula ------------------
+
+def test_rotate_first_opening_by_hand():
+    """One segment of 4 stages with B = 1 (caps rotate: base 0, rem 1): at step index t the stage at offset
+    i has cap 1 iff (i + t) mod 4 = 0, so stage 0's cap is 1 only at t = 0 mod 4. One resident at stage 2,
+    nothing waiting, no timeout (max_wait_s 10 s at now 0): segment 1's gate passes (0 >= cap) only where
+    stage 0's cap is 0 (t' != 0 mod 4), and the resident runs where (2 + t') mod 4 = 0, t' = 2 mod 4. From
+    t = 0 the first opening is offset 2; from t = 3, offset 3 (t' = 6); from t = 2, offset 0 (t' = 2: the
+    plan keeps its horizon rules). With max_wait_s = 0 (timed out) the gate always passes: the same offsets
+    (t' = 2 mod 4 is the resident's only opening)."""
+    for mw in (10.0, 0.0):
+        for t, off in ((0, 2), (3, 3), (2, 0), (1, 1)):
+            eng = make_engine(1000)
+            rule = NestedWaitRule([4], [[0, 0, 0, 1]], mw, rotate=True)
+            a = resident(eng, "a", 4, 2)
+            inp = dataclasses.replace(eng._inp, now_s=0.0, step_index=t)
+            rule._index.sync(inp.running, ())
+            sg = rule._index.groups
+            assert rule._first_opening(inp, sg) == rule._first_opening_linear(inp, sg) == off
+            p = rule.plan(inp)
+            assert [(r.conv, n) for r, n in p.run] == [("a", 1)] and not p.admit
+    # nothing can open: a resident at stage 1 of a segment whose caps are all 0 (B = 0); the gate passes
+    # (0 >= cap 0), so no timeout is asked for either (no wake): the last offset's empty plan
+    eng = make_engine(1000)
+    rule = NestedWaitRule([4], [[0, 0, 0, 0]], 10.0, rotate=True)
+    resident(eng, "b", 4, 1)
+    inp = dataclasses.replace(eng._inp, now_s=0.0)
+    rule._index.sync(inp.running, ())
+    assert rule._first_opening(inp, rule._index.groups) is None
+    p = rule.plan(inp)
+    assert not p.run and not p.admit and p.wake_at_s is None
+
+
+@pytest.mark.parametrize("extra", [["engine.gpu_memory_utilization=0.1", "engine.activation_reserve_bytes=268435456"],
+                                   ["engine.gpu_memory_utilization=0.1", "engine.activation_reserve_bytes=268435456",
+                                    "scheduler.idle_policy=decode_residents"],
+                                   []])
+def test_rotate_first_opening_equals_trying_every_offset(monkeypatch, extra):
+    """At every plan of Nested WAIT rotate simulations (real trace conversations; tight memory, both idle
+    policies, the default memory), the direct first opening equals the offset found by planning each
+    offset in turn, and the plans move the rotation on often (so the search is exercised)."""
+    from harness.run.session import session_input, simulate
+    from tests.conftest import compose_run
+    from tests.test_invariants import workload
+    seen = {"plans": 0, "moved": 0}
+    orig = NestedWaitRule._first_opening
+
+    def checked(self, inp, sg):
+        a = orig(self, inp, sg)
+        assert a == self._first_opening_linear(inp, sg), (inp.now_s, inp.step_index)
+        seen["plans"] += 1
+        seen["moved"] += bool(a)
+        return a
+    monkeypatch.setattr(NestedWaitRule, "_first_opening", checked)
+    run = compose_run(["scheduler=nested_wait", "scheduler.stage_caps=rotate", *extra])
+    convs, stats = workload(run, n=5, rate=1.0, max_turns=8, max_context=20000)
+    res = simulate(session_input(run), convs, stats, "nested_wait", run.scheduler)
+    assert len(res.turns) > 0
+    assert seen["plans"] > 1000 and seen["moved"] > 100
