@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right, insort
-from itertools import compress, islice
+from itertools import compress, islice, repeat as _repeat
 from operator import attrgetter, ne
 from dataclasses import replace
 from types import SimpleNamespace
@@ -175,6 +175,9 @@ def _take_decode(grp: list, cap: int, budget: int, run: list) -> tuple[int, bool
         run.append((r, 1))
         budget -= 1
     return budget, whole
+
+
+_ONES = _repeat(1)     # (request, 1) pairs of a whole decode group: zip(group, _ONES), at C level
 
 
 def _take_stage0(res: list, wait: list, cap: int, budget: int, chunk_cap: int, run: list, admit: list
@@ -515,6 +518,11 @@ class WaitRule:
             if repeat and len(res0[j]) + len(wait0[j]) < cap:
                 repeat = False                           # eligible by timeout: serving it may end that
             for grp in tg[j][1].values():
+                g = len(grp)
+                if g <= cap and g <= budget:             # the whole group (_take_decode's result, inline)
+                    run.extend(zip(grp, _ONES))
+                    budget -= g
+                    continue
                 budget, whole = _take_decode(grp, cap, budget, run)
                 if not whole:
                     repeat = False
@@ -555,6 +563,11 @@ class WaitRule:
             cap = cap_of[j]
             left = math.inf                              # the oldest idle_since_s of the type's left-out residents
             for grp in tg[j][1].values():
+                g = len(grp)
+                if g <= cap and g <= budget:             # the whole group (_take_decode's result, inline)
+                    run.extend(zip(grp, _ONES))
+                    budget -= g
+                    continue
                 k = len(run)
                 budget, whole = _take_decode(grp, cap, budget, run)
                 if not whole:
@@ -876,7 +889,12 @@ class NestedWaitRule:
                 for s in (sorted(stages) if len(stages) > 1 else stages):
                     cap = cap_of(k, s) if rot else cap_tab[s] if s < n_tab else last_cap
                     grp = stages[s]
-                    groups.append((s, len(grp)))
+                    g = len(grp)
+                    groups.append((s, g))
+                    if g <= cap and g <= budget:         # the whole group (_take_decode's result, inline)
+                        run.extend(zip(grp, _ONES))
+                        budget -= g
+                        continue
                     budget, whole = _take_decode(grp, cap, budget, run)
                     if not whole:
                         repeat = False
