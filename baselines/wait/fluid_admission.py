@@ -675,6 +675,7 @@ class NestedWaitRule:
         self._offsets = max((len(c) for c in self.caps), default=1)
         self._offset_range = np.arange(self._offsets, dtype=np.int64)
         self.direct_search = True
+        self._good_memo: dict = {}      # (segment, frozenset of its groups' offsets) -> runnable residues
 
     def _segment_of(self, r, s: int) -> int:
         """0-based segment of stage ``s`` (request ``r``'s; from the table, the last segment past it)."""
@@ -831,13 +832,19 @@ class NestedWaitRule:
         if rem <= 0:
             return False
         last = d - 1
-        offs = {min(s - start, last) for s, g in stages.items() if g}
+        offs = frozenset([min(s - start, last) for s, g in stages.items() if g])
         if not offs:
             return False
-        # residues [st, st + rem) of each offset, cyclic: counted over two periods, then folded
-        st = (-np.fromiter(offs, dtype=np.int64, count=len(offs))) % d
-        c = np.cumsum(np.bincount(st, minlength=2 * d + 1) - np.bincount(st + rem, minlength=2 * d + 1))
-        good_res = (c[:d] + c[d:2 * d]) > 0
+        memo = self._good_memo
+        good_res = memo.get((k, offs))
+        if good_res is None:
+            # residues [st, st + rem) of each offset, cyclic: counted over two periods, then folded
+            st = (-np.fromiter(offs, dtype=np.int64, count=len(offs))) % d
+            c = np.cumsum(np.bincount(st, minlength=2 * d + 1) - np.bincount(st + rem, minlength=2 * d + 1))
+            good_res = (c[:d] + c[d:2 * d]) > 0
+            if len(memo) >= 4096:           # (a bounded memo: the stage sets recur while residents pause)
+                memo.clear()
+            memo[(k, offs)] = good_res
         return good_res[(self._offset_range + t % d) % d]
 
     def _plan_at(self, inp: StepInput, t: int, sg: list, final: bool = True) -> tuple[Optional[StepPlan], int]:
