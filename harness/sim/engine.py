@@ -31,7 +31,9 @@ step's time and energy to the previous end one by one, as one event per step doe
 reads (``busy_energy_now``) count the steps ended so far; the older repeatable runs of vLLM's rules keep
 their run-relative sums, equal within rounding, so that their results stay what they were). The step after a
 step's end runs inline (no event of its own) when nothing else is due at that instant before it
-(``SimClock.nothing_due_now``), so the order of same-instant events is unchanged.
+(``SimClock.nothing_due_now``), so the order of same-instant events is unchanged; so does the step a rule's
+timer starts. After a step run exactly as planned, a rule's stated empty next plan
+(``StepPlan.idle_after``: WAIT's timeout-only steps) is not computed: the engine arms its timer and idles.
 """
 
 from __future__ import annotations
