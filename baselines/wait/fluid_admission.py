@@ -665,6 +665,7 @@ class NestedWaitRule:
         # (stages from the last boundary on: the last segment, its last stage's cap)
         self._seg_tab = [self.segment(st) for st in range(self.bounds[-1])] if self.bounds else []
         self._cap_tab = [self.cap(k, st) for st, k in enumerate(self._seg_tab)]
+        self._entry_caps = [self.cap(k, a) for k, a in enumerate(self.starts)]   # (fixed caps; segment 1's: stage 0)
         self._rot = [(len(c), *divmod(tot, len(c)), a) for c, tot, a in zip(self.caps, self.totals, self.starts)]
         # each segment's residents from step to step (KeyedResidents: only the segments the last plan ran
         # and new residents are re-read), and per segment (stage-0 residents, {stage: residents}, oldest)
@@ -859,10 +860,12 @@ class NestedWaitRule:
         cap_tab, cap_of = self._cap_tab, self.cap
         last_cap = self.caps[last][-1]
         rot = self.rotate
+        ecaps = self._entry_caps        # each segment's entry-stage cap (fixed caps)
         if rot:     # the caps of step index t, computed for the stages looked at only (not a table per call:
             #         a plan may try up to a segment's length of offsets, over up to bounds[-1] stages)
             cap_of = lambda k, st: self.rotated_cap(k, st, t)  # noqa: E731
-        cap0 = cap_of(0, 0)
+            ecaps = None
+        cap0 = cap_of(0, 0) if rot else ecaps[0]
         waiting = list(islice(inp.waiting, max(0, cap0 - len(res0))))  # FCFS: head is oldest
         for r in waiting:
             if r.idle_since_s < oldest[0]:
@@ -875,7 +878,7 @@ class NestedWaitRule:
         wake = math.inf
         for k in range(m):
             entry = len(res0) + len(waiting) if k == 0 else len(sg[k][1].get(self.starts[k], ()))
-            if entry >= cap_of(k, self.starts[k]) or suffix[k] + mw <= now:
+            if entry >= (ecaps[k] if ecaps is not None else cap_of(k, self.starts[k])) or suffix[k] + mw <= now:
                 kstar = k + 1
                 continue
             wake = suffix[k] + mw
