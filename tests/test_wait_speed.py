@@ -45,13 +45,14 @@ class Counted:
         return p if self.state else dataclasses.replace(p, idle_after=None)
 
 
-def _tiny(monkeypatch, inline_timer: bool, state: bool, arrival_at=None):
-    """One engine (1 s steps), WAIT with one type, n = 2, max_wait_s = 0.5; request A (prompt 4, 3 output
+def _tiny(monkeypatch, inline_timer: bool, state: bool, arrival_at=None, nested=False):
+    """One engine (1 s steps), WAIT with one type, n = 2, max_wait_s = 0.5 (``nested``: Nested WAIT with one
+    segment of 3 stages, caps 2, the same timeout: the same decisions here); request A (prompt 4, 3 output
     tokens) submitted at t = 0; optionally B (prompt 4, 3 output tokens) submitted at ``arrival_at``."""
     if not inline_timer:
         monkeypatch.setattr(Engine, "_timer_fire", _old_timer_fire)
     eng = make_engine(1000)
-    rule = Counted(WaitRule([2], lambda r: 0, 0.5), state)
+    rule = Counted(NestedWaitRule([3], [[2, 2, 2]], 0.5) if nested else WaitRule([2], lambda r: 0, 0.5), state)
     eng.set_rule(rule)
     reqs = [Request("A", 0, 4, 3, (0,), on_finish=lambda r: None, on_first_token=lambda r: None)]
     eng.submit(reqs[0])
@@ -63,9 +64,10 @@ def _tiny(monkeypatch, inline_timer: bool, state: bool, arrival_at=None):
     return eng, rule, [(r.token_times.tolist(), r.finish_s) for r in reqs]
 
 
+@pytest.mark.parametrize("nested", [False, True])
 @pytest.mark.parametrize(("inline_timer", "state", "events", "plans", "skipped"), [
     (False, False, 10, 7, 0), (True, False, 7, 7, 0), (False, True, 10, 5, 2), (True, True, 7, 5, 2)])
-def test_timer_steps_by_hand(monkeypatch, inline_timer, state, events, plans, skipped):
+def test_timer_steps_by_hand(monkeypatch, inline_timer, state, events, plans, skipped, nested):
     """A alone, below its threshold, advances one step per timeout. By hand (1 s steps, max_wait_s 0.5):
     t = 0 the submit's step begin (an event): A is 1 < n = 2 at stage 0, waited 0 s: empty plan, timer at
     0.5. t = 0.5 the timer: A waited 0.5 s: a step (its prefill, A admitted) ending at 1.5 (A's first
@@ -76,8 +78,9 @@ def test_timer_steps_by_hand(monkeypatch, inline_timer, state, events, plans, sk
     Plain: events = 1 step begin at 0 + 3 timers + 3 timer step begins + 3 step ends = 10; plans = 1 + 3
     (timers) + 3 (after each end) = 7. The timer's step inline: the 3 timer step begins are not events
     (7 events). The statement: the plans after the ends at 1.5 and 3.0 are skipped (2), the last one
-    not (A finished): 5 plans. Token times 1.5, 3.0, 4.5 in every case."""
-    eng, rule, out = _tiny(monkeypatch, inline_timer, state)
+    not (A finished): 5 plans. Token times 1.5, 3.0, 4.5 in every case. Nested WAIT (one segment, caps 2)
+    decides the same: segment 1's gate is its stage-0 count 1 < 2 or the timeout."""
+    eng, rule, out = _tiny(monkeypatch, inline_timer, state, nested=nested)
     assert out == [([1.5, 3.0, 4.5], 4.5)]
     assert eng.clock.events == events and rule.plans == plans and eng.plans_skipped == skipped
     assert eng._timer_at is None and eng.clock.pending() == 0
@@ -120,11 +123,12 @@ def _frames(res):
     return pd.DataFrame(res.turns).sort_values(["conversation_id", "turn"]).reset_index(drop=True)
 
 
-@pytest.mark.parametrize(("scheduler", "mem"), [("wait", "0.1"), ("wait", "0.9"), ("nested_wait", "0.1")])
+@pytest.mark.parametrize(("scheduler", "mem"), [("wait", "0.1"), ("wait", "0.9"), ("nested_wait", "0.1"),
+                                              ("nested_wait", "0.9")])
 def test_simulations_equal_with_the_mechanisms_off(monkeypatch, scheduler, mem):
     """Real trace conversations: the turns with the inline timer steps and the rule's statements are
     exactly those with both off (the old ``_timer_fire``, ``idle_after`` stripped), with fewer events
-    and, for WAIT, fewer plans."""
+    and fewer plans."""
     from harness.run.session import session_input, simulate
     from tests.conftest import compose_run
     from tests.test_invariants import workload
@@ -152,9 +156,7 @@ def test_simulations_equal_with_the_mechanisms_off(monkeypatch, scheduler, mem):
             return _frames(res)
 
     pd.testing.assert_frame_equal(run(True), run(False), check_exact=True)
-    assert counts[True][0] < counts[False][0]
-    if scheduler == "wait":
-        assert counts[True][1] < counts[False][1]
+    assert counts[True][0] < counts[False][0] and counts[True][1] < counts[False][1]
 
 
 # ---- Nested WAIT, stage_caps=rotate: the first opening offset from the rotation formula ------------------

@@ -892,8 +892,11 @@ class NestedWaitRule:
         repeat = admit_ok and serve_upto > 0
         groups: list = []
         limit = math.inf
+        idle = None
         if serve_upto:
             limit = self.bounds[serve_upto - 1] if serve_upto < m else math.inf
+            state = self.idle_policy == "wait" and not rot     # StepPlan.idle_after is stated (below)
+            left = math.inf                     # the oldest idle_since_s of the residents the step leaves out
             for k in range(serve_upto):         # the served segments' stages, in stage order
                 stages = sg[k][1]
                 for s in (sorted(stages) if len(stages) > 1 else stages):
@@ -905,18 +908,52 @@ class NestedWaitRule:
                         run.extend(zip(grp, _ONES))
                         budget -= g
                         continue
+                    n0 = len(run)
                     budget, whole = _take_decode(grp, cap, budget, run)
                     if not whole:
                         repeat = False
+                        if state:
+                            o = min(map(_IDLE, grp[len(run) - n0:]))
+                            if o < left:
+                                left = o
             n_dec = len(run)
             if admit_ok:
                 _take_stage0(res0, waiting, cap0, budget, inp.chunk_cap, run, admit)
             if repeat and (len(run) != n_dec or not run or len(res0) + len(waiting) < cap0):
                 repeat = False      # a prefill, nothing to run, or segment 1 open by a timeout only
+            if state and len(run) - n_dec == len(res0) and (run or admit):
+                idle = self._idle_after(inp, sg, serve_upto, len(admit), cap0, left)
         if not final and not run and not admit:
             return None, serve_upto
         horizon = self._horizon(groups, kstar, limit, t, len(res0), len(inp.waiting)) if repeat else 1
-        return _plan(run, admit, inp.running, wake, horizon), serve_upto
+        return _plan(run, admit, inp.running, wake, horizon, idle), serve_upto
+
+    def _idle_after(self, inp: StepInput, sg: list, served: int, admitted: int, cap0: int, left: float
+                    ) -> Optional[tuple]:
+        """``StepPlan.idle_after`` of a plan with fixed caps (``idle_policy='wait'``) that serves segments
+        ``1..served``, runs every prefilling resident and admits the first ``admitted`` waiting requests;
+        ``left``: the oldest ``idle_since_s`` of the served segments' residents it leaves out (s).
+
+        After the step run as planned (the engine checks it: every prefill completes, every admission runs,
+        nothing finishes, nothing arrives), stage 0 holds nothing but the rest of the waiting queue, so
+        segment 1's entry is ``min(rest, cap0)``: below ``cap0`` only when fewer than ``cap0`` requests are
+        left (else ``None``: no statement). Then segment 1's gate fails, and the plan is empty, iff its
+        suffix's oldest plus ``max_wait_s`` exceeds ``T``: that oldest is the minimum of ``T`` (every request
+        the step ran or admitted advanced at ``T`` and stays resident), ``left``, the unserved segments'
+        oldest (their residents paused) and the rest of the queue's (its window); its wake time is that
+        minimum plus ``max_wait_s`` (``min(w, T + max_wait_s)``, float addition being monotone). Skipping it
+        leaves ``_touched`` as this plan sets it: the next plan regroups the same segments, unchanged since."""
+        rest = len(inp.waiting) - admitted
+        if rest >= cap0:
+            return None
+        o = left
+        for g in sg[served:]:
+            if g[2] < o:
+                o = g[2]
+        for r in islice(inp.waiting, admitted, None):
+            if r.idle_since_s < o:
+                o = r.idle_since_s
+        return (o + self.max_wait_s if o < math.inf else math.inf, self.max_wait_s)
 
     def _horizon(self, groups: list, kstar: int, limit: float, t: int, n_res0: int, n_waiting: int) -> int:
         """Steps (this one included, at most ``NESTED_HORIZON_STEPS``) for which a decode-only plan that

@@ -152,7 +152,8 @@ class StepPlan:
             step would run inline at ``T`` (nothing else due then: ``SimClock.nothing_due_now``). The
             engine then does only the empty plan's side effect (``wake_at_s``'s timer) and idles, one
             plan and one event fewer. WAIT states it for a step whose served types are all eligible by
-            their timeout only (``baselines.wait.fluid_admission.WaitRule``).
+            their timeout only (``baselines.wait.fluid_admission.WaitRule``), Nested WAIT (fixed caps) for
+            a step after which segment 1's gate holds fewer than its cap (``NestedWaitRule._idle_after``).
     """
 
     run: Sequence = ()
