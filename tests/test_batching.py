@@ -482,7 +482,7 @@ def test_wait_rule_incremental_types_by_hand():
 
 def _plan_key(p):
     return ([(id(r), n) for r, n in p.run], [id(r) for r in p.admit], [id(r) for r in p.evict_first],
-            p.wake_at_s, p.repeatable, p.repeat_steps, p.admit_budget, p.admit_chunk_cap)
+            p.wake_at_s, p.repeatable, p.repeat_steps, p.admit_budget, p.admit_chunk_cap, p.idle_after)
 
 
 @pytest.mark.parametrize(("scheduler", "extra"), [("wait", []), ("nested_wait", []),

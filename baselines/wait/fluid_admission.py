@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right, insort
-from itertools import compress, islice
+from itertools import compress, islice, repeat as _repeat
 from operator import attrgetter, ne
 from dataclasses import replace
 from types import SimpleNamespace
@@ -177,6 +177,9 @@ def _take_decode(grp: list, cap: int, budget: int, run: list) -> tuple[int, bool
     return budget, whole
 
 
+_ONES = _repeat(1)     # (request, 1) pairs of a whole decode group: zip(group, _ONES), at C level
+
+
 def _take_stage0(res: list, wait: list, cap: int, budget: int, chunk_cap: int, run: list, admit: list
                  ) -> int:
     """Select up to ``cap`` stage-0 requests: prefilling residents first, then waiting ones (FCFS).
@@ -197,13 +200,16 @@ def _take_stage0(res: list, wait: list, cap: int, budget: int, chunk_cap: int, r
 _ADMIT_SEQ, _SUBMIT_S = attrgetter("admit_seq"), attrgetter("submit_s")
 
 
-def _plan(run: list, admit: list, running: Sequence, wake: float, repeat_steps: Optional[int] = 1) -> StepPlan:
+def _plan(run: list, admit: list, running: Sequence, wake: float, repeat_steps: Optional[int] = 1,
+          idle_after: Optional[tuple] = None) -> StepPlan:
     """A plan whose preferred victims are the unselected residents, most recently admitted first (built
     only if the engine reads them: :class:`harness.core.batching.UnselectedResidents`). ``repeat_steps``: the
-    rule's horizon (``StepPlan.repeat_steps``; ``None``: unlimited; 1: the plan holds for this step only)."""
+    rule's horizon (``StepPlan.repeat_steps``; ``None``: unlimited; 1: the plan holds for this step only);
+    ``idle_after``: ``StepPlan.idle_after``."""
     admit.sort(key=_SUBMIT_S)
     return StepPlan(tuple(run), tuple(admit), UnselectedResidents(running, run), None if wake == math.inf else wake,
-                    repeatable=repeat_steps != 1, repeat_steps=_UNTIL_EVENT if repeat_steps is None else repeat_steps)
+                    repeatable=repeat_steps != 1, repeat_steps=_UNTIL_EVENT if repeat_steps is None else repeat_steps,
+                    idle_after=idle_after)
 
 
 _UNTIL_EVENT = 1 << 30      # no horizon of the rule's own: the plan holds until something arrives or finishes
@@ -481,9 +487,11 @@ class WaitRule:
         now, mw = inp.now_s, self.max_wait_s
         eligible = []
         wake = math.inf
+        by_count = False
         for j in range(m):
             if len(res0[j]) + len(wait0[j]) >= self.n[j]:
                 eligible.append(j)
+                by_count = True
                 continue
             o = oldest[j]
             if o < math.inf:
@@ -498,6 +506,8 @@ class WaitRule:
         admit_ok = True
         if not eligible and self.idle_policy == "decode_residents":
             serve, admit_ok = list(range(m)), False
+        if eligible and not by_count and self.idle_policy == "wait":
+            return self._timeout_plan(inp, eligible, res0, wait0, tg, wake)
         # horizon: the plan repeats until something arrives, finishes or a wake time passes when it is
         # decode-only and every served type is eligible by its stage-0 count (which decode steps do not
         # change) and has each of its stages served whole (every group moves up one stage together, so
@@ -508,6 +518,11 @@ class WaitRule:
             if repeat and len(res0[j]) + len(wait0[j]) < cap:
                 repeat = False                           # eligible by timeout: serving it may end that
             for grp in tg[j][1].values():
+                g = len(grp)
+                if g <= cap and g <= budget:             # the whole group (_take_decode's result, inline)
+                    run.extend(zip(grp, _ONES))
+                    budget -= g
+                    continue
                 budget, whole = _take_decode(grp, cap, budget, run)
                 if not whole:
                     repeat = False
@@ -517,6 +532,61 @@ class WaitRule:
                 budget = _take_stage0(res0[j], wait0[j], self.n[j], budget, inp.chunk_cap, run, admit)
         self._touched = serve if run else ()
         return _plan(run, admit, inp.running, wake, None if repeat and len(run) == n_dec and run else 1)
+
+    def _timeout_plan(self, inp: StepInput, serve: list, res0: list, wait0: list, tg: list, wake: float
+                      ) -> StepPlan:
+        """The plan when every eligible type (``serve``) is eligible by its timeout alone (fewer than
+        ``n_j`` requests at stage 0, its oldest waited ``max_wait_s``; ``idle_policy='wait'``): the same
+        selection as ``plan``'s (every stage's ``min(n_j, count)``, no horizon), and its
+        ``StepPlan.idle_after``.
+
+        After such a step, run as planned (the engine checks it: every prefill completes, every admission
+        runs, nothing finishes, nothing arrives), a served type has nothing at stage 0 (fewer than ``n_j``
+        requests there means the waiting queue held no more of its type, and they were all taken), so it
+        stays below its count, and its oldest is that of its residents the step left out (their
+        ``idle_since_s`` is before now), else ``T`` (the served ones advanced at ``T``); every other type
+        is as it is now (its residents paused, its first waiting requests the same: the admitted ones
+        are of served types). So the plan at ``T`` is empty when every such ``oldest + max_wait_s``
+        exceeds ``T``, with ``wake_at_s`` their minimum: ``min(w, T + max_wait_s)``, ``w`` over the
+        fixed ones (``wake`` here, the unserved types', and the left-out residents'), the ``T`` term only
+        if some served type had every request served. It is not stated (``None``) when a served type's
+        stage-0 requests do not all fit the budget. Skipping that plan leaves ``_touched`` as this plan
+        sets it, so the next plan regroups the same types, unchanged since (no step ran): the same
+        groups as regrouping at ``T`` would give."""
+        mw, cap_of, chunk_cap = self.max_wait_s, self.n, inp.chunk_cap
+        run: list = []
+        admit: list = []
+        budget = inp.token_budget
+        w = wake
+        all_served = False
+        for j in serve:                                  # decode stages: 1 token each
+            cap = cap_of[j]
+            left = math.inf                              # the oldest idle_since_s of the type's left-out residents
+            for grp in tg[j][1].values():
+                g = len(grp)
+                if g <= cap and g <= budget:             # the whole group (_take_decode's result, inline)
+                    run.extend(zip(grp, _ONES))
+                    budget -= g
+                    continue
+                k = len(run)
+                budget, whole = _take_decode(grp, cap, budget, run)
+                if not whole:
+                    o = min(map(_IDLE, grp[len(run) - k:]))
+                    if o < left:
+                        left = o
+            if left < math.inf:
+                if left + mw < w:
+                    w = left + mw
+            else:
+                all_served = True
+        idle = True
+        for j in serve:                                  # stage 0: prefill chunks and admissions
+            k = len(run)
+            budget = _take_stage0(res0[j], wait0[j], cap_of[j], budget, chunk_cap, run, admit)
+            if len(run) - k != len(res0[j]):
+                idle = False                             # a stage-0 resident left out: stays at stage 0
+        self._touched = serve if run else ()
+        return _plan(run, admit, inp.running, wake, 1, ((w, mw if all_served else None) if idle else None))
 
 
 STAGE_CAP_RULES = ("raised", "rotate")
@@ -595,11 +665,18 @@ class NestedWaitRule:
         # (stages from the last boundary on: the last segment, its last stage's cap)
         self._seg_tab = [self.segment(st) for st in range(self.bounds[-1])] if self.bounds else []
         self._cap_tab = [self.cap(k, st) for st, k in enumerate(self._seg_tab)]
+        self._entry_caps = [self.cap(k, a) for k, a in enumerate(self.starts)]   # (fixed caps; segment 1's: stage 0)
         self._rot = [(len(c), *divmod(tot, len(c)), a) for c, tot, a in zip(self.caps, self.totals, self.starts)]
         # each segment's residents from step to step (KeyedResidents: only the segments the last plan ran
         # and new residents are re-read), and per segment (stage-0 residents, {stage: residents}, oldest)
         self._index = KeyedResidents(self._segment_of, len(self.bounds), incremental)
         self._touched: Sequence = ()
+        # rotate: the offsets a plan may move the rotation on by (the longest segment's length), for the
+        # direct search of the first one at which something runs (direct_search=False: try each in turn)
+        self._offsets = max((len(c) for c in self.caps), default=1)
+        self._offset_range = np.arange(self._offsets, dtype=np.int64)
+        self.direct_search = True
+        self._good_memo: dict = {}      # (segment, frozenset of its groups' offsets) -> runnable residues
 
     def _segment_of(self, r, s: int) -> int:
         """0-based segment of stage ``s`` (request ``r``'s; from the table, the last segment past it)."""
@@ -641,17 +718,135 @@ class NestedWaitRule:
         # rotate: a step whose rotated caps give nothing to run would leave the engine idle with the step
         # index unchanged (it counts executed steps), so the rotation moves on to the first offset at
         # which something runs (at most the longest segment's length; the authors' counter advances on
-        # every call, empty or not)
-        plan = None
-        offsets = max(len(c) for c in self.caps)
-        for off in range(offsets):
-            plan, served = self._plan_at(inp, inp.step_index + off, sg, final=off == offsets - 1)
-            if plan is not None and (plan.run or plan.admit):
-                self._touched = range(served) if plan.run else ()
-                # moved on (off > 0): the next step's index is one more, not off more: no horizon
-                return plan if off == 0 or not plan.repeatable else replace(plan, repeatable=False, repeat_steps=1)
-        self._touched = ()
-        return plan
+        # every call, empty or not): found from the rotation formula (_first_opening), then planned once
+        offsets = self._offsets
+        off = self._first_opening(inp, sg) if self.direct_search else self._first_opening_linear(inp, sg)
+        if off is None:
+            plan, _ = self._plan_at(inp, inp.step_index + offsets - 1, sg)
+            self._touched = ()
+            return plan
+        plan, served = self._plan_at(inp, inp.step_index + off, sg)
+        self._touched = range(served) if plan.run else ()
+        # moved on (off > 0): the next step's index is one more, not off more: no horizon
+        return plan if off == 0 or not plan.repeatable else replace(plan, repeatable=False, repeat_steps=1)
+
+    def _first_opening_linear(self, inp: StepInput, sg: list) -> Optional[int]:
+        """The smallest offset ``off`` in ``range(offsets)`` (``offsets``: the longest segment's length) at
+        which ``_plan_at`` at step index ``step_index + off`` runs or admits something (``None``: none),
+        by trying each offset in turn (O(offsets x stages); the reference :meth:`_first_opening` is
+        checked against, ``direct_search=False``)."""
+        for off in range(self._offsets):
+            plan, _ = self._plan_at(inp, inp.step_index + off, sg, final=False)
+            if plan is not None:
+                return off
+        return None
+
+    def _first_opening(self, inp: StepInput, sg: list) -> Optional[int]:
+        """:meth:`_first_opening_linear` from the rotation formula, for all offsets at once (numpy arrays
+        over the offsets; O(offsets x segments + stage groups)).
+
+        At step index ``t' = t + off`` a plan runs or admits something exactly when its served segments
+        (the leading ones whose gates pass) have a non-empty stage group whose rotated cap is >= 1, or it
+        admits (``idle_policy='wait'`` or a segment served) and stage 0 has a cap >= 1 and a prefilling
+        resident or a waiting request in its window; with ``decode_residents`` and no gate passing,
+        every segment is served, without admissions. Per segment ``k`` (``(Delta_k, base, rem, start)``):
+        the cap at offset ``i`` is ``base + [(i + t') mod Delta_k < rem]``; its gate passes by its entry
+        count ``E_k`` when ``E_k >= base + [t' mod Delta_k < rem]``, or by its timeout (its suffix's
+        oldest ``idle_since_s + max_wait_s <= now``, as ``_plan_at`` computes it); segment 1's entry and
+        oldest depend on its cap ``cap0`` (the waiting window is ``cap0 - prefilling residents``), two
+        values. A group at offset ``i`` can run at ``t'`` iff ``base >= 1`` or ``(i + t') mod Delta_k`` is in
+        ``[0, rem)``, i.e. ``t' mod Delta_k`` in the cyclic interval ``[-i, -i + rem)``: the residues where a
+        segment has a runnable group are a union of such intervals (a difference array and its cumulative
+        sum). Assumes a positive token budget (a step then takes its first candidate); otherwise linear."""
+        if inp.token_budget <= 0:
+            return self._first_opening_linear(inp, sg)
+        m, rot = len(self.bounds), self._rot
+        t = inp.step_index
+        now, mw = inp.now_s, self.max_wait_s
+        res0 = sg[0][0]
+        R, W = len(res0), len(inp.waiting)
+        suffix = [g[2] for g in sg]
+        for k in range(m - 2, 0, -1):
+            suffix[k] = min(suffix[k], suffix[k + 1])
+        suf1 = suffix[1] if m > 1 else math.inf
+        d0, base0, rem0, _ = rot[0]
+        seg0 = []                               # (gate passes, stage 0 takes something) for cap0 = base0, base0 + 1
+        for cap0 in (base0, base0 + 1):
+            n = max(0, cap0 - R)
+            o = suffix[0]                       # (segment 1's own oldest here: suffix[0] not yet folded)
+            for r in islice(inp.waiting, n):
+                if r.idle_since_s < o:
+                    o = r.idle_since_s
+            e0 = R + min(W, n)
+            seg0.append((e0 >= cap0 or min(o, suf1) + mw <= now, cap0 >= 1 and e0 > 0))
+        ar = self._offset_range
+        hi0 = ((ar + t % d0) % d0) < rem0 if 0 < rem0 else None     # cap0 = base0 + 1 at these offsets
+        (p_lo, s_lo), (p_hi, s_hi) = seg0
+        if hi0 is None or p_lo == p_hi:
+            pass0 = p_lo if hi0 is None else p_hi
+        else:
+            pass0 = hi0 if p_hi else ~hi0
+        if hi0 is None or s_lo == s_hi:
+            stage0 = s_lo if hi0 is None else s_hi
+        else:
+            stage0 = hi0 if s_hi else ~hi0
+        served = pass0                          # segments 1..k+1 served (bool or array over the offsets)
+        opened = served & stage0                # (admissions whenever a segment is served, either policy)
+        any_good = False                        # some segment has a runnable group (decode_residents)
+        for k in range(m):
+            if k:
+                dk, base, rem, start = rot[k]
+                e = len(sg[k][1].get(start, ()))
+                if suffix[k] + mw <= now or e >= base + 1 or (e >= base and rem <= 0):
+                    pk = True
+                elif e < base:
+                    pk = False
+                else:                           # e == base: passes where the entry cap is base
+                    pk = ((ar + t % dk) % dk) >= rem
+                served = served & pk
+                if served is False or (not isinstance(served, bool) and not served.any()):
+                    if self.idle_policy == "wait":
+                        break               # no later segment is served at any offset
+                    served = False
+            good = self._runnable(k, sg[k][1], t)
+            if good is not False:
+                any_good = any_good | good
+                opened = opened | (served & good)
+        if self.idle_policy == "decode_residents":     # no gate passes: every segment, no admissions
+            if isinstance(pass0, bool):
+                opened = opened | (False if pass0 else any_good)
+            else:
+                opened = opened | (~pass0 & any_good)
+        if isinstance(opened, (bool, np.bool_)):
+            return 0 if opened else None
+        i = int(np.argmax(opened))
+        return i if opened[i] else None
+
+    def _runnable(self, k: int, stages: dict, t: int):
+        """Whether segment ``k`` has a stage group (``stages``: ``{stage: residents}``) with a rotated cap
+        >= 1, at each offset's step index ``t + off``: a bool (the same at every offset) or a bool array."""
+        d, base, rem, start = self._rot[k]
+        if not stages:
+            return False
+        if base >= 1:
+            return any(len(g) for g in stages.values())
+        if rem <= 0:
+            return False
+        last = d - 1
+        offs = frozenset([min(s - start, last) for s, g in stages.items() if g])
+        if not offs:
+            return False
+        memo = self._good_memo
+        good_res = memo.get((k, offs))
+        if good_res is None:
+            # residues [st, st + rem) of each offset, cyclic: counted over two periods, then folded
+            st = (-np.fromiter(offs, dtype=np.int64, count=len(offs))) % d
+            c = np.cumsum(np.bincount(st, minlength=2 * d + 1) - np.bincount(st + rem, minlength=2 * d + 1))
+            good_res = (c[:d] + c[d:2 * d]) > 0
+            if len(memo) >= 4096:           # (a bounded memo: the stage sets recur while residents pause)
+                memo.clear()
+            memo[(k, offs)] = good_res
+        return good_res[(self._offset_range + t % d) % d]
 
     def _plan_at(self, inp: StepInput, t: int, sg: list, final: bool = True) -> tuple[Optional[StepPlan], int]:
         """The plan at step index ``t`` from the segments' stage groups ``sg`` (per segment: stage-0
@@ -665,10 +860,12 @@ class NestedWaitRule:
         cap_tab, cap_of = self._cap_tab, self.cap
         last_cap = self.caps[last][-1]
         rot = self.rotate
+        ecaps = self._entry_caps        # each segment's entry-stage cap (fixed caps)
         if rot:     # the caps of step index t, computed for the stages looked at only (not a table per call:
             #         a plan may try up to a segment's length of offsets, over up to bounds[-1] stages)
             cap_of = lambda k, st: self.rotated_cap(k, st, t)  # noqa: E731
-        cap0 = cap_of(0, 0)
+            ecaps = None
+        cap0 = cap_of(0, 0) if rot else ecaps[0]
         waiting = list(islice(inp.waiting, max(0, cap0 - len(res0))))  # FCFS: head is oldest
         for r in waiting:
             if r.idle_since_s < oldest[0]:
@@ -681,7 +878,7 @@ class NestedWaitRule:
         wake = math.inf
         for k in range(m):
             entry = len(res0) + len(waiting) if k == 0 else len(sg[k][1].get(self.starts[k], ()))
-            if entry >= cap_of(k, self.starts[k]) or suffix[k] + mw <= now:
+            if entry >= (ecaps[k] if ecaps is not None else cap_of(k, self.starts[k])) or suffix[k] + mw <= now:
                 kstar = k + 1
                 continue
             wake = suffix[k] + mw
@@ -695,26 +892,68 @@ class NestedWaitRule:
         repeat = admit_ok and serve_upto > 0
         groups: list = []
         limit = math.inf
+        idle = None
         if serve_upto:
             limit = self.bounds[serve_upto - 1] if serve_upto < m else math.inf
+            state = self.idle_policy == "wait" and not rot     # StepPlan.idle_after is stated (below)
+            left = math.inf                     # the oldest idle_since_s of the residents the step leaves out
             for k in range(serve_upto):         # the served segments' stages, in stage order
                 stages = sg[k][1]
                 for s in (sorted(stages) if len(stages) > 1 else stages):
                     cap = cap_of(k, s) if rot else cap_tab[s] if s < n_tab else last_cap
                     grp = stages[s]
-                    groups.append((s, len(grp)))
+                    g = len(grp)
+                    groups.append((s, g))
+                    if g <= cap and g <= budget:         # the whole group (_take_decode's result, inline)
+                        run.extend(zip(grp, _ONES))
+                        budget -= g
+                        continue
+                    n0 = len(run)
                     budget, whole = _take_decode(grp, cap, budget, run)
                     if not whole:
                         repeat = False
+                        if state:
+                            o = min(map(_IDLE, grp[len(run) - n0:]))
+                            if o < left:
+                                left = o
             n_dec = len(run)
             if admit_ok:
                 _take_stage0(res0, waiting, cap0, budget, inp.chunk_cap, run, admit)
             if repeat and (len(run) != n_dec or not run or len(res0) + len(waiting) < cap0):
                 repeat = False      # a prefill, nothing to run, or segment 1 open by a timeout only
+            if state and len(run) - n_dec == len(res0) and (run or admit):
+                idle = self._idle_after(inp, sg, serve_upto, len(admit), cap0, left)
         if not final and not run and not admit:
             return None, serve_upto
         horizon = self._horizon(groups, kstar, limit, t, len(res0), len(inp.waiting)) if repeat else 1
-        return _plan(run, admit, inp.running, wake, horizon), serve_upto
+        return _plan(run, admit, inp.running, wake, horizon, idle), serve_upto
+
+    def _idle_after(self, inp: StepInput, sg: list, served: int, admitted: int, cap0: int, left: float
+                    ) -> Optional[tuple]:
+        """``StepPlan.idle_after`` of a plan with fixed caps (``idle_policy='wait'``) that serves segments
+        ``1..served``, runs every prefilling resident and admits the first ``admitted`` waiting requests;
+        ``left``: the oldest ``idle_since_s`` of the served segments' residents it leaves out (s).
+
+        After the step run as planned (the engine checks it: every prefill completes, every admission runs,
+        nothing finishes, nothing arrives), stage 0 holds nothing but the rest of the waiting queue, so
+        segment 1's entry is ``min(rest, cap0)``: below ``cap0`` only when fewer than ``cap0`` requests are
+        left (else ``None``: no statement). Then segment 1's gate fails, and the plan is empty, iff its
+        suffix's oldest plus ``max_wait_s`` exceeds ``T``: that oldest is the minimum of ``T`` (every request
+        the step ran or admitted advanced at ``T`` and stays resident), ``left``, the unserved segments'
+        oldest (their residents paused) and the rest of the queue's (its window); its wake time is that
+        minimum plus ``max_wait_s`` (``min(w, T + max_wait_s)``, float addition being monotone). Skipping it
+        leaves ``_touched`` as this plan sets it: the next plan regroups the same segments, unchanged since."""
+        rest = len(inp.waiting) - admitted
+        if rest >= cap0:
+            return None
+        o = left
+        for g in sg[served:]:
+            if g[2] < o:
+                o = g[2]
+        for r in islice(inp.waiting, admitted, None):
+            if r.idle_since_s < o:
+                o = r.idle_since_s
+        return (o + self.max_wait_s if o < math.inf else math.inf, self.max_wait_s)
 
     def _horizon(self, groups: list, kstar: int, limit: float, t: int, n_res0: int, n_waiting: int) -> int:
         """Steps (this one included, at most ``NESTED_HORIZON_STEPS``) for which a decode-only plan that

@@ -139,6 +139,21 @@ class StepPlan:
             (which cut a run at its next step boundary), steps. ``None``: no limit of the rule's own.
             The engine simulates up to that many identical steps as one run; exact, not an estimate
             (``tests/test_speed.py`` checks merged runs against step-by-step simulation).
+        idle_after: ``(w, d)``, the rule's statement of its *next* plan (``None``: no statement): if this
+            step runs as one step exactly as planned, ending at ``T`` (s), the rule's plan at ``T`` would
+            run nothing and admit nothing, with ``wake_at_s = W = min(w, T + d)`` (``d`` None: ``W = w``;
+            ``inf``: no wake), whenever ``W > T`` (the float ``T + d`` as the rule's plan would compute it,
+            ``d`` added to ``T``); and leaving that plan out does not change any later plan of the rule.
+            "Exactly as planned" is what the engine checks before it uses the statement: the step was
+            not preempted into, every ``run`` pair ran, every ``admit`` candidate was admitted and is
+            running (none loading a remote KV), every prefill chunk of the step completes its prompt
+            (samples the first token), no request finishes in the step, nothing called the engine's
+            ``wake`` while the step was in flight (no arrival, transfer, release or timer), and the next
+            step would run inline at ``T`` (nothing else due then: ``SimClock.nothing_due_now``). The
+            engine then does only the empty plan's side effect (``wake_at_s``'s timer) and idles, one
+            plan and one event fewer. WAIT states it for a step whose served types are all eligible by
+            their timeout only (``baselines.wait.fluid_admission.WaitRule``), Nested WAIT (fixed caps) for
+            a step after which segment 1's gate holds fewer than its cap (``NestedWaitRule._idle_after``).
     """
 
     run: Sequence = ()
@@ -149,6 +164,7 @@ class StepPlan:
     admit_budget: Optional[int] = None
     admit_chunk_cap: Optional[int] = None
     repeat_steps: Optional[int] = None
+    idle_after: Optional[tuple] = None
 
 
 class UnselectedResidents(Sequence):

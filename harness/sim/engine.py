@@ -31,7 +31,9 @@ step's time and energy to the previous end one by one, as one event per step doe
 reads (``busy_energy_now``) count the steps ended so far; the older repeatable runs of vLLM's rules keep
 their run-relative sums, equal within rounding, so that their results stay what they were). The step after a
 step's end runs inline (no event of its own) when nothing else is due at that instant before it
-(``SimClock.nothing_due_now``), so the order of same-instant events is unchanged.
+(``SimClock.nothing_due_now``), so the order of same-instant events is unchanged; so does the step a rule's
+timer starts. After a step run exactly as planned, a rule's stated empty next plan
+(``StepPlan.idle_after``: WAIT's timeout-only steps) is not computed: the engine arms its timer and idles.
 """
 
 from __future__ import annotations
@@ -159,7 +161,10 @@ class Engine:
         self._timer_at: Optional[float] = None
         self._used_now_key: tuple = ()  # memo of used_blocks_now inside a coalesced run
         self._used_now = 0
-        self._step_ending = False       # True only while a step's end event calls wake() as its last act
+        self._step_ending = False       # True only while an event calls wake() as its last act (a step's end,
+        #                                 a rule's timer): the step it starts may run inline
+        self._run_idle = None           # the rule's "idle after this step" (StepPlan.idle_after), while it holds
+        self.plans_skipped = 0          # empty plans not computed: the rule stated them (StepPlan.idle_after)
         # the step run in flight
         self._version = 0
         self._run_start = 0.0
@@ -283,12 +288,15 @@ class Engine:
         self.wake()
 
     def wake(self) -> None:
-        """Something changed: start a step if idle, or cut a coalesced run at the next boundary."""
+        """Something changed: start a step if idle, or cut a coalesced run at the next boundary (and drop
+        the in-flight step's ``idle_after``: the plan at its end may differ)."""
+        self._run_idle = None
         if not self.busy:
             self.busy = True
             if self._step_ending and self.clock.nothing_due_now(0):
-                # at the end of a step's end event, with nothing else due at this instant before it, the
-                # next step would be the very next event: run it inline (same instant, same order)
+                # at the end of a step's end event or a rule's timer event, with nothing else due at this
+                # instant before it, the next step would be the very next event: run it inline (same
+                # instant, same order)
                 self._step_ending = False
                 self._step_begin(self._version)
                 return
@@ -333,7 +341,11 @@ class Engine:
     def _timer_fire(self, t: float) -> None:
         if self._timer_at == t:
             self._timer_at = None
-        self.wake()
+        self._step_ending = True        # wake() is this event's last act: its step may run inline
+        try:
+            self.wake()
+        finally:
+            self._step_ending = False
 
     def _victim(self, prefer: list) -> Request:
         """The next preemption victim: the rule's preferred ones first, then by ``preemption_order``."""
@@ -404,6 +416,7 @@ class Engine:
                 decode.append(req)
             budget -= n
         p_cached = 0
+        n_admit = 0
         if not preempted and plan.admit:
             wm = self.watermark_blocks
             chunk_cap = cfg.max_prefill_chunk_tokens
@@ -454,6 +467,7 @@ class Engine:
                 self._admit_counter += 1
                 running.append(req)
                 prefill.append((req, n))
+                n_admit += 1
                 p_cached += req.computed       # its prefix-cache hit, reused by the step that starts it
                 budget -= n
         if not prefill and not decode:
@@ -465,8 +479,9 @@ class Engine:
         self._run_paused = len(running) - len(prefill) - len(decode)
         self.paused_steps += self._run_paused
         perf = self.perf
+        p_samp = 0
         if prefill:
-            p_tok = p_ctx = p_samp = 0
+            p_tok = p_ctx = 0
             p_pairs = 0.0
             for req, n in prefill:
                 c = req.computed
@@ -498,6 +513,11 @@ class Engine:
         self._run_prefill, self._run_decode = prefill, decode
         self._run_coalesced = len(ends) > 1
         self._run_exact = exact
+        idle = plan.idle_after
+        # the rule's "idle after this step" holds only for a single step run as planned: no preemption, every
+        # admission admitted and running, every prefill chunk completing its prompt (_step_end checks the rest)
+        self._run_idle = idle if idle is not None and not preempted and len(ends) == 1 and p_samp == len(prefill) \
+            and n_admit == len(plan.admit) else None
         self._version += 1
         self.clock.call_at(ends[-1] if exact else now + ends[-1], self._step_end, self._version, priority=0)
 
@@ -648,6 +668,22 @@ class Engine:
                 self._release(req)
             req.on_finish(req)
         self.busy = False
+        idle = self._run_idle
+        if idle is not None:
+            self._run_idle = None
+            if not finished and self.clock.nothing_due_now(0):
+                # the step ran as planned and nothing woke the engine during it: the inline plan would be
+                # the rule's stated empty one (StepPlan.idle_after); only its side effect: the timer
+                w, d = idle
+                if d is not None:
+                    x = now + d
+                    if x < w:
+                        w = x
+                if w > now:
+                    self.plans_skipped += 1
+                    if w != math.inf:
+                        self._arm_timer(w)
+                    return
         self._step_ending = True
         try:
             self.wake()

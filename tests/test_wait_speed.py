@@ -1,0 +1,220 @@
+"""WAIT's timer-driven steps with fewer events and plans, results unchanged (issue 21):
+
+* a rule timer's step runs inline (``Engine._timer_fire``: its ``wake()`` is the event's last act, as at a
+  step's end), when nothing else is due at that instant;
+* a rule's statement of its next, empty plan (``StepPlan.idle_after``): the engine skips that plan after a
+  step that ran exactly as planned and only arms the timer the plan would have armed.
+
+* Nested WAIT with ``stage_caps=rotate``: the first rotation offset at which something runs, found from
+  the rotation formula (``NestedWaitRule._first_opening``) instead of planning every offset in turn.
+
+Each is checked by hand on a tiny case (events and plans counted from the trace in the docstring) and on
+simulations against the same run with the mechanism off (exact frames).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pandas as pd
+import pytest
+
+from baselines.wait.fluid_admission import NestedWaitRule, WaitRule
+from harness.core.clock import SimClock
+from harness.sim.engine import DONE, Engine, Request
+from tests.test_batching import make_engine, resident
+
+
+def _old_timer_fire(self, t):
+    """``Engine._timer_fire`` before the inline path: its step is always an event of its own."""
+    if self._timer_at == t:
+        self._timer_at = None
+    self.wake()
+
+
+class Counted:
+    """A rule wrapper counting plans; ``state=False`` strips ``idle_after`` (the statement off)."""
+
+    def __init__(self, rule, state=True):
+        self.rule, self.state, self.plans, self.name = rule, state, 0, rule.name
+
+    def plan(self, inp):
+        self.plans += 1
+        p = self.rule.plan(inp)
+        return p if self.state else dataclasses.replace(p, idle_after=None)
+
+
+def _tiny(monkeypatch, inline_timer: bool, state: bool, arrival_at=None, nested=False):
+    """One engine (1 s steps), WAIT with one type, n = 2, max_wait_s = 0.5 (``nested``: Nested WAIT with one
+    segment of 3 stages, caps 2, the same timeout: the same decisions here); request A (prompt 4, 3 output
+    tokens) submitted at t = 0; optionally B (prompt 4, 3 output tokens) submitted at ``arrival_at``."""
+    if not inline_timer:
+        monkeypatch.setattr(Engine, "_timer_fire", _old_timer_fire)
+    eng = make_engine(1000)
+    rule = Counted(NestedWaitRule([3], [[2, 2, 2]], 0.5) if nested else WaitRule([2], lambda r: 0, 0.5), state)
+    eng.set_rule(rule)
+    reqs = [Request("A", 0, 4, 3, (0,), on_finish=lambda r: None, on_first_token=lambda r: None)]
+    eng.submit(reqs[0])
+    if arrival_at is not None:
+        reqs.append(Request("B", 0, 4, 3, (0,), on_finish=lambda r: None, on_first_token=lambda r: None))
+        eng.clock.call_at(arrival_at, eng.submit, reqs[1], priority=1)
+    eng.clock.run()
+    assert all(r.state == DONE for r in reqs)
+    return eng, rule, [(r.token_times.tolist(), r.finish_s) for r in reqs]
+
+
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize(("inline_timer", "state", "events", "plans", "skipped"), [
+    (False, False, 10, 7, 0), (True, False, 7, 7, 0), (False, True, 10, 5, 2), (True, True, 7, 5, 2)])
+def test_timer_steps_by_hand(monkeypatch, inline_timer, state, events, plans, skipped, nested):
+    """A alone, below its threshold, advances one step per timeout. By hand (1 s steps, max_wait_s 0.5):
+    t = 0 the submit's step begin (an event): A is 1 < n = 2 at stage 0, waited 0 s: empty plan, timer at
+    0.5. t = 0.5 the timer: A waited 0.5 s: a step (its prefill, A admitted) ending at 1.5 (A's first
+    token). t = 1.5: the step's end; the plan after it (inline) is empty (A at stage 1 since 1.5), timer at
+    1.5 + 0.5 = 2.0. Then the same at 2.0 (decode, ends 3.0, timer 3.5) and 3.5 (ends 4.5, A finishes;
+    the plan after it is computed: A finished, nothing left, no timer).
+
+    Plain: events = 1 step begin at 0 + 3 timers + 3 timer step begins + 3 step ends = 10; plans = 1 + 3
+    (timers) + 3 (after each end) = 7. The timer's step inline: the 3 timer step begins are not events
+    (7 events). The statement: the plans after the ends at 1.5 and 3.0 are skipped (2), the last one
+    not (A finished): 5 plans. Token times 1.5, 3.0, 4.5 in every case. Nested WAIT (one segment, caps 2)
+    decides the same: segment 1's gate is its stage-0 count 1 < 2 or the timeout."""
+    eng, rule, out = _tiny(monkeypatch, inline_timer, state, nested=nested)
+    assert out == [([1.5, 3.0, 4.5], 4.5)]
+    assert eng.clock.events == events and rule.plans == plans and eng.plans_skipped == skipped
+    assert eng._timer_at is None and eng.clock.pending() == 0
+
+
+def test_an_arrival_during_the_step_cancels_the_statement(monkeypatch):
+    """B arrives at 1.0, inside A's prefill step (0.5 -> 1.5), which stated an empty plan after it: the
+    arrival drops the statement, so the plan at 1.5 is computed. By hand: t = 1.5: A at stage 1, B waiting
+    (1 < n = 2 at stage 0), oldest = B's submission 1.0, 1.0 + 0.5 <= 1.5: a step (A decodes, B's
+    prefill) 1.5 -> 2.5. t = 2.5: both advanced at 2.5, nothing arrived: the stated empty plan (timer at
+    3.0) is skipped. t = 3.0: both decode -> 4.0: A's third token, A finishes (the plan after it is
+    computed: B at stage 2 since 4.0, timer 4.5). t = 4.5: B decodes -> 5.5 and finishes. Plans with the
+    statement off: at 0, 0.5, 1.5, 2.5, 3.0, 4.0, 4.5, 5.5 = 8; on: 7 (the one at 2.5 skipped)."""
+    on = _tiny(monkeypatch, True, True, arrival_at=1.0)
+    off = _tiny(monkeypatch, True, False, arrival_at=1.0)
+    assert on[2] == off[2] == [([1.5, 2.5, 4.0], 4.0), ([2.5, 4.0, 5.5], 5.5)]
+    assert off[1].plans == 8 and on[1].plans == 7 and on[0].plans_skipped == 1
+
+
+def test_residents_left_out_keep_their_wake_time():
+    """Three residents at stage 1 (idle since 0), n = 2, max_wait_s = 0.5; the engine starts at 0.5: the
+    type is eligible by its timeout (1 < 2 at stage 0): the step takes the first two (1 s). The statement:
+    the third's idle time 0 gives w = 0 + 0.5 and no ``T`` term (a resident was left out); at the step's
+    end T = 1.5, W = 0.5 <= T, so the plan is computed (not skipped) and serves the third at once."""
+    eng = make_engine(1000)
+    eng.set_rule(WaitRule([2], lambda r: 0, 0.5))
+    rs = [resident(eng, f"r{i}", 4, 1, out_target=3) for i in range(3)]
+    eng.clock._now = 0.5
+    inp = dataclasses.replace(eng._inp, now_s=0.5)
+    p = WaitRule([2], lambda r: 0, 0.5).plan(inp)      # (a rule of its own: the engine's plans as it runs)
+    assert [r for r, _ in p.run] == rs[:2] and p.idle_after == (0.5, None)
+    eng.wake()
+    eng.clock.run(until=1.5)
+    assert eng.plans_skipped == 0 and rs[2].token_times.tolist() == []
+    eng.clock.run(until=2.5)
+    assert rs[2].token_times.tolist() == [2.5]
+
+
+def _frames(res):
+    return pd.DataFrame(res.turns).sort_values(["conversation_id", "turn"]).reset_index(drop=True)
+
+
+@pytest.mark.parametrize(("scheduler", "mem"), [("wait", "0.1"), ("wait", "0.9"), ("nested_wait", "0.1"),
+                                              ("nested_wait", "0.9")])
+def test_simulations_equal_with_the_mechanisms_off(monkeypatch, scheduler, mem):
+    """Real trace conversations: the turns with the inline timer steps and the rule's statements are
+    exactly those with both off (the old ``_timer_fire``, ``idle_after`` stripped), with fewer events
+    and fewer plans."""
+    from harness.run.session import session_input, simulate
+    from tests.conftest import compose_run
+    from tests.test_invariants import workload
+    counts = {}
+
+    def run(on: bool):
+        with monkeypatch.context() as m:
+            cls = WaitRule if scheduler == "wait" else NestedWaitRule
+            orig = cls.plan
+            n = {"plans": 0}
+
+            def plan(self, inp):
+                n["plans"] += 1
+                p = orig(self, inp)
+                return p if on else dataclasses.replace(p, idle_after=None)
+            m.setattr(cls, "plan", plan)
+            if not on:
+                m.setattr(Engine, "_timer_fire", _old_timer_fire)
+            cfg = compose_run([f"scheduler={scheduler}", f"engine.gpu_memory_utilization={mem}",
+                               "engine.activation_reserve_bytes=268435456"])
+            convs, stats = workload(cfg, n=20, rate=1.0, max_turns=8, max_context=20000)
+            res = simulate(session_input(cfg), convs, stats, scheduler, cfg.scheduler)
+            assert not res.error and len(res.turns) == sum(len(r.turns) for _, r in convs)
+            counts[on] = (res.events, n["plans"])
+            return _frames(res)
+
+    pd.testing.assert_frame_equal(run(True), run(False), check_exact=True)
+    assert counts[True][0] < counts[False][0] and counts[True][1] < counts[False][1]
+
+
+# ---- Nested WAIT, stage_caps=rotate: the first opening offset from the rotation formula ------------------
+
+def test_rotate_first_opening_by_hand():
+    """One segment of 4 stages with B = 1 (caps rotate: base 0, rem 1): at step index t the stage at offset
+    i has cap 1 iff (i + t) mod 4 = 0, so stage 0's cap is 1 only at t = 0 mod 4. One resident at stage 2,
+    nothing waiting, no timeout (max_wait_s 10 s at now 0): segment 1's gate passes (0 >= cap) only where
+    stage 0's cap is 0 (t' != 0 mod 4), and the resident runs where (2 + t') mod 4 = 0, t' = 2 mod 4. From
+    t = 0 the first opening is offset 2; from t = 3, offset 3 (t' = 6); from t = 2, offset 0 (t' = 2: the
+    plan keeps its horizon rules). With max_wait_s = 0 (timed out) the gate always passes: the same offsets
+    (t' = 2 mod 4 is the resident's only opening)."""
+    for mw in (10.0, 0.0):
+        for t, off in ((0, 2), (3, 3), (2, 0), (1, 1)):
+            eng = make_engine(1000)
+            rule = NestedWaitRule([4], [[0, 0, 0, 1]], mw, rotate=True)
+            a = resident(eng, "a", 4, 2)
+            inp = dataclasses.replace(eng._inp, now_s=0.0, step_index=t)
+            rule._index.sync(inp.running, ())
+            sg = rule._index.groups
+            assert rule._first_opening(inp, sg) == rule._first_opening_linear(inp, sg) == off
+            p = rule.plan(inp)
+            assert [(r.conv, n) for r, n in p.run] == [("a", 1)] and not p.admit
+    # nothing can open: a resident at stage 1 of a segment whose caps are all 0 (B = 0); the gate passes
+    # (0 >= cap 0), so no timeout is asked for either (no wake): the last offset's empty plan
+    eng = make_engine(1000)
+    rule = NestedWaitRule([4], [[0, 0, 0, 0]], 10.0, rotate=True)
+    resident(eng, "b", 4, 1)
+    inp = dataclasses.replace(eng._inp, now_s=0.0)
+    rule._index.sync(inp.running, ())
+    assert rule._first_opening(inp, rule._index.groups) is None
+    p = rule.plan(inp)
+    assert not p.run and not p.admit and p.wake_at_s is None
+
+
+@pytest.mark.parametrize("extra", [["engine.gpu_memory_utilization=0.1", "engine.activation_reserve_bytes=268435456"],
+                                   ["engine.gpu_memory_utilization=0.1", "engine.activation_reserve_bytes=268435456",
+                                    "scheduler.idle_policy=decode_residents"],
+                                   []])
+def test_rotate_first_opening_equals_trying_every_offset(monkeypatch, extra):
+    """At every plan of Nested WAIT rotate simulations (real trace conversations; tight memory, both idle
+    policies, the default memory), the direct first opening equals the offset found by planning each
+    offset in turn, and the plans move the rotation on often (so the search is exercised)."""
+    from harness.run.session import session_input, simulate
+    from tests.conftest import compose_run
+    from tests.test_invariants import workload
+    seen = {"plans": 0, "moved": 0}
+    orig = NestedWaitRule._first_opening
+
+    def checked(self, inp, sg):
+        a = orig(self, inp, sg)
+        assert a == self._first_opening_linear(inp, sg), (inp.now_s, inp.step_index)
+        seen["plans"] += 1
+        seen["moved"] += bool(a)
+        return a
+    monkeypatch.setattr(NestedWaitRule, "_first_opening", checked)
+    run = compose_run(["scheduler=nested_wait", "scheduler.stage_caps=rotate", *extra])
+    convs, stats = workload(run, n=5, rate=1.0, max_turns=8, max_context=20000)
+    res = simulate(session_input(run), convs, stats, "nested_wait", run.scheduler)
+    assert len(res.turns) > 0
+    assert seen["plans"] > 1000 and seen["moved"] > 100
