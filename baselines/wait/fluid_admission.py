@@ -164,20 +164,25 @@ class BatchRulePolicy(Collocated):
         return self.rules[instance_index]
 
 
+_ONES = _repeat(1)     # (request, 1) pairs of a whole decode group: zip(group, _ONES), at C level
+
+
 def _take_decode(grp: list, cap: int, budget: int, run: list) -> tuple[int, bool]:
     """One decode stage's group of a WAIT / Nested WAIT plan: append up to ``cap`` of ``grp``'s requests to
     ``run`` as ``(request, 1)`` (one token each) while ``budget`` (tokens) lasts. Returns the budget left and
-    whether the whole group ran (``False``: the cap or the budget cut it, so the plan cannot repeat)."""
-    whole = len(grp) <= cap
+    whether the whole group ran (``False``: the cap or the budget cut it, so the plan cannot repeat). A group
+    that fits both is taken at C level (``zip(grp, _ONES)``: the same pairs as the loop)."""
+    g = len(grp)
+    if g <= cap and g <= budget:
+        run.extend(zip(grp, _ONES))
+        return budget - g, True
+    whole = g <= cap
     for r in grp[:cap]:
         if budget <= 0:
             return budget, False
         run.append((r, 1))
         budget -= 1
     return budget, whole
-
-
-_ONES = _repeat(1)     # (request, 1) pairs of a whole decode group: zip(group, _ONES), at C level
 
 
 def _take_stage0(res: list, wait: list, cap: int, budget: int, chunk_cap: int, run: list, admit: list
@@ -518,11 +523,6 @@ class WaitRule:
             if repeat and len(res0[j]) + len(wait0[j]) < cap:
                 repeat = False                           # eligible by timeout: serving it may end that
             for grp in tg[j][1].values():
-                g = len(grp)
-                if g <= cap and g <= budget:             # the whole group (_take_decode's result, inline)
-                    run.extend(zip(grp, _ONES))
-                    budget -= g
-                    continue
                 budget, whole = _take_decode(grp, cap, budget, run)
                 if not whole:
                     repeat = False
@@ -563,11 +563,6 @@ class WaitRule:
             cap = cap_of[j]
             left = math.inf                              # the oldest idle_since_s of the type's left-out residents
             for grp in tg[j][1].values():
-                g = len(grp)
-                if g <= cap and g <= budget:             # the whole group (_take_decode's result, inline)
-                    run.extend(zip(grp, _ONES))
-                    budget -= g
-                    continue
                 k = len(run)
                 budget, whole = _take_decode(grp, cap, budget, run)
                 if not whole:
@@ -902,12 +897,7 @@ class NestedWaitRule:
                 for s in (sorted(stages) if len(stages) > 1 else stages):
                     cap = cap_of(k, s) if rot else cap_tab[s] if s < n_tab else last_cap
                     grp = stages[s]
-                    g = len(grp)
-                    groups.append((s, g))
-                    if g <= cap and g <= budget:         # the whole group (_take_decode's result, inline)
-                        run.extend(zip(grp, _ONES))
-                        budget -= g
-                        continue
+                    groups.append((s, len(grp)))
                     n0 = len(run)
                     budget, whole = _take_decode(grp, cap, budget, run)
                     if not whole:
