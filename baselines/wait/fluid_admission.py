@@ -511,78 +511,57 @@ class WaitRule:
         admit_ok = True
         if not eligible and self.idle_policy == "decode_residents":
             serve, admit_ok = list(range(m)), False
-        if eligible and not by_count and self.idle_policy == "wait":
-            return self._timeout_plan(inp, eligible, res0, wait0, tg, wake)
         # horizon: the plan repeats until something arrives, finishes or a wake time passes when it is
         # decode-only and every served type is eligible by its stage-0 count (which decode steps do not
         # change) and has each of its stages served whole (every group moves up one stage together, so
         # the groups, their order and the paused residents stay the same; types are fixed per request)
         repeat = admit_ok and bool(eligible)
+        # StepPlan.idle_after, stated when every served type is eligible by its timeout alone (fewer than n_j
+        # at stage 0, its oldest waited max_wait_s; idle_policy='wait'). After such a step, run as planned
+        # (the engine checks it: every prefill completes, every admission runs, nothing finishes, nothing
+        # arrives), a served type has nothing at stage 0 (fewer than n_j there means the queue held no more
+        # of its type and they were all taken), so it stays below its count, and its oldest is that of its
+        # residents the step left out (their idle_since_s is before now), else T (the served ones advanced at
+        # T); every other type is as it is now (its residents paused, its first waiting requests the same:
+        # the admitted ones are of served types). So the plan at T is empty when every such oldest +
+        # max_wait_s exceeds T, with wake_at_s their minimum, min(w, T + max_wait_s): w over the fixed ones
+        # (wake here, the unserved types', and the left-out residents'), the T term only if some served type
+        # had every request served. Not stated when a served type's stage-0 requests do not all fit. Skipping
+        # that plan leaves _touched as this plan sets it, so the next plan regroups the same types, unchanged
+        # since (no step ran): the same groups as regrouping at T would give.
+        timeout_only = idle = bool(eligible) and not by_count and self.idle_policy == "wait"
+        w = wake
+        all_served = False
         for j in serve:                                  # decode stages: 1 token each
             cap = self.n[j]
             if repeat and len(res0[j]) + len(wait0[j]) < cap:
                 repeat = False                           # eligible by timeout: serving it may end that
-            for grp in tg[j][1].values():
-                budget, whole = _take_decode(grp, cap, budget, run)
-                if not whole:
-                    repeat = False
-        n_dec = len(run)
-        if admit_ok:
-            for j in serve:                              # stage 0: prefill chunks and admissions
-                budget = _take_stage0(res0[j], wait0[j], self.n[j], budget, inp.chunk_cap, run, admit)
-        self._touched = serve if run else ()
-        return _plan(run, admit, inp.running, wake, None if repeat and len(run) == n_dec and run else 1)
-
-    def _timeout_plan(self, inp: StepInput, serve: list, res0: list, wait0: list, tg: list, wake: float
-                      ) -> StepPlan:
-        """The plan when every eligible type (``serve``) is eligible by its timeout alone (fewer than
-        ``n_j`` requests at stage 0, its oldest waited ``max_wait_s``; ``idle_policy='wait'``): the same
-        selection as ``plan``'s (every stage's ``min(n_j, count)``, no horizon), and its
-        ``StepPlan.idle_after``.
-
-        After such a step, run as planned (the engine checks it: every prefill completes, every admission
-        runs, nothing finishes, nothing arrives), a served type has nothing at stage 0 (fewer than ``n_j``
-        requests there means the waiting queue held no more of its type, and they were all taken), so it
-        stays below its count, and its oldest is that of its residents the step left out (their
-        ``idle_since_s`` is before now), else ``T`` (the served ones advanced at ``T``); every other type
-        is as it is now (its residents paused, its first waiting requests the same: the admitted ones
-        are of served types). So the plan at ``T`` is empty when every such ``oldest + max_wait_s``
-        exceeds ``T``, with ``wake_at_s`` their minimum: ``min(w, T + max_wait_s)``, ``w`` over the
-        fixed ones (``wake`` here, the unserved types', and the left-out residents'), the ``T`` term only
-        if some served type had every request served. It is not stated (``None``) when a served type's
-        stage-0 requests do not all fit the budget. Skipping that plan leaves ``_touched`` as this plan
-        sets it, so the next plan regroups the same types, unchanged since (no step ran): the same
-        groups as regrouping at ``T`` would give."""
-        mw, cap_of, chunk_cap = self.max_wait_s, self.n, inp.chunk_cap
-        run: list = []
-        admit: list = []
-        budget = inp.token_budget
-        w = wake
-        all_served = False
-        for j in serve:                                  # decode stages: 1 token each
-            cap = cap_of[j]
             left = math.inf                              # the oldest idle_since_s of the type's left-out residents
             for grp in tg[j][1].values():
                 k = len(run)
                 budget, whole = _take_decode(grp, cap, budget, run)
                 if not whole:
-                    o = min(map(_IDLE, grp[len(run) - k:]))
-                    if o < left:
-                        left = o
-            if left < math.inf:
-                if left + mw < w:
-                    w = left + mw
-            else:
-                all_served = True
-        idle = True
-        for j in serve:                                  # stage 0: prefill chunks and admissions
-            k = len(run)
-            budget = _take_stage0(res0[j], wait0[j], cap_of[j], budget, chunk_cap, run, admit)
-            if len(run) - k != len(res0[j]):
-                idle = False                             # a stage-0 resident left out: stays at stage 0
+                    repeat = False
+                    if timeout_only:
+                        o = min(map(_IDLE, grp[len(run) - k:]))
+                        if o < left:
+                            left = o
+            if timeout_only:
+                if left < math.inf:
+                    if left + mw < w:
+                        w = left + mw
+                else:
+                    all_served = True
+        n_dec = len(run)
+        if admit_ok:
+            for j in serve:                              # stage 0: prefill chunks and admissions
+                k = len(run)
+                budget = _take_stage0(res0[j], wait0[j], self.n[j], budget, inp.chunk_cap, run, admit)
+                if timeout_only and len(run) - k != len(res0[j]):
+                    idle = False                         # a stage-0 resident left out: stays at stage 0
         self._touched = serve if run else ()
-        return _plan(run, admit, inp.running, wake, 1, ((w, mw if all_served else None) if idle else None))
-
+        return _plan(run, admit, inp.running, wake, None if repeat and len(run) == n_dec and run else 1,
+                     ((w, mw if all_served else None) if idle else None))
 
 STAGE_CAP_RULES = ("raised", "rotate")
 
