@@ -352,41 +352,25 @@ def setup_lock(setup_dir: Path, digests: Sequence[str] = ()) -> Optional[int]:
     """:func:`claim_setup`, waiting while another process holds the lock and makes progress; returns the
     descriptor, or None where there is no lock to take (as :func:`claim_setup`) or the holder showed no
     progress for :data:`SETUP_LOCK_STALL_S` (then replay unlocked; a warning names the directory). Polls every
-    0.1 s; a Ctrl-C while waiting interrupts the wait."""
-    import fcntl
-    fd = _open_setup_lock(setup_dir)
-    if fd is None:
-        return None
-    try:
-        last, since = None, time.monotonic()
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                pass
-            try:
-                mtime = os.fstat(fd).st_mtime_ns
-            except OSError:
-                mtime = None
-            now = time.monotonic()
-            if mtime != last:
-                last, since = mtime, now
-            elif now - since > SETUP_LOCK_STALL_S:
-                os.close(fd)
-                log.warning("unloaded-TTFET cache: the process holding %s shows no progress for %.0f s; "
-                            "replaying unlocked", setup_dir / SETUP_LOCK, SETUP_LOCK_STALL_S)
-                return None
-            time.sleep(0.1)
-    except OSError as e:
-        os.close(fd)
-        log.warning("unloaded-TTFET cache: no flock in %s (%s); replaying unlocked", setup_dir, e)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    _write_claims(fd, digests)
-    return fd
+    0.1 s (each poll is a :func:`claim_setup`); a Ctrl-C while waiting interrupts the wait."""
+    lock = setup_dir / SETUP_LOCK
+    last, since = None, time.monotonic()
+    while True:
+        fd, claimed = claim_setup(setup_dir, digests)
+        if fd is not None or claimed is None:     # taken, or no lock to take
+            return fd
+        try:
+            mtime = os.stat(lock).st_mtime_ns     # the holder touches it after every replay (_progress)
+        except OSError:
+            mtime = None
+        now = time.monotonic()
+        if mtime != last:
+            last, since = mtime, now
+        elif now - since > SETUP_LOCK_STALL_S:
+            log.warning("unloaded-TTFET cache: the process holding %s shows no progress for %.0f s; "
+                        "replaying unlocked", lock, SETUP_LOCK_STALL_S)
+            return None
+        time.sleep(0.1)
 
 
 def _unloaded_cache_key(inp: SessionInput, stats: WorkloadStats, name: str, ref: Any) -> str:
