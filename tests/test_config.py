@@ -441,6 +441,10 @@ CLI_BAD = [
     pytest.param(["cluster=a40_4x", "scheduler=conserve"], ["prefiller"], True, id="conserve-without-prefiller"),
     pytest.param(["scheduler=ampd", "scheduler.predictor.sigma=-1"], ["predictor.sigma"], True,
                  id="ampd-negative-sigma"),
+    # Hydra checks a sweep's non-sweep overrides against the swept group's default option (conserve has no
+    # idle_policy): its error, then the harness's hint naming the ++ form (conf/README.md, "hydra")
+    pytest.param(["-m", "scheduler=wait,nested_wait", "scheduler.idle_policy=decode_residents"],
+                 ["idle_policy", "ConserveConfig", "++scheduler.idle_policy="], False, id="sweep-key-of-swept-group"),
 ]
 CLI_GOOD = {"tiny-run": [f"workload.trace={GOOD_TRACE}", "cluster=a40_1p3d"]}
 
@@ -469,7 +473,7 @@ class CliRuns:
                 continue
             run_dir = self.base / case / "run"
             cmd = [sys.executable, "run.py", *(self.subst(a) for a in args), "logger.progress=false",
-                   f"hydra.run.dir={run_dir}"]
+                   f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={self.base / case / 'sweep'}"]
             self.procs[case] = (run_dir, subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, text=True,
                                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE))
 
@@ -514,6 +518,20 @@ def test_cli_bad_input(args, needles, one_line, request, cli_runs):
     written = sorted(str(f.relative_to(run_dir)) for f in run_dir.rglob("*")
                      if f.is_file() and f.name != "run.log" and ".hydra" not in f.parts) if run_dir.exists() else []
     assert not written, f"files written despite the error: {written}"
+
+
+def test_sweep_key_hint_only_for_a_key_of_a_swept_group():
+    """The hint's rule, case by case: a multirun, a group swept by a comma list, a plain (not +/++) override
+    of a key inside that group."""
+    from harness.run.cli import sweep_key_hint
+    hint = sweep_key_hint(["-m", "scheduler=wait,nested_wait", "scheduler.idle_policy=decode_residents",
+                           "workload.seed=1"])
+    assert hint is not None and "++scheduler.idle_policy=..." in hint and "workload.seed" not in hint
+    assert sweep_key_hint(["scheduler=wait", "scheduler.idle_policy=decode_residents"]) is None      # no -m
+    assert sweep_key_hint(["-m", "scheduler=wait,nested_wait", "++scheduler.idle_policy=x"]) is None  # already ++
+    assert sweep_key_hint(["-m", "scheduler=wait", "scheduler.idle_policy=x"]) is None               # not swept
+    assert sweep_key_hint(["-m", "workload.rate_per_s=0.1,0.2", "workload.seed=1"]) is None          # a key sweep
+    assert "++backend.x=..." in sweep_key_hint(["--multirun", "backend=sim,vllm", "backend.x=1"])
 
 
 def test_cli_tiny_run_writes_results(cli_runs):

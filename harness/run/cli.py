@@ -13,6 +13,7 @@ import gc
 import signal
 import sys
 from pathlib import Path
+from typing import Optional
 
 # No cyclic collection while the command line's modules load (Hydra, OmegaConf, numpy, the registry): an
 # import makes thousands of long-lived objects and no garbage, so a collection then only walks them
@@ -145,8 +146,45 @@ def main() -> None:
     gc.freeze()  # the modules imported so far stay out of the collections while Hydra composes (docs/speed.md)
     try:
         hydra.main(config_path=config_path(), config_name="config", version_base="1.3")(_main)()
+    except SystemExit as e:
+        if e.code not in (0, None):
+            hint = sweep_key_hint(sys.argv[1:])
+            if hint:
+                print(hint, file=sys.stderr)
+        raise
     finally:
         _exit_without_gc_pass()
+
+
+def sweep_key_hint(argv: list[str]) -> Optional[str]:
+    """The hint printed after a failed multirun whose command line sets a key of a swept config group
+    (``-m scheduler=wait,nested_wait scheduler.idle_policy=decode_residents``), else None.
+
+    Hydra composes a multirun's primary config *before* the sweep, with each swept group at its default
+    (``scheduler=conserve``) and every other override applied, so a key that only the swept options have
+    fails there ("Key 'idle_policy' not in 'ConserveConfig'"); ``++key=value`` adds it where it is missing,
+    and each job sets it in the option it composes (a job whose option lacks the key is refused by the
+    sweep's validation, ``ValidateSweepCallback``; conf/README.md, "hydra"). ``argv``: the command line
+    without the program name. The hint is heuristic (it names the keys, not the error's cause), so it
+    says "if the error names one of them"."""
+    if not any(a in ("-m", "--multirun") for a in argv):
+        return None
+    swept = set()
+    for a in argv:
+        key, eq, value = a.partition("=")
+        if eq and "," in value and not key.startswith("+") and "." not in key and "/" not in key:
+            swept.add(key)
+    keys = []
+    for a in argv:
+        key, eq, _ = a.partition("=")
+        if eq and not key.startswith("+") and "." in key and key.split(".")[0] in swept:
+            keys.append(key)
+    if not keys:
+        return None
+    return (f"hint: in a sweep Hydra checks {', '.join(keys)} against the default option of the swept group "
+            f"before the sweep; if the error names one of them, write " + " ".join(f"++{k}=..." for k in keys)
+            + " (every swept option must have the key: the sweep's check refuses a job whose option lacks it; "
+            "conf/README.md, \"hydra\")")
 
 
 def _exit_without_gc_pass() -> None:
