@@ -224,6 +224,13 @@ _UNTIL_EVENT = 1 << 30      # no horizon of the rule's own: the plan holds until
 _IDLE = attrgetter("idle_since_s")
 
 
+def _oldest_left_out(grp: list, taken: int, left: float) -> float:
+    """``min(left, oldest idle_since_s of grp[taken:])`` (s): the residents of a stage group that a plan's
+    first ``taken`` picks leave out (WAIT's and Nested WAIT's ``StepPlan.idle_after``)."""
+    o = min(map(_IDLE, grp[taken:]))
+    return o if o < left else left
+
+
 class KeyedResidents:
     """An engine's residents split by a key (WAIT: the request's type; Nested WAIT: the segment of its
     stage) and, per key, grouped by stage, kept up to date from what changed since the last step instead
@@ -543,9 +550,7 @@ class WaitRule:
                 if not whole:
                     repeat = False
                     if timeout_only:
-                        o = min(map(_IDLE, grp[len(run) - k:]))
-                        if o < left:
-                            left = o
+                        left = _oldest_left_out(grp, len(run) - k, left)
             if timeout_only:
                 if left < math.inf:
                     if left + mw < w:
@@ -882,9 +887,7 @@ class NestedWaitRule:
                     if not whole:
                         repeat = False
                         if state:
-                            o = min(map(_IDLE, grp[len(run) - n0:]))
-                            if o < left:
-                                left = o
+                            left = _oldest_left_out(grp, len(run) - n0, left)
             n_dec = len(run)
             if admit_ok:
                 _take_stage0(res0, waiting, cap0, budget, inp.chunk_cap, run, admit)
