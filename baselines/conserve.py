@@ -7,7 +7,8 @@ Serving", arXiv 2606.01839; docs/schedulers.md "conserve".)
   * Turns >= 1: append-prefill and decode locally on the pinned decoder (prefix cache hit), no migration.
   * Reactive admission of *new* conversations only: admitted while the prefiller's queued prefill time
     (queued tokens / prefill throughput) is under ``max_prefill_queue_s`` and the decoder pool's KV
-    occupancy (sum used / sum capacity) is under ``kv_admit_frac``; otherwise they wait in FIFO order
+    occupancy (sum used / sum capacity; ``kv_gate=max_decoder``: the fullest decoder's) is under
+    ``kv_admit_frac``; otherwise they wait in FIFO order
     (re-checked every ``recheck_s``). Later turns of admitted conversations are never held.
 The paper leaves the thresholds open: they are knobs here with the defaults below.
 """
@@ -21,14 +22,24 @@ from harness.core.policy import (Admission, ClusterView, Placement, PolicyBase, 
                             occupancy, pick_prefiller, pool_occupancy, prefill_queue_s, register)
 
 
+KV_GATES = ("pool", "max_decoder")   # ConserveConfig.kv_gate
+
+
 @dataclass
 class ConserveConfig:
-    """kv_admit_frac: decoder-pool KV occupancy under which new conversations are admitted, (0, 1].
+    """kv_admit_frac: decoder KV occupancy under which new conversations are admitted, (0, 1].
+    kv_gate: which occupancy the gate reads. ``pool`` (default, the paper's "total KV occupancy under
+    decoder-pool capacity", docs/schedulers.md): summed tokens over summed capacity of all decoders
+    (:func:`~harness.core.policy.pool_occupancy`); ``max_decoder``: the fullest decoder's own
+    :func:`~harness.core.policy.occupancy`, so no single decoder is filled past ``kv_admit_frac`` by new
+    admissions while the others have room (a choice the paper leaves open; a pool gate lets one decoder
+    reach ~1.0 where KV binds, docs/papers.md "KV-bound").
     max_prefill_queue_s: prefiller queue (s of prefill work) under which they are admitted.
     recheck_s: re-poll interval while a new conversation is held, s."""
 
     name: str = "conserve"
     kv_admit_frac: float = 0.9
+    kv_gate: str = "pool"
     max_prefill_queue_s: float = 2.0
     recheck_s: float = 0.05
 
@@ -40,13 +51,15 @@ class Conserve(PolicyBase):
 
     def __init__(self, cfg: ConserveConfig):
         self.cfg = cfg
+        self._pool_gate = cfg.kv_gate == "pool"
         # the turns this policy held at its last call: (first, last, count). Held turns are all turn-0 ones
         # (later turns are never held), and the controller's queue keeps them in FIFO order with new turns
         # appended, so a queue that starts with them needs scanning only from where they end.
         self._held: tuple = (None, None, 0)
 
     def admit(self, queue: Sequence[TurnView], view: ClusterView, now: float) -> Admission:
-        pool = pool_occupancy(view.by_role("decoder"))
+        decoders = view.by_role("decoder")
+        pool = pool_occupancy(decoders) if self._pool_gate else max(occupancy(d) for d in decoders)
         pf = pick_prefiller(view)
         queue_s = prefill_queue_s(pf)
         open_ = pool < self.cfg.kv_admit_frac and queue_s < self.cfg.max_prefill_queue_s
@@ -82,7 +95,7 @@ class Conserve(PolicyBase):
             self._held = (queue[lo], queue[hi], held)
         else:
             self._held = (None, None, 0)
-        reason = f"pool kv={pool:.3f} prefill queue={queue_s:.2f}s"
+        reason = f"{'pool' if self._pool_gate else 'max decoder'} kv={pool:.3f} prefill queue={queue_s:.2f}s"
         return Admission(tuple(admit), reason, now + self.cfg.recheck_s if held else None)
 
     def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement:
@@ -100,6 +113,8 @@ class Conserve(PolicyBase):
 def make(cfg: ConserveConfig, ctx: PolicyContext) -> Conserve:
     if not 0 < cfg.kv_admit_frac <= 1:
         raise ValueError(f"scheduler.kv_admit_frac must be in (0, 1], got {cfg.kv_admit_frac!r}")
+    if cfg.kv_gate not in KV_GATES:
+        raise ValueError(f"scheduler.kv_gate must be one of {', '.join(KV_GATES)}, got {cfg.kv_gate!r}")
     if not cfg.max_prefill_queue_s > 0:
         raise ValueError(f"scheduler.max_prefill_queue_s must be > 0, got {cfg.max_prefill_queue_s!r}")
     if not cfg.recheck_s > 0:
