@@ -80,11 +80,12 @@ def test_claims_table_depends_on_reading_and_flags_sensitivity():
              row("ampd_cost", kvmem=0.85), row("conserve", tier="a40_1p3d_hetero", kvmem=0.85)]
     md = claims_markdown(pd.DataFrame(rows))
     c1 = next(l for l in md.splitlines() if l.startswith("| C1"))
-    assert "depends on reading" in c1
+    assert "depends on TTFET reading" in c1
     c3 = next(l for l in md.splitlines() if l.startswith("| C3"))
-    assert "kv_memory_efficiency=0.85" in c3
+    # seed 0: +10 % (66 / 60) as shipped, -16.7 % (50 / 60) with the constant moved: the word flips
+    assert "depends on kv_memory_efficiency" in c3
     c5 = next(l for l in md.splitlines() if l.startswith("| C5"))
-    assert "depends on reading" in c5          # the first-turn p95 grows with the error, the visible one is flat
+    assert "depends on TTFET reading" in c5          # the first-turn p95 grows with the error, the visible one is flat
     # the linear fit of +0, +2, +6, +10 % (identical on every seed, so the geometric means are exact)
     # over error 0, 0.1, 0.3, 0.5: slope 20 % per unit error rate
     fit = next(l for l in md.splitlines() if "linear fit, p95 TTFET first" in l)
@@ -134,3 +135,36 @@ def test_c5_pairs_each_error_arm_with_the_error_free_run_of_its_own_load():
     assert "| 0.296 | +10.0 % [+10.0, +10.0] (n=3, 3 of 3 > 0) |" in mis[1]
     # the predictor-error verdict at 0.06: 1.2 / 1.0 - 1 = +20 % on every seed, a growth -> reproduced
     assert [c["verdict"] for c in cells if c["reading"] == "first"] == ["reproduced"]
+
+
+def test_shifted_verdict_by_hand():
+    """A C1 cell of -30 % [-35, -25] (reproduced: <= -25.54 %) whose seed reads -30 % as shipped and -10 %
+    with a constant moved: the shift is ln(0.90) - ln(0.70), so the cell becomes 0.70 x 0.9/0.7 - 1 = -10 %
+    [0.65 x 9/7 - 1, 0.75 x 9/7 - 1] = [-16.43, -3.57] %: below 0, and all of it under half the paper's
+    51.08 % -> "same direction, smaller"."""
+    from harness.analysis.claims import shifted_verdict
+    cell = {"mean": -30.0, "ci": (-35.0, -25.0), "verdict": "reproduced"}
+    assert shifted_verdict(cell, -30.0, -30.0, -51.08) == "reproduced"   # no change, the same word
+    assert shifted_verdict(cell, -30.0, -10.0, -51.08) == "same direction, smaller"
+    assert shifted_verdict(cell, -30.0, math.nan, -51.08) == "inconclusive"
+
+
+def test_sensitivity_matrix_names_the_choice_that_flips_and_c4_is_model_dependent():
+    from harness.analysis.claims import C4_MODEL_DEPENDENT, sensitivity_matrix
+    c1 = [{"rate": r, "reading": rd, "mode": m, "verdict": v, "mean": -30.0, "ci": (-35.0, -25.0), "n": 3}
+          for r in (0.03, 0.09) for rd in ("first", "visible") for m in ("ampd_rd", "ampd_cost")
+          for v in ["reproduced" if m == "ampd_rd" else "opposite"]]           # the AMPD rule alone flips C1
+    c3 = [{"rate": r, "mode": m, "verdict": "reproduced", "mean": 8.0, "ci": (5.0, 11.0), "n": 3}
+          for r in (0.03, 0.09) for m in ("ampd_rd", "ampd_cost")]
+    c4 = [{"rate": r, "verdict": "reproduced", "mean": 20.0, "ci": (15.0, 25.0), "n": 3} for r in (0.03, 0.09)]
+    # one seed at 0.09 conv/s: C3 (remote_default) +8 % as shipped; memory_power_frac=0.95 leaves C3 at
+    # +8 % and takes C4 from +20 % to +1 %: 1.20 -> 1.01 is a factor 0.8417, so [15, 25] % -> [-3.2, +5.2] %
+    arms = {"rate": 0.09, "seed": 0, "cols": ["C3", "C4"], "base": [8.0, 20.0],
+            "arms": {"memory_power_frac=0.95": [8.0, 1.0]}}
+    lines, overall = sensitivity_matrix({"C1": c1, "C3": c3, "C4": c4}, arms)
+    assert overall["C1"] == "depends on AMPD rule"
+    assert overall["C3"] == "reproduced"                  # the constant moves nothing there
+    assert overall["C4"] == C4_MODEL_DEPENDENT
+    row = next(ln for ln in lines if ln.startswith("| C4 | memory_power_frac"))
+    assert "0.95: inconclusive ⚠ (base reproduced)" in row and row.endswith("| yes |")
+    assert next(ln for ln in lines if ln.startswith("| C1 | rate")).endswith("| no |")

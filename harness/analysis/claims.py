@@ -20,8 +20,13 @@ verdicts"): reproduced / same direction, smaller / opposite / no difference / in
 the paired ratio against the paper's number; C2: ConServe's SLO violations (100 x (1 - attainment), the
 seed-level logit interval) against the claimed 0, within the equivalence margin; C5: AMPD's paired ratio
 at the largest error rate against its error-free run, direction "grows" (any size), with the linear
-fit's R^2 beside it (descriptive). A claim whose verdict differs between readings, AMPD modes, rates or
-sensitivity arms is "depends on X" with X named; one seed gives no interval, so "inconclusive".
+fit's R^2 beside it (descriptive). One seed gives no interval, so "inconclusive".
+
+The sensitivity matrix (:func:`sensitivity_matrix`): each claim's word per modelling choice (AMPD rule,
+rate, TTFET reading, and each uncalibrated constant of the sensitivity arms); the claim's overall word is
+the one that holds across the matrix, else "depends on <choices>" naming each choice that flips it; C4,
+which rests on the power model of two tiers, reads "model-dependent (not measurable without NVML on the
+tier)" wherever anything flips it.
 """
 
 from __future__ import annotations
@@ -118,6 +123,19 @@ def _base(r: pd.DataFrame) -> pd.DataFrame:
     return r[(r._sens == "base") & (r._error_label == "none")]
 
 
+def _flipping(cells: list[dict], factors: list[str]) -> list[str]:
+    """The factors along which two cells that differ only in that factor get different verdicts."""
+    dep = []
+    for f in factors:
+        others = [g for g in factors if g != f]
+        groups: dict = {}
+        for c in cells:
+            groups.setdefault(tuple(c.get(g) for g in others), set()).add(c["verdict"])
+        if any(len(v) > 1 for v in groups.values()):
+            dep.append(f)
+    return dep
+
+
 def _depends(cells: list[dict], factors: list[str]) -> str:
     """The one verdict (:func:`harness.analysis.stats.verdict`) when every cell agrees, else ``depends on`` the
     factors along which two cells that differ only in that factor get different verdicts; ``no data``
@@ -125,14 +143,7 @@ def _depends(cells: list[dict], factors: list[str]) -> str:
     kinds = {c["verdict"] for c in cells}
     if len(kinds) <= 1:
         return next(iter(kinds), "no data")
-    dep = []
-    for f in factors:
-        others = [g for g in factors if g != f]
-        groups: dict = {}
-        for c in cells:
-            groups.setdefault(tuple(c[g] for g in others), set()).add(c["verdict"])
-        if any(len(v) > 1 for v in groups.values()):
-            dep.append(f)
+    dep = _flipping(cells, factors)
     return "depends on " + (", ".join(dep) if dep else "the combination of " + ", ".join(factors))
 
 
@@ -289,12 +300,111 @@ def claim_robustness(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MAR
     return lines, _depends(cells, ["mode", "reading"]), cells
 
 
-def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list[str], dict]:
+# the choices a claim's cells vary (cell keys), in the order the matrix shows them, with their names
+MATRIX_FACTORS = {"mode": "AMPD rule", "rate": "rate (conv/s)", "reading": "TTFET reading", "metric": "metric"}
+# a sensitivity-table column (:func:`sensitivity`) -> (claim, reading, AMPD mode) of the claim cell it shifts
+ARM_COLUMNS = {"C1 first": ("C1", "first", "ampd_rd"), "C1 visible": ("C1", "visible", "ampd_rd"),
+               "C1 first (cost)": ("C1", "first", "ampd_cost"), "C1 visible (cost)": ("C1", "visible", "ampd_cost"),
+               "C3": ("C3", None, "ampd_rd"), "C3 (cost)": ("C3", None, "ampd_cost"), "C4": ("C4", None, None)}
+POWER_KEYS = ("memory_power_frac", "idle_w")   # the power model's uncalibrated constants (docs/hardware.md)
+C4_MODEL_DEPENDENT = "model-dependent (not measurable without NVML on the tier)"
+
+
+def _level(f: str, v: Any) -> str:
+    return MODE_LABEL.get(v, str(v)) if f == "mode" else (f"{v:g}" if isinstance(v, float) else str(v))
+
+
+def _words(cells: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for c in cells:
+        counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
+    return ", ".join(f"{w} ×{k}" if k > 1 else w for w, k in counts.items())
+
+
+def shifted_verdict(cell: dict, base_pct: float, arm_pct: float, paper: float,
+                    margin: float = EQUIVALENCE_MARGIN_PCT) -> str:
+    """The verdict of a claim cell with one uncalibrated constant moved, from one seed: the cell's
+    seed-level estimate and interval (% change of a paired ratio) shifted on the log scale by the change
+    the constant makes on that seed, ``log(1 + arm_pct/100) - log(1 + base_pct/100)``, then judged by
+    :func:`harness.analysis.stats.verdict`. An approximation (the seed-to-seed spread is taken as the
+    base cell's, which the constant is assumed not to change), stated in claims.md beside the words.
+    Returns ``inconclusive`` when any input is not finite."""
+    lo, hi = cell["ci"]
+    if not all(np.isfinite(x) for x in (cell["mean"], lo, hi, base_pct, arm_pct)):
+        return "inconclusive"
+    d = math.log1p(arm_pct / 100) - math.log1p(base_pct / 100)
+
+    def sh(x: float) -> float:
+        return (math.exp(math.log1p(x / 100) + d) - 1) * 100
+    return verdict(sh(cell["mean"]), (sh(lo), sh(hi)), paper, margin)
+
+
+def sensitivity_matrix(claims: dict[str, list[dict]], arm_values: dict,
+                       margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], dict[str, str]]:
+    """Each claim's verdict word per modelling choice, and the word that holds across them all.
+
+    ``claims``: ``{claim: cells}`` as the ``claim_*`` functions return them (dicts with ``verdict`` and
+    the factors of :data:`MATRIX_FACTORS` they vary: AMPD rule, rate, TTFET reading, metric);
+    ``arm_values``: :func:`sensitivity`'s third value (one seed per uncalibrated constant moved). A
+    constant's word per claim cell at the arms' rate comes from :func:`shifted_verdict`. Returns the
+    markdown lines and ``{claim: overall}``: the one word when every cell and every constant agree,
+    else ``depends on <choices>`` naming each choice that flips it (C4, an energy ratio of two tiers
+    that rests on the power model: :data:`C4_MODEL_DEPENDENT` when anything flips it)."""
+    lines = ["Per claim and choice: the verdict words of its cells at each level of that choice (×k: k cells, "
+             "the other choices varying). A choice *flips* the claim when two cells that differ only in it get "
+             "different words. Uncalibrated constants (docs/hardware.md): one seed each at "
+             f"{arm_values.get('rate', math.nan):g} conv/s, the base cell's seed-level interval shifted on the "
+             "log scale by that seed's change (`harness.analysis.claims.shifted_verdict`). Not varied here: the "
+             "step-time model (roofline only).", "",
+             "| claim | choice | verdict per level | flips |", "|---|---|---|---|"]
+    overall: dict[str, str] = {}
+    for claim, cells in claims.items():
+        if not cells:
+            continue
+        factors = [f for f in MATRIX_FACTORS if all(f in c for c in cells) and len({c[f] for c in cells}) > 1]
+        flips = [MATRIX_FACTORS[f] for f in _flipping(cells, factors)]
+        for f in factors:
+            per = "; ".join(f"{_level(f, v)}: {_words([c for c in cells if c[f] == v])}"
+                            for v in sorted({c[f] for c in cells}, key=lambda x: (str(type(x)), x)))
+            lines.append(f"| {claim} | {MATRIX_FACTORS[f]} | {per} | {'yes' if MATRIX_FACTORS[f] in flips else 'no'} |")
+        consts: dict[str, list[str]] = {}
+        for col, (cl, rd, m) in ARM_COLUMNS.items():
+            if cl != claim or col not in arm_values.get("cols", []):
+                continue
+            j = arm_values["cols"].index(col)
+            base = [c for c in cells if c.get("rate") == arm_values["rate"] and c.get("reading", rd) == rd
+                    and c.get("mode", m) == m]
+            if not base:
+                continue
+            where = ", ".join(x for x in (rd, MODE_LABEL.get(m)) if x)
+            for arm, vals in arm_values["arms"].items():
+                w = shifted_verdict(base[0], arm_values["base"][j], vals[j], PAPER[claim], margin)
+                key, level = arm.split("=", 1)
+                consts.setdefault(key, []).append(f"{level}{f' ({where})' if where else ''}: {w}"
+                                                  + (f" ⚠ (base {base[0]['verdict']})" if w != base[0]["verdict"] else ""))
+        for key, words in consts.items():
+            flip = any("⚠" in w for w in words)
+            lines.append(f"| {claim} | {key} (one seed) | {'; '.join(words)} | {'yes' if flip else 'no'} |")
+            if flip:
+                flips.append(key)
+        word = _depends(cells, factors) if not flips else "depends on " + ", ".join(flips)
+        if claim == "C4" and flips:
+            word = C4_MODEL_DEPENDENT
+        overall[claim] = word
+        lines.append(f"| {claim} | **overall** | **{word}** | |")
+    return lines, overall
+
+
+def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list[str], dict, dict]:
     """Each sensitivity arm (1 seed) against the base runs of the same seed and rate: the C1, C3, C4
-    ratios, and whether their sign differs from the base seed's (the verdict moves)."""
+    ratios, and whether their sign differs from the base seed's (the verdict moves).
+
+    Returns ``(lines, moved, values)``: the markdown table; ``{claim: [arms that flip its sign]}``; and
+    ``{"rate", "seed", "cols": [column labels], "base": [base ratios, %], "arms": {arm: [ratios, %]}}``
+    for :func:`sensitivity_matrix` (empty dicts without arms)."""
     arms = sorted(set(r._sens) - {"base"})
     if not arms:
-        return [], {}
+        return [], {}, {}
     s_rate = float(r[r._sens != "base"]._rate.dropna().iloc[0])
     seed = float(r[r._sens != "base"]._seed.dropna().iloc[0])
     base = r[(r._error_label == "none") & (r._rate == s_rate) & (r._seed == seed)]
@@ -324,18 +434,21 @@ def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list
                  for _, k, a, ta, bb, tb in cols]
     lines.append("| base | " + " | ".join(f"{v:+.1f}" for v in base_vals) + " |")
     moved: dict[str, list[str]] = {}
+    nums: dict[str, list[float]] = {}
     for arm in arms:
         a_df = r[(r._sens == arm)]
         vals = []
         for (lab, k, a, ta, bb, tb), bv in zip(cols, base_vals):
             v = ratio(one(a_df, a, ta), one(a_df, bb, tb), k)
+            nums.setdefault(arm, []).append(v)
             flip = (np.isfinite(v) and np.isfinite(bv) and np.sign(v) != np.sign(bv)
                     and max(abs(v), abs(bv)) >= SIGN_RESOLUTION_PCT)
             if flip:
                 moved.setdefault(lab.split()[0], []).append(arm)
             vals.append(f"{v:+.1f}{' ⚠' if flip else ''}")
         lines.append(f"| {arm} | " + " | ".join(vals) + " |")
-    return lines, moved
+    return lines, moved, {"rate": s_rate, "seed": seed, "cols": [c[0] for c in cols], "base": base_vals,
+                          "arms": nums}
 
 
 def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) -> str:
@@ -348,15 +461,13 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
     tiers = sorted(set(r._tier))
     homo = next((t for t in tiers if not t.endswith("_hetero")), tiers[0])
     hetero = next((t for t in tiers if t.endswith("_hetero")), None)
-    l1, v1, _ = claim_ttfet(r, homo, margin)
-    l2, v2, _ = claim_slo(r, homo, margin)
-    l3, v34, _, _ = claim_energy(r, homo, hetero, margin)
-    l5, v5, _ = claim_robustness(r, homo, margin)
-    ls, moved = sensitivity(r, homo, hetero)
+    l1, v1, c1 = claim_ttfet(r, homo, margin)
+    l2, v2, c2 = claim_slo(r, homo, margin)
+    l3, v34, c3, c4 = claim_energy(r, homo, hetero, margin)
+    l5, v5, c5 = claim_robustness(r, homo, margin)
+    ls, _, arm_values = sensitivity(r, homo, hetero)
+    lm, overall = sensitivity_matrix({"C1": c1, "C2": c2, "C3": c3, "C4": c4, "C5": c5}, arm_values, margin)
 
-    def mv(c):
-        return ("; moves under " + ", ".join(sorted(set(moved[c])))) if c in moved else (
-            "; no sensitivity arm changes its sign" if ls else "")
     out = ["# ConServe's claims vs AMPD", "",
            "Paired ratios on the same seed (the seed is the independent unit): geometric mean of the per-seed "
            "ratios − 1, with the 95 % Student-t interval of the mean log ratio [low, high], the seeds n and the sign "
@@ -366,11 +477,13 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
            f"difference* (the interval inside ±{margin:g} %, the equivalence margin), *inconclusive* (none of "
            "these, and any single seed).", "",
            "| claim | paper | verdict |", "|---|---|---|",
-           f"| C1 p95 TTFET vs AMPD | {PAPER['C1']} % | {v1}{mv('C1')} |",
-           f"| C2 zero SLO violations at every rate | 0 violations | {v2} |",
-           f"| C3 tokens/J vs AMPD, {homo} | +{PAPER['C3']} % | {v34['C3']}{mv('C3')} |",
-           f"| C4 further tokens/J on {hetero} | +{PAPER['C4']} % | {v34['C4']}{mv('C4')} |",
-           f"| C5 AMPD degrades linearly with error, ConServe flat | linear / flat | {v5} |", "",
+           f"| C1 p95 TTFET vs AMPD | {PAPER['C1']} % | {overall.get('C1', v1)} |",
+           f"| C2 zero SLO violations at every rate | 0 violations | {overall.get('C2', v2)} |",
+           f"| C3 tokens/J vs AMPD, {homo} | +{PAPER['C3']} % | {overall.get('C3', v34['C3'])} |",
+           f"| C4 further tokens/J on {hetero} | +{PAPER['C4']} % | {overall.get('C4', v34['C4'])} |",
+           f"| C5 AMPD degrades linearly with error, ConServe flat | linear / flat | {overall.get('C5', v5)} |", "",
+           "(The word that holds across every choice of the sensitivity matrix below, or the choices that flip it.)",
+           "",
            "## C1: p95 TTFET, ConServe vs AMPD", "", *l1, "",
            "## C2: SLO attainment (each variant against its own unloaded TTFET)", "", *l2, "",
            "## C3, C4: tokens per joule", "", *l3, ""]
@@ -378,6 +491,8 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
         out += ["## C5: AMPD vs prediction error", "", *l5, ""]
     if ls:
         out += ["## Sensitivity to the uncalibrated constants", "", *ls, ""]
+    if lm:
+        out += ["## Sensitivity matrix: each claim's verdict per modelling choice", "", *lm, ""]
     return "\n".join(out) + "\n"
 
 
