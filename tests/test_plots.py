@@ -84,3 +84,32 @@ def test_filters_and_errors(sweep, tmp_path, capsys):
                         (["--pareto"], "need --x and --y")):
         assert report.main([str(sweep), "--out", str(out), "--no-figures", *bad]) == 2
         assert needle in capsys.readouterr().err
+
+
+def test_seeds_note_by_hand():
+    from harness.analysis.plotting import seeds_note
+    assert seeds_note([3, 3, 3]) == "n = 3 seeds per point"
+    assert seeds_note([3, 10, 5]) == "n = 3–10 seeds per point"
+    assert seeds_note([1]) == "n = 1 seed per point"
+
+
+def test_pareto_points_carry_their_rate_and_the_figure_states_n(sweep, tmp_path, monkeypatch):
+    """Each plotted point is labelled with its arrival rate (the sweep's axis, not an axis of the figure),
+    and the title states the seeds per point: VALUES has 2 seeds at every point."""
+    from harness.analysis import plotting
+    figs = []
+
+    def keep(fig, out, name):
+        figs.append(fig)
+        return []
+    monkeypatch.setattr(plotting, "_save", keep)
+    sw = report.load_sweep(sweep)
+    plots.xy_figure(sw, "output_token_throughput_per_s", "ttft_p99_s", tmp_path, facet="cluster.name", pareto=True)
+    (fig,) = figs
+    by_panel = {ax.get_title(): sorted(t.get_text() for t in ax.texts) for ax in fig.axes}
+    # a40_1p3d: conserve and ampd at 0.1 and 0.2 conv/s; a40_2p6d: conserve at both
+    assert by_panel == {"cluster.name = a40_1p3d": ["0.1", "0.1", "0.2", "0.2"],
+                        "cluster.name = a40_2p6d": ["0.1", "0.2"]}
+    assert "n = 2 seeds per point" in fig._suptitle.get_text()
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert "Pareto front (all variants)" in labels

@@ -554,7 +554,7 @@ def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
     ratio to its error-free run; ConServe's error-free value as a reference line)."""
     from pathlib import Path
 
-    from harness.analysis.plotting import _plt, _save, seed_bars, seed_frame
+    from harness.analysis.plotting import _plt, _save, seed_bars, seed_frame, seeds_note
     r = classify(runs)
     if not {"conserve"} <= set(r._variant):
         return []
@@ -587,8 +587,8 @@ def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(frameon=False)
     fig.suptitle(f"{homo}; p95 TTFET: geometric mean over seeds with the 95 % t-interval of the mean log; "
-                 f"SLO attainment (against each variant's own unloaded TTFET): 95 % t-interval of the seeds' logits",
-                 y=1.02)
+                 f"SLO attainment (against each variant's own unloaded TTFET): 95 % t-interval of the seeds' logits; "
+                 f"{seeds_note(h.groupby(['_variant', '_rate']).size())}", y=1.02)
     fig.tight_layout()
     made += _save(fig, out, "claims_vs_rate")
     e = b.copy()
@@ -599,7 +599,7 @@ def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
     g.set_axis_labels("", "tokens per joule (tokens/J)")
     g.set_titles(col_template="rate = {col_name} conv/s")
     if g._legend:
-        g._legend.set_title("tier (cluster)")
+        g._legend.set_title(f"tier (cluster)\n(bars: 95 % interval,\n{seeds_note(e.groupby(['_variant', '_tier', '_rate']).size())})")
     made += _save(g.figure, out, "claims_tokens_per_joule")
     er = r[(r._sens == "base") & (r._tier == homo) & r._error.notna()]
     if (er._error > 0).any():
@@ -623,7 +623,8 @@ def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
             ax.set_ylabel(f"{lab}\nvs error-free (%)")
         axes[0].legend(frameon=False, fontsize=8)
         fig.suptitle(f"AMPD vs prediction error at {rate:g} conv/s on {homo}; paired on the seed: geometric-mean "
-                     f"ratio − 1 with the 95 % t-interval of the mean log", y=1.02)
+                     f"ratio − 1 with the 95 % t-interval of the mean log; "
+                     f"{seeds_note(er.groupby(['_variant', '_error']).size())}", y=1.02)
         fig.tight_layout()
         made += _save(fig, out, "claims_vs_error")
     return made

@@ -11,7 +11,9 @@ TTFT/TPOT/E2E/ITL percentiles, TTFET readings, goodputs -- and every config key 
 ``workload.rate_per_s``). One point per sweep point: the mean over its runs (seeds) of x and of y; the
 runs themselves are drawn faint behind. A curve per variant (``harness.analysis.report`` ``variant``) and value of
 the sweep's facets that are not panels (e.g. ``cluster.name``), its points joined in the order of the
-sweep's x axis (the arrival rate, ...) when there is one.
+sweep's x axis (the arrival rate, ...) when there is one, each point labelled with its value on that axis
+when it is not an axis of the figure (a throughput-latency curve need not be monotone in throughput).
+The title states the seeds behind each point (``n = k seeds per point``).
 
 Pareto front (``--pareto``): the points no other point dominates, per variant and over all variants,
 where "better" is larger for throughput, goodput, attainment and tokens/J and smaller for latencies
@@ -109,8 +111,10 @@ def xy_figure(sw: Any, x: str, y: str, out: Path, *, facet: Optional[str] = None
               name: Optional[str] = None) -> list[Path]:
     """Draw ``y`` against ``x`` for the sweep ``sw`` (``harness.analysis.report.load_sweep``) into ``out``
     (png + pdf) and write the plotted points as ``<name>.csv``; returns the files.
-    ``pareto``: mark each variant's front and the overall front (dashed black)."""
+    ``pareto``: mark each variant's front (open circles) and the overall front (a thick grey staircase
+    bounding the dominated region)."""
     from harness.analysis.catalog import BY_KEY
+    from harness.analysis.plotting import _plt, _save, seeds_note
     pts = points(sw, x, y, facet, filters)
     # a curve per variant and per value of the sweep's other facets (e.g. cluster.name when not a panel)
     others = [k for k in sw.facets if k != facet and k in pts.columns]
@@ -139,54 +143,47 @@ def xy_figure(sw: Any, x: str, y: str, out: Path, *, facet: Optional[str] = None
     variants = list(dict.fromkeys(pts.curve))
     colors = dict(zip(variants, sns.color_palette("colorblind", len(variants))))
     label = (lambda k: BY_KEY[k].axis_label if k in BY_KEY else k)
+    # each point labelled with its value on the sweep's own axis (e.g. the arrival rate) when that is not
+    # an axis of the figure: the line joins a curve's points in that order, which need not be monotone in x
+    tag = sw.x if sw.x and sw.x in pts.columns and sw.x not in (x, y) else None
     for ax, fv in zip(axes[0], facets):
         p = pts if fv is None else pts[pts[facet] == fv]
         r = runs if fv is None else runs[runs[facet] == fv]
+        if pareto:
+            f = p[p.pareto_all].sort_values(x)
+            # the staircase bounding the dominated region: a point with x higher-is-better covers every x
+            # up to its own ("pre"), with x lower-is-better every x from its own on ("post")
+            ax.step(f[x], f[y], where="pre" if xb == "high" else "post", color="black", lw=2.2, alpha=0.55,
+                    zorder=1, label="Pareto front (all variants)")
         for v in variants:
             pv = p[p.curve == v]
             if not len(pv):
                 continue
-            pv = pv.sort_values(sw.x if sw.x and sw.x in pv.columns else x)
+            pv = pv.sort_values(tag or x)
             rv = r[r.curve == v]
             ax.scatter(rv[x], rv[y], color=colors[v], alpha=0.25, s=12, linewidths=0)
-            ax.plot(pv[x], pv[y], marker="o", color=colors[v], label=v, lw=1.4, ms=4)
+            ax.plot(pv[x], pv[y], marker="o", color=colors[v], label=v, lw=1.0 if tag else 1.4, ms=4,
+                    alpha=0.8 if tag else 1.0, zorder=2)
             if pareto:
-                f = pv[pv.pareto_variant].sort_values(x)
-                ax.scatter(f[x], f[y], facecolors="none", edgecolors=colors[v], s=80, linewidths=1.4)
+                f = pv[pv.pareto_variant]
+                ax.scatter(f[x], f[y], facecolors="none", edgecolors=colors[v], s=80, linewidths=1.4, zorder=3)
+            if tag:
+                for _, q in pv.iterrows():
+                    ax.annotate(f"{q[tag]:g}", (q[x], q[y]), textcoords="offset points", xytext=(4, 4),
+                                fontsize=7, color=colors[v])
         if pareto:
-            f = p[p.pareto_all].sort_values(x)
-            ax.step(f[x], f[y], where="post", color="black", ls="--", lw=1.0, label="Pareto front (all)")
+            ax.scatter([], [], facecolors="none", edgecolors="grey", s=80, linewidths=1.4,
+                       label="open circle: on its curve's own front")
         ax.set_xlabel(label(x))
         ax.set_ylabel(label(y))
         if fv is not None:
             ax.set_title(f"{facet} = {fv}")
         ax.legend(fontsize=7)
-    if filters:
-        fig.suptitle("; ".join(filters), y=1.02, fontsize=9)
+    head = [f"points: mean over runs, {seeds_note(pts['runs'])}; faint dots: single runs"]
+    if tag:
+        head.append(f"labels: {label(tag)}")
+    fig.suptitle("; ".join(head + list(filters)), y=1.02, fontsize=8)
     return [out / f"{name}.csv", *_save(fig, out, name)]
-
-
-def _plt():
-    """matplotlib (Agg) and seaborn with the report's theme (``harness.analysis.report`` uses the same settings)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-    sns.set_theme(context="paper", style="whitegrid", font_scale=1.1)
-    matplotlib.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42})  # TrueType fonts, never Type 3
-    return plt, sns
-
-
-def _save(fig, out: Path, name: str) -> list[Path]:
-    """``fig`` as ``<out>/<name>.png`` and ``.pdf``; closes it."""
-    import matplotlib.pyplot as plt
-    paths = []
-    for fmt in ("png", "pdf"):
-        p = out / f"{name}.{fmt}"
-        fig.savefig(p, dpi=110, bbox_inches="tight")
-        paths.append(p)
-    plt.close(fig)
-    return paths
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -45,6 +45,16 @@ def seed_frame(df: pd.DataFrame, keys: Sequence[str], metric: str) -> pd.DataFra
     return pd.DataFrame(rows, columns=[*keys, "est", "lo", "hi", "n"])
 
 
+def seeds_note(counts: Sequence[int]) -> str:
+    """``n = 3 seeds`` (or ``n = 3-10 seeds`` when the points differ) for the runs behind each point of a
+    figure; ``counts``: seeds (runs) per point. Every figure with seed bands or bars states it."""
+    c = sorted({int(k) for k in counts if k == k and k > 0})
+    if not c:
+        return "n = 0 seeds"
+    k = f"{c[0]}" if len(c) == 1 else f"{c[0]}–{c[-1]}"
+    return f"n = {k} seed{'' if c == [1] else 's'} per point"
+
+
 def _plt():
     import matplotlib
     matplotlib.use("Agg")

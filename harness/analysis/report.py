@@ -57,7 +57,7 @@ import pandas as pd
 
 from harness.analysis.catalog import BY_KEY, REPORT, REPORT_TABLE
 from harness.analysis.stats import is_proportion, mean_ci, point_interval, pooled_wilson, t_quantile  # noqa: F401  (re-exported)
-from harness.analysis.plotting import FIGURE_FORMATS, _plt, _save, seed_bars, seed_frame  # noqa: F401  (shared with harness.analysis.claims)
+from harness.analysis.plotting import FIGURE_FORMATS, _plt, _save, seed_bars, seed_frame, seeds_note  # noqa: F401  (shared with harness.analysis.claims)
 
 # Sweep dimensions that can serve as the x axis, in order of preference, with axis labels.
 X_AXES = {
@@ -496,9 +496,16 @@ def metric_vs_x(sw: Sweep, metrics: Sequence[str], out: Path, name: str) -> list
                 labels.append(ll)
         if ax.get_legend():
             ax.get_legend().remove()
-    fig.legend(handles, labels, title="variant", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    fig.legend(handles, labels, title=f"variant\n(bands: 95 % interval,\n{seeds_note(_seeds_per_point(sw, df))})",
+               loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
     return _save(fig, out, name)
+
+
+def _seeds_per_point(sw: Sweep, df: pd.DataFrame) -> list[int]:
+    """Runs (seeds) behind each sweep point of ``df``: the ``n`` of its seed-level intervals."""
+    keys = [k for k in sw.point_keys if k in df.columns]
+    return df.groupby(keys, dropna=False).size().tolist() if keys else [len(df)]
 
 
 def conversations_frame(sw: Sweep, runs: pd.DataFrame) -> pd.DataFrame:
@@ -582,7 +589,7 @@ def tokens_per_joule(sw: Sweep, out: Path) -> list[Path]:
         g.set_titles(col_template=("rate = {col_name} " + ("conv/s" if "conv" in x_label(sw) else "prompts/s"))
                      if sw.x == "workload.rate_per_s" else f"{sw.x.split('.')[-1]} = {{col_name}}")
     if g._legend:
-        g._legend.set_title("tier (cluster)")
+        g._legend.set_title(f"tier (cluster)\n(bars: 95 % interval,\n{seeds_note(_seeds_per_point(sw, df))})")
     return _save(g.figure, out, "tokens_per_joule")
 
 
