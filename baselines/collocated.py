@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.core.policy import AdmitAll, ClusterView, Placement, PolicyContext, TurnView, occupancy, register, sticky_instance
+from harness.core.policy import PolicyContext, StickyCollocated, register
 
 
 @dataclass
@@ -19,15 +19,10 @@ class CollocatedConfig:
     name: str = "collocated"
 
 
-class Collocated(AdmitAll):
-    """Sticky collocated placement, no admission control."""
+class Collocated(StickyCollocated):
+    """Sticky collocated placement, no admission control (``harness.core.policy.StickyCollocated``)."""
 
     name = "collocated"
-
-    def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement:
-        i, why = sticky_instance(turn, view)
-        cands = () if turn.prev_decode_instance >= 0 else tuple((v.index, occupancy(v)) for v in view.instances)
-        return Placement(i, i, why, cands)
 
 
 @register("collocated", CollocatedConfig)

@@ -2,8 +2,9 @@
 batch rules and the variants, in one package of ``baselines``.
 
 * ``fluid`` -- the fluid model: WAIT's and Nested WAIT's thresholds, the prefill-aware cycle, prompt types.
-* ``fluid_admission`` -- the engine batch rules (``WaitRule``, ``NestedWaitRule``), the output classifiers and
-  ``BatchRulePolicy`` (admit-all, sticky collocated, one rule per engine), registered as batch rules by name.
+* ``fluid_admission`` -- the engine batch rules (``WaitRule``, ``NestedWaitRule``) and the output classifiers,
+  registered as batch rules by name; the variants are ``harness.core.policy.BatchRulePolicy`` (admit-all, sticky
+  collocated, one rule per engine).
 * ``wait`` / ``nested_wait`` / ``wait_cp`` -- the variants (``scheduler=wait``, ``nested_wait``, ``wait_cp``,
   ``wait_cp_control``).
 

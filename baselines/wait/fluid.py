@@ -31,6 +31,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
+from harness.core.profiles import prefill_iteration_coefficient  # noqa: F401  (d2: shared by every variant's hints)
+
 __all__ = [
     "PromptType",
     "FluidEquilibrium",
@@ -572,32 +574,6 @@ def linear_iteration_coefficients(
     ov = _non_negative("overhead_s", overhead_s)
     eff_bw = bw * eff
     return wb / eff_bw + ov, kvb / eff_bw
-
-
-def prefill_iteration_coefficient(
-    linear_flops_per_token: float,
-    peak_flops: float,
-    prefill_efficiency: float,
-) -> float:
-    """``d2``: seconds one prompt token adds to an iteration when prefill is compute-bound, s/token.
-
-    ``d2 = linear_flops_per_token / (peak_flops * prefill_efficiency)`` with
-    ``linear_flops_per_token = 2 * num_layers * linear_params_per_layer`` (2 FLOPs per multiply-add;
-    Kaplan et al. 2020, Sec. 2.1), the matmul FLOPs of one token.  The attention FLOPs of a chunk
-    (quadratic in its length) are left out: for 512-token prompts of Llama-2-7B they are about 1 % of
-    the matmul FLOPs.  Adding ``d2 * P(B)`` to ``d0 + d1 * KV(B)`` over-approximates the roofline's
-    ``max(compute, memory)`` step (``harness/sim/perf.py``) by at most the memory term; it is the term
-    the paper's memory-bound model lacks (see ``wait_thresholds``).
-
-    Raises:
-        ValueError: a non-finite or non-positive argument, or an efficiency above 1.
-    """
-    f = _positive("linear_flops_per_token", linear_flops_per_token)
-    peak = _positive("peak_flops", peak_flops)
-    eff = _positive("prefill_efficiency", prefill_efficiency)
-    if eff > 1.0:
-        raise ValueError(f"prefill_efficiency must be in (0, 1], got {prefill_efficiency!r}")
-    return f / (peak * eff)
 
 
 def prefill_aware_cycle_s(

@@ -16,7 +16,7 @@ one prompt of each stage of a type holds ``sum_{s=0}^{o-1} (l + s) = o (l + (o -
 
 The fluid coefficients of an instance are its hardware hints (``PolicyContext.hints``, from the hardware
 and model profiles): the memory-bound decode step ``d0 + d1 * KV tokens`` of the profile's step model, and
-``d2`` (compute-bound prefill, s per prompt token, ``baselines.wait.fluid.prefill_iteration_coefficient``).
+``d2`` (compute-bound prefill, s per prompt token, ``harness.core.profiles.prefill_iteration_coefficient``).
 Arrival rates per instance: turns/s of the workload (conversation rate x mean turns) split evenly over
 the instances.
 """
@@ -33,7 +33,6 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from baselines.collocated import Collocated
 from harness.core.batching import RequestState, StepInput, StepPlan, UnselectedResidents, prefill_chunk
 from baselines.wait.fluid import PromptType
 from harness.core.policy import PolicyContext, Predictor
@@ -52,7 +51,7 @@ def instance_coefficients(ctx: PolicyContext, i: int) -> tuple[float, float]:
 
 def prefill_coefficient(ctx: PolicyContext, i: int) -> float:
     """``d2`` of instance ``i``, s per prompt token: its hardware hint
-    (``baselines.wait.fluid.prefill_iteration_coefficient`` of the profile)."""
+    (``harness.core.profiles.prefill_iteration_coefficient`` of the profile)."""
     return ctx.hints[i].fluid_d2_s_per_token
 
 
@@ -149,19 +148,6 @@ def kv_reservation_tokens(caps: Sequence[int], input_tokens: float) -> float:
     """KV tokens of a batch that fills every stage ``s`` to ``caps[s]`` prompts of ``input_tokens``:
     ``sum_s caps[s] (l + s)`` (the paper's ``M^pi`` term of one type, with ``caps[s] = n_j``)."""
     return math.fsum(c * (input_tokens + s) for s, c in enumerate(caps))
-
-
-class BatchRulePolicy(Collocated):
-    """Admit-all, sticky collocated placement, and one engine batch rule per instance."""
-
-    name = "batch_rule"
-
-    def __init__(self, rules: Sequence, plan_note: str):
-        self.rules, self.plan_note = list(rules), plan_note
-
-    def batch_rule(self, instance_index: int):
-        """The batch rule for instance ``instance_index`` (``harness.core.batching.BatchRule``)."""
-        return self.rules[instance_index]
 
 
 _ONES = _repeat(1)     # (request, 1) pairs of a whole decode group: zip(group, _ONES), at C level

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from baselines.wait.fluid_admission import (STAGE_CAP_RULES, BatchRulePolicy, NestedWaitRule, check_knobs,
+from baselines.wait.fluid_admission import (STAGE_CAP_RULES, NestedWaitRule, check_knobs,
                                        instance_coefficients, paper_types, prefill_coefficient, prompt_types,
                                        segment_stage_caps)
 from baselines.wait.fluid import nested_wait_thresholds, prefill_aware_cycle_s
-from harness.core.policy import PolicyContext, register
+from harness.core.policy import BatchRulePolicy, PolicyContext, register
 
 
 @dataclass

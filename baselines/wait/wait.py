@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from baselines.wait.fluid_admission import (BatchRulePolicy, WaitRule, check_knobs, instance_coefficients,
+from baselines.wait.fluid_admission import (WaitRule, check_knobs, instance_coefficients,
                                        kv_reservation_tokens, OutputBinClassifier, paper_types,
                                        prefill_coefficient, prompt_types)
 from baselines.wait.fluid import wait_thresholds
-from harness.core.policy import PolicyContext, Predictor, PredictorConfig, register
+from harness.core.policy import BatchRulePolicy, PolicyContext, Predictor, PredictorConfig, register
 
 
 @dataclass

@@ -58,9 +58,9 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Optional, Sequence
 
-from baselines.wait.fluid_admission import BatchRulePolicy, check_knobs, prompt_types
+from baselines.wait.fluid_admission import check_knobs, prompt_types
 from harness.core.batching import StepInput, StepPlan, VllmV1Rule
-from harness.core.policy import PolicyContext, register
+from harness.core.policy import BatchRulePolicy, PolicyContext, register
 from harness.core.registry import register_rule
 
 AUTHORS_SOURCE = ("Luoxiaogan/vidur_or@011fe971a7cd vidur/scheduler/replica_scheduler/"

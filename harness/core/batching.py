@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Callable, Optional, Protocol, runtime_checkable
 
+from harness.core.registry import register_rule, rule_from_spec
+
 
 @runtime_checkable
 class RequestState(Protocol):
@@ -244,6 +246,10 @@ class VllmV1Rule:
 
     name = "vllm_v1"
 
+    def to_spec(self) -> dict:
+        """The rule as a JSON-able dict (no parameters): ``{"rule": "v1_mixed"}``."""
+        return {"rule": "v1_mixed"}
+
     def plan(self, inp: StepInput) -> StepPlan:
         budget = inp.token_budget
         cap = inp.chunk_cap
@@ -279,6 +285,10 @@ class VllmV0Rule:
 
     name = "vllm_v0"
 
+    def to_spec(self) -> dict:
+        """The rule as a JSON-able dict (no parameters): ``{"rule": "v0_prefill_first"}``."""
+        return {"rule": "v0_prefill_first"}
+
     def plan(self, inp: StepInput) -> StepPlan:
         budget = inp.token_budget
         cap = inp.chunk_cap
@@ -309,14 +319,26 @@ class VllmV0Rule:
         return StepPlan(run, (), repeatable=True)
 
 
+@register_rule("v1_mixed")
+@register_rule("v0_prefill_first")
+def engine_rule_from_spec(spec: dict) -> BatchRule:
+    """Rebuild an engine-default rule from its ``to_spec()`` dict (no parameters): the builder registered
+    under both names of :data:`ENGINE_DEFAULT_RULES`, as every batch rule has one."""
+    return ENGINE_DEFAULT_RULES[spec["rule"]]()
+
+
+# the engine-default rules (``engine.step_mode``): registered by name like every other batch rule
+ENGINE_DEFAULT_RULES: dict[str, type] = {"v1_mixed": VllmV1Rule, "v0_prefill_first": VllmV0Rule}
+
+
 def default_rule(step_mode: str) -> BatchRule:
-    """The engine's rule for ``engine.step_mode`` (``v1_mixed`` or ``v0_prefill_first``).
+    """The engine's rule for ``engine.step_mode`` (a name of :data:`ENGINE_DEFAULT_RULES`), built through
+    the rule registry (``harness.core.registry.rule_from_spec``) as every batch rule is.
 
     Raises:
         ValueError: naming ``engine.step_mode`` for another value.
     """
-    if step_mode == "v1_mixed":
-        return VllmV1Rule()
-    if step_mode == "v0_prefill_first":
-        return VllmV0Rule()
-    raise ValueError(f"engine.step_mode must be 'v1_mixed' or 'v0_prefill_first', got {step_mode!r}")
+    if step_mode not in ENGINE_DEFAULT_RULES:
+        raise ValueError(f"engine.step_mode must be one of {', '.join(map(repr, ENGINE_DEFAULT_RULES))}, "
+                         f"got {step_mode!r}")
+    return rule_from_spec({"rule": step_mode})

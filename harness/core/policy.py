@@ -464,3 +464,30 @@ def sticky_instance(turn: TurnView, view: ClusterView) -> tuple[int, str]:
         return turn.prev_decode_instance, "sticky"
     i = least_loaded(view.instances)
     return i.index, f"least-loaded kv={i.kv_used_frac:.3f}"
+
+
+class StickyCollocated(AdmitAll):
+    """Admit-all with sticky collocated placement: turn 0 on the least-loaded instance
+    (:func:`sticky_instance`), every later turn back on the same one (its prefix cache); roles ignored.
+    ``collocated`` (baselines/collocated.py) is this policy; :class:`BatchRulePolicy` adds engine batch rules."""
+
+    def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement:
+        i, why = sticky_instance(turn, view)
+        cands = () if turn.prev_decode_instance >= 0 else tuple((v.index, occupancy(v)) for v in view.instances)
+        return Placement(i, i, why, cands)
+
+
+class BatchRulePolicy(StickyCollocated):
+    """The generic one-rule-per-engine policy: admit-all, sticky collocated placement, and one engine batch
+    rule per instance (``harness.core.batching.BatchRule``; WAIT, Nested WAIT, WAIT-CP and a new rule's
+    variant, docs/extending.md). ``rules``: one per instance, in index order; ``plan_note``: the line the
+    run log prints about the rules' plan."""
+
+    name = "batch_rule"
+
+    def __init__(self, rules: Sequence, plan_note: str):
+        self.rules, self.plan_note = list(rules), plan_note
+
+    def batch_rule(self, instance_index: int):
+        """The batch rule for instance ``instance_index`` (``harness.core.batching.BatchRule``)."""
+        return self.rules[instance_index]

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from harness.core.batching import ENGINE_DEFAULT_RULES   # the engine-default batch rules, by name
+
 
 def _require(cond: bool, where: str, rule: str, value: object) -> None:
     """Raise ``ValueError("<where> must be <rule>, got <value>")`` unless ``cond``."""
@@ -269,7 +271,33 @@ def kv_transfer_s(tokens: float, kv_bytes_per_token: float, bandwidth_bytes_per_
     return latency_s + tokens * kv_bytes_per_token / bandwidth_bytes_per_s
 
 
-STEP_MODES = ("v1_mixed", "v0_prefill_first")
+def prefill_iteration_coefficient(
+    linear_flops_per_token: float,
+    peak_flops: float,
+    prefill_efficiency: float,
+) -> float:
+    """``d2``: seconds one prompt token adds to an iteration when prefill is compute-bound, s/token.
+
+    ``d2 = linear_flops_per_token / (peak_flops * prefill_efficiency)`` with
+    ``linear_flops_per_token = 2 * num_layers * linear_params_per_layer`` (2 FLOPs per multiply-add;
+    Kaplan et al. 2020, Sec. 2.1), the matmul FLOPs of one token.  The attention FLOPs of a chunk
+    (quadratic in its length) are left out: for 512-token prompts of Llama-2-7B they are about 1 % of
+    the matmul FLOPs.  Adding ``d2 * P(B)`` to ``d0 + d1 * KV(B)`` over-approximates the roofline's
+    ``max(compute, memory)`` step (``harness/sim/perf.py``) by at most the memory term; it is the term
+    the WAIT paper's memory-bound model lacks (``baselines.wait.fluid.wait_thresholds``). Every run's
+    policy hints carry it (``harness.core.policy.InstanceHints.fluid_d2_s_per_token``), whatever the variant.
+
+    Raises:
+        ValueError: a non-finite or non-positive argument, or an efficiency above 1.
+    """
+    for where, v in (("linear_flops_per_token", linear_flops_per_token), ("peak_flops", peak_flops)):
+        _positive(where, v)
+    _require(isinstance(prefill_efficiency, (int, float)) and 0 < prefill_efficiency <= 1, "prefill_efficiency",
+             "in (0, 1]", prefill_efficiency)
+    return linear_flops_per_token / (peak_flops * prefill_efficiency)
+
+
+STEP_MODES = tuple(ENGINE_DEFAULT_RULES)
 PREEMPTION_ORDERS = ("lifo_admission", "lifo_arrival")
 
 

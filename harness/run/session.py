@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from harness.core.backend import BackendConfig, Cluster
 from harness.core.controller import ConversationState, Controller
-from baselines.wait.fluid import prefill_iteration_coefficient
 from harness.core.policy import InstanceHints, Policy, PolicyContext
-from harness.core.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks
+from harness.core.profiles import (EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks,
+                                   prefill_iteration_coefficient)
 from harness.core.recorder import PlanDecision, Recorder
 from harness.core.trace import ConversationRecord
 from harness.workload.workload import Oracle, WorkloadStats
@@ -44,7 +44,7 @@ def instance_hints(hw: HardwareConfig, model: ModelConfig) -> InstanceHints:
     simulator's, ``harness.sim.perf.PerfModel``, evaluated on the profiles alone) for prefill throughput
     (2048-token chunk, tokens/s), an idle decode step (1 sequence, 1024-token context, s), and the WAIT
     fluid model's iteration line ``d0 + d1 * KV tokens`` (``PerfModel.decode_linear_coefficients``) with its
-    prefill term ``d2`` (``baselines.wait.fluid.prefill_iteration_coefficient``: linear-layer FLOPs per token over
+    prefill term ``d2`` (``harness.core.profiles.prefill_iteration_coefficient``: linear-layer FLOPs per token over
     peak x prefill efficiency)."""
     from harness.sim.perf import PerfModel
     perf = PerfModel(hw, model)
