@@ -21,9 +21,12 @@ def test_metric_state_and_next_seeds_by_hand():
     s = metric_state("m", z, -51.08, target=0.1)
     assert s.halfwidth == pytest.approx(T_2DF * 0.05 / math.sqrt(3), abs=1e-4)
     assert s.estimate == pytest.approx((math.exp(-0.2) - 1) * 100) and s.n == 3 and s.k == 3
-    # exp(-0.2 -+ 0.12421) - 1 = [-27.7, -7.3] %: below 0, but -18.1 % is less than half of -51.08 %
+    # exp(-0.2 -+ 0.12421) - 1 = [-27.7, -7.3] %: below 0, and its far end -27.7 % reaches half of -51.08 %
+    # (-25.54 %): reproduced (the interval decides; the old rule read the estimate -18.1 % as "smaller")
     assert s.low == pytest.approx((math.exp(-0.32421) - 1) * 100, abs=1e-3)
-    assert s.verdict == "same direction, smaller" and s.why == "decided"
+    assert s.verdict == "reproduced" and s.why == "decided"
+    # a narrower spread, sd 0.025: exp(-0.2 -+ 0.06211) - 1 = [-23.1, -12.9] %, wholly short of -25.54 %
+    assert metric_state("m", [-0.2, -0.175, -0.225], -51.08, 0.1).verdict == "same direction, smaller"
     assert metric_state("m", z, -51.08, 0.1, stop_on_verdict=False).why == ""
     assert metric_state("m", z, None, 0.1).why == ""             # no paper: only the half-width decides
     assert metric_state("m", z, None, 0.13).why == "target"      # 0.1242 <= 0.13
