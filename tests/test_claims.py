@@ -43,26 +43,113 @@ def test_paired_ratio_and_verdicts_by_hand():
 
 
 def test_the_five_verdicts_on_hand_made_intervals():
-    """One rule (harness.analysis.stats.verdict) on intervals made by hand, paper's C1 (-51.08 %: reproduced needs
-    <= -25.54 %) and C3 (+7.51 %: needs >= +3.755 %), margin 3 %."""
-    assert verdict(-30.0, (-35.0, -25.0), -51.08) == "reproduced"              # below 0, |-30| >= 25.54
-    assert verdict(-10.0, (-15.0, -5.0), -51.08) == "same direction, smaller"  # below 0, |-10| < 25.54
-    assert verdict(+10.0, (5.0, 15.0), -51.08) == "opposite"                  # above 0 against a reduction
-    assert verdict(+0.5, (-2.0, 2.9), -51.08) == "no difference"              # inside [-3, +3]
-    assert verdict(+0.5, (-2.0, 3.1), -51.08) == "inconclusive"               # crosses 0, leaves the margin
-    assert verdict(+5.0, (4.0, 6.0), 7.51) == "reproduced"                    # +5 >= 3.755
-    assert verdict(+3.0, (1.0, 5.0), 7.51) == "same direction, smaller"
-    assert verdict(-3.0, (-5.0, -1.0), 7.51) == "opposite"
+    """One rule (harness.analysis.stats.verdict), decided by the interval, on intervals made by hand at every
+    boundary; margin 3 % (EQUIVALENCE_MARGIN_PCT); paper C1 -51.08 % (half: 25.54 %), C3 +7.51 % (half:
+    3.755 %). The estimate passed is deliberately off-centre where it would have changed the old rule's
+    word: the rule must not read it."""
+    # 1. margin first: an interval inside +-3 % is "no difference" whatever its sign, even excluding 0
+    assert verdict(+1.0, (0.5, 2.0), -51.08) == "no difference"              # the issue's two cases
+    assert verdict(-1.0, (-2.0, -0.5), -51.08) == "no difference"
+    assert verdict(+0.5, (-2.0, 2.9), -51.08) == "no difference"              # includes 0
+    assert verdict(0.0, (-3.0, 3.0), 7.51) == "no difference"                 # ends on the margin: inside
+    assert verdict(+2.0, (1.0, 3.0), 7.51) == "no difference"                 # just inside, on the paper's side
+    assert verdict(+2.0, (1.0, 3.01), 7.51) == "same direction, smaller"      # just outside: 3.01 < 3.755
+    assert verdict(+0.5, (-2.0, 3.1), -51.08) == "inconclusive"               # includes 0, leaves the margin
     assert verdict(+1.0, (-1.0, 2.0), 7.51, margin=1.5) == "inconclusive"     # the margin is a knob
-    assert verdict(-30.0, (math.nan, math.nan), -51.08) == "inconclusive"    # one seed: no interval
+    assert verdict(+1.0, (0.5, 2.0), 7.51, margin=0.0) == "same direction, smaller"   # no margin: 2.0 < 3.755
+    # 2. direction: excludes 0 on the other side -> opposite; touches or includes 0 -> inconclusive
+    assert verdict(+10.0, (5.0, 15.0), -51.08) == "opposite"                  # above 0 against a reduction
+    assert verdict(-3.0, (-5.0, -1.0), 7.51) == "opposite"
+    assert verdict(-40.0, (-60.0, 0.0), -51.08) == "inconclusive"             # a bound at 0 does not exclude it
+    assert verdict(+5.0, (0.0, 9.0), 7.51) == "inconclusive"
+    assert verdict(+5.0, (1e-9, 9.0), 7.51) == "reproduced"                   # just past 0
+    assert verdict(-5.0, (-9.0, -3.5), -51.08) == "same direction, smaller"   # |-9| < 25.54
+    # 3. size on the interval: reproduced when its far end reaches half the paper's, else smaller
+    assert verdict(-30.0, (-35.0, -25.0), -51.08) == "reproduced"              # reaches -35 <= -25.54
+    assert verdict(-10.0, (-30.0, -5.0), -51.08) == "reproduced"               # estimate small, the interval reaches
+    assert verdict(-10.0, (-25.54, -5.0), -51.08) == "reproduced"              # touching half: reaches it
+    assert verdict(-10.0, (-25.53, -5.0), -51.08) == "same direction, smaller"  # just short of it
+    assert verdict(-40.0, (-15.0, -5.0), -51.08) == "same direction, smaller"  # estimate off-centre: not read
+    assert verdict(+3.0, (1.0, 3.755), 7.51) == "reproduced"                  # touching half, positive paper
+    assert verdict(+3.0, (1.0, 3.75), 7.51) == "same direction, smaller"
+    assert verdict(+5.0, (4.0, 6.0), 7.51) == "reproduced"
+    # 0. no interval (one seed, no data)
+    assert verdict(-30.0, (math.nan, math.nan), -51.08) == "inconclusive"
+    assert verdict(math.nan, (-35.0, -25.0), -51.08) == "inconclusive"
     # a claimed zero (C2's violations, percentage points): inside the margin reproduces it, beyond it opposes
     assert verdict(0.4, (0.1, 2.0), 0.0) == "reproduced"
+    assert verdict(0.0, (0.0, 3.0), 0.0) == "reproduced"                      # on the margin: inside
+    assert verdict(0.0, (0.0, 3.01), 0.0) == "inconclusive"                   # just outside, not wholly beyond
     assert verdict(8.0, (4.0, 12.0), 0.0) == "opposite"
+    assert verdict(8.0, (3.01, 12.0), 0.0) == "opposite"                      # wholly beyond, just
+    assert verdict(8.0, (3.0, 12.0), 0.0) == "inconclusive"                   # touches the margin
+    assert verdict(-8.0, (-12.0, -4.0), 0.0) == "opposite"                    # below -margin
     assert verdict(2.0, (0.5, 6.0), 0.0) == "inconclusive"
-    # a claimed direction without a size (C5): any significant growth reproduces it
-    assert verdict(+1.0, (0.2, 1.8), +1.0, min_effect=0.0) == "reproduced"
+    # a claimed direction without a size (C5, min_effect 0): growth beyond the margin reproduces it; growth
+    # inside the margin is no difference (the old rule read (0.2, 1.8) as reproduced)
+    assert verdict(+5.0, (3.2, 6.8), +1.0, min_effect=0.0) == "reproduced"
+    assert verdict(+1.0, (0.2, 1.8), +1.0, min_effect=0.0) == "no difference"
+    assert verdict(-5.0, (-6.8, -3.2), +1.0, min_effect=0.0) == "opposite"
     with pytest.raises(ValueError, match="margin"):
         verdict(0.0, (0.0, 0.0), 1.0, margin=-1.0)
+    with pytest.raises(ValueError, match="min_effect"):
+        verdict(0.0, (0.0, 0.0), 1.0, min_effect=-1.0)
+    for bad in (None, math.nan):                                               # no paper number: no claim to judge
+        with pytest.raises(ValueError, match="paper_effect"):
+            verdict(0.0, (-1.0, 1.0), bad)
+
+
+def test_c2_violation_share_sees_every_seed():
+    """harness.analysis.stats.violation_share on hand-made seeds (attainment, 200 conversations each)."""
+    from scipy import stats
+    from harness.analysis.stats import violation_share
+    # nine seeds at 1.0, one at 0.5: violations v = 0 x 9, 0.5; mean 0.05; deviations -0.05 x 9, +0.45:
+    # sum of squares 9 x 0.0025 + 0.2025 = 0.225, sd = sqrt(0.225 / 9) = 0.15811, se = sd / sqrt(10) = 0.05;
+    # t(0.975, 9) = 2.2622 (printed table): t-interval 0.05 -+ 0.11311 = [-0.0631, 0.1631] -> cut at 0.
+    # Pooled: 100 of 2000 conversations, Clopper-Pearson about [0.041, 0.060] -- inside the t-interval.
+    share, lo, hi, n, worst = violation_share([1.0] * 9 + [0.5], [200] * 10)
+    assert (share, n, worst) == (pytest.approx(0.05), 10, 0.5)
+    assert lo == 0.0 and hi == pytest.approx(0.05 + 2.2622 * 0.05, abs=1e-4)
+    assert 100 * hi > 3.0                                     # above the 3 pp margin: not "zero violations"
+    assert verdict(100 * share, (100 * lo, 100 * hi), 0.0) == "inconclusive"
+    # three perfect seeds (n = 3): the t-interval has zero width; the pooled 0 of 600 conversations has the
+    # Clopper-Pearson upper bound 1 - 0.025^(1/600) = 1 - exp(ln 0.025 / 600) = 1 - exp(-0.0061481) = 0.0061293
+    share, lo, hi, n, worst = violation_share([1.0, 1.0, 1.0], [200, 200, 200])
+    assert (share, lo, n, worst) == (0.0, 0.0, 3, 0.0)
+    assert hi == pytest.approx(0.0061293, abs=1e-6) and hi > lo            # not zero width
+    assert verdict(0.0, (0.0, 100 * hi), 0.0) == "reproduced"                # 0.61 pp inside 3 pp
+    # every seed at 0.99 (2 of 200 each): zero-width t-interval, so the pooled 6 of 600 decide; checked
+    # against scipy's own exact binomial interval
+    share, lo, hi, n, _ = violation_share([0.99] * 3, [200] * 3)
+    cp = stats.binomtest(6, 600).proportion_ci(confidence_level=0.95, method="exact")
+    assert share == pytest.approx(0.01) and (lo, hi) == (pytest.approx(cp.low), pytest.approx(cp.high))
+    # trials unknown: 100 conversations a seed (PROPORTION_FALLBACK_TRIALS): 0 of 300 -> 1 - 0.025^(1/300)
+    assert violation_share([1.0, 1.0, 1.0])[2] == pytest.approx(1 - 0.025 ** (1 / 300))
+    assert violation_share([0.9]) == (pytest.approx(0.1), pytest.approx(math.nan, nan_ok=True),
+                                      pytest.approx(math.nan, nan_ok=True), 1, pytest.approx(0.1))
+    assert violation_share([])[3] == 0
+    with pytest.raises(ValueError, match="attainment"):
+        violation_share([1.2, 0.9])
+
+
+def test_claim_slo_judges_zero_on_the_mean_share():
+    """C2 in claims.md: a collapsed seed is not averaged away, and perfect seeds still get an interval."""
+    rows = []
+    for s in range(10):
+        rows += [row("conserve", seed=s, slo_attainment_first=0.5 if s == 9 else 1.0, num_conversations=200),
+                 row("ampd_rd", seed=s, num_conversations=200)]
+    from harness.analysis.claims import claim_slo
+    lines, word, cells = claim_slo(classify(pd.DataFrame(rows)), "a40_1p3d")
+    first = next(c for c in cells if c["reading"] == "first")
+    visible = next(c for c in cells if c["reading"] == "visible")
+    assert first["mean"] == pytest.approx(5.0) and first["ci"][1] == pytest.approx(16.311, abs=0.01)
+    assert first["worst"] == pytest.approx(50.0) and first["verdict"] == "inconclusive"
+    # visible: ten perfect seeds of 200: 0 of 2000 -> upper 1 - 0.025^(1/2000) = 0.18427 pp
+    assert visible["ci"] == (0.0, pytest.approx(100 * (1 - 0.025 ** (1 / 2000)), abs=1e-4))
+    assert visible["verdict"] == "reproduced"
+    assert word == "depends on reading"
+    text = "\n".join(lines)
+    assert "+5.0 pp [+0.0, +16.3] (n=10), worst 50.0 pp | inconclusive |" in text
 
 
 def test_claims_table_depends_on_reading_and_flags_sensitivity():

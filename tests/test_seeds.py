@@ -21,21 +21,27 @@ def test_metric_state_and_next_seeds_by_hand():
     s = metric_state("m", z, -51.08, target=0.1)
     assert s.halfwidth == pytest.approx(T_2DF * 0.05 / math.sqrt(3), abs=1e-4)
     assert s.estimate == pytest.approx((math.exp(-0.2) - 1) * 100) and s.n == 3 and s.k == 3
-    # exp(-0.2 -+ 0.12421) - 1 = [-27.7, -7.3] %: below 0, but -18.1 % is less than half of -51.08 %
+    # exp(-0.2 -+ 0.12421) - 1 = [-27.7, -7.3] %: below 0, and its far end -27.7 % reaches half of -51.08 %
+    # (-25.54 %): reproduced (the interval decides; the old rule read the estimate -18.1 % as "smaller")
     assert s.low == pytest.approx((math.exp(-0.32421) - 1) * 100, abs=1e-3)
-    assert s.verdict == "same direction, smaller" and s.why == "decided"
+    assert s.verdict == "reproduced" and s.why == "decided" and s.alpha == 0.05
+    # a narrower spread, sd 0.025: exp(-0.2 -+ 0.06211) - 1 = [-23.1, -12.9] %, wholly short of -25.54 %
+    assert metric_state("m", [-0.2, -0.175, -0.225], -51.08, 0.1).verdict == "same direction, smaller"
     assert metric_state("m", z, -51.08, 0.1, stop_on_verdict=False).why == ""
     assert metric_state("m", z, None, 0.1).why == ""             # no paper: only the half-width decides
     assert metric_state("m", z, None, 0.13).why == "target"      # 0.1242 <= 0.13
     wide = [-0.2, -0.1, -0.3]                                     # sd 0.1: crosses 0 -> inconclusive
     assert metric_state("m", wide, -51.08, 0.1).verdict == "inconclusive"
-    # the seeds the spread asks for: (4.3027 x 0.05 / 0.1)^2 = 4.63 -> 5 (between n + 1 = 4 and 2 n = 6)
+    # a smaller nominal level widens the interval: t(1 - 0.01 / 2, 2) = 9.9248 (printed table)
+    assert metric_state("m", z, None, 0.1, alpha=0.01).halfwidth == pytest.approx(9.9248 * 0.05 / math.sqrt(3), abs=1e-4)
+    # the planned looks: min doubled until max, max last
+    assert seeds.planned_looks(3, 20) == (3, 6, 12, 20) and seeds.planned_looks(5, 5) == (5,)
+    assert seeds.planned_looks(2, 16) == (2, 4, 8, 16) and seeds.planned_looks(4, 9) == (4, 8, 9)
+    with pytest.raises(ValueError, match="--min-seeds"):
+        seeds.planned_looks(1, 20)
+    assert next_seeds(3, (3, 6, 12, 20)) == 6 and next_seeds(12, (3, 6, 12, 20)) == 20
+    assert next_seeds(20, (3, 6, 12, 20)) == 20
     st = metric_state("m", z, None, 0.1)
-    assert next_seeds([st], 3, 20, 0.1, {"m": z}) == 5
-    assert next_seeds([st], 3, 4, 0.1, {"m": z}) == 4              # the cap
-    assert next_seeds([st], 3, 20, 0.3, {"m": z}) == 4             # asks for fewer (0.51): at least n + 1
-    # (4.3027 x 0.1 / 0.1)^2 = 18.5 -> 19, but at most 2 n = 6
-    assert next_seeds([metric_state("m", wide, None, 0.1)], 3, 20, 0.1, {"m": wide}) == 6
     assert decide([st], 3, 20) == "" and decide([st], 20, 20) == "cap"
     assert decide([metric_state("m", z, None, 0.13)], 3, 20) == "target"
 
@@ -56,21 +62,27 @@ def fake_runner(values_a, values_b):
 
 
 def test_adapt_adds_seeds_until_the_half_width_is_reached(tmp_path: Path):
-    """Log ratios alternating +0.1, -0.1, by hand: n = 3: sd 0.11547, half-width 4.3027 x 0.11547 / sqrt 3 =
-    0.2868 > 0.1, the spread asks for (4.3027 x 0.11547 / 0.1)^2 = 24.7 seeds -> at most 2 n = 6; n = 6: sd
-    0.10954, t(0.975, 5) = 2.5706, half-width 0.1150 > 0.1, asks for (2.5706 x 0.10954 / 0.1)^2 = 7.93 -> 8;
-    n = 8: sd 0.10690, t(0.975, 7) = 2.3646, half-width 0.0894 <= 0.1: stop (target)."""
+    """Log ratios alternating +0.1, -0.1 at the planned looks 3, 6, 12, 20, each interval at the design's
+    nominal level a' (seeds.sequential_alpha, checked against Pocock's table in test_seeds_sequential.py):
+    n = 3: sd 0.11547; n = 6: sd sqrt(0.06 / 5) = 0.10954; n = 12: sd sqrt(0.12 / 11) = 0.10445; the half-width
+    t(1 - a'/2, n - 1) sd / sqrt(n) is 0.538, 0.162 (> 0.1, go on) and 0.087 (<= 0.1: stop, target) with
+    t = 8.07, 3.63, 2.88."""
+    from scipy import stats
     z = np.array([0.1, -0.1] * 10)
     run, calls = fake_runner(list(100.0 * np.exp(z)), [100.0] * 20)
     rec = adapt(tmp_path, ["scheduler=conserve"], ["scheduler=ampd"], ["workload.rate_per_s=0.1"], [("m", None)],
                 min_seeds=3, max_seeds=20, target_halfwidth=0.1, runner=run, log=lambda *_: None)
-    assert [r["seeds"] for r in rec.rounds] == [3, 6, 8] and (rec.seeds, rec.stopped) == (8, "target")
-    assert [r["m"]["halfwidth"] for r in rec.rounds] == pytest.approx([0.2868, 0.1150, 0.0894], abs=2e-4)
-    assert [n for arm, n in calls if arm == ("scheduler=conserve",)] == [3, 6, 8]
+    a = seeds.sequential_alpha((3, 6, 12, 20))
+    want = [stats.t.ppf(1 - a / 2, n - 1) * sd / math.sqrt(n) for n, sd in ((3, 0.11547), (6, 0.10954), (12, 0.10445))]
+    assert want == pytest.approx([0.538, 0.162, 0.087], abs=2e-3)
+    assert [r["seeds"] for r in rec.rounds] == [3, 6, 12] and (rec.seeds, rec.stopped) == (12, "target")
+    assert [r["m"]["halfwidth"] for r in rec.rounds] == pytest.approx(want, abs=2e-4)
+    assert rec.looks == [3, 6, 12, 20] and rec.alpha == a
+    assert [n for arm, n in calls if arm == ("scheduler=conserve",)] == [3, 6, 12]
     rows = (tmp_path / "seeds.csv").read_text().splitlines()
-    assert len(rows) == 2 and rows[1].startswith("workload.rate-per-s-0.1,8,target,m,")
+    assert len(rows) == 2 and rows[1].startswith("workload.rate-per-s-0.1,12,target,m,")
     md = seeds.seeds_markdown(tmp_path)
-    assert "| workload.rate-per-s-0.1 | 8 | target | `m` |" in md
+    assert "| workload.rate-per-s-0.1 | 12 | target | `m` |" in md
 
 
 def test_adapt_stops_at_the_cap_and_on_a_decided_verdict(tmp_path: Path):

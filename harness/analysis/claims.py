@@ -16,9 +16,10 @@ log ratio over the seeds transformed back (``harness.analysis.stats.ratio_interv
 (k of n seeds on the estimate's side of 0), or the single value for one seed.
 
 Verdicts: every verdict word comes from ``harness.analysis.stats.verdict`` (docs/metrics.md, "Intervals and
-verdicts"): reproduced / same direction, smaller / opposite / no difference / inconclusive. C1, C3, C4:
-the paired ratio against the paper's number; C2: ConServe's SLO violations (100 x (1 - attainment), the
-seed-level logit interval) against the claimed 0, within the equivalence margin; C5: AMPD's paired ratio
+verdicts"): reproduced / same direction, smaller / opposite / no difference / inconclusive, decided by the
+interval. C1, C3, C4: the paired ratio against the paper's number; C2: ConServe's SLO violations (the mean
+violated share over seeds in percentage points, the interval of ``harness.analysis.stats.violation_share``)
+against the claimed 0, within the equivalence margin; C5: AMPD's paired ratio
 at the largest error rate against its error-free run, direction "grows" (any size), with the linear
 fit's R^2 beside it (descriptive). One seed gives no interval, so "inconclusive".
 
@@ -37,7 +38,8 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, logit_t_interval, mean_ci, point_interval, ratio_interval, verdict
+from harness.analysis.stats import (EQUIVALENCE_MARGIN_PCT, logit_t_interval, mean_ci, point_interval, ratio_interval,
+                                    verdict, violation_share)
 
 PAPER = {"C1": -51.08, "C3": 7.51, "C4": 22.75}
 READINGS = ("first", "visible")
@@ -169,13 +171,18 @@ def claim_ttfet(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MARGIN_P
 
 def claim_slo(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], str, list[dict]]:
     """C2: SLO attainment per reading and rate (seed-level estimate [95 % logit interval], min over seeds),
-    ConServe and the AMPD modes. ConServe's verdict per cell: its violations, 100 x (1 - attainment) in
-    percentage points with the interval mapped the same way, against the paper's 0 within ``margin``
-    (:func:`harness.analysis.stats.verdict`)."""
+    ConServe and the AMPD modes, and ConServe's violations judged against the paper's zero: the mean over
+    seeds of each seed's violated share, in percentage points, with the 95 % interval of
+    :func:`harness.analysis.stats.violation_share` (the seed-level t-interval joined with the pooled
+    conversations' Clopper-Pearson interval, so it neither averages a collapsed seed away nor collapses to
+    zero width when every seed is perfect) and the worst seed beside it; the verdict
+    (:func:`harness.analysis.stats.verdict`, paper effect 0) is *reproduced* only when that interval lies
+    inside ``[0, margin]`` pp."""
     b = _base(r)
     b = b[b._tier == homo]
     lines = ["| rate (conv/s) | reading | ConServe attainment [95 % interval] (n, min) | AMPD remote_default | "
-             "AMPD cost | ConServe violations (pp) | verdict |", "|---|---|---|---|---|---|---|"]
+             "AMPD cost | ConServe violations, mean share (pp) [95 % interval] (n), worst seed | verdict |",
+             "|---|---|---|---|---|---|---|"]
     cells = []
     for rate in sorted(b._rate.dropna().unique()):
         for rd in READINGS:
@@ -191,10 +198,12 @@ def claim_slo(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MARGIN_PCT
                 row.append(f"{est:.3f} [{lo:.3f}, {hi:.3f}] (n={n}, min {x.min():.3f})" if n > 1 and np.isfinite(lo)
                            else (f"{est:.3f} (n={n})" if n else "n/a"))
                 if v == "conserve" and n:
-                    viol, ci = 100 * (1 - est), (100 * (1 - hi), 100 * (1 - lo))
+                    share, vlo, vhi, vn, worst = violation_share(x, trials)
+                    viol, ci = 100 * share, (100 * vlo, 100 * vhi)
                     verd = verdict(viol, ci, 0.0, margin)
-                    cells.append({"rate": rate, "reading": rd, "verdict": verd, "mean": viol, "ci": ci, "n": n})
-                    tail = [fmt(viol, ci, n, unit=" pp"), verd]
+                    cells.append({"rate": rate, "reading": rd, "verdict": verd, "mean": viol, "ci": ci, "n": vn,
+                                  "worst": 100 * worst})
+                    tail = [f"{fmt(viol, ci, vn, unit=' pp')}, worst {100 * worst:.1f} pp", verd]
             lines.append("| " + " | ".join(row + tail) + " |")
     return lines, _depends(cells, ["reading", "rate"]), cells
 
@@ -471,11 +480,13 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
     out = ["# ConServe's claims vs AMPD", "",
            "Paired ratios on the same seed (the seed is the independent unit): geometric mean of the per-seed "
            "ratios − 1, with the 95 % Student-t interval of the mean log ratio [low, high], the seeds n and the sign "
-           "count (k of n seeds on the estimate's side of 0). Verdicts from one rule (`harness.analysis.stats.verdict`, "
-           "docs/metrics.md \"Intervals and verdicts\"): *reproduced* (the interval excludes 0 on the paper's side "
-           "and the estimate is at least half the paper's size), *same direction, smaller*, *opposite*, *no "
-           f"difference* (the interval inside ±{margin:g} %, the equivalence margin), *inconclusive* (none of "
-           "these, and any single seed).", "",
+           "count (k of n seeds on the estimate's side of 0). Verdicts from one rule decided by the interval "
+           "(`harness.analysis.stats.verdict`, docs/metrics.md \"Intervals and verdicts\"), first match: *no "
+           f"difference* (the interval inside ±{margin:g} %, the equivalence margin, whatever its sign), *opposite* "
+           "(it excludes 0 on the other side), *inconclusive* (it includes 0; also any single seed), *reproduced* "
+           "(it excludes 0 on the paper's side and reaches half the paper's size), *same direction, smaller* (it "
+           "lies wholly below half the paper's size). C2 (a claimed zero): *reproduced* when the violations' "
+           f"interval lies inside ±{margin:g} pp.", "",
            "| claim | paper | verdict |", "|---|---|---|",
            f"| C1 p95 TTFET vs AMPD | {PAPER['C1']} % | {overall.get('C1', v1)} |",
            f"| C2 zero SLO violations at every rate | 0 violations | {overall.get('C2', v2)} |",

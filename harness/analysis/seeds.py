@@ -1,5 +1,5 @@
-"""Enough seeds, chosen by the data: add seeds (``workload.seed``) to a paired cell until its interval is
-narrow enough, its verdict is decided, or a cap is reached.
+"""Enough seeds, chosen by the data: add seeds (``workload.seed``) to a paired cell, at planned looks, until its
+interval is narrow enough, its verdict is decided, or a cap is reached, keeping the false-verdict rate at most 5 %.
 
     python -m harness.analysis.seeds SWEEP_DIR --a "scheduler=conserve" --b "scheduler=ampd" \\
         --metric ttfet_first_p95_s:-51.08 --metric tokens_per_joule:7.51 \\
@@ -11,19 +11,22 @@ arms, ``--a`` and ``--b`` (each a space-separated list of Hydra overrides, e.g. 
 scheduler.mode=cost"``), paired on the seed. Each round runs ``python run.py -m`` once per arm over the seeds
 0..n-1 into ``SWEEP_DIR/<cell>/<arm>_seed<k>/`` (``hydra.sweep.dir`` and a seed-keyed
 ``hydra.sweep.subdir``, so a rerun or a later round skips the runs already complete: run.py's resume) and
-reads each run's ``summary.json``. Per ``--metric KEY[:PAPER]`` it computes the paired ratio a / b over the
-seeds (:func:`harness.analysis.stats.ratio_interval`: the 95 % t-interval of the mean log ratio) and, with the
-paper's effect in %, the verdict (:func:`harness.analysis.stats.verdict`). The cell stops (:func:`decide`) when every
-metric has
+reads each run's ``summary.json``. The rounds are the planned looks of a group-sequential design
+(:func:`planned_looks`: ``--min-seeds`` doubled until ``--max-seeds``, e.g. 3, 6, 12, 20). At each look, per
+``--metric KEY[:PAPER]``, it computes the paired ratio a / b over the seeds with its *repeated confidence
+interval* (:func:`harness.analysis.stats.ratio_interval` at Pocock's nominal level :func:`sequential_alpha`,
+about 0.015 for 3, 6, 12, 20 seeds instead of 0.05) and, with the paper's effect in %, the verdict
+(:func:`harness.analysis.stats.verdict`). A metric is done when
 
-* ``target``: the log-ratio half-width ``t_{0.975, n-1} sd / sqrt(n) <= --target-halfwidth`` (0.1 is about
-  +-10 % on the ratio), or
-* ``decided``: a verdict other than ``inconclusive`` (only with a paper effect),
+* ``target``: the log-ratio half-width ``t_{1-alpha'/2, n-1} sd / sqrt(n) <= --target-halfwidth`` (0.1 is
+  about +-10 % on the ratio), or
+* ``decided``: a verdict other than ``inconclusive`` (only with a paper effect; ``--no-stop-on-verdict``
+  turns it off);
 
-or at ``cap`` (``--max-seeds``). Otherwise the next round's n is the seeds the current spread asks for,
-``ceil((t sd / target)^2)``, at least n + 1, at most 2 n and the cap. Stopping on a decided verdict is
-optional stopping: it makes a decided verdict somewhat likelier than its nominal 5 % error, which
-``--min-seeds`` (default 3) bounds; ``--no-stop-on-verdict`` stops on the half-width or the cap only.
+the cell stops (:func:`decide`) when every metric is done or at the last look (``cap``), else it runs the
+next look. The repeated intervals hold at all looks at once, so stopping at any look for any of these
+reasons keeps a false directional verdict at a true effect of 0 at most 5 % (measured: docs/metrics.md,
+"Adaptive seeds").
 
 Each cell's record (seeds run, why it stopped, per metric the estimate, interval, half-width, sign count
 and verdict, and the rounds) is written to ``SWEEP_DIR/seeds.json`` (one entry per cell, updated in place)
@@ -41,23 +44,91 @@ import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
 from harness.core.paths import PROJECT_ROOT
-from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, mean_ci, ratio_interval, t_quantile, verdict
+from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, mean_ci, ratio_interval, verdict
 
 SEED_KEY = "workload.seed"
 RECORD_JSON, RECORD_CSV = "seeds.json", "seeds.csv"
 
 
+def planned_looks(min_seeds: int, max_seeds: int) -> tuple[int, ...]:
+    """The planned looks of the sequential design, in seeds: ``min_seeds`` doubled until ``max_seeds``,
+    which is always the last (3, 20 -> ``(3, 6, 12, 20)``; 5, 5 -> ``(5,)``).
+
+    Raises:
+        ValueError: not ``2 <= min_seeds <= max_seeds``.
+    """
+    if not (2 <= min_seeds <= max_seeds):
+        raise ValueError(f"need 2 <= --min-seeds ({min_seeds}) <= --max-seeds ({max_seeds})")
+    looks, n = [], min_seeds
+    while n < max_seeds:
+        looks.append(n)
+        n *= 2
+    return tuple(looks + [max_seeds])
+
+
+@lru_cache(maxsize=64)
+def sequential_alpha(looks: tuple[int, ...], alpha: float = 0.05, reps: int = 200_000, seed: int = 0) -> float:
+    """The nominal two-sided level of every look of a Pocock design for one-sample t-statistics: the
+    ``alpha'`` such that, with no effect, the chance that the t-test at level ``alpha'`` rejects at *any*
+    of the ``looks`` (seeds, increasing) is ``alpha``. Pocock's boundary is one constant nominal level for
+    all looks (Pocock, "Group sequential methods in the design and analysis of clinical trials",
+    Biometrika 64, 1977); with an unknown variance it is carried to the t-statistics by that nominal
+    significance level (Jennison & Turnbull, Group Sequential Methods with Applications to Clinical
+    Trials, 2000, sec. 3.8), here calibrated for these looks by simulation instead of the normal
+    approximation: ``reps`` null paths of standard normal seeds (fixed ``seed``: reproducible), each look
+    from its segments' sufficient statistics (a segment of ``L`` seeds: its sum ~ N(0, L) and its
+    within-segment sum of squares ~ chi^2_{L-1}, independent), and ``alpha'`` the ``alpha``-quantile of the
+    smallest p-value over the looks. One look: ``alpha`` itself. 3, 6, 12, 20 seeds: 0.0150 (t = 8.07,
+    3.63, 2.88, 2.67 at the looks, against 4.30, 2.57, 2.20, 2.09 at 95 %; docs/metrics.md, "Adaptive
+    seeds"); looks of 1000, 2000, 3000, 4000 give 0.0181, Pocock's normal-theory 0.0182 (his 2.361).
+    Monte Carlo error: about +-0.0005 on the overall ``alpha`` at 200,000 paths.
+
+    The intervals at this level are repeated confidence intervals (Jennison & Turnbull, JRSS B 51, 1989):
+    with no effect they all cover it at once with probability ``1 - alpha``, so a stop at any look, for any
+    reason (a decided verdict, a narrow interval, the cap), keeps the chance of a false directional verdict
+    at most ``alpha``.
+
+    Raises:
+        ValueError: looks not increasing or the first below 2 seeds.
+    """
+    looks = tuple(int(n) for n in looks)
+    if not looks or looks[0] < 2 or any(b <= a for a, b in zip(looks, looks[1:])):
+        raise ValueError(f"sequential_alpha: looks must increase from at least 2 seeds, got {looks}")
+    if len(looks) == 1:
+        return float(alpha)
+    from scipy import stats
+    rng = np.random.default_rng(seed)
+    total = np.zeros(reps)
+    raw_ss = np.zeros(reps)      # sum of x^2 so far
+    min_p = np.ones(reps)
+    prev = 0
+    for n in looks:
+        seg = n - prev
+        ssum = rng.normal(0.0, math.sqrt(seg), reps)
+        within = rng.chisquare(seg - 1, reps) if seg > 1 else np.zeros(reps)
+        total += ssum
+        raw_ss += within + ssum ** 2 / seg
+        ss = np.maximum(raw_ss - total ** 2 / n, 1e-300)
+        t = total / np.sqrt(n * ss / (n - 1))
+        min_p = np.minimum(min_p, 2 * stats.t.sf(np.abs(t), n - 1))
+        prev = n
+    return float(np.quantile(min_p, alpha))
+
+
 @dataclass
 class MetricState:
     """One metric of a cell after a round: ``estimate`` and ``low`` / ``high`` in % change of the ratio
-    a / b, ``halfwidth`` of the mean log ratio (dimensionless), ``n`` seeds, ``k`` seeds on the estimate's
-    side, ``verdict`` (empty without a paper effect), ``done`` and ``why`` (``target`` / ``decided`` / '')."""
+    a / b (the repeated confidence interval of the look: level ``1 - alpha``), ``halfwidth`` of the mean
+    log ratio at that level (dimensionless), ``n`` seeds, ``k`` seeds on the estimate's side, ``verdict``
+    (empty without a paper effect), ``done`` and ``why`` (``target`` / ``decided`` / ''), ``alpha`` the
+    look's nominal two-sided level (:func:`sequential_alpha`)."""
 
     metric: str
     paper: Optional[float]
@@ -70,33 +141,28 @@ class MetricState:
     verdict: str
     done: bool
     why: str
+    alpha: float = 0.05
 
 
 def metric_state(metric: str, log_ratios: Sequence[float], paper: Optional[float], target: float,
-                 margin: float = EQUIVALENCE_MARGIN_PCT, stop_on_verdict: bool = True) -> MetricState:
-    """The stopping state of one metric from its per-seed log ratios ``log(a_i / b_i)``."""
+                 margin: float = EQUIVALENCE_MARGIN_PCT, stop_on_verdict: bool = True,
+                 alpha: float = 0.05) -> MetricState:
+    """The stopping state of one metric from its per-seed log ratios ``log(a_i / b_i)``: the interval at the
+    nominal two-sided level ``alpha`` (the look's :func:`sequential_alpha`; 0.05 is a fixed design's 95 %),
+    its verdict (:func:`harness.analysis.stats.verdict`) and whether the metric is done (``target``: the
+    half-width at most ``target``; ``decided``: a verdict other than ``inconclusive``)."""
     z = np.asarray([x for x in log_ratios if np.isfinite(x)], dtype=float)
-    est, (lo, hi), n, k = ratio_interval(z)
-    _, half, _ = mean_ci(z)
+    est, (lo, hi), n, k = ratio_interval(z, alpha)
+    _, half, _ = mean_ci(z, alpha)
     v = verdict(est, (lo, hi), paper, margin) if paper is not None else ""
     why = ("target" if np.isfinite(half) and half <= target
            else "decided" if stop_on_verdict and v not in ("", "inconclusive") else "")
-    return MetricState(metric, paper, est, lo, hi, float(half), n, k, v, bool(why), why)
+    return MetricState(metric, paper, est, lo, hi, float(half), n, k, v, bool(why), why, float(alpha))
 
 
-def next_seeds(states: Sequence[MetricState], n: int, max_seeds: int, target: float,
-               log_ratios: dict[str, Sequence[float]]) -> int:
-    """The seeds of the next round: for the metrics not yet done, the n their spread asks for,
-    ``ceil((t_{0.975, n-1} sd / target)^2)``, the largest of them, at least ``n + 1``, at most ``2 n`` and
-    ``max_seeds``."""
-    need = n + 1
-    for s in states:
-        if s.done:
-            continue
-        z = np.asarray([x for x in log_ratios[s.metric] if np.isfinite(x)], dtype=float)
-        if len(z) >= 2 and np.std(z, ddof=1) > 0:
-            need = max(need, math.ceil((t_quantile(len(z)) * float(np.std(z, ddof=1)) / target) ** 2))
-    return int(min(max_seeds, max(n + 1, min(2 * n, need))))
+def next_seeds(n: int, looks: Sequence[int]) -> int:
+    """The seeds of the next round: the first planned look after ``n`` (the last look when none is)."""
+    return int(next((m for m in looks if m > n), looks[-1]))
 
 
 def decide(states: Sequence[MetricState], n: int, max_seeds: int) -> str:
@@ -107,9 +173,22 @@ def decide(states: Sequence[MetricState], n: int, max_seeds: int) -> str:
     return "cap" if n >= max_seeds else ""
 
 
+def round_decision(log_ratios: dict[str, Sequence[float]], metrics: Sequence[tuple[str, Optional[float]]],
+                   n: int, looks: Sequence[int], target: float, margin: float = EQUIVALENCE_MARGIN_PCT,
+                   stop_on_verdict: bool = True) -> tuple[list[MetricState], str, int]:
+    """One look of the sequential design on ``n`` seeds: ``(states, why, next n)`` -- each metric's state
+    (:func:`metric_state` at the looks' :func:`sequential_alpha`), why the cell stops (:func:`decide`; ''
+    to go on) and the next look (:func:`next_seeds`). :func:`adapt` runs it after every round; the tests
+    run it on synthetic log ratios."""
+    a = sequential_alpha(tuple(looks))
+    states = [metric_state(m, log_ratios[m], p, target, margin, stop_on_verdict, a) for m, p in metrics]
+    return states, decide(states, n, looks[-1]), next_seeds(n, looks)
+
+
 @dataclass
 class CellRecord:
-    """What ``seeds.json`` keeps per cell."""
+    """What ``seeds.json`` keeps per cell (``looks``: the planned looks in seeds; ``alpha``: their nominal
+    two-sided level, :func:`sequential_alpha`)."""
 
     cell: str
     a: list[str]
@@ -123,6 +202,8 @@ class CellRecord:
     stopped: str = ""
     metrics: list[dict] = field(default_factory=list)
     rounds: list[dict] = field(default_factory=list)
+    looks: list[int] = field(default_factory=list)
+    alpha: float = 0.05
 
 
 def _label(overrides: Sequence[str]) -> str:
@@ -199,10 +280,11 @@ def seeds_markdown(sweep_dir: Path) -> str:
     import pandas as pd
     t = pd.read_csv(p)
     lines = ["## Seeds per cell (`python -m harness.analysis.seeds`)", "",
-             "Seeds were added to each cell until every metric's paired interval was narrow enough (`target`: "
-             "half-width of the mean log ratio at most the target), its verdict was decided (`decided`), or the cap "
-             "was reached (`cap`).", "",
-             "| cell | seeds | stopped | metric | a / b − 1 [95 % interval] | log half-width | sign count | verdict |",
+             "Seeds were added to each cell at planned looks until every metric's paired interval was narrow enough "
+             "(`target`: half-width of the mean log ratio at most the target), its verdict was decided (`decided`), "
+             "or the last look was reached (`cap`). The intervals are repeated 95 % confidence intervals (Pocock's "
+             "nominal level α' at every look, docs/metrics.md \"Adaptive seeds\"), wider than a fixed design's.", "",
+             "| cell | seeds | stopped | metric | a / b − 1 [repeated 95 % interval] | log half-width | sign count | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for r in t.itertuples():
         ci = (f"{r.estimate:+.1f} % [{r.low:+.1f}, {r.high:+.1f}]" if np.isfinite(r.low)
@@ -223,8 +305,7 @@ def adapt(sweep_dir: Path, a: Sequence[str], b: Sequence[str], overrides: Sequen
     Raises:
         ValueError: bad bounds (``1 < min_seeds <= max_seeds``, ``target_halfwidth > 0``) or no metric.
     """
-    if not (2 <= min_seeds <= max_seeds):
-        raise ValueError(f"need 2 <= --min-seeds ({min_seeds}) <= --max-seeds ({max_seeds})")
+    looks = planned_looks(min_seeds, max_seeds)
     if not target_halfwidth > 0:
         raise ValueError(f"--target-halfwidth must be > 0, got {target_halfwidth}")
     if not metrics:
@@ -237,14 +318,14 @@ def adapt(sweep_dir: Path, a: Sequence[str], b: Sequence[str], overrides: Sequen
     cell_dir = sweep_dir / cell
     rec = CellRecord(cell, list(a), list(b), list(overrides), min_seeds, max_seeds, target_halfwidth, margin)
     keys = [m for m, _ in metrics]
-    n = min_seeds
+    rec.looks, rec.alpha = list(looks), sequential_alpha(looks)
+    n = looks[0]
     while True:
         for arm in (a, b):
             runner(cell_dir, arm, overrides, n)
         va, vb = read_arm(cell_dir, a, n, keys), read_arm(cell_dir, b, n, keys)
         lr = {m: log_ratios(va, vb, m) for m in keys}
-        states = [metric_state(m, lr[m], p, target_halfwidth, margin, stop_on_verdict) for m, p in metrics]
-        why = decide(states, n, max_seeds)
+        states, why, nxt = round_decision(lr, metrics, n, looks, target_halfwidth, margin, stop_on_verdict)
         rec.seeds, rec.stopped, rec.metrics = n, why, [asdict(s) for s in states]
         rec.rounds.append({"seeds": n, **{s.metric: {"halfwidth": s.halfwidth, "verdict": s.verdict} for s in states}})
         write_records(sweep_dir, rec)
@@ -253,7 +334,7 @@ def adapt(sweep_dir: Path, a: Sequence[str], b: Sequence[str], overrides: Sequen
             + (f" -> stop ({why})" if why else ""))
         if why:
             return rec
-        n = next_seeds(states, n, max_seeds, target_halfwidth, lr)
+        n = nxt
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -266,10 +347,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--b", required=True, help='arm b (denominator), e.g. "scheduler=ampd scheduler.mode=cost"')
     ap.add_argument("--metric", action="append", required=True, metavar="KEY[:PAPER]",
                     help="a summary.json key, optionally with the paper's effect in %% (repeatable)")
-    ap.add_argument("--min-seeds", type=int, default=3)
-    ap.add_argument("--max-seeds", type=int, default=20)
+    ap.add_argument("--min-seeds", type=int, default=3, help="the first look (seeds); later looks double it")
+    ap.add_argument("--max-seeds", type=int, default=20, help="the last look (seeds), the cap")
     ap.add_argument("--target-halfwidth", type=float, default=0.1,
-                    help="stop when the mean log ratio's 95 %% half-width is at most this (0.1: about +-10 %%)")
+                    help="stop when the mean log ratio's repeated 95 %% half-width is at most this "
+                         "(0.1: about +-10 %%)")
     ap.add_argument("--margin", type=float, default=EQUIVALENCE_MARGIN_PCT,
                     help="the verdict's equivalence margin in %% (harness.analysis.stats.EQUIVALENCE_MARGIN_PCT)")
     ap.add_argument("--cell", default=None, help="the cell's name (default: from the overrides)")

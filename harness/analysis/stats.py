@@ -20,31 +20,40 @@ The estimate is the interval's centre transformed back (inverse logit of the mea
 mean, ...), so it always lies inside its interval. The Wilson interval of the conversations pooled over
 the seeds (:func:`wilson`) is kept only as a descriptive column (``<metric>_pooled*`` in ``points.csv``):
 it treats correlated conversations as independent trials and is far too narrow.
+
+A claim of *zero* SLO violations is judged on :func:`violation_share` (the mean violated share over seeds,
+its seed-level t-interval joined with the pooled conversations' Clopper-Pearson interval), not on the
+logit interval; every verdict word comes from :func:`verdict`, which reads the interval only.
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any, Iterable, Optional
 
 import numpy as np
 
 
-def t_quantile(n: int) -> float:
-    """Two-sided 95 % Student-t quantile for ``n`` observations (n - 1 degrees of freedom); NaN for n < 2."""
+@lru_cache(maxsize=4096)
+def t_quantile(n: int, alpha: float = 0.05) -> float:
+    """Two-sided ``1 - alpha`` Student-t quantile ``t_{1 - alpha/2, n - 1}`` for ``n`` observations (95 % by
+    default; a smaller ``alpha`` is a sequential design's nominal level, ``harness.analysis.seeds``); NaN for
+    n < 2."""
     if n < 2:
         return math.nan
     from scipy import stats
-    return float(stats.t.ppf(0.975, n - 1))
+    return float(stats.t.ppf(1 - alpha / 2, n - 1))
 
 
-def mean_ci(values: Iterable[float]) -> tuple[float, float, int]:
-    """``(mean, 95 % CI half-width, n)`` of the finite values; NaN mean for n = 0, NaN half-width for n < 2."""
+def mean_ci(values: Iterable[float], alpha: float = 0.05) -> tuple[float, float, int]:
+    """``(mean, half-width, n)`` of the finite values, the half-width of the two-sided ``1 - alpha`` (95 %)
+    t-interval ``t_quantile(n, alpha) sd / sqrt(n)``; NaN mean for n = 0, NaN half-width for n < 2."""
     x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
     n = len(x)
     if n == 0:
         return math.nan, math.nan, 0
-    half = t_quantile(n) * float(np.std(x, ddof=1)) / math.sqrt(n) if n >= 2 else math.nan
+    half = t_quantile(n, alpha) * float(np.std(x, ddof=1)) / math.sqrt(n) if n >= 2 else math.nan
     return float(np.mean(x)), half, n
 
 
@@ -104,10 +113,11 @@ def _finite(values: Iterable[Any], trials: Iterable[Any] = ()) -> tuple[np.ndarr
     return (np.array([k[0] for k in keep], dtype=float), np.array([k[1] for k in keep], dtype=float))
 
 
-def _t_back(z: np.ndarray, back) -> tuple[float, float, float, int]:
-    """``(back(mean z), back(mean z - h), back(mean z + h), n)``: the t-interval of ``z`` (its mean +- the
-    half-width of :func:`mean_ci`) through the monotone back-transform ``back``; no bounds for n < 2."""
-    m, h, n = mean_ci(z)
+def _t_back(z: np.ndarray, back, alpha: float = 0.05) -> tuple[float, float, float, int]:
+    """``(back(mean z), back(mean z - h), back(mean z + h), n)``: the ``1 - alpha`` t-interval of ``z`` (its
+    mean +- the half-width of :func:`mean_ci`) through the monotone back-transform ``back``; no bounds for
+    n < 2."""
+    m, h, n = mean_ci(z, alpha)
     if n == 0:
         return math.nan, math.nan, math.nan, 0
     if not np.isfinite(h):
@@ -138,11 +148,11 @@ def logit_t_interval(values: Iterable[float], trials: Iterable[float] = ()) -> t
     return _t_back(np.log(q / (1 - q)), lambda z: 1 / (1 + math.exp(-z)))
 
 
-def log_t_interval(values: Iterable[float], shift: float = 0.0) -> tuple[float, float, float, int]:
-    """``(estimate, low, high, n)`` over seeds of a quantity ``x > -shift``: the 95 % t-interval of
-    ``log(x + shift)`` transformed back with ``exp(z) - shift``. ``shift = 0``: the geometric mean of a
-    positive quantity (a time, a ratio); ``shift = 1``: a count (``log(1 + x)``), whose interval never goes
-    below 0.
+def log_t_interval(values: Iterable[float], shift: float = 0.0, alpha: float = 0.05) -> tuple[float, float, float, int]:
+    """``(estimate, low, high, n)`` over seeds of a quantity ``x > -shift``: the ``1 - alpha`` (95 %)
+    t-interval of ``log(x + shift)`` transformed back with ``exp(z) - shift``. ``shift = 0``: the geometric
+    mean of a positive quantity (a time, a ratio); ``shift = 1``: a count (``log(1 + x)``), whose interval
+    never goes below 0.
 
     Raises:
         ValueError: a value ``<= -shift`` (no logarithm).
@@ -150,7 +160,7 @@ def log_t_interval(values: Iterable[float], shift: float = 0.0) -> tuple[float, 
     x, _ = _finite(values)
     if (x + shift <= 0).any():
         raise ValueError(f"log interval of values <= {-shift:g}: {x.tolist()}")
-    return _t_back(np.log(x + shift), lambda z: math.exp(z) - shift)
+    return _t_back(np.log(x + shift), lambda z: math.exp(z) - shift, alpha)
 
 
 def interval_kind(metric: str, values: Iterable[float]) -> str:
@@ -208,54 +218,108 @@ def pooled_wilson(values: Iterable[float], trials: Iterable[float]) -> tuple[flo
     return (succ / tot, *wilson(succ, tot))
 
 
-def ratio_interval(log_ratios: Iterable[float]) -> tuple[float, tuple[float, float], int, int]:
+def ratio_interval(log_ratios: Iterable[float], alpha: float = 0.05) -> tuple[float, tuple[float, float], int, int]:
     """A paired ratio over seeds from the per-seed log ratios ``log(a_i / b_i)``, in % change:
-    ``(geometric mean - 1, (low, high) of the 95 % t-interval of the mean log ratio - 1, n, k)``, all x 100
-    except ``n`` (seeds) and ``k`` (seeds whose ratio lies on the estimate's side of 1, the sign count;
-    0 when the estimate is exactly 0). The interval is NaN for n < 2."""
+    ``(geometric mean - 1, (low, high) of the 1 - alpha (95 %) t-interval of the mean log ratio - 1, n, k)``,
+    all x 100 except ``n`` (seeds) and ``k`` (seeds whose ratio lies on the estimate's side of 1, the sign
+    count; 0 when the estimate is exactly 0). The interval is NaN for n < 2. ``alpha`` below 0.05: the
+    repeated confidence interval of a sequential design (``harness.analysis.seeds``)."""
     z, _ = _finite(log_ratios)
-    est, lo, hi, n = log_t_interval(np.exp(z)) if len(z) else (math.nan, math.nan, math.nan, 0)
+    est, lo, hi, n = log_t_interval(np.exp(z), 0.0, alpha) if len(z) else (math.nan, math.nan, math.nan, 0)
     if n == 0:
         return math.nan, (math.nan, math.nan), 0, 0
     k = int((np.sign(z) == np.sign(math.log(est))).sum()) if est != 1 else 0
     return (est - 1) * 100, ((lo - 1) * 100, (hi - 1) * 100), n, k
 
 
-def verdict(estimate: float, ci: tuple[float, float], paper_effect: float,
-            margin: float = EQUIVALENCE_MARGIN_PCT, min_effect: Optional[float] = None) -> str:
-    """The one verdict rule (docs/metrics.md, "Intervals and verdicts") for a paper's effect against a
-    measured one, both in the same unit (% change of a ratio; percentage points for a claimed zero).
+def violation_share(attainment: Iterable[float], trials: Iterable[float] = (),
+                    alpha: float = 0.05) -> tuple[float, float, float, int, float]:
+    """``(share, low, high, n, worst)`` of the violations ``1 - attainment`` over seeds, as fractions: the
+    statistic of a claim of *zero* SLO violations (C2, ``harness.analysis.claims.claim_slo``).
 
-    ``ci``: the 95 % interval (low, high) over seeds; ``paper_effect``: the paper's number (its sign is the
-    claimed direction; 0 claims no effect); ``margin``: the equivalence margin (same unit, >= 0);
-    ``min_effect``: the size the estimate must reach (default half the paper's, ``|paper_effect| / 2``; 0
-    for a claim of direction only). Returns one of :data:`VERDICTS`:
+    * ``share``: the mean over the ``n`` seeds of each seed's violated share (every seed weighs the same,
+      so one collapsed seed counts as what it is: nine seeds at 0 and one at 0.5 read 0.05);
+    * ``low``, ``high``: the union of two two-sided ``1 - alpha`` (95 %) intervals. (a) The seed-level
+      Student-t interval of the mean share, ``share +- t_{1-alpha/2, n-1} sd / sqrt(n)`` (:func:`mean_ci`),
+      cut to [0, 1]. (b) The Clopper-Pearson interval (Clopper & Pearson, Biometrika 26, 1934) of the
+      violated conversations pooled over the seeds, ``x = sum (1 - a_i) m_i`` of ``N = sum m_i``:
+      ``[Beta(alpha/2; x, N - x + 1), Beta(1 - alpha/2; x + 1, N - x)]``, the bounds 0 and 1 at ``x = 0``
+      and ``x = N``. (a) sees the seed-to-seed spread (a collapse) but has zero width when every seed has
+      the same share; (b) counts conversations, so when every seed is perfect its upper bound
+      ``1 - (alpha/2)^(1/N)`` (about 3.69 / N at 95 %; the rule of three's 3 / N is its one-sided 95 %
+      form, Hanley & Lippman-Hand, JAMA 249, 1983) keeps the interval from collapsing to zero width on a
+      handful of seeds. The union is at least as wide as either, so its coverage is at least theirs;
+    * ``worst``: the largest seed's share (shown beside the estimate).
 
-    * ``reproduced``: the interval excludes 0 on the paper's side and ``|estimate| >= min_effect``; for a
-      claimed zero: the interval lies inside ``[-margin, +margin]``;
-    * ``same direction, smaller``: the interval excludes 0 on the paper's side, the estimate is smaller;
-    * ``opposite``: the interval excludes 0 on the other side; for a claimed zero: the whole interval lies
-      beyond the margin;
-    * ``no difference``: the interval lies inside ``[-margin, +margin]`` (and includes 0);
-    * ``inconclusive``: none of these -- also for one seed or no data (no interval).
+    ``trials``: each seed's conversations ``m_i``, aligned with ``attainment``
+    (:data:`PROPORTION_FALLBACK_TRIALS` where unknown). One seed: ``low`` / ``high`` NaN (no seed-level
+    interval); no seeds: all NaN and ``n = 0``.
 
     Raises:
-        ValueError: a negative ``margin`` or ``min_effect``.
+        ValueError: an attainment outside [0, 1].
+    """
+    a, m = _finite(attainment, trials)
+    n = len(a)
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0, math.nan
+    if ((a < 0) | (a > 1)).any():
+        raise ValueError(f"SLO attainment outside [0, 1]: {a.tolist()}")
+    v = 1.0 - a
+    share, worst = float(v.mean()), float(v.max())
+    if n < 2:
+        return share, math.nan, math.nan, n, worst
+    _, half, _ = mean_ci(v, alpha)
+    m = np.where(np.isfinite(m), m, PROPORTION_FALLBACK_TRIALS)
+    x, tot = float((v * m).sum()), float(m.sum())
+    from scipy import stats
+    cp_lo = 0.0 if x <= 0 else float(stats.beta.ppf(alpha / 2, x, tot - x + 1))
+    cp_hi = 1.0 if x >= tot else float(stats.beta.ppf(1 - alpha / 2, x + 1, tot - x))
+    return share, min(max(0.0, share - half), cp_lo), max(min(1.0, share + half), cp_hi), n, worst
+
+
+def verdict(estimate: float, ci: tuple[float, float], paper_effect: float,
+            margin: float = EQUIVALENCE_MARGIN_PCT, min_effect: Optional[float] = None) -> str:
+    """The one verdict rule (docs/metrics.md, "Intervals and verdicts"), decided by the interval alone, for a
+    paper's effect against a measured one, both in the same unit (% change of a ratio; percentage points
+    for a claimed zero).
+
+    ``estimate``: the measured effect (shown beside the word; only checked to be finite); ``ci``: its
+    interval (low, high) over seeds; ``paper_effect``: the paper's number (its sign is the claimed
+    direction; 0 claims no effect); ``margin``: the equivalence margin (same unit, >= 0); ``min_effect``:
+    the size that counts as the paper's (default half the paper's, ``|paper_effect| / 2``; 0 for a claim of
+    direction only). Returns one of :data:`VERDICTS`, the first rule that applies:
+
+    0. no finite interval (one seed, no data): ``inconclusive``;
+    1. margin: the interval lies inside ``[-margin, +margin]`` (ends included): ``no difference`` whatever
+       its sign and whether it excludes 0 -- for a claimed zero this is ``reproduced``;
+    2. for a claimed zero: the interval lies wholly beyond the margin (``low > margin`` or
+       ``high < -margin``): ``opposite``; else ``inconclusive``;
+    3. direction: the interval excludes 0 (strictly) on the other side: ``opposite``; it does not exclude 0
+       (a bound at 0 does not): ``inconclusive``;
+    4. size, on the interval: it excludes 0 on the paper's side and its far end reaches ``min_effect`` in
+       magnitude (``high >= min_effect`` for a claimed increase, ``low <= -min_effect`` for a decrease):
+       ``reproduced``; the whole interval lies below ``min_effect`` in magnitude: ``same direction,
+       smaller``.
+
+    Raises:
+        ValueError: a negative ``margin`` or ``min_effect``, or a ``paper_effect`` that is not a finite
+            number (None: no claim to judge).
     """
     if margin < 0 or (min_effect is not None and min_effect < 0):
         raise ValueError(f"verdict: margin ({margin}) and min_effect ({min_effect}) must be >= 0")
+    if paper_effect is None or not np.isfinite(paper_effect):
+        raise ValueError(f"verdict: paper_effect must be a finite number (the paper's claim), got {paper_effect!r}")
     lo, hi = (float(ci[0]), float(ci[1])) if ci is not None else (math.nan, math.nan)
     if not (np.isfinite(lo) and np.isfinite(hi) and np.isfinite(estimate)):
         return "inconclusive"
-    inside = -margin <= lo and hi <= margin
+    if -margin <= lo and hi <= margin:
+        return "reproduced" if paper_effect == 0 else "no difference"
     if paper_effect == 0:
-        if inside:
-            return "reproduced"
         return "opposite" if lo > margin or hi < -margin else "inconclusive"
     need = abs(paper_effect) / 2 if min_effect is None else min_effect
-    same, opp = (lo > 0, hi < 0) if paper_effect > 0 else (hi < 0, lo > 0)
-    if same:
-        return "reproduced" if abs(estimate) >= need else "same direction, smaller"
-    if opp:
+    near, far = (lo, hi) if paper_effect > 0 else (-hi, -lo)   # the interval's magnitudes on the paper's side
+    if far < 0:
         return "opposite"
-    return "no difference" if inside else "inconclusive"
+    if near <= 0:
+        return "inconclusive"
+    return "reproduced" if far >= need else "same direction, smaller"
