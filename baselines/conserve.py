@@ -59,10 +59,10 @@ class Conserve(PolicyBase):
 
     def admit(self, queue: Sequence[TurnView], view: ClusterView, now: float) -> Admission:
         decoders = view.by_role("decoder")
-        pool = pool_occupancy(decoders) if self._pool_gate else max(occupancy(d) for d in decoders)
+        kv = pool_occupancy(decoders) if self._pool_gate else max(occupancy(d) for d in decoders)
         pf = pick_prefiller(view)
         queue_s = prefill_queue_s(pf)
-        open_ = pool < self.cfg.kv_admit_frac and queue_s < self.cfg.max_prefill_queue_s
+        open_ = kv < self.cfg.kv_admit_frac and queue_s < self.cfg.max_prefill_queue_s
         first, last, known = self._held
         n = len(queue)
         if not (known and n >= known and queue[0] is first and queue[known - 1] is last):
@@ -95,7 +95,7 @@ class Conserve(PolicyBase):
             self._held = (queue[lo], queue[hi], held)
         else:
             self._held = (None, None, 0)
-        reason = f"{'pool' if self._pool_gate else 'max decoder'} kv={pool:.3f} prefill queue={queue_s:.2f}s"
+        reason = f"{'pool' if self._pool_gate else 'max decoder'} kv={kv:.3f} prefill queue={queue_s:.2f}s"
         return Admission(tuple(admit), reason, now + self.cfg.recheck_s if held else None)
 
     def place(self, turn: TurnView, view: ClusterView, now: float) -> Placement:

@@ -404,16 +404,16 @@ def sensitivity_matrix(claims: dict[str, list[dict]], arm_values: dict,
     return lines, overall
 
 
-def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list[str], dict, dict]:
+def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list[str], dict]:
     """Each sensitivity arm (1 seed) against the base runs of the same seed and rate: the C1, C3, C4
     ratios, and whether their sign differs from the base seed's (the verdict moves).
 
-    Returns ``(lines, moved, values)``: the markdown table; ``{claim: [arms that flip its sign]}``; and
+    Returns ``(lines, values)``: the markdown table (a flipped sign marked ⚠) and
     ``{"rate", "seed", "cols": [column labels], "base": [base ratios, %], "arms": {arm: [ratios, %]}}``
-    for :func:`sensitivity_matrix` (empty dicts without arms)."""
+    for :func:`sensitivity_matrix` (empty without arms)."""
     arms = sorted(set(r._sens) - {"base"})
     if not arms:
-        return [], {}, {}
+        return [], {}
     s_rate = float(r[r._sens != "base"]._rate.dropna().iloc[0])
     seed = float(r[r._sens != "base"]._seed.dropna().iloc[0])
     base = r[(r._error_label == "none") & (r._rate == s_rate) & (r._seed == seed)]
@@ -442,21 +442,18 @@ def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list
     base_vals = [ratio(one(base[base._sens == "base"], a, ta), one(base[base._sens == "base"], bb, tb), k)
                  for _, k, a, ta, bb, tb in cols]
     lines.append("| base | " + " | ".join(f"{v:+.1f}" for v in base_vals) + " |")
-    moved: dict[str, list[str]] = {}
     nums: dict[str, list[float]] = {}
     for arm in arms:
         a_df = r[(r._sens == arm)]
         vals = []
-        for (lab, k, a, ta, bb, tb), bv in zip(cols, base_vals):
+        for (_, k, a, ta, bb, tb), bv in zip(cols, base_vals):
             v = ratio(one(a_df, a, ta), one(a_df, bb, tb), k)
             nums.setdefault(arm, []).append(v)
             flip = (np.isfinite(v) and np.isfinite(bv) and np.sign(v) != np.sign(bv)
                     and max(abs(v), abs(bv)) >= SIGN_RESOLUTION_PCT)
-            if flip:
-                moved.setdefault(lab.split()[0], []).append(arm)
             vals.append(f"{v:+.1f}{' ⚠' if flip else ''}")
         lines.append(f"| {arm} | " + " | ".join(vals) + " |")
-    return lines, moved, {"rate": s_rate, "seed": seed, "cols": [c[0] for c in cols], "base": base_vals,
+    return lines, {"rate": s_rate, "seed": seed, "cols": [c[0] for c in cols], "base": base_vals,
                           "arms": nums}
 
 
@@ -474,7 +471,7 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
     l2, v2, c2 = claim_slo(r, homo, margin)
     l3, v34, c3, c4 = claim_energy(r, homo, hetero, margin)
     l5, v5, c5 = claim_robustness(r, homo, margin)
-    ls, _, arm_values = sensitivity(r, homo, hetero)
+    ls, arm_values = sensitivity(r, homo, hetero)
     lm, overall = sensitivity_matrix({"C1": c1, "C2": c2, "C3": c3, "C4": c4, "C5": c5}, arm_values, margin)
 
     out = ["# ConServe's claims vs AMPD", "",
