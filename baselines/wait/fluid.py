@@ -31,8 +31,6 @@ import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
-from harness.core.profiles import prefill_iteration_coefficient  # noqa: F401  (d2: shared by every variant's hints)
-
 __all__ = [
     "PromptType",
     "FluidEquilibrium",
@@ -41,7 +39,6 @@ __all__ = [
     "wait_thresholds",
     "nested_wait_thresholds",
     "linear_iteration_coefficients",
-    "prefill_iteration_coefficient",
     "prefill_aware_cycle_s",
     "stage_token_weight",
 ]
