@@ -64,16 +64,20 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
 
 
-def _mark_interrupted(out: Path, why: str, multirun: bool) -> None:
-    """Mark an interrupted job's directory: ``interrupted.json`` (what stopped it, when), beside the partial
-    ``summary.json`` when the run had started; a re-run recomputes the job."""
+def _mark_interrupted(out: Path, why: str, multirun: bool, phase: Optional[str] = None,
+                      complete: bool = False) -> None:
+    """Mark an interrupted job's directory: ``interrupted.json`` (what stopped it, when, in which phase of
+    ``harness.run.runner.PHASES`` -- null: before the run began -- and whether the run had finished its
+    measurement), beside the run's ``summary.json`` when it had started; a re-run recomputes a partial job
+    and skips a complete one."""
     import datetime
     import os
 
     from harness.core.recorder import write_json
     try:
         out.mkdir(parents=True, exist_ok=True)
-        write_json({"interrupted": True, "error": why, "pid": os.getpid(), "sweep": multirun,
+        write_json({"interrupted": True, "error": why, "phase": phase, "complete": complete, "pid": os.getpid(),
+                    "sweep": multirun,
                     "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
                    out / "interrupted.json")
     except OSError:
@@ -115,9 +119,11 @@ def _main(cfg: DictConfig) -> dict:
     except KeyboardInterrupt as e:
         why = str(e) or "Ctrl-C"
         why = why if why.startswith("KeyboardInterrupt") else f"KeyboardInterrupt: {why}"
-        _mark_interrupted(out, why, multirun)
+        phase, complete = getattr(e, "phase", None), getattr(e, "complete", False)   # runner.RunInterrupted
+        _mark_interrupted(out, why, multirun, phase, complete)
         has = (out / "summary.json").is_file()
-        print(f"interrupted ({why}); " + (f"what was measured is in {out} (partial)" if has else
+        print(f"interrupted ({why}); " + (f"the run had finished: its results are complete in {out}" if complete
+                                           else f"what was measured is in {out} (partial)" if has else
                                            f"nothing was measured yet ({out})")
               + ("; the sweep stops here (re-run the same command to resume it)" if multirun else ""),
               file=sys.stderr)
