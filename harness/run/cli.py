@@ -128,6 +128,9 @@ def _main(cfg: DictConfig) -> dict:
               + ("; the sweep stops here (re-run the same command to resume it)" if multirun else ""),
               file=sys.stderr)
         sys.exit(130)
+    except OSError as e:  # a results file (or the run's lock) cannot be written: a full disk, a size limit
+        print(f"error: cannot write {e.filename or out}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)
     except RuntimeError as e:  # the run failed; partial results are written
         print(f"error: {e}", file=sys.stderr)
         if multirun:  # the sweep goes on; its comparison table marks this job
@@ -148,7 +151,8 @@ def _main(cfg: DictConfig) -> dict:
 def main() -> None:
     """The console script ``agentic-harness`` (and ``python run.py``): Hydra's command line (``group=option``,
     ``key=value``, ``-m`` sweeps, ``--help``) on the configs of :func:`config_path`; exit status 0 done, 1 the
-    run failed (partial results written), 2 a config error, 130 interrupted."""
+    run failed (partial results written), 2 a config error or a file that cannot be written (a full disk,
+    an unwritable directory), 130 interrupted (every results file written first; docs/outputs.md)."""
     gc.freeze()  # the modules imported so far stay out of the collections while Hydra composes (docs/speed.md)
     try:
         hydra.main(config_path=config_path(), config_name="config", version_base="1.3")(_main)()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import gc
 import json
@@ -49,6 +50,10 @@ log = logging.getLogger(__name__)
 class _NotRun(Exception):
     """The session was not started (its message: why); the results path still writes a partial summary."""
 
+
+# A file the harness writes cannot be written: a full disk, a file-size limit (ulimit -f), a quota, a
+# read-only file system (harness.run.cli: one line naming the file, exit 2).
+_DISK_ERRNOS = frozenset((errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS))
 
 PHASES = ("start-up", "SLO baseline", "run", "results", "writing")   # where an interrupt can land, in order
 
@@ -351,6 +356,7 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
             finished[0] += 1
             _test_interrupt("run", finished[0] - 1)
     res = None
+    disk_error: Optional[OSError] = None   # the backend's close could not write its file (steps.parquet)
     try:
         baseline_error = baseline_error or intr.not_started()   # a signal held between the baseline and the run
         if baseline_error:
@@ -371,6 +377,8 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
             res = SessionResult(recorder, convs, [], 0.0, 0.0, 0, 0, 0.0, err, tb)
         elif not res.error:   # the session ran; closing the backend failed: its results are kept, marked
             res = dataclasses.replace(res, error=f"{err} (closing the backend)", error_traceback=tb)
+            if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
+                disk_error = e
     finally:
         gc.unfreeze()
         if bar:
@@ -435,6 +443,8 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
             write_json(summary, out_dir / "summary.json")
         raise RunInterrupted(res.error or f"KeyboardInterrupt: {intr.pending} during the {intr.phase_at} phase, "
                              f"after the run had finished", intr.phase_at, complete=not res.error)
+    if disk_error is not None:   # a full disk / size limit: the same error as a results file's (cli: exit 2)
+        raise disk_error
     if res.error.startswith("KeyboardInterrupt"):
         raise KeyboardInterrupt(res.error)
     if res.error:
