@@ -96,6 +96,7 @@ def _main(cfg: DictConfig) -> dict:
     out = Path(hc.runtime.output_dir)
     job = list(hc.overrides.task)
     lock = None
+    summary = None
     try:
         run = resolve(cfg)
         from harness.run.runner import completed_run, execute  # numpy/pandas/pyarrow: only once the config is valid
@@ -117,17 +118,9 @@ def _main(cfg: DictConfig) -> dict:
             _drop_if_empty(out)
         sys.exit(2)
     except KeyboardInterrupt as e:
-        why = str(e) or "Ctrl-C"
-        why = why if why.startswith("KeyboardInterrupt") else f"KeyboardInterrupt: {why}"
-        phase, complete = getattr(e, "phase", None), getattr(e, "complete", False)   # runner.RunInterrupted
-        _mark_interrupted(out, why, multirun, phase, complete)
-        has = (out / "summary.json").is_file()
-        print(f"interrupted ({why}); " + (f"the run had finished: its results are complete in {out}" if complete
-                                           else f"what was measured is in {out} (partial)" if has else
-                                           f"nothing was measured yet ({out})")
-              + ("; the sweep stops here (re-run the same command to resume it)" if multirun else ""),
-              file=sys.stderr)
-        sys.exit(130)
+        if summary is not None:   # after execute returned (the loggers' finish, e.g. a W&B upload)
+            _interrupted(out, e, multirun, "finish", True)
+        _interrupted(out, e, multirun, getattr(e, "phase", None), getattr(e, "complete", False))  # RunInterrupted
     except OSError as e:  # a results file (or the run's lock) cannot be written: a full disk, a size limit
         print(f"error: cannot write {e.filename or out}: {e.strerror or e}", file=sys.stderr)
         sys.exit(2)
@@ -143,9 +136,28 @@ def _main(cfg: DictConfig) -> dict:
     rate = {"fixed": "t=0", "trace": f"the trace's timestamps x{1 / w.time_scale:g}"}.get(w.arrival,
                                                                                        f"{w.rate_per_s} conv/s")
     verdict = "VALID" if summary.get("valid") else "INVALID: " + "; ".join(summary.get("invalid_reasons", []))
-    print(f"\n{run.scheduler_name} on {run.cfg.cluster.name} ({run.backend_name}), {summary['workload']} "
-          f"@ {rate} -> {out}\n{summary_table({run.scheduler_name: summary})}\nrun {verdict}")
+    try:
+        print(f"\n{run.scheduler_name} on {run.cfg.cluster.name} ({run.backend_name}), {summary['workload']} "
+              f"@ {rate} -> {out}\n{summary_table({run.scheduler_name: summary})}\nrun {verdict}")
+    except KeyboardInterrupt as e:   # the run is complete on disk
+        _interrupted(out, e, multirun, "finish", True)
     return summary
+
+
+def _interrupted(out: Path, e: KeyboardInterrupt, multirun: bool, phase: Optional[str], complete: bool) -> None:
+    """Ctrl-C / SIGTERM: mark ``out`` (:func:`_mark_interrupted`), say what is there, exit 130. ``phase``: one of
+    ``harness.run.runner.PHASES``, ``"finish"`` (after every results file was written), or None (before the
+    run began); ``complete``: the run's results are complete."""
+    why = str(e) or "Ctrl-C"
+    why = why if why.startswith("KeyboardInterrupt") else f"KeyboardInterrupt: {why}"
+    _mark_interrupted(out, why, multirun, phase, complete)
+    has = (out / "summary.json").is_file()
+    print(f"interrupted ({why}); " + (f"the run had finished: its results are complete in {out}" if complete
+                                       else f"what was measured is in {out} (partial)" if has else
+                                       f"nothing was measured yet ({out})")
+          + ("; the sweep stops here (re-run the same command to resume it)" if multirun else ""),
+          file=sys.stderr)
+    sys.exit(130)
 
 
 def main() -> None:
