@@ -3,9 +3,14 @@ environment outside the checkout, runs the main job with its console script ``ag
 the main job's table as README.md shows it (every row but the wall time), with Hydra finding ``conf/`` through
 ``pkg://harness.conf`` and the default trace shipped as package data.
 
-The venv is made with ``--system-site-packages`` (the heavy dependencies -- hydra, numpy, pandas, pyarrow --
-are not downloaded again) and ``--no-index``: the test needs no network; what is imported is checked to be the
-wheel's copy (``harness.__file__`` under the venv), never the checkout's or an editable install's.
+The venv gets its dependencies (hydra, numpy, pandas, pyarrow ...) from the environment the suite runs in, not
+from whatever the base interpreter holds: after the wheel is installed (``--no-deps --no-index``: no network),
+a ``.pth`` file in the venv's site-packages names this environment's site directories (:func:`_site_dirs`).
+Python appends a ``.pth`` file's directories *after* the venv's own site-packages and does not run the ``.pth``
+files inside them, so neither this environment's editable install of the harness (an import hook started by
+its ``.pth``) nor the checkout can shadow the wheel; what is imported is checked to be the wheel's copy
+(``harness.__file__`` under the venv). The build backend (``setuptools>=77``, the ``[test]`` extra) is this
+environment's too (``--no-build-isolation``).
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -48,6 +55,17 @@ def _clean_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
 
 
+def _site_dirs() -> list[str]:
+    """This environment's site directories (its venv's, plus the base's or the user's where this environment
+    reads them), in ``sys.path`` order: where the harness's dependencies are installed. Never the checkout
+    (pytest's ``pythonpath``) nor the standard library (the venv has its own)."""
+    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()}
+    if site.ENABLE_USER_SITE:
+        dirs.add(site.getusersitepackages())
+    ordered = [p for p in sys.path if p in dirs] + sorted(dirs - set(sys.path))
+    return [p for p in dict.fromkeys(ordered) if Path(p).is_dir()]
+
+
 def test_the_wheel_installed_outside_the_checkout_runs_the_main_job(tmp_path):
     pytest.importorskip("setuptools", minversion="77")   # the build backend (PEP 639 license string), offline
     src = tmp_path / "src"
@@ -69,16 +87,23 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_main_job(tmp_path):
         assert f'Requires-Dist: prometheus_client>=0.18; extra == "{extra}"' in meta, extra
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
-                   timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], check=True, env=env,
-                   timeout=300)
+    # this environment's pip installs into the venv (``--python``: it runs under the venv's interpreter, which
+    # sees no other installed package yet, so no "already satisfied" by this environment's editable install)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q",
+                    str(wheel)], check=True, env=env, timeout=300)
+    (purelib,) = venv.glob("lib/python*/site-packages")
+    (purelib / "_suite_env.pth").write_text("".join(f"{d}\n" for d in _site_dirs()))
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     where = subprocess.run([str(py), "-c", "import harness, baselines; print(harness.__file__); print(baselines.__file__)"],
                            cwd=outside, env=env, capture_output=True, text=True, check=True).stdout.split()
     assert all(Path(p).resolve().is_relative_to(venv.resolve()) for p in where), where   # the wheel's copy
+    dep = subprocess.run([str(py), "-c", "import hydra; print(hydra.__file__)"], cwd=outside, env=env,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    import hydra
+    assert Path(dep).resolve() == Path(hydra.__file__).resolve(), dep             # this environment's Hydra
     tok = subprocess.run([str(py), "-c", "from harness.workload.convert import DEFAULT_TOKENIZER_DIR as d; print(d)"],
                          cwd=outside, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert Path(tok).resolve().is_relative_to(venv.resolve()) and (Path(tok) / "vocab.json").is_file(), tok

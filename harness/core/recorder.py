@@ -499,9 +499,17 @@ def process_umask() -> int:
 def _atomic(path: Path, write: Callable[[str], None]) -> None:
     """Write through a temporary file in the same directory, then rename it into place. The file gets the
     mode a plain ``open(path, "w")`` would give it (``0o666`` less the process umask), not ``mkstemp``'s
-    private ``0o600``."""
+    private ``0o600``.
+
+    Raises:
+        OSError: the file cannot be written (a full disk, a file-size limit, a read-only directory), its
+            ``filename`` the path (not the temporary file's: pyarrow's errors name no file at all).
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
     try:
         os.fchmod(fd, 0o666 & ~process_umask())
     finally:
@@ -509,11 +517,13 @@ def _atomic(path: Path, write: Callable[[str], None]) -> None:
     try:
         write(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and e.filename != str(path):
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
         raise
 
 

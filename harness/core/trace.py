@@ -138,6 +138,12 @@ _TURN_KEYS = frozenset(
     )
 )
 # Fields of a turn in the order they are checked; (name, minimum) for ints.
+# The largest token count one field of a trace may hold (tokens): 2^31 - 1, some 200x the longest context of
+# any model (10^7 tokens), so a value above it is a corrupt or mistyped trace; it also keeps every count and
+# every sum of counts over a trace well inside the int64 columns the workload and the metrics use (a larger
+# Python int made numpy raise OverflowError deep in a run).
+MAX_TOKENS = 2**31 - 1
+
 _TURN_INT_FIELDS = (
     ("new_input_tokens", 1),
     ("reused_tokens", 0),
@@ -204,6 +210,8 @@ def _parse_conversation(obj: object, where: str) -> ConversationRecord:
                 raise TraceError(
                     f"{where}: {field}.{name} must be an int >= {minimum}, got {v!r}"
                 )
+            if v > MAX_TOKENS:
+                raise TraceError(f"{where}: {field}.{name} must be <= {MAX_TOKENS} (tokens), got {v!r}")
         new = t["new_input_tokens"]
         reused = t["reused_tokens"]
         out = t["output_tokens"]
@@ -380,6 +388,8 @@ def request_row(line: str, where: str, hash_block_tokens: int) -> tuple:
         v = obj.get(key)
         if type(v) is not int or v < 1:
             raise TraceError(f"{where}: {key} must be an int >= 1 (tokens), got {v!r}")
+        if v > MAX_TOKENS:
+            raise TraceError(f"{where}: {key} must be <= {MAX_TOKENS} (tokens), got {v!r}")
     ids = obj.get("hash_ids")
     if ids is not None:
         if type(ids) is not list or any(type(h) is not int for h in ids):

@@ -82,6 +82,48 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
 
 
+class OutputDirCallback(Callback):
+    """Before a run or a sweep, its output directory (``hydra.run.dir`` / ``hydra.sweep.dir``) is created and
+    a probe file of :attr:`PROBE_BYTES` written there and removed; if that fails (a path under a regular file,
+    a read-only file system, no permission, a full disk, a file-size limit such as ``ulimit -f``), one line
+    names the directory and why and the command exits with status 2 before anything runs (Hydra would
+    otherwise stop on its own ``mkdir`` or config write with a traceback). A disk that fills later, during
+    the run, is reported the same way when a results file cannot be written (``harness.run.cli``). Listed
+    first in ``conf/config.yaml``."""
+
+    PROBE_BYTES = 1 << 20   # 1 MiB: more than Hydra's own files (~30 kB) and a short run's results files
+
+    @classmethod
+    def _check(cls, d: Path, what: str) -> None:
+        import os
+        made = [p for p in (d, *d.parents) if not p.exists()]   # removed again: Hydra makes them when it runs
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            if not os.access(d, os.W_OK | os.X_OK):
+                raise PermissionError(13, "not writable")
+            probe = d / f".write-probe.{os.getpid()}"
+            try:
+                with open(probe, "wb") as f:
+                    f.write(bytes(cls.PROBE_BYTES))
+            finally:
+                probe.unlink(missing_ok=True)
+                for p in made:   # deepest first; a directory something else wrote into meanwhile stays
+                    try:
+                        p.rmdir()
+                    except OSError:
+                        break
+        except OSError as e:
+            print(f"error: cannot write the {what} directory {d}: {e.strerror or e}; nothing was run",
+                  file=sys.stderr)
+            sys.exit(2)
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(Path(str(config.hydra.run.dir)), "run")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(Path(str(config.hydra.sweep.dir)), "sweep")
+
+
 class SweepLockCallback(Callback):
     """Takes the sweep directory's lock (``harness.analysis.provenance.DirLock``, ``.sweep.lock``) before any job runs
     and releases it when the sweep ends (or the process exits, however). A second sweep into a locked

@@ -64,16 +64,20 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
 
 
-def _mark_interrupted(out: Path, why: str, multirun: bool) -> None:
-    """Mark an interrupted job's directory: ``interrupted.json`` (what stopped it, when), beside the partial
-    ``summary.json`` when the run had started; a re-run recomputes the job."""
+def _mark_interrupted(out: Path, why: str, multirun: bool, phase: Optional[str] = None,
+                      complete: bool = False) -> None:
+    """Mark an interrupted job's directory: ``interrupted.json`` (what stopped it, when, in which phase of
+    ``harness.run.runner.PHASES`` -- null: before the run began -- and whether the run had finished its
+    measurement), beside the run's ``summary.json`` when it had started; a re-run recomputes a partial job
+    and skips a complete one."""
     import datetime
     import os
 
     from harness.core.recorder import write_json
     try:
         out.mkdir(parents=True, exist_ok=True)
-        write_json({"interrupted": True, "error": why, "pid": os.getpid(), "sweep": multirun,
+        write_json({"interrupted": True, "error": why, "phase": phase, "complete": complete, "pid": os.getpid(),
+                    "sweep": multirun,
                     "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
                    out / "interrupted.json")
     except OSError:
@@ -92,6 +96,7 @@ def _main(cfg: DictConfig) -> dict:
     out = Path(hc.runtime.output_dir)
     job = list(hc.overrides.task)
     lock = None
+    summary = None
     try:
         run = resolve(cfg)
         from harness.run.runner import completed_run, execute  # numpy/pandas/pyarrow: only once the config is valid
@@ -113,15 +118,12 @@ def _main(cfg: DictConfig) -> dict:
             _drop_if_empty(out)
         sys.exit(2)
     except KeyboardInterrupt as e:
-        why = str(e) or "Ctrl-C"
-        why = why if why.startswith("KeyboardInterrupt") else f"KeyboardInterrupt: {why}"
-        _mark_interrupted(out, why, multirun)
-        has = (out / "summary.json").is_file()
-        print(f"interrupted ({why}); " + (f"what was measured is in {out} (partial)" if has else
-                                           f"nothing was measured yet ({out})")
-              + ("; the sweep stops here (re-run the same command to resume it)" if multirun else ""),
-              file=sys.stderr)
-        sys.exit(130)
+        if summary is not None:   # after execute returned (the loggers' finish, e.g. a W&B upload)
+            _interrupted(out, e, multirun, "finish", True)
+        _interrupted(out, e, multirun, getattr(e, "phase", None), getattr(e, "complete", False))  # RunInterrupted
+    except OSError as e:  # a results file (or the run's lock) cannot be written: a full disk, a size limit
+        print(f"error: cannot write {e.filename or out}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)
     except RuntimeError as e:  # the run failed; partial results are written
         print(f"error: {e}", file=sys.stderr)
         if multirun:  # the sweep goes on; its comparison table marks this job
@@ -134,15 +136,35 @@ def _main(cfg: DictConfig) -> dict:
     rate = {"fixed": "t=0", "trace": f"the trace's timestamps x{1 / w.time_scale:g}"}.get(w.arrival,
                                                                                        f"{w.rate_per_s} conv/s")
     verdict = "VALID" if summary.get("valid") else "INVALID: " + "; ".join(summary.get("invalid_reasons", []))
-    print(f"\n{run.scheduler_name} on {run.cfg.cluster.name} ({run.backend_name}), {summary['workload']} "
-          f"@ {rate} -> {out}\n{summary_table({run.scheduler_name: summary})}\nrun {verdict}")
+    try:
+        print(f"\n{run.scheduler_name} on {run.cfg.cluster.name} ({run.backend_name}), {summary['workload']} "
+              f"@ {rate} -> {out}\n{summary_table({run.scheduler_name: summary})}\nrun {verdict}")
+    except KeyboardInterrupt as e:   # the run is complete on disk
+        _interrupted(out, e, multirun, "finish", True)
     return summary
+
+
+def _interrupted(out: Path, e: KeyboardInterrupt, multirun: bool, phase: Optional[str], complete: bool) -> None:
+    """Ctrl-C / SIGTERM: mark ``out`` (:func:`_mark_interrupted`), say what is there, exit 130. ``phase``: one of
+    ``harness.run.runner.PHASES``, ``"finish"`` (after every results file was written), or None (before the
+    run began); ``complete``: the run's results are complete."""
+    why = str(e) or "Ctrl-C"
+    why = why if why.startswith("KeyboardInterrupt") else f"KeyboardInterrupt: {why}"
+    _mark_interrupted(out, why, multirun, phase, complete)
+    has = (out / "summary.json").is_file()
+    print(f"interrupted ({why}); " + (f"the run had finished: its results are complete in {out}" if complete
+                                       else f"what was measured is in {out} (partial)" if has else
+                                       f"nothing was measured yet ({out})")
+          + ("; the sweep stops here (re-run the same command to resume it)" if multirun else ""),
+          file=sys.stderr)
+    sys.exit(130)
 
 
 def main() -> None:
     """The console script ``agentic-harness`` (and ``python run.py``): Hydra's command line (``group=option``,
     ``key=value``, ``-m`` sweeps, ``--help``) on the configs of :func:`config_path`; exit status 0 done, 1 the
-    run failed (partial results written), 2 a config error, 130 interrupted."""
+    run failed (partial results written), 2 a config error or a file that cannot be written (a full disk,
+    an unwritable directory), 130 interrupted (every results file written first; docs/outputs.md)."""
     gc.freeze()  # the modules imported so far stay out of the collections while Hydra composes (docs/speed.md)
     try:
         hydra.main(config_path=config_path(), config_name="config", version_base="1.3")(_main)()

@@ -7,20 +7,26 @@ conversation's unloaded TTFET when the SLO is relative, opens the configured bac
 ``harness.core.backend.get_backend``), runs one session (``harness.run.session.run_session``), and writes
 ``summary.json``, ``turns.parquet``, ``conversations.parquet``, ``instances.parquet`` and
 ``decisions.parquet`` (``harness.core.recorder``). If anything fails midway, what was measured is still
-written and ``summary.json`` says ``"partial": true`` with the error.
+written and ``summary.json`` says ``"partial": true`` with the error; a Ctrl-C / SIGTERM in any phase
+(:data:`PHASES`) ends with every results file written too (:class:`_Interrupts`, docs/outputs.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import functools
 import gc
 import json
 import logging
 import math
+import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -33,7 +39,7 @@ from harness.analysis.goodput import goodput_summary
 from harness.analysis.metrics import apply_slo, conversation_table, pressure_metrics, slo_scale_curve, summarize
 from harness.core.recorder import Recorder, write_json, write_run_files, write_text
 from harness.run.session import SessionInput, SessionResult, check_policies, run_session, session_input
-from harness.run.slo_baseline import unloaded_readings
+from harness.run.slo_baseline import _interrupt_hook, unloaded_readings
 from harness.core.trace import load_trace
 from harness.analysis.validity import failures_by_reason, serving_metrics, verdict
 from harness.workload.workload import Oracle, build_workload
@@ -43,6 +49,93 @@ log = logging.getLogger(__name__)
 
 class _NotRun(Exception):
     """The session was not started (its message: why); the results path still writes a partial summary."""
+
+
+# A file the harness writes cannot be written: a full disk, a file-size limit (ulimit -f), a quota, a
+# read-only file system (harness.run.cli: one line naming the file, exit 2).
+_DISK_ERRNOS = frozenset((errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS))
+
+PHASES = ("start-up", "SLO baseline", "run", "results", "writing")   # where an interrupt can land, in order
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C / SIGTERM during :func:`execute`, raised once every results file is written. ``phase``: where
+    the signal arrived (one of :data:`PHASES`); ``complete``: the run had finished its measurement (the
+    signal came in the ``results`` or ``writing`` phase), so its files are those of a complete run
+    (``"partial": false``), else they are a partial run's (``"partial": true``)."""
+
+    def __init__(self, message: str, phase: str, complete: bool):
+        super().__init__(message)
+        self.phase, self.complete = phase, complete
+
+
+class _Interrupts:
+    """SIGINT and SIGTERM while :func:`execute` runs (installed in the main thread only; a signal the process
+    ignores stays ignored; the previous handlers come back on exit).
+
+    Inside :meth:`live` (the SLO baseline's replays, the backend's start and the session) a signal raises
+    ``KeyboardInterrupt`` at once: the measurement stops and what it measured is kept. Anywhere else (the
+    start-up checks, computing and writing the results, closing the backend) the signal is held:
+    ``pending`` names it, ``phase_at`` says where it arrived, and the run goes on to write every file
+    before :func:`execute` raises :class:`RunInterrupted` (no result is lost to an interrupt that lands
+    after the measurement, and no file is left half written). SIGKILL still stops everything at once."""
+
+    def __init__(self):
+        self.phase = PHASES[0]
+        self.pending = ""       # "signal 15 (SIGTERM)" once one arrived
+        self.phase_at = ""      # the phase it arrived in
+        self._live = False
+        self._old: dict = {}
+
+    def __enter__(self) -> "_Interrupts":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old = signal.getsignal(sig)
+                if old not in (signal.SIG_IGN, None):
+                    self._old[sig] = old
+                    signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def _handler(self, signum, frame) -> None:
+        what = f"signal {signum} ({signal.Signals(signum).name}{', Ctrl-C' if signum == signal.SIGINT else ''})"
+        if not self.pending:
+            self.pending, self.phase_at = what, self.phase
+        if self._live:
+            raise KeyboardInterrupt(what)
+        log.warning("%s during the %s phase: held until every results file is written", what, self.phase)
+
+    def enter(self, phase: str) -> None:
+        """The run reached ``phase``; the test-only hook ``HARNESS_TEST_INTERRUPT=<phase>:0[:<signal>]``
+        (``startup``, ``results``, ``writing``; ``harness.run.slo_baseline._interrupt_hook``) signals the
+        process here."""
+        self.phase = phase
+        _test_interrupt(phase.replace("-", ""))
+
+    @contextlib.contextmanager
+    def live(self, phase: str):
+        """A stretch in which a signal stops the work at once (a ``KeyboardInterrupt``)."""
+        self.phase, self._live = phase, True
+        try:
+            yield
+        finally:
+            self._live = False
+
+    def not_started(self) -> str:
+        """The error of a run a held signal stopped before it started, else ``""``."""
+        return (f"KeyboardInterrupt: {self.pending} during the {self.phase_at}; the run did not start"
+                if self.pending else "")
+
+
+def _test_interrupt(phase: str, k: int = 0) -> None:
+    """Test-only fault injection: the process sends itself the signal of ``HARNESS_TEST_INTERRUPT`` when it
+    names ``phase`` and ``k`` (once per process; ``harness.run.slo_baseline._interrupt_hook``)."""
+    hook = _interrupt_hook(phase)
+    if hook is not None and k >= hook[0] and os.environ.pop("HARNESS_TEST_INTERRUPT", None) is not None:
+        os.kill(os.getpid(), hook[1])
 
 
 def code_version() -> dict:
@@ -175,15 +268,25 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     Raises:
         TraceError: the trace is missing or malformed (before anything runs).
         ConfigError: the workload or the scheduler rejects the config (before anything runs).
-        KeyboardInterrupt: Ctrl-C / SIGTERM, during the SLO baseline or the run; the results measured until
-            then are written first (``summary.json`` with ``partial: true`` and the error naming the interrupt).
+        RunInterrupted: Ctrl-C / SIGTERM in any phase (:data:`PHASES`, :class:`_Interrupts`), raised once every
+            results file is written: the files of a partial run (``summary.json`` with ``partial: true``, the
+            error naming the signal and ``interrupted_phase``), or, for a signal after the measurement, of
+            the complete run (``partial: false``, ``interrupted_phase`` ``results`` or ``writing``).
         RuntimeError: the run failed (a policy raised, a server did not start, a limit was hit); the
             results measured until then are written first, with ``partial: true`` and the error.
     """
+    with _Interrupts() as intr:
+        return _execute(run, out_dir, resolved_yaml, open_kwargs=open_kwargs, fp=fp, job=job, intr=intr)
+
+
+def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: Optional[dict], fp: Optional[dict],
+             job: Optional[Sequence[str]], intr: _Interrupts) -> dict:
+    """:func:`execute`'s body, its signals handled by ``intr``."""
     from harness.analysis.provenance import fingerprint
     from harness.run.slo_baseline import BaselineInterrupted
     cfg = run.cfg
     t_start = time.perf_counter()
+    intr.enter("start-up")
     synthetic = cfg.workload.kind == "synthetic"
     source = "synthetic prompt types" if synthetic else run.trace_path.name
     inp = session_input(run)  # what the sessions read of the run config, built once
@@ -206,21 +309,23 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         """The unloaded readings, or on an interrupt those done so far and the error naming it (the run
         never starts; the summary says so, partial)."""
         try:
-            return unloaded_readings(inp, conversations, stats, **kw), ""
-        except BaselineInterrupted as e:
+            with intr.live("SLO baseline"):
+                return unloaded_readings(inp, conversations, stats, **kw), ""
+        except KeyboardInterrupt as e:
+            done = e.readings if isinstance(e, BaselineInterrupted) else {}
             err = (f"KeyboardInterrupt: {e} during the {what} (unloaded-TTFET replays{under}: "
-                   f"{len(e.readings)} of {e.total} conversations done); the run did not start")
+                   f"{len(done)} of {len(conversations)} conversations done); the run did not start")
             log.error("interrupted: %s", err)
-            return e.readings, err
+            return done, err
 
     # The start-up heap (modules, config, the trace's records) is kept out of the cyclic collector's walks
     # during the replays and the run: gc.freeze moves it to the permanent generation, which later collections
     # skip (Python docs), as the vLLM backend's drive and vLLM's engine core do; objects made meanwhile are
     # still collected, and the heap is given back to the collector (gc.unfreeze) once the run is over.
     gc.freeze()
-    unloaded = None
-    baseline_error = ""
-    if cfg.slo.needs_unloaded():
+    baseline_error = intr.not_started()   # a signal held during the start-up: nothing is measured
+    unloaded = {} if baseline_error and cfg.slo.needs_unloaded() else None
+    if cfg.slo.needs_unloaded() and not baseline_error:
         log.info("SLO baseline: replaying each conversation alone under %s", cfg.slo.reference_scheduler)
         unloaded, baseline_error = replay_alone("SLO baseline")
     scale_unloaded = None
@@ -241,23 +346,44 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
     oracle = Oracle(conversations)
     recorder = Recorder(oracle.visible, cfg.logger.log_decisions, cfg.logger.steps)
     spec = get_backend(run.backend_name)
+    on_conversation = (lambda c: bar.update(1)) if bar else None
+    if _interrupt_hook("run") is not None:   # test-only: a signal as the k-th conversation finishes
+        finished = [0]
+
+        def on_conversation(c, bar_update=on_conversation):
+            if bar_update:
+                bar_update(c)
+            finished[0] += 1
+            _test_interrupt("run", finished[0] - 1)
+    res = None
+    disk_error: Optional[OSError] = None   # the backend's close could not write its file (steps.parquet)
     try:
+        baseline_error = baseline_error or intr.not_started()   # a signal held between the baseline and the run
         if baseline_error:
             raise _NotRun(baseline_error)
-        with spec.open(run, out_dir, conversations=conversations, **(open_kwargs or {})) as cluster:
-            res = run_session(cluster, inp, conversations, stats, run.scheduler_name, run.scheduler, recorder,
-                              oracle=oracle, tick_s=cfg.logger.metrics_interval_s,
-                              on_conversation=(lambda c: bar.update(1)) if bar else None,
-                              max_active=cfg.workload.max_active(), stop_s=cfg.workload.duration_s)
+        with contextlib.ExitStack() as backend:   # its close (servers' shutdown) outside `live`: a signal waits
+            with intr.live("run"):
+                cluster = backend.enter_context(spec.open(run, out_dir, conversations=conversations,
+                                                          **(open_kwargs or {})))
+                res = run_session(cluster, inp, conversations, stats, run.scheduler_name, run.scheduler,
+                                  recorder, oracle=oracle, tick_s=cfg.logger.metrics_interval_s,
+                                  on_conversation=on_conversation, max_active=cfg.workload.max_active(),
+                                  stop_s=cfg.workload.duration_s)
     except (Exception, KeyboardInterrupt) as e:  # the backend failed to open or to close: still write what we have
-        convs = [ConversationState(i, rec, t, ()) for i, (t, rec) in enumerate(conversations)]
-        res = SessionResult(recorder, convs, [], 0.0, 0.0, 0, 0, 0.0,
-                            str(e) if isinstance(e, _NotRun) else f"{type(e).__name__}: {e}",
-                            "" if isinstance(e, _NotRun) else traceback.format_exc())
+        err = str(e) if isinstance(e, _NotRun) else f"{type(e).__name__}: {e}"
+        tb = "" if isinstance(e, _NotRun) else traceback.format_exc()
+        if res is None:
+            convs = [ConversationState(i, rec, t, ()) for i, (t, rec) in enumerate(conversations)]
+            res = SessionResult(recorder, convs, [], 0.0, 0.0, 0, 0, 0.0, err, tb)
+        elif not res.error:   # the session ran; closing the backend failed: its results are kept, marked
+            res = dataclasses.replace(res, error=f"{err} (closing the backend)", error_traceback=tb)
+            if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
+                disk_error = e
     finally:
         gc.unfreeze()
         if bar:
             bar.close()
+    intr.enter("results")
     log.info("%s run: %d events in %.2f s of wall time", run.backend_name, res.events, res.wall_s)
     if res.extra.get("policy_plan"):
         log.info("%s plan: %s", run.scheduler_name, res.extra["policy_plan"])
@@ -305,9 +431,20 @@ def execute(run: Resolved, out_dir: Path, resolved_yaml: str = "", *, open_kwarg
         log.warning("run INVALID: %s", "; ".join(summary["invalid_reasons"]))
     if res.error_traceback:
         summary["error_traceback"] = res.error_traceback
+    if intr.pending:
+        summary["interrupted_phase"] = intr.phase_at
+    intr.enter("writing")
     write_run_files(out_dir, turns, conv, instances,
                     recorder.decisions_frame() if cfg.logger.log_decisions else None, summary,
                     recorder.tokens_frame() if cfg.logger.steps else None)
+    if intr.pending:
+        if "interrupted_phase" not in summary:   # it arrived while the files were written: say so too
+            summary["interrupted_phase"] = intr.phase_at
+            write_json(summary, out_dir / "summary.json")
+        raise RunInterrupted(res.error or f"KeyboardInterrupt: {intr.pending} during the {intr.phase_at} phase, "
+                             f"after the run had finished", intr.phase_at, complete=not res.error)
+    if disk_error is not None:   # a full disk / size limit: the same error as a results file's (cli: exit 2)
+        raise disk_error
     if res.error.startswith("KeyboardInterrupt"):
         raise KeyboardInterrupt(res.error)
     if res.error:

@@ -151,7 +151,9 @@ class BaselineInterrupted(KeyboardInterrupt):
 def _interrupt_hook(phase: str) -> Optional[tuple[int, int]]:
     """Test-only fault injection: ``HARNESS_TEST_INTERRUPT=<phase>:<k>[:<signal>]`` makes the process send
     itself ``signal`` (default ``INT``; ``TERM`` ...) just before the ``k``-th (0-based) conversation of
-    ``phase`` (``baseline``: the unloaded-TTFET replays), once per process (the variable is then removed), so a
+    ``phase`` (``baseline``: the unloaded-TTFET replays; the run's other phases, ``harness.run.runner``:
+    ``startup`` and ``results`` and ``writing`` with ``k`` 0, ``run`` as its ``k``-th conversation finishes),
+    once per process (the variable is then removed), so a
     test interrupts (or, with ``STOP``, freezes) a run at a known point instead of racing a timer. ``(k, signal number)`` or None when unset or for another phase."""
     import signal as _signal
     spec = os.environ.get("HARNESS_TEST_INTERRUPT", "")

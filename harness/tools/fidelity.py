@@ -458,6 +458,25 @@ def protocol_main(argv: Sequence[str]) -> int:
     return 0 if all(r["verdict"] in ("met", "within noise") for r in s["metrics"].values()) else 1
 
 
+def check_profile(path_or_name: str) -> HardwareConfig:
+    """``harness.tools.calibrate.load_profile`` with every way a profile can be bad (not YAML, not a mapping,
+    an unknown, missing or out-of-range field) as one ``ValueError`` line naming the profile; run before
+    anything else (``--launch`` starts servers).
+
+    Raises:
+        FileNotFoundError: no such file or ``conf/hardware/`` profile. ValueError: the profile is invalid.
+    """
+    import yaml
+    from omegaconf.errors import OmegaConfBaseException
+    try:
+        return load_profile(path_or_name)
+    except FileNotFoundError:
+        raise
+    except (ValueError, TypeError, AttributeError, yaml.YAMLError, OmegaConfBaseException) as e:
+        msg = " ".join(str(e).split())
+        raise ValueError(msg if str(path_or_name) in msg else f"hardware profile {path_or_name}: {msg}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["protocol"]:
@@ -477,6 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.run.config import ConfigError
     from harness.core.trace import TraceError
     try:
+        check_profile(a.profile)   # a bad profile is bad input (2), found before the real side is launched
         if a.launch is not None:
             try:
                 launch_real(a.launch, a.real_dir)
