@@ -26,6 +26,10 @@ environment variable named like a credential, a URL's password, the value after 
 number, so a metric such as ``first_token_s`` keeps its value and its name. W&B's own metadata (command
 line, git remote, code) is turned off, so an API key on the command line or in a git URL is not captured
 either. Offline, W&B's update check and error reporting (Sentry) are off too: nothing waits on a network.
+The same rule redacts the run's own files (:func:`scrub_yaml` for ``config.yaml`` and Hydra's ``.hydra/``
+files, :class:`ScrubFilter` for ``run.log``, :func:`scrub` for ``meta.json`` and ``summary.json``; the
+credentials a run was given, :func:`secret_values`, registered by :func:`remember_secrets`, are redacted
+wherever they occur); docs/outputs.md, "Secrets, partial runs and the cache".
 """
 
 from __future__ import annotations
