@@ -127,3 +127,15 @@ def test_a_failed_real_backend_run_given_an_api_key_writes_none(tmp_path):
     assert _holding(out, SECRET) == []
     for name in ("config.yaml", "meta.json", "summary.json", ".hydra/overrides.yaml"):
         assert _mode(out / name) == 0o600, name
+
+
+def test_a_refused_credential_override_leaves_no_copy(tmp_path):
+    """``+wandb.api_key=...`` is no key of the config (exit 2, the key named); the directory it named, which
+    held a file of the user's (so it is not removed as empty), keeps no copy of the value in Hydra's files."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    r = _run([*TINY, f"+wandb.api_key={SECRET}", f"hydra.run.dir={out}"], tmp_path)
+    assert r.returncode == 2 and "wandb" in r.stderr, r.stderr[-3000:]
+    assert (out / "notes.txt").is_file() and _holding(out, SECRET) == []
+    assert _mode(out / ".hydra" / "overrides.yaml") == 0o600
