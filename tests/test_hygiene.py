@@ -5,6 +5,7 @@ statuses of harness.tools.fidelity / harness.tools.calibrate, kv_store/ removed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -131,6 +132,13 @@ def _bad_shapes(shard: dict) -> list:
         ("missing reading", {**shard, "values": {k: {"first": 1.0}}}),
         ("negative time", {**shard, "values": {k: {"first": -1.0, "last": 1.0, "visible": 1.0}}}),
         ("plausible values, stale checksum", {**shard, "values": half}),   # SLO thresholds would halve
+        # the values changed and their checksum recomputed without the setup key (the unkeyed rule of /2)
+        ("plausible values, unkeyed checksum", {**shard, "values": half, "checksum": hashlib.sha256(
+            json.dumps(half, sort_keys=True).encode()).hexdigest()}),
+        # a shard of another setup (another config or code version) copied here, consistent in itself
+        ("another setup's shard", {**shard, "setup": "0" * 32, "values": half,
+                                   "checksum": hashlib.sha256(("0" * 32 + "\n" + json.dumps(
+                                       half, sort_keys=True)).encode()).hexdigest()}),
         ("not JSON", "{"),
     ]
 
@@ -162,8 +170,8 @@ def test_a_bad_cache_shard_is_ignored_with_a_warning_and_recomputed(tmp_path, mo
 
 def _shard(setup_dir, name, values):
     from harness.run import slo_baseline
-    (setup_dir / f"{name}.json").write_text(json.dumps({"schema": slo_baseline.SHARD_SCHEMA,
-                                                        "checksum": slo_baseline._shard_checksum(values),
+    (setup_dir / f"{name}.json").write_text(json.dumps({"schema": slo_baseline.SHARD_SCHEMA, "setup": setup_dir.name,
+                                                        "checksum": slo_baseline._shard_checksum(values, setup_dir.name),
                                                         "values": values}))
 
 

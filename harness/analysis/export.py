@@ -32,6 +32,13 @@ system-metrics section ``Metric,Value``, numbers with 2 decimals) and ``profile_
 {value, unit}}, ``error``), one line per request.
 
 Field-by-field mapping to the harness's own: ``docs/metrics.md`` ("Exports").
+
+**Partial runs** (``summary.json`` ``"partial": true``: the run failed or was interrupted, so its turns stop
+early and its statistics may be biased or empty, e.g. ``mean_ttft_ms`` 0.0 with no completed turn) are
+refused (:class:`PartialRun`, exit status 2, naming the run directory) unless ``allow_partial`` /
+``--allow-partial``; then their exports are marked: ``"partial": true`` and ``"partial_error"`` (the run's
+error) in both vllm-bench files and in ``profile_export_aiperf.json`` (beside AIPerf's own ``was_cancelled``,
+true for them), and a warning names the run.
 """
 
 from __future__ import annotations
@@ -58,6 +65,31 @@ AIPERF_STATS = ("avg", "min", "max", "p1", "p5", "p10", "p25", "p50", "p75", "p9
 
 class ExportError(ValueError):
     """A run directory that cannot be exported (missing files), with the path named."""
+
+
+class PartialRun(ExportError):
+    """A partial run (``summary.json`` ``"partial": true``) exported without ``allow_partial``."""
+
+
+def _partial_mark(summary: dict) -> dict:
+    """The keys that mark the export of a partial run (module docstring); ``{}`` for a complete one."""
+    if not summary.get("partial"):
+        return {}
+    return {"partial": True, "partial_error": str(summary.get("error") or "no error recorded")}
+
+
+def _refuse_partial(run_dirs: Sequence[Path]) -> None:
+    """Raise :class:`PartialRun` naming every partial run among ``run_dirs`` (checked before anything is written).
+
+    Raises:
+        PartialRun: one or more of them is partial.
+    """
+    from harness.tools.calibrate import partial_run   # the rule calibrate refuses a partial run by
+    bad = [f"{r} ({why})" for r in run_dirs if Path(r).is_dir() for why in [partial_run(r)] if why]
+    if bad:
+        raise PartialRun(f"partial run{'s' if len(bad) > 1 else ''} (summary.json \"partial\": true; the run failed or "
+                         f"was interrupted, its statistics may be biased or empty): {'; '.join(bad)}; pass "
+                         f"--allow-partial to export {'them' if len(bad) > 1 else 'it'} marked partial")
 
 
 def _read_run(run_dir: Path) -> tuple[dict, pd.DataFrame, Optional[pd.DataFrame], dict]:
@@ -316,50 +348,64 @@ def _point_keys(summary: dict) -> dict:
                                         "workload_arrival", "seed") if k in summary}
 
 
-def export_run(run_dir: Path, fmt: str, out: Path, goodput: Any = None, detailed: bool = True) -> list[Path]:
+def export_run(run_dir: Path, fmt: str, out: Path, goodput: Any = None, detailed: bool = True,
+               allow_partial: bool = False) -> list[Path]:
     """Write ``run_dir``'s export in ``fmt`` (``vllm-bench`` | ``aiperf``) under ``out``; returns the files.
+    A partial run is refused unless ``allow_partial``, and then its export is marked (module docstring).
 
     Raises:
         ExportError: ``run_dir`` is not a run directory, or ``fmt`` is unknown.
+        PartialRun: ``run_dir`` is a partial run and ``allow_partial`` is false.
         ValueError: ``goodput`` is malformed (``harness.analysis.goodput.parse_goodput``).
     """
     if fmt not in FORMATS:
         raise ExportError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if not allow_partial:
+        _refuse_partial([Path(run_dir)])
     summary, turns, tokens, config = _read_run(Path(run_dir))
+    mark = _partial_mark(summary)
+    if mark:
+        print(f"warning: {run_dir} is a partial run ({mark['partial_error']}); its export is marked "
+              f"\"partial\": true", file=sys.stderr)
     gp = parse_goodput(goodput, "--goodput") if goodput is not None else None
     out.mkdir(parents=True, exist_ok=True)
     if fmt == "vllm-bench":
         # vLLM's "date" is when the benchmark ended ("%Y%m%d-%H%M%S"): our summary.json's write time
         date = datetime.fromtimestamp((Path(run_dir) / "summary.json").stat().st_mtime).strftime("%Y%m%d-%H%M%S")
-        res = vllm_bench_result({**summary, "date": date}, turns, tokens, config, gp, detailed)
+        res = {**vllm_bench_result({**summary, "date": date}, turns, tokens, config, gp, detailed), **mark}
         label = str(res.get("label") or "run")
         write_json(res, out / f"{label}.json")
         write_json([{**res, "run_number": 0, **_point_keys(summary)}], out / "summary.json")
         return [out / f"{label}.json", out / "summary.json"]
     data, csv_text, jsonl = aiperf_export(summary, turns, gp)
-    write_json(data, out / "profile_export_aiperf.json")
+    write_json({**data, **mark}, out / "profile_export_aiperf.json")
     write_text(csv_text, out / "profile_export_aiperf.csv")
     write_text(jsonl, out / "profile_export.jsonl")
     return [out / "profile_export_aiperf.json", out / "profile_export_aiperf.csv", out / "profile_export.jsonl"]
 
 
-def export(path: Path, fmt: str, out: Optional[Path] = None, goodput: Any = None, detailed: bool = True) -> list[Path]:
+def export(path: Path, fmt: str, out: Optional[Path] = None, goodput: Any = None, detailed: bool = True,
+           allow_partial: bool = False) -> list[Path]:
     """Export a run directory, or every run directory under a sweep directory (each into
-    ``<out>/<run dir name>/``). ``out`` defaults to ``<path>/export/<fmt>``.
+    ``<out>/<run dir name>/``). ``out`` defaults to ``<path>/export/<fmt>``. Partial runs: refused (all of
+    them named, before anything is written) unless ``allow_partial``, then marked (module docstring).
 
     Raises:
         ExportError: nothing to export under ``path``.
+        PartialRun: a partial run among them and ``allow_partial`` false.
     """
     path = Path(path)
     out = Path(out) if out else path / "export" / fmt
     if (path / "summary.json").is_file():
-        return export_run(path, fmt, out, goodput, detailed)
+        return export_run(path, fmt, out, goodput, detailed, allow_partial)
     runs = sorted(p.parent for p in path.glob("*/summary.json") if (p.parent / "turns.parquet").is_file())
     if not runs:
         raise ExportError(f"{path}: neither a run directory nor a sweep directory holding run directories")
+    if not allow_partial:
+        _refuse_partial(runs)
     files: list[Path] = []
     for r in runs:
-        files += export_run(r, fmt, out / r.name, goodput, detailed)
+        files += export_run(r, fmt, out / r.name, goodput, detailed, allow_partial=True)
     return files
 
 
@@ -373,9 +419,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "default: the run's slo.goodput")
     ap.add_argument("--no-detailed", action="store_true",
                     help="vllm-bench: leave out the per-request arrays (as without --save-detailed)")
+    ap.add_argument("--allow-partial", action="store_true",
+                    help="export partial runs (summary.json \"partial\": true: failed or interrupted), marked "
+                         "\"partial\": true in the export; else refused")
+    ap.epilog = ("Exit status: 0 exported; 2 bad input: not a run or sweep directory, malformed --goodput, or a "
+                 "partial run without --allow-partial (nothing is written then).")
     args = ap.parse_args(argv)
     try:
-        files = export(args.path, args.format, args.out, args.goodput, not args.no_detailed)
+        files = export(args.path, args.format, args.out, args.goodput, not args.no_detailed, args.allow_partial)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

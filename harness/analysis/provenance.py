@@ -175,8 +175,9 @@ class LockHeld(RuntimeError):
 
 
 def _holder_record() -> dict:
+    from harness.run.loggers import scrub   # the command line may carry a credential (an override)
     return {"pid": os.getpid(), "host": socket.gethostname(),
-            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": list(sys.argv)}
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": scrub(list(sys.argv))}
 
 
 def _pid_alive(pid: Any) -> bool:

@@ -74,6 +74,11 @@ METRICS = {k: BY_KEY[k].axis_label for k in REPORT}
 MD_METRICS = REPORT_TABLE
 LOG_Y = {k for k in REPORT if BY_KEY[k].log_y}
 MAX_CDF_PANELS = 4
+# The ``[report]`` extra (pyproject.toml): scipy for the Student-t quantile of every interval over seeds
+# (harness.analysis.stats.t_quantile), matplotlib and seaborn for the figures (not needed with --no-figures).
+REPORT_EXTRA = "pip install -e '.[report]'"
+EXTRA_FOR_TABLES = ("scipy",)
+EXTRA_FOR_FIGURES = ("matplotlib", "seaborn")
 MAX_SERIES_POINTS = 1500
 SMOOTH_FRACTION = 200  # KV series: moving mean over 1/200 of the run
 
@@ -773,6 +778,26 @@ def report(sweep_dir: Path, out: Optional[Path] = None, draw: bool = True,
     return {"sweep": sw, "points": pts, "figures": figs, "out": out, "claims": claims}
 
 
+def missing_extra(modules: Sequence[str]) -> list[str]:
+    """The modules of ``modules`` (top-level names) that cannot be imported, in order; each one that can is
+    imported here (they are imported by the report anyway)."""
+    import importlib
+    missing = []
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except ImportError:
+            missing.append(m)
+    return missing
+
+
+def _extra_line(missing: Sequence[str], draw: bool) -> str:
+    return (f"error: python -m harness.analysis.report needs {', '.join(missing)} (the [report] extra: scipy for "
+            f"the intervals{', matplotlib and seaborn for the figures' if draw else ''}); install it with "
+            f"{REPORT_EXTRA}" + ("" if not draw or set(missing) & set(EXTRA_FOR_TABLES) else
+                                 ", or pass --no-figures for the tables and report.md only"))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.analysis.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep_dir", type=Path, help="a sweep directory (results/sweeps/<time>...)")
@@ -783,7 +808,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "claimed zero); default 3 (harness.analysis.stats.EQUIVALENCE_MARGIN_PCT, docs/metrics.md)")
     ap.add_argument("--allow-mixed", action="store_true",
                     help="exit 0 even when the runs mix code versions or trace contents (still flagged)")
-    ap.epilog = ("Exit status: 0 written; 2 no run directory or an unreadable summary.json; 3 written, but the runs mix code "
+    ap.epilog = ("Exit status: 0 written; 2 no run directory or an unreadable summary.json, or the [report] extra "
+                 f"missing ({REPORT_EXTRA}; --no-figures needs only its scipy); 3 written, but the runs mix code "
                  "versions or contents of one trace file (meta.json fingerprints; report.md starts with a warning, "
                  "runs.csv has a `mixed` column) and --allow-mixed was not given.")
     from harness.analysis import plots  # user-chosen x/y, facets, filters, Pareto fronts (harness/analysis/plots.py)
@@ -791,11 +817,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.margin is not None and not args.margin >= 0:
         ap.error(f"--margin must be >= 0, got {args.margin}")
+    draw = not args.no_figures or bool(args.x or args.y)   # --x/--y draw their figure even with --no-figures
+    missing = missing_extra([*EXTRA_FOR_TABLES, *(EXTRA_FOR_FIGURES if draw else ())])
+    if missing:   # before anything is read or written
+        print(_extra_line(missing, draw), file=sys.stderr)
+        return 2
     try:
         res = report(args.sweep_dir, args.out, draw=not args.no_figures, margin=args.margin)
         res["figures"] += plots.from_args(res["sweep"], args, res["out"] / "figures")
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:   # a module of the extra imported deeper than checked above
+        if (e.name or "").partition(".")[0] not in (*EXTRA_FOR_TABLES, *EXTRA_FOR_FIGURES):
+            raise
+        print(_extra_line([e.name.partition(".")[0]], draw), file=sys.stderr)
         return 2
     sw = res["sweep"]
     if sw.mixed:

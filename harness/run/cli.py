@@ -84,6 +84,48 @@ def _mark_interrupted(out: Path, why: str, multirun: bool, phase: Optional[str] 
         pass
 
 
+def _redact_hydra_files(out: Path, hc, given: bool, multirun: bool) -> None:
+    """Redact the credentials of the files Hydra wrote before the job started (``<out>/.hydra/config.yaml``,
+    ``hydra.yaml``, ``overrides.yaml``, and a multirun's ``<sweep dir>/multirun.yaml``: the config and the
+    command line's overrides, as given) with the harness's one scrubbing rule
+    (``harness.run.loggers.scrub_yaml``; the run's own credentials registered by ``remember_secrets``); a
+    file that held one is rewritten, atomically, mode 0600. ``run.log`` gets a filter that scrubs every
+    record (``ScrubFilter``), and mode 0600 when the run was ``given`` a credential (or one of those files
+    held one). A file that cannot be redacted is named in a warning (the run goes on)."""
+    import logging
+    import os
+
+    from harness.core.recorder import write_text
+    from harness.run.loggers import ScrubFilter, scrub_yaml
+    files = [out / hc.output_subdir / n for n in ("config.yaml", "hydra.yaml", "overrides.yaml")] \
+        if hc.output_subdir else []
+    if multirun:
+        files.append(Path(hc.sweep.dir) / "multirun.yaml")
+    for f in files:
+        try:
+            text = f.read_text()
+        except OSError:
+            continue   # not written (hydra.output_subdir=null) or already gone
+        try:
+            clean = scrub_yaml(text)
+            if clean != text:
+                given = True
+                write_text(clean, f)
+                os.chmod(f, 0o600)
+        except Exception as e:   # never silent: the file may still hold a credential
+            print(f"warning: could not redact the credentials of {f} ({type(e).__name__}: {e}); check it "
+                  f"before sharing the run directory", file=sys.stderr)
+    for h in logging.getLogger().handlers:
+        for flt in [flt for flt in h.filters if isinstance(flt, ScrubFilter)]:   # a previous job's (a multirun's)
+            h.removeFilter(flt)
+        h.addFilter(ScrubFilter())
+        if given and isinstance(h, logging.FileHandler) and Path(h.baseFilename).parent == out.resolve():
+            try:
+                os.chmod(h.baseFilename, 0o600)
+            except OSError:
+                pass
+
+
 def _main(cfg: DictConfig) -> dict:
     from hydra.types import RunMode
 
@@ -94,13 +136,17 @@ def _main(cfg: DictConfig) -> dict:
     multirun = hc.mode == RunMode.MULTIRUN
     signal.signal(signal.SIGTERM, _sigterm)  # like Ctrl-C: what was measured is written, partial
     out = Path(hc.runtime.output_dir)
-    job = list(hc.overrides.task)
+    from harness.run.loggers import remember_secrets, scrub, scrub_yaml, secret_values
+    known = secret_values(OmegaConf.to_container(cfg, resolve=False))   # the credentials the run was given
+    remember_secrets(known)   # every later scrub in this process redacts them (run.log, summary.json)
+    _redact_hydra_files(out, hc, bool(known), multirun)
+    job = scrub(list(hc.overrides.task))   # meta.json's job identity: never a credential
     lock = None
     summary = None
     try:
         run = resolve(cfg)
         from harness.run.runner import completed_run, execute  # numpy/pandas/pyarrow: only once the config is valid
-        resolved_yaml = OmegaConf.to_yaml(cfg)
+        resolved_yaml = scrub_yaml(OmegaConf.to_yaml(cfg))   # config.yaml and the fingerprint's text
         lock = DirLock(out, RUN_LOCK).acquire()  # one writer per run directory
         fp = fingerprint(run, resolved_yaml)
         done = completed_run(out, resolved_yaml, fp, job)

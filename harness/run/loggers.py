@@ -26,10 +26,15 @@ environment variable named like a credential, a URL's password, the value after 
 number, so a metric such as ``first_token_s`` keeps its value and its name. W&B's own metadata (command
 line, git remote, code) is turned off, so an API key on the command line or in a git URL is not captured
 either. Offline, W&B's update check and error reporting (Sentry) are off too: nothing waits on a network.
+The same rule redacts the run's own files (:func:`scrub_yaml` for ``config.yaml`` and Hydra's ``.hydra/``
+files, :class:`ScrubFilter` for ``run.log``, :func:`scrub` for ``meta.json`` and ``summary.json``; the
+credentials a run was given, :func:`secret_values`, registered by :func:`remember_secrets`, are redacted
+wherever they occur); docs/outputs.md, "Secrets, partial runs and the cache".
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -38,7 +43,7 @@ import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional, Protocol
+from typing import Any, Iterator, Optional, Protocol, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +54,22 @@ _SECRET_WORDS = re.compile(r"api[_\-]?key|secret|passw(or)?d|credential|private[
                            re.IGNORECASE)
 _TOKEN_WORD = re.compile(r"(^|[^a-z])token($|[^a-z])", re.IGNORECASE)
 _UNIT_TOKEN = re.compile(r"per[_\-]token", re.IGNORECASE)
+_TOKEN_END = re.compile(r"token$", re.IGNORECASE)   # a name ending in "token" (authtoken, HFTOKEN), not "tokens"
 
 
+@functools.lru_cache(maxsize=4096)
 def is_secret_key(key: str) -> bool:
     """Whether a mapping key names a credential (its value must never be logged).
 
-    True for e.g. ``api_key``, ``WANDB_API_KEY``, ``hf_token``, ``token``, ``access-token``, ``client_secret``,
-    ``db_password``; false for token counts and units (``max_num_batched_tokens``, ``prompt_tokens``,
+    True for e.g. ``api_key``, ``WANDB_API_KEY``, ``hf_token``, ``token``, ``access-token``, ``authtoken``,
+    ``client_secret``, ``db_password`` (every name ending in ``api_key``, ``token``, ``secret`` or ``password``);
+    false for token counts and units (``max_num_batched_tokens``, ``prompt_tokens``,
     ``kv_bytes_per_token``, ``tokens_per_joule``).
     """
     k = str(key)
     if _SECRET_WORDS.search(k):
         return True
-    return bool(_TOKEN_WORD.search(k)) and not _UNIT_TOKEN.search(k)
+    return bool(_TOKEN_WORD.search(k) or _TOKEN_END.search(k)) and not _UNIT_TOKEN.search(k)
 
 
 # Secret-looking values, whatever their key: well-known credential prefixes (OpenAI/Anthropic ``sk-``,
@@ -84,28 +92,60 @@ _NAMED_VALUE = re.compile(r"(?P<name>[A-Za-z][A-Za-z0-9_\-]*)(?P<sep>\"?\s*[:=]\
 _AUTH_HEADER = re.compile(r"(?P<head>(proxy-)?authorization\"?\s*[:=]\s*\"?(?:[A-Za-z]+\s+)?)(?P<val>[^\s\"',;]+)",
                           re.IGNORECASE)
 _MIN_ENV_SECRET = 8  # shorter environment values ("1", "true") are not redacted wherever they occur
+_MIN_KNOWN_SECRET = 4   # shorter values under a credential's name ("", "none") are not redacted wherever they occur
 
 
 def _env_secrets() -> list[str]:
     """Values of the environment variables whose names are credentials (``WANDB_API_KEY``, ``HF_TOKEN``,
-    ``AWS_SECRET_ACCESS_KEY``, ...), longest first; read at each call (the environment may change)."""
-    vals = {v for k, v in os.environ.items() if is_secret_key(k) and len(v) >= _MIN_ENV_SECRET}
-    return sorted(vals, key=len, reverse=True)
+    ``AWS_SECRET_ACCESS_KEY``, ...); read at each call (the environment may change)."""
+    return [v for k, v in os.environ.items() if is_secret_key(k) and len(v) >= _MIN_ENV_SECRET]
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def _named(m: re.Match) -> str:
     name, val = m.group("name"), m.group("val")
     if not is_secret_key(name) or val == REDACTED or name.lower().endswith("authorization"):
         return m.group(0)
+    if _NUMBER.fullmatch(val) and not _SECRET_WORDS.search(name):   # a count or a scale (token_scale=0.1)
+        return m.group(0)
     return f"{name}{m.group('sep')}{REDACTED}"
 
 
-def scrub_string(v: str) -> str:
+def scrub_string(v: str, known: Sequence[str] = ()) -> str:
     """``v`` with every credential it holds replaced by ``"<redacted>"``, whatever key it is logged under:
-    the value of an environment variable named like a credential (:func:`_env_secrets`), a URL's password,
+    each of the strings ``known`` (a run's own credentials, :func:`secret_values`) and the value of an
+    environment variable named like a credential (:func:`_env_secrets`) wherever they occur, a URL's password,
     the value after a credential's name (``X-Api-Key: ...``, ``token=...``, ``--api-key=...``), and
     well-known credential shapes (``sk-``/``hf_``/``ghp_`` prefixes, 40-hex keys, JWTs, ``Bearer ...``)."""
-    for secret in _env_secrets():
+    return _scrub_str(v, _literals(known))
+
+
+_RUN_SECRETS: set[str] = set()
+
+
+def remember_secrets(values: Sequence[str]) -> None:
+    """Register a run's own credentials (:func:`secret_values` of its config; ``harness.run.cli`` does, before
+    anything is written) so that every later :func:`scrub` / :func:`scrub_string` in this process redacts
+    them wherever they occur -- a log line, an error message in ``summary.json`` -- as the environment's are."""
+    _RUN_SECRETS.update(v for v in values if len(v) >= _MIN_KNOWN_SECRET)
+
+
+def _literals(known: Sequence[str]) -> tuple[str, ...]:
+    """The literal credentials to replace wherever they occur: ``known``, the environment's and those
+    :func:`remember_secrets` registered, longest first (read once per :func:`scrub` / :func:`scrub_string`
+    call, not per string)."""
+    return _longest_first(_env_secrets(), _RUN_SECRETS, known)
+
+
+def _longest_first(*groups: Sequence[str]) -> tuple[str, ...]:
+    """The distinct strings of ``groups``, longest first (a credential that holds another is replaced whole)."""
+    return tuple(sorted({s for g in groups for s in g}, key=len, reverse=True))
+
+
+def _scrub_str(v: str, literals: tuple[str, ...]) -> str:
+    for secret in literals:
         v = v.replace(secret, REDACTED)
     v = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, v)
     if "=" in v:
@@ -117,29 +157,114 @@ def scrub_string(v: str) -> str:
     return _SECRET_VALUE.sub(REDACTED, v)
 
 
-def _scrub_value(v: Any) -> Any:
-    return scrub_string(v) if isinstance(v, str) else v
-
-
-def scrub(obj: Any) -> Any:
+def scrub(obj: Any, known: Sequence[str] = ()) -> Any:
     """A copy of ``obj`` (nested dicts / lists) with credentials replaced by ``"<redacted>"``: under a secret
-    key (:func:`is_secret_key`) any value but a number, bool or null (a metric named ``first_token_s`` or
-    ``output_token_throughput_per_s`` keeps its number; ``token: "abc"`` is redacted); in every string,
-    whatever its key, the credentials :func:`scrub_string` finds; and in a list the argument after a
-    credential flag (``["--api-key", "sk-..."]``). Keys themselves are kept (a metric's name is not a secret)."""
+    key (:func:`is_secret_key`) any value but a bool or null, and but a number under a token-named key (a
+    metric named ``first_token_s`` or ``output_token_throughput_per_s`` keeps its number; ``token: "abc"`` and
+    ``password: 123456`` are redacted); in every string,
+    whatever its key, the credentials :func:`scrub_string` finds (``known`` among them); and in a list the
+    argument after a credential flag (``["--api-key", "sk-..."]``). Keys themselves are kept (a metric's name
+    is not a secret)."""
+    return _scrub(obj, _literals(known))
+
+
+def _scrub(obj: Any, literals: tuple[str, ...]) -> Any:
     if isinstance(obj, dict):
-        return {k: (REDACTED if is_secret_key(k) and not _plain_number(v) else scrub(v)) for k, v in obj.items()}
+        return {k: (REDACTED if is_secret_key(k) and not _kept_under_secret_key(k, v) else _scrub(v, literals))
+                for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         out, redact_next = [], False
         for v in obj:
-            out.append(REDACTED if redact_next else scrub(v))
+            out.append(REDACTED if redact_next else _scrub(v, literals))
             redact_next = isinstance(v, str) and bool(_SECRET_FLAG.match(v))
         return out
-    return _scrub_value(obj)
+    return _scrub_str(obj, literals) if isinstance(obj, str) else obj
 
 
-def _plain_number(v: Any) -> bool:
-    return v is None or isinstance(v, (bool, int, float))
+def secret_values(obj: Any) -> list[str]:
+    """The credentials of a config (nested dicts / lists) as the literal strings :func:`scrub` redacts there:
+    the string values under a secret key (:func:`is_secret_key`; lists of strings too), the argument after a
+    credential flag in a list, and URLs' passwords; at least 4 characters, interpolations (``${...}``) left
+    out. Passed as ``known`` to :func:`scrub` / :func:`scrub_string`, they are redacted wherever else they
+    occur (a Hydra override ``backend.extra_args=[--api-key,VALUE]``, a log line). Longest first."""
+    found: set[str] = set()
+
+    def take(v: Any) -> None:
+        if isinstance(v, str) and len(v) >= _MIN_KNOWN_SECRET and v != REDACTED and not v.startswith("${"):
+            found.add(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                take(x)
+
+    def walk(o: Any) -> None:
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if is_secret_key(k) and not _kept_under_secret_key(k, v):
+                    take(v)
+                else:
+                    walk(v)
+        elif isinstance(o, (list, tuple)):
+            for prev, v in zip([None, *o], o):
+                if isinstance(prev, str) and _SECRET_FLAG.match(prev):
+                    take(v)
+                else:
+                    walk(v)
+        elif isinstance(o, str):
+            for m in _URL_PASSWORD.finditer(o):
+                take(m.group("pw"))
+            k, eq, rest = o.partition("=")
+            if eq and _SECRET_FLAG.match(k):
+                take(rest)
+    walk(obj)
+    return list(_longest_first(found))
+
+
+def scrub_yaml(text: str, known: Sequence[str] = ()) -> str:
+    """A YAML document (a config, Hydra's ``.hydra/*.yaml``) with :func:`scrub` applied to its values (the
+    document's own :func:`secret_values` and ``known`` redacted wherever they occur); ``text`` itself,
+    unchanged to the byte, when there is nothing to redact. The redacted text is written by OmegaConf
+    (``OmegaConf.to_yaml``: interpolations kept as written), so it reads back as the same config but for the
+    redacted values, and redacting it again changes nothing."""
+    return _scrub_yaml(text, _literals(known))
+
+
+@functools.lru_cache(maxsize=8)   # the run's config text is checked by harness.run.cli, then by execute
+def _scrub_yaml(text: str, literals: tuple[str, ...]) -> str:
+    import yaml
+    # First a quick look with libyaml (OmegaConf's loader is ~10x slower): it reads a few strings that
+    # OmegaConf reads as floats ("1e-3"), which can only make it find more to redact, never less.
+    quick = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    if _scrub(quick, _longest_first(secret_values(quick), literals)) == quick:
+        return text
+    from omegaconf import OmegaConf
+    obj = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+    out = _scrub(obj, _longest_first(secret_values(obj), literals))
+    return text if out == obj else OmegaConf.to_yaml(OmegaConf.create(out))
+
+
+class ScrubFilter(logging.Filter):
+    """A logging filter that passes every record with its message scrubbed (:func:`scrub_string`: the
+    environment's credentials, those :func:`remember_secrets` registered, and the shapes it knows): put on
+    the handlers of a run's log (``run.log``), so no log line writes a credential there. The record's
+    arguments are merged into its message first, and its traceback, if any, is formatted and scrubbed here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        clean = scrub_string(msg)
+        if clean != msg:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:   # the traceback a handler's formatter would add
+            record.exc_text = scrub_string(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def _kept_under_secret_key(key: Any, v: Any) -> bool:
+    """Whether value ``v`` under the credential-named ``key`` is kept: null and booleans always (``api_key:
+    null`` is no credential), numbers under a token-named key (a metric: ``first_token_s``), not under one
+    that names a key, secret or password (``password: 123456`` is one)."""
+    if v is None or isinstance(v, bool):
+        return True
+    return isinstance(v, (int, float)) and not _SECRET_WORDS.search(str(key))
 
 
 class RunLogger(Protocol):

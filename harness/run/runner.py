@@ -34,6 +34,7 @@ from typing import Any, Optional, Sequence
 
 from harness.core.backend import get_backend
 from harness.run.config import PROJECT_ROOT, ConfigError, Resolved
+from harness.run.loggers import REDACTED, scrub, scrub_yaml
 from harness.core.controller import ConversationState
 from harness.analysis.goodput import goodput_summary
 from harness.analysis.metrics import apply_slo, conversation_table, pressure_metrics, slo_scale_curve, summarize
@@ -45,6 +46,14 @@ from harness.analysis.validity import failures_by_reason, serving_metrics, verdi
 from harness.workload.workload import Oracle, build_workload
 
 log = logging.getLogger(__name__)
+
+
+def _private_if_redacted(path: Path, text: str) -> None:
+    """Mode 0600 (owner only) for a run file whose text ``text`` had a credential redacted
+    (``harness.run.loggers.scrub``): the redaction is by rule, so the file that held one stays private too
+    (docs/outputs.md, "Secrets, partial runs and the cache")."""
+    if REDACTED in text:
+        os.chmod(path, 0o600)
 
 
 class _NotRun(Exception):
@@ -297,12 +306,16 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
                     stats.context_truncated, max_context)
     out_dir.mkdir(parents=True, exist_ok=True)
     if resolved_yaml:
+        resolved_yaml = scrub_yaml(resolved_yaml)   # harness.run.cli passes it redacted; other callers may not
         write_text(resolved_yaml, out_dir / "config.yaml")
-    meta = {"code": code_version(), "packages": package_versions(), "platform": platform.platform(),
+        _private_if_redacted(out_dir / "config.yaml", resolved_yaml)
+    meta = {"packages": package_versions(), "platform": platform.platform(),
             "instances": [{"name": n, "role": r, "hardware": dataclasses.asdict(h)} for n, r, h in run.instances],
             "model": dataclasses.asdict(cfg.model), "workload_source": "synthetic" if synthetic else str(run.trace_path),
             "fingerprint": fp or fingerprint(run, resolved_yaml), "job_overrides": list(job) if job is not None else None}
+    meta = {"code": code_version(), **scrub(meta)}   # (the git sha is 40 hex digits, the shape of a W&B key)
     write_json(meta, out_dir / "meta.json")
+    _private_if_redacted(out_dir / "meta.json", json.dumps(meta))
     log.info("workload: %d conversations, %d turns from %s", len(conversations),
              sum(len(r.turns) for _, r in conversations), source)
     def replay_alone(what: str, under: str = "", **kw) -> tuple[Optional[dict], str]:
@@ -433,10 +446,12 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
         summary["error_traceback"] = res.error_traceback
     if intr.pending:
         summary["interrupted_phase"] = intr.phase_at
+    summary = scrub(summary)   # an error message may quote a credential (a URL's password); metrics are kept
     intr.enter("writing")
     write_run_files(out_dir, turns, conv, instances,
                     recorder.decisions_frame() if cfg.logger.log_decisions else None, summary,
                     recorder.tokens_frame() if cfg.logger.steps else None)
+    _private_if_redacted(out_dir / "summary.json", json.dumps(summary, default=str))
     if intr.pending:
         if "interrupted_phase" not in summary:   # it arrived while the files were written: say so too
             summary["interrupted_phase"] = intr.phase_at

@@ -37,8 +37,9 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
 
     The disk cache (``cache_dir``, default :func:`cache_root`: ``$HARNESS_CACHE_DIR`` or
     ``results/cache``; ``""`` or ``off``: none) holds ``unloaded_ttfet/<setup digest>/*.json``: shards of
-    ``{"schema", "checksum", "values": {conversation digest: {reading: s or null}}}`` (:func:`shard_problem`;
-    a shard that fails its schema or checksum is ignored with a warning and its conversations replayed),
+    ``{"schema", "setup", "checksum", "values": {conversation digest: {reading: s or null}}}``
+    (:func:`shard_problem`; the checksum is keyed on the setup digest, :func:`_shard_checksum`; a shard that
+    fails its schema, setup or checksum is ignored with a warning and its conversations replayed),
     one written (atomically) per process that replayed something, read by every later job, so a sweep (local, or on machines sharing the directory: Slurm,
     Ray) replays each distinct conversation once per setup; jobs that start together on one setup replay each
     conversation once too: the first to miss holds the setup's lock (:func:`claim_setup`) until its shard is
@@ -193,23 +194,34 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-SHARD_SCHEMA = "harness.unloaded_ttfet/2"
+SHARD_SCHEMA = "harness.unloaded_ttfet/3"   # /3: the checksum is keyed on the setup digest (its writer)
 _READINGS = ("first", "last", "visible")
 
 
-def _shard_checksum(values: dict) -> str:
-    """SHA-256 of a shard's values in canonical JSON (sorted keys), hex."""
-    return hashlib.sha256(json.dumps(values, sort_keys=True, allow_nan=False).encode()).hexdigest()
+def _shard_checksum(values: dict, setup: str) -> str:
+    """SHA-256, hex, of the setup digest ``setup`` (the shard's directory name: what the writer's replays
+    depended on, config and code, :class:`_DiskCache`) and the shard's values in canonical JSON (sorted keys).
+
+    What it catches: a torn or corrupted file, and a shard written for another setup or code version
+    (copied or moved into this directory, or its ``setup`` field edited), whose values would be wrong here.
+    What it does not: a deliberate forgery -- the key is not secret, so anyone who can write the cache
+    directory can write values with a matching checksum. The cache directory is trusted as the code is
+    (docs/outputs.md, "Secrets, partial runs and the cache")."""
+    return hashlib.sha256((setup + "\n" + json.dumps(values, sort_keys=True, allow_nan=False)).encode()).hexdigest()
 
 
-def shard_problem(obj: Any) -> str:
-    """Why ``obj`` (a parsed shard file) is not a valid unloaded-TTFET shard, or ``""``. A shard is
-    ``{"schema": SHARD_SCHEMA, "checksum": <sha256 of values>, "values": {<32-hex conversation digest>:
-    {"first": s, "last": s, "visible": s}}}``, each reading a finite number >= 0 (s) or null."""
-    if not isinstance(obj, dict) or set(obj) != {"schema", "checksum", "values"}:
-        return "not a {schema, checksum, values} object"
+def shard_problem(obj: Any, setup: Optional[str] = None) -> str:
+    """Why ``obj`` (a parsed shard file) is not a valid unloaded-TTFET shard of setup ``setup`` (the
+    directory's digest; ``None``: the one the shard names), or ``""``. A shard is ``{"schema": SHARD_SCHEMA,
+    "setup": <setup digest>, "checksum": <_shard_checksum(values, setup)>, "values": {<32-hex conversation
+    digest>: {"first": s, "last": s, "visible": s}}}``, each reading a finite number >= 0 (s) or null."""
+    if not isinstance(obj, dict) or set(obj) != {"schema", "setup", "checksum", "values"}:
+        return "not a {schema, setup, checksum, values} object"
     if obj["schema"] != SHARD_SCHEMA:
         return f"schema {obj['schema']!r}, expected {SHARD_SCHEMA!r}"
+    if setup is not None and obj["setup"] != setup:
+        return (f"written for setup {str(obj['setup'])[:40]!r}, not this directory's {setup!r} (another config "
+                f"or code version)")
     vals = obj["values"]
     if not isinstance(vals, dict):
         return "values is not an object"
@@ -223,15 +235,16 @@ def shard_problem(obj: Any) -> str:
                                   or not math.isfinite(x) or x < 0):
                 return f"entry {k}: reading {d} = {x!r:.40} is not a time in s (a finite number >= 0, or null)"
     try:
-        ok = obj["checksum"] == _shard_checksum(vals)
+        ok = obj["checksum"] == _shard_checksum(vals, str(obj["setup"]))
     except (TypeError, ValueError):
         ok = False
-    return "" if ok else "checksum does not match its values"
+    return "" if ok else "checksum does not match its setup and values"
 
 
 class _DiskCache:
     """The unloaded first-token shards of one setup (see :func:`unloaded_readings`). Every shard is checked
-    (:func:`shard_problem`: schema, shapes, ranges and a SHA-256 checksum) before any of it is used; a shard
+    (:func:`shard_problem`: schema, setup, shapes, ranges and a SHA-256 checksum keyed on the setup) before any
+    of it is used; a shard
     that fails (unreadable, another shape, a bad checksum) is ignored with a warning naming the file and why,
     and its conversations are replayed again. (A crashed writer leaves only a temporary file.)"""
 
@@ -244,7 +257,7 @@ class _DiskCache:
             for p in sorted(self.dir.glob("*.json")):
                 try:
                     obj = json.loads(p.read_text())
-                    why = shard_problem(obj)
+                    why = shard_problem(obj, self.dir.name)
                 except (OSError, ValueError, UnicodeDecodeError) as e:
                     why = f"unreadable ({type(e).__name__}: {e})"
                 if why:
@@ -268,8 +281,9 @@ class _DiskCache:
             self.dir.mkdir(parents=True, exist_ok=True)
             name = f"{os.getpid()}-{time.time_ns()}"
             tmp = self.dir / f".{name}.tmp"
-            tmp.write_text(json.dumps({"schema": SHARD_SCHEMA, "checksum": _shard_checksum(values),
-                                       "values": values}, sort_keys=True))
+            setup = self.dir.name
+            tmp.write_text(json.dumps({"schema": SHARD_SCHEMA, "setup": setup,
+                                       "checksum": _shard_checksum(values, setup), "values": values}, sort_keys=True))
             os.replace(tmp, self.dir / f"{name}.json")
         except OSError as e:
             log.warning("unloaded-TTFET cache not written to %s: %s", self.dir, e)

@@ -13,7 +13,8 @@ Writes ``fidelity.json`` and ``fidelity.md`` into ``--out`` (default: ``<real ru
 simulated run into ``<out>/sim``. ``--launch`` first runs the real side itself (Hydra overrides for a
 ``backend=vllm`` run; ``logger.steps=true`` is added). Exit status: 0 when every target is met on the
 client's clocks, 1 when one is missed, 2 on bad arguments (a missing run directory or profile, an invalid
-profile, bad ``--launch`` overrides), 3 when the ``--launch`` run failed, 130 when interrupted.
+profile, bad ``--launch`` overrides, a simulator run or a partial run as the real side without
+``--allow-sim-real`` / ``--allow-partial``), 3 when the ``--launch`` run failed, 130 when interrupted.
 
 The maximum sustainable rate is not measured here: on the real side it needs a series of runs at rising
 rates per workload (minutes each on the shared CPU), more than a fidelity check can afford; the report says so.
@@ -34,7 +35,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from harness.tools.calibrate import kv_mem_bytes, load_profile, load_run_config, run_means
+from harness.tools.calibrate import kv_mem_bytes, load_profile, load_run_config, partial_run, run_means
 from harness.core.profiles import HardwareConfig, ModelConfig
 
 # the field's targets (issue 20; anchors below): mean E2E and mean TPOT/ITL within 10 %, mean TTFT within 20 %,
@@ -305,17 +306,49 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fidelity(real_dir: Path, profile_path: str, out_dir: Optional[Path] = None) -> dict:
+def real_run_problem(real_dir: Path, allow_sim_real: bool = False, allow_partial: bool = False) -> str:
+    """Why ``real_dir`` (holding a ``summary.json``) cannot be the real side of a fidelity check, or ``""``:
+    a simulator run (``summary.json`` ``backend``, else ``config.yaml`` ``backend.name``, is ``sim``: the
+    simulator compared with itself measures nothing about it) unless ``allow_sim_real``; a partial run
+    (``harness.tools.calibrate.partial_run``: failed or interrupted, its turns stop early, so its means are
+    biased) unless ``allow_partial``. A run that names no backend is taken as real."""
+    real_dir = Path(real_dir)
+    try:
+        backend = json.loads((real_dir / "summary.json").read_text()).get("backend")
+    except (OSError, ValueError, AttributeError):
+        backend = None
+    if backend is None:
+        try:
+            backend = (load_run_config(real_dir).get("backend") or {}).get("name")
+        except (OSError, ValueError, AttributeError):
+            backend = None
+    if backend == "sim" and not allow_sim_real:
+        return (f"{real_dir} is a simulator run (backend sim), not a real one: the simulator compared with "
+                f"itself says nothing about its fidelity; pass --allow-sim-real to compare it anyway")
+    partial = partial_run(real_dir)
+    if partial and not allow_partial:
+        return (f"{real_dir} is a partial run ({partial}): its turns stop early (the run failed or was "
+                f"interrupted), so its means are biased; pass --allow-partial to compare it anyway")
+    return ""
+
+
+def fidelity(real_dir: Path, profile_path: str, out_dir: Optional[Path] = None, *, allow_sim_real: bool = False,
+             allow_partial: bool = False) -> dict:
     """Simulate ``real_dir``'s workload with the profile and write ``fidelity.json`` / ``fidelity.md`` into
-    ``out_dir`` (default ``<real_dir>/fidelity``); returns the result dict.
+    ``out_dir`` (default ``<real_dir>/fidelity``); returns the result dict. A simulator run or a partial run
+    as the real side is refused unless ``allow_sim_real`` / ``allow_partial`` (:func:`real_run_problem`).
 
     Raises:
         FileNotFoundError: ``real_dir`` is not a completed run directory, or the profile does not exist.
+        ValueError: ``real_dir`` is a simulator run or a partial run, not allowed (the message says which).
     """
     from harness.core.recorder import write_json, write_text
     real_dir = Path(real_dir)
     if not (real_dir / "summary.json").is_file():
         raise FileNotFoundError(f"{real_dir}: no summary.json (not a completed run directory)")
+    why = real_run_problem(real_dir, allow_sim_real, allow_partial)
+    if why:
+        raise ValueError(why)
     profile = load_profile(profile_path)
     out_dir = Path(out_dir) if out_dir is not None else real_dir / "fidelity"
     sim_dir = simulate_run(real_dir, profile, out_dir / "sim")
@@ -485,13 +518,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  epilog="Exit status: 0 when every target is met on vLLM's own clocks (on the client's "
                                         "where the run has no server_metrics.json), 1 when one "
                                         "is missed, 2 on bad arguments (no such run directory or completed run, "
-                                        "no such or an invalid profile, bad --launch overrides), 3 when the "
+                                        "no such or an invalid profile, bad --launch overrides, a simulator "
+                                        "or partial real run without --allow-sim-real / --allow-partial), 3 when the "
                                         "--launch run failed, 130 when interrupted.")
     ap.add_argument("real_dir", type=Path, help="a completed real run directory (or where --launch writes one)")
     ap.add_argument("--profile", required=True, help="hardware profile: a YAML path or a conf/hardware/ name")
     ap.add_argument("--out", type=Path, default=None, help="report directory (default <real_dir>/fidelity)")
     ap.add_argument("--launch", nargs=argparse.REMAINDER, default=None,
                     help="run the real side first with these Hydra overrides (backend=vllm ...)")
+    ap.add_argument("--allow-sim-real", action="store_true",
+                    help="accept a simulator run (backend sim) as the real side; else refused (exit 2)")
+    ap.add_argument("--allow-partial", action="store_true",
+                    help="accept a partial real run (summary.json \"partial\": true); else refused (exit 2)")
     a = ap.parse_args(argv)
     from harness.run.config import ConfigError
     from harness.core.trace import TraceError
@@ -503,7 +541,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except RuntimeError as e:  # the real run failed (its partial results are written)
                 print(f"error: the --launch run failed: {e}", file=sys.stderr)
                 return 3
-        result = fidelity(a.real_dir, a.profile, a.out)
+        result = fidelity(a.real_dir, a.profile, a.out, allow_sim_real=a.allow_sim_real,
+                          allow_partial=a.allow_partial)
     except (FileNotFoundError, ValueError, ConfigError, TraceError) as e:  # ConfigError, TraceError: ValueErrors
         print(f"error: {e}", file=sys.stderr)
         return 2
