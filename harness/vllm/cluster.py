@@ -138,6 +138,16 @@ def batch_rule_env(run_dir: Path, name: str) -> dict[str, str]:
             "PYTHONPATH": str(PROJECT_ROOT) + (os.pathsep + path if path else "")}
 
 
+def receiver_host(backend: Any) -> str:
+    """The address the span receiver binds to: ``127.0.0.1`` unless a server may run on another machine and
+    must reach it there -- ``backend.host=node`` with a remote launcher (``ray``, ``slurm``) or with servers
+    the harness did not launch (``launch=false``) -- then this node's address
+    (``harness.vllm.nodes.node_address``). A local launch always exports to loopback, whatever ``host``."""
+    if backend.host == "loopback" or (backend.launch and backend.launcher == "local"):
+        return "127.0.0.1"
+    return node_address(backend.host)
+
+
 def run_limit_s(backend: Any, conversations: Sequence = (), workload: Any = None) -> float:
     """The replay's wall-clock limit, s: ``backend.max_run_s`` if set, else derived from the workload.
 
@@ -592,13 +602,18 @@ def open_cluster(run: Resolved, run_dir: Path, conversations: Sequence = (), hoo
         launcher = None
         spans = None
         if mode == "spans":   # bound before any server starts: a launched one is told where to send
-            host = node_address(b.host)
+            host = receiver_host(b)
             try:
                 spans = stack.enter_context(SpanReceiver(b.otlp_port or 0, host))
             except OSError as e:
                 raise RuntimeError(f"backend.otlp_port={b.otlp_port}: the span receiver cannot listen on {host} ({e}); "
                                    f"give another port, or backend.engine_times=off") from e
             log.info("per-request engine times from vLLM's spans, received at %s", spans.endpoint)
+            if host != "127.0.0.1":
+                log.warning("the span receiver listens on %s, reachable from other machines (backend.host=node with "
+                            "servers that may run on other nodes: backend.launcher=%s, backend.launch=%s); it takes "
+                            "bodies of at most %d bytes (%d inflated) and answers others 4xx (harness.vllm.otlp)",
+                            spans.endpoint, b.launcher, b.launch, spans.max_body_bytes, spans.max_decoded_bytes)
         endpoint = spans.endpoint if spans is not None and b.launch else None
         if b.launch:
             stack.callback(remove_kv_store, Path(run_dir))  # registered first: runs after the servers stop
