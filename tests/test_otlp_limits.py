@@ -144,3 +144,15 @@ def test_receiver_refuses_abuse_within_its_memory_bound_and_still_receives(monke
     assert rx.rejected == {413: 2, 400: 3, 411: 1, 415: 1, 408: 2}   # 400: two lengths, one bad body
     assert rx.bad_posts == 1 and rx.posts == 1
 
+
+
+def test_the_receiver_binds_loopback_unless_servers_may_run_elsewhere():
+    from types import SimpleNamespace as B
+
+    from harness.vllm.cluster import receiver_host
+    from harness.vllm.nodes import node_address
+    node = node_address("node")
+    assert receiver_host(B(host="loopback", launch=True, launcher="slurm")) == "127.0.0.1"
+    assert receiver_host(B(host="node", launch=True, launcher="local")) == "127.0.0.1"   # local servers: loopback
+    assert receiver_host(B(host="node", launch=True, launcher="ray")) == node
+    assert receiver_host(B(host="node", launch=False, launcher="local")) == node          # servers of someone else's
