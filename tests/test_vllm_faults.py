@@ -53,18 +53,10 @@ def _convs():
 
 
 def api_server_pid(guard_pid: int) -> int:
-    """The API server of a launched server: the guard's child (``/proc/<pid>/stat`` field 4, the parent),
-    read from ``/proc`` alone."""
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            f = stat[stat.rindex(")") + 2:].split()
-            if int(f[1]) == guard_pid and f[0] != "Z":
-                return int(d.name)
-    raise LookupError(f"no child of guard {guard_pid}")
+    """The API server of a launched server: the guard's only child (``/proc``)."""
+    kids = launcher_mod.child_pids(guard_pid)
+    assert len(kids) == 1, f"guard {guard_pid} has children {kids}"
+    return kids[0]
 
 
 def kill_api_server_near_the_end(turns_before: int, killed: list):
@@ -113,16 +105,20 @@ def _assert_partial_named(out: Path, exc: pytest.ExceptionInfo, killed: list) ->
     return s
 
 
-@pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
-def test_api_server_killed_alone_ends_the_run_partial_under_every_load_shape(fake_launch, shape):
-    out = fake_launch / "run"
-    run = compose_run(BASE + SHAPES[shape] + [f"workload.num_conversations={N_CONV}",
-                                              f"backend.port_base={free_port_base(1)}"])
+def _killed_run(out: Path, overrides: list) -> tuple[dict, list]:
+    """A run of :func:`_convs` on the stand-in with ``overrides``, its API server killed alone 2 turns short of
+    all 18 (so the conversations left fail within ms of the kill); it must raise and be marked partial,
+    naming the server. Returns the summary and the hook's record of the kill."""
+    run = compose_run(BASE + overrides + [f"workload.num_conversations={N_CONV}", f"backend.port_base={free_port_base(1)}"])
     killed: list = []
-    # near the end: 2 turns short of all 18, so the conversations left fail within ms of the kill
     with pytest.raises(RuntimeError) as exc:
         execute(run, out, open_kwargs={"hooks": [(0.0, kill_api_server_near_the_end(N_CONV * TURNS - 2, killed))]})
-    s = _assert_partial_named(out, exc, killed)
+    return _assert_partial_named(out, exc, killed), killed
+
+
+@pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
+def test_api_server_killed_alone_ends_the_run_partial_under_every_load_shape(fake_launch, shape):
+    s, killed = _killed_run(fake_launch / "run", SHAPES[shape])
     print(f"{shape}: killed pid {killed[0][0]} after {killed[0][1]} turns; {s['error']}")
     assert f"API server (pid {killed[0][0]}) is gone" in s["error"]     # seen before its guard exited
 
@@ -136,19 +132,36 @@ def test_a_death_the_periodic_check_misses_is_caught_before_the_run_is_called_co
     node agent has not noticed yet): the end-of-run ``/health`` probe finds it."""
     if seen_by == "health_only":
         monkeypatch.setattr(launcher_mod.Launcher, "exited", lambda self: {})
-    out = fake_launch / "run"
-    run = compose_run(BASE + SHAPES["closed2"] + [f"workload.num_conversations={N_CONV}", "backend.scrape_interval_s=60",
-                                                  f"backend.port_base={free_port_base(1)}"])
-    killed: list = []
-    with pytest.raises(RuntimeError) as exc:
-        execute(run, out, open_kwargs={"hooks": [(0.0, kill_api_server_near_the_end(N_CONV * TURNS - 2, killed))]})
-    s = _assert_partial_named(out, exc, killed)
+    s, killed = _killed_run(fake_launch / "run", SHAPES["closed2"] + ["backend.scrape_interval_s=60"])
     print(f"{seen_by}: {s['error']}")
     if seen_by == "health_only":
         assert "instance collocated0 /health did not answer" in s["error"]
     else:
         assert f"API server (pid {killed[0][0]}) is gone" in s["error"]
 
+
+def test_an_interrupt_mid_run_still_writes_server_metrics(fake_launch):
+    """A ``KeyboardInterrupt`` on the loop mid-run (what the launcher's SIGTERM handler raises) leaves the drive
+    suspended; it is cancelled, so ``server_metrics.json`` is still written: the histograms before t = 0 and
+    every completed turn, here all in ``spans_missing`` (the stand-in exports no spans)."""
+    out = fake_launch / "run"
+    run = compose_run(BASE + SHAPES["closed2"] + [f"workload.num_conversations={N_CONV}", "logger.steps=true",
+                                                  f"backend.port_base={free_port_base(1)}"])
+    done_at: list = []
+
+    def interrupt(cluster):
+        if len(cluster.backend.completed) < 6:
+            cluster.clock.call_at(cluster.clock.now() + 0.05, interrupt, cluster)
+            return
+        done_at.append(len(cluster.backend.completed))
+        raise KeyboardInterrupt("signal 15")
+    with pytest.raises(KeyboardInterrupt):
+        execute(run, out, open_kwargs={"hooks": [(0.0, interrupt)]})
+    s = json.loads((out / "summary.json").read_text())
+    assert s["partial"] is True and "KeyboardInterrupt" in s["error"]
+    sm = json.loads((out / "server_metrics.json").read_text())
+    assert sm["engine_times"] == "spans" and sm["spans"] == {}
+    assert len(sm["spans_missing"]) >= done_at[0] >= 6 and sm["baseline"][0]["instance"] == "collocated0"
 
 
 KEY = "k3y-for-this-test-only"

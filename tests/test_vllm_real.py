@@ -293,9 +293,14 @@ def test_api_server_killed_alone_ends_the_run_partial_keeps_its_spans_and_leaves
     spans. The run ends ``partial: true`` with the error naming the server (the README; ``execute`` raises, the
     CLI exits 1), what finished before the kill is kept, ``server_metrics.json`` is written anyway with every
     span the receiver had at the kill (each completed turn among its spans or in ``spans_missing``), and every
-    launched process and port is gone afterwards. The other load shapes: tests/test_vllm_faults.py."""
+    launched process and port is gone afterwards. The other load shapes: tests/test_vllm_faults.py.
+
+    The same server runs with ``backend.api_key`` (vLLM reads it from ``VLLM_API_KEY``): a request without the key
+    is answered 401 while every turn of the run (which carries it) is served, and the key is in no file the run
+    wrote, the server's log included."""
     import harness.run.runner as runner
-    from tests.test_vllm_faults import N_CONV, SHAPES, TURNS, _assert_partial_named, kill_api_server_near_the_end
+    import urllib.error
+    from tests.test_vllm_faults import KEY, N_CONV, SHAPES, TURNS, _assert_partial_named, kill_api_server_near_the_end
     from tests.conftest import conversation
     # 1 s of tool time between turns: the server's exporter (every SPAN_EXPORT_DELAY_MS = 1 s) sends during the run
     monkeypatch.setattr(runner, "load_trace", lambda path: [
@@ -304,15 +309,25 @@ def test_api_server_killed_alone_ends_the_run_partial_keeps_its_spans_and_leaves
     port = free_port_base(1)
     run = compose_run(COMMON + ["cluster=cpu_1x", "scheduler=collocated", "logger.steps=true", "workload.sample=first",
                                 "backend.request_timeout_s=60", "backend.max_run_s=600", *SHAPES["closed2"],
-                                f"workload.num_conversations={N_CONV}", f"backend.port_base={port}"])
+                                f"workload.num_conversations={N_CONV}", f"backend.port_base={port}",
+                                f"backend.api_key={KEY}"])
     killed: list = []
     at_kill: list = []
     launchers: list = []
+    unauthorized: list = []
     kill = kill_api_server_near_the_end(N_CONV * TURNS - 2, killed)
 
     def hook(cluster):   # the kill, once the receiver holds spans; what it holds then is recorded
         if killed:
             return
+        if not unauthorized:   # a request without the key, while the run's own requests are served
+            req = urllib.request.Request(cluster.endpoints[0].url + "/v1/completions", data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=30)
+                unauthorized.append(200)
+            except urllib.error.HTTPError as e:
+                unauthorized.append(e.code)
         if cluster.spans.snapshot() and len(cluster.backend.completed) >= N_CONV * TURNS - 2:
             at_kill.append(set(cluster.spans.snapshot()))
             launchers.append(cluster.launcher)
@@ -338,6 +353,8 @@ def test_api_server_killed_alone_ends_the_run_partial_keeps_its_spans_and_leaves
     pids = launchers[0].pids()
     assert pids and not any(pid_alive(p) for p in pids) and not pid_alive(killed[0][0])
     assert port_free(port)
+    assert unauthorized == [401] and (t.status == "ok").sum() >= N_CONV * TURNS - 2
+    assert not [p for p in out.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
 
 
 def test_cli_run_leaves_no_process(tiny_model, tmp_path):

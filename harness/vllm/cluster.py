@@ -513,25 +513,25 @@ class VllmCluster:
         backend.poller = poller
         if steps and self.engine_times == "scrape":
             backend.finish_scrapes = poller.finish_records
-        try:
-            start()
-            poller.start()
-            for t, fn in self.hooks:
-                self.clock.call_at(t, fn, self)
-            check()
-            reason = ""
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.max_run_s)
-            except asyncio.TimeoutError:
-                reason = (f"backend.max_run_s={self.max_run_s:.0f} reached" + (
-                    "" if b.max_run_s is not None else " (derived from the workload and backend.max_run_margin_s: harness.vllm.cluster.run_limit_s)"))
-            self._energy = backend.energy.energy_j()  # exactly the measured window
-        finally:
-            stop.set()
-            # the last turns' finish scrapes (logger.steps) are served before the thread ends, up to 10 s
-            await asyncio.to_thread(poller.stop, 10.0)
         ended = False
         try:
+            try:
+                start()
+                poller.start()
+                for t, fn in self.hooks:
+                    self.clock.call_at(t, fn, self)
+                check()
+                reason = ""
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.max_run_s)
+                except asyncio.TimeoutError:
+                    reason = (f"backend.max_run_s={self.max_run_s:.0f} reached" + (
+                        "" if b.max_run_s is not None else " (derived from the workload and backend.max_run_margin_s: harness.vllm.cluster.run_limit_s)"))
+                self._energy = backend.energy.energy_j()  # exactly the measured window
+            finally:
+                stop.set()
+                # the last turns' finish scrapes (logger.steps) are served before the thread ends, up to 10 s
+                await asyncio.to_thread(poller.stop, 10.0)
             if self._error is None:   # done or out of time: not complete if a launched server died meanwhile
                 dead = self.dead_servers() or await self._unhealthy_servers()
                 if dead:
