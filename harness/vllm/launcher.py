@@ -187,6 +187,40 @@ def start_ticks(pid: int) -> Optional[int]:
     return None if fields[0] == "Z" else int(fields[19])
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by this user only (mode ``0o600`` from its creation, whatever the
+    umask), through a temporary file renamed into place: for files that may hold a secret (a server's
+    environment with its API key)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def child_pids(pid: int) -> list[int]:
+    """Live (not zombie) children of process ``pid``, read from ``/proc`` (``/proc/<pid>/stat`` field 4 is the
+    parent)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            text = (d / "stat").read_text(errors="replace")
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            out.append(int(d.name))
+    return out
+
+
 def owner_alive(rec: dict) -> bool:
     """Whether the run that wrote record ``rec`` is alive: its pid runs and started when the record says."""
     try:
@@ -288,6 +322,8 @@ class Launcher(StartStop):
         self._logs: dict[str, object] = {}
         self._old_handlers: dict[int, object] = {}
         self._tokens: dict[int, str] = {}      # port -> token of the server this launcher started there
+        # name -> (pid, start ticks) of each server's API process (its guard's child), found once it is healthy
+        self.api_pids: dict[str, tuple[int, Optional[int]]] = {}
 
     def start(self) -> None:
         """Start every server and wait until all are healthy.
@@ -335,6 +371,9 @@ class Launcher(StartStop):
                 left = max(1.0, self.startup_timeout_s - (time.monotonic() - t0))
                 wait_healthy(s.url, left, proc, self.log_dir / f"{s.name}.log")
                 self.startup_s[s.name] = time.monotonic() - t0
+                kids = child_pids(proc.pid)   # the guard starts one child, the API server
+                if len(kids) == 1:
+                    self.api_pids[s.name] = (kids[0], start_ticks(kids[0]))
         except BaseException:
             self.stop()
             raise
@@ -397,12 +436,23 @@ class Launcher(StartStop):
     def exited(self) -> dict[str, str]:
         """``{name: why}`` for each launched server that is no longer running (e.g. killed mid-run): the
         guard's exit status, which is the server's (``128 + n``: the server got signal n; negative: the
-        guard itself was killed by that signal, e.g. :meth:`kill`)."""
+        guard itself was killed by that signal, e.g. :meth:`kill`); or, while the guard still stops the rest
+        of the tree (up to its ``GUARD_GRACE_S`` grace for the engine processes), the API server's own
+        death, seen at once in ``/proc`` (its pid gone, a zombie, or another process: :func:`start_ticks`)."""
         def why(rc: int) -> str:
             if rc < 0:
                 return f"exited with code {rc} (its guard got signal {-rc})"
             return f"exited with code {rc}" + (f" (the server got signal {rc - 128})" if rc > 128 else "")
-        return {n: why(p.returncode) for n, p in self.procs.items() if p.poll() is not None}
+        out = {}
+        for n, p in self.procs.items():
+            if p.poll() is not None:
+                out[n] = why(p.returncode)
+            elif n in self.api_pids:
+                pid, ticks = self.api_pids[n]
+                if start_ticks(pid) != ticks:
+                    out[n] = (f"API server (pid {pid}) is gone (killed or exited; its guard, pid {p.pid}, is stopping "
+                              f"the rest of its process tree)")
+        return out
 
     def energy_readers(self) -> list:
         """Per instance, a reader of its GPUs' NVML counters on this machine (``harness.vllm.energy``)."""
@@ -424,7 +474,8 @@ class ServerLauncher(Protocol):
     first server until this one was healthy. ``start()`` raises ``RuntimeError`` (after stopping whatever
     started) when a server cannot start; ``stop()`` is idempotent and leaves no process behind;
     ``kill(name)`` kills one server at once (fault injection); ``exited()`` ``{name: why}`` of the started
-    servers no longer running (a run whose server dies ends, partial); ``energy_readers()`` one NVML reader
+    servers no longer running, as soon as it can tell (a run whose server dies ends, partial; the cluster
+    also probes ``/health`` at the end, for launchers that learn of a death late); ``energy_readers()`` one NVML reader
     per instance, read on the instance's own node; ``placement()`` rows for ``measured()``.
     """
 

@@ -22,9 +22,9 @@ The values are exactly what the histograms observe (``vllm/v1/metrics/stats.py``
 
 from __future__ import annotations
 
-import gzip
 import threading
 import time
+import zlib
 from typing import Any, Callable, Iterable, Optional
 
 SPAN_KEYS = {"gen_ai.latency.time_to_first_token": "ttft_s", "gen_ai.latency.e2e": "e2e_s",
@@ -124,6 +124,66 @@ def spans_from_export(payload: bytes) -> dict[str, dict]:
     return out
 
 
+# The receiver's limits (what one POST may take of the harness). vLLM's exporter (the OpenTelemetry SDK's
+# BatchSpanProcessor, at most 512 spans a batch, OTEL_BSP_MAX_EXPORT_BATCH_SIZE) sends one span of ~0.5-1 KB
+# per request, so a batch is < 1 MB before compression; the caps leave 4x / 16x room above that.
+MAX_BODY_BYTES = 4 << 20        # bytes of body as sent (compressed or not); more: 413 without reading it
+MAX_DECODED_BYTES = 16 << 20    # bytes after inflating a gzip / deflate body; more: 413, inflation stopped there
+RECEIVE_TIMEOUT_S = 10.0        # s for a whole body (and each read of the request line and headers); then 408
+MAX_CONCURRENT_POSTS = 2        # bodies read and decoded at once; a further POST waits up to the timeout, then 503
+# So the receiver's own memory stays under MAX_CONCURRENT_POSTS x (MAX_BODY_BYTES + 2 x MAX_DECODED_BYTES) = 72 MiB
+# (the decoded bytes and the parsed message), whatever is posted (tests/test_otlp_limits.py measures it).
+_INFLATE_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS}
+
+
+class BodyTooLarge(ValueError):
+    """A body (as sent, or inflated) over the receiver's cap (answered 413)."""
+
+
+class UnsupportedEncoding(ValueError):
+    """A ``Content-Encoding`` the receiver does not inflate (answered 415)."""
+
+
+def inflate(body: bytes, encoding: str, max_bytes: int = MAX_DECODED_BYTES, chunk: int = 1 << 16) -> "bytes | bytearray":
+    """``body`` decoded by its ``Content-Encoding`` (``gzip``, of one or more members, RFC 1952; ``deflate``,
+    zlib format as the OpenTelemetry exporter's ``Compression.Deflate`` sends it; ``identity`` / ``""``: as is),
+    inflated ``chunk`` bytes at a time (``zlib.decompressobj``'s ``max_length``), so at most ``max_bytes`` + one
+    chunk are ever held.
+
+    Raises:
+        BodyTooLarge: the inflated body exceeds ``max_bytes`` (inflation stops there).
+        UnsupportedEncoding: an encoding other than these (answered 415).
+        zlib.error: the bytes are not of that encoding (answered 400).
+    """
+    enc = encoding.strip().lower()
+    if enc in ("", "identity"):
+        if len(body) > max_bytes:
+            raise BodyTooLarge(f"body of {len(body)} bytes over the cap of {max_bytes}")
+        return body
+    if enc not in _INFLATE_WBITS:
+        raise UnsupportedEncoding(f"Content-Encoding {encoding!r} not supported (gzip, deflate, identity)")
+    out = bytearray()
+    data = body
+    while data:
+        d = zlib.decompressobj(_INFLATE_WBITS[enc])
+        while data and not d.eof:
+            out += d.decompress(data, chunk)
+            data = d.unconsumed_tail
+            if len(out) > max_bytes:
+                raise BodyTooLarge(f"inflated body over the cap of {max_bytes} bytes")
+        while not d.eof:                       # all input consumed: drain what the inflater still holds
+            piece = d.decompress(b"", chunk)
+            if not piece:
+                raise zlib.error("truncated compressed body")
+            out += piece
+            if len(out) > max_bytes:
+                raise BodyTooLarge(f"inflated body over the cap of {max_bytes} bytes")
+        data = d.unused_data                   # gzip: the next member
+        if data and enc == "deflate":
+            raise zlib.error("bytes after the end of the deflate stream")
+    return out
+
+
 class SpanReceiver:
     """An OTLP/HTTP receiver on ``host:port`` (port 0: any free port) in a thread of its own: every POST to
     ``/v1/traces`` is decoded by :func:`spans_from_export` into ``spans`` (request id -> times). Use as a
@@ -132,37 +192,104 @@ class SpanReceiver:
     decides which spans are kept; the others are only counted in ``other_spans`` (a server shared with
     other clients sends theirs too). Work per POST: one protobuf decode, in the receiver's thread.
 
+    What a POST may take is bounded (``rejected`` counts the refusals by HTTP status): a ``Content-Length``
+    that is missing (411), not a non-negative integer (400) or over ``max_body_bytes`` (413, the body never
+    read); a body inflated past ``max_decoded_bytes`` (413, inflation stopped at the cap: :func:`inflate`);
+    an encoding other than gzip / deflate / identity (415); a body not received within ``timeout_s`` s in
+    all, or a request line / header read stalled that long (408); more than :data:`MAX_CONCURRENT_POSTS`
+    bodies at once, waited for ``timeout_s`` s (503). Every refusal closes the connection.
+
+    Args:
+        port: TCP port (0: any free one). host: address to bind (``127.0.0.1``: this machine only).
+        max_body_bytes, max_decoded_bytes: bytes (defaults :data:`MAX_BODY_BYTES`, :data:`MAX_DECODED_BYTES`).
+        timeout_s: s (default :data:`RECEIVE_TIMEOUT_S`).
+
     Raises:
         OSError: ``host:port`` cannot be bound (e.g. in use).
     """
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1"):
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", max_body_bytes: int = MAX_BODY_BYTES,
+                 max_decoded_bytes: int = MAX_DECODED_BYTES, timeout_s: float = RECEIVE_TIMEOUT_S):
         self.spans: dict[str, dict] = {}
         self.bad_posts = 0
         self.posts = 0
         self.other_spans = 0
+        self.rejected: dict[int, int] = {}
+        self.max_body_bytes, self.max_decoded_bytes, self.timeout_s = max_body_bytes, max_decoded_bytes, timeout_s
         self.accept: Callable[[str], bool] = lambda rid: True
         # imported here, not at the top: the module is imported with every backend's config (``harness.vllm.plugin``
         # re-exports ``engine_times_mode``), and ``http.server`` (~10 ms) is needed only by a receiver
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         self._cond = threading.Condition()
+        self._slots = threading.BoundedSemaphore(MAX_CONCURRENT_POSTS)
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = timeout_s            # each read of the request line and headers (socket timeout)
+
+            def _answer(self, status: int, close: bool = False) -> None:
+                if status != 200:
+                    with owner._cond:
+                        owner.rejected[status] = owner.rejected.get(status, 0) + 1
+                self.send_response(status)
+                if status == 200:
+                    self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                if close:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
+                self.end_headers()
+
+            def _read_body(self, n: int) -> Optional[bytes]:
+                """``n`` bytes of body within ``timeout_s`` s in all (a slow sender is cut off: None)."""
+                deadline = time.monotonic() + owner.timeout_s
+                parts, got = [], 0
+                while got < n:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    self.connection.settimeout(left)
+                    try:
+                        piece = self.rfile.read1(min(n - got, 1 << 16))
+                    except (TimeoutError, OSError):
+                        return None
+                    if not piece:          # the client closed early
+                        return None
+                    parts.append(piece)
+                    got += len(piece)
+                return b"".join(parts)
+
             def do_POST(self):  # noqa: N802 -- http.server's name
-                n = int(self.headers.get("Content-Length", 0))
-                body = self.rfile.read(n)
+                raw = self.headers.get("Content-Length")
+                if raw is None:
+                    return self._answer(411, close=True)
+                if not raw.strip().isdigit():      # negative, signed, fractional or not a number
+                    return self._answer(400, close=True)
+                n = int(raw)
+                if n > owner.max_body_bytes:
+                    return self._answer(413, close=True)
+                if not owner._slots.acquire(timeout=owner.timeout_s):
+                    return self._answer(503, close=True)
                 try:
-                    if self.headers.get("Content-Encoding") == "gzip":
-                        body = gzip.decompress(body)
-                    got = spans_from_export(body)
-                except Exception:  # noqa: BLE001 -- answered 400 and counted, never dropped silently
+                    body = self._read_body(n)
+                    if body is None:
+                        return self._answer(408, close=True)
+                    try:
+                        body = inflate(body, self.headers.get("Content-Encoding", ""), owner.max_decoded_bytes)
+                        got = spans_from_export(body)
+                    except BodyTooLarge:
+                        return self._answer(413, close=True)
+                    except UnsupportedEncoding:
+                        return self._answer(415, close=True)
+                    except Exception:  # noqa: BLE001 -- answered 400 and counted, never dropped silently
+                        got = None
+                    del body
+                finally:
+                    owner._slots.release()
+                if got is None:
                     with owner._cond:
                         owner.bad_posts += 1
-                    self.send_response(400)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
+                    return self._answer(400)
                 with owner._cond:
                     owner.posts += 1
                     for rid, row in got.items():
@@ -171,10 +298,7 @@ class SpanReceiver:
                         else:
                             owner.other_spans += 1
                     owner._cond.notify_all()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                self._answer(200)
 
             def log_message(self, *args):  # quiet
                 pass

@@ -58,6 +58,12 @@ class VllmBackendConfig(BackendConfig):
         server can be told which). With ``launch=false``, start each server with
         ``--otlp-traces-endpoint http://<harness host>:<otlp_port>/v1/traces`` and
         ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf``.
+    api_key: ``null`` (default: the servers take requests from anyone who can reach their port) or a key: each
+        launched server gets it as vLLM's ``--api-key`` (through ``VLLM_API_KEY`` in its environment, never on
+        its command line) and answers ``/v1/*`` requests without ``Authorization: Bearer <key>`` with 401; the
+        harness's own requests carry it (with ``launch=false``: the key the servers were started with). A
+        secret: give it as an override or ``${oc.env:VAR}``, never in a committed file; the files the run
+        writes redact fields named ``*api_key``.
 
     Where the servers run (``docs/clusters.md``):
     launcher: ``local`` (processes on this machine, ``harness.vllm.launcher.Launcher``), ``ray`` (one Ray
@@ -104,6 +110,7 @@ class VllmBackendConfig(BackendConfig):
     ray_address: str = "auto"
     engine_times: str = "auto"
     otlp_port: Optional[int] = None
+    api_key: Optional[str] = None
 
     def context_limit(self) -> Optional[int]:
         """The servers' context, tokens: ``--max-model-len`` in ``extra_args`` (None if not set)."""
@@ -155,6 +162,10 @@ class VllmBackendConfig(BackendConfig):
         if self.warmup_requests < 0:
             raise ValueError(f"backend.warmup_requests must be >= 0, got {self.warmup_requests!r}")
         self._validate_engine_times()
+        key = self.api_key
+        if key is not None and not (isinstance(key, str) and key and key.isprintable() and " " not in key):
+            raise ValueError("backend.api_key must be null or a non-empty string of printable characters without spaces "
+                             f"(it goes into an HTTP header; quote a number), got a {type(key).__name__}")
         if engine_times_mode(self, bool(cfg.logger.steps))[0] == "spans":
             import importlib.util
             try:

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from harness.core.paths import PROJECT_ROOT
-from harness.vllm.launcher import STATE_DIR, InstanceSpec, StartStop, _die_with_parent, _tail, wait_all, wait_http_healthy
+from harness.vllm.launcher import (STATE_DIR, InstanceSpec, StartStop, _die_with_parent, _tail, wait_all,
+                                   wait_http_healthy, write_private)
 from harness.vllm.placement import AGENT_PORT_OFFSET, assign, localize
 
 SLURM_STATE = STATE_DIR / "slurm"
@@ -177,7 +178,7 @@ class SlurmLauncher(StartStop):
             for s in self.specs:
                 out = self.node_dir / f"{s.name}.json"
                 out.unlink(missing_ok=True)
-                (self.node_dir / f"{s.name}.spec.json").write_text(json.dumps(asdict(s)))
+                write_private(self.node_dir / f"{s.name}.spec.json", json.dumps(asdict(s)))   # env may hold an API key
                 srun_log = open(self.log_dir / f"{s.name}.srun.log", "w")
                 proc = subprocess.Popen(self.srun_command(s), stdout=srun_log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
