@@ -743,7 +743,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.epilog = ("Exit status: 0 profile written; 2 bad input: no such run directory or base profile, a run "
                  "without logger.steps / turns, a partial run without --allow-partial, a fit that cannot be "
                  "made (the message says which).")
+    ap.add_argument("--from-steps", action="store_true",
+                    help="fit per step (harness.tools.steps.fit_steps): least squares on the step-time logs "
+                         "(logs/*.step_times.jsonl), each coefficient with its standard error, unidentified ones "
+                         "fixed at --base's value; refuses (exit 2) a contended run unless --no-check")
+    ap.add_argument("--rel-se-bound", type=float, default=0.5, help="--from-steps: identification bound (relative SE)")
+    ap.add_argument("--no-check", action="store_true", help="--from-steps: fit a contended run anyway")
     a = ap.parse_args(argv)
+    if a.from_steps:
+        return _main_from_steps(a)
     try:
         base = load_profile(a.base)
         partial = partial_run(a.run_dir)
@@ -767,6 +775,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.report is not None:
         from harness.core.recorder import write_json
         write_json(report, a.report)
+    print(text)
+    print(f"wrote {a.out}")
+    return 0
+
+
+def _main_from_steps(a) -> int:
+    """``--from-steps``: the per-step fit (``harness.tools.steps``), its profile and report."""
+    from harness.tools import steps as st
+    try:
+        base = load_profile(a.base)
+        partial = partial_run(a.run_dir)
+        if partial and not a.allow_partial:
+            raise ValueError(f"{a.run_dir} is a partial run ({partial}); pass --allow-partial to fit it anyway")
+        cfg = load_run_config(a.run_dir)
+        model = ModelConfig(**cfg["model"])
+        steps, meta = st.load_step_times(a.run_dir, skip_steps=8)
+        if a.no_check:
+            fig = {"loadavg_1min": st.run_loadavg(a.run_dir, meta), "checked": False}
+        else:
+            fig = st.contention(a.run_dir, steps, meta)
+        res = st.fit_steps(steps, base, model, rel_se_bound=a.rel_se_bound)
+    except st.Contended as e:
+        print(f"refused: {e}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    name = a.name or a.out.stem
+    res["hw"] = dataclasses.replace(res["hw"], name=name)
+    model_s = st.replay(steps, PerfModel(res["hw"], model))
+    extra = {"decode_start_excess": st.decode_start_excess(steps, model_s), "api_frontend_ttft": st.api_frontend(a.run_dir)}
+    text = st.steps_profile_yaml(res, a.run_dir, base.name, fig, extra)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(text)
+    load_profile(str(a.out))   # it loads and validates
+    if a.report is not None:
+        from harness.core.recorder import write_json
+        write_json({"terms": res["terms"], "n_steps": res["n_steps"], "dropped_outliers": res["dropped_outliers"],
+                    "rel_se_bound": res["rel_se_bound"], "contention": fig, **extra}, a.report)
     print(text)
     print(f"wrote {a.out}")
     return 0

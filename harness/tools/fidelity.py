@@ -514,6 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["protocol"]:
         return protocol_main(argv[1:])
+    if argv[:1] == ["steps"]:   # per-step fidelity (issue 33): harness.tools.steps
+        from harness.tools.steps import steps_main
+        return steps_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m harness.tools.fidelity", description=__doc__.split("\n\n")[0],
                                  epilog="Exit status: 0 when every target is met on vLLM's own clocks (on the client's "
                                         "where the run has no server_metrics.json), 1 when one "

@@ -34,7 +34,8 @@ from harness.vllm.nodes import node_address
 from harness.vllm.flags import engine_args
 from harness.vllm.otlp import SPAN_EXPORT_DELAY_MS, SpanReceiver, engine_times_mode, span_env
 from harness.vllm.scrape import MetricsPoller, histogram_delta, parse_histograms
-from harness.vllm.wait_scheduler import RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, forms_batches
+from harness.vllm.wait_scheduler import (RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, STEP_TIMES_ENV,
+                                         STEP_TIMES_SCHEDULER_CLS, STEP_TIMES_SYNC_SCHEDULER_CLS, forms_batches)
 
 if TYPE_CHECKING:  # a type only: the backend does not import the config module
     from harness.run.config import Resolved
@@ -122,6 +123,13 @@ def instance_specs(run: Resolved, model: str, run_dir: Path, otlp_endpoint: Opti
         if forms_batches(run):
             args += ["--scheduler-cls", SCHEDULER_CLS, "--no-async-scheduling"]
             env.update(batch_rule_env(run_dir, name))
+        elif run.cfg.logger.steps and not any(a.startswith("--scheduler-cls") for a in args):
+            # the logging-only scheduler: vLLM's own scheduling, each step's composition and wall time logged
+            sync = "--no-async-scheduling" in args
+            args += ["--scheduler-cls", STEP_TIMES_SYNC_SCHEDULER_CLS if sync else STEP_TIMES_SCHEDULER_CLS]
+            env["PYTHONPATH"] = _pythonpath()
+        if run.cfg.logger.steps:
+            env.update(step_times_env(run_dir, name))
         if otlp_endpoint is not None:
             args += ["--otlp-traces-endpoint", otlp_endpoint]
             env.update(span_env(name))
@@ -143,9 +151,23 @@ def batch_rule_env(run_dir: Path, name: str) -> dict[str, str]:
     steps = Path(run_dir) / "logs" / f"{name}.steps.jsonl"
     steps.parent.mkdir(parents=True, exist_ok=True)
     steps.unlink(missing_ok=True)
+    return {RULE_FILE_ENV: str(rule), STEP_LOG_ENV: str(steps), "PYTHONPATH": _pythonpath()}
+
+
+def _pythonpath() -> str:
+    """``PYTHONPATH`` led by this checkout's root (a server then imports the same ``harness``)."""
     path = os.environ.get("PYTHONPATH", "")
-    return {RULE_FILE_ENV: str(rule), STEP_LOG_ENV: str(steps),
-            "PYTHONPATH": str(PROJECT_ROOT) + (os.pathsep + path if path else "")}
+    return str(PROJECT_ROOT) + (os.pathsep + path if path else "")
+
+
+def step_times_env(run_dir: Path, name: str) -> dict[str, str]:
+    """The environment that makes a server log every step's composition and wall time
+    (``harness.vllm.wait_scheduler.StepTimingMixin``): ``<run_dir>/logs/<name>.step_times.jsonl`` (a stale
+    one is removed here). Read by ``python -m harness.tools.fidelity steps``."""
+    p = Path(run_dir) / "logs" / f"{name}.step_times.jsonl"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.unlink(missing_ok=True)
+    return {STEP_TIMES_ENV: str(p)}
 
 
 def receiver_host(backend: Any) -> str:

@@ -31,7 +31,13 @@ Configuration (environment of the server process, set by ``harness.vllm.cluster.
 once the policy is built (``VllmCluster.set_batch_rule``), after the warm-up requests; until it exists the
 server schedules as vLLM does (only the warm-up runs then). ``HARNESS_STEP_LOG`` (optional): a JSON-lines
 file, one line per non-empty step run under the rule (:meth:`RuleSchedulingMixin._log_step`), the
-evidence of what each step ran.
+evidence of what each step ran. ``HARNESS_STEP_TIMES`` (optional): a JSON-lines file, one line per
+non-empty step with its exact composition and its wall time (:class:`StepTimingMixin`, format in
+:func:`step_composition`), read by ``python -m harness.tools.fidelity steps`` and ``python -m
+harness.tools.calibrate --from-steps``. A run's servers write it when ``logger.steps=true``: batch-rule
+servers beside their step log, every other launched server through the logging-only scheduler
+:data:`STEP_TIMES_SCHEDULER_CLS` (vLLM's own scheduling, unchanged: ``AsyncScheduler`` as vLLM picks it for
+the CPU and GPU executors; ``...StepTimesSyncScheduler`` when the server runs ``--no-async-scheduling``).
 
 Importing this module needs no vLLM: ``RuleScheduler`` (the class vLLM loads) is built on first access.
 """
@@ -51,6 +57,11 @@ from harness.core.batching import StepInput, StepPlan
 RULE_FILE_ENV = "HARNESS_BATCH_RULE_FILE"
 STEP_LOG_ENV = "HARNESS_STEP_LOG"
 SCHEDULER_CLS = "harness.vllm.wait_scheduler.RuleScheduler"
+STEP_TIMES_ENV = "HARNESS_STEP_TIMES"
+# the logging-only schedulers (vLLM's scheduling unchanged, each step's composition and wall time logged)
+STEP_TIMES_SCHEDULER_CLS = "harness.vllm.wait_scheduler.StepTimesScheduler"            # on AsyncScheduler
+STEP_TIMES_SYNC_SCHEDULER_CLS = "harness.vllm.wait_scheduler.StepTimesSyncScheduler"   # on Scheduler
+STEP_TIMES_FORMAT = 1
 
 
 def forms_batches(run: Any) -> bool:
@@ -465,29 +476,147 @@ class RuleSchedulingMixin:
         self._step_log.write(json.dumps(obj) + "\n")
 
 
+# ---- the step-time log (every launched server with logger.steps=true; issue 33) ------------------------
+
+def step_composition(requests: Any, out: Any) -> dict:
+    """The exact batch of one scheduled step, read right after vLLM's ``schedule()`` returned ``out`` (a
+    ``SchedulerOutput``; ``requests``: the scheduler's ``{request_id: Request}``). vLLM advances
+    ``num_computed_tokens`` by the scheduled tokens inside ``schedule()`` (``_update_after_schedule``), so a
+    request's KV context before the step is ``num_computed_tokens - scheduled``.
+
+    Returns ``{"decode": [[ctx, out_tokens], ...], "prefill": [[n, prefix, cached, samples], ...]}``: per
+    decoding request (one token, its whole prompt computed) its KV context before the step (tokens) and the
+    output tokens it had (1: its first decode step after the prefill sampled token 1); per prefill chunk
+    its tokens ``n``, the prefix already in the KV cache before it (tokens: the cached hit for a chunk that
+    starts its prefill, else the earlier chunks), ``cached`` (the prefix-cache hit when the step starts the
+    request's prefill, i.e. the request is new or resumed after a preemption; else 0, tokens) and
+    ``samples`` (1 when the chunk completes the prompt: the step samples its first token). These are the
+    arguments of ``harness.sim.perf.PerfModel.step`` as ``harness.sim.engine`` forms them.
+    """
+    new = {r.req_id for r in (getattr(out, "scheduled_new_reqs", None) or ())}
+    cached = getattr(out, "scheduled_cached_reqs", None)
+    new |= set(getattr(cached, "resumed_req_ids", None) or ())
+    dec, pre = [], []
+    for rid, n in out.num_scheduled_tokens.items():
+        r = requests.get(rid)
+        if r is None:
+            continue
+        n = int(n)
+        prefix = int(r.num_computed_tokens) - n
+        prompt = int(r.num_prompt_tokens)
+        if n == 1 and prefix >= prompt:
+            dec.append([prefix, int(r.num_output_tokens)])
+        else:
+            done = prefix + n >= int(r.num_tokens)
+            pre.append([n, prefix, prefix if rid in new else 0, int(done)])
+    return {"decode": dec, "prefill": pre}
+
+
+class StepTimingMixin:
+    """Each non-empty step's composition (:func:`step_composition`) and wall time, one JSON line per step in
+    ``$HARNESS_STEP_TIMES`` (nothing is logged while the variable is unset). On top of vLLM's
+    ``Scheduler`` or ``AsyncScheduler`` (or the batch-rule scheduler); the engine core calls ``schedule()``
+    then, once the step ran, ``update_from_output()`` with the same ``SchedulerOutput``
+    (``vllm/v1/engine/core.py``: ``step`` and, under async scheduling, ``step_with_batch_queue``, where the
+    next step is scheduled before the previous one's output is processed). All times
+    ``time.monotonic()`` s of the engine-core process.
+
+    Line fields: ``step`` (1, 2, ...), ``t0`` (``schedule()`` entered), ``t_sched`` (it returned),
+    ``t_end`` (``update_from_output()`` returned), ``wall_s = t_end - max(t0, previous step's t_end)``: the
+    engine time the step added (schedule, forward, sampling, output processing; under async scheduling
+    successive steps overlap, so a step busy right after the previous one counts from that one's end),
+    ``idle_s = t0 - previous t_end`` (negative while steps overlap; the engine waited for work when
+    positive), ``decode`` and ``prefill`` (:func:`step_composition`). The first line is ``{"event":
+    "start", "format", "pid", "loadavg", "affinity", "t_s"}`` (the host's load average and the engine's
+    CPUs when the first step was logged)."""
+
+    def _timing_init(self) -> None:
+        """Read :data:`STEP_TIMES_ENV`; no file is opened before the first step."""
+        self._times_path = os.environ.get(STEP_TIMES_ENV, "")
+        self._times_file = None
+        self._times_pending: dict[int, tuple] = {}
+        self._times_last_end: Optional[float] = None
+        self._times_steps = 0
+
+    def schedule(self, *args, **kwargs):
+        if not getattr(self, "_times_path", ""):
+            return super().schedule(*args, **kwargs)
+        t0 = time.monotonic()
+        out = super().schedule(*args, **kwargs)
+        t1 = time.monotonic()
+        if out.total_num_scheduled_tokens:
+            self._times_pending[id(out)] = (t0, t1, step_composition(self.requests, out))
+        return out
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any):
+        res = super().update_from_output(scheduler_output, model_runner_output)
+        p = self._times_pending.pop(id(scheduler_output), None) if getattr(self, "_times_path", "") else None
+        if p is not None:
+            t2 = time.monotonic()
+            t0, t1, comp = p
+            last = self._times_last_end
+            self._times_steps += 1
+            line = {"step": self._times_steps, "t0": round(t0, 7), "t_sched": round(t1, 7), "t_end": round(t2, 7),
+                    "wall_s": round(t2 - (t0 if last is None else max(t0, last)), 7),
+                    "idle_s": None if last is None else round(t0 - last, 7), **comp}
+            self._times_last_end = t2
+            self._times_write(line)
+        return res
+
+    def _times_write(self, obj: dict) -> None:
+        if self._times_file is None:
+            self._times_file = open(self._times_path, "a", buffering=1)   # line-buffered: on disk line by line
+            aff = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+            self._times_file.write(json.dumps({"event": "start", "format": STEP_TIMES_FORMAT, "pid": os.getpid(),
+                                               "loadavg": list(os.getloadavg()), "ncpu": os.cpu_count(), "affinity": aff,
+                                               "t_s": time.monotonic()}) + "\n")
+        self._times_file.write(json.dumps(obj) + "\n")
+
+
 def _build_class():
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    class RuleScheduler(RuleSchedulingMixin, Scheduler):
-        """vLLM V1's scheduler forming each step with a harness batch rule (module docstring)."""
+    class RuleScheduler(StepTimingMixin, RuleSchedulingMixin, Scheduler):
+        """vLLM V1's scheduler forming each step with a harness batch rule (module docstring); with
+        :data:`STEP_TIMES_ENV` set it also logs every step's composition and wall time."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self._rule_init()
+            self._timing_init()
 
     RuleScheduler.__module__ = __name__
     RuleScheduler.__qualname__ = "RuleScheduler"
     return RuleScheduler
 
 
-_CLASS: Optional[type] = None
+def _build_timing_class(name: str):
+    """A logging-only scheduler: vLLM's own (``AsyncScheduler`` for :data:`STEP_TIMES_SCHEDULER_CLS`,
+    ``Scheduler`` for the sync one) with :class:`StepTimingMixin`; it schedules exactly as vLLM does."""
+    if name == "StepTimesScheduler":
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as Base
+    else:
+        from vllm.v1.core.sched.scheduler import Scheduler as Base
+
+    class Timed(StepTimingMixin, Base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._timing_init()
+
+    Timed.__doc__ = f"vLLM's {Base.__name__} with every step's composition and wall time logged (StepTimingMixin)."
+    Timed.__module__ = __name__
+    Timed.__name__ = Timed.__qualname__ = name
+    return Timed
+
+
+_CLASSES: dict[str, type] = {}
 
 
 def __getattr__(name: str):
-    """``RuleScheduler`` is built on first access (it subclasses vLLM's scheduler; vLLM is imported then)."""
-    global _CLASS
-    if name == "RuleScheduler":
-        if _CLASS is None:
-            _CLASS = _build_class()
-        return _CLASS
+    """``RuleScheduler``, ``StepTimesScheduler`` and ``StepTimesSyncScheduler`` are built on first access
+    (they subclass vLLM's schedulers; vLLM is imported then)."""
+    if name in ("RuleScheduler", "StepTimesScheduler", "StepTimesSyncScheduler"):
+        if name not in _CLASSES:
+            _CLASSES[name] = _build_class() if name == "RuleScheduler" else _build_timing_class(name)
+        return _CLASSES[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,159 @@
+"""Per-step fidelity and the per-step fit (harness.tools.steps, issue 33) on hand-made step-time logs, the
+step-time log itself (harness.vllm.wait_scheduler.StepTimingMixin) on a stand-in scheduler, and the refusal
+of a contended run."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.core.profiles import ModelConfig
+from harness.sim.perf import PerfModel
+from harness.tools import steps as st
+from harness.tools.calibrate import load_profile
+
+TINY = ModelConfig(name="tiny", hf_name="t", num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+                   intermediate_size=512, vocab_size=4096, tied_embeddings=True, dtype_bytes=2, max_model_len=4096)
+
+
+def synthetic_lines(rng, n=600):
+    """Step-log lines: decode batches of 1-16 at contexts 200-2000, prefill chunks of 64-1024 tokens with
+    0-90 % prefix, half of them mixed with decodes; no cached prefix (that column stays 0)."""
+    lines = []
+    for k in range(n):
+        b = int(rng.integers(0, 17)) if k % 3 else int(rng.integers(1, 17))
+        dec = [[int(rng.integers(200, 2000)), int(rng.integers(2, 50))] for _ in range(b)]
+        pre = []
+        if k % 3 == 0 or b == 0:
+            n_tok = int(rng.integers(64, 1024))
+            prefix = int(n_tok * rng.uniform(0, 9))
+            pre = [[n_tok, prefix, 0, int(rng.integers(0, 2))]]
+        lines.append({"step": k + 1, "t0": float(k), "t_end": float(k) + 0.01, "wall_s": 0.0, "idle_s": 0.0,
+                      "decode": dec, "prefill": pre})
+    return lines
+
+
+def frame(lines):
+    return pd.DataFrame([st.composition_row("i0", d) for d in lines], columns=st.STEP_FIELDS)
+
+
+def test_fit_recovers_known_coefficients_within_their_se_and_fixes_the_unidentified():
+    rng = np.random.default_rng(3)
+    base = load_profile("cpu")
+    true = {"step_overhead_s": 2.5e-3, "decode_seq_s": 2.2e-4, "kv_token_s": 1.5e-7, "prefill_token_s": 8e-5,
+            "attention_pair_s": 3e-9, "prefill_seq_overhead_s": 1.2e-3, "cached_prefix_token_s": 0.0}
+    hw_true = st.profile_from_terms(base, TINY, true, "test")
+    steps = frame(synthetic_lines(rng))
+    exact = st.replay(steps, PerfModel(hw_true, TINY))
+    # the design matrix is the step model: offset + X beta equals PerfModel's step time (no noise)
+    X, off = st.design(steps, hw_true, TINY)
+    assert np.allclose(off + X @ np.array([true[k] for k in st.TERMS]), exact, rtol=1e-9)
+    steps["wall_s"] = exact * (1 + 0.02 * rng.standard_normal(len(steps)))   # 2 % measurement noise
+    fit = st.fit_steps(steps, base, TINY)
+    t = fit["terms"]
+    for k in ("step_overhead_s", "decode_seq_s", "kv_token_s", "prefill_token_s", "prefill_seq_overhead_s"):
+        assert t[k]["status"] == "fitted", (k, t[k])
+        assert abs(t[k]["value"] - true[k]) <= 4 * t[k]["se"], (k, t[k], true[k])
+        assert t[k]["rel_se"] <= 0.5
+    # no step reuses a cached prefix: that coefficient is not identified and is reported fixed at the prior
+    assert t["cached_prefix_token_s"]["status"].startswith("fixed at prior: no data")
+    assert t["cached_prefix_token_s"]["value"] == base.cached_prefix_token_s
+
+
+def test_a_coefficient_the_noise_hides_is_fixed_not_fitted():
+    # decode-only steps of batch 1-2 at nearly one context: the KV-token slope (150 ns x ~0-100 tokens of
+    # variation, ~15 us) is far under 20 % noise on ~3 ms steps, so its relative SE exceeds 50 %
+    rng = np.random.default_rng(5)
+    base = load_profile("cpu")
+    lines = [{"step": k + 1, "t0": 0, "t_end": 0, "wall_s": 0, "idle_s": 0,
+              "decode": [[int(rng.integers(1000, 1050)), 5] for _ in range(1 + k % 2)], "prefill": []}
+             for k in range(300)]
+    steps = frame(lines)
+    steps["wall_s"] = st.replay(steps, PerfModel(base, TINY)) * (1 + 0.2 * rng.standard_normal(len(steps)))
+    t = st.fit_steps(steps, base, TINY)["terms"]
+    assert t["kv_token_s"]["status"].startswith("fixed at prior"), t["kv_token_s"]
+    assert t["step_overhead_s"]["status"] == "fitted"
+
+
+def test_replay_regimes_and_dispersion_by_hand():
+    base = load_profile("cpu")
+    lines = [{"step": 1, "t0": 0.0, "t_end": 0.0, "wall_s": 0.004, "idle_s": 1.0, "decode": [[500, 1]], "prefill": []},
+             {"step": 2, "t0": 0.0, "t_end": 0.0, "wall_s": 0.1, "idle_s": 0.0, "decode": [],
+              "prefill": [[256, 512, 512, 1]]}]
+    steps = frame(lines)
+    perf = PerfModel(base, TINY)
+    m = st.replay(steps, perf)
+    assert m[0] == perf.decode_step(1, 500).time_s
+    # the chunk: 256 tokens after a 512-token cached prefix: 256 * 512 + 256 * 257 / 2 pairs, one chunk, sampling
+    assert m[1] == perf.step(256, 256 * 512 + 256 * 257 / 2, 512, 1, 0, 0, 1, 512).time_s
+    r = st.regimes(steps)
+    assert r["batch: decode b=1"].tolist() == [True, False]
+    assert r["batch: prefill only, cached prefix"].tolist() == [False, True]
+    assert r["state: after an idle gap > 50 ms"].tolist() == [True, False]
+    assert r["state: decode with a request's first decode step"].tolist() == [True, False]
+    # dispersion: four steps of one composition at 4, 4, 5, 6 ms: IQR (5.25 - 4) / median 4.5
+    same = pd.concat([steps.iloc[[0]]] * 4, ignore_index=True)
+    same["wall_s"] = [0.004, 0.004, 0.005, 0.006]
+    d, n = st.dispersion(same)
+    assert n == 4 and d == pytest.approx((np.percentile(same.wall_s, 75) - np.percentile(same.wall_s, 25)) / 0.0045)
+
+
+def contended_run(tmp_path, load, spread):
+    (tmp_path / "logs").mkdir(parents=True, exist_ok=True)
+    lines = [{"event": "start", "loadavg": [load, load, load], "ncpu": 2}]
+    for k in range(40):
+        w = 0.003 * (1 + spread * (k % 4) / 3)
+        lines.append({"step": k + 1, "t0": k, "t_end": k, "wall_s": w, "idle_s": 0.0, "decode": [[300, 5]], "prefill": []})
+    (tmp_path / "logs" / "collocated0.step_times.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return st.load_step_times(tmp_path)
+
+
+def test_a_contended_run_is_refused_naming_the_figure(tmp_path):
+    steps, meta = contended_run(tmp_path / "a", 3.1, 0.0)     # one CPU hog beside a 2-core run: load 3.1 > 2
+    with pytest.raises(st.Contended, match=r"load average 3.10 .*> bound 2.00"):
+        st.contention(tmp_path / "a", steps, meta)
+    steps, meta = contended_run(tmp_path / "b", 1.2, 1.5)     # quiet load, but step times spread 0-150 %
+    with pytest.raises(st.Contended, match=r"dispersion .* > bound 25%"):
+        st.contention(tmp_path / "b", steps, meta)
+    steps, meta = contended_run(tmp_path / "c", 1.2, 0.05)    # quiet
+    fig = st.contention(tmp_path / "c", steps, meta)
+    assert fig["decode_dispersion"] < 0.25 and fig["bounds"]["loadavg_1min"] == 2.0
+
+
+def test_step_timing_mixin_logs_composition_and_wall_time(tmp_path, monkeypatch):
+    from harness.vllm import wait_scheduler as ws
+    monkeypatch.setenv(ws.STEP_TIMES_ENV, str(tmp_path / "t.jsonl"))
+    req = {"a": SimpleNamespace(num_computed_tokens=0, num_prompt_tokens=100, num_tokens=100, num_output_tokens=0),
+           "b": SimpleNamespace(num_computed_tokens=300, num_prompt_tokens=250, num_tokens=301, num_output_tokens=50)}
+
+    class Base:
+        requests = req
+
+        def schedule(self):
+            # vLLM advances num_computed_tokens inside schedule(): a's 64-token chunk after a 32-token cache hit
+            req["a"].num_computed_tokens = 32 + 64
+            req["b"].num_computed_tokens = 301
+            return SimpleNamespace(num_scheduled_tokens={"a": 64, "b": 1}, total_num_scheduled_tokens=65,
+                                   scheduled_new_reqs=[SimpleNamespace(req_id="a")],
+                                   scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()))
+
+        def update_from_output(self, so, mo):
+            return {}
+
+    class Timed(ws.StepTimingMixin, Base):
+        pass
+
+    s = Timed()
+    s._timing_init()
+    out = s.schedule()
+    s.update_from_output(out, None)
+    lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert lines[0]["event"] == "start" and len(lines[0]["loadavg"]) == 3
+    step = lines[1]
+    assert step["decode"] == [[300, 50]] and step["prefill"] == [[64, 32, 32, 0]]
+    assert step["wall_s"] == pytest.approx(step["t_end"] - step["t0"], abs=1e-6) and step["idle_s"] is None
