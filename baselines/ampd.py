@@ -43,10 +43,12 @@ documented in docs/schedulers.md:
   draw ``u ~ U(0, 1)`` per (conversation, turn) inverts the remote/local choice when
   ``u < misroute_frac``: a local decision becomes remote (prefill on ``p``, decode stays on ``d``), a
   remote one (migration included) becomes local on ``d``. The draw comes from its own stream
-  (``numpy.random.default_rng([MISROUTE_STREAM, misroute_seed, run seed, turn, *conversation id bytes])``),
-  (run seed = the top-level ``seed``, ``PolicyContext.seed``; ``workload.seed`` does not enter, as for the
-  predictor's errors), independent of the predictor's errors and the same for every variant and error arm of a seed, so the
-  flipped turns differ between arms only where the runs' turns do. ``Placement.misrouted`` marks them
+  (``numpy.random.default_rng([MISROUTE_STREAM, misroute_seed, workload seed, turn, *conversation id bytes])``;
+  workload seed = ``workload.seed``, ``PolicyContext.workload_seed``, the seed a preset sweeps; the top-level
+  ``seed`` does not enter, so a sweep over ``workload.seed`` with ``seed`` left at 0 draws a different
+  pattern per seed and its intervals include the draw's own variance, issue 31), independent of the
+  predictor's errors and the same for every variant and error arm of a seed, so the flipped turns differ
+  between arms only where the runs' turns do (a draw below 0.1 also lies below 0.3: the arms are nested). ``Placement.misrouted`` marks them
   (the ``misrouted`` column of ``decisions.parquet``); ``summary()`` reports the realised share
   (``ampd_misrouted_frac``) beside the predictor's (``ampd_decision_flip_frac``, measured on the rule's
   choice before the inversion) and the share whose final choice differs from the error-free rule's
@@ -83,7 +85,7 @@ class AmpdConfig:
         time is at most this, s (>= 0). migrate: move the decode off a decoder predicted to overflow.
     misroute_frac: the probability, in [0, 1], that a turn >= 1's remote/local decision is inverted after
         the rule (error at the decision, module docstring); 0 = none. misroute_seed: an int >= 0 mixed
-        with the run's seed into the misroute stream.
+        with the workload seed into the misroute stream (another pattern on the same workload).
     """
 
     name: str = "ampd"
@@ -120,16 +122,18 @@ class Ampd(AdmitAll):
 
     name = "ampd"
 
-    def __init__(self, cfg: AmpdConfig, predictor: Predictor, hints: tuple[InstanceHints, ...], seed: int = 0):
-        self.cfg, self.pred, self.hints, self.seed = cfg, predictor, hints, seed
+    def __init__(self, cfg: AmpdConfig, predictor: Predictor, hints: tuple[InstanceHints, ...], workload_seed: int = 0):
+        """``workload_seed``: ``workload.seed`` (``PolicyContext.workload_seed``), an int >= 0, keys the
+        misroute draw (:meth:`misroute_draw`)."""
+        self.cfg, self.pred, self.hints, self.workload_seed = cfg, predictor, hints, workload_seed
         self.oracle = None if predictor.exact else predictor.error_free()
         self.turns = self.remote = self.flips = self.placement_flips = self.migrations = 0
         self.misrouted = self.decision_errors = 0
 
     def misroute_draw(self, turn: TurnView) -> float:
         """The uniform draw in [0, 1) that decides whether ``turn``'s decision is inverted (module docstring;
-        a function of the misroute seed, the run's seed and the (conversation, turn) only)."""
-        rng = np.random.default_rng([MISROUTE_STREAM, self.cfg.misroute_seed, self.seed % 2**63, turn.turn,
+        a function of the misroute seed, the workload seed and the (conversation, turn) only)."""
+        rng = np.random.default_rng([MISROUTE_STREAM, self.cfg.misroute_seed, self.workload_seed % 2**63, turn.turn,
                                      *turn.conversation_id.encode()])
         return float(rng.random())
 
@@ -307,4 +311,4 @@ def make(cfg: AmpdConfig, ctx: PolicyContext) -> Ampd:
     if not (isinstance(cfg.misroute_seed, int) and 0 <= cfg.misroute_seed < 2**63):
         raise ValueError(f"scheduler.misroute_seed must be an int in [0, 2**63), got {cfg.misroute_seed!r}")
     pred = Predictor.from_config(ctx.truth, cfg.predictor)
-    return Ampd(cfg, pred, ctx.hints, ctx.seed)
+    return Ampd(cfg, pred, ctx.hints, ctx.workload_seed)

@@ -237,8 +237,8 @@ def test_misroute_share_within_binomial_bound_and_independent_of_predictor_noise
     truth = truth_table({**{(t.conversation_id, t.turn): (500, 5.0, 4, 3_000) for t in turns}, ("o", 7): (1_000, 5.0, 2, 2_000),
                          ("c", 2): (500, 5.0, 5, 3_000)})
 
-    def flagged(pred, seed=0):
-        pol = Ampd(AmpdConfig(tpot_slo_s=0.035, misroute_frac=p), pred, HINTS, seed)
+    def flagged(pred, workload_seed=0):
+        pol = Ampd(AmpdConfig(tpot_slo_s=0.035, misroute_frac=p), pred, HINTS, workload_seed)
         out = [pol.place(t, v, 0.0).misrouted for t in turns]
         assert pol.summary()["ampd_misrouted_frac"] == pytest.approx(sum(out) / n)
         return out
@@ -249,8 +249,59 @@ def test_misroute_share_within_binomial_bound_and_independent_of_predictor_noise
     assert bound == pytest.approx(0.0290, abs=1e-4)
     assert abs(share - p) <= bound
     assert flagged(Predictor(truth, "lognormal", sigma=1.0, seed=5)) == exact
-    other = flagged(Predictor(truth), seed=1)
+    other = flagged(Predictor(truth), workload_seed=1)
     assert other != exact and abs(sum(other) / n - p) <= bound
+
+
+def test_misroute_pattern_is_keyed_on_the_workload_seed_and_the_misroute_seed():
+    """Issue 31: the presets sweep ``workload.seed`` with the top-level ``seed`` at 0, so the draw must follow
+    the workload seed. On the same 2,000 turns at p = 0.5: two policies of one (workload seed, misroute
+    seed) invert the same turns; another workload seed or another misroute seed inverts other turns. Two
+    independent patterns at p = 0.5 agree on a turn with probability p^2 + (1 - p)^2 = 0.5, so the share of
+    turns flagged in both is 0.25 (sd sqrt(0.25 x 0.75 / 2000) = 0.0097): it lies in [0.2, 0.3] (> 5 sd),
+    while a shared pattern would give 0.5. Each pattern's share lies within 4 binomial sd of p:
+    4 x sqrt(0.25 / 2000) = 0.0447."""
+    v = _decision_cases()[1][0][1]
+    n, p = 2_000, 0.5
+    turns = [turn(cid=f"conv{i // 10}", k=1 + i % 10) for i in range(n)]
+    truth = truth_table({**{(t.conversation_id, t.turn): (500, 5.0, 4, 3_000) for t in turns},
+                         ("o", 7): (1_000, 5.0, 2, 2_000), ("c", 2): (500, 5.0, 5, 3_000)})
+
+    def flags(workload_seed, misroute_seed=0):
+        pol = Ampd(AmpdConfig(tpot_slo_s=0.035, misroute_frac=p, misroute_seed=misroute_seed), Predictor(truth),
+                   HINTS, workload_seed)
+        return [pol.place(t, v, 0.0).misrouted for t in turns]
+
+    bound = 4 * math.sqrt(p * (1 - p) / n)
+    assert bound == pytest.approx(0.0447, abs=1e-4)
+    base = flags(3)
+    assert flags(3) == base
+    for other in (flags(4), flags(3, misroute_seed=1)):
+        both = sum(a and b for a, b in zip(base, other)) / n
+        assert 0.2 <= both <= 0.3
+        assert abs(sum(other) / n - p) <= bound
+    assert abs(sum(base) / n - p) <= bound
+
+
+def test_the_run_gives_ampd_the_workload_seed_and_the_slo_baseline_keys_on_it():
+    """``workload.seed=4`` with ``seed`` at 0 (as the presets sweep): the session input and the policy context
+    carry 4, AMPD keys its draw on it; the unloaded-replay cache key of a misrouting reference changes with
+    the workload seed, that of a non-misrouting one does not."""
+    from harness.run import session
+    from harness.run.slo_baseline import _unloaded_cache_key
+    from harness.workload.workload import WorkloadConfig, build_workload
+    from tests.test_config import CONVS
+    _, stats = build_workload(CONVS, WorkloadConfig(arrival="poisson", rate_per_s=1.0))
+    keys = {}
+    for frac in (0.0, 0.3):
+        for ws in (4, 5):
+            run = compose_run(["scheduler=ampd", f"scheduler.misroute_frac={frac}", f"workload.seed={ws}"])
+            inp = session.session_input(run)
+            assert (inp.seed, inp.workload_seed) == (0, ws)
+            ctx = session.policy_context(inp, stats, None, session.estimated_capacities(inp))
+            assert ctx.workload_seed == ws and session.make_policy("ampd", run.scheduler, ctx).workload_seed == ws
+            keys[frac, ws] = _unloaded_cache_key(inp, stats, "ampd", run.scheduler)
+    assert keys[0.0, 4] == keys[0.0, 5] and keys[0.3, 4] != keys[0.3, 5]
 
 
 def test_run_with_misroute_records_the_flag(tmp_path):

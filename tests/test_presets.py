@@ -77,35 +77,44 @@ def test_one_point_of_each_preset_runs(name, tmp_path: Path):
     assert (tmp_path / "conversations.parquet").is_file()
 
 
-def test_every_ampd_robustness_arm_resolves():
-    params = sweep_params("ampd_robustness")
-    arms = params["+experiment/arm"]
-    assert "conserve" in arms and sum(a.startswith("ampd") for a in arms) >= 4
-    sigmas, misroutes, conserve_loads = [], {}, []
-    for arm in arms:
-        # in the order Hydra's sweeper composes a job: the swept arm first, the preset last (a value the
-        # preset's body set would replace the arm's: the 0.04 conv/s arms once ran at 0.06)
-        run = compose_run([f"+experiment/arm={arm}", "+experiment=ampd_robustness"])
-        load = run.cfg.workload.rate_per_s
-        if arm.startswith("conserve"):
-            assert run.scheduler_name == "conserve"
-            conserve_loads.append(load)
-        elif run.scheduler.misroute_frac > 0 or "misroute" in arm:
-            # decision-error arms: an error-free predictor, only the decision inverted
-            assert run.scheduler_name == "ampd" and run.scheduler.predictor.sigma == 0.0
-            assert run.scheduler.predictor.mode == "lognormal"
-            misroutes.setdefault(load, []).append(run.scheduler.misroute_frac)
-        else:
-            assert run.scheduler_name == "ampd" and load == 0.06
-            if run.scheduler.predictor.mode == "lognormal":
-                sigmas.append(run.scheduler.predictor.sigma)
-            else:
-                assert 0 < run.scheduler.predictor.error_rate < 1
-    assert sigmas == sorted(sigmas) and sigmas[0] == 0.0 and sigmas[-1] >= 2.0
-    # misroute 0 at 0.06 is the sigma 0 arm; at 0.04 it has its own arm, beside ConServe's
-    assert {k: sorted(v) for k, v in misroutes.items()} == {0.06: [0.1, 0.3, 0.5], 0.04: [0.0, 0.1, 0.3, 0.5]}
-    assert sorted(conserve_loads) == [0.04, 0.06]
-    assert len(arms) * len(params["workload.seed"]) == 54
+def test_ampd_robustness_asks_c5_on_both_rules_at_the_claim_rates():
+    """ampd_robustness (issue 31): misroute 0 / 0.1 / 0.3 / 0.5 on AMPD remote_default and cost and ConServe
+    at 0.06, 0.075 (5 seeds) and 0.09 conv/s (10 seeds), the predictor-error arms on remote_default at
+    0.06 (5 seeds, error-free decisions); a sample of cells composes into that run."""
+    import yaml
+    cells = sweep_params("ampd_robustness")["+experiment/cell"]
+    # (2 rules x 4 misroute shares + ConServe) x (5 + 5 + 10 seeds) + 8 predictor arms x 5 seeds
+    assert len(cells) == len(set(cells)) == 9 * (5 + 5 + 10) + 8 * 5 == 220
+    grid, pred = {}, {}
+    for c in cells:
+        y = yaml.safe_load((CONF / "experiment" / "cell" / f"{c}.yaml").read_text())
+        groups = {k.split("/")[-1]: v for d in y["defaults"] for k, v in d.items()}
+        assert groups["cluster"] == "a40_1p3d", c
+        sched, w = y.get("scheduler", {}), y["workload"]
+        if "predictor" in sched:
+            assert groups["scheduler"] == "ampd" and sched["mode"] == "remote_default" and w["rate_per_s"] == 0.06
+            assert "misroute_frac" not in sched
+            key = sched["predictor"].get("sigma", sched["predictor"].get("error_rate"))
+            pred.setdefault((sched["predictor"]["mode"], key), set()).add(w["seed"])
+            continue
+        key = (groups["scheduler"], sched.get("mode"), sched.get("misroute_frac"), w["rate_per_s"])
+        grid.setdefault(key, set()).add(w["seed"])
+    want = {}
+    for rate, seeds in ((0.06, set(range(5))), (0.075, set(range(5))), (0.09, set(range(10)))):
+        for mode in ("remote_default", "cost"):
+            for f in (0.0, 0.1, 0.3, 0.5):
+                want[("ampd", mode, f, rate)] = seeds
+        want[("conserve", None, None, rate)] = seeds
+    assert grid == want
+    assert pred == {**{("lognormal", x): set(range(5)) for x in (0.25, 0.5, 1.0, 1.5, 2.0)},
+                    **{("rate", x): set(range(5)) for x in (0.1, 0.3, 0.5)}}
+    run = compose_run(["+experiment/cell=ar_mis0p3_ampd_cost_r0p09_s7", "+experiment=ampd_robustness"])
+    assert (run.scheduler_name, run.scheduler.mode, run.scheduler.misroute_frac) == ("ampd", "cost", 0.3)
+    assert run.scheduler.predictor.sigma == 0.0 and run.cfg.workload.seed == 7 and run.cfg.seed == 0
+    assert run.cfg.workload.rate_per_s == 0.09 and run.cfg.workload.num_conversations == 200
+    assert run.cfg.slo.reference_scheduler == "same"
+    run = compose_run(["+experiment/cell=ar_rate0p3_ampd_rd_r0p06_s2", "+experiment=ampd_robustness"])
+    assert run.scheduler.predictor.error_rate == 0.3 and run.scheduler.misroute_frac == 0.0
 
 
 def test_cell_presets_cover_their_grids():
@@ -113,15 +122,15 @@ def test_cell_presets_cover_their_grids():
     arms on 3 seeds; pd_split: only valid scheduler x cluster pairs. Cells compose (a sample is resolved)."""
     import yaml
     cells = sweep_params("conserve_sensitivity")["+experiment/cell"]
-    assert len(cells) == len(set(cells)) == 153
+    assert len(cells) == len(set(cells)) == 195
     main = [c for c in cells if c.startswith("cs_main_")]
-    # 3 variants x 2 tiers x (3 seeds at 0.03 and 0.06 + 10 seeds at 0.09, near saturation)
-    assert len(main) == 3 * 2 * (3 + 3 + 10)
+    # 3 variants x 2 tiers x (3 seeds at 0.03 + 10 seeds at 0.06 and at 0.09, near saturation)
+    assert len(main) == 3 * 2 * (3 + 10 + 10)
     seeds_at = {}
     for c in main:
         y = yaml.safe_load((CONF / "experiment" / "cell" / f"{c}.yaml").read_text())
         seeds_at.setdefault(y["workload"]["rate_per_s"], set()).add(y["workload"]["seed"])
-    assert seeds_at == {0.03: {0, 1, 2}, 0.06: {0, 1, 2}, 0.09: set(range(10))}
+    assert seeds_at == {0.03: {0, 1, 2}, 0.06: set(range(10)), 0.09: set(range(10))}
     assert len([c for c in cells if c.startswith("cs_sens_")]) == 6 * 3 * 2
     assert len([c for c in cells if c.startswith("cs_err_")]) == 7 * 3
     split = sweep_params("pd_split")["+experiment/cell"]

@@ -376,7 +376,8 @@ class PolicyContext:
 
     truth: ``(conversation_id, turn) -> TurnTruth``, the workload's oracle that a :class:`Predictor`
         wraps (a policy must not call it directly);
-    seed: for the policy's own generator; cluster_roles: the role of each instance (validated by
+    seed: for the policy's own generator (the top-level ``seed``); workload_seed: ``workload.seed`` (what a
+    preset sweeps; AMPD's misroute draw is keyed on it); cluster_roles: the role of each instance (validated by
     factories); workload: a description of the workload for planning
     (``harness.workload.workload.WorkloadStats``); hints: one :class:`InstanceHints` per instance;
     kv_capacity_tokens: per instance, tokens (the backend's: simulated, or read from ``/metrics``).
@@ -388,6 +389,7 @@ class PolicyContext:
     workload: Any
     hints: tuple[InstanceHints, ...]
     kv_capacity_tokens: tuple[int, ...]
+    workload_seed: int = 0
 
 
 _SCHEDULERS = Registry("scheduler", SchedulerSpec)

@@ -70,6 +70,8 @@ class SessionInput:
         (``engine``: KV block size in tokens, batch limits, chunked prefill, ...); link: the KV-transfer
         interconnect between instances (``cluster.link``: bytes/s and s per transfer).
     seed: the run's seed (``seed``), given to every policy (``PolicyContext.seed``).
+    workload_seed: the workload's seed (``workload.seed``), given to every policy
+        (``PolicyContext.workload_seed``; AMPD's misroute draw reads it).
     shared_prefix_tokens: the workload's shared system prompt, tokens
         (``workload.effective_shared_prefix_tokens()``: ``shared_prefix_tokens`` x ``token_scale``).
     context_limit_tokens: the served context, tokens (:func:`context_limit`); ``None``: unlimited.
@@ -107,6 +109,7 @@ class SessionInput:
     backend_name: str
     backend: BackendConfig
     sim: "SimBackendConfig"
+    workload_seed: int = 0
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -127,14 +130,15 @@ def session_input(run: "Resolved") -> SessionInput:
         reference_scheduler=cfg.slo.reference_scheduler, needs_reference=cfg.slo.needs_unloaded(),
         scale_reference=cfg.slo.scale_reference_name(), needs_scale_reference=cfg.slo.needs_scale_unloaded(),
         ttfet_definition=cfg.slo.ttfet_definition, backend_name=run.backend_name, backend=run.backend,
-        sim=run.backend if isinstance(run.backend, SimBackendConfig) else SimBackendConfig())
+        sim=run.backend if isinstance(run.backend, SimBackendConfig) else SimBackendConfig(),
+        workload_seed=cfg.workload.seed)
 
 
 def policy_context(inp: SessionInput, stats: WorkloadStats, oracle: Callable, kv_capacity_tokens: Sequence[int]
                    ) -> PolicyContext:
     """The context a policy of the session ``inp`` is built with (``kv_capacity_tokens``: per instance, tokens)."""
     return PolicyContext(truth=oracle, seed=inp.seed, cluster_roles=inp.roles, workload=stats, hints=inp.hints,
-                         kv_capacity_tokens=tuple(kv_capacity_tokens))
+                         kv_capacity_tokens=tuple(kv_capacity_tokens), workload_seed=inp.workload_seed)
 
 
 def context_limit(run: "Resolved") -> Optional[int]:

@@ -393,12 +393,16 @@ def _unloaded_cache_key(inp: SessionInput, stats: WorkloadStats, name: str, ref:
     """What an unloaded replay depends on besides the conversation: instances (hardware), model, engine,
     link, the shared system prompt, the reference scheduler and its config (and the workload stats and
     seed when the reference scheduler may read them: one registered with ``reads_workload=True``, or AMPD
-    with ``misroute_frac > 0``; its own config, predictor seed included, is part of the key anyway)."""
+    with ``misroute_frac > 0``, whose draw reads ``workload.seed``; its own config, predictor and misroute
+    seeds included, is part of the key anyway)."""
     parts = [list(inp.instances), inp.model, inp.engine, inp.link, inp.shared_prefix_tokens, name, ref]
     from harness.core.schedulers import get_spec
-    if get_spec(name).reads_workload or getattr(ref, "misroute_frac", 0) > 0:
-        # (AMPD's misroute draw reads the run's seed, so a misrouting reference is not seed-free)
+    misroutes = getattr(ref, "misroute_frac", 0) > 0
+    if get_spec(name).reads_workload or misroutes:
+        # (AMPD's misroute draw reads the workload's seed, so a misrouting reference is not seed-free)
         parts += [inp.seed, stats.rate_per_s, stats.mean_turns,
                   *(a.tobytes() for a in (stats.turn_prompt_tokens, stats.turn_new_tokens,
                                           stats.turn_output_tokens, stats.tool_time_s))]
+        if misroutes:
+            parts.append(("workload_seed", inp.workload_seed))
     return repr(parts)
