@@ -461,10 +461,12 @@ def sensitivity_matrix(claims: dict[str, list[dict]], arm_values: dict,
     that rests on the power model: :data:`C4_MODEL_DEPENDENT` when anything flips it)."""
     lines = ["Per claim and choice: the verdict words of its cells at each level of that choice (×k: k cells, "
              "the other choices varying). A choice *flips* the claim when two cells that differ only in it get "
-             "different words. Uncalibrated constants (docs/hardware.md): one seed each at "
-             f"{arm_values.get('rate', math.nan):g} conv/s, the base cell's seed-level interval shifted on the "
-             "log scale by that seed's change (`harness.analysis.claims.shifted_verdict`). Not varied here: the "
-             "step-time model (roofline only).", "",
+             "different words. " + (
+                 "Uncalibrated constants (docs/hardware.md): one seed each at "
+                 f"{arm_values['rate']:g} conv/s, the base cell's seed-level interval shifted on the "
+                 "log scale by that seed's change (`harness.analysis.claims.shifted_verdict`). "
+                 if arm_values.get("arms") else "No sensitivity arms in this sweep: the uncalibrated constants are "
+                 "not varied. ") + "Not varied here: the step-time model (roofline only).", "",
              "| claim | choice | verdict per level | flips |", "|---|---|---|---|"]
     overall: dict[str, str] = {}
     for claim, cells in claims.items():
@@ -588,7 +590,7 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
            f"| C1 p95 TTFET vs AMPD | {PAPER['C1']} % | {overall.get('C1', v1)} |",
            f"| C2 zero SLO violations at every rate | 0 violations | {overall.get('C2', v2)} |",
            f"| C3 tokens/J vs AMPD, {homo} | +{PAPER['C3']} % | {overall.get('C3', v34['C3'])} |",
-           f"| C4 further tokens/J on {hetero} | +{PAPER['C4']} % | {overall.get('C4', v34['C4'])} |",
+           f"| C4 further tokens/J on {hetero or 'a heterogeneous tier (none in this sweep)'} | +{PAPER['C4']} % | {overall.get('C4', v34['C4'])} |",
            f"| C5 AMPD's SLO violations grow and tokens/J fall with the error rate, ConServe flat | "
            f"\"10 % error → significant SLO violations\" | {overall.get('C5', v5)} |", "",
            "(The word that holds across every choice of the sensitivity matrix below, or the choices that flip it.)",
