@@ -84,7 +84,7 @@ def _refuse_partial(run_dirs: Sequence[Path]) -> None:
     Raises:
         PartialRun: one or more of them is partial.
     """
-    from harness.tools.calibrate import partial_run   # the rule calibrate refuses a partial run by
+    from harness.analysis.validity import partial_run   # the rule calibrate refuses a partial run by
     bad = [f"{r} ({why})" for r in run_dirs if Path(r).is_dir() for why in [partial_run(r)] if why]
     if bad:
         raise PartialRun(f"partial run{'s' if len(bad) > 1 else ''} (summary.json \"partial\": true; the run failed or "

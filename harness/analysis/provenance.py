@@ -175,7 +175,7 @@ class LockHeld(RuntimeError):
 
 
 def _holder_record() -> dict:
-    from harness.run.loggers import scrub   # the command line may carry a credential (an override)
+    from harness.core.redact import scrub   # the command line may carry a credential (an override)
     return {"pid": os.getpid(), "host": socket.gethostname(),
             "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": scrub(list(sys.argv))}
 

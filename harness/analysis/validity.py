@@ -26,8 +26,10 @@ Definitions (``docs/metrics.md``):
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
@@ -189,3 +191,23 @@ def failures_by_reason(turns: pd.DataFrame) -> dict[str, int]:
         out[key] = out.get(key, 0) + 1
     return dict(sorted(out.items()))
 
+
+def partial_run(run_dir: Path) -> str:
+    """``""`` when ``run_dir/summary.json`` says the run completed, else why not (its ``error``, or that
+    the summary is missing or unreadable: a run without one never finished).
+
+    Raises:
+        FileNotFoundError: ``run_dir`` is not a directory.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run directory")
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+    except OSError:
+        return "no summary.json"
+    except ValueError:
+        return "summary.json is not JSON"
+    if s.get("partial"):
+        return f"partial: {s.get('error') or 'no error recorded'}"
+    return ""

@@ -88,7 +88,7 @@ def _redact_hydra_files(out: Path, hc, given: bool, multirun: bool) -> None:
     """Redact the credentials of the files Hydra wrote before the job started (``<out>/.hydra/config.yaml``,
     ``hydra.yaml``, ``overrides.yaml``, and a multirun's ``<sweep dir>/multirun.yaml``: the config and the
     command line's overrides, as given) with the harness's one scrubbing rule
-    (``harness.run.loggers.scrub_yaml``; the run's own credentials registered by ``remember_secrets``); a
+    (``harness.core.redact.scrub_yaml``; the run's own credentials registered by ``remember_secrets``); a
     file that held one is rewritten, atomically, mode 0600. ``run.log`` gets a filter that scrubs every
     record (``ScrubFilter``), and mode 0600 when the run was ``given`` a credential (or one of those files
     held one). A file that cannot be redacted is named in a warning (the run goes on)."""

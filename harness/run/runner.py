@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 def _private_if_redacted(path: Path, text: str) -> None:
     """Mode 0600 (owner only) for a run file whose text ``text`` had a credential redacted
-    (``harness.run.loggers.scrub``): the redaction is by rule, so the file that held one stays private too
+    (``harness.core.redact.scrub``): the redaction is by rule, so the file that held one stays private too
     (docs/outputs.md, "Secrets, partial runs and the cache")."""
     if REDACTED in text:
         os.chmod(path, 0o600)

@@ -81,6 +81,8 @@ import pandas as pd
 
 from harness.core.profiles import HardwareConfig, ModelConfig
 from harness.sim.perf import PerfModel
+from harness.analysis.validity import partial_run  # noqa: F401  (calibrate's rule; fidelity imports it from here)
+from harness.tools.inputs import HW_FIELDS, load_profile, load_run_config  # noqa: F401
 
 FITTED = ("step_overhead_s", "prefill_efficiency", "attention_efficiency", "decode_efficiency",
           "kv_memory_efficiency")
@@ -90,7 +92,6 @@ PREFILL_TERMS = {"prefill_seq_overhead_s": 1e-3, "cached_prefix_token_s": 1e-6} 
 PREFILL_TERMS_HI = {"prefill_seq_overhead_s": 1.0, "cached_prefix_token_s": 1e-3}  # s, s per token
 LOSSES = ("soft_l1", "linear")
 ZEROED = ("layer_overhead_s", "attention_seq_overhead_s", "attention_token_overhead_s")
-HW_FIELDS = [f.name for f in dataclasses.fields(HardwareConfig)]
 # total weight of each observation class in the fit (the two run-wide means weigh less: the per-request
 # engine observations already carry what they measure)
 CLASS_WEIGHT = {"decode_live": 1.0, "prefill_engine": 1.0, "decode_engine": 1.0, "prefill_client": 1.0,
@@ -538,19 +539,6 @@ def fit(obs: Observations, base: HardwareConfig, model: ModelConfig, loss_scale:
 
 # ---- reading a run, writing the profile ----------------------------------------------------------------
 
-def load_run_config(run_dir: Path) -> dict:
-    """The run's resolved ``config.yaml`` as a plain dict.
-
-    Raises:
-        FileNotFoundError: no ``config.yaml`` in the run directory.
-    """
-    from omegaconf import OmegaConf
-    p = Path(run_dir) / "config.yaml"
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: not a run directory (no config.yaml)")
-    return OmegaConf.to_container(OmegaConf.load(p), resolve=True)
-
-
 def config_hash(run_dir: Path) -> str:
     """SHA-256 (first 16 hex digits) of the run's ``config.yaml``: identifies the run's configuration."""
     return hashlib.sha256((Path(run_dir) / "config.yaml").read_bytes()).hexdigest()[:16]
@@ -675,50 +663,6 @@ def profile_yaml(hw: HardwareConfig, report: dict, base_name: str, base_source: 
         tag = "   # fitted" if k in FITTED or (k in PREFILL_TERMS and k in r.get("params", {})) else ("   # set by the fit (see header)" if k in set_by_fit else "")
         lines.append(f"{k}: {json.dumps(v) if not isinstance(v, float) else repr(v)}{tag}")
     return "\n".join(lines) + "\n"
-
-
-def load_profile(path_or_name: str) -> HardwareConfig:
-    """A ``HardwareConfig`` from a YAML path or a profile name under ``conf/hardware/``.
-
-    Raises:
-        FileNotFoundError: neither exists. ValueError: the profile is invalid (naming the field).
-    """
-    from omegaconf import OmegaConf
-
-    from harness.run.config import PROJECT_ROOT
-    p = Path(path_or_name)
-    if not p.is_file():
-        p = PROJECT_ROOT / "conf" / "hardware" / f"{path_or_name}.yaml"
-    if not p.is_file():
-        raise FileNotFoundError(f"hardware profile {path_or_name!r}: no such file or conf/hardware/ profile")
-    d = OmegaConf.to_container(OmegaConf.load(p), resolve=True)   # YAML 1.2 floats (1.0e11), as Hydra reads
-    unknown = set(d) - set(HW_FIELDS)
-    if unknown:
-        raise ValueError(f"{p}: unknown hardware field(s) {sorted(unknown)}")
-    hw = HardwareConfig(**d)
-    hw.validate(f"hardware.{hw.name}")
-    return hw
-
-
-def partial_run(run_dir: Path) -> str:
-    """``""`` when ``run_dir/summary.json`` says the run completed, else why not (its ``error``, or that
-    the summary is missing or unreadable: a run without one never finished).
-
-    Raises:
-        FileNotFoundError: ``run_dir`` is not a directory.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such run directory")
-    try:
-        s = json.loads((run_dir / "summary.json").read_text())
-    except OSError:
-        return "no summary.json"
-    except ValueError:
-        return "summary.json is not JSON"
-    if s.get("partial"):
-        return f"partial: {s.get('error') or 'no error recorded'}"
-    return ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -310,7 +310,7 @@ def real_run_problem(real_dir: Path, allow_sim_real: bool = False, allow_partial
     """Why ``real_dir`` (holding a ``summary.json``) cannot be the real side of a fidelity check, or ``""``:
     a simulator run (``summary.json`` ``backend``, else ``config.yaml`` ``backend.name``, is ``sim``: the
     simulator compared with itself measures nothing about it) unless ``allow_sim_real``; a partial run
-    (``harness.tools.calibrate.partial_run``: failed or interrupted, its turns stop early, so its means are
+    (``harness.analysis.validity.partial_run``: failed or interrupted, its turns stop early, so its means are
     biased) unless ``allow_partial``. A run that names no backend is taken as real."""
     real_dir = Path(real_dir)
     try:
@@ -492,7 +492,7 @@ def protocol_main(argv: Sequence[str]) -> int:
 
 
 def check_profile(path_or_name: str) -> HardwareConfig:
-    """``harness.tools.calibrate.load_profile`` with every way a profile can be bad (not YAML, not a mapping,
+    """``harness.tools.inputs.load_profile`` with every way a profile can be bad (not YAML, not a mapping,
     an unknown, missing or out-of-range field) as one ``ValueError`` line naming the profile; run before
     anything else (``--launch`` starts servers).
 

@@ -446,7 +446,7 @@ def steps_report(real_dir: Path, profile_path: str, out_dir: Optional[Path] = No
         Contended: the run was contended (``check``; :func:`contention`).
     """
     from harness.core.recorder import write_json, write_text
-    from harness.tools.calibrate import load_profile, load_run_config
+    from harness.tools.inputs import load_profile, load_run_config
     real_dir = Path(real_dir)
     cfg = load_run_config(real_dir)
     hw = load_profile(profile_path)
@@ -507,7 +507,7 @@ def steps_profile_yaml(fit: dict, run_dir: Path, base_name: str, contention_fig:
     """The profile fitted by :func:`fit_steps` as a hardware YAML, its header stating every term's value, standard
     error and status (fitted, or fixed at its prior and why), the contention figures of the run, the
     decode-start excess and the API front-end figure (``extra``)."""
-    from harness.tools.calibrate import HW_FIELDS
+    from harness.tools.inputs import HW_FIELDS
     hw = fit["hw"]
     lines = [f"# {hw.name}: step-time coefficients fitted per step by `python -m harness.tools.calibrate --from-steps`",
              f"# to {run_dir} ({fit['n_steps']} steps, {fit['dropped_outliers']} outliers dropped; "
