@@ -305,3 +305,18 @@ def test_c5_slopes_per_seed_with_their_interval_by_hand():
     # first-turn ones are inconclusive and its tokens/J do not move: both the rule and the metric flip it
     c5 = next(l for l in md.splitlines() if l.startswith("| C5"))
     assert c5.endswith("| depends on AMPD rule, metric |"), c5
+
+
+def test_c4_is_model_dependent_only_when_a_power_constant_flips_it():
+    """C4 cells that the rate alone flips (+1.4 % at 0.03 reads 'same direction, smaller', +20 % at 0.09
+    'reproduced' against the paper's +22.75 %: half is 11.4 %), with no constant moved, read 'depends on
+    rate (conv/s)', not the power model's word; idle_w flipping it does give that word."""
+    from harness.analysis.claims import C4_MODEL_DEPENDENT, sensitivity_matrix
+    c4 = [{"rate": 0.03, "verdict": "same direction, smaller", "mean": 1.4, "ci": (1.1, 1.7), "n": 3},
+          {"rate": 0.09, "verdict": "reproduced", "mean": 20.0, "ci": (15.0, 25.0), "n": 10}]
+    _, overall = sensitivity_matrix({"C4": c4}, {})
+    assert overall["C4"] == "depends on rate (conv/s)"
+    # idle_w=60 takes seed 0's C4 from +20 % to +1 % at 0.09: the cell's [15, 25] % x 1.01/1.20 -> [-3.2, +5.2]
+    arms = {"rate": 0.09, "seed": 0, "cols": ["C4"], "base": [20.0], "arms": {"idle_w=60": [1.0]}}
+    _, overall = sensitivity_matrix({"C4": c4}, arms)
+    assert overall["C4"] == C4_MODEL_DEPENDENT

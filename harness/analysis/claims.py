@@ -28,7 +28,7 @@ The sensitivity matrix (:func:`sensitivity_matrix`): each claim's word per model
 rate, TTFET reading, metric, where the error is injected, and each uncalibrated constant of the
 sensitivity arms); the claim's overall word is the one that holds across the matrix, else "depends on
 <choices>" naming each choice that flips it; C4, which rests on the power model of two tiers, reads
-"model-dependent (not measurable without NVML on the tier)" wherever anything flips it.
+"model-dependent (not measurable without NVML on the tier)" wherever a power-model constant flips it.
 """
 
 from __future__ import annotations
@@ -458,7 +458,8 @@ def sensitivity_matrix(claims: dict[str, list[dict]], arm_values: dict,
     constant's word per claim cell at the arms' rate comes from :func:`shifted_verdict`. Returns the
     markdown lines and ``{claim: overall}``: the one word when every cell and every constant agree,
     else ``depends on <choices>`` naming each choice that flips it (C4, an energy ratio of two tiers
-    that rests on the power model: :data:`C4_MODEL_DEPENDENT` when anything flips it)."""
+    that rests on the power model: :data:`C4_MODEL_DEPENDENT` when a constant of the power model,
+    :data:`POWER_KEYS`, flips it; a flip by another choice alone reads ``depends on`` it as for any claim)."""
     lines = ["Per claim and choice: the verdict words of its cells at each level of that choice (×k: k cells, "
              "the other choices varying). A choice *flips* the claim when two cells that differ only in it get "
              "different words. " + (
@@ -499,7 +500,7 @@ def sensitivity_matrix(claims: dict[str, list[dict]], arm_values: dict,
             if flip:
                 flips.append(key)
         word = _depends(cells, factors) if not flips else "depends on " + ", ".join(flips)
-        if claim == "C4" and flips:
+        if claim == "C4" and any(k.rsplit(".", 1)[-1] in POWER_KEYS for k in flips):   # the power model's own constants flip it
             word = C4_MODEL_DEPENDENT
         overall[claim] = word
         lines.append(f"| {claim} | **overall** | **{word}** | |")
@@ -585,7 +586,8 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
            "(it excludes 0 on the other side), *inconclusive* (it includes 0; also any single seed), *reproduced* "
            "(it excludes 0 on the paper's side and reaches half the paper's size), *same direction, smaller* (it "
            "lies wholly below half the paper's size). C2 (a claimed zero): *reproduced* when the violations' "
-           f"interval lies inside ±{margin:g} pp.", "",
+           f"interval lies inside ±{margin:g} pp, *opposite* when it lies wholly beyond ±{margin:g} pp, *inconclusive* "
+           "otherwise (an interval that excludes 0 but reaches into the margin included).", "",
            "| claim | paper | verdict |", "|---|---|---|",
            f"| C1 p95 TTFET vs AMPD | {PAPER['C1']} % | {overall.get('C1', v1)} |",
            f"| C2 zero SLO violations at every rate | 0 violations | {overall.get('C2', v2)} |",
