@@ -5,9 +5,11 @@
 Figure B's setting: workload ``wait_single`` (512 prompt / 20 output tokens, Poisson arrivals),
 Llama-3-8B on one A100 (``+experiment=wait_paper``, arms ``wait_sarathi_llama3``: budget 512, and
 ``wait_cp_llama3``: the authors' WAIT-CP, ``batch_est`` 508), mean end-to-end latency over the central
-window (prompts 25-75 % by arrival; ``scripts/wait_check.py``). Both arms see the same requests per seed.
-For each step model it prints per rate: both arms' mean over seeds and the per-seed paired difference
-``WAIT-CP / Sarathi - 1`` (negative: WAIT-CP faster).
+window (prompts 25-75 % by arrival; ``scripts/wait_check.py``). A third arm is the chunk-cap control
+(``wait_cp_control_llama3`` with ``engine.max_prefill_chunk_tokens=256``: Sarathi-like with budget 508,
+at most 21 requests holding KV and a 256-token per-request chunk). All arms see the same requests per
+seed. For each step model it prints per rate: each arm's mean over seeds and the per-seed paired
+differences ``WAIT-CP / Sarathi - 1`` and ``control / Sarathi - 1`` (negative: faster than Sarathi).
 
 Step models (``--models``): ``roofline`` and ``vidur_profile`` (``engine.step_model``), and two
 diagnostic variants of ``vidur_profile`` that swap one of its components (not configuration keys; the
@@ -38,7 +40,10 @@ from wait_check import central, run_arm  # noqa: E402
 
 import harness.sim.perf as perf  # noqa: E402
 
-ARMS = ("wait_sarathi_llama3", "wait_cp_llama3")
+# Sarathi-like, WAIT-CP, and the chunk-cap control: Sarathi-like with WAIT-CP's budget (batch_est 508), its
+# in-flight cap (tl 21) and a 256-token per-request prefill chunk (issue 36: "WAIT-CP is Sarathi plus a
+# 256-token per-request chunk")
+ARMS = ("wait_sarathi_llama3", "wait_cp_llama3", "wait_cp_control_llama3@engine.max_prefill_chunk_tokens=256")
 MODELS = ("roofline", "vidur_profile", "vidur_kvsave_linear", "vidur_kvsave_decode", "vidur_attn_sum")
 
 
@@ -108,17 +113,19 @@ def main() -> None:
     rates = [float(r) for r in a.rates.split(",")]
     seeds = [int(s) for s in a.seeds.split(",")]
     print(f"wait_single (512/20), Llama-3-8B, 1 x A100, n={a.n}, seeds {seeds}; E2E = central-window mean (s)")
-    print("| step model | rate (/s) | Sarathi-like E2E (s) | WAIT-CP E2E (s) | WAIT-CP vs Sarathi per seed | mean |")
-    print("|---|---|---|---|---|---|")
+    print("| step model | rate (/s) | Sarathi-like E2E (s) | WAIT-CP E2E (s) | chunk-cap control E2E (s) | "
+          "WAIT-CP vs Sarathi per seed | mean | control vs Sarathi per seed | mean |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model in a.models.split(","):
         if model not in MODELS:
             sys.exit(f"--models: unknown step model {model!r}; one of {MODELS}")
         for rate in rates:
             vals = {arm: [e2e_central_mean(arm, rate, a.n, s, model) for s in seeds] for arm in ARMS}
-            sar, wcp = np.array(vals[ARMS[0]]), np.array(vals[ARMS[1]])
-            d = wcp / sar - 1.0
-            print(f"| {model} | {rate:g} | {sar.mean():.3f} | {wcp.mean():.3f} | "
-                  f"{' / '.join(f'{x:+.1%}' for x in d)} | {d.mean():+.1%} |", flush=True)
+            sar, wcp, ctl = (np.array(vals[arm]) for arm in ARMS)
+            d, dc = wcp / sar - 1.0, ctl / sar - 1.0
+            print(f"| {model} | {rate:g} | {sar.mean():.3f} | {wcp.mean():.3f} | {ctl.mean():.3f} | "
+                  f"{' / '.join(f'{x:+.2%}' for x in d)} | {d.mean():+.2%} | "
+                  f"{' / '.join(f'{x:+.2%}' for x in dc)} | {dc.mean():+.2%} |", flush=True)
 
 
 if __name__ == "__main__":
