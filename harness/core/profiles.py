@@ -299,6 +299,7 @@ def prefill_iteration_coefficient(
 
 STEP_MODES = tuple(ENGINE_DEFAULT_RULES)
 PREEMPTION_ORDERS = ("lifo_admission", "lifo_arrival")
+STEP_MODELS = ("roofline", "vidur_profile")
 
 
 @dataclass
@@ -324,6 +325,11 @@ class EngineConfig:
         Vidur ``watermark_blocks_fraction``, 0.01 in both); 0 = vLLM V1 (no watermark).
     max_prefill_chunk_tokens: per-request cap on a prefill chunk, tokens (vLLM's
         ``long_prefill_token_threshold``); 0 = no cap (a prompt takes what the step budget leaves).
+    step_model: the simulator's step-time model (``harness.sim.perf``): ``roofline`` (``PerfModel``, the
+        hardware profile's fitted roofline) or ``vidur_profile`` (``VidurProfilePerfModel``: Vidur's
+        published per-operator profiles, composed as Vidur's predictor composes a batch; shipped for
+        Llama-3-8B-shaped models on ``a100``, ``docs/simulator.md``). The real-vLLM backend measures step
+        time and rejects ``vidur_profile``.
     Every knob means the same on every backend: the real-vLLM backend passes each as its ``vllm serve``
     flag (``VLLM_FLAGS``) or rejects a value it cannot honour before launch.
     """
@@ -338,6 +344,7 @@ class EngineConfig:
     preemption_order: str = "lifo_admission"
     kv_watermark_frac: float = 0.0
     max_prefill_chunk_tokens: int = 0
+    step_model: str = "roofline"
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the field."""
@@ -346,6 +353,7 @@ class EngineConfig:
                  f"one of {PREEMPTION_ORDERS}", self.preemption_order)
         _require(isinstance(self.kv_watermark_frac, (int, float)) and 0 <= self.kv_watermark_frac < 1,
                  f"{where}.kv_watermark_frac", "in [0, 1)", self.kv_watermark_frac)
+        _require(self.step_model in STEP_MODELS, f"{where}.step_model", f"one of {STEP_MODELS}", self.step_model)
         _require(isinstance(self.max_prefill_chunk_tokens, int) and self.max_prefill_chunk_tokens >= 0,
                  f"{where}.max_prefill_chunk_tokens", "an int >= 0", self.max_prefill_chunk_tokens)
         for f in ("block_size", "max_num_batched_tokens", "max_num_seqs"):

@@ -10,7 +10,7 @@ from harness.core.clock import SimClock
 from harness.workload.prefix import BlockContent, block_ranges
 from harness.core.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks, kv_transfer_s
 from harness.sim.engine import FAILED, Engine, Request
-from harness.sim.perf import PerfModel
+from harness.sim.perf import make_step_model
 from harness.sim.steps import StepLog
 
 
@@ -47,8 +47,8 @@ class SimBackend:
         infos = []
         for i, (name, role, hw) in enumerate(instances):
             cap = kv_capacity_blocks(hw, model, engine)
-            self.engines.append(Engine(i, name, self.clock, PerfModel(hw, model), engine, cap, self._engine_fail,
-                                       max_coalesce_s))
+            perf = make_step_model(hw, model, engine.step_model)   # engine.step_model (harness.sim.perf)
+            self.engines.append(Engine(i, name, self.clock, perf, engine, cap, self._engine_fail, max_coalesce_s))
             infos.append(InstanceInfo(i, name, role, hw.name, cap * engine.block_size))
         self.infos = tuple(infos)
         self.step_log = StepLog() if record_steps else None

@@ -493,7 +493,10 @@ class Engine:
             ctx = 0
             for req in decode:
                 ctx += req.computed
-            if getattr(perf, "has_prefill_terms", False):   # T_pre of harness.sim.perf (issue 20)
+            if getattr(perf, "wants_batch", False):   # a step model that prices each chunk (vidur_profile)
+                cost = perf.step_batch([(n, req.computed) for req, n in prefill], [req.computed for req in decode],
+                                       p_samp)
+            elif getattr(perf, "has_prefill_terms", False):   # T_pre of harness.sim.perf (issue 20)
                 cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx, len(prefill), p_cached)
             else:
                 cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)

@@ -58,12 +58,13 @@ time is divided by f, and the power is the cap.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from harness.core.profiles import HardwareConfig, ModelConfig
+from harness.core.profiles import STEP_MODELS, HardwareConfig, ModelConfig
 
 
 REF_KV_HEADS = 32      # Llama-2-7B, the model the attention overheads were fitted on (docs/calibration.md)
@@ -399,3 +400,329 @@ class PerfModel:
         """One decode step of a single sequence with a 1024-token context, s: the "idle step time" a
         router may know of an instance's hardware (1024 tokens: a short chat context)."""
         return self.decode_step(1, 1024).time_s
+
+
+# ------------------------------------------------------------------------------------------------------
+# engine.step_model = vidur_profile: step time from Vidur's published per-operator profiles (issue 36)
+# ------------------------------------------------------------------------------------------------------
+
+VIDUR_KV_GRANULARITY = 64           # Vidur kv_cache_prediction_granularity (default 64 tokens)
+VIDUR_BATCHING_OVERHEAD = 0.1       # Vidur attention_{prefill,decode}_batching_overhead_fraction, GQA models only
+
+# hardware profile name -> ((hidden, heads, kv heads, intermediate, vocab) -> (mlp csv, attention csv, Vidur model))
+# Vidur selects profile rows by these operator shapes (``SklearnExecutionTimePredictor._load_compute_df``), so a
+# model of the same shapes (Llama-3.1-8B) reads the same rows. docs/data/SOURCE.md says where each file is from.
+VIDUR_PROFILES = {
+    "a100": {(4096, 32, 8, 14336, 128256): ("vidur_llama3_8b_a100_mlp_ms.csv",
+                                           "vidur_llama3_8b_a100_attention_ms.csv",
+                                           "meta-llama/Meta-Llama-3-8B")},
+}
+_LINEAR_OPS = ("attn_pre_proj", "attn_post_proj", "attn_rope", "input_layernorm", "post_attention_layernorm",
+               "mlp_up_proj", "mlp_down_proj", "mlp_act", "add")
+
+
+def vidur_profile_files(hw: HardwareConfig, model: ModelConfig) -> tuple[str, str, str]:
+    """``(mlp csv, attention csv, Vidur model name)`` of the Vidur profile for ``hw`` x ``model`` (file names
+    under ``docs/data/``).
+
+    Raises:
+        ValueError: naming ``engine.step_model`` when no profile exists for this hardware and model shape.
+    """
+    shape = (model.hidden_size, model.num_heads, model.num_kv_heads, model.intermediate_size, model.vocab_size)
+    files = VIDUR_PROFILES.get(hw.name, {}).get(shape)
+    if files is None:
+        have = ", ".join(f"{h} x {v[2]}" for h, d in VIDUR_PROFILES.items() for v in d.values())
+        raise ValueError(f"engine.step_model=vidur_profile: no Vidur profile for model {model.name!r} on hardware "
+                         f"{hw.name!r} (profiles shipped: {have}); use engine.step_model=roofline")
+    from harness.core.paths import data_path
+    for f in files[:2]:
+        if not data_path(f"docs/data/{f}").is_file():
+            raise ValueError(f"engine.step_model=vidur_profile: profile file not found: "
+                             f"{data_path(f'docs/data/{f}')}")
+    return files
+
+
+def make_step_model(hw: HardwareConfig, model: ModelConfig, step_model: str = "roofline"):
+    """The step-time model of one engine: ``PerfModel`` (``roofline``) or ``VidurProfilePerfModel``
+    (``vidur_profile``). Raises ``ValueError`` naming ``engine.step_model`` (unknown name; no profile)."""
+    if step_model == "roofline":
+        return PerfModel(hw, model)
+    if step_model == "vidur_profile":
+        return VidurProfilePerfModel(hw, model)
+    raise ValueError(f"engine.step_model must be one of {STEP_MODELS}, got {step_model!r}")
+
+
+def _ceil_to(x: int, g: int) -> int:
+    return (x + g - 1) // g * g
+
+
+def _interp_extrap(x: float, xs: list[float], ys: list[float]) -> float:
+    """Piecewise-linear ``y(x)`` through the points (``xs`` ascending), extended linearly past both ends
+    by the first / last segment (a single point: that constant)."""
+    n = len(xs)
+    if n == 1:
+        return ys[0]
+    if x <= xs[0]:
+        i = 0
+    elif x >= xs[-1]:
+        i = n - 2
+    else:
+        i = bisect.bisect_right(xs, x) - 1
+    x0, x1 = xs[i], xs[i + 1]
+    return ys[i] + (ys[i + 1] - ys[i]) * (x - x0) / (x1 - x0)
+
+
+class VidurProfile:
+    """Vidur's per-operator profiles of one model on one GPU (tensor parallel 1), as tables (ms per layer).
+
+    Files (``docs/data/``, provenance in ``docs/data/SOURCE.md``): ``mlp``: the median time of each linear
+    and elementwise operator per token count (Vidur ``mlp.csv``); ``attention``: rows of Vidur's
+    ``attention.csv`` (batch_size, prefill_chunk_size, kv_cache_size, the medians of ``attn_prefill``,
+    ``attn_decode`` and ``attn_kv_cache_save``).
+
+    Interpolation (where Vidur fits a random forest per operator to the same rows and reads it on a grid,
+    ``SklearnExecutionTimePredictor``): rows repeated at one input are averaged (a random forest's leaf);
+    ``linear_ms(n)``: every operator at n tokens, linear between profiled token counts; ``kv_save_ms(n)``:
+    Vidur's one-feature model of all attention rows by ``num_tokens = max(chunk, batch)`` (decode and
+    prefill rows pooled, as Vidur trains it), linear between, proportional to n past the largest; 
+    ``prefill_ms(kv, c)``: linear in kv along each profiled chunk size, linear in c**2 (Vidur's feature)
+    between chunk sizes, the smallest chunk size's row below it, extended by the last two past the
+    largest; ``decode_ms(b, kv)``: linear in b along each profiled KV size, linear in kv between (and past)
+    them, never below the smallest profiled decode time.
+    """
+
+    def __init__(self, mlp_csv: str, attention_csv: str):
+        import csv
+        from harness.core.paths import data_path
+        paths = [data_path(f"docs/data/{f}") for f in (mlp_csv, attention_csv)]
+        lin: dict[int, list[float]] = {}
+        with open(paths[0], newline="") as f:
+            for r in csv.DictReader(f):
+                lin.setdefault(int(r["num_tokens"]), []).append(sum(float(r[k]) for k in _LINEAR_OPS))
+        self.lin_tokens = sorted(lin)
+        self.lin_ms = [sum(lin[n]) / len(lin[n]) for n in self.lin_tokens]
+        save: dict[int, list[float]] = {}
+        pre: dict[int, dict[int, list[float]]] = {}
+        dec: dict[int, dict[int, list[float]]] = {}
+        with open(paths[1], newline="") as f:
+            for r in csv.DictReader(f):
+                b, c, kv = int(r["batch_size"]), int(r["prefill_chunk_size"]), int(r["kv_cache_size"])
+                save.setdefault(max(b, c), []).append(float(r["attn_kv_cache_save_ms"]))
+                if c > 0:
+                    pre.setdefault(c, {}).setdefault(kv, []).append(float(r["attn_prefill_ms"]))
+                else:
+                    dec.setdefault(kv, {}).setdefault(b, []).append(float(r["attn_decode_ms"]))
+        self.save_tokens = sorted(save)
+        self.save_ms = [sum(save[n]) / len(save[n]) for n in self.save_tokens]
+
+        def series(d: dict[int, list[float]]) -> tuple[list[int], list[float]]:
+            xs = sorted(d)
+            return xs, [sum(d[x]) / len(d[x]) for x in xs]
+        self.chunks = sorted(pre)
+        self.prefill_series = [series(pre[c]) for c in self.chunks]
+        self.decode_kvs = sorted(dec)
+        self.decode_series = [series(dec[kv]) for kv in self.decode_kvs]
+        self.decode_floor_ms = min(min(ys) for _, ys in self.decode_series)
+
+    def linear_ms(self, n: int) -> float:
+        """All linear and elementwise operators of one layer at ``n`` tokens, ms."""
+        return _interp_extrap(n, self.lin_tokens, self.lin_ms) if n <= self.lin_tokens[-1] else \
+            self.lin_ms[-1] * n / self.lin_tokens[-1]
+
+    def kv_save_ms(self, n: int) -> float:
+        """``attn_kv_cache_save`` of one layer for ``n`` new tokens, ms (Vidur's pooled one-feature model)."""
+        if n <= 0:
+            return 0.0
+        if n >= self.save_tokens[-1]:
+            return self.save_ms[-1] * n / self.save_tokens[-1]
+        return max(0.0, _interp_extrap(n, self.save_tokens, self.save_ms))
+
+    def prefill_ms(self, kv: int, chunk: int) -> float:
+        """Prefill attention of one layer for an (aggregated) chunk of ``chunk`` tokens after ``kv`` KV
+        tokens, ms."""
+        cs = self.chunks
+        vals = self.prefill_series
+        if chunk <= cs[0] or len(cs) == 1:
+            return _interp_extrap(kv, *vals[0])
+        if chunk >= cs[-1]:
+            i = len(cs) - 2
+        else:
+            i = bisect.bisect_right(cs, chunk) - 1
+        y0 = _interp_extrap(kv, *vals[i])
+        y1 = _interp_extrap(kv, *vals[i + 1])
+        c0, c1 = cs[i] ** 2, cs[i + 1] ** 2
+        return y0 + (y1 - y0) * (chunk * chunk - c0) / (c1 - c0)
+
+    def decode_ms(self, batch: int, kv: int) -> float:
+        """Decode attention of one layer for ``batch`` sequences of mean KV ``kv`` tokens, ms."""
+        ks = self.decode_kvs
+        ys = [_interp_extrap(batch, *s) for s in self.decode_series]
+        v = ys[0] if len(ks) == 1 else _interp_extrap(kv, ks, ys)
+        return v if v > self.decode_floor_ms else self.decode_floor_ms
+
+
+_PROFILE_CACHE: dict[tuple[str, str], VidurProfile] = {}
+
+
+class VidurProfilePerfModel:
+    """Step time from Vidur's per-operator profiles, composed as Vidur's execution-time predictor composes
+    a batch (``vidur/execution_time_predictor/sklearn_execution_time_predictor.py`` and
+    ``vidur/entities/execution_time.py``, microsoft/vidur@7d47513, MIT; ``docs/simulator.md``)::
+
+        n      = tokens in the step (prefill chunks + one per decode sequence);  n8 = n rounded up to 8
+        layer  = linear_ms(n8) + kv_save_ms(n)                       # GEMMs, norms, rope, act, add; KV write
+               + prefill_ms(sum kv_i, round(sqrt(sum c_i**2))) * (1.1 if >1 chunk)
+               + decode_ms(b, ceil64(int(mean decode KV))) * (1.1 if b > 1)
+        step_s = num_layers * layer * 1e-3
+
+    with ``kv_i`` each chunk's KV prefix rounded up to 64 tokens. The 1.1 factors are Vidur's batching
+    overheads for grouped-query-attention models (0 otherwise). No CPU time: Vidur's default predictor
+    config skips its CPU-overhead model (``skip_cpu_overhead_modeling: true``), and no LM head or
+    embedding (Vidur does not count them). Energy (J): the roofline model's (``PerfModel``) mean power
+    for the same step times this step time; ``StepCost.compute_s``/``memory_s`` are the roofline's.
+
+    Raises ``ValueError`` naming ``engine.step_model`` when no profile exists for ``hw`` x ``model``.
+    """
+
+    wants_batch = True          # the engine passes each prefill chunk and decode context (step_batch)
+    has_prefill_terms = False
+
+    def __init__(self, hw: HardwareConfig, model: ModelConfig):
+        mlp, attn, self.vidur_model = vidur_profile_files(hw, model)
+        prof = _PROFILE_CACHE.get((mlp, attn))
+        if prof is None:
+            prof = _PROFILE_CACHE[(mlp, attn)] = VidurProfile(mlp, attn)
+        self.profile = prof
+        self.hw, self.model = hw, model
+        self.kv_bytes_per_token = model.kv_bytes_per_token
+        self.roofline = PerfModel(hw, model)
+        self._scale = model.num_layers * 1e-3          # per-layer ms -> step s
+        self._gqa = VIDUR_BATCHING_OVERHEAD if model.num_heads > model.num_kv_heads else 0.0
+        self._dec_memo: dict[tuple[int, int], float] = {}
+
+    # -- time --------------------------------------------------------------------------------------
+    def step_time_s(self, chunks: list[tuple[int, int]], decode_kv: list[int]) -> float:
+        """Step time, s, of prefill ``chunks`` ``[(tokens, KV prefix tokens)]`` and decode sequences of
+        KV contexts ``decode_kv`` (tokens, before the step)."""
+        b = len(decode_kv)
+        return self._time_s(chunks, b, sum(decode_kv))
+
+    def _time_s(self, chunks: list[tuple[int, int]], b: int, dec_ctx: int) -> float:
+        p = self.profile
+        n = b
+        attn = 0.0
+        if chunks:
+            sq = 0
+            kv = 0
+            for c, prefix in chunks:
+                n += c
+                sq += c * c
+                kv += _ceil_to(prefix, VIDUR_KV_GRANULARITY)
+            attn = p.prefill_ms(kv, round(sq ** 0.5)) * (1.0 + self._gqa * (len(chunks) > 1))
+        if b:
+            attn += self._decode_attn(b, dec_ctx)
+        layer = p.linear_ms(_ceil_to(n, 8)) + p.kv_save_ms(n) + attn
+        return layer * self._scale
+
+    def _decode_attn(self, b: int, dec_ctx: int) -> float:
+        kv = _ceil_to(dec_ctx // b, VIDUR_KV_GRANULARITY)
+        v = self._dec_memo.get((b, kv))
+        if v is None:
+            v = self._dec_memo[(b, kv)] = self.profile.decode_ms(b, kv) * (1.0 + self._gqa * (b > 1))
+        return v
+
+    def _decode_time_s(self, b: int, ctx: int) -> float:
+        p = self.profile
+        return (p.linear_ms(_ceil_to(b, 8)) + p.kv_save_ms(b) + self._decode_attn(b, ctx)) * self._scale
+
+    # -- the engine's interface (PerfModel's) ------------------------------------------------------
+    def _cost(self, t: float, roof: StepCost) -> StepCost:
+        return StepCost(t, roof.energy_j / roof.time_s * t, roof.compute_s, roof.memory_s)
+
+    def step_batch(self, chunks: list[tuple[int, int]], decode_kv: list[int], samples: int) -> StepCost:
+        """Cost of one step: prefill ``chunks`` ``[(tokens, KV prefix tokens)]``, decode contexts
+        ``decode_kv`` (tokens), ``samples`` chunks that complete their prompt."""
+        t = self.step_time_s(chunks, decode_kv)
+        pairs = 0.0
+        p_tok = p_ctx = 0
+        for c, prefix in chunks:
+            p_tok += c
+            p_ctx += prefix
+            pairs += c * prefix + c * (c + 1) / 2
+        roof = self.roofline.step(p_tok, pairs, p_ctx, samples, len(decode_kv), sum(decode_kv))
+        return self._cost(t, roof)
+
+    def step(self, prefill_tokens: int, prefill_pairs: float, prefill_ctx_tokens: int,
+             prefill_seqs_sampling: int, decode_seqs: int, decode_ctx_tokens: int,
+             prefill_seqs: int = 0, prefill_cached_tokens: int = 0) -> StepCost:
+        """``PerfModel.step``'s signature: the prefill taken as one chunk of ``prefill_tokens`` after
+        ``prefill_ctx_tokens`` (callers with the chunks use ``step_batch``)."""
+        chunks = [(prefill_tokens, prefill_ctx_tokens)] if prefill_tokens else []
+        t = self._time_s(chunks, decode_seqs, decode_ctx_tokens)
+        roof = self.roofline.step(prefill_tokens, prefill_pairs, prefill_ctx_tokens, prefill_seqs_sampling,
+                                  decode_seqs, decode_ctx_tokens)
+        return self._cost(t, roof)
+
+    def decode_step(self, decode_seqs: int, decode_ctx_tokens: int) -> StepCost:
+        """Cost of a decode-only step."""
+        t = self._decode_time_s(decode_seqs, decode_ctx_tokens)
+        return self._cost(t, self.roofline.decode_step(decode_seqs, decode_ctx_tokens))
+
+    def decode_run(self, decode_seqs: int, ctx_tokens: int, max_steps: int, limit_s: float
+                   ) -> tuple[list[float], list[float]]:
+        """``PerfModel.decode_run``: cumulative end times (s) and energies (J) of up to ``max_steps`` decode
+        steps (summed context ``ctx_tokens + j * decode_seqs`` at step j), stopping after the step that
+        reaches ``limit_s``; step by step."""
+        ends: list[float] = []
+        energy: list[float] = []
+        t = e = 0.0
+        ctx = ctx_tokens
+        for _ in range(max_steps):
+            c = self.decode_step(decode_seqs, ctx)
+            t += c.time_s
+            e += c.energy_j
+            ends.append(t)
+            energy.append(e)
+            if t >= limit_s:
+                break
+            ctx += decode_seqs
+        return ends, energy
+
+    def decode_run_total(self, decode_seqs: int, ctx_tokens: int, max_steps: int, limit_s: float
+                         ) -> tuple[list[float], float]:
+        """``decode_run`` with the total energy only."""
+        ends, energy = self.decode_run(decode_seqs, ctx_tokens, max_steps, limit_s)
+        return ends, energy[-1]
+
+    def decode_steps(self, decode_seqs: int, ctx_tokens: int, max_steps: int, start_s: float, limit_s: float
+                     ) -> tuple[list[float], list[float], list[float]]:
+        """``PerfModel.decode_steps``: absolute end times, durations (s) and energies (J) per step, from
+        ``start_s``, stopping after the step that ends at or after ``start_s + limit_s``."""
+        ends: list[float] = []
+        durs: list[float] = []
+        energy: list[float] = []
+        t = start_s
+        stop = start_s + limit_s
+        ctx = ctx_tokens
+        for _ in range(max_steps):
+            c = self.decode_step(decode_seqs, ctx)
+            t = t + c.time_s
+            ends.append(t)
+            durs.append(c.time_s)
+            energy.append(c.energy_j)
+            if t >= stop:
+                break
+            ctx += decode_seqs
+        return ends, durs, energy
+
+    def decode_linear_coefficients(self) -> tuple[float, float]:
+        """The roofline's (``PerfModel.decode_linear_coefficients``): router hints stay the roofline's."""
+        return self.roofline.decode_linear_coefficients()
+
+    def prefill_tokens_per_s(self, chunk_tokens: int = 2048) -> float:
+        """Prefill throughput of one chunk of ``chunk_tokens`` with no prefix under this model, tokens/s."""
+        return chunk_tokens / self.step_time_s([(chunk_tokens, 0)], [])
+
+    def idle_decode_step_s(self) -> float:
+        """One decode step of one sequence with a 1024-token context under this model, s."""
+        return self._decode_time_s(1, 1024)

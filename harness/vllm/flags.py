@@ -25,6 +25,7 @@ ENGINE_NOT_ON_VLLM = {
     "activation_reserve_bytes": "vLLM measures activation memory by a profiling run; it has no such flag",
     "step_mode": "vLLM 0.32 has only the V1 scheduler (mixed prefill and decode steps)",
     "preemption_order": "vLLM 0.32's V1 scheduler always preempts the most recently admitted request",
+    "step_model": "a simulator step-time model; a real engine's step time is measured, not modelled",
 }
 
 
