@@ -467,7 +467,10 @@ def sensitivity_matrix(claims: dict[str, list[dict]], arm_values: dict,
                  f"{arm_values['rate']:g} conv/s, the base cell's seed-level interval shifted on the "
                  "log scale by that seed's change (`harness.analysis.claims.shifted_verdict`). "
                  if arm_values.get("arms") else "No sensitivity arms in this sweep: the uncalibrated constants are "
-                 "not varied. ") + "Not varied here: the step-time model (roofline only).", "",
+                 "not varied. ") + "Not varied here: the step-time model (roofline only: the other one, "
+                 "`engine.step_model=vidur_profile`, has operator profiles for Llama-3-8B on A100 alone, "
+                 "docs/simulator.md; the roofline's calibrated efficiencies are among the constants above when "
+                 "the sweep has sensitivity arms).", "",
              "| claim | choice | verdict per level | flips |", "|---|---|---|---|"]
     overall: dict[str, str] = {}
     for claim, cells in claims.items():
