@@ -40,11 +40,17 @@ predictor (patched in the worker process only; the fork's files are not changed)
 * ``kvsave_pool30``: Vidur's pooled ``attn_kv_cache_save`` at the token counts where prefill rows and decode
   rows meet (a profiled chunk size that is also a profiled decode batch size: 64, 128, 192, 256, 512)
   recomputed as the mean over the shipped prefill rows and 30 decode rows at the decode rows' mean there
-  -- an estimate of the full ``attention.csv``, which profiles decode at one batch size for every KV size
-  (by 32 from 64 or less up to 1,024, then 1,088, 1,152, ...: at least 30 of them reach batch 512), where
-  the shipped subset has 1-3; elsewhere Vidur's forest as trained;
+  -- an estimate of the full ``attention.csv``, which profiles each decode batch size once per decode KV
+  size (those read step by 32 from 64 to 960, then by 64 past 1,024; every one read up to 1,088 reaches
+  batch 512, 1,344 stops at 328: about 32 KV sizes, 30 taken), where the shipped subset has 1-3 rows per
+  batch size; elsewhere Vidur's forest as trained;
 * ``attn_sum``: prefill attention of a batch = the sum over its chunks of the predicted
-  ``attn_prefill(kv, chunk)`` instead of one lookup at ``(sum kv, sqrt(sum chunk^2))`` x 1.1.
+  ``attn_prefill(kv, chunk)`` instead of one lookup at ``(sum kv, sqrt(sum chunk^2))`` (x 1.1 when the
+  batch has more than one chunk: Vidur's prefill batching overhead for GQA models).
+* ``step_roofline`` / ``step_vidur_profile``: the whole predictor replaced by our step model
+  (``engine.step_model=roofline`` / ``vidur_profile`` as the Llama-3-8B WAIT arms build it, pickled from
+  this process; ``harness.sim.perf`` needs only numpy there), each Vidur batch priced as
+  ``harness/sim/engine.py`` prices a mixed step (``_our_step_time_s``).
 
 Not a run-time dependency of the harness: nothing in ``harness/`` imports this script or Vidur. The fork
 checkout must exist at ``--fork-src`` (its ``vidur/`` package with
