@@ -1,0 +1,476 @@
+"""The WAIT authors' simulator beside ours on Figure B's setting, on the same requests (issue 36, item 1).
+
+    nice -n 10 python scripts/vidur_fork_side_by_side.py --rates 20,22,24 --seeds 0,1,2 --n 2000 \
+        --fork-src /work/vidur-fork-src --vidur-python /work/vidur-venv/bin/python
+
+1. **One trace per (rate, seed)** from this harness's workload generator (``wait_single``: 512 prompt /
+   20 output tokens, Poisson arrivals, ``workload.seed``), written in Vidur's trace-replay layout
+   (``arrived_at`` s, ``num_prefill_tokens``, ``num_decode_tokens``; floats written with ``repr`` so they
+   read back bit for bit) under ``--trace-dir``.
+2. **Their simulator**: the WAIT authors' Vidur fork (``Luoxiaogan/vidur_or`` at 011fe971a7cd, a separate
+   checkout at ``--fork-src``, run by ``--vidur-python``, an environment with Vidur's dependencies: numpy,
+   pandas, scikit-learn, fasteners, pyyaml) replays each trace through Vidur's ``TraceReplayRequestGenerator``
+   with the authors' Figure B configuration (``luogan_wait_verification/single/run_single_type_experiments.py``):
+   Meta-Llama-3-8B, one A100, ``memory_margin_fraction`` 0.1; WAIT-CP = ``general_nested_chunked``,
+   ``total_limit`` 21, ``chunk_size`` 256, ``seg_margin`` 0, ``force_clear``, no ``wait_gate``,
+   ``WAIT_CP_GATE=on``, prompt type 512/20 at the trace's rate; Sarathi = Vidur's ``sarathi``,
+   ``chunk_size`` 512, ``batch_size_cap`` 512. Step times come from Vidur's random-forest execution-time
+   predictor trained on Vidur's public Llama-3-8B A100 profile as this repository ships it
+   (``docs/data/vidur_llama3_8b_a100_{mlp,attention}_ms.csv``, rewritten into Vidur's layout by
+   ``scripts/vidur_reference_predictions.py``; the attention file is a hand-transcribed subset of Vidur's,
+   FlashInfer rows: ``docs/data/SOURCE.md``), with the reduced grid search of that script (``--estimators``
+   trees, depth 32, 2-fold CV; the trained forests are cached under ``--cache-dir``).
+3. **Ours** on the same requests: ``wait_sarathi_llama3`` and ``wait_cp_llama3`` (``+experiment=wait_paper``)
+   under ``engine.step_model=roofline`` and ``vidur_profile``; the script checks that every run's submit
+   times equal the trace's arrival times.
+
+Prints, per rate, each simulator's Sarathi and WAIT-CP mean E2E over the central window (prompts 25-75 %
+by arrival, ``scripts/wait_check.py``'s window; Vidur: ``completed_at - arrived_at``) averaged over seeds,
+and the per-seed paired difference ``WAIT-CP / Sarathi - 1`` with its mean and a two-sided 95 % Student t
+interval over seeds (negative: WAIT-CP faster).
+
+``--fork-variants`` adds bisection runs of their simulator that swap one component of its execution-time
+predictor (patched in the worker process only; the fork's files are not changed):
+
+* ``kvsave_linear``: ``attn_kv_cache_save`` of a batch = (the profile's prefill rows at chunk 1152: mean
+  ms / 1152) x the batch's tokens, instead of Vidur's forest trained on all attention rows against
+  ``max(prefill_chunk_size, batch_size)``;
+* ``kvsave_decode``: ``attn_kv_cache_save`` from the decode rows alone (mean per batch size, linear
+  interpolation; proportional past the largest profiled batch), for every batch;
+* ``kvsave_pool30``: Vidur's pooled ``attn_kv_cache_save`` at the token counts where prefill rows and decode
+  rows meet (a profiled chunk size that is also a profiled decode batch size: 64, 128, 192, 256, 512)
+  recomputed as the mean over the shipped prefill rows and 30 decode rows at the decode rows' mean there
+  -- an estimate of the full ``attention.csv``, which profiles each decode batch size once per decode KV
+  size (those read step by 32 from 64 to 960, then by 64 past 1,024; every one read up to 1,088 reaches
+  batch 512, 1,344 stops at 328: about 32 KV sizes, 30 taken), where the shipped subset has 1-3 rows per
+  batch size; elsewhere Vidur's forest as trained;
+* ``attn_sum``: prefill attention of a batch = the sum over its chunks of the predicted
+  ``attn_prefill(kv, chunk)`` instead of one lookup at ``(sum kv, sqrt(sum chunk^2))`` (x 1.1 when the
+  batch has more than one chunk: Vidur's prefill batching overhead for GQA models).
+* ``step_roofline`` / ``step_vidur_profile``: the whole predictor replaced by our step model
+  (``engine.step_model=roofline`` / ``vidur_profile`` as the Llama-3-8B WAIT arms build it, pickled from
+  this process; ``harness.sim.perf`` needs only numpy there), each Vidur batch priced as
+  ``harness/sim/engine.py`` prices a mixed step (``_our_step_time_s``).
+
+Not a run-time dependency of the harness: nothing in ``harness/`` imports this script or Vidur. The fork
+checkout must exist at ``--fork-src`` (its ``vidur/`` package with
+``scheduler/replica_scheduler/general_nested_chunked_replica_scheduler.py``); the script stops with exit
+status 2 and names what is missing otherwise. ``docs/wait_vidur_fork.md`` says how the checkout used for the
+recorded table was assembled, and what it printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FORK_SCHEDULER = Path("vidur/scheduler/replica_scheduler/general_nested_chunked_replica_scheduler.py")
+TRACE_FIELDS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+# ours: (label, arm) on the harness side; theirs: (label, scheduler) in the fork
+OUR_ARMS = (("sarathi", "wait_sarathi_llama3"), ("wait_cp", "wait_cp_llama3"))
+FORK_ARMS = ("sarathi", "wait_cp")
+OUR_MODELS = ("roofline", "vidur_profile")
+FORK_VARIANTS = ("public", "kvsave_linear", "kvsave_decode", "attn_sum", "kvsave_pool30", "step_roofline",
+                 "step_vidur_profile")
+# kvsave_pool30: decode rows assumed per pooled token count (see the module docstring)
+POOL_EXTRA_DECODE_ROWS = 30
+
+
+# ---------------------------------------------------------------------------------------------------
+# traces (no harness or Vidur import needed)
+
+def write_trace(path: Path, rows) -> None:
+    """Write ``rows`` = ``[(arrived_at_s, prompt_tokens, output_tokens), ...]`` as Vidur's trace-replay CSV
+    (columns ``arrived_at`` (s), ``num_prefill_tokens``, ``num_decode_tokens``; arrival floats as ``repr``,
+    the shortest string that reads back to the same double). Raises ``ValueError`` on a negative time or a
+    length below 1 (Vidur clips such lengths to 1, so they would not round-trip)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(TRACE_FIELDS)
+        for t, p, o in rows:
+            if not (t >= 0.0) or int(p) < 1 or int(o) < 1:
+                raise ValueError(f"{path}: bad trace row (arrived_at={t!r}, prompt={p!r}, output={o!r})")
+            w.writerow((repr(float(t)), int(p), int(o)))
+
+
+def read_trace(path: Path) -> list[tuple[float, int, int]]:
+    """The rows of a trace written by :func:`write_trace` (arrival s, prompt tokens, output tokens)."""
+    with open(path, newline="") as f:
+        return [(float(r["arrived_at"]), int(r["num_prefill_tokens"]), int(r["num_decode_tokens"]))
+                for r in csv.DictReader(f)]
+
+
+def central_mean(rows: list[tuple[float, float]]) -> float:
+    """Mean E2E (s) over the central window: ``rows`` = ``[(arrival_s, e2e_s), ...]`` sorted by arrival
+    (stable), prompts ``k//4 .. 3k//4 - 1`` (``scripts/wait_check.py``'s ``central``)."""
+    rows = sorted(rows, key=lambda r: r[0])
+    k = len(rows)
+    win = rows[k // 4: 3 * k // 4]
+    return sum(e for _, e in win) / len(win)
+
+
+def t_interval(x: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): two-sided 95 % Student t interval of the mean of ``x`` (needs >= 2 values)."""
+    from scipy import stats
+    n = len(x)
+    m = sum(x) / n
+    sd = math.sqrt(sum((v - m) ** 2 for v in x) / (n - 1))
+    h = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return m, m - h, m + h
+
+
+# ---------------------------------------------------------------------------------------------------
+# the fork side: runs inside --vidur-python with the fork's vidur/ on sys.path
+
+def _our_step_time_s(perf, batch) -> float:
+    """Our step model's time (s) for a Vidur ``batch``: a request still prefilling contributes a chunk of
+    its scheduled tokens after ``num_processed_tokens`` already in the KV cache (samples a token when the
+    chunk completes the prompt), a decoding one a decode over ``num_processed_tokens`` of context; the
+    arguments as ``harness/sim/engine.py`` passes them for one mixed step."""
+    chunks, dec = [], []
+    for r, n in zip(batch.requests, batch.num_tokens):
+        if r.is_prefill_complete:
+            dec.append(r.num_processed_tokens)
+        else:
+            chunks.append((n, r.num_processed_tokens, r.num_processed_tokens + n >= r.num_prefill_tokens))
+    samp = sum(1 for _, _, s in chunks if s)
+    if getattr(perf, "wants_batch", False):
+        return perf.step_batch([(n, c) for n, c, _ in chunks], dec, samp).time_s
+    if not chunks:
+        return perf.decode_step(len(dec), sum(dec)).time_s
+    p_tok = sum(n for n, _, _ in chunks)
+    p_ctx = sum(c for _, c, _ in chunks)
+    pairs = sum(n * c + n * (n + 1) / 2 for n, c, _ in chunks)
+    if getattr(perf, "has_prefill_terms", False):
+        return perf.step(p_tok, pairs, p_ctx, samp, len(dec), sum(dec), len(chunks), 0).time_s
+    return perf.step(p_tok, pairs, p_ctx, samp, len(dec), sum(dec)).time_s
+
+
+def _patch_predictor(variant: str, attn_csv: str, perf_pickle: str | None = None) -> None:
+    """Install the bisection ``variant`` of Vidur's predictor (class-level, this process only)."""
+    if variant == "public":
+        return
+    if variant.startswith("step_"):
+        import pickle
+        sys.path.insert(0, str(ROOT))              # harness.sim.perf needs only numpy
+        with open(perf_pickle, "rb") as f:
+            perf = pickle.load(f)
+        from vidur.scheduler.replica_stage_scheduler.replica_stage_schduler import ReplicaStageScheduler
+        from vidur.entities import BatchStage
+
+        def on_schedule(self):
+            if self._is_busy or not self._batch_queue:
+                return None, None, None
+            self._is_busy = True
+            batch = self._batch_queue.pop(0)
+            t = _our_step_time_s(perf, batch)
+            return batch, BatchStage(batch.id, self._replica_id, self._stage_id, t, t, batch.requests,
+                                     batch.num_tokens), None
+        ReplicaStageScheduler.on_schedule = on_schedule
+        return
+    import numpy as np
+    import pandas as pd
+    from vidur.execution_time_predictor.sklearn_execution_time_predictor import SklearnExecutionTimePredictor as P
+    df = pd.read_csv(attn_csv)
+    save = "time_stats.attn_kv_cache_save.median"
+    if variant == "kvsave_linear":
+        per_tok = df.loc[df.prefill_chunk_size == 1152, save].mean() / 1152.0
+
+        def kv_save(self, batch):
+            return per_tok * sum(batch.num_tokens)
+        P._get_attention_kv_cache_save_execution_time = kv_save
+    elif variant == "kvsave_decode":
+        dec = df[df.prefill_chunk_size == 0].groupby("batch_size")[save].mean()
+        xs, ys = dec.index.to_numpy(float), dec.to_numpy(float)
+
+        def kv_save(self, batch):
+            n = sum(batch.num_tokens)
+            return float(ys[-1] * n / xs[-1]) if n > xs[-1] else float(np.interp(n, xs, ys))
+        P._get_attention_kv_cache_save_execution_time = kv_save
+    elif variant == "kvsave_pool30":
+        orig = P._get_attention_kv_cache_save_execution_time
+        dec = df[df.prefill_chunk_size == 0].groupby("batch_size")[save].mean()
+        pre = df[df.prefill_chunk_size > 0]
+        table = {}
+        for c in sorted(set(pre.prefill_chunk_size) & set(range(1, 513))):
+            d = float(np.interp(c, dec.index.to_numpy(float), dec.to_numpy(float)))
+            rows = pre.loc[pre.prefill_chunk_size == c, save]
+            table[int(c)] = (rows.sum() + POOL_EXTRA_DECODE_ROWS * d) / (len(rows) + POOL_EXTRA_DECODE_ROWS)
+
+        def kv_save(self, batch):
+            n = sum(batch.num_tokens)
+            return table[n] if n in table else orig(self, batch)
+        P._get_attention_kv_cache_save_execution_time = kv_save
+    elif variant == "attn_sum":
+        def prefill(self, batch):
+            params = self._get_batch_prefill_attention_params(batch)
+            return sum(self._predictions["attn_prefill"][(kv, c ** 2)] for kv, c in params)
+        P._get_attention_prefill_execution_time = prefill
+    else:
+        raise ValueError(f"unknown fork variant {variant!r}")
+
+
+def fork_worker(job_file: str) -> None:
+    """Run the jobs of ``job_file`` (JSON) with the fork's Vidur; writes one JSON result per job."""
+    spec = json.loads(Path(job_file).read_text())
+    sys.path.insert(0, spec["fork_src"])
+    os.environ["WAIT_CP_GATE"] = "on"
+    # Vidur's metrics module imports plotly_express and wandb at import time; both serve only plots and
+    # Weights & Biases logging, which these runs switch off (write_metrics / store_plots False, no wandb
+    # project), so empty stand-ins are enough when the packages are not installed
+    import importlib.util
+    import types
+    for mod in ("plotly_express", "wandb"):
+        if importlib.util.find_spec(mod) is None:
+            sys.modules[mod] = types.ModuleType(mod)
+    import atexit
+    import contextlib
+    import io
+    from vidur.config import (ClusterConfig, GeneralNestedChunkedSchedulerConfig, MetricsConfig,
+                              RandomForrestExecutionTimePredictorConfig, ReplicaConfig, SarathiSchedulerConfig,
+                              SimulationConfig, TraceRequestGeneratorConfig)
+    from vidur.entities import Batch, BatchStage, Cluster, ExecutionTime, Replica, Request
+    from vidur.simulator import Simulator
+    _patch_predictor(spec["variant"], spec["attention_csv"], spec.get("perf_pickle"))
+    for job in spec["jobs"]:
+        n = len(read_trace(Path(job["trace"])))
+        if job["arm"] == "wait_cp":
+            pt = [{"type": "only", "prefill": 512, "decode": 20, "arrival_rate": job["rate"]}]
+            sched = GeneralNestedChunkedSchedulerConfig(
+                prompt_types=pt, total_limit=21, total_num_requests=n, chunk_size=256, seg_margin=0.0,
+                force_clear=True, wait_gate=False)
+        else:
+            sched = SarathiSchedulerConfig(chunk_size=512, batch_size_cap=512)
+        out = tempfile.mkdtemp(prefix="vidur_fork_out_")
+        cfg = SimulationConfig(
+            seed=job["seed"],
+            cluster_config=ClusterConfig(
+                num_replicas=1,
+                replica_config=ReplicaConfig(model_name="meta-llama/Meta-Llama-3-8B", device="a100",
+                                             memory_margin_fraction=0.1, tensor_parallel_size=1,
+                                             num_pipeline_stages=1),
+                replica_scheduler_config=sched),
+            request_generator_config=TraceRequestGeneratorConfig(trace_file=job["trace"], max_tokens=532),
+            execution_time_predictor_config=RandomForrestExecutionTimePredictorConfig(
+                compute_input_file=spec["mlp_csv"], attention_input_file=spec["attention_csv"],
+                k_fold_cv_splits=2, num_estimators=[spec["estimators"]], max_depth=[32], min_samples_split=[2],
+                prediction_max_prefill_chunk_size=1024, prediction_max_batch_size=512,
+                prediction_max_tokens_per_request=4096, num_training_job_threads=1),
+            metrics_config=MetricsConfig(write_metrics=False, enable_chrome_trace=False, store_plots=False,
+                                         output_dir=out, cache_dir=spec["cache_dir"]),
+        )
+        for cls in (Batch, BatchStage, Cluster, ExecutionTime, Replica, Request):
+            cls._id = -1                          # a fresh simulation's ids, as in a process of its own
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):
+            sim = Simulator(cfg)
+            atexit.unregister(sim._write_output)
+            reqs = [ev._request for _, ev in sim._event_queue]
+            sim.run()
+        done = [r for r in reqs if r.completed]
+        res = {"arm": job["arm"], "rate": job["rate"], "seed": job["seed"], "n": len(reqs),
+               "incomplete": len(reqs) - len(done), "restarts": sum(r.num_restarts for r in reqs),
+               "rows": [(r.arrived_at, r.completed_at - r.arrived_at if r.completed else None,
+                         r.num_prefill_tokens, r.num_decode_tokens) for r in reqs],
+               "sim_end_s": sim._time}
+        tmp = Path(job["result"] + ".tmp")
+        tmp.write_text(json.dumps(res))
+        tmp.replace(job["result"])                 # a result file is whole or absent
+        print(f"fork {spec['variant']} {job['arm']} rate {job['rate']} seed {job['seed']}: done "
+              f"({res['incomplete']} incomplete, {res['restarts']} restarts)", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the harness side
+
+def export_traces(rates, seeds, n, trace_dir: Path) -> dict:
+    """One trace per (rate, seed) from the harness's generator (``wait_single`` as composed for the
+    Sarathi-like arm); returns ``{(rate, seed): path}``."""
+    sys.path.insert(0, str(ROOT))
+    from harness.workload.workload import build_workload
+    from tests.conftest import compose_run
+    paths = {}
+    for rate in rates:
+        for seed in seeds:
+            run = compose_run(["+experiment=wait_paper", "workload=wait_single", f"workload.rate_per_s={rate}",
+                               f"workload.num_conversations={n}", f"workload.seed={seed}",
+                               "+experiment/arm=wait_sarathi_llama3"])
+            convs, _ = build_workload([], run.cfg.workload)
+            rows = []
+            for t, rec in convs:
+                (turn,) = rec.turns
+                rows.append((t, turn.new_input_tokens + turn.reused_tokens, turn.output_tokens))
+            p = trace_dir / f"wait_single_r{rate:g}_s{seed}_n{n}.csv"
+            if not p.is_file() or read_trace(p) != [(float(t), int(i), int(o)) for t, i, o in rows]:
+                tmp = p.with_suffix(".tmp")
+                write_trace(tmp, rows)
+                tmp.replace(p)                    # atomic: a reader sees the old or the new file
+            paths[(rate, seed)] = p
+    return paths
+
+
+def ours(arm: str, rate: float, n: int, seed: int, model: str, trace: Path) -> tuple[float, float]:
+    """Our (central-window, all-prompt) mean E2E (s); checks the run's submit times equal the trace's
+    arrivals. Kept beside the trace (``ours_<model>_<arm>_r<rate>_s<seed>_n<n>.json``) and read from there
+    when present."""
+    cache = trace.parent / f"ours_{model}_{arm}_r{rate:g}_s{seed}_n{n}.json"
+    if cache.is_file():
+        return tuple(json.loads(cache.read_text()))
+    res = _ours_run(arm, rate, n, seed, model, trace)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res))
+    tmp.replace(cache)
+    return res
+
+
+def _ours_run(arm: str, rate: float, n: int, seed: int, model: str, trace: Path) -> tuple[float, float]:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from wait_check import run_arm
+    run, res, eng, turns, wall = run_arm(arm, "wait_single", rate, n, seed, [f"engine.step_model={model}"])
+    if res.error:
+        raise RuntimeError(f"ours {arm} {model} rate {rate} seed {seed}: {res.error}")
+    arr = sorted(t for t, _, _ in read_trace(trace))
+    sub = sorted(turns["submit_s"].tolist())
+    if len(sub) != len(arr) or any(a != b for a, b in zip(arr, sub)):
+        raise RuntimeError(f"ours {arm} rate {rate} seed {seed}: submit times differ from {trace}")
+    rows = list(zip(turns["submit_s"], turns["finish_s"] - turns["submit_s"]))
+    return central_mean(rows), sum(e for _, e in rows) / len(rows)
+
+
+def our_perf_pickle(model: str, trace_dir: Path) -> Path:
+    """Pickle our step model ``model`` as the Llama-3-8B WAIT arms build it (for the ``step_*`` variants)."""
+    import pickle
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from wait_check import run_arm
+    _, _, eng, _, _ = run_arm("wait_sarathi_llama3", "wait_single", 20.0, 4, 0, [f"engine.step_model={model}"])
+    p = trace_dir / f"perf_{model}.pkl"
+    with open(p, "wb") as f:
+        pickle.dump(eng.perf, f)
+    return p
+
+
+def run_fork(variant: str, jobs: list[dict], a, mlp: Path, attn: Path) -> None:
+    spec = {"fork_src": str(a.fork_src), "variant": variant, "mlp_csv": str(mlp), "attention_csv": str(attn),
+            "cache_dir": str(a.cache_dir), "estimators": a.estimators, "jobs": jobs}
+    if variant.startswith("step_"):
+        spec["perf_pickle"] = str(our_perf_pickle(variant[len("step_"):], Path(a.trace_dir)))
+    jf = Path(a.trace_dir) / f"fork_jobs_{variant}.json"
+    jf.write_text(json.dumps(spec))
+    cmd = [a.vidur_python, str(Path(__file__).resolve()), "--fork-worker", str(jf)]
+    r = subprocess.run(cmd, cwd=str(a.fork_src))
+    if r.returncode != 0:
+        sys.exit(f"the fork's simulator failed (exit {r.returncode}): {' '.join(cmd)}")
+
+
+def fork_mean(result: Path) -> tuple[float, float]:
+    """Their (central-window, all-completed-prompt) mean E2E (s) from a worker's result file."""
+    res = json.loads(result.read_text())
+    rows = res["rows"]
+    win = sorted(rows, key=lambda r: r[0])[len(rows) // 4: 3 * len(rows) // 4]
+    if any(e is None for _, e, _, _ in win):
+        raise RuntimeError(f"{result}: a request of the central window did not complete")
+    done = [e for _, e, _, _ in rows if e is not None]
+    return central_mean([(t, e) for t, e, _, _ in rows if e is not None]), sum(done) / len(done)
+
+
+def check_inputs(a) -> None:
+    """Exit 2 with one line naming what is missing, before anything expensive."""
+    fork = Path(a.fork_src)
+    if not (fork / FORK_SCHEDULER).is_file():
+        print(f"--fork-src: {fork / FORK_SCHEDULER} not found: a checkout of Luoxiaogan/vidur_or at 011fe971a7cd "
+              "is needed there (docs/wait_vidur_fork.md, 'The fork')", file=sys.stderr)
+        sys.exit(2)
+    if not Path(a.vidur_python).is_file():
+        print(f"--vidur-python: {a.vidur_python} not found: a Python with numpy, pandas, scikit-learn, fasteners, "
+              "pyyaml (scripts/vidur_reference_predictions.py's docstring)", file=sys.stderr)
+        sys.exit(2)
+    for v in [v for v in a.fork_variants.split(",") if v]:
+        if v not in FORK_VARIANTS:
+            print(f"--fork-variants: unknown variant {v!r}; one of {FORK_VARIANTS}", file=sys.stderr)
+            sys.exit(2)
+    for m in [m for m in a.ours.split(",") if m]:
+        if m not in OUR_MODELS:
+            print(f"--ours: unknown step model {m!r}; one of {OUR_MODELS}", file=sys.stderr)
+            sys.exit(2)
+    if len(a.seeds.split(",")) < 2:
+        print("--seeds: at least two seeds are needed for the t interval", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", default="20,22,24")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--n", type=int, default=2000, help="prompts per run")
+    ap.add_argument("--fork-src", default="/work/vidur-fork-src", help="checkout of Luoxiaogan/vidur_or@011fe971a7cd")
+    ap.add_argument("--vidur-python", default="/work/vidur-venv/bin/python")
+    ap.add_argument("--cache-dir", default="/work/vidur-fork-cache", help="Vidur's trained-predictor cache")
+    ap.add_argument("--trace-dir", default="/work/vidur-fork-traces", help="exported traces and fork results")
+    ap.add_argument("--estimators", type=int, default=100, help="random-forest trees (Vidur's grid: 250/500/750)")
+    ap.add_argument("--ours", default=",".join(OUR_MODELS), help="our step models ('' for none)")
+    ap.add_argument("--fork-variants", default="public", help=f"comma-separated, of {FORK_VARIANTS} ('' for none)")
+    ap.add_argument("--fork-worker", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.fork_worker:
+        fork_worker(a.fork_worker)
+        return
+    check_inputs(a)
+    rates = [float(r) for r in a.rates.split(",")]
+    seeds = [int(s) for s in a.seeds.split(",")]
+    tdir = Path(a.trace_dir)
+    tdir.mkdir(parents=True, exist_ok=True)
+    Path(a.cache_dir).mkdir(parents=True, exist_ok=True)
+    traces = export_traces(rates, seeds, a.n, tdir)
+    from vidur_reference_predictions import write_vidur_inputs
+    prof = tdir / "profile"
+    prof.mkdir(exist_ok=True)
+    mlp, attn = write_vidur_inputs(prof)
+
+    variants = [v for v in a.fork_variants.split(",") if v]
+    table: dict = {}                              # (simulator label, rate) -> {arm: [per seed]}
+    for v in variants:
+        jobs = [{"arm": arm, "rate": r, "seed": s, "trace": str(traces[(r, s)]),
+                 "result": str(tdir / f"fork_{v}_{arm}_r{r:g}_s{s}_n{a.n}.json")}
+                for r in rates for s in seeds for arm in FORK_ARMS]
+        # a result already there (same trace dir, variant, arm, rate, seed, n) is kept: an interrupted
+        # sweep resumes where it stopped
+        todo = [j for j in jobs if not Path(j["result"]).is_file()]
+        if todo:
+            run_fork(v, todo, a, mlp, attn)
+        for j in jobs:
+            table.setdefault((f"fork:{v}", j["rate"]), {}).setdefault(j["arm"], []).append(fork_mean(Path(j["result"])))
+    for m in [m for m in a.ours.split(",") if m]:
+        for r in rates:
+            for label, arm in OUR_ARMS:
+                for s in seeds:
+                    table.setdefault((f"ours:{m}", r), {}).setdefault(label, []).append(
+                        ours(arm, r, a.n, s, m, traces[(r, s)]))
+
+    print(f"wait_single (512/20), Llama-3-8B, 1 x A100, n={a.n} per run, seeds {seeds}; "
+          "central-window (25-75 % by arrival) mean E2E (s), mean over seeds")
+    print("| simulator: step model | rate (/s) | Sarathi E2E (s) | WAIT-CP E2E (s) | WAIT-CP / Sarathi - 1 per seed "
+          "| mean [95 % t interval] | all prompts: mean [95 % t interval] |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rates:
+        for key in [k for k in table if k[1] == r]:
+            sar, wcp = table[key]["sarathi"], table[key]["wait_cp"]
+            d = [w[0] / s[0] - 1.0 for w, s in zip(wcp, sar)]
+            m, lo, hi = t_interval(d)
+            ma, loa, hia = t_interval([w[1] / s[1] - 1.0 for w, s in zip(wcp, sar)])
+            print(f"| {key[0]} | {r:g} | {sum(x[0] for x in sar) / len(sar):.3f} | "
+                  f"{sum(x[0] for x in wcp) / len(wcp):.3f} | {' / '.join(f'{x:+.2%}' for x in d)} | "
+                  f"{m:+.2%} [{lo:+.2%}, {hi:+.2%}] | {ma:+.2%} [{loa:+.2%}, {hia:+.2%}] |", flush=True)
+
+
+if __name__ == "__main__":
+    if "--fork-worker" not in sys.argv:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    main()
