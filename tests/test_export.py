@@ -4,24 +4,22 @@
   ``step_s``, nothing queues) exported; values checked against the trace by hand (counts, tokens, TTFT,
   TPOT = step); then ``vllm bench sweep plot``'s own loader and plotter (``vllm.benchmarks.sweep.plot.plot``,
   vLLM 0.32.0) draws throughput vs p99 TTFT from the exported sweep.
-* aiperf: ``aiperf`` itself pins numpy 1.26 / pydantic 2.11 and a dozen services (its pyproject.toml,
-  ai-dynamo/aiperf @ db4f639), so it is not installed; its export models are transcribed below from
-  ``aiperf/common/models/export_models.py`` (``JsonMetricResult``, ``JsonExportData``) and
-  ``record_models.py`` / ``error_models.py`` (``MetricRecordInfo``, ``MetricRecordMetadata``,
-  ``MetricValue``, ``ErrorDetails``), with unknown keys forbidden where AIPerf's own are fixed.
+* aiperf: the values by hand here; the files read by ``aiperf`` itself in tests/test_export_aiperf.py.
+* vllm-bench's traffic keys: ``request_rate`` is the offered rate (from the config, by hand) and ``queue_times``
+  the admission holds, checked on a simulated ConServe run whose KV gate holds new conversations
+  (``scheduler.kv_admit_frac`` tiny: a conversation waits while another holds KV), against
+  ``admit_s - submit_s`` of its ``turns.parquet``.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from typing import Optional
 
 import pandas as pd
 import pytest
-from pydantic import BaseModel, ConfigDict
 
-from harness.analysis.export import export, main
+from harness.analysis.export import export, main, offered_load
 from harness.run.runner import execute
 from harness.run.session import context_limit
 from harness.core.trace import load_trace
@@ -54,6 +52,8 @@ def test_vllm_bench_export_values_by_hand(sweep):
     d = json.loads((root / "export" / "vllm-bench" / "0_collocated" / "collocated.json").read_text())
     outs = hand[0]
     assert d["completed"] == len(outs) and d["failed"] == 0 and d["num_prompts"] == len(outs)
+    # the offered rate (workload.rate_per_s=0.5 above; no config.yaml here: read from summary.json), not the achieved
+    assert d["request_rate"] == 0.5 and d["queue_times"] == [0.0] * len(outs)     # collocated holds nothing
     assert d["total_output_tokens"] == sum(outs) and d["output_lens"] == [int(o) for o in d["output_lens"]]
     assert sorted(d["output_lens"]) == sorted(outs)
     assert d["mean_ttft_ms"] == pytest.approx(STEP * 1e3) and d["p99_ttft_ms"] == pytest.approx(STEP * 1e3)
@@ -88,115 +88,39 @@ def test_vllm_sweep_plot_reads_the_export(sweep, tmp_path):
     assert list((tmp_path / "fig").glob("*.png"))
 
 
-# ---- AIPerf's export models, transcribed (ai-dynamo/aiperf @ db4f639) ----------------------------------
-
-class JsonMetricResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    unit: str
-    avg: Optional[float] = None
-    p1: Optional[float] = None
-    p5: Optional[float] = None
-    p10: Optional[float] = None
-    p25: Optional[float] = None
-    p50: Optional[float] = None
-    p75: Optional[float] = None
-    p90: Optional[float] = None
-    p95: Optional[float] = None
-    p99: Optional[float] = None
-    min: Optional[float] = None
-    max: Optional[float] = None
-    std: Optional[float] = None
-
-
-class ErrorDetails(BaseModel):
-    code: Optional[int] = None
-    type: Optional[str] = None
-    message: str
-
-
-class ErrorDetailsCount(BaseModel):
-    error_details: ErrorDetails
-    count: int
-
-
-class JsonExportData(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    request_throughput: Optional[JsonMetricResult] = None
-    request_latency: Optional[JsonMetricResult] = None
-    request_count: Optional[JsonMetricResult] = None
-    time_to_first_token: Optional[JsonMetricResult] = None
-    inter_token_latency: Optional[JsonMetricResult] = None
-    output_token_throughput: Optional[JsonMetricResult] = None
-    output_token_throughput_per_user: Optional[JsonMetricResult] = None
-    output_sequence_length: Optional[JsonMetricResult] = None
-    input_sequence_length: Optional[JsonMetricResult] = None
-    goodput: Optional[JsonMetricResult] = None
-    good_request_count: Optional[JsonMetricResult] = None
-    total_output_tokens: Optional[JsonMetricResult] = None
-    benchmark_duration: Optional[JsonMetricResult] = None
-    total_isl: Optional[JsonMetricResult] = None
-    total_osl: Optional[JsonMetricResult] = None
-    error_request_count: Optional[JsonMetricResult] = None
-    was_cancelled: Optional[bool] = None
-    error_summary: Optional[list[ErrorDetailsCount]] = None
-
-
-class MetricValue(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    value: float
-    unit: str
-
-
-class MetricRecordMetadata(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    session_num: int
-    x_request_id: Optional[str] = None
-    x_correlation_id: Optional[str] = None
-    conversation_id: Optional[str] = None
-    turn_index: Optional[int] = None
-    request_start_ns: int
-    request_ack_ns: Optional[int] = None
-    request_end_ns: int
-    worker_id: str
-    record_processor_id: str
-    benchmark_phase: str
-    was_cancelled: bool = False
-    cancellation_time_ns: Optional[int] = None
-
-
-class MetricRecordInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    metadata: MetricRecordMetadata
-    metrics: dict[str, MetricValue]
-    error: Optional[ErrorDetails] = None
-
-
-def test_aiperf_export_validates_and_matches_hand_values(sweep):
+def test_aiperf_export_matches_hand_values(sweep):
+    """The values of the AIPerf files by hand (their schema is checked by aiperf itself: tests/test_export_aiperf.py)."""
     root, hand = sweep
     export(root / "0_collocated", "aiperf", root / "a")
-    data = JsonExportData.model_validate_json((root / "a" / "profile_export_aiperf.json").read_text())
+    data = json.loads((root / "a" / "profile_export_aiperf.json").read_text())
     outs = hand[0]
-    assert data.request_count.avg == len(outs) and data.total_osl.avg == sum(outs)
-    assert data.time_to_first_token.unit == "ms" and data.time_to_first_token.p99 == pytest.approx(STEP * 1e3)
-    assert data.inter_token_latency.avg == pytest.approx(STEP * 1e3)
-    assert data.output_token_throughput_per_user.avg == pytest.approx(1 / STEP)
-    assert data.benchmark_duration.unit == "sec"
+    assert data["request_count"]["avg"] == len(outs) and data["total_osl"]["avg"] == sum(outs)
+    ttft = data["time_to_first_token"]
+    assert ttft["unit"] == "ms" and ttft["p99"] == pytest.approx(STEP * 1e3) and ttft["count"] == len(outs)
+    assert data["inter_token_latency"]["avg"] == pytest.approx(STEP * 1e3)
+    assert data["output_token_throughput_per_user"]["avg"] == pytest.approx(1 / STEP)
+    osl = data["output_sequence_length"]
+    assert (osl["sum"], osl["min"], osl["max"], osl["count"]) == (sum(outs), min(outs), max(outs), len(outs))
+    assert data["benchmark_duration"]["unit"] == "sec" and "count" not in data["benchmark_duration"]
     # AIPerf's rule: with no TPOT threshold a 1-token turn is judged on TTFT and E2E only, as vLLM's
-    assert data.good_request_count.avg == sum(o <= 10 for o in outs)
-    assert data.goodput.avg == pytest.approx(data.good_request_count.avg / data.benchmark_duration.avg)
-    for key in data.model_extra:
-        raise AssertionError(f"unexpected top-level key {key!r}")
+    assert data["good_request_count"]["avg"] == sum(o <= 10 for o in outs)
+    assert data["goodput"]["avg"] == pytest.approx(data["good_request_count"]["avg"] / data["benchmark_duration"]["avg"])
+    # no config.yaml (execute() without it): the load shape from summary.json, Poisson at 0.5 conv/s
+    phase = data["input_config"]["phases"][0]
+    assert (phase["type"], phase["rate"], phase["requests"]) == ("poisson", 0.5, len(outs))
     lines = (root / "a" / "profile_export.jsonl").read_text().splitlines()
-    recs = [MetricRecordInfo.model_validate_json(x) for x in lines]
-    assert len(recs) == len(outs) and all(r.metadata.benchmark_phase == "profiling" for r in recs)
-    assert sorted(int(r.metrics["output_sequence_length"].value) for r in recs) == sorted(outs)
+    recs = [json.loads(x) for x in lines]
+    assert len(recs) == len(outs) and all(r["metadata"]["benchmark_phase"] == "profiling" for r in recs)
+    assert sorted(int(r["metrics"]["output_sequence_length"]["value"]) for r in recs) == sorted(outs)
     t = pd.read_parquet(root / "0_collocated" / "turns.parquet")
-    assert {r.metadata.conversation_id for r in recs} == set(t.conversation_id)
+    assert {r["metadata"]["conversation_id"] for r in recs} == set(t.conversation_id)
     rows = list(csv.reader((root / "a" / "profile_export_aiperf.csv").read_text().splitlines()))
-    assert rows[0] == ["Metric", "avg", "min", "max", "p1", "p5", "p10", "p25", "p50", "p75", "p90", "p95", "p99",
-                       "std"]
+    # aiperf 0.13.0 metrics_csv_exporter.py: "Metric" + STAT_KEYS (aiperf/common/constants.py)
+    assert rows[0] == ["Metric", "avg", "min", "max", "sum", "p1", "p5", "p10", "p25", "p50", "p75", "p90", "p95",
+                       "p99", "std"]
     by = {r[0]: r[1:] for r in rows if r}
     assert by["Time to First Token (ms)"][0] == f"{STEP * 1e3:.2f}"
+    assert by["Output Sequence Length (tokens)"][1:4] == [str(min(outs)), str(max(outs)), str(sum(outs))]
     assert by["Request Count"] == [str(len(outs))]
 
 
@@ -218,3 +142,45 @@ def test_vllm_bench_export_has_exactly_vllms_keys(sweep, tmp_path):
     root, _ = sweep
     export(root / "0_collocated", "vllm-bench", tmp_path / "nd", detailed=False)
     assert set(json.loads((tmp_path / "nd" / "collocated.json").read_text())) == VLLM_SAVE_RESULT_KEYS
+
+
+def test_offered_rate_as_vllm_writes_it_by_hand():
+    """vLLM writes its --request-rate: the number, or "inf" (all at once, a closed population, a self-timed trace,
+    and a ramp, where vLLM takes the ramp's --ramp-up-* instead: vllm/benchmarks/serve.py main)."""
+    cfg = (lambda **wl: {"workload": {"rate_per_s": 0.25, **wl}})
+    assert offered_load({}, cfg(arrival="poisson")) == {"request_rate": 0.25}
+    assert offered_load({}, cfg(arrival="gamma", burstiness=4.0)) == {"request_rate": 0.25}
+    for arrival in ("closed", "fixed", "trace"):
+        assert offered_load({}, cfg(arrival=arrival)) == {"request_rate": "inf"}
+    assert offered_load({}, cfg(arrival="constant", ramp="linear", ramp_start_rate_per_s=0.05)) == {
+        "request_rate": "inf", "ramp_up_strategy": "linear", "ramp_up_start_rps": 0.05, "ramp_up_end_rps": 0.25}
+    # an unresolved interpolation in config.yaml: the summary's value
+    assert offered_load({"workload_arrival": "poisson", "workload_rate_per_s": 2.0},
+                        {"workload": {"rate_per_s": "${rate}"}}) == {"request_rate": 2.0}
+
+
+@pytest.fixture(scope="module")
+def held(tmp_path_factory):
+    """A simulated ConServe run on a40_1p3d whose KV gate (kv_admit_frac 1e-6: any KV held) keeps every new
+    conversation waiting while another holds KV: conversations arriving during the first one's life are held."""
+    out = tmp_path_factory.mktemp("held") / "run"
+    execute(compose_run(SMALL + ["scheduler=conserve", "cluster=a40_1p3d", "slo=absolute",
+                                 "scheduler.kv_admit_frac=0.000001"]), out)
+    return out
+
+
+def test_vllm_bench_queue_times_are_the_admission_holds(held, tmp_path):
+    export(held, "vllm-bench", tmp_path / "v")
+    d = json.loads((tmp_path / "v" / "conserve.json").read_text())
+    assert d["request_rate"] == 0.5                    # SMALL's workload.rate_per_s: offered, not achieved
+    t = pd.read_parquet(held / "turns.parquet")
+    # each turn's hold by hand: from its release (submit_s) to its admission (admit_s); rows matched on start time
+    assert t.submit_s.is_unique and len(d["start_times"]) == len(t)
+    row = {r.submit_s: r for r in t.itertuples()}
+    for start, q in zip(d["start_times"], d["queue_times"]):
+        r = row[start]
+        assert q == pytest.approx(r.admit_s - r.submit_s, abs=1e-12)
+        if r.turn > 0:
+            assert q == 0.0                            # ConServe never holds a later turn
+    held_turn0 = [q for s_, q in zip(d["start_times"], d["queue_times"]) if q > 0]
+    assert len(held_turn0) >= 2                        # the gate did hold conversations in this run

@@ -59,3 +59,4 @@ def test_with_allow_partial_the_export_is_marked(sweep, capsys, tmp_path):
                  "--allow-partial"]) == 0
     data = json.loads((tmp_path / "a" / "profile_export_aiperf.json").read_text())
     assert data["partial"] is True and data["partial_error"] == ERROR and data["was_cancelled"] is True
+    assert data["is_complete"] is False and data["incomplete_reason"] == ERROR     # AIPerf 0.13.0's own marks

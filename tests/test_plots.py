@@ -113,3 +113,19 @@ def test_pareto_points_carry_their_rate_and_the_figure_states_n(sweep, tmp_path,
     assert "n = 2 seeds per point" in fig._suptitle.get_text()
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert "Pareto front (all variants)" in labels
+
+
+def test_pareto_front_artist_holds_exactly_the_non_dominated_points(sweep, tmp_path, monkeypatch):
+    """The starred points of each panel are the overall front by hand (VALUES' means; x higher, y lower better):
+    a40_1p3d: conserve (110, 2) (210, 2), ampd (100, 0.5) (150, 5) -> (210, 2) and (100, 0.5); a40_2p6d:
+    (400, 1) dominates (300, 1.5)."""
+    from harness.analysis import plotting
+    figs = []
+    monkeypatch.setattr(plotting, "_save", lambda fig, out, name: figs.append(fig) or [])
+    plots.xy_figure(report.load_sweep(sweep), "output_token_throughput_per_s", "ttft_p99_s", tmp_path,
+                    facet="cluster.name", pareto=True)
+    (fig,) = figs
+    want = {"cluster.name = a40_1p3d": {(210.0, 2.0), (100.0, 0.5)}, "cluster.name = a40_2p6d": {(400.0, 1.0)}}
+    for ax in fig.axes:
+        (stars,) = [c for c in ax.collections if c.get_label() == "on the Pareto front (all variants)"]
+        assert {tuple(map(float, o)) for o in stars.get_offsets()} == want[ax.get_title()]

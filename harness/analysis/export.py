@@ -6,30 +6,40 @@ Usage::
     python -m harness.analysis.export RUN_DIR --format vllm-bench      # -> RUN_DIR/export/vllm-bench/
     python -m harness.analysis.export SWEEP_DIR --format aiperf --goodput 'ttft:200 tpot:50'
 
-One request = one turn (``turns.parquet``). Times: our run clock (s from the run's start) -- a simulated
-run has no wall-clock timestamps, so AIPerf's ``*_ns`` timestamps are run-clock ns and ``start_time`` /
-``end_time`` are omitted.
+One request = one turn (``turns.parquet``). Times: our run clock (s from the run's start) -- the harness
+records no wall-clock origin (a simulated run has none), so AIPerf's ``*_ns`` timestamps are run-clock ns and
+its ``start_time`` / ``end_time`` are omitted.
 
 **vllm-bench** (vLLM 0.32.0, ``vllm/benchmarks/serve.py``: ``benchmark`` builds the result dict,
 ``main`` adds the setup keys and ``--save-result`` writes it; ``--save-detailed`` keeps the per-request
 arrays): ``<label>.json`` with ``date``, ``endpoint_type``, ``backend``, ``label``, ``model_id``,
-``tokenizer_id``, ``num_prompts``, ``request_rate``, ``burstiness``, ``max_concurrency``, ``duration`` (s),
+``tokenizer_id``, ``num_prompts``, ``request_rate`` (the offered rate, :func:`offered_load`: vLLM's
+``--request-rate``, ``"inf"`` for all-at-once and closed loads; with a ramp vLLM's ``ramp_up_*`` keys),
+``burstiness``, ``max_concurrency``, ``duration`` (s),
 ``completed``, ``failed``, ``total_input_tokens``, ``total_output_tokens``, ``request_throughput``
 (req/s), ``request_goodput`` (req/s or null), ``output_throughput``, ``total_token_throughput`` (tok/s),
 ``max_output_tokens_per_s``, ``max_concurrent_requests``, ``rtfx``, ``{mean,median,std,p<q>}_{ttft,tpot,itl,
-e2el}_ms`` (ms), and with ``--detailed`` ``input_lens``, ``output_lens``, ``ttfts`` (s), ``itls`` (s lists),
-``latencies`` (s), ``start_times`` (s), ``queue_times`` (s), ``generated_texts``, ``errors``. The same dict,
+e2el}_ms`` (ms), ``latencies`` (s), ``queue_times`` (s: the admission holds, :func:`admission_holds`; vLLM's
+are its client's ``--max-concurrency`` semaphore waits, ``client_queue_time``), and with ``--detailed``
+``input_lens``, ``output_lens``, ``ttfts`` (s), ``itls`` (s lists), ``start_times`` (s), ``generated_texts``,
+``errors``. The same dict,
 with ``run_number`` and the harness's point keys, is written as a one-element list to ``summary.json``:
 the file ``vllm bench sweep serve`` writes per parameter combination and ``vllm bench sweep plot``
 globs (``vllm/benchmarks/sweep/serve.py``, ``sweep/plot.py``).
 
-**aiperf** (github ai-dynamo/aiperf @ db4f639): ``profile_export_aiperf.json`` (``JsonExportData`` of
-``aiperf/common/models/export_models.py``: one ``JsonMetricResult`` {unit, avg, min, max, p1, p5, p10,
-p25, p50, p75, p90, p95, p99, std} per metric tag, in display units), ``profile_export_aiperf.csv``
-(``aiperf/exporters/csv_exporter.py``: a request-metrics section ``Metric,avg,min,...,std`` and a
+**aiperf** (aiperf 0.13.0, the release on PyPI): ``profile_export_aiperf.json`` (``JsonExportData`` of
+``aiperf/common/models/export_models.py``, ``schema_version`` "1.4": one ``JsonMetricResult`` {unit, avg,
+min, max, sum, p1, p5, p10, p25, p50, p75, p90, p95, p99, std, count} per record metric and {unit, avg} per
+system metric, in display units; ``input_config``, a ``BenchmarkConfig`` of ``aiperf/config/config.py`` as
+its ``MetricsJsonExporter`` dumps it: model, endpoint, dataset, the load shape as one profiling phase of
+``aiperf/config/phases.py``, SLOs, :func:`aiperf_input_config`; ``run_info``, ``was_cancelled``,
+``is_complete``, ``error_summary``), ``profile_export_aiperf.csv`` (``aiperf/exporters/metrics_csv_exporter.py``:
+a request-metrics section ``Metric`` + ``STAT_KEYS`` of ``aiperf/common/constants.py`` and a
 system-metrics section ``Metric,Value``, numbers with 2 decimals) and ``profile_export.jsonl``
-(``MetricRecordInfo`` of ``aiperf/common/models/record_models.py``: ``metadata``, ``metrics`` {tag:
-{value, unit}}, ``error``), one line per request.
+(``MetricRecordInfo`` of ``aiperf/common/models/record_models.py``: ``metadata`` with the request's
+timestamps, ``metrics`` {tag: {value, unit}}, ``error``), one line per request. What AIPerf's own loader
+(``aiperf/plot/core/data_loader.py`` ``DataLoader.load_run``, behind ``aiperf plot``) reads of them:
+tests/test_export_aiperf.py.
 
 Field-by-field mapping to the harness's own: ``docs/metrics.md`` ("Exports").
 
@@ -38,7 +48,7 @@ early and its statistics may be biased or empty, e.g. ``mean_ttft_ms`` 0.0 with 
 refused (:class:`PartialRun`, exit status 2, naming the run directory) unless ``allow_partial`` /
 ``--allow-partial``; then their exports are marked: ``"partial": true`` and ``"partial_error"`` (the run's
 error) in both vllm-bench files and in ``profile_export_aiperf.json`` (beside AIPerf's own ``was_cancelled``,
-true for them), and a warning names the run.
+true for them, ``is_complete`` false and ``incomplete_reason`` the error), and a warning names the run.
 """
 
 from __future__ import annotations
@@ -60,7 +70,7 @@ from harness.analysis.goodput import good_turns, parse_goodput
 from harness.core.recorder import strict_json, write_json, write_text
 
 FORMATS = ("vllm-bench", "aiperf")
-AIPERF_STATS = ("avg", "min", "max", "p1", "p5", "p10", "p25", "p50", "p75", "p90", "p95", "p99", "std")
+AIPERF_STATS = ("avg", "min", "max", "sum", "p1", "p5", "p10", "p25", "p50", "p75", "p90", "p95", "p99", "std")
 
 
 class ExportError(ValueError):
@@ -150,14 +160,16 @@ def vllm_bench_result(summary: dict, turns: pd.DataFrame, tokens: Optional[pd.Da
     total_in, total_out = int(in_lens[ok].sum()), int(out_lens.sum())
     gaps = _token_gaps(turns, tokens)
     wl = config.get("workload") or {}
+    load = offered_load(summary, config)
     res: dict[str, Any] = {
         "date": summary.get("date", ""),
         "endpoint_type": f"harness-{summary.get('backend', 'sim')}", "backend": f"harness-{summary.get('backend', 'sim')}",
         "label": summary.get("scheduler"), "model_id": summary.get("model"),
         "tokenizer_id": (config.get("model") or {}).get("hf_name") or summary.get("model"), "num_prompts": n,
-        # vLLM's request_rate is an input (req/s); a closed-loop replay has none: the realized submission rate
-        "request_rate": per_s(n), "burstiness": float(wl.get("burstiness", 1.0) or 1.0),
+        # vLLM's request_rate is its --request-rate, the offered rate (an input, not the achieved one)
+        "request_rate": load["request_rate"], "burstiness": float(wl.get("burstiness", 1.0) or 1.0),
         "max_concurrency": wl.get("concurrency") if wl.get("arrival") == "closed" else wl.get("max_concurrency"),
+        **{k: v for k, v in load.items() if k.startswith("ramp_up_")},
         "duration": window, "completed": int(ok.sum()), "failed": int((~ok).sum()),
         "total_input_tokens": total_in, "total_output_tokens": total_out,
         "request_throughput": per_s(int(ok.sum())),
@@ -174,7 +186,7 @@ def vllm_bench_result(summary: dict, turns: pd.DataFrame, tokens: Optional[pd.Da
         })
     # kept by vLLM either way
     res["latencies"] = np.where(ok, turns.e2e_s.to_numpy(dtype=float), 0.0).tolist()
-    res["queue_times"] = [0.0] * n  # client-side queueing: the replay submits a turn when it is ready
+    res["queue_times"] = admission_holds(turns).tolist()
     res.update(_max_rates(turns, tokens))
     res["rtfx"] = 0.0
     ps = _percentiles(config, summary)
@@ -193,6 +205,52 @@ def vllm_bench_result(summary: dict, turns: pd.DataFrame, tokens: Optional[pd.Da
             res[f"p{word}_itl_ms"] = _ms(summary.get(f"itl_{pname(p)}_s"))
     res.update(_stats_ms(okt.e2e_s.to_numpy(dtype=float), ps, "e2el"))
     return res
+
+
+# the arrivals whose gaps are drawn at a configured rate (harness.workload.workload, "Arrival processes")
+RATED_ARRIVALS = ("poisson", "gamma", "constant")
+
+
+def offered_load(summary: dict, config: dict) -> dict:
+    """vLLM's traffic keys of one run: ``request_rate``, the offered rate as ``vllm bench serve`` writes its
+    ``--request-rate`` (vLLM 0.32.0 ``vllm/benchmarks/serve.py`` ``main``: the number when finite, else the
+    string ``"inf"``), and with a ramp vLLM's ``ramp_up_strategy``, ``ramp_up_start_rps``, ``ramp_up_end_rps``.
+
+    ``request_rate`` (conversations/s = requests/s of first turns; later turns follow their predecessor's
+    finish): ``workload.rate_per_s`` for a ``poisson`` / ``gamma`` / ``constant`` arrival without a ramp;
+    ``"inf"`` for ``closed`` (every agent at once, as ``--request-rate inf --max-concurrency N``), ``fixed``
+    (all at t = 0), ``trace`` (the trace's own timestamps: vLLM's self-timed replay leaves
+    ``--request-rate`` at its default, inf) and a ramp (vLLM refuses ``--request-rate`` with
+    ``--ramp-up-strategy``: the rate is the ramp's, from ``workload.ramp_start_rate_per_s`` to
+    ``workload.rate_per_s``). Read from the run's ``config.yaml`` (``workload``), else from ``summary.json``
+    (``workload_arrival``, ``workload_rate_per_s``; no ramp there)."""
+    wl = config.get("workload") or {}
+    arrival = wl.get("arrival", summary.get("workload_arrival", "poisson"))
+    rate = _number(wl.get("rate_per_s"), summary.get("workload_rate_per_s"))
+    ramp = wl.get("ramp")
+    if ramp:
+        return {"request_rate": "inf", "ramp_up_strategy": str(ramp),
+                "ramp_up_start_rps": _number(wl.get("ramp_start_rate_per_s")), "ramp_up_end_rps": rate}
+    if arrival in RATED_ARRIVALS and rate is not None and math.isfinite(rate):
+        return {"request_rate": rate}
+    return {"request_rate": "inf"}
+
+
+def _number(*vals: Any) -> Optional[float]:
+    """The first of ``vals`` that is a number (a config value left as an interpolation string is skipped)."""
+    for v in vals:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def admission_holds(turns: pd.DataFrame) -> np.ndarray:
+    """Per turn (rows of ``turns``), s: how long the scheduler's admission held it, ``admit_s - submit_s``
+    (``turns.parquet``'s ``queue_s``: from the turn's release by the replay -- its conversation's arrival or
+    its predecessor's finish plus the tool time -- to the policy admitting it; 0 under admit-all policies);
+    0.0 where ``admit_s`` is missing. Shape ``(len(turns),)``."""
+    hold = turns.admit_s.to_numpy(dtype=float) - turns.submit_s.to_numpy(dtype=float)
+    return np.where(np.isfinite(hold), np.maximum(hold, 0.0), 0.0)
 
 
 def _ms(v: Any) -> Optional[float]:
@@ -223,6 +281,8 @@ def _max_rates(turns: pd.DataFrame, tokens: Optional[pd.DataFrame]) -> dict:
 
 # ---- AIPerf -------------------------------------------------------------------------------------------
 
+AIPERF_VERSION = "0.13.0"      # the AIPerf release whose models the export follows (module docstring)
+AIPERF_SCHEMA_VERSION = "1.4"  # aiperf 0.13.0 JsonExportData.SCHEMA_VERSION
 # tag -> (header, display unit, turns column or None, scale to the display unit)
 _AIPERF_RECORD = {
     "time_to_first_token": ("Time to First Token", "ms", "ttft_s", 1e3),
@@ -232,18 +292,26 @@ _AIPERF_RECORD = {
     "output_sequence_length": ("Output Sequence Length", "tokens", "output_tokens", 1.0),
     "input_sequence_length": ("Input Sequence Length", "tokens", "prompt_tokens", 1.0),
 }
+# our goodput keys (harness.analysis.goodput) -> AIPerf's metric tags, as its `slos` / --goodput name them
+_AIPERF_SLO = {"ttft": "time_to_first_token", "tpot": "inter_token_latency", "e2el": "request_latency"}
 
 
 def _aiperf_stats(v: np.ndarray, unit: str) -> dict:
-    """AIPerf's ``JsonMetricResult`` of one record metric (``std``: numpy's population std, as AIPerf's
-    ``MetricArray`` computes it)."""
+    """AIPerf's ``JsonMetricResult`` of one record metric: ``avg, min, max, sum, p1 ... p99, std`` (``std``:
+    numpy's population std, as AIPerf's ``MetricArray`` computes it) and ``count`` (the values behind it;
+    aiperf 0.13.0 ``MetricResult.to_json_result`` keeps it for record metrics only). Token metrics keep
+    integer ``min``, ``max``, ``sum``, as AIPerf's integer-valued records do."""
     v = v[np.isfinite(v)]
     if not len(v):
         return {"unit": unit}
-    out: dict[str, Any] = {"unit": unit, "avg": float(v.mean()), "min": float(v.min()), "max": float(v.max())}
+    whole = unit == "tokens"
+    num = (lambda x: int(round(x))) if whole else float
+    out: dict[str, Any] = {"unit": unit, "avg": float(v.mean()), "min": num(v.min()), "max": num(v.max()),
+                           "sum": num(v.sum())}
     for p in (1, 5, 10, 25, 50, 75, 90, 95, 99):
         out[f"p{p}"] = float(np.percentile(v, p))
     out["std"] = float(v.std())
+    out["count"] = int(len(v))
     return out
 
 
@@ -264,14 +332,100 @@ def _record_values(turns: pd.DataFrame) -> dict[str, np.ndarray]:
     return vals
 
 
-def aiperf_export(summary: dict, turns: pd.DataFrame, goodput_ms: Optional[dict] = None) -> tuple[dict, str, str]:
+def aiperf_load_phase(summary: dict, config: dict, sessions: int, requests: int) -> dict:
+    """The run's load shape as AIPerf's profiling phase (aiperf 0.13.0 ``aiperf/config/phases.py``
+    ``PhaseConfig``): ``closed`` -> ``concurrency`` with ``concurrency`` = ``workload.concurrency`` (agents);
+    ``fixed`` (all at t = 0) -> ``concurrency`` with every conversation at once; ``poisson`` / ``constant`` ->
+    that type with ``rate`` = ``workload.rate_per_s``; ``gamma`` -> ``gamma`` with ``smoothness`` (AIPerf's
+    Gamma shape) = ``1 / workload.burstiness**2`` (our shape, harness.workload.workload); ``trace`` ->
+    ``fixed_schedule``. ``workload.max_concurrency`` -> ``concurrency`` (AIPerf: a cap on a rate phase),
+    ``workload.duration_s`` -> ``duration`` (s); ``sessions`` = the conversations replayed and ``requests`` =
+    the turns submitted (AIPerf's stop conditions; each left out when 0). A ramp is not expressed (AIPerf's ``rate_ramp`` ramps over a duration, ours over the
+    conversations' index): ``rate`` is then the ramp's end rate. Concurrency counts conversations here;
+    AIPerf's counts in-flight requests (the same for single-turn workloads)."""
+    wl = config.get("workload") or {}
+    arrival = wl.get("arrival", summary.get("workload_arrival", "poisson"))
+    rate = _number(wl.get("rate_per_s"), summary.get("workload_rate_per_s"))
+    phase: dict[str, Any] = {"name": "profiling", "kind": "profiling"}
+    if arrival == "closed":
+        phase.update(type="concurrency", concurrency=int(wl.get("concurrency") or 1))
+    elif arrival == "fixed":
+        phase.update(type="concurrency", concurrency=max(1, int(sessions)))
+    elif arrival == "trace":
+        phase.update(type="fixed_schedule")
+    elif arrival in RATED_ARRIVALS and rate is not None and rate > 0:
+        phase.update(type=arrival, rate=rate)
+        burst = _number(wl.get("burstiness"))
+        if arrival == "gamma" and burst:
+            phase["smoothness"] = 1.0 / burst ** 2
+    else:
+        raise ExportError(f"workload.arrival={arrival!r} with rate_per_s={rate!r}: no AIPerf load phase for it")
+    cap = wl.get("max_concurrency")
+    if arrival != "closed" and isinstance(cap, int) and cap >= 1:
+        phase["concurrency"] = cap
+    if requests >= 1:
+        phase["requests"] = int(requests)
+    if sessions >= 1:
+        phase["sessions"] = int(sessions)
+    dur = _number(wl.get("duration_s"))
+    if dur and dur > 0:
+        phase["duration"] = dur
+    return phase
+
+
+def aiperf_input_config(summary: dict, config: dict, sessions: int, requests: int, goodput_ms: dict) -> dict:
+    """AIPerf's ``input_config`` (aiperf 0.13.0 ``aiperf/config/config.py`` ``BenchmarkConfig``, as its
+    ``MetricsJsonExporter`` dumps it: set fields only) of one run: ``models`` (``model.hf_name``, else the
+    summary's model), ``endpoint`` (``backend.endpoints`` where the run used running servers, else
+    ``http://<backend>.invalid/<cluster>``: AIPerf requires an http URL and the harness does not record the
+    addresses of servers it launched, nor has a simulated run any -- ``.invalid`` never resolves, RFC 2606;
+    type ``completions``, streaming: the harness's ``/v1/completions`` stream), ``datasets`` (``synthetic``,
+    or the trace file as a ``multi_turn`` file -- the harness's trace format, which AIPerf cannot replay),
+    ``phases`` (:func:`aiperf_load_phase`), ``slos`` (the goodput thresholds, ms, under AIPerf's tags) and
+    ``tokenizer`` (``{}``, as AIPerf writes it by default)."""
+    wl = config.get("workload") or {}
+    model = (config.get("model") or {}).get("hf_name") or summary.get("model") or "unknown"
+    backend = config.get("backend") or {}
+    urls = [str(u) for u in (backend.get("endpoints") or [])]
+    if not urls:
+        cluster = (config.get("cluster") or {}).get("name") or summary.get("cluster") or "cluster"
+        urls = [f"http://{summary.get('backend') or backend.get('name') or 'sim'}.invalid/{cluster}"]
+    if wl.get("kind", "trace") == "synthetic":
+        dataset: dict[str, Any] = {"name": "default", "type": "synthetic"}
+    else:
+        dataset = {"name": "default", "type": "file", "path": str(wl.get("trace") or summary.get("workload") or ""),
+                   "format": "multi_turn"}
+        if isinstance(wl.get("num_conversations"), int) and wl["num_conversations"] >= 1:
+            dataset["entries"] = wl["num_conversations"]
+    seed = wl.get("seed") if isinstance(wl.get("seed"), int) else config.get("seed", summary.get("seed"))
+    if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
+        dataset["random_seed"] = seed
+    cfg: dict[str, Any] = {"models": {"items": [{"name": str(model)}]},
+                           "endpoint": {"urls": urls, "type": "completions", "streaming": True},
+                           "datasets": [dataset], "phases": [aiperf_load_phase(summary, config, sessions, requests)]}
+    if goodput_ms:
+        cfg["slos"] = {_AIPERF_SLO[k]: float(v) for k, v in goodput_ms.items()}
+    cfg["tokenizer"] = {}
+    return cfg
+
+
+def aiperf_export(summary: dict, turns: pd.DataFrame, goodput_ms: Optional[dict] = None,
+                  config: Optional[dict] = None, run_name: str = "") -> tuple[dict, str, str]:
     """``(profile_export_aiperf.json dict, profile_export_aiperf.csv text, profile_export.jsonl text)`` of one
     run (module docstring). ``goodput_ms``: thresholds for ``goodput`` / ``good_request_count`` (default:
-    the run's; omitted without any)."""
+    the run's; omitted without any). ``config``: the run's ``config.yaml`` (``input_config``'s model,
+    endpoint and load shape; without it the summary's model, arrival and rate). ``run_name``: the run
+    directory's name (``run_info.run_label``).
+
+    Raises:
+        ExportError: a load shape AIPerf has no phase for (:func:`aiperf_load_phase`).
+    """
+    config = config or {}
     ok = turns.status == "ok"
     window = float(summary.get("window_s") or math.nan)
     vals = _record_values(turns)
-    data: dict[str, Any] = {}
+    gp = goodput_ms if goodput_ms is not None else (summary.get("goodput_thresholds_ms") or {})
+    data: dict[str, Any] = {"schema_version": AIPERF_SCHEMA_VERSION}
     for tag, (_, unit, _, _) in _AIPERF_RECORD.items():
         data[tag] = _aiperf_stats(vals[tag], unit)
     n_ok, osl = int(ok.sum()), int(turns.output_tokens[ok].sum())
@@ -286,7 +440,6 @@ def aiperf_export(summary: dict, turns: pd.DataFrame, goodput_ms: Optional[dict]
         "total_osl": ("Total Output Sequence Length", "tokens", osl),
         "total_isl": ("Total Input Sequence Length", "tokens", isl),
     }
-    gp = goodput_ms if goodput_ms is not None else (summary.get("goodput_thresholds_ms") or {})
     if gp:
         good = int(good_turns(turns, gp, "aiperf").sum())
         system["good_request_count"] = ("Good Request Count", "requests", good)
@@ -296,11 +449,20 @@ def aiperf_export(summary: dict, turns: pd.DataFrame, goodput_ms: Optional[dict]
     errs: dict[str, int] = {}
     for e in turns.error[~ok]:
         errs[str(e)] = errs.get(str(e), 0) + 1
+    sessions = int(turns.conversation_id.nunique())
+    data["input_config"] = aiperf_input_config(summary, config, sessions, len(turns), gp)
+    seed = config.get("seed", summary.get("seed"))
+    data["run_info"] = {k: v for k, v in (("random_seed", seed if isinstance(seed, int) and seed >= 0 else None),
+                                           ("run_label", run_name or None)) if v is not None}
     data["was_cancelled"] = bool(summary.get("partial"))
+    data["is_complete"] = not summary.get("partial")
+    if summary.get("partial"):
+        data["incomplete_reason"] = str(summary.get("error") or "partial run")
     data["error_summary"] = [{"error_details": {"code": None, "type": m.split(":")[0][:40] or None, "message": m},
                               "count": c} for m, c in sorted(errs.items())]
     data = strict_json(data)
-    # CSV (csv_exporter.py): request metrics (those with percentiles) sorted by tag, then system metrics
+    # CSV (aiperf 0.13.0 exporters/metrics_csv_exporter.py): request metrics (those with percentiles) sorted by
+    # tag under "Metric" + STAT_KEYS, a blank row, then system metrics under "Metric,Value"
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["Metric", *AIPERF_STATS])
@@ -315,7 +477,7 @@ def aiperf_export(summary: dict, turns: pd.DataFrame, goodput_ms: Optional[dict]
     for tag in sorted(system):
         header, unit, _ = system[tag]
         w.writerow([f"{header} ({unit})" if unit not in ("count", "requests") else header, fmt(data[tag].get("avg"))])
-    # JSONL (MetricRecordInfo): every request, its metrics in display units
+    # JSONL (MetricRecordInfo): every request, its metrics in display units, its run-clock timestamps (ns)
     lines = []
     conv_index = {c: i for i, c in enumerate(dict.fromkeys(turns.conversation_id))}
     okv = ok.to_numpy()
@@ -328,12 +490,15 @@ def aiperf_export(summary: dict, turns: pd.DataFrame, goodput_ms: Optional[dict]
                 if np.isfinite(v):
                     metrics[tag] = {"value": int(v) if unit == "tokens" else float(v), "unit": unit}
         end = r.finish_s if np.isfinite(r.finish_s) else r.submit_s
+        start_ns = int(round(r.submit_s * 1e9))
         rec = {"metadata": {"session_num": conv_index[r.conversation_id], "x_request_id": f"{r.conversation_id}:{r.turn}",
                             "x_correlation_id": str(r.conversation_id), "conversation_id": str(r.conversation_id),
-                            "turn_index": int(r.turn), "request_start_ns": int(round(r.submit_s * 1e9)),
+                            "turn_index": int(r.turn), "credit_issued_ns": start_ns, "request_start_ns": start_ns,
                             "request_ack_ns": None, "request_end_ns": int(round(end * 1e9)),
                             "worker_id": "harness", "record_processor_id": "harness",
-                            "benchmark_phase": "profiling", "was_cancelled": False, "cancellation_time_ns": None},
+                            "benchmark_phase": "profiling", "phase_index": 0, "profiling_index": 0,
+                            "phase_name": "profiling", "phase_kind": "profiling",
+                            "was_cancelled": False, "cancellation_time_ns": None},
                "metrics": metrics,
                "error": None if okv[i] else {"code": None, "type": str(r.error).split(":")[0][:40] or None,
                                              "message": str(r.error)}}
@@ -377,7 +542,7 @@ def export_run(run_dir: Path, fmt: str, out: Path, goodput: Any = None, detailed
         write_json(res, out / f"{label}.json")
         write_json([{**res, "run_number": 0, **_point_keys(summary)}], out / "summary.json")
         return [out / f"{label}.json", out / "summary.json"]
-    data, csv_text, jsonl = aiperf_export(summary, turns, gp)
+    data, csv_text, jsonl = aiperf_export(summary, turns, gp, config, Path(run_dir).name)
     write_json({**data, **mark}, out / "profile_export_aiperf.json")
     write_text(csv_text, out / "profile_export_aiperf.csv")
     write_text(jsonl, out / "profile_export.jsonl")

@@ -112,7 +112,7 @@ def xy_figure(sw: Any, x: str, y: str, out: Path, *, facet: Optional[str] = None
     """Draw ``y`` against ``x`` for the sweep ``sw`` (``harness.analysis.report.load_sweep``) into ``out``
     (png + pdf) and write the plotted points as ``<name>.csv``; returns the files.
     ``pareto``: mark each variant's front (open circles) and the overall front (a thick grey staircase
-    bounding the dominated region)."""
+    bounding the dominated region, its points black-edged stars); points off the overall front are faded."""
     from harness.analysis.catalog import BY_KEY
     from harness.analysis.plotting import _plt, _save, seeds_note
     pts = points(sw, x, y, facet, filters)
@@ -155,6 +155,9 @@ def xy_figure(sw: Any, x: str, y: str, out: Path, *, facet: Optional[str] = None
             # up to its own ("pre"), with x lower-is-better every x from its own on ("post")
             ax.step(f[x], f[y], where="pre" if xb == "high" else "post", color="black", lw=2.2, alpha=0.55,
                     zorder=1, label="Pareto front (all variants)")
+            # its points marked apart (black-edged stars), the dominated points faded (below)
+            ax.scatter(f[x], f[y], marker="*", s=140, facecolors="gold", edgecolors="black", linewidths=0.8,
+                       zorder=4, label="on the Pareto front (all variants)")
         for v in variants:
             pv = p[p.curve == v]
             if not len(pv):
@@ -163,7 +166,10 @@ def xy_figure(sw: Any, x: str, y: str, out: Path, *, facet: Optional[str] = None
             rv = r[r.curve == v]
             ax.scatter(rv[x], rv[y], color=colors[v], alpha=0.25, s=12, linewidths=0)
             ax.plot(pv[x], pv[y], marker="o", color=colors[v], label=v, lw=1.0 if tag else 1.4, ms=4,
-                    alpha=0.8 if tag else 1.0, zorder=2)
+                    alpha=(0.35 if pareto and not pv.pareto_all.any() else 0.8 if tag else 1.0), zorder=2)
+            if pareto and (~pv.pareto_all).any():   # dominated points faded
+                d_ = pv[~pv.pareto_all]
+                ax.scatter(d_[x], d_[y], color=colors[v], alpha=0.3, s=18, zorder=2.5)
             if pareto:
                 f = pv[pv.pareto_variant]
                 ax.scatter(f[x], f[y], facecolors="none", edgecolors=colors[v], s=80, linewidths=1.4, zorder=3)
