@@ -27,7 +27,7 @@ import pandas as pd
 import pytest
 
 from harness.core.backend import BackendConfig, InstanceInfo, InstanceState, backends, register_backend
-from harness.core.clock import SimClock
+from harness.core.clock import Priority, SimClock
 from harness.run.config import PROJECT_ROOT, ConfigError
 from harness.run.runner import execute
 from harness.core.schedulers import registered
@@ -77,8 +77,8 @@ class FakeCluster:
             job.itl_s = [self.step_s] * (job.output_tokens - 1)
             job.on_finish(job)
 
-        self.clock.call_at(t_first, first, priority=0)
-        self.clock.call_at(t_first + self.step_s * (job.output_tokens - 1), finish, priority=0)
+        self.clock.call_at(t_first, first, priority=Priority.ENGINE)
+        self.clock.call_at(t_first + self.step_s * (job.output_tokens - 1), finish, priority=Priority.ENGINE)
 
     def observe(self):
         return tuple(InstanceState(0, r, 0, math.nan) for r in self.running)
@@ -92,8 +92,8 @@ class FakeCluster:
             def tick():
                 on_tick()
                 if not done() and self.clock.pending():
-                    self.clock.call_at(self.clock.now() + tick_s, tick, priority=2)
-            self.clock.call_at(0.0, tick, priority=2)
+                    self.clock.call_at(self.clock.now() + tick_s, tick, priority=Priority.TICK)
+            self.clock.call_at(0.0, tick, priority=Priority.TICK)
         self.clock.run()
         return "" if done() else "fake cluster stalled"
 
