@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional, Sequence
 
-from harness.core.backend import InstanceInfo, InstanceState, TurnJob
+from harness.core.backend import ClusterBase, InstanceInfo, InstanceState, TurnJob
 from harness.core.clock import Priority, SimClock
 from harness.workload.prefix import BlockContent, block_ranges
 from harness.core.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks, kv_transfer_s
@@ -14,7 +14,7 @@ from harness.sim.perf import make_step_model
 from harness.sim.steps import StepLog
 
 
-class SimBackend:
+class SimBackend(ClusterBase):
     """A cluster of simulated vLLM engines sharing one :class:`SimClock` (implements
     ``harness.core.backend.Cluster``).
 
