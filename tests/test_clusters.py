@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.run.session import session_input
 from harness.run.config import PROJECT_ROOT, ConfigError
 from harness.vllm.cluster import instance_specs, run_limit_s
 from harness.vllm.energy import EnergyMeter
@@ -90,14 +91,14 @@ def test_gpu_tensor_parallel_instances_take_consecutive_gpus_of_what_the_job_was
                      "backend.kv_connector=NixlConnector"]
     run = compose_run(over)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    specs = instance_specs(run, "m", tmp_path)
+    specs = instance_specs(session_input(run), run.backend, "m", tmp_path)
     assert [s.device for s in specs] == ["0,1", "2,3", "4,5", "6,7"]
     assert all(s.args[s.args.index("--tensor-parallel-size") + 1] == "2" for s in specs)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7,0,1,2,3")
-    assert [s.device for s in instance_specs(run, "m", tmp_path)] == ["4,5", "6,7", "0,1", "2,3"]
+    assert [s.device for s in instance_specs(session_input(run), run.backend, "m", tmp_path)] == ["4,5", "6,7", "0,1", "2,3"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
     with pytest.raises(RuntimeError, match="need 8"):
-        instance_specs(run, "m", tmp_path)
+        instance_specs(session_input(run), run.backend, "m", tmp_path)
 
 
 def test_slurm_srun_asks_for_the_instance_gpus_and_leaves_their_binding_to_slurm(monkeypatch, tmp_path):
@@ -105,7 +106,7 @@ def test_slurm_srun_asks_for_the_instance_gpus_and_leaves_their_binding_to_slurm
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     run = compose_run(COMMON + ["cluster=a40_1p3d", "scheduler=conserve", "backend.device=gpu",
                                 "backend.tensor_parallel_size=4", "backend.kv_connector=NixlConnector"])
-    specs = instance_specs(run, "m", tmp_path)
+    specs = instance_specs(session_input(run), run.backend, "m", tmp_path)
     sl = SlurmLauncher(specs, tmp_path, 10, nodes=["g1", "g2"], gpus=4, gpus_per_node=8, cpus=8, host_mode="node",
                        placement="pack", port_base=9000)
     placed = sl.place()
@@ -159,16 +160,16 @@ def test_run_limit_of_a_closed_population_a_cap_and_a_duration_stop():
     base = COMMON + ["cluster=cpu_1x", "scheduler=collocated", "backend.max_run_margin_s=100"]
     closed = compose_run(base + ["workload.arrival=closed", "workload.concurrency=2"])
     at0 = [(0.0, a), (0.0, b), (0.0, c)]
-    assert run_limit_s(closed.backend, at0, closed.cfg.workload) == pytest.approx(244.0)
+    assert run_limit_s(closed.backend, at0, closed.cfg.workload.max_active(), closed.cfg.workload.duration_s) == pytest.approx(244.0)
     capped = compose_run(base + ["workload.max_concurrency=1"])
     spread = [(0.0, a), (50.0, b), (60.0, c)]
-    assert run_limit_s(capped.backend, spread, capped.cfg.workload) == pytest.approx(406.0)
+    assert run_limit_s(capped.backend, spread, capped.cfg.workload.max_active(), capped.cfg.workload.duration_s) == pytest.approx(406.0)
     open_ = compose_run(base)
-    assert run_limit_s(open_.backend, spread, open_.cfg.workload) == pytest.approx(160.0)
+    assert run_limit_s(open_.backend, spread, open_.cfg.workload.max_active(), open_.cfg.workload.duration_s) == pytest.approx(160.0)
     stop = compose_run(base + ["workload.arrival=closed", "workload.concurrency=2", "workload.duration_s=60"])
-    assert run_limit_s(stop.backend, at0, stop.cfg.workload) == pytest.approx(160.0)
+    assert run_limit_s(stop.backend, at0, stop.cfg.workload.max_active(), stop.cfg.workload.duration_s) == pytest.approx(160.0)
     late = compose_run(base + ["workload.arrival=closed", "workload.concurrency=2", "workload.duration_s=500"])
-    assert run_limit_s(late.backend, at0, late.cfg.workload) == pytest.approx(244.0)
+    assert run_limit_s(late.backend, at0, late.cfg.workload.max_active(), late.cfg.workload.duration_s) == pytest.approx(244.0)
 
 
 # ---- real: Ray -------------------------------------------------------------------------------------

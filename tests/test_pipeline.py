@@ -26,8 +26,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.core.backend import BackendConfig, InstanceInfo, InstanceState, backends, register_backend
-from harness.core.clock import SimClock
+from harness.core.backend import BackendConfig, ClusterBase, InstanceInfo, InstanceState, backends, register_backend
+from harness.core.clock import Priority, SimClock
 from harness.run.config import PROJECT_ROOT, ConfigError
 from harness.run.runner import execute
 from harness.core.schedulers import registered
@@ -51,14 +51,14 @@ class FakeBackendConfig(BackendConfig):
     step_s: float = 0.01
 
 
-class FakeCluster:
+class FakeCluster(ClusterBase):
     """Turns run on a virtual clock at ``step_s`` per token (prefill = one step); nothing is shared."""
 
-    def __init__(self, run, step_s: float):
+    def __init__(self, inp, step_s: float):
         self.clock = SimClock()
         self.step_s = step_s
-        caps = estimated_capacities(session_input(run))  # the profiles' KV capacity, as a real server would report its own
-        self.infos = tuple(InstanceInfo(i, n, r, hw.name, c) for i, ((n, r, hw), c) in enumerate(zip(run.instances, caps)))
+        caps = estimated_capacities(inp)  # the profiles' KV capacity, as a real server would report its own
+        self.infos = tuple(InstanceInfo(i, n, r, hw.name, c) for i, ((n, r, hw), c) in enumerate(zip(inp.instances, caps)))
         self.running = [0] * len(self.infos)
 
     def start_turn(self, job) -> None:
@@ -77,8 +77,8 @@ class FakeCluster:
             job.itl_s = [self.step_s] * (job.output_tokens - 1)
             job.on_finish(job)
 
-        self.clock.call_at(t_first, first, priority=0)
-        self.clock.call_at(t_first + self.step_s * (job.output_tokens - 1), finish, priority=0)
+        self.clock.call_at(t_first, first, priority=Priority.ENGINE)
+        self.clock.call_at(t_first + self.step_s * (job.output_tokens - 1), finish, priority=Priority.ENGINE)
 
     def observe(self):
         return tuple(InstanceState(0, r, 0, math.nan) for r in self.running)
@@ -92,8 +92,8 @@ class FakeCluster:
             def tick():
                 on_tick()
                 if not done() and self.clock.pending():
-                    self.clock.call_at(self.clock.now() + tick_s, tick, priority=2)
-            self.clock.call_at(0.0, tick, priority=2)
+                    self.clock.call_at(self.clock.now() + tick_s, tick, priority=Priority.TICK)
+            self.clock.call_at(0.0, tick, priority=Priority.TICK)
         self.clock.run()
         return "" if done() else "fake cluster stalled"
 
@@ -110,8 +110,8 @@ class FakeCluster:
 if "fake" not in backends():
     @register_backend("fake", FakeBackendConfig)
     @contextlib.contextmanager
-    def open_fake(run, run_dir=None, *, conversations=()):
-        yield FakeCluster(run, run.backend.step_s)
+    def open_fake(inp, cfg, run_dir=None, *, conversations=()):
+        yield FakeCluster(inp, cfg.step_s)
 
 
 def run_files(out: Path) -> dict[str, object]:
@@ -218,7 +218,7 @@ def test_engine_knobs_reach_vllm_serve_as_flags(tmp_path):
     run = compose_run(["backend=vllm", "model=tiny", "slo=absolute", "cluster=cpu_1x",
                        "engine.max_num_batched_tokens=1024", "engine.block_size=32", "engine.max_num_seqs=7",
                        "engine.gpu_memory_utilization=0.5", "engine.enable_prefix_caching=false"])
-    cmd = instance_specs(run, "/models/tiny", tmp_path)[0].command()
+    cmd = instance_specs(session_input(run), run.backend, "/models/tiny", tmp_path)[0].command()
     for flag, value in [("--max-num-batched-tokens", "1024"), ("--block-size", "32"), ("--max-num-seqs", "7"),
                         ("--gpu-memory-utilization", "0.5")]:
         assert cmd[cmd.index(flag) + 1] == value, (flag, cmd)

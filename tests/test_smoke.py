@@ -44,8 +44,8 @@ def test_smoke_is_valid_when_healthy(tmp_path):
 class FailingCluster(FakeCluster):
     """Every 5th turn started fails at once (as a server answering HTTP 500 would)."""
 
-    def __init__(self, run, step_s):
-        super().__init__(run, step_s)
+    def __init__(self, inp, step_s):
+        super().__init__(inp, step_s)
         self.n = 0
 
     def start_turn(self, job):
@@ -70,8 +70,8 @@ if "failing" not in backends():
 
     @register_backend("failing", FailingBackendConfig)
     @contextlib.contextmanager
-    def open_failing(run, run_dir=None, *, conversations=()):
-        yield FailingCluster(run, run.backend.step_s)
+    def open_failing(inp, cfg, run_dir=None, *, conversations=()):
+        yield FailingCluster(inp, cfg.step_s)
 
 
 def test_smoke_is_invalid_when_the_backend_fails_turns(tmp_path):

@@ -282,14 +282,14 @@ def test_controller_held_queue_and_books_after_a_non_head_release():
     holds 2 turns and empty books, d's holds 2 turns and instance 0's book (b, turn 0, 10 tokens, in
     flight); the t = 4 view shows both books."""
     import math as _m
-    from harness.core.backend import InstanceInfo, InstanceState
+    from harness.core.backend import ClusterBase, InstanceInfo, InstanceState
     from harness.core.clock import SimClock
     from harness.core.controller import Controller
     from harness.core.policy import Admission, InstanceHints, Placement
     from harness.core.recorder import Recorder
     from harness.core.trace import ConversationRecord, TurnRecord
 
-    class Stub:
+    class Stub(ClusterBase):
         def __init__(self):
             self.clock = SimClock()
             self.infos = tuple(InstanceInfo(i, f"i{i}", "collocated", "a40", 1000) for i in range(2))

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from harness.run.session import session_input
 from harness.core.backend import TurnJob
 from harness.core.clock import AsyncioClock
 from harness.core.policy import Placement
@@ -468,9 +469,9 @@ def test_launched_servers_are_told_where_to_send_their_spans(tmp_path):
     from tests.conftest import compose_run
     run = compose_run(["backend=vllm", "model=tiny", "cluster=cpu_1p1d", "scheduler=collocated", "slo=absolute",
                        "engine.block_size=128"])
-    plain = instance_specs(run, "m", tmp_path)
+    plain = instance_specs(session_input(run), run.backend, "m", tmp_path)
     assert all("--otlp-traces-endpoint" not in s.args and "OTEL_SERVICE_NAME" not in s.env for s in plain)
-    specs = instance_specs(run, "m", tmp_path, "http://127.0.0.1:4318/v1/traces")
+    specs = instance_specs(session_input(run), run.backend, "m", tmp_path, "http://127.0.0.1:4318/v1/traces")
     for s in specs:
         cmd = s.command()
         assert cmd[cmd.index("--otlp-traces-endpoint") + 1] == "http://127.0.0.1:4318/v1/traces"
@@ -492,5 +493,5 @@ def test_a_taken_otlp_port_is_refused_naming_the_key(tmp_path):
                            "backend.model=fake", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute",
                            "engine.block_size=128", "logger.steps=true", f"backend.otlp_port={port}"])
         with pytest.raises(RuntimeError, match=f"backend.otlp_port={port}"):
-            with open_cluster(run, tmp_path):
+            with open_cluster(session_input(run), run.backend, tmp_path):
                 pass

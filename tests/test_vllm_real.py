@@ -29,6 +29,7 @@ from harness.run.config import PROJECT_ROOT
 from harness.run.runner import execute
 from harness.vllm.crosscheck import crosscheck
 from harness.vllm.launcher import Launcher, port_free
+from harness.run.session import session_input
 from harness.vllm.cluster import instance_specs, model_path
 from harness.vllm.scrape import parse_metrics
 from tests.conftest import BATCH_FORMING, compose_run, free_port_base, pid_alive
@@ -57,7 +58,7 @@ def launched(cluster: str, tiny_model: str, workdir: Path, cpu_bind_offset: int 
     a free range of this xdist worker's own (``free_port_base``)."""
     run = compose_run(COMMON + [f"cluster={cluster}", "scheduler=collocated", f"backend.port_base={free_port_base()}",
                                 f"backend.cpu_bind_offset={cpu_bind_offset}"])
-    specs = instance_specs(run, tiny_model, workdir)
+    specs = instance_specs(session_input(run), run.backend, tiny_model, workdir)
     return specs, Launcher(specs, workdir / "logs", 300)
 
 

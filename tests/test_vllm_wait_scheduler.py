@@ -376,14 +376,17 @@ def test_backend_vllm_launches_the_rule_scheduler(tmp_path):
     """scheduler=wait: every server gets --scheduler-cls and --no-async-scheduling (the rule must see each
     step's outcome before the next step is formed), the spec and step-log paths, and this checkout first on
     PYTHONPATH; scheduler=collocated gets none of it."""
+    from harness.run.session import session_input
     from harness.vllm.cluster import instance_specs
-    (spec,) = instance_specs(compose_run(BASE), "m", tmp_path)
+    wait_run = compose_run(BASE)
+    (spec,) = instance_specs(session_input(wait_run), wait_run.backend, "m", tmp_path)
     args = spec.args
     assert args[args.index("--scheduler-cls") + 1] == "harness.vllm.wait_scheduler.RuleScheduler"
     assert "--no-async-scheduling" in args
     assert spec.env[ws.RULE_FILE_ENV] == str(tmp_path / "batch_rules" / "collocated0.json")
     assert spec.env["PYTHONPATH"].split(":")[0] == str(PROJECT_ROOT)
-    (plain,) = instance_specs(compose_run([*BASE[:-1], "scheduler=collocated"]), "m", tmp_path)
+    plain_run = compose_run([*BASE[:-1], "scheduler=collocated"])
+    (plain,) = instance_specs(session_input(plain_run), plain_run.backend, "m", tmp_path)
     assert "--scheduler-cls" not in plain.args and ws.RULE_FILE_ENV not in plain.env
 
 

@@ -16,11 +16,15 @@ module that calls :func:`register_backend` when imported).
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence
 
 from harness.core.policy import Placement
 from harness.core.registry import Registry, Spec
+
+if TYPE_CHECKING:  # annotations only: a backend reads the session's typed input, built by harness.run.session
+    from harness.run.session import SessionInput
 
 
 @dataclass(slots=True, eq=False)
@@ -95,28 +99,37 @@ class InstanceInfo:
     kv_capacity_tokens: int
 
 
-class Cluster(Protocol):
-    """An opened cluster: the execution side of a run (every backend implements exactly this).
+class ClusterBase:
+    """An opened cluster: the execution side of a run. Every backend's cluster derives from it (as vLLM's
+    ``SchedulerInterface`` declares every hook of a scheduler): the session and the controller call each
+    hook below directly, never probe for one.
 
-    ``clock``: ``now()`` (s) and ``call_at(t, fn, *args)``; virtual time on the simulator, wall time
-    since the measured window began on a real backend.
+    Required (no default; a backend defines them): ``infos`` (a :class:`InstanceInfo` per instance, in
+    index order), ``clock`` (``now()`` s and ``call_at(t, fn, *args)``; virtual time on the simulator, wall
+    time since the measured window began on a real backend; ``harness.core.clock``), :meth:`start_turn`,
+    :meth:`observe`, :meth:`drive`. Optional, with the default body stated: :meth:`observe_load`,
+    :meth:`set_batch_rule`, :meth:`progress`, :meth:`power_w`, :meth:`energy_j`, :meth:`preemptions`,
+    :meth:`measured`.
     """
 
     infos: tuple[InstanceInfo, ...]
     clock: Any
 
     def start_turn(self, job: TurnJob) -> None:
-        """Begin executing ``job`` now; the job's callbacks report progress."""
+        """Begin executing ``job`` now; the job's callbacks report progress.
+
+        Raises:
+            NotImplementedError: a backend that does not define it.
+        """
+        raise NotImplementedError(f"{type(self).__name__}.start_turn")
 
     def observe(self) -> tuple[InstanceState, ...]:
-        """Current state of each instance."""
+        """Current state of each instance.
 
-    # Optional: ``observe_load() -> tuple[tuple[int, int, int], ...]``, per instance ``(kv_used_tokens,
-    # num_running, num_waiting)`` as ``observe`` would give them, without the energy (the controller's
-    # view needs only these; a backend without it is observed through ``observe``).
-
-    def power_w(self) -> list[float]:
-        """Current power draw per instance, W (NaN where not observed)."""
+        Raises:
+            NotImplementedError: a backend that does not define it.
+        """
+        raise NotImplementedError(f"{type(self).__name__}.observe")
 
     def drive(self, start: Callable[[], None], done: Callable[[], bool], on_tick: Callable[[], None],
               tick_s: Optional[float]) -> str:
@@ -127,16 +140,49 @@ class Cluster(Protocol):
 
         Raises:
             Exception: whatever the controller or a policy raised, at once (the run then ends).
+            NotImplementedError: a backend that does not define it.
         """
+        raise NotImplementedError(f"{type(self).__name__}.drive")
+
+    def observe_load(self) -> tuple[tuple[int, int, int], ...]:
+        """Per instance ``(kv_used_tokens, num_running, num_waiting)`` as :meth:`observe` gives them, without
+        the energy (the controller's view needs only these). Default: read from :meth:`observe`."""
+        return tuple((s.kv_used_tokens, s.num_running, s.num_waiting) for s in self.observe())
+
+    def set_batch_rule(self, instance_index: int, rule: Any) -> None:
+        """Install a policy's engine batch rule (``harness.core.batching.BatchRule``) on instance
+        ``instance_index``.
+
+        Raises:
+            ValueError: by default: this backend's engines take no batch rule (a backend whose config sets
+                ``BackendConfig.supports_batch_rules`` overrides it).
+        """
+        raise ValueError(f"this backend ({type(self).__name__}) cannot take an engine batch rule")
+
+    def progress(self) -> None:
+        """The controller's note that the run may be done without a turn finishing (a duration stop), for a
+        backend whose :meth:`drive` waits on events (a wall-clock loop). Default: nothing (a virtual clock
+        re-checks ``done()`` after every event)."""
+
+    def power_w(self) -> list[float]:
+        """Current power draw per instance, W. Default: NaN for each (not observed)."""
+        return [math.nan] * len(self.infos)
 
     def energy_j(self, end_s: float) -> list[float]:
-        """Energy per instance over the measured window up to ``end_s``, J."""
+        """Energy per instance over the measured window up to ``end_s`` (s), J. Default: NaN for each."""
+        return [math.nan] * len(self.infos)
 
     def preemptions(self) -> int:
-        """Preemptions over the run (all instances)."""
+        """Preemptions over the run (all instances). Default: 0 (none observed)."""
+        return 0
 
     def measured(self) -> dict:
-        """Backend-specific measurements for ``summary.json`` (e.g. server start-up times)."""
+        """Backend-specific measurements for ``summary.json`` (e.g. server start-up times). Default: none."""
+        return {}
+
+
+Cluster = ClusterBase
+"""The name the session and the docs use for an opened cluster: :class:`ClusterBase`."""
 
 
 class BackendConfig:
@@ -146,16 +192,22 @@ class BackendConfig:
     supports_batch_rules: ClassVar[bool] = False
     """Its engines take a policy's batch rule (``harness.core.batching``; the simulator, launched vLLM servers)."""
 
-    def validate(self, run: Any) -> None:
-        """Check the backend's own keys against the run (a ``harness.run.config.Resolved``); raise ``ValueError``
-        naming the key. Default: nothing to check."""
+    def validate(self, inp: "SessionInput") -> None:
+        """Check the backend's own keys (``self``: the ``backend`` node, this dataclass) against the run's typed
+        input ``inp`` (a ``harness.run.session.SessionInput``: instances, model, engine, link, scheduler,
+        workload shape, ``log_steps``); called by ``harness.run.config.resolve`` before anything runs.
+
+        Raises:
+            ValueError: naming the key (``backend.<key>``, or the other group's key it conflicts with).
+                Default: nothing to check.
+        """
 
     def context_limit(self) -> Optional[int]:
         """The context the backend serves with when shorter than the model's (e.g. vLLM's
         ``--max-model-len``), tokens; ``None``: the model's own (``model.max_model_len``)."""
         return None
 
-    def check_batch_rules(self, inp: Any, rules: Sequence[Any]) -> None:
+    def check_batch_rules(self, inp: "SessionInput", rules: Sequence[Any]) -> None:
         """Raise ``ValueError`` if a rule of ``rules`` (the policy's, one per instance that has one) cannot run
         on this backend (``inp``: the run's ``harness.run.session.SessionInput``). Default: every rule can (only
         read when ``supports_batch_rules``)."""
@@ -164,9 +216,11 @@ class BackendConfig:
 BackendSpec = Spec
 """A registered backend (``harness.core.registry.Spec``): its name, config dataclass (a :class:`BackendConfig`
 subclass: the ``backend`` config node's schema and its hooks) and
-``open(run, run_dir, *, conversations, ...) -> ContextManager[Cluster]``
-(``run``: a ``harness.run.config.Resolved``; ``conversations``: the workload's ``(arrival_s, record)`` pairs,
-for what a backend derives from them, e.g. which KV blocks they share)."""
+``open(inp, cfg, run_dir, *, conversations, ...) -> ContextManager[ClusterBase]``
+(``inp``: the run's ``harness.run.session.SessionInput``; ``cfg``: the backend's own config, an instance of its
+config dataclass, already validated; ``run_dir``: the run's output directory, or None; ``conversations``: the
+workload's ``(arrival_s, record)`` pairs, for what a backend derives from them, e.g. which KV blocks they
+share). No backend reads the whole run config."""
 
 _BACKENDS = Registry("backend")
 _BUILTIN = ("harness.sim.plugin", "harness.vllm.plugin")

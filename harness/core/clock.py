@@ -10,17 +10,38 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # asyncio (~10 ms to import) only names AsyncioClock's loop type; a simulated run never loads it
     import asyncio
 
 
+class Priority(IntEnum):
+    """Order of events due at the same virtual time (lower first), as SimPy's ``URGENT`` / ``NORMAL``.
+
+    ``ENGINE`` (0): an engine's step begin and end, its timers, and a KV transfer's completion
+    (``harness.sim.engine``, ``harness.sim.backend``). They run first so that a turn finishing (or a
+    transfer landing) at t is recorded, and its KV blocks freed, before anything else decides at t.
+    ``CONTROL`` (1, the default): the controller's arrivals, ready turns and rechecks
+    (``harness.core.controller``), so a turn that becomes ready at t sees the cluster as the engines
+    left it at t.
+    ``TICK`` (2): the periodic observer tick (``harness.sim.backend.SimCluster.drive``), last, so the
+    state it samples at t is the state after every engine and controller event at t.
+    Ties within a priority go to the earlier-scheduled event (insertion order).
+    """
+
+    ENGINE = 0
+    CONTROL = 1
+    TICK = 2
+
+
 class SimClock:
     """Virtual time in seconds, advanced by ``run``.
 
-    Priorities (lower first at equal times): engine step ends and transfers (0) before controller
-    timers (1), so a turn finishing at t is recorded before a new turn that becomes ready at t.
+    Priorities (lower first at equal times, :class:`Priority`): engine step ends and transfers
+    (``ENGINE``) before controller timers (``CONTROL``) before the observer tick (``TICK``), so a turn
+    finishing at t is recorded before a new turn that becomes ready at t.
     """
 
     __slots__ = ("_q", "_seq", "_now", "events")
@@ -35,8 +56,9 @@ class SimClock:
         """Current virtual time, s."""
         return self._now
 
-    def call_at(self, t: float, fn: Callable[..., Any], *args: Any, priority: int = 1) -> None:
-        """Run ``fn(*args)`` at virtual time ``t`` (s).
+    def call_at(self, t: float, fn: Callable[..., Any], *args: Any, priority: int = Priority.CONTROL) -> None:
+        """Run ``fn(*args)`` at virtual time ``t`` (s), ordered among events due at ``t`` by ``priority``
+        (:class:`Priority`), then by insertion.
 
         Raises:
             ValueError: if ``t`` is earlier than now or not finite ("negative delay").
@@ -106,7 +128,7 @@ class AsyncioClock:
         """A ``time.perf_counter()`` stamp (s) as run time (s since ``start()``)."""
         return perf_s - self._t0
 
-    def call_at(self, t: float, fn: Callable[..., Any], *args: Any, priority: int = 1) -> None:
+    def call_at(self, t: float, fn: Callable[..., Any], *args: Any, priority: int = Priority.CONTROL) -> None:
         """Run ``fn(*args)`` at ``t`` s after start (immediately if ``t`` is past).
 
         The delay is taken on ``perf_counter`` now and handed to the loop's own timer (``call_later``).

@@ -111,7 +111,7 @@ class Controller:
         # the last InstanceView of each instance and what it was built from: reused while nothing changed
         self._iv: list = [None] * n
         self._iv_key: list = [None] * n
-        self._observe_load = getattr(cluster, "observe_load", None)   # optional: observe without energy
+        self._observe_load = cluster.observe_load   # observe without energy (harness.core.backend.ClusterBase)
         # on the simulator's clock nothing changes the cluster between two calls inside one event, so the first
         # turn an admission releases is placed on the admission's view (its held count updated); a wall-clock
         # backend is observed afresh
@@ -177,9 +177,7 @@ class Controller:
         keep = [i for i, c in enumerate(self.held) if not c.done]
         self.held[:] = [self.held[i] for i in keep]
         self._queue[:] = [self._queue[i] for i in keep]
-        progress = getattr(self.backend, "progress", None)  # a wall-clock loop: let it see the run may be done
-        if progress is not None:
-            progress()
+        self.backend.progress()  # a wall-clock loop: let it see the run may be done (ClusterBase: a no-op by default)
 
     @property
     def finished(self) -> bool:
@@ -191,10 +189,7 @@ class Controller:
 
         Cost O(instances) while no instance's conversations changed; an instance whose conversations
         changed since the last view rebuilds its three tuples (C-level copies of its book)."""
-        if self._observe_load is not None:
-            loads = self._observe_load()
-        else:
-            loads = [(s.kv_used_tokens, s.num_running, s.num_waiting) for s in self.backend.observe()]
+        loads = self._observe_load()
         ivs, keys, infos = self._iv, self._iv_key, self.backend.infos
         for i, (kv_used, running, waiting) in enumerate(loads):
             book = self._book[i]

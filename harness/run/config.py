@@ -330,8 +330,9 @@ def resolve(dcfg: DictConfig) -> Resolved:
         raise ConfigError(f"workload.trace: {why}: {cfg.workload.trace} (looked for {trace})")
     backend_name, backend_obj = _plugin_choice(cfg.backend, "backend", backend_config)
     run = Resolved(cfg, instances, name, sched_obj, trace, backend_name, backend_obj)
+    from harness.run.inputs import session_input   # the typed input every session and backend reads
     try:
-        backend_obj.validate(run)
+        backend_obj.validate(session_input(run))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return run

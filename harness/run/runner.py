@@ -376,7 +376,7 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
             raise _NotRun(baseline_error)
         with contextlib.ExitStack() as backend:   # its close (servers' shutdown) outside `live`: a signal waits
             with intr.live("run"):
-                cluster = backend.enter_context(spec.open(run, out_dir, conversations=conversations,
+                cluster = backend.enter_context(spec.open(inp, run.backend, out_dir, conversations=conversations,
                                                           **(open_kwargs or {})))
                 res = run_session(cluster, inp, conversations, stats, run.scheduler_name, run.scheduler,
                                   recorder, oracle=oracle, tick_s=cfg.logger.metrics_interval_s,

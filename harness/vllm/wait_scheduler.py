@@ -64,11 +64,12 @@ STEP_TIMES_SYNC_SCHEDULER_CLS = "harness.vllm.wait_scheduler.StepTimesSyncSchedu
 STEP_TIMES_FORMAT = 1
 
 
-def forms_batches(run: Any) -> bool:
-    """True when the run's scheduler forms batches inside the engine (registered with ``forms_batches=True``,
-    ``harness.core.registry.SchedulerSpec``): its servers then run :data:`SCHEDULER_CLS`."""
+def forms_batches(scheduler_name: str) -> bool:
+    """True when the scheduler variant ``scheduler_name`` (``scheduler.name``) forms batches inside the engine
+    (registered with ``forms_batches=True``, ``harness.core.registry.SchedulerSpec``): its servers then run
+    :data:`SCHEDULER_CLS`."""
     from harness.core.policy import registry
-    return registry()[run.scheduler_name].forms_batches
+    return registry()[scheduler_name].forms_batches
 
 
 class Tracker:
