@@ -209,6 +209,17 @@ def test_a_quiet_calibration_is_fitted_then_a_loaded_repeat_stops_the_judgement(
     assert p["refused"].startswith("1-minute load average 2.60 after heldout_1")
 
 
+def test_the_command_exits_2_naming_the_figure(machine, tmp_path, capsys):
+    from harness.tools.fidelity import main
+    machine[:] = [3.1]
+    held = ["backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute", "engine.block_size=128"]
+    assert main(["protocol", "--profile", "cpu", "--out", str(tmp_path / "p"), "--heldout", *held]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("refused: 1-minute load average 3.10 before calibration > bound 2.00 (1 x 2 CPUs)")
+    assert json.loads((tmp_path / "p" / "protocol.json").read_text())["refused"] in err
+    assert not (tmp_path / "p" / "calibration").exists()
+
+
 def test_fewer_than_three_repeats_is_bad_input(tmp_path, capsys):
     from harness.tools.fidelity import main
     assert main(["protocol", "--profile", "cpu", "--out", str(tmp_path / "p"), "--repeats", "2",
@@ -245,3 +256,11 @@ def test_engine_clock_rows_from_spans_by_hand(tmp_path):
     # ITL: real decode / (output - 1) = 0.09 / 9, 0.05 / 5 = 0.01 both; sim TPOT 0.01, 0.02
     assert r["engine_itl_mean_s"] == pytest.approx({"real": 0.01, "sim": 0.015})
     assert r["engine_requests"] == {"real": 2.0, "sim": 2.0}
+
+
+def test_bad_overrides_are_bad_input_before_anything_is_launched(tmp_path, capsys):
+    from harness.tools.fidelity import main
+    held = ["backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "engine.block_size=16"]
+    assert main(["protocol", "--profile", "cpu", "--out", str(tmp_path / "p"), "--heldout", *held]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --heldout: engine.block_size=16") and not (tmp_path / "p").exists()

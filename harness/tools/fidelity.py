@@ -16,6 +16,9 @@ client's clocks, 1 when one is missed, 2 on bad arguments (a missing run directo
 profile, bad ``--launch`` overrides, a simulator run or a partial run as the real side without
 ``--allow-sim-real`` / ``--allow-partial``), 3 when the ``--launch`` run failed, 130 when interrupted.
 
+Subcommands: ``steps`` (per-step fidelity, ``harness.tools.steps``) and ``protocol`` (calibration, per-step fit and
+>= 3 held-out repeats, refused on contention, judged on the engine and server clocks: ``harness.tools.protocol``).
+
 The maximum sustainable rate is not measured here: on the real side it needs a series of runs at rising
 rates per workload (minutes each on the shared CPU), more than a fidelity check can afford; the report says so.
 """

@@ -329,11 +329,9 @@ def protocol_main(argv: Sequence[str]) -> int:
                 raise ValueError(f"{what}: {e}") from None
         s = protocol(a.out, a.profile, a.heldout, a.calibration, a.repeats, a.skip_steps, a.max_load_per_cpu,
                      a.max_dispersion)
-    except st.Contended as e:
-        print(f"refused: {e} (figures in {a.out / 'protocol.json'})", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (FileNotFoundError, ValueError) as e:   # st.Contended is a ValueError: a refusal, with its figures
+        refused = isinstance(e, st.Contended)
+        print(f"refused: {e} (figures in {a.out / 'protocol.json'})" if refused else f"error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:
         print(f"error: a launched run failed: {e} (what was measured: {a.out / 'protocol.json'})", file=sys.stderr)
