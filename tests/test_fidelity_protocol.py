@@ -260,7 +260,7 @@ def test_engine_clock_rows_from_spans_by_hand(tmp_path):
 
 def test_bad_overrides_are_bad_input_before_anything_is_launched(tmp_path, capsys):
     from harness.tools.fidelity import main
-    held = ["backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "engine.block_size=16"]
+    held = ["backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute", "engine.block_size=16"]
     assert main(["protocol", "--profile", "cpu", "--out", str(tmp_path / "p"), "--heldout", *held]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --heldout: engine.block_size=16") and not (tmp_path / "p").exists()
