@@ -13,6 +13,7 @@ import yaml
 
 from harness.run.config import PROJECT_ROOT
 from harness.tools import protocol as pr
+from harness.tools.fidelity import protocol
 from harness.tools.steps import Contended
 
 
@@ -172,7 +173,7 @@ def test_a_loaded_machine_is_refused_before_anything_is_launched(machine, tmp_pa
     machine[:] = [3.1]
     launched = []
     with pytest.raises(Contended, match=r"1-minute load average 3.10 before calibration > bound 2.00"):
-        pr.protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: launched.append(d))
+        protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: launched.append(d))
     assert launched == []
     p = json.loads((tmp_path / "protocol.json").read_text())
     assert p["refused"].startswith("1-minute load average 3.10 before calibration")
@@ -183,7 +184,7 @@ def test_a_loaded_machine_is_refused_before_anything_is_launched(machine, tmp_pa
 def test_a_run_whose_steps_spread_is_refused_before_the_fit(machine, tmp_path):
     machine[:] = [0.5, 1.5]       # before, after: both under 2.00
     with pytest.raises(Contended, match=r"decode step-time dispersion .* of calibration .* > bound 25%"):
-        pr.protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: write_run(d, spread=1.5), skip_steps=0)
+        protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: write_run(d, spread=1.5), skip_steps=0)
     p = json.loads((tmp_path / "protocol.json").read_text())
     f = p["runs"]["calibration"]["figures"]
     assert f["loadavg_before"] == 0.5 and f["loadavg_after"] == 1.5 and f["step_dispersion"] > 0.25
@@ -198,7 +199,7 @@ def test_a_quiet_calibration_is_fitted_then_a_loaded_repeat_stops_the_judgement(
         runs.append(d.name)
         write_run(d, spread=0.05)
     with pytest.raises(Contended, match=r"1-minute load average 2.60 after heldout_1 > bound 2.00"):
-        pr.protocol(tmp_path, "cpu", ["backend=vllm"], launch=launch, skip_steps=0)
+        protocol(tmp_path, "cpu", ["backend=vllm"], launch=launch, skip_steps=0)
     assert runs == ["calibration", "heldout_1"]
     p = json.loads((tmp_path / "protocol.json").read_text())
     assert p["runs"]["calibration"]["figures"]["step_dispersion"] < 0.25
@@ -227,7 +228,7 @@ def test_fewer_than_three_repeats_is_bad_input(tmp_path, capsys):
     assert "--repeats 2: the protocol needs >= 3 held-out repeats" in capsys.readouterr().err
     assert not (tmp_path / "p").exists()
     with pytest.raises(ValueError, match="needs >= 3"):
-        pr.protocol(tmp_path / "q", "cpu", ["backend=vllm"], repeats=1)
+        protocol(tmp_path / "q", "cpu", ["backend=vllm"], repeats=1)
 
 
 def test_engine_clock_rows_from_spans_by_hand(tmp_path):

@@ -31,13 +31,15 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from harness.tools.calibrate import kv_mem_bytes, load_profile, load_run_config, partial_run, run_means
 from harness.core.profiles import HardwareConfig, ModelConfig
+from harness.tools import protocol as pr
+from harness.tools import steps as st
 
 # the field's targets (issue 20; anchors below): mean E2E and mean TPOT/ITL within 10 %, mean TTFT within 20 %,
 # judged on vLLM's own clocks where the real run has them (the simulator has no API-server or client term)
@@ -405,6 +407,150 @@ def launch_real(overrides: Sequence[str], out_dir: Path) -> Path:
     return out_dir
 
 
+# ---- the protocol (issue 33; its rules: harness.tools.protocol) ----------------------------------------------------
+
+def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: Sequence[str] = pr.CALIBRATION_OVERRIDES,
+             repeats: int = pr.MIN_REPEATS, skip_steps: int = 8, max_load_per_cpu: float = pr.MAX_LOAD_PER_CPU,
+             max_dispersion: float = pr.MAX_DISPERSION, launch: Optional[Callable] = None) -> dict:
+    """Calibrate, fit per step, then replay the held-out workload ``repeats`` times back to back (module docstring).
+
+    Writes into ``out``: ``calibration/`` (real run), ``<base>_protocol.yaml`` (the per-step fit,
+    ``harness.tools.steps.fit_steps``, its header listing every term as fitted or fixed at its prior),
+    ``heldout_<k>/`` (real runs, each with ``fidelity/`` holding ``fidelity.md`` and the per-regime ``steps.md``), and
+    ``protocol.json``, rewritten after every step: each run's figures (load before / after, dispersion), the bounds,
+    then the fit and the rows (:func:`protocol_rows`), or ``refused`` with the reason. ``launch(overrides, dir)`` runs
+    a real side (default ``harness.tools.fidelity.launch_real``). Returns the ``protocol.json`` dict.
+
+    Raises:
+        ValueError: ``repeats`` < ``pr.MIN_REPEATS``.
+        harness.tools.steps.Contended: a run's figures are over a bound (:func:`contention_problem`); nothing is
+            fitted or judged after it.
+        FileNotFoundError: a run wrote no step-time log.
+        RuntimeError: a launched run failed (its partial results are written).
+    """
+    from harness.core.profiles import ModelConfig
+    from harness.core.recorder import write_json
+    from harness.sim.perf import PerfModel
+    from harness.tools.inputs import load_profile, load_run_config
+    if repeats < pr.MIN_REPEATS:
+        raise ValueError(f"--repeats {repeats}: the protocol needs >= {pr.MIN_REPEATS} held-out repeats")
+    launch = launch or launch_real
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict = {"bounds": {"loadavg_1min_per_cpu": max_load_per_cpu, "decode_dispersion": max_dispersion,
+                                "min_repeats": pr.MIN_REPEATS},
+                     "runs": {}, "calibration_overrides": list(calibration), "heldout_overrides": list(heldout),
+                     "repeats": repeats, "deciding_targets": pr.DECIDING, "shown_targets": pr.SHOWN, "anchors": ANCHORS}
+
+    def save():
+        write_json(summary, out / "protocol.json")
+
+    def real_run(name: str, overrides: Sequence[str]):
+        before = pr.machine_state()
+        fig = {"run": name, "ncpu": before["ncpu"], "loadavg_before": before["loadavg"][0]}
+        summary["runs"][name] = {"before": before, "figures": fig}
+        save()
+        why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion)
+        if not why:
+            try:
+                launch(overrides, out / name)
+            except (RuntimeError, KeyboardInterrupt) as e:   # its partial results are in out / name
+                summary["runs"][name]["failed"] = f"{type(e).__name__}: {e}"
+                save()
+                raise
+            after = pr.machine_state()
+            steps, d, n = pr.run_steps(out / name, skip_steps)
+            fig.update(loadavg_after=after["loadavg"][0], step_dispersion=d, dispersion_steps=n)
+            summary["runs"][name]["after"] = after
+            why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion)
+        if why:
+            summary["refused"] = why
+            save()
+            raise st.Contended(why)
+        save()
+        return steps
+
+    base = load_profile(base_profile)
+    cal = real_run("calibration", calibration)
+    model = ModelConfig(**load_run_config(out / "calibration")["model"])
+    fit = st.fit_steps(cal, base, model)
+    name = f"{base.name}_protocol"
+    fig_cal = summary["runs"]["calibration"]["figures"]
+    fit["hw"] = dataclasses.replace(fit["hw"], name=name)
+    extra = {"decode_start_excess": st.decode_start_excess(cal, st.replay(cal, PerfModel(fit["hw"], model))),
+             "api_frontend_ttft": st.api_frontend(out / "calibration")}
+    prof = out / f"{name}.yaml"
+    prof.write_text(st.steps_profile_yaml(fit, out / "calibration", base.name, fig_cal, extra))
+    load_profile(str(prof))   # it loads and validates
+    summary["profile"] = str(prof)
+    summary["fit"] = {"terms": fit["terms"], "n_steps": fit["n_steps"], "dropped_outliers": fit["dropped_outliers"],
+                      "rel_se_bound": fit["rel_se_bound"], **extra}
+    save()
+    metrics = []
+    for k in range(1, repeats + 1):
+        d = out / f"heldout_{k}"
+        real_run(d.name, heldout)
+        res = fidelity(d, str(prof), d / "fidelity")
+        st.steps_report(d, str(prof), d / "fidelity", skip_steps, check=False)
+        metrics.append(res["comparison"]["metrics"])
+        summary["runs"][d.name]["fidelity"] = str(d / "fidelity" / "fidelity.md")
+        save()
+    summary["metrics"] = pr.protocol_rows(metrics)
+    summary["exit_status"] = pr.decision(summary["metrics"])
+    save()
+    return summary
+
+
+def protocol_main(argv: Sequence[str]) -> int:
+    """``python -m harness.tools.fidelity protocol``: see :func:`protocol`."""
+    ap = argparse.ArgumentParser(
+        prog="python -m harness.tools.fidelity protocol", description=protocol.__doc__.split("\n\n")[0],
+        epilog=f"Bounds: 1-minute load average before and after each real run <= --max-load-per-cpu x the machine's "
+               f"CPUs; each run's decode step-time dispersion <= --max-dispersion; >= {pr.MIN_REPEATS} held-out repeats. "
+               f"Verdicts on the engine and server clocks (the client clock shown, never deciding); 'within noise' "
+               f"only when the real side's spread is under the target. Exit status: 0 every deciding metric met or "
+               f"within noise; 1 one missed, unresolved or without data; 2 bad input, or refused: a contended run "
+               f"(the message names the figure and its bound; nothing fitted or judged after it); 3 a launched run "
+               f"failed; 130 interrupted. docs/fidelity_cpu.md, \"The protocol\".")
+    ap.add_argument("--profile", required=True, help="base hardware profile (its unfitted fields are kept)")
+    ap.add_argument("--out", type=Path, required=True, help="directory for the runs, the profile and protocol.json")
+    ap.add_argument("--calibration", nargs="+", default=list(pr.CALIBRATION_OVERRIDES),
+                    help="Hydra overrides of the calibration run (backend=vllm ...; default workload=calibration_steps_cpu)")
+    ap.add_argument("--heldout", nargs="+", required=True, help="Hydra overrides of the held-out run (backend=vllm ...)")
+    ap.add_argument("--repeats", type=int, default=pr.MIN_REPEATS, help=f"held-out repeats (>= {pr.MIN_REPEATS})")
+    ap.add_argument("--skip-steps", type=int, default=8, help="first logged steps per instance left out (warm-up)")
+    ap.add_argument("--max-load-per-cpu", type=float, default=pr.MAX_LOAD_PER_CPU,
+                    help="bound of the 1-minute load average per CPU, before and after each run")
+    ap.add_argument("--max-dispersion", type=float, default=pr.MAX_DISPERSION,
+                    help="bound of a run's decode step-time dispersion (IQR / median within a composition)")
+    a = ap.parse_args(argv)
+    from harness.run.config import ConfigError
+    try:
+        if a.repeats < pr.MIN_REPEATS:
+            raise ValueError(f"--repeats {a.repeats}: the protocol needs >= {pr.MIN_REPEATS} held-out repeats")
+        check_profile(a.profile)
+        for what, ov in (("--calibration", a.calibration), ("--heldout", a.heldout)):
+            try:
+                compose_real(ov)   # both valid backend=vllm runs, before anything is launched
+            except ConfigError as e:
+                raise ValueError(f"{what}: {e}") from None
+        s = protocol(a.out, a.profile, a.heldout, a.calibration, a.repeats, a.skip_steps, a.max_load_per_cpu,
+                     a.max_dispersion)
+    except (FileNotFoundError, ValueError) as e:   # st.Contended is a ValueError: a refusal, with its figures
+        refused = isinstance(e, st.Contended)
+        print(f"refused: {e} (figures in {a.out / 'protocol.json'})" if refused else f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"error: a launched run failed: {e} (what was measured: {a.out / 'protocol.json'})", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print(f"interrupted (what was measured: {a.out / 'protocol.json'})", file=sys.stderr)
+        return 130
+    print(pr.rows_text(s["metrics"]))
+    print(json.dumps({k: v["figures"] for k, v in s["runs"].items()}, default=str))
+    return s["exit_status"]
+
+
 def check_profile(path_or_name: str) -> HardwareConfig:
     """``harness.tools.inputs.load_profile`` with every way a profile can be bad (not YAML, not a mapping,
     an unknown, missing or out-of-range field) as one ``ValueError`` line naming the profile; run before
@@ -426,8 +572,7 @@ def check_profile(path_or_name: str) -> HardwareConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["protocol"]:   # the protocol (issue 33): harness.tools.protocol
-        from harness.tools.protocol import protocol_main
+    if argv[:1] == ["protocol"]:   # the protocol (issue 33; its rules: harness.tools.protocol)
         return protocol_main(argv[1:])
     if argv[:1] == ["steps"]:   # per-step fidelity (issue 33): harness.tools.steps
         from harness.tools.steps import steps_main
