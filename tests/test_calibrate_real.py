@@ -29,6 +29,16 @@ from tests.conftest import compose_cfg, compose_run, free_port_base
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
+# The bounds this test asserts, each from a measurement docs/fidelity_cpu.md records ("The bounds of
+# tests/test_calibrate_real.py"); contention only slows steps and widens their spread, so each bound is one a
+# loaded machine still meets:
+# - identification (harness.tools.steps.REL_SE_BOUND): a coefficient is fitted with a relative standard error
+#   <= 50 %, or reported fixed at its prior with the reason;
+# - the request-level fit reproduces vLLM's run-wide mean ITL within ITL_BOUND = 30 %: the quiet protocol fit's
+#   in-sample error of the engine decode class's mean time (-7.0 %) plus the real side's own run-to-run spread of
+#   mean ITL between two quiet repeats (20.5 %), 27.5 %, rounded up.
+ITL_BOUND = 0.30
+
 COMMON = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128",
           "cluster=cpu_1x", "scheduler=collocated", "logger.steps=true"]
 
@@ -108,9 +118,9 @@ def test_calibrate_then_fidelity_on_a_held_out_workload(server, tmp_path):
     server_itl = itl["sum"] / itl["count"]
     assert 0 < p["step_overhead_s"] < server_itl, (p, server_itl)
     # identification, per step (issue 33): the servers logged every step's batch and wall time; the per-step fit
-    # identifies the per-step and per-decode-sequence costs (relative SE under the stated 50 % bound: 8 % and
-    # 6 % on a 40-request calibration_cpu run beside a load average of 10, docs/fidelity_cpu.md), and every
-    # other term is either fitted under the bound or reported fixed at its prior with the reason
+    # identifies the per-step and per-decode-sequence costs (relative SE under the stated 50 % bound; quiet: 2.4 %
+    # and 23.8 % on 611 steps, beside a load average of 10: 8.4 % and 5.6 % on 179 steps, docs/fidelity_cpu.md), and
+    # every other term is either fitted under the bound or reported fixed at its prior with the reason
     from harness.tools.steps import REL_SE_BOUND, fit_steps, load_step_times
     from harness.core.profiles import ModelConfig
     from harness.tools.calibrate import load_run_config
@@ -121,16 +131,26 @@ def test_calibrate_then_fidelity_on_a_held_out_workload(server, tmp_path):
     # every generated token after the warm-up came out of a logged step (decodes + prompts completed)
     assert int(steps.decode_seqs.sum() + steps.prefill_samples.sum()) <= int(turns.output_tokens.sum())
     sf = fit_steps(steps, load_profile("cpu"), ModelConfig(**load_run_config(cal_dir)["model"]))
+    print(f"per-step fit on {sf['n_steps']} steps: " + "; ".join(
+        f"{k} {v['value']:.4g} (rel. SE {v['rel_se']:.1%}, {v['status']})" for k, v in sf["terms"].items()))
     for k in ("step_overhead_s", "decode_seq_s"):
         assert sf["terms"][k]["status"] == "fitted" and sf["terms"][k]["rel_se"] <= REL_SE_BOUND, sf["terms"]
     for k, v in sf["terms"].items():
         assert (v["status"] == "fitted" and v["rel_se"] <= REL_SE_BOUND) or v["status"].startswith("fixed at prior: "), (k, v)
-    for k in FITTED[1:]:
-        assert 0 < p[k] <= 1.0, (k, p)
-    # the fitted model reproduces vLLM's run-wide mean ITL (its least-noisy observation) within 30 %
+    # a decode step costs its intercept plus its (positive) work: the intercept is below vLLM's own mean ITL
+    assert 0 < sf["terms"]["step_overhead_s"]["value"] < server_itl, (sf["terms"]["step_overhead_s"], server_itl)
+    # the request-level fit reports each coefficient's relative SE; those over 50 % are named poorly identified in
+    # the profile's header, the others not
+    assert set(report["rel_se"]) >= set(FITTED)
+    tag = "# poorly identified by this run (relative standard error >= 50 %): "
+    named = [ln[len(tag):].split(", ") for ln in profile_yaml(res.hw, report, "cpu").splitlines() if ln.startswith(tag)]
+    named = named[0] if named else []
+    for k in FITTED:
+        assert (k in named) == (not report["rel_se"][k] < 0.5), (k, report["rel_se"], named)
+    # the fitted model reproduces vLLM's run-wide mean ITL (its least-noisy observation) within ITL_BOUND
     g = res.groups
     itl_obs = g[g.cls == "server_itl_mean"]
-    assert len(itl_obs) == 1 and abs(float(itl_obs.rel_err.iloc[0])) < 0.30, report["residuals"]
+    assert len(itl_obs) == 1 and abs(float(itl_obs.rel_err.iloc[0])) < ITL_BOUND, report["residuals"]
     out = tmp_path / "cpu_test.yaml"
     out.write_text(profile_yaml(res.hw, report, "cpu"))
     hw = load_profile(str(out))

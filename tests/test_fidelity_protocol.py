@@ -1,34 +1,267 @@
-"""harness.tools.fidelity's protocol verdict on hand-made errors and run-to-run spreads."""
+"""The fidelity protocol's rules (harness.tools.protocol, issue 33) on hand-made numbers, each expected value worked
+out by hand in the comment beside it; then the protocol's refusals on stand-in runs (a launch that writes a
+step-time log, the load average set by the test): no server is started."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
-from harness.tools.fidelity import FIELD_TARGETS, protocol_rows, protocol_verdict
+import pytest
+import yaml
 
-
-def test_verdict_within_noise_met_missed():
-    assert protocol_verdict(0.04, 0.06, 0.10) == "within noise"     # |err| below the real side's own spread
-    assert protocol_verdict(-0.08, 0.02, 0.10) == "met"              # above the noise, within the target
-    assert protocol_verdict(0.25, 0.05, 0.20) == "missed"
-    assert protocol_verdict(0.12, 0.30, 0.10) == "within noise"      # a miss the noise cannot tell apart
-    assert protocol_verdict(0.10, 0.10, 0.10) == "met"               # equal to the spread is not below it
-    assert protocol_verdict(0.05, math.nan, 0.10) == "met"           # no spread: judged on the target only
-    assert protocol_verdict(math.nan, 0.1, 0.1) == "no data"
+from harness.run.config import PROJECT_ROOT
+from harness.tools import protocol as pr
+from harness.tools.fidelity import protocol
+from harness.tools.steps import Contended
 
 
-def test_rows_take_the_larger_error_and_the_real_spread():
-    # real E2E 2.0 s then 2.1 s (spread 5 %); sim errors +3 % and -7 %: the larger (-7 %) is above the
-    # noise and within 10 %: met. TTFT: real 0.100 then 0.150 (spread 50 %), errors +30 %/-13 %: within noise.
-    # ITL: real 10 ms twice (spread 0), errors +12 %, +11 %: missed (target 10 %).
-    first = {"server_e2e_mean_s": {"real": 2.0, "err": 0.03}, "server_ttft_mean_s": {"real": 0.100, "err": 0.30},
-             "server_itl_mean_s": {"real": 0.010, "err": 0.12}}
-    repeat = {"server_e2e_mean_s": {"real": 2.1, "err": -0.07}, "server_ttft_mean_s": {"real": 0.150, "err": -0.13},
-              "server_itl_mean_s": {"real": 0.010, "err": 0.11}}
-    rows = protocol_rows(first, repeat)
-    assert abs(rows["server_e2e_mean_s"]["spread"] - 0.05) < 1e-12
-    assert rows["server_e2e_mean_s"]["verdict"] == "met"
-    assert abs(rows["server_ttft_mean_s"]["spread"] - 0.5) < 1e-12
-    assert rows["server_ttft_mean_s"]["verdict"] == "within noise"
-    assert rows["server_itl_mean_s"]["verdict"] == "missed"
-    assert FIELD_TARGETS == {"server_e2e_mean_s": 0.10, "server_ttft_mean_s": 0.20, "server_itl_mean_s": 0.10}
+# ---- contention ---------------------------------------------------------------------------------------------------
+
+def test_contention_names_the_figure_and_its_bound():
+    # 2 CPUs x 1.0 per CPU: bound 2.00 on the 1-minute load average
+    assert pr.contention_problem({"run": "calibration", "ncpu": 2, "loadavg_before": 3.1}) == (
+        "1-minute load average 3.10 before calibration > bound 2.00 (1 x 2 CPUs): the machine was contended; "
+        "rerun on a quiet machine")
+    why = pr.contention_problem({"run": "heldout_2", "ncpu": 2, "loadavg_before": 1.2, "loadavg_after": 2.4})
+    assert why.startswith("1-minute load average 2.40 after heldout_2 > bound 2.00")
+    # the loads pass, the run's own decode steps spread 31 % > 25 %
+    why = pr.contention_problem({"run": "heldout_1", "ncpu": 2, "loadavg_before": 1.2, "loadavg_after": 1.9,
+                                 "step_dispersion": 0.31, "dispersion_steps": 120})
+    assert why.startswith("decode step-time dispersion 31.0% of heldout_1 (IQR / median within a composition, "
+                          "120 steps) > bound 25%")
+    # no composition seen 3 times: the run cannot show it was quiet
+    assert "not measurable" in pr.contention_problem({"ncpu": 2, "step_dispersion": math.nan, "dispersion_steps": 0})
+
+
+def test_contention_bounds_are_strict_and_scale_with_the_cpus():
+    # the quiet per-step run of docs/fidelity_cpu.md: load 0.44 before, 1.73 after, dispersion 6.2 %
+    assert pr.contention_problem({"ncpu": 2, "loadavg_before": 0.44, "loadavg_after": 1.73,
+                                  "step_dispersion": 0.062, "dispersion_steps": 294}) == ""
+    assert pr.contention_problem({"ncpu": 2, "loadavg_after": 2.0, "step_dispersion": 0.25}) == ""   # at, not over
+    assert pr.contention_problem({"ncpu": 16, "loadavg_before": 8.0}) == ""                        # 8 <= 16
+    # a stricter bound: 0.25 x 16 = 4.00
+    assert "8.00 before the run > bound 4.00" in pr.contention_problem({"ncpu": 16, "loadavg_before": 8.0}, 0.25)
+    assert "> bound 10%" in pr.contention_problem({"ncpu": 2, "step_dispersion": 0.12}, 1.0, 0.10)
+
+
+# ---- spread and verdicts ------------------------------------------------------------------------------------------
+
+def test_spread_is_range_over_mean_of_at_least_three_repeats():
+    assert pr.repeat_spread([2.0, 2.1, 2.2]) == pytest.approx(0.2 / 2.1)          # (2.2 - 2.0) / 2.1
+    assert pr.repeat_spread([1.0, math.nan, 2.0, 3.0]) == pytest.approx(1.0)      # (3 - 1) / 2; the NaN left out
+    assert math.isnan(pr.repeat_spread([2.0, 2.1]))                               # two repeats are not enough
+    assert math.isnan(pr.repeat_spread([2.0, math.nan, 2.1]))
+    assert math.isnan(pr.repeat_spread([0.0, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("err, spread, target, expected", [
+    (0.04, 0.06, 0.10, "within noise"),   # |err| 4 % < spread 6 % < target 10 %
+    (0.06, 0.06, 0.10, "met"),            # |err| equal to the spread is not below it; <= target
+    (-0.08, 0.02, 0.10, "met"),           # beyond the noise, within the target
+    (0.10, 0.02, 0.10, "met"),            # at the target
+    (0.25, 0.05, 0.20, "missed"),         # beyond target and noise
+    (0.25, 0.22, 0.20, "missed"),         # spread over the target, but the error is larger still
+    (-0.50, 0.59, 0.10, "unresolved"),    # issue 33's case: -50 % ITL inside a 56-62 % spread is not "within noise"
+    (0.12, 0.30, 0.10, "unresolved"),
+    (0.05, 0.12, 0.10, "unresolved"),     # under the target, but the real side moves by more than the target
+    (0.05, 0.10, 0.10, "unresolved"),     # a spread equal to the target is not under it
+    (0.05, math.nan, 0.10, "no data"),    # no spread (fewer than 3 repeats): not judged
+    (math.nan, 0.05, 0.10, "no data"),
+])
+def test_verdict(err, spread, target, expected):
+    assert pr.verdict(err, spread, target) == expected
+
+
+def m(real, sim):
+    """A compare()["metrics"] entry."""
+    return {"real": real, "sim": sim, "err": sim / real - 1}
+
+
+def repeats(table: dict) -> list:
+    """{metric: ([real per repeat], sim)} -> one metrics dict per repeat."""
+    n = len(next(iter(table.values()))[0])
+    return [{k: m(reals[i], sim) for k, (reals, sim) in table.items()} for i in range(n)]
+
+
+def test_rows_judge_against_the_mean_of_the_repeats():
+    reps = repeats({
+        # mean 4.2 ms, spread 0.4 / 4.2 = 9.5 % < 10 %; err 4.1 / 4.2 - 1 = -2.4 % < spread: within noise
+        "engine_itl_mean_s": ([4.0e-3, 4.2e-3, 4.4e-3], 4.1e-3),
+        # mean 10.5 ms, spread 1 / 10.5 = 9.5 %; err 9 / 10.5 - 1 = -14.3 %: beyond the noise, within 20 %: met
+        "engine_ttft_mean_s": ([10e-3, 10.5e-3, 11e-3], 9e-3),
+        # mean 130 ms, spread 60 / 130 = 46 % >= 10 %; err 120 / 130 - 1 = -7.7 %: unresolved
+        "engine_e2e_mean_s": ([0.100, 0.130, 0.160], 0.120),
+        # mean 141 ms, spread 2 / 141 = 1.4 %; err 100 / 141 - 1 = -29.1 %: missed
+        "server_e2e_mean_s": ([0.140, 0.141, 0.142], 0.100),
+        # client: mean 250 ms, spread 100 / 250 = 40 %; err 9 / 250 - 1 = -96.4 %: missed, shown only
+        "ttft_mean_s": ([0.200, 0.300, 0.250], 0.009)})
+    rows = pr.protocol_rows(reps)
+    r = rows["engine_itl_mean_s"]
+    assert r["err"] == pytest.approx(4.1 / 4.2 - 1) and r["spread"] == pytest.approx(0.4 / 4.2)
+    assert r["err_per_repeat"] == pytest.approx([4.1 / 4.0 - 1, 4.1 / 4.2 - 1, 4.1 / 4.4 - 1])
+    assert r["verdict"] == "within noise" and r["clock"] == "engine" and r["deciding"]
+    assert rows["engine_ttft_mean_s"]["err"] == pytest.approx(9 / 10.5 - 1)
+    assert rows["engine_ttft_mean_s"]["verdict"] == "met"
+    assert rows["engine_e2e_mean_s"]["spread"] == pytest.approx(60 / 130)
+    assert rows["engine_e2e_mean_s"]["verdict"] == "unresolved"
+    assert rows["server_e2e_mean_s"]["err"] == pytest.approx(100 / 141 - 1)
+    assert rows["server_e2e_mean_s"]["verdict"] == "missed" and rows["server_e2e_mean_s"]["clock"] == "server"
+    c = rows["ttft_mean_s"]
+    assert c["clock"] == "client" and not c["deciding"] and c["verdict"] == "missed"
+    # metrics none of the repeats has: no data (and they decide: a protocol without them cannot pass)
+    assert rows["server_itl_mean_s"]["verdict"] == "no data" and rows["server_itl_mean_s"]["deciding"]
+    assert set(rows) == set(pr.DECIDING) | set(pr.SHOWN)
+    assert pr.DECIDING == {"engine_e2e_mean_s": 0.10, "engine_ttft_mean_s": 0.20, "engine_itl_mean_s": 0.10,
+                           "server_e2e_mean_s": 0.10, "server_ttft_mean_s": 0.20, "server_itl_mean_s": 0.10}
+
+
+def test_the_client_clock_never_decides():
+    passing = {"engine_itl_mean_s": ([4.0e-3, 4.2e-3, 4.4e-3], 4.1e-3),       # within noise (above)
+               "engine_ttft_mean_s": ([10e-3, 10.5e-3, 11e-3], 9e-3)}         # met (above)
+    client_miss = {"ttft_mean_s": ([0.200, 0.300, 0.250], 0.009)}             # missed by -96 %
+    deciding = {k: pr.DECIDING[k] for k in passing}
+    rows = pr.protocol_rows(repeats({**passing, **client_miss}), deciding=deciding)
+    assert rows["ttft_mean_s"]["verdict"] == "missed" and pr.decision(rows) == 0
+    # issue 33's cancellation: the client's TTFT "met" at +19.9 % while the server was +29 % and the engine +97 %
+    # (spreads 1-2 %, under every target): the engine and server rows decide, so it fails
+    rows = pr.protocol_rows(repeats({"ttft_mean_s": ([1.0, 1.01, 0.99], 1.199),
+                                     "server_ttft_mean_s": ([1.0, 1.01, 0.99], 1.29),
+                                     "engine_ttft_mean_s": ([1.0, 1.02, 0.98], 1.97)}),
+                            deciding={"server_ttft_mean_s": 0.2, "engine_ttft_mean_s": 0.2})
+    assert rows["ttft_mean_s"]["verdict"] == "met"
+    assert rows["server_ttft_mean_s"]["verdict"] == rows["engine_ttft_mean_s"]["verdict"] == "missed"
+    assert pr.decision(rows) == 1
+    # an unresolved or data-less deciding row is no pass either
+    assert pr.decision(pr.protocol_rows(repeats({"engine_e2e_mean_s": ([0.100, 0.130, 0.160], 0.120)}),
+                                        deciding={"engine_e2e_mean_s": 0.1}, shown={})) == 1
+    assert pr.decision({}) == 1
+
+
+# ---- the protocol's refusals on stand-in runs -----------------------------------------------------------------------
+
+def write_run(run_dir, spread: float, n: int = 60):
+    """A stand-in for a launched run: its config.yaml (the tiny model) and a step-time log of ``n`` decode steps at
+    batch 1-3 and contexts 300-900 whose times within one composition spread by up to ``spread`` (steps cycle
+    through four levels 0, 1/3, 2/3, 1 x spread: IQR / median of a composition about ``spread / 2``), plus prefills."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    model = yaml.safe_load((PROJECT_ROOT / "conf" / "model" / "tiny.yaml").read_text())
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": model}))
+    lines = [{"event": "start", "loadavg": [0.5, 0.5, 0.5], "ncpu": 2}]
+    for k in range(n):
+        b = 1 + k % 3
+        ctx = 300 + 300 * ((k // 3) % 3)
+        w = (3e-3 + 2e-4 * b + 1e-6 * ctx * b) * (1 + spread * (k % 4) / 3)
+        dec = [[ctx, 5] for _ in range(b)]
+        pre = [[64 + 32 * (k % 5), 128 * (k % 2), 0, 1]] if k % 6 == 0 else []
+        lines.append({"step": k + 1, "t0": k, "t_end": k, "wall_s": w + (5e-3 if pre else 0), "idle_s": 0.0,
+                      "decode": dec, "prefill": pre})
+    (run_dir / "logs" / "collocated0.step_times.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """A 2-CPU machine whose 1-minute load average the test sets: ``loads`` are read one per os.getloadavg call."""
+    loads: list = []
+    monkeypatch.setattr(os, "getloadavg", lambda: (loads.pop(0),) * 3 if len(loads) > 1 else (loads[0],) * 3)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    return loads
+
+
+def test_a_loaded_machine_is_refused_before_anything_is_launched(machine, tmp_path):
+    machine[:] = [3.1]
+    launched = []
+    with pytest.raises(Contended, match=r"1-minute load average 3.10 before calibration > bound 2.00"):
+        protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: launched.append(d))
+    assert launched == []
+    p = json.loads((tmp_path / "protocol.json").read_text())
+    assert p["refused"].startswith("1-minute load average 3.10 before calibration")
+    assert p["runs"]["calibration"]["figures"] == {"run": "calibration", "ncpu": 2, "loadavg_before": 3.1}
+    assert "metrics" not in p and "fit" not in p
+
+
+def test_a_run_whose_steps_spread_is_refused_before_the_fit(machine, tmp_path):
+    machine[:] = [0.5, 1.5]       # before, after: both under 2.00
+    with pytest.raises(Contended, match=r"decode step-time dispersion .* of calibration .* > bound 25%"):
+        protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: write_run(d, spread=1.5), skip_steps=0)
+    p = json.loads((tmp_path / "protocol.json").read_text())
+    f = p["runs"]["calibration"]["figures"]
+    assert f["loadavg_before"] == 0.5 and f["loadavg_after"] == 1.5 and f["step_dispersion"] > 0.25
+    assert "fit" not in p and not list(tmp_path.glob("*.yaml"))     # nothing fitted
+
+
+def test_a_quiet_calibration_is_fitted_then_a_loaded_repeat_stops_the_judgement(machine, tmp_path):
+    machine[:] = [0.5, 1.2, 0.8, 2.6]   # calibration before / after; heldout_1 before / after (2.6 > 2.00)
+    runs = []
+
+    def launch(ov, d):
+        runs.append(d.name)
+        write_run(d, spread=0.05)
+    with pytest.raises(Contended, match=r"1-minute load average 2.60 after heldout_1 > bound 2.00"):
+        protocol(tmp_path, "cpu", ["backend=vllm"], launch=launch, skip_steps=0)
+    assert runs == ["calibration", "heldout_1"]
+    p = json.loads((tmp_path / "protocol.json").read_text())
+    assert p["runs"]["calibration"]["figures"]["step_dispersion"] < 0.25
+    # the fit was made and written (every term fitted or fixed at its prior), the held-out repeats never judged
+    assert set(p["fit"]["terms"]) and all(v["status"] == "fitted" or v["status"].startswith("fixed at prior")
+                                          for v in p["fit"]["terms"].values())
+    assert (tmp_path / "cpu_protocol.yaml").is_file() and "metrics" not in p
+    assert p["refused"].startswith("1-minute load average 2.60 after heldout_1")
+
+
+def test_the_command_exits_2_naming_the_figure(machine, tmp_path, capsys):
+    from harness.tools.fidelity import main
+    machine[:] = [3.1]
+    held = ["backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute", "engine.block_size=128"]
+    assert main(["protocol", "--profile", "cpu", "--out", str(tmp_path / "p"), "--heldout", *held]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("refused: 1-minute load average 3.10 before calibration > bound 2.00 (1 x 2 CPUs)")
+    assert json.loads((tmp_path / "p" / "protocol.json").read_text())["refused"] in err
+    assert not (tmp_path / "p" / "calibration").exists()
+
+
+def test_fewer_than_three_repeats_is_bad_input(tmp_path, capsys):
+    from harness.tools.fidelity import main
+    assert main(["protocol", "--profile", "cpu", "--out", str(tmp_path / "p"), "--repeats", "2",
+                 "--heldout", "backend=vllm"]) == 2
+    assert "--repeats 2: the protocol needs >= 3 held-out repeats" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
+    with pytest.raises(ValueError, match="needs >= 3"):
+        protocol(tmp_path / "q", "cpu", ["backend=vllm"], repeats=1)
+
+
+def test_engine_clock_rows_from_spans_by_hand(tmp_path):
+    """harness.tools.fidelity.engine_request_rows: the engine clock the protocol decides on, per request from vLLM's
+    spans against the same turns in the simulator."""
+    import pandas as pd
+    from harness.tools.fidelity import engine_request_rows
+    real, sim = tmp_path / "real", tmp_path / "sim"
+    real.mkdir()
+    sim.mkdir()
+    spans = {"cmpl-a": {"instance": "collocated0", "conversation_id": "c0", "turn": 0, "prompt_tokens": 100,
+                        "output_tokens": 10, "queue_s": 0.01, "prefill_s": 0.02, "decode_s": 0.09},
+             "cmpl-b": {"instance": "collocated0", "conversation_id": "c1", "turn": 0, "prompt_tokens": 50,
+                        "output_tokens": 6, "queue_s": 0.0, "prefill_s": 0.04, "decode_s": 0.05}}
+    (real / "server_metrics.json").write_text(json.dumps({"spans": spans}))
+    pd.DataFrame({"conversation_id": ["c0", "c1"], "turn": [0, 0], "status": ["ok", "ok"], "prompt_tokens": [100, 50],
+                  "output_tokens": [10, 6], "decode_instance": ["collocated0"] * 2}).to_parquet(real / "turns.parquet")
+    pd.DataFrame({"conversation_id": ["c0", "c1"], "turn": [0, 0], "status": ["ok", "ok"], "start_s": [1.0, 2.0],
+                  "first_token_s": [1.025, 2.05], "finish_s": [1.115, 2.15], "tpot_s": [0.01, 0.02]}
+                 ).to_parquet(sim / "turns.parquet")
+    r = engine_request_rows(real, sim)
+    # E2E: real queue + prefill + decode = 0.12, 0.09 (mean 0.105); sim finish - start = 0.115, 0.15 (mean 0.1325)
+    assert r["engine_e2e_mean_s"] == pytest.approx({"real": 0.105, "sim": 0.1325})
+    # TTFT: real queue + prefill = 0.03, 0.04; sim first token - start = 0.025, 0.05
+    assert r["engine_ttft_mean_s"] == pytest.approx({"real": 0.035, "sim": 0.0375})
+    # ITL: real decode / (output - 1) = 0.09 / 9, 0.05 / 5 = 0.01 both; sim TPOT 0.01, 0.02
+    assert r["engine_itl_mean_s"] == pytest.approx({"real": 0.01, "sim": 0.015})
+    assert r["engine_requests"] == {"real": 2.0, "sim": 2.0}
+
+
+def test_bad_overrides_are_bad_input_before_anything_is_launched(tmp_path, capsys):
+    from harness.tools.fidelity import main
+    held = ["backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute", "engine.block_size=16"]
+    assert main(["protocol", "--profile", "cpu", "--out", str(tmp_path / "p"), "--heldout", *held]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --heldout: engine.block_size=16") and not (tmp_path / "p").exists()

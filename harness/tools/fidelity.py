@@ -16,6 +16,9 @@ client's clocks, 1 when one is missed, 2 on bad arguments (a missing run directo
 profile, bad ``--launch`` overrides, a simulator run or a partial run as the real side without
 ``--allow-sim-real`` / ``--allow-partial``), 3 when the ``--launch`` run failed, 130 when interrupted.
 
+Subcommands: ``steps`` (per-step fidelity, ``harness.tools.steps``) and ``protocol`` (calibration, per-step fit and
+>= 3 held-out repeats, refused on contention, judged on the engine and server clocks: ``harness.tools.protocol``).
+
 The maximum sustainable rate is not measured here: on the real side it needs a series of runs at rising
 rates per workload (minutes each on the shared CPU), more than a fidelity check can afford; the report says so.
 """
@@ -26,17 +29,17 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
-import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from harness.tools.calibrate import kv_mem_bytes, load_profile, load_run_config, partial_run, run_means
 from harness.core.profiles import HardwareConfig, ModelConfig
+from harness.tools import protocol as pr
+from harness.tools import steps as st
 
 # the field's targets (issue 20; anchors below): mean E2E and mean TPOT/ITL within 10 %, mean TTFT within 20 %,
 # judged on vLLM's own clocks where the real run has them (the simulator has no API-server or client term)
@@ -126,8 +129,9 @@ def engine_request_rows(real_dir: Path, sim_dir: Path) -> dict:
     engine-side times ``server_metrics.json`` isolates (``harness.tools.calibrate.match_engine_requests``) against
     the same turns in the simulator. Real engine TTFT = vLLM's ``request_queue_time_seconds +
     request_prefill_time_seconds`` (queued in the engine to first token), sim = first token - start; real
-    ITL = ``request_decode_time_seconds / (output - 1)``, sim = its TPOT. Mean, p50 and p90 of each (s), and
-    the number of requests."""
+    ITL = ``request_decode_time_seconds / (output - 1)``, sim = its TPOT; real engine E2E = queue + prefill +
+    decode (queued in the engine to last token), sim = finish - start. Mean, p50 and p90 of each (s), and the
+    number of requests."""
     from harness.tools.calibrate import _engine_requests, match_engine_requests
     sm_p = Path(real_dir) / "server_metrics.json"
     if not sm_p.is_file():
@@ -140,15 +144,17 @@ def engine_request_rows(real_dir: Path, sim_dir: Path) -> dict:
         return {}
     m = pd.concat(parts)
     sim_t = pd.read_parquet(Path(sim_dir) / "turns.parquet")
-    sim_t = sim_t[sim_t.status == "ok"][["conversation_id", "turn", "first_token_s", "start_s", "tpot_s"]]
+    sim_t = sim_t[sim_t.status == "ok"][["conversation_id", "turn", "first_token_s", "start_s", "finish_s", "tpot_s"]]
     j = m.merge(sim_t, on=["conversation_id", "turn"], how="inner")
     if j.empty:
         return {}
     real_pre, sim_pre = (j.queue_s + j.prefill_s).to_numpy(), (j.first_token_s - j.start_s).to_numpy()
+    real_e2e, sim_e2e = (j.queue_s + j.prefill_s + j.decode_s).to_numpy(), (j.finish_s - j.start_s).to_numpy()
     dec = j[j.output > 1]
     real_itl, sim_itl = (dec.decode_s / (dec.output - 1)).to_numpy(), dec.tpot_s.to_numpy()
     out = {"engine_requests": {"real": float(len(j)), "sim": float(len(j))}}
-    for name, r, s_ in (("engine_ttft", real_pre, sim_pre), ("engine_itl", real_itl, sim_itl)):
+    for name, r, s_ in (("engine_ttft", real_pre, sim_pre), ("engine_itl", real_itl, sim_itl),
+                        ("engine_e2e", real_e2e, sim_e2e)):
         out[f"{name}_mean_s"] = {"real": float(np.mean(r)), "sim": float(np.mean(s_))}
         out[f"{name}_p50_s"] = {"real": float(np.median(r)), "sim": float(np.median(s_))}
         out[f"{name}_p90_s"] = {"real": float(np.percentile(r, 90)), "sim": float(np.percentile(s_, 90))}
@@ -367,9 +373,9 @@ def fidelity(real_dir: Path, profile_path: str, out_dir: Optional[Path] = None, 
     return result
 
 
-def launch_real(overrides: Sequence[str], out_dir: Path) -> Path:
-    """Run the real side: compose the project's config with ``overrides`` (+ ``logger.steps=true``,
-    ``logger.progress=false``) and execute it into ``out_dir``.
+def compose_real(overrides: Sequence[str]) -> tuple:
+    """The project's config composed with ``overrides`` (+ ``logger.steps=true``, ``logger.progress=false``):
+    ``(Resolved, resolved yaml)``; nothing is run.
 
     Raises:
         harness.run.config.ConfigError: the overrides do not give a valid ``backend=vllm`` run.
@@ -379,7 +385,6 @@ def launch_real(overrides: Sequence[str], out_dir: Path) -> Path:
     from omegaconf import OmegaConf
 
     from harness.run.config import PROJECT_ROOT, ConfigError, register_configs, resolve
-    from harness.run.runner import execute
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
@@ -387,108 +392,163 @@ def launch_real(overrides: Sequence[str], out_dir: Path) -> Path:
     run = resolve(dcfg)
     if run.backend_name != "vllm":
         raise ConfigError(f"--launch needs backend=vllm overrides, got backend {run.backend_name!r}")
-    execute(run, out_dir, OmegaConf.to_yaml(dcfg))
+    return run, OmegaConf.to_yaml(dcfg)
+
+
+def launch_real(overrides: Sequence[str], out_dir: Path) -> Path:
+    """Run the real side: :func:`compose_real` of ``overrides``, executed into ``out_dir``.
+
+    Raises:
+        harness.run.config.ConfigError: the overrides do not give a valid ``backend=vllm`` run.
+    """
+    from harness.run.runner import execute
+    run, text = compose_real(overrides)
+    execute(run, out_dir, text)
     return out_dir
 
 
-# ---- the protocol (issue 20): calibration and held-out back to back, a repeat, errors beside the spread ----
+# ---- the protocol (issue 33; its rules: harness.tools.protocol) ----------------------------------------------------
 
-# targets of the field on the engine's clocks (issue 20; BLIS 6.7 % median E2E / 17.6 % TTFT, Vidur < 9 %)
-FIELD_TARGETS = {ENGINE_TARGETS[k]: tol for k, tol in TARGETS.items()}   # the same targets, engine-side keys
-CALIBRATION_OVERRIDES = ("backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute",
-                         "engine.block_size=128", "workload=calibration_prefix_cpu")
+def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: Sequence[str] = pr.CALIBRATION_OVERRIDES,
+             repeats: int = pr.MIN_REPEATS, skip_steps: int = 8, max_load_per_cpu: float = pr.MAX_LOAD_PER_CPU,
+             max_dispersion: float = pr.MAX_DISPERSION, launch: Optional[Callable] = None) -> dict:
+    """Calibrate, fit per step, then replay the held-out workload ``repeats`` times back to back (module docstring).
 
-
-def protocol_verdict(err: float, spread: float, target: float) -> str:
-    """One metric's verdict: ``within noise`` when ``|err| < spread`` (the real side's own run-to-run
-    difference: the error cannot be told from noise), else ``met`` when ``|err| <= target``, else
-    ``missed``; ``no data`` when the error is not finite. A NaN spread counts as no noise estimate.
-
-    Args: err: ``sim / real - 1``; spread: ``|repeat / first - 1|`` of the real metric; target: a fraction.
-    """
-    if not math.isfinite(err):
-        return "no data"
-    if math.isfinite(spread) and abs(err) < spread:
-        return "within noise"
-    return "met" if abs(err) <= target else "missed"
-
-
-def protocol_rows(first: dict, repeat: dict, targets: dict = FIELD_TARGETS) -> dict:
-    """Per metric of ``targets``: the simulator's error against each held-out real run (``compare``'s
-    ``metrics`` dicts ``first`` and ``repeat``), the real side's spread ``|repeat.real / first.real - 1|``,
-    and :func:`protocol_verdict` of the larger of the two errors."""
-    out = {}
-    for k, tol in targets.items():
-        a, b = first.get(k, {}), repeat.get(k, {})
-        ra, rb = a.get("real", math.nan), b.get("real", math.nan)
-        spread = abs(rb / ra - 1) if math.isfinite(ra) and math.isfinite(rb) and ra else math.nan
-        errs = [e for e in (a.get("err", math.nan), b.get("err", math.nan)) if math.isfinite(e)]
-        err = max(errs, key=abs) if errs else math.nan
-        out[k] = {"err_first": a.get("err", math.nan), "err_repeat": b.get("err", math.nan), "spread": spread,
-                  "target": tol, "verdict": protocol_verdict(err, spread, tol)}
-    return out
-
-
-def machine_state() -> dict:
-    """Load average (1, 5, 15 min) and this process's CPU affinity, recorded beside every run."""
-    return {"loadavg": list(os.getloadavg()), "affinity": sorted(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity") else None, "t_unix_s": time.time()}
-
-
-def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: Sequence[str] = CALIBRATION_OVERRIDES
-             ) -> dict:
-    """Calibrate, then replay the held-out workload twice, back to back on launched (pinned) servers:
-    ``out/calibration`` (real run), ``out/<name>.yaml`` (the fitted profile, ``harness.tools.calibrate``),
-    ``out/heldout_1`` and ``out/heldout_2`` (real runs, each with its ``fidelity`` report against the fitted
-    profile); ``out/protocol.json`` holds the machine state before each step, the errors per run, the real
-    side's spread and the verdicts (:func:`protocol_rows`). Returns that dict.
+    Writes into ``out``: ``calibration/`` (real run), ``<base>_protocol.yaml`` (the per-step fit,
+    ``harness.tools.steps.fit_steps``, its header listing every term as fitted or fixed at its prior),
+    ``heldout_<k>/`` (real runs, each with ``fidelity/`` holding ``fidelity.md`` and the per-regime ``steps.md``), and
+    ``protocol.json``, rewritten after every step: each run's figures (load before / after, dispersion), the bounds,
+    then the fit and the rows (:func:`protocol_rows`), or ``refused`` with the reason. ``launch(overrides, dir)`` runs
+    a real side (default ``harness.tools.fidelity.launch_real``). Returns the ``protocol.json`` dict.
 
     Raises:
-        harness.run.config.ConfigError: overrides that do not give a ``backend=vllm`` run.
+        ValueError: ``repeats`` < ``pr.MIN_REPEATS``.
+        harness.tools.steps.Contended: a run's figures are over a bound (:func:`contention_problem`); nothing is
+            fitted or judged after it.
+        FileNotFoundError: a run wrote no step-time log.
+        RuntimeError: a launched run failed (its partial results are written).
     """
-    from harness.tools.calibrate import calibrate, profile_yaml
+    from harness.core.profiles import ModelConfig
     from harness.core.recorder import write_json
+    from harness.sim.perf import PerfModel
+    from harness.tools.inputs import load_profile, load_run_config
+    if repeats < pr.MIN_REPEATS:
+        raise ValueError(f"--repeats {repeats}: the protocol needs >= {pr.MIN_REPEATS} held-out repeats")
+    launch = launch or launch_real
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state = {"calibration": machine_state()}
-    launch_real(calibration, out / "calibration")
+    summary: dict = {"bounds": {"loadavg_1min_per_cpu": max_load_per_cpu, "decode_dispersion": max_dispersion,
+                                "min_repeats": pr.MIN_REPEATS},
+                     "runs": {}, "calibration_overrides": list(calibration), "heldout_overrides": list(heldout),
+                     "repeats": repeats, "deciding_targets": pr.DECIDING, "shown_targets": pr.SHOWN, "anchors": ANCHORS}
+
+    def save():
+        write_json(summary, out / "protocol.json")
+
+    def real_run(name: str, overrides: Sequence[str]):
+        before = pr.machine_state()
+        fig = {"run": name, "ncpu": before["ncpu"], "loadavg_before": before["loadavg"][0]}
+        summary["runs"][name] = {"before": before, "figures": fig}
+        save()
+        why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion)
+        if not why:
+            try:
+                launch(overrides, out / name)
+            except (RuntimeError, KeyboardInterrupt) as e:   # its partial results are in out / name
+                summary["runs"][name]["failed"] = f"{type(e).__name__}: {e}"
+                save()
+                raise
+            after = pr.machine_state()
+            steps, d, n = pr.run_steps(out / name, skip_steps)
+            fig.update(loadavg_after=after["loadavg"][0], step_dispersion=d, dispersion_steps=n)
+            summary["runs"][name]["after"] = after
+            why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion)
+        if why:
+            summary["refused"] = why
+            save()
+            raise st.Contended(why)
+        save()
+        return steps
+
     base = load_profile(base_profile)
+    cal = real_run("calibration", calibration)
+    model = ModelConfig(**load_run_config(out / "calibration")["model"])
+    fit = st.fit_steps(cal, base, model)
     name = f"{base.name}_protocol"
-    # the loss of the reported means; efficiencies up to 10x the base's peaks (the cpu profile's are assumed
-    # round figures, issue 20), written with the peaks raised where the fit went above them
-    res, report = calibrate(out / "calibration", base, name, loss="linear", max_efficiency=10.0)
+    fig_cal = summary["runs"]["calibration"]["figures"]
+    fit["hw"] = dataclasses.replace(fit["hw"], name=name)
+    extra = {"decode_start_excess": st.decode_start_excess(cal, st.replay(cal, PerfModel(fit["hw"], model))),
+             "api_frontend_ttft": st.api_frontend(out / "calibration")}
     prof = out / f"{name}.yaml"
-    prof.write_text(profile_yaml(res.hw, report, base.name, base.source))
-    results = []
-    for k in (1, 2):
+    prof.write_text(st.steps_profile_yaml(fit, out / "calibration", base.name, fig_cal, extra))
+    load_profile(str(prof))   # it loads and validates
+    summary["profile"] = str(prof)
+    summary["fit"] = {"terms": fit["terms"], "n_steps": fit["n_steps"], "dropped_outliers": fit["dropped_outliers"],
+                      "rel_se_bound": fit["rel_se_bound"], **extra}
+    save()
+    metrics = []
+    for k in range(1, repeats + 1):
         d = out / f"heldout_{k}"
-        state[f"heldout_{k}"] = machine_state()
-        launch_real(heldout, d)
-        results.append(fidelity(d, str(prof), d / "fidelity"))
-    rows = protocol_rows(results[0]["comparison"]["metrics"], results[1]["comparison"]["metrics"])
-    summary = {"machine": state, "profile": str(prof), "fit": {"params": res.params, "residuals": res.residuals()},
-               "metrics": rows, "targets": FIELD_TARGETS, "anchors": ANCHORS,
-               "calibration_overrides": list(calibration), "heldout_overrides": list(heldout)}
-    write_json(summary, out / "protocol.json")
+        real_run(d.name, heldout)
+        res = fidelity(d, str(prof), d / "fidelity")
+        st.steps_report(d, str(prof), d / "fidelity", skip_steps, check=False)
+        metrics.append(res["comparison"]["metrics"])
+        summary["runs"][d.name]["fidelity"] = str(d / "fidelity" / "fidelity.md")
+        save()
+    summary["metrics"] = pr.protocol_rows(metrics)
+    summary["exit_status"] = pr.decision(summary["metrics"])
+    save()
     return summary
 
 
 def protocol_main(argv: Sequence[str]) -> int:
     """``python -m harness.tools.fidelity protocol``: see :func:`protocol`."""
-    ap = argparse.ArgumentParser(prog="python -m harness.tools.fidelity protocol", description=protocol.__doc__.split("\n\n")[0],
-                                 epilog="Exit status: 0 when every metric is 'met' or 'within noise', 1 otherwise.")
+    ap = argparse.ArgumentParser(
+        prog="python -m harness.tools.fidelity protocol", description=protocol.__doc__.split("\n\n")[0],
+        epilog=f"Bounds: 1-minute load average before and after each real run <= --max-load-per-cpu x the machine's "
+               f"CPUs; each run's decode step-time dispersion <= --max-dispersion; >= {pr.MIN_REPEATS} held-out repeats. "
+               f"Verdicts on the engine and server clocks (the client clock shown, never deciding); 'within noise' "
+               f"only when the real side's spread is under the target. Exit status: 0 every deciding metric met or "
+               f"within noise; 1 one missed, unresolved or without data; 2 bad input, or refused: a contended run "
+               f"(the message names the figure and its bound; nothing fitted or judged after it); 3 a launched run "
+               f"failed; 130 interrupted. docs/fidelity_cpu.md, \"The protocol\".")
     ap.add_argument("--profile", required=True, help="base hardware profile (its unfitted fields are kept)")
     ap.add_argument("--out", type=Path, required=True, help="directory for the runs, the profile and protocol.json")
-    ap.add_argument("--calibration", nargs="+", default=list(CALIBRATION_OVERRIDES),
-                    help="Hydra overrides of the calibration run (backend=vllm ...)")
+    ap.add_argument("--calibration", nargs="+", default=list(pr.CALIBRATION_OVERRIDES),
+                    help="Hydra overrides of the calibration run (backend=vllm ...; default workload=calibration_steps_cpu)")
     ap.add_argument("--heldout", nargs="+", required=True, help="Hydra overrides of the held-out run (backend=vllm ...)")
+    ap.add_argument("--repeats", type=int, default=pr.MIN_REPEATS, help=f"held-out repeats (>= {pr.MIN_REPEATS})")
+    ap.add_argument("--skip-steps", type=int, default=8, help="first logged steps per instance left out (warm-up)")
+    ap.add_argument("--max-load-per-cpu", type=float, default=pr.MAX_LOAD_PER_CPU,
+                    help="bound of the 1-minute load average per CPU, before and after each run")
+    ap.add_argument("--max-dispersion", type=float, default=pr.MAX_DISPERSION,
+                    help="bound of a run's decode step-time dispersion (IQR / median within a composition)")
     a = ap.parse_args(argv)
-    s = protocol(a.out, a.profile, a.heldout, a.calibration)
-    for k, r in s["metrics"].items():
-        print(f"{k:20s} err {r['err_first']:+.1%} / {r['err_repeat']:+.1%}  spread {r['spread']:.1%}  "
-              f"target {r['target']:.0%}  {r['verdict']}")
-    print(f"machine: {s['machine']}")
-    return 0 if all(r["verdict"] in ("met", "within noise") for r in s["metrics"].values()) else 1
+    from harness.run.config import ConfigError
+    try:
+        if a.repeats < pr.MIN_REPEATS:
+            raise ValueError(f"--repeats {a.repeats}: the protocol needs >= {pr.MIN_REPEATS} held-out repeats")
+        check_profile(a.profile)
+        for what, ov in (("--calibration", a.calibration), ("--heldout", a.heldout)):
+            try:
+                compose_real(ov)   # both valid backend=vllm runs, before anything is launched
+            except ConfigError as e:
+                raise ValueError(f"{what}: {e}") from None
+        s = protocol(a.out, a.profile, a.heldout, a.calibration, a.repeats, a.skip_steps, a.max_load_per_cpu,
+                     a.max_dispersion)
+    except (FileNotFoundError, ValueError) as e:   # st.Contended is a ValueError: a refusal, with its figures
+        refused = isinstance(e, st.Contended)
+        print(f"refused: {e} (figures in {a.out / 'protocol.json'})" if refused else f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"error: a launched run failed: {e} (what was measured: {a.out / 'protocol.json'})", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print(f"interrupted (what was measured: {a.out / 'protocol.json'})", file=sys.stderr)
+        return 130
+    print(pr.rows_text(s["metrics"]))
+    print(json.dumps({k: v["figures"] for k, v in s["runs"].items()}, default=str))
+    return s["exit_status"]
 
 
 def check_profile(path_or_name: str) -> HardwareConfig:
@@ -512,7 +572,7 @@ def check_profile(path_or_name: str) -> HardwareConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["protocol"]:
+    if argv[:1] == ["protocol"]:   # the protocol (issue 33; its rules: harness.tools.protocol)
         return protocol_main(argv[1:])
     if argv[:1] == ["steps"]:   # per-step fidelity (issue 33): harness.tools.steps
         from harness.tools.steps import steps_main

@@ -1,0 +1,199 @@
+"""The fidelity protocol's rules (issue 33; run by ``python -m harness.tools.fidelity protocol``,
+``harness.tools.fidelity.protocol``): a calibration run, the per-step fit, then >= 3 held-out repeats back to back
+on launched servers, judged on vLLM's engine and server clocks beside the real side's own spread -- and refused
+when the machine, not the server, was measured. This module holds the rules as pure functions and the figures a run
+is judged by; ``harness.tools.fidelity`` runs them.
+
+Each real run (the calibration and every held-out repeat) records the machine's 1-minute load average
+(``os.getloadavg``) just before and just after it, and its own step-time dispersion (the pooled within-composition
+IQR / median of its decode-only steps from the servers' step-time logs, ``harness.tools.steps.dispersion``; the
+first ``skip_steps`` steps per instance, the warm-up, left out). :func:`contention_problem` names the first figure
+over its bound; the protocol then stops (exit 2) before it fits or judges anything, having written what it measured
+so far to ``protocol.json``. A load average over the bound *before* a run refuses that run before it is launched.
+
+Bounds (stated here, in ``--help`` and docs/fidelity_cpu.md "The protocol"): the 1-minute load average at most
+``MAX_LOAD_PER_CPU`` (1.0) x the machine's CPUs -- the run itself (engine core, API server, client) keeps about one
+CPU busy, so a quiet 2-CPU machine reads 0.4-1.7 over a run (docs/fidelity_cpu.md) and one more CPU-bound process
+takes it past 2; the decode-step dispersion at most ``MAX_DISPERSION`` (25 %: 6.2 % on the quiet per-step run,
+18-32 % per regime at a load average of 10, docs/fidelity_cpu.md). Both are ``harness.tools.steps``'s bounds, the
+ones ``fidelity steps`` and ``calibrate --from-steps`` refuse with.
+
+Judging (pure functions, :func:`repeat_spread`, :func:`verdict`, :func:`protocol_rows`): per metric the simulator's
+error against the mean of the real repeats, ``err = sim / mean(real) - 1`` (the simulated replay is the same for
+every repeat: same workload and seed), and the real side's spread ``(max - min) / mean`` over the >= ``MIN_REPEATS``
+repeats. Verdicts:
+
+* ``missed``: ``|err| > target`` and ``|err| >= spread`` (off by more than the target and more than the real side
+  varies);
+* ``unresolved``: otherwise, when ``spread >= target`` (the real side's own spread is as large as the target: the
+  target cannot be checked on these runs, whatever the error);
+* ``within noise``: ``|err| < spread`` (and ``spread < target``);
+* ``met``: ``spread <= |err| <= target``;
+* ``no data``: the error or the spread is not finite (fewer than ``MIN_REPEATS`` repeats with the metric).
+
+Deciding metrics (:data:`DECIDING`, the field's targets: mean E2E and mean ITL within 10 %, mean TTFT within 20 %;
+anchors ``harness.tools.fidelity.ANCHORS``): on the engine clock, per request from vLLM's spans
+(``engine_e2e_mean_s``: queue + prefill + decode, ``engine_ttft_mean_s``: queue + prefill, ``engine_itl_mean_s``:
+decode / (output - 1); ``harness.tools.fidelity.engine_request_rows``), and on the server clock, vLLM's histograms
+(``server_e2e_mean_s``, ``server_ttft_mean_s`` from the API server's arrival, ``server_itl_mean_s``). The client
+clock (``e2e_mean_s``, ``ttft_mean_s``, ``tpot_mean_s``, :data:`SHOWN`) is computed and shown with its verdict, and
+never decides: the client's legs (HTTP, streaming delivery) are in no step model and move with the machine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from harness.tools import steps as st
+
+MIN_REPEATS = 3
+MAX_LOAD_PER_CPU = st.MAX_LOAD_PER_CPU
+MAX_DISPERSION = st.MAX_DISPERSION
+# the field's targets (harness.tools.fidelity.TARGETS), per clock: these decide
+DECIDING = {"engine_e2e_mean_s": 0.10, "engine_ttft_mean_s": 0.20, "engine_itl_mean_s": 0.10,
+            "server_e2e_mean_s": 0.10, "server_ttft_mean_s": 0.20, "server_itl_mean_s": 0.10}
+# the client's clock: shown with a verdict, never deciding
+SHOWN = {"e2e_mean_s": 0.10, "ttft_mean_s": 0.20, "tpot_mean_s": 0.10}
+PASS = ("met", "within noise")
+CALIBRATION_OVERRIDES = ("backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute",
+                         "engine.block_size=128", "workload=calibration_steps_cpu")
+
+
+def clock(metric: str) -> str:
+    """``engine``, ``server`` or ``client``: the clock a compared metric is read on."""
+    return "engine" if metric.startswith("engine_") else "server" if metric.startswith("server_") else "client"
+
+
+# ---- the rules (pure functions) ---------------------------------------------------------------------------------
+
+def contention_problem(figures: dict, max_load_per_cpu: float = MAX_LOAD_PER_CPU,
+                       max_dispersion: float = MAX_DISPERSION) -> str:
+    """Why one real run's figures show a contended machine, or ``""``.
+
+    Args:
+        figures: ``ncpu`` (the machine's CPUs); any of ``loadavg_before``, ``loadavg_after`` (1-minute load
+            average just before / after the run); ``step_dispersion`` (IQR / median of decode-step times within a
+            composition, a fraction) with ``dispersion_steps`` (the steps it rests on). A figure left out is not
+            checked (before a run only its ``loadavg_before`` exists); ``run`` names the run in the message.
+        max_load_per_cpu: bound of the load averages, per CPU. max_dispersion: bound of the dispersion.
+
+    Returns the first figure over its bound, with its value and the bound (load before, load after, dispersion);
+    a ``step_dispersion`` that is NaN (no composition was seen 3 times: the run's quietness cannot be shown) is a
+    problem too.
+    """
+    run = figures.get("run", "the run")
+    bound = max_load_per_cpu * figures["ncpu"]
+    for k, when in (("loadavg_before", "before"), ("loadavg_after", "after")):
+        v = figures.get(k)
+        if v is not None and v > bound:
+            return (f"1-minute load average {v:.2f} {when} {run} > bound {bound:.2f} ({max_load_per_cpu:g} x "
+                    f"{figures['ncpu']} CPUs): the machine was contended; rerun on a quiet machine")
+    if "step_dispersion" in figures:
+        d, n = figures["step_dispersion"], figures.get("dispersion_steps", 0)
+        if not math.isfinite(d):
+            return (f"decode step-time dispersion of {run} not measurable (no decode composition seen 3 times): "
+                    f"its quietness cannot be shown (bound {max_dispersion:.0%})")
+        if d > max_dispersion:
+            return (f"decode step-time dispersion {d:.1%} of {run} (IQR / median within a composition, {n} steps) "
+                    f"> bound {max_dispersion:.0%}: the machine was contended; rerun on a quiet machine")
+    return ""
+
+
+def repeat_spread(values: Sequence[float], min_repeats: int = MIN_REPEATS) -> float:
+    """The real side's own spread over repeats: ``(max - min) / mean`` of the finite ``values`` (one per repeat, any
+    unit); NaN with fewer than ``min_repeats`` of them or a mean of 0."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
+    if len(v) < min_repeats or v.mean() == 0:
+        return math.nan
+    return float((v.max() - v.min()) / v.mean())
+
+
+def verdict(err: float, spread: float, target: float) -> str:
+    """One metric's verdict from its error ``sim / mean(real) - 1``, the real side's spread (:func:`repeat_spread`)
+    and the target (fractions): ``missed``, ``unresolved``, ``within noise``, ``met`` or ``no data``; the rules in
+    the module docstring ("within noise" only when the spread itself is under the target)."""
+    if not (math.isfinite(err) and math.isfinite(spread)):
+        return "no data"
+    e = abs(err)
+    if e > target and e >= spread:
+        return "missed"
+    if spread >= target:
+        return "unresolved"
+    return "within noise" if e < spread else "met"
+
+
+def protocol_rows(repeats: Sequence[dict], deciding: Optional[dict] = None, shown: Optional[dict] = None,
+                  min_repeats: int = MIN_REPEATS) -> dict:
+    """Per metric of ``deciding`` and ``shown`` (``{metric: target}``; default :data:`DECIDING`, :data:`SHOWN`):
+    ``real`` (one value per repeat, s), ``sim`` (the mean of the repeats' simulated values, s), ``err`` (``sim /
+    mean(real) - 1``), ``err_per_repeat``, ``spread`` (:func:`repeat_spread`), ``target``, ``clock``
+    (:func:`clock`), ``deciding`` (bool) and ``verdict`` (:func:`verdict`).
+
+    Args: repeats: one ``harness.tools.fidelity.compare(...)["metrics"]`` dict per held-out repeat
+    (``{metric: {"real", "sim", "err"}}``).
+    """
+    deciding = DECIDING if deciding is None else deciding
+    shown = SHOWN if shown is None else shown
+    out = {}
+    for k, tol in [*deciding.items(), *shown.items()]:
+        real = [float(r.get(k, {}).get("real", math.nan)) for r in repeats]
+        sims = [s for s in (float(r.get(k, {}).get("sim", math.nan)) for r in repeats) if math.isfinite(s)]
+        fin = [x for x in real if math.isfinite(x)]
+        sim = float(np.mean(sims)) if sims else math.nan
+        mean_real = float(np.mean(fin)) if fin else math.nan
+        err = sim / mean_real - 1 if math.isfinite(sim) and math.isfinite(mean_real) and mean_real else math.nan
+        spread = repeat_spread(real, min_repeats)
+        out[k] = {"real": real, "sim": sim, "err": err,
+                  "err_per_repeat": [float(r.get(k, {}).get("err", math.nan)) for r in repeats],
+                  "spread": spread, "target": tol, "clock": clock(k), "deciding": k in deciding,
+                  "verdict": verdict(err, spread, tol)}
+    return out
+
+
+def decision(rows: dict) -> int:
+    """Exit status of a judged protocol: 0 when every deciding row (``protocol_rows``) is ``met`` or ``within noise``
+    (and there is at least one), else 1. The client-clock rows never count."""
+    d = [r["verdict"] for r in rows.values() if r["deciding"]]
+    return 0 if d and all(v in PASS for v in d) else 1
+
+
+# ---- running it -------------------------------------------------------------------------------------------------
+
+def machine_state() -> dict:
+    """The machine now: load average (1, 5, 15 min; ``os.getloadavg``), its CPUs (``os.cpu_count``), this process's
+    CPU affinity and the time (s since the epoch)."""
+    return {"loadavg": list(os.getloadavg()), "ncpu": os.cpu_count(),
+            "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "t_unix_s": time.time()}
+
+
+def run_steps(run_dir: Path, skip_steps: int) -> tuple:
+    """``(steps, decode-step dispersion, steps it rests on)`` of a launched run's step-time logs
+    (``harness.tools.steps.load_step_times``, ``dispersion``).
+
+    Raises:
+        FileNotFoundError: no step-time log (not launched, or without ``logger.steps=true``).
+    """
+    steps, _ = st.load_step_times(run_dir, skip_steps)
+    d, n = st.dispersion(steps[steps.prefill_tokens == 0])
+    return steps, d, n
+
+
+def _pct(v: float) -> str:
+    return "n/a" if not math.isfinite(v) else f"{v:+.1%}"
+
+
+def rows_text(rows: dict) -> str:
+    """The judged rows as a plain table (what the command prints)."""
+    lines = [f"{'metric':22s} {'clock':7s} {'error':>8s} {'spread':>8s} {'target':>7s}  verdict"]
+    for k, r in rows.items():
+        sp = "n/a" if not math.isfinite(r["spread"]) else f"{r['spread']:.1%}"
+        v = r["verdict"] if r["deciding"] else f"({r['verdict']}; client clock: shown, not deciding)"
+        lines.append(f"{k:22s} {r['clock']:7s} {_pct(r['err']):>8s} {sp:>8s} {r['target']:>7.0%}  {v}")
+    return "\n".join(lines)
