@@ -358,4 +358,4 @@ def test_w2_and_the_twin_table_by_hand(tmp_path):
     und = {"verdict": "inconclusive", "n": 1, "mean": -10.0}
     assert agreement(dec, dict(dec)) == "agree" and agreement(dec, und) == "undecided on one side"
     assert agreement(und, und) == "undecided on both sides"
-    assert agreement({"verdict": "no data", "n": 0, "mean": float("nan")}, dec) == "real side not measurable"
+    assert agreement({"verdict": "no data", "n": 0, "mean": float("nan")}, dec) == "no data on the real side"

