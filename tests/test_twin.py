@@ -63,7 +63,7 @@ def test_twin_conserve_on_real_servers_and_simulator(tmp_path):
     assert len([r for r in rows if r.startswith("| C1")]) == 4 and len([r for r in rows if r.startswith("| C3")]) == 2
     for r in rows:
         cols = [c.strip() for c in r.strip("|").split("|")]
-        assert len(cols) == 9 and cols[2] == "0.5", r
+        assert len(cols) == 9 and cols[2] == "2", r   # SMALL sets the rate: 2 conv/s
         if r.startswith("| C1"):   # one seed on each side: a single value, no interval, so undecided on both
             assert "(n=1" in cols[4] and "(n=1" in cols[6] and cols[5] == cols[7] == "inconclusive", r
             assert cols[8] == "undecided on both sides", r
@@ -84,5 +84,5 @@ def test_twin_conserve_on_real_servers_and_simulator(tmp_path):
     # 3. the real side's spread: the repeat of ConServe's seed 0, from the two runs' own summaries
     vals = [json.loads((sweep / d / "summary.json").read_text())["ttfet_first_p95_s"]
             for d in ("3_tc_vllm_conserve_r0p5_s0", "6_tc_vllm_conserve_r0p5_s0_rep1")]
-    spread = [line for line in text.splitlines() if line.startswith("| conserve | 0.5 | 0 | ttfet_first_p95_s |")]
+    spread = [line for line in text.splitlines() if line.startswith("| conserve | 2 | 0 | ttfet_first_p95_s |")]
     assert len(spread) == 1 and f"{100 * (max(vals) / min(vals) - 1):.1f} %" in spread[0]
