@@ -320,3 +320,42 @@ def test_c4_is_model_dependent_only_when_a_power_constant_flips_it():
     arms = {"rate": 0.09, "seed": 0, "cols": ["C4"], "base": [20.0], "arms": {"idle_w=60": [1.0]}}
     _, overall = sensitivity_matrix({"C4": c4}, arms)
     assert overall["C4"] == C4_MODEL_DEPENDENT
+
+
+def test_w2_and_the_twin_table_by_hand(tmp_path):
+    """W2 (WAIT-CP / Sarathi-like - 1 of e2e_central_mean_s) and twin.md's agreement words on a table built by
+    hand: on the real side WAIT-CP takes exactly half of Sarathi-like's time on each of 3 seeds (-50 %, a
+    zero-width interval: beyond half the paper's -70 %, so "reproduced"), the control equals Sarathi-like;
+    on the simulated side WAIT-CP equals Sarathi-like on every seed (0 % inside the 3 % margin: "no
+    difference"). WAIT-CP / control is -50 % on the real side too. Conversations: the same on both sides."""
+    import pandas as pd
+    from harness.analysis.claims import claim_wait, classify
+    from harness.analysis.twin import agreement, twin_markdown
+    rows = []
+    for b in ("vllm", "sim"):
+        for s in range(3):
+            base = 1.0 + 0.25 * s
+            for name, f in (("collocated", 1.0), ("wait_cp_control", 1.0), ("wait_cp", 0.5 if b == "vllm" else 1.0)):
+                run = f"{b}_{name}_{s}"
+                d = tmp_path / run
+                d.mkdir()
+                pd.DataFrame({"conversation_id": ["a", "b"], "arrival_s": [0.0, 0.1 * s]}).to_parquet(d / "conversations.parquet")
+                rows.append({"run": run, "backend.name": b, "scheduler.name": name, "cluster.name": "cpu_1x",
+                             "workload.rate_per_s": 8.0, "workload.seed": s, "e2e_central_mean_s": base * f})
+    runs = pd.DataFrame(rows)
+    _, word, cells = claim_wait(classify(runs[runs["backend.name"] == "vllm"]))
+    by = {c["vs"]: c for c in cells}
+    assert by["WAIT-CP / Sarathi-like"]["mean"] == pytest.approx(-50.0)
+    assert by["WAIT-CP / Sarathi-like"]["verdict"] == "reproduced" and by["WAIT-CP / control"]["verdict"] == "reproduced"
+    text = twin_markdown(runs, {r: tmp_path / r for r in runs.run})
+    rows_w2 = [line for line in text.splitlines() if line.startswith("| W2")]
+    assert len(rows_w2) == 2 and all(r.rstrip(" |").endswith("| disagree") for r in rows_w2), rows_w2
+    assert all("| reproduced |" in r and "| no difference |" in r for r in rows_w2)
+    # 3 variants x 3 seeds run on both backends
+    assert "9 of 9 cells run on both backends have the same conversation ids and arrival times" in text
+    # the words themselves
+    dec = {"verdict": "reproduced", "n": 3, "mean": -50.0}
+    und = {"verdict": "inconclusive", "n": 1, "mean": -10.0}
+    assert agreement(dec, dict(dec)) == "agree" and agreement(dec, und) == "undecided on one side"
+    assert agreement(und, und) == "undecided on both sides"
+    assert agreement({"verdict": "no data", "n": 0, "mean": float("nan")}, dec) == "no data on the real side"

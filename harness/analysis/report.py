@@ -23,6 +23,11 @@ with its ``config.yaml`` and, for the figures, ``conversations.parquet`` and ``i
 * ``claims.md`` (also appended to ``report.md``) when the sweep runs ConServe against AMPD: ConServe's
   claims with paired ratios and their sensitivity (``harness.analysis.claims``); a sweep whose cells were run by
   ``python -m harness.analysis.seeds`` also gets its ``seeds.csv`` there (seeds per cell and why each stopped);
+* ``twin.md`` (also appended to ``report.md``; no ``claims.md`` then) when the sweep holds runs on both
+  ``backend=vllm`` and ``backend=sim`` (``+experiment=twin_conserve`` / ``twin_wait``): per claim (C1, C3, W2)
+  the real and the simulated verdict with their estimates and intervals and whether they agree, the
+  inputs check (same conversations and arrival times) and the real side's spread over repeated identical
+  runs (``harness.analysis.twin``);
 * ``figures/*.png`` and ``*.pdf`` (seaborn, Agg backend), only those whose inputs vary in the sweep:
   TTFET CDFs; p95 TTFET and SLO attainment (both TTFET readings, where the runs report them),
   conversation latency and preemptions vs arrival rate; for single-turn workloads the mean E2E over the
@@ -765,7 +770,14 @@ def report(sweep_dir: Path, out: Optional[Path] = None, draw: bool = True,
         md = f"> **{mixed_warning(sw.mixed)}**\n\n" + md
     from harness.analysis.claims import write_claims
     from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT
-    claims = write_claims(sw.runs, out, draw, EQUIVALENCE_MARGIN_PCT if margin is None else margin)
+    from harness.analysis.twin import is_twin, write_twin
+    margin = EQUIVALENCE_MARGIN_PCT if margin is None else margin
+    if is_twin(sw.runs):   # runs on real vLLM and on the simulator: each side judged alone, in twin.md
+        claims = None
+        twin = write_twin(sw.runs, sw.run_dirs, out, margin)
+        md += "\n" + twin.replace("# The twin:", "## The twin (twin.md):", 1)
+    else:
+        claims = write_claims(sw.runs, out, draw, margin)
     if claims:
         md += "\n" + claims.replace("# ConServe's claims vs AMPD", "## ConServe's claims vs AMPD (claims.md)", 1)
     from harness.analysis.seeds import seeds_markdown
