@@ -22,6 +22,7 @@ from harness.run.runner import execute
 from harness.vllm.cluster import instance_specs, model_path
 from harness.vllm.launcher import Launcher
 from harness.run.config import resolve
+from harness.run.session import session_input
 from omegaconf import OmegaConf
 from tests.conftest import compose_cfg, compose_run, free_port_base
 
@@ -38,7 +39,7 @@ def pair(workdir):
     """The prefiller + decoder pair (cores 0 and 1), launched by the test, serving every real cell in turn."""
     run = compose_run(["backend=vllm", "model=tiny", "cluster=cpu_1p1d", "scheduler=collocated", "slo=absolute",
                        "engine.block_size=128", f"backend.port_base={free_port_base()}", "backend.cpu_bind_offset=0"])
-    specs = instance_specs(run, model_path("tiny"), workdir)
+    specs = instance_specs(session_input(run), run.backend, model_path("tiny"), workdir)
     return specs, Launcher(specs, workdir / "logs", STARTUP_S)
 
 
