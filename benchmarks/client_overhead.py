@@ -55,6 +55,13 @@ sys.path.insert(0, str(ROOT))
 
 from harness.run.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
 from harness.vllm.cluster import CPU_ENV, instance_specs, model_path  # noqa: E402
+from harness.run.session import session_input  # noqa: E402
+
+
+def _specs(run, *args):
+    """``instance_specs`` of a resolved run: the typed session input and the backend's own config."""
+    return instance_specs(session_input(run), run.backend, *args)
+
 from harness.vllm.launcher import Launcher  # noqa: E402
 from harness.vllm.otlp import SPAN_EXPORT_DELAY_MS, SpanReceiver  # noqa: E402
 
@@ -98,7 +105,7 @@ def server_spec(args, model: str, otlp_endpoint: str, run_dir: Path):
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=COMMON + [f"backend.port_base={args.port}",
                                                                 f"backend.cpu_bind_offset={args.cpu}"])
-    return instance_specs(resolve(cfg), model, run_dir, otlp_endpoint)[0]
+    return _specs(resolve(cfg), model, run_dir, otlp_endpoint)[0]
 
 
 def harness_leg(args, url: str, model: str, steps: bool, out: Path) -> np.ndarray:

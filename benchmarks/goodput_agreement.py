@@ -62,6 +62,13 @@ sys.path.insert(0, str(ROOT))
 from harness.run.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
 from harness.analysis.goodput import good_turns, parse_goodput, threshold_label  # noqa: E402
 from harness.vllm.cluster import CPU_ENV, instance_specs, model_path  # noqa: E402
+from harness.run.session import session_input  # noqa: E402
+
+
+def _specs(run, *args):
+    """``instance_specs`` of a resolved run: the typed session input and the backend's own config."""
+    return instance_specs(session_input(run), run.backend, *args)
+
 from harness.vllm.launcher import Launcher  # noqa: E402
 from harness.vllm.otlp import SpanReceiver  # noqa: E402
 
@@ -104,7 +111,7 @@ def server_spec(args, model: str, otlp_endpoint: str, run_dir: Path):
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=COMMON + [f"backend.port_base={args.port}",
                                                                 f"backend.cpu_bind_offset={args.cpu}"])
-    spec = instance_specs(resolve(cfg), model, run_dir)[0]
+    spec = _specs(resolve(cfg), model, run_dir)[0]
     spec.args += ["--otlp-traces-endpoint", otlp_endpoint]
     spec.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
     return spec

@@ -32,6 +32,13 @@ sys.path.insert(0, str(ROOT))
 
 from harness.run.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
 from harness.vllm.cluster import instance_specs, model_path  # noqa: E402
+from harness.run.session import session_input  # noqa: E402
+
+
+def _specs(run, *args):
+    """``instance_specs`` of a resolved run: the typed session input and the backend's own config."""
+    return instance_specs(session_input(run), run.backend, *args)
+
 from harness.vllm.launcher import Launcher  # noqa: E402
 from harness.vllm.otlp import SpanReceiver  # noqa: E402
 from harness.vllm.scrape import OBSERVE_PATH  # noqa: E402
@@ -74,7 +81,7 @@ def spec_for(args, otlp_endpoint, work: Path):
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=COMMON + [f"backend.port_base={args.port}",
                                                                 f"backend.cpu_bind_offset={args.cpu}"])
-    return instance_specs(resolve(cfg), model_path("tiny"), work, otlp_endpoint)[0]
+    return _specs(resolve(cfg), model_path("tiny"), work, otlp_endpoint)[0]
 
 
 def gets(url: str, path: str, n: int, api: int) -> dict:

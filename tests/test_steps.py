@@ -97,7 +97,7 @@ def test_one_request_a40_qwen_by_hand():
 def steps_of(run, convs, stats, scheduler, coalesce):
     """Run a session on a simulated cluster that records its steps; (steps frame, turns, cluster)."""
     rec = Recorder(Oracle(convs).visible, False)
-    with open_sim(run, conversations=convs, max_coalesce_s=coalesce, record_steps=True) as cluster:
+    with open_sim(session_input(run), run.backend, conversations=convs, max_coalesce_s=coalesce, record_steps=True) as cluster:
         res = run_session(cluster, session_input(run), convs, stats, scheduler, run.scheduler, rec)
         assert not res.error
         return cluster.steps_frame(), pd.DataFrame(res.turns), cluster
