@@ -13,6 +13,7 @@ whether the per-request timelines equal ``collocated``'s. Single-process, no par
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from pathlib import Path
@@ -25,14 +26,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import harness.run.session as session  # noqa: E402
 import harness.sim.backend as sim_backend  # noqa: E402
 from harness.workload.workload import build_workload  # noqa: E402
-from tests.conftest import compose_run  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from harness.run.config import resolve  # noqa: E402
+from tests.conftest import compose_cfg  # noqa: E402
+
+_CFG_CACHE: dict = {}
+
+
+def compose_point(ov: list[str], rate: float, n: int, seed: int):
+    """``compose_run`` of ``ov`` plus the workload's rate, prompt count and seed; the Hydra composition of
+    ``ov`` (about 1 s, most of a short run) is made once per override list and copied, the three workload
+    keys set on the copy before it is resolved (what the same three command-line overrides give)."""
+    key = tuple(ov)
+    if key not in _CFG_CACHE:
+        _CFG_CACHE[key] = compose_cfg(ov)
+    cfg = copy.deepcopy(_CFG_CACHE[key])
+    OmegaConf.update(cfg, "workload.rate_per_s", rate)
+    OmegaConf.update(cfg, "workload.num_conversations", n)
+    OmegaConf.update(cfg, "workload.seed", seed)
+    return resolve(cfg)
+
 
 ARMS = ["collocated", "wait_vllm", "wait_sarathi", "wait_wait", "wait_nested", "wait_cp", "wait_cp_control"]
 
 
 def run_arm(arm: str, workload: str, rate: float, n: int, seed: int, extra: list[str]):
-    ov = ["+experiment=wait_paper", f"workload={workload}", f"workload.rate_per_s={rate}",
-          f"workload.num_conversations={n}", f"workload.seed={seed}", *extra]
+    ov = ["+experiment=wait_paper", f"workload={workload}", *extra]
     arm, *arm_ov = arm.split("@")         # e.g. wait_wait@scheduler.idle_policy=decode_residents
     if arm == "collocated":
         # the preset sets no scheduler (without this it is the default, conserve) and no
@@ -41,7 +61,7 @@ def run_arm(arm: str, workload: str, rate: float, n: int, seed: int, extra: list
     else:
         ov.append(f"+experiment/arm={arm}")
     ov += arm_ov
-    run = compose_run(ov)
+    run = compose_point(ov, rate, n, seed)
     convs, stats = build_workload([], run.cfg.workload)
     backends = []
     orig = sim_backend.SimBackend

@@ -1,0 +1,245 @@
+"""The WAIT table of docs/wait.md and docs/papers.md (issue 36, items 3-4): Figure B's setting under both step models.
+
+    nice -n 10 python scripts/wait_table.py --rates 23,22,24,20,12 --seeds 0-9 --n 1500 --jobs 2 \\
+        --cap-seeds 0-3 --cap-range 16,28 --cap-tol 0.75 --out /work/sweeps/waittable
+
+Figure B's setting (``wait_single``: 512 prompt / 20 output tokens, Poisson arrivals; Meta-Llama-3-8B on
+one A100, ``+experiment=wait_paper``), four arms on the same requests per seed: Sarathi-like
+(``wait_sarathi_llama3``, budget 512), WAIT-CP (``wait_cp_llama3``, the authors' scheduler, ``batch_est``
+508, ``tl`` 21, ``cs`` 256), the same-budget control (``wait_cp_control_llama3``: Sarathi-like with
+budget 508 and at most 21 requests holding KV) and the chunk-cap control (the same with
+``engine.max_prefill_chunk_tokens=256``), each under ``engine.step_model=roofline`` and
+``engine.step_model=vidur_profile``. Latency: mean E2E over the central window (prompts 25-75 % by
+arrival, ``e2e_central_mean_s``).
+
+Prints (markdown), per step model and rate: each arm's geometric-mean E2E over the seeds; the paired
+ratio of each other arm to Sarathi-like (``harness.analysis.stats.ratio_interval``: geometric mean of the
+per-seed ratios - 1 with the 95 % t-interval of the mean log ratio, n and the sign count); for WAIT-CP the
+verdict (``harness.analysis.stats.verdict``) against the paper's claim: "over 70 %" lower latency than
+Sarathi at lambda = 23 (``paper_effect`` -70, ``min_effect`` its default, half), elsewhere the direction
+only (``min_effect`` 0); the controls are not in the paper ("—"). Then the verdict per rate across the
+step models (the one word, or "depends on step model"), and the capacity row: per arm and step model the
+highest rate whose central-window latency stays bounded (``harness.analysis.capacity``: geometric mean
+over ``--cap-seeds`` of the window growth ratio <= 1.25), by bisection on rate in ``--cap-range`` to
+``--cap-tol``, and the capacity margin WAIT-CP / Sarathi-like - 1.
+
+Every run's result is appended to ``<out>/runs.csv`` as it finishes (nothing measured is lost on an
+interrupt; a rerun with the same ``--out`` reuses the rows already there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import multiprocessing as mp
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vidur_wait_step_models import e2e_series  # noqa: E402
+
+from harness.analysis.capacity import GROWTH_BOUND, bisect_capacity, growth_ratio, is_bounded  # noqa: E402
+from harness.analysis.stats import ratio_interval, verdict  # noqa: E402
+
+ARMS = {
+    "sarathi": "wait_sarathi_llama3",
+    "wait_cp": "wait_cp_llama3",
+    "budget_control": "wait_cp_control_llama3",
+    "chunk_cap_control": "wait_cp_control_llama3@engine.max_prefill_chunk_tokens=256",
+}
+LABEL = {"sarathi": "Sarathi-like", "wait_cp": "WAIT-CP", "budget_control": "same-budget control",
+         "chunk_cap_control": "chunk-cap control"}
+MODELS = ("roofline", "vidur_profile")
+PAPER_EFFECT_PCT = -70.0          # the WAIT paper's text: "over 70 %" lower latency than Sarathi at lambda = 23
+PAPER_RATE = 23.0
+FIELDS = ["model", "arm", "rate", "seed", "n", "e2e_central_mean_s", "growth_ratio", "wall_s"]
+
+
+def _one(task):
+    model, arm, rate, seed, n = task
+    t0 = time.perf_counter()
+    e2e = e2e_series(ARMS[arm], rate, n, seed, model)
+    k = len(e2e)
+    return {"model": model, "arm": arm, "rate": rate, "seed": seed, "n": n,
+            "e2e_central_mean_s": float(e2e[k // 4: 3 * k // 4].mean()), "growth_ratio": growth_ratio(e2e),
+            "wall_s": round(time.perf_counter() - t0, 2)}
+
+
+class Store:
+    """The runs done so far, keyed ``(model, arm, rate, seed, n)``, mirrored to ``runs.csv``."""
+
+    def __init__(self, path: Path):
+        self.path, self.rows, self.lock = path, {}, threading.Lock()
+        if path.exists():
+            with open(path, newline="") as f:
+                for r in csv.DictReader(f):
+                    r = {**r, "rate": float(r["rate"]), "seed": int(r["seed"]), "n": int(r["n"]),
+                         "e2e_central_mean_s": float(r["e2e_central_mean_s"]), "growth_ratio": float(r["growth_ratio"])}
+                    self.rows[self.key(r)] = r
+        new = not path.exists()
+        self.f = open(path, "a", newline="")
+        self.w = csv.DictWriter(self.f, FIELDS)
+        if new:
+            self.w.writeheader()
+
+    @staticmethod
+    def key(r):
+        return (r["model"], r["arm"], float(r["rate"]), int(r["seed"]), int(r["n"]))
+
+    def done(self, tasks) -> bool:
+        return all((t[0], t[1], float(t[2]), t[3], t[4]) in self.rows for t in tasks)
+
+    def run(self, pool, tasks):
+        todo = [t for t in dict.fromkeys(tasks) if (t[0], t[1], float(t[2]), t[3], t[4]) not in self.rows]
+        for r in (pool.imap_unordered(_one, todo) if pool and len(todo) > 1 else map(_one, todo)):
+            with self.lock:
+                self.rows[self.key(r)] = r
+                self.w.writerow(r)
+                self.f.flush()
+        return [self.rows[(t[0], t[1], float(t[2]), t[3], t[4])] for t in tasks]
+
+
+def _seeds(text: str) -> list[int]:
+    if "-" in text and "," not in text:
+        a, b = text.split("-")
+        return list(range(int(a), int(b) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def _pct(est, ci):
+    return f"{est:+.1f} % [{ci[0]:+.1f}, {ci[1]:+.1f}]"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", default="23,22,24,20,12",
+                    help="prompts/s, comma-separated; run in this order, printed sorted")
+    ap.add_argument("--seeds", default="0-9", help="'a-b' or comma-separated workload seeds")
+    ap.add_argument("--n", type=int, default=1500, help="prompts per run")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2 on the shared machine)")
+    ap.add_argument("--cap-seeds", default="0-3", help="seeds of the capacity bisection")
+    ap.add_argument("--cap-range", default="16,28", help="bisection bracket lo,hi (prompts/s)")
+    ap.add_argument("--cap-tol", type=float, default=0.75, help="bisection stops at this bracket width (prompts/s)")
+    ap.add_argument("--no-capacity", action="store_true")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: print the cells (and capacities) that runs.csv holds complete")
+    ap.add_argument("--out", required=True, help="directory for runs.csv")
+    a = ap.parse_args()
+    try:
+        rates = [float(r) for r in a.rates.split(",")]
+        seeds, cap_seeds = _seeds(a.seeds), _seeds(a.cap_seeds)
+        cap_lo, cap_hi = (float(x) for x in a.cap_range.split(","))
+    except ValueError as e:
+        print(f"wait_table.py: bad --rates/--seeds/--cap-seeds/--cap-range: {e}", file=sys.stderr)
+        sys.exit(2)
+    if a.n < 8 or a.jobs < 1 or len(seeds) < 2 or not cap_lo < cap_hi or a.cap_tol <= 0:
+        print("wait_table.py: need --n >= 8, --jobs >= 1, >= 2 --seeds, cap lo < hi, --cap-tol > 0", file=sys.stderr)
+        sys.exit(2)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = Store(out / "runs.csv")
+    pool = mp.get_context("fork").Pool(a.jobs) if a.jobs > 1 else None
+    t_start = time.perf_counter()
+    try:
+        cell = {(m, r): [(m, arm, r, s, a.n) for arm in ARMS for s in seeds] for r in rates for m in MODELS}
+        tasks = [t for r in rates for m in MODELS for t in cell[(m, r)]]     # in --rates order, both models
+        if not a.report_only:
+            store.run(pool, tasks)
+        print(f"wait_single (512/20), Meta-Llama-3-8B, 1 x A100, n={a.n} prompts per run, seeds {a.seeds}; "
+              "E2E = central-window mean (s), geometric mean over the seeds; ratios paired per seed")
+        print()
+        print("| step model | prompts/s | Sarathi-like (s) | WAIT-CP (s) | same-budget control (s) | chunk-cap control (s) "
+              "| arms (a / b) | a / b − 1 | n (sign count) | verdict |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        words: dict[tuple[str, float], str] = {}
+        for m in MODELS:
+            for r in sorted(rates):
+                if not store.done(cell[(m, r)]):
+                    continue
+                e2e = {arm: np.array([store.rows[(m, arm, r, s, a.n)]["e2e_central_mean_s"] for s in seeds])
+                       for arm in ARMS}
+                gm = {arm: float(np.exp(np.log(v).mean())) for arm, v in e2e.items()}
+                head = f"| {m} | {r:g} | {gm['sarathi']:.3f} | {gm['wait_cp']:.3f} | {gm['budget_control']:.3f} " \
+                       f"| {gm['chunk_cap_control']:.3f} "
+                for arm in ("wait_cp", "budget_control", "chunk_cap_control"):
+                    est, ci, n, k = ratio_interval(np.log(e2e[arm] / e2e["sarathi"]))
+                    if arm == "wait_cp":
+                        word = verdict(est, ci, PAPER_EFFECT_PCT, min_effect=None if r == PAPER_RATE else 0.0)
+                        words[(m, r)] = word
+                    else:
+                        word = "—"
+                    print(f"{head}| {LABEL[arm]} / Sarathi-like | {_pct(est, ci)} | {n} ({k} of {n}) | {word} |")
+                    head = "| | | | | | "
+        print()
+        print("WAIT-CP vs Sarathi-like, verdict per rate across the step models (paper: lower latency than Sarathi; "
+              f"at {PAPER_RATE:g}/s 'over 70 %'):")
+        print()
+        print("| prompts/s | roofline | vidur_profile | overall |")
+        print("|---|---|---|---|")
+        for r in sorted(rates):
+            if any((m, r) not in words for m in MODELS):
+                continue
+            w = [words[(m, r)] for m in MODELS]
+            print(f"| {r:g} | {w[0]} | {w[1]} | {w[0] if w[0] == w[1] else 'depends on step model'} |")
+        print(f"\n(table: {len(tasks)} runs, {time.perf_counter() - t_start:.0f} s wall)", flush=True)
+        if a.no_capacity:
+            return
+        t_cap = time.perf_counter()
+        print(f"\nCapacity: highest rate whose central window stays bounded (geometric mean over seeds {a.cap_seeds} "
+              f"of the window growth ratio <= {GROWTH_BOUND}), bisection on [{cap_lo:g}, {cap_hi:g}] prompts/s to "
+              f"{a.cap_tol:g}, n={a.n}\n")
+        # one bisection per (model, arm); the rates of one bisection depend on its earlier answers, so the
+        # pool runs each probe's seeds in parallel
+        caps = {}
+
+        def search(m, arm):
+            def bounded_at(rate):
+                probe = [(m, arm, rate, s, a.n) for s in cap_seeds]
+                if a.report_only and not store.done(probe):
+                    raise LookupError(f"{m} {arm} {rate:g}: not in runs.csv")
+                return is_bounded([x["growth_ratio"] for x in store.run(pool, probe)])
+            try:
+                lo, hi, tried = bisect_capacity(bounded_at, cap_lo, cap_hi, a.cap_tol)
+            except LookupError as e:
+                return f"  {m} {LABEL[arm]}: incomplete ({e})"
+            caps[(m, arm)] = (lo, hi)
+            g = {rt: float(np.exp(np.mean(np.log([store.rows[(m, arm, rt, s, a.n)]["growth_ratio"]
+                                                    for s in cap_seeds])))) for rt in sorted(tried)}
+            return (f"  {m} {LABEL[arm]}: capacity in [{lo:g}, {hi:g}) prompts/s; tried "
+                    + ", ".join(f"{rt:g}: g={g[rt]:.3f} {'bounded' if tried[rt] else 'grows'}" for rt in sorted(tried)))
+        # the eight bisections run side by side (threads feeding the worker pool): each probe's rate depends
+        # on its own earlier answers only
+        with ThreadPoolExecutor(len(MODELS) * len(ARMS)) as ex:
+            lines = list(ex.map(lambda ma: search(*ma), [(m, arm) for m in MODELS for arm in ARMS]))
+        print("\n".join(lines), flush=True)
+        print()
+        print("| step model | " + " | ".join(LABEL[arm] for arm in ARMS) + " | capacity margin WAIT-CP / Sarathi-like − 1 |")
+        print("|---|" + "---|" * (len(ARMS) + 1))
+        for m in MODELS:
+            if any((m, arm) not in caps for arm in ARMS):
+                continue
+            cells = [f"[{caps[(m, arm)][0]:g}, {caps[(m, arm)][1]:g})" for arm in ARMS]
+            (wl, wh), (sl, sh) = caps[(m, "wait_cp")], caps[(m, "sarathi")]
+            if all(math.isfinite(x) and x > 0 for x in (wl, wh, sl, sh)):
+                margin = f"{wl / sl - 1:+.1%} (bracket ends: {wl / sh - 1:+.1%} … {wh / sl - 1:+.1%})"
+            else:
+                margin = "outside the bracket"
+            print(f"| {m} | " + " | ".join(cells) + f" | {margin} |")
+        print(f"\n(capacity: {time.perf_counter() - t_cap:.0f} s wall; total {time.perf_counter() - t_start:.0f} s)")
+    finally:
+        if pool:
+            pool.close()
+            pool.join()
+        store.f.close()
+
+
+if __name__ == "__main__":
+    main()
