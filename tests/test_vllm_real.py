@@ -32,7 +32,7 @@ from harness.vllm.launcher import port_free
 from harness.vllm.cluster import model_path
 from harness.vllm.scrape import parse_metrics
 from tests.conftest import BATCH_FORMING, VLLM_COMMON as COMMON, compose_run, free_port_base, pid_alive
-from tests.conftest import launched as _launched
+from tests.conftest import launched
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
@@ -51,16 +51,11 @@ def tiny_model():
     return model_path("tiny")
 
 
-def launched(cluster: str, tiny_model: str, workdir: Path, cpu_bind_offset: int = 0):
-    """``tests.conftest.launched`` (the tiny model is the only one these tests serve; ``tiny_model`` kept for
-    the call sites): the collocated server binds to core 1, the P/D pair to cores 0 and 1, so not all of
-    them share core 0."""
-    return _launched(cluster, workdir, cpu_bind_offset)
-
-
 @pytest.fixture(scope="module")
-def collocated_server(tiny_model, tmp_path_factory):
-    specs, launcher = launched("cpu_1x", tiny_model, tmp_path_factory.mktemp("colo"), cpu_bind_offset=1)
+def collocated_server(tmp_path_factory):
+    """The module's collocated server on core 1 (the P/D pair of ``tests.conftest.pd_pair`` binds cores 0
+    and 1, so not all servers share core 0)."""
+    specs, launcher = launched("cpu_1x", tmp_path_factory.mktemp("colo"), cpu_bind_offset=1)
     with launcher:
         yield specs[0].url, launcher
 
