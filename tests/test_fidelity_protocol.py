@@ -20,14 +20,14 @@ from harness.tools.steps import Contended
 # ---- contention ---------------------------------------------------------------------------------------------------
 
 def test_contention_names_the_figure_and_its_bound():
-    # 2 CPUs x 1.0 per CPU: bound 2.00 on the 1-minute load average
-    assert pr.contention_problem({"run": "calibration", "ncpu": 2, "loadavg_before": 3.1}) == (
-        "1-minute load average 3.10 before calibration > bound 2.00 (1 x 2 CPUs): the machine was contended; "
+    # 2 CPUs: before a run 0.35 per CPU -> bound 0.70; after it (its own load included) 1.5 per CPU -> 3.00
+    assert pr.contention_problem({"run": "calibration", "ncpu": 2, "loadavg_before": 1.02}) == (
+        "1-minute load average 1.02 before calibration > bound 0.70 (0.35 x 2 CPUs): the machine was contended; "
         "rerun on a quiet machine")
-    why = pr.contention_problem({"run": "heldout_2", "ncpu": 2, "loadavg_before": 1.2, "loadavg_after": 2.4})
-    assert why.startswith("1-minute load average 2.40 after heldout_2 > bound 2.00")
+    why = pr.contention_problem({"run": "heldout_2", "ncpu": 2, "loadavg_before": 0.3, "loadavg_after": 3.2})
+    assert why.startswith("1-minute load average 3.20 after heldout_2 > bound 3.00 (1.5 x 2 CPUs)")
     # the loads pass, the run's own decode steps spread 31 % > 25 %
-    why = pr.contention_problem({"run": "heldout_1", "ncpu": 2, "loadavg_before": 1.2, "loadavg_after": 1.9,
+    why = pr.contention_problem({"run": "heldout_1", "ncpu": 2, "loadavg_before": 0.6, "loadavg_after": 2.25,
                                  "step_dispersion": 0.31, "dispersion_steps": 120})
     assert why.startswith("decode step-time dispersion 31.0% of heldout_1 (IQR / median within a composition, "
                           "120 steps) > bound 25%")
@@ -36,14 +36,41 @@ def test_contention_names_the_figure_and_its_bound():
 
 
 def test_contention_bounds_are_strict_and_scale_with_the_cpus():
-    # the quiet per-step run of docs/fidelity_cpu.md: load 0.44 before, 1.73 after, dispersion 6.2 %
-    assert pr.contention_problem({"ncpu": 2, "loadavg_before": 0.44, "loadavg_after": 1.73,
-                                  "step_dispersion": 0.062, "dispersion_steps": 294}) == ""
-    assert pr.contention_problem({"ncpu": 2, "loadavg_after": 2.0, "step_dispersion": 0.25}) == ""   # at, not over
-    assert pr.contention_problem({"ncpu": 16, "loadavg_before": 8.0}) == ""                        # 8 <= 16
-    # a stricter bound: 0.25 x 16 = 4.00
-    assert "8.00 before the run > bound 4.00" in pr.contention_problem({"ncpu": 16, "loadavg_before": 8.0}, 0.25)
+    # the quiet protocol calibration of docs/fidelity_cpu.md: load 0.08 before, 2.25 after, dispersion 7.5 %
+    assert pr.contention_problem({"ncpu": 2, "loadavg_before": 0.08, "loadavg_after": 2.25,
+                                  "step_dispersion": 0.075, "dispersion_steps": 506}) == ""
+    assert pr.contention_problem({"ncpu": 2, "loadavg_before": 0.7, "loadavg_after": 3.0,
+                                  "step_dispersion": 0.25}) == ""                                  # at, not over
+    assert pr.contention_problem({"ncpu": 16, "loadavg_before": 5.6}) == ""                        # 5.6 <= 0.35 x 16
+    # stricter bounds: 0.25 x 16 = 4.00 before; 0.5 x 16 = 8.00 after
+    assert "5.60 before the run > bound 4.00" in pr.contention_problem({"ncpu": 16, "loadavg_before": 5.6}, 0.25)
+    assert "9.00 after the run > bound 8.00" in pr.contention_problem({"ncpu": 16, "loadavg_after": 9.0}, 1.0, 0.25, 0.5)
     assert "> bound 10%" in pr.contention_problem({"ncpu": 2, "step_dispersion": 0.12}, 1.0, 0.10)
+
+
+def test_settle_waits_for_the_load_to_fall_and_gives_up_at_its_limit(monkeypatch):
+    # a fake clock: each sleep advances it; the load falls 1.6 -> 1.0 -> 0.6 one read at a time
+    now = [0.0]
+    loads = [1.6, 1.0, 0.6]
+    monkeypatch.setattr(os, "getloadavg", lambda: (loads.pop(0) if len(loads) > 1 else loads[0],) * 3)
+    sleep = lambda dt: now.__setitem__(0, now[0] + dt)   # noqa: E731
+    state, waited = pr.settle(0.7, wait_s=60, poll_s=5, sleep=sleep, clock=lambda: now[0])
+    assert state["loadavg"][0] == 0.6 and waited == 10.0              # two polls of 5 s
+    # a hog holds it at 1.0: the wait ends at its 12 s limit (5 + 5 + 2 s), the last reading over the bound
+    now[0], loads[:] = 0.0, [1.0]
+    state, waited = pr.settle(0.7, wait_s=12, poll_s=5, sleep=sleep, clock=lambda: now[0])
+    assert state["loadavg"][0] == 1.0 and waited == 12.0
+
+
+def test_steal_share_from_proc_stat_readings(tmp_path):
+    f = tmp_path / "stat"
+    f.write_text("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 50 0 25 400 5 0 2 18 0 0\n")
+    a = pr.cpu_times(str(f))
+    assert a == {"user": 100, "nice": 0, "system": 50, "idle": 800, "iowait": 10, "irq": 0, "softirq": 5, "steal": 35}
+    b = dict(a, user=160, idle=1000, steal=75)      # 60 + 200 + 40 = 300 jiffies passed, 40 of them stolen
+    assert pr.steal_share(a, b) == pytest.approx(40 / 300)
+    assert math.isnan(pr.steal_share(None, b)) and math.isnan(pr.steal_share(a, a))
+    assert pr.cpu_times(str(tmp_path / "missing")) is None
 
 
 # ---- spread and verdicts ------------------------------------------------------------------------------------------
@@ -170,21 +197,22 @@ def machine(monkeypatch):
 
 
 def test_a_loaded_machine_is_refused_before_anything_is_launched(machine, tmp_path):
-    machine[:] = [3.1]
+    machine[:] = [1.1]            # a CPU-bound process alone: 1.0 and more, over 0.70
     launched = []
-    with pytest.raises(Contended, match=r"1-minute load average 3.10 before calibration > bound 2.00"):
-        protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: launched.append(d))
+    with pytest.raises(Contended, match=r"1-minute load average 1.10 before calibration > bound 0.70"):
+        protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: launched.append(d), settle_s=0)
     assert launched == []
     p = json.loads((tmp_path / "protocol.json").read_text())
-    assert p["refused"].startswith("1-minute load average 3.10 before calibration")
-    assert p["runs"]["calibration"]["figures"] == {"run": "calibration", "ncpu": 2, "loadavg_before": 3.1}
+    assert p["refused"].startswith("1-minute load average 1.10 before calibration")
+    assert p["runs"]["calibration"]["figures"] == {"run": "calibration", "ncpu": 2, "loadavg_before": 1.1}
     assert "metrics" not in p and "fit" not in p
 
 
 def test_a_run_whose_steps_spread_is_refused_before_the_fit(machine, tmp_path):
-    machine[:] = [0.5, 1.5]       # before, after: both under 2.00
+    machine[:] = [0.5, 1.5]       # before, after: under 0.70 and 3.00
     with pytest.raises(Contended, match=r"decode step-time dispersion .* of calibration .* > bound 25%"):
-        protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: write_run(d, spread=1.5), skip_steps=0)
+        protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: write_run(d, spread=1.5), skip_steps=0,
+                 settle_s=0)
     p = json.loads((tmp_path / "protocol.json").read_text())
     f = p["runs"]["calibration"]["figures"]
     assert f["loadavg_before"] == 0.5 and f["loadavg_after"] == 1.5 and f["step_dispersion"] > 0.25
@@ -192,14 +220,14 @@ def test_a_run_whose_steps_spread_is_refused_before_the_fit(machine, tmp_path):
 
 
 def test_a_quiet_calibration_is_fitted_then_a_loaded_repeat_stops_the_judgement(machine, tmp_path):
-    machine[:] = [0.5, 1.2, 0.8, 2.6]   # calibration before / after; heldout_1 before / after (2.6 > 2.00)
+    machine[:] = [0.5, 2.2, 0.6, 3.4]   # calibration before / after; heldout_1 before / after (3.4 > 3.00)
     runs = []
 
     def launch(ov, d):
         runs.append(d.name)
         write_run(d, spread=0.05)
-    with pytest.raises(Contended, match=r"1-minute load average 2.60 after heldout_1 > bound 2.00"):
-        protocol(tmp_path, "cpu", ["backend=vllm"], launch=launch, skip_steps=0)
+    with pytest.raises(Contended, match=r"1-minute load average 3.40 after heldout_1 > bound 3.00"):
+        protocol(tmp_path, "cpu", ["backend=vllm"], launch=launch, skip_steps=0, settle_s=0)
     assert runs == ["calibration", "heldout_1"]
     p = json.loads((tmp_path / "protocol.json").read_text())
     assert p["runs"]["calibration"]["figures"]["step_dispersion"] < 0.25
@@ -207,16 +235,16 @@ def test_a_quiet_calibration_is_fitted_then_a_loaded_repeat_stops_the_judgement(
     assert set(p["fit"]["terms"]) and all(v["status"] == "fitted" or v["status"].startswith("fixed at prior")
                                           for v in p["fit"]["terms"].values())
     assert (tmp_path / "cpu_protocol.yaml").is_file() and "metrics" not in p
-    assert p["refused"].startswith("1-minute load average 2.60 after heldout_1")
+    assert p["refused"].startswith("1-minute load average 3.40 after heldout_1")
 
 
 def test_the_command_exits_2_naming_the_figure(machine, tmp_path, capsys):
     from harness.tools.fidelity import main
-    machine[:] = [3.1]
+    machine[:] = [1.1]
     held = ["backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "slo=absolute", "engine.block_size=128"]
-    assert main(["protocol", "--profile", "cpu", "--out", str(tmp_path / "p"), "--heldout", *held]) == 2
+    assert main(["protocol", "--profile", "cpu", "--out", str(tmp_path / "p"), "--settle-s", "0", "--heldout", *held]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("refused: 1-minute load average 3.10 before calibration > bound 2.00 (1 x 2 CPUs)")
+    assert err.startswith("refused: 1-minute load average 1.10 before calibration > bound 0.70 (0.35 x 2 CPUs)")
     assert json.loads((tmp_path / "p" / "protocol.json").read_text())["refused"] in err
     assert not (tmp_path / "p" / "calibration").exists()
 

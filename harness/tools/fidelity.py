@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -410,16 +411,19 @@ def launch_real(overrides: Sequence[str], out_dir: Path) -> Path:
 # ---- the protocol (issue 33; its rules: harness.tools.protocol) ----------------------------------------------------
 
 def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: Sequence[str] = pr.CALIBRATION_OVERRIDES,
-             repeats: int = pr.MIN_REPEATS, skip_steps: int = 8, max_load_per_cpu: float = pr.MAX_LOAD_PER_CPU,
-             max_dispersion: float = pr.MAX_DISPERSION, launch: Optional[Callable] = None) -> dict:
+             repeats: int = pr.MIN_REPEATS, skip_steps: int = 8, max_load_per_cpu: float = pr.MAX_LOAD_BEFORE_PER_CPU,
+             max_dispersion: float = pr.MAX_DISPERSION, launch: Optional[Callable] = None,
+             max_load_after_per_cpu: float = pr.MAX_LOAD_AFTER_PER_CPU, settle_s: float = pr.SETTLE_S) -> dict:
     """Calibrate, fit per step, then replay the held-out workload ``repeats`` times back to back (module docstring).
 
     Writes into ``out``: ``calibration/`` (real run), ``<base>_protocol.yaml`` (the per-step fit,
     ``harness.tools.steps.fit_steps``, its header listing every term as fitted or fixed at its prior),
     ``heldout_<k>/`` (real runs, each with ``fidelity/`` holding ``fidelity.md`` and the per-regime ``steps.md``), and
-    ``protocol.json``, rewritten after every step: each run's figures (load before / after, dispersion), the bounds,
-    then the fit and the rows (:func:`protocol_rows`), or ``refused`` with the reason. ``launch(overrides, dir)`` runs
-    a real side (default ``harness.tools.fidelity.launch_real``). Returns the ``protocol.json`` dict.
+    ``protocol.json``, rewritten after every step: each run's figures (load before / after, the wait for the load to
+    settle, the steal share, dispersion), the bounds, then the fit and the rows (:func:`protocol_rows`), or
+    ``refused`` with the reason. Before each run it waits up to ``settle_s`` s for the load average to fall to the
+    before-bound (``harness.tools.protocol.settle``). ``launch(overrides, dir)`` runs a real side (default
+    ``harness.tools.fidelity.launch_real``). Returns the ``protocol.json`` dict.
 
     Raises:
         ValueError: ``repeats`` < ``pr.MIN_REPEATS``.
@@ -437,8 +441,9 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
     launch = launch or launch_real
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict = {"bounds": {"loadavg_1min_per_cpu": max_load_per_cpu, "decode_dispersion": max_dispersion,
-                                "min_repeats": pr.MIN_REPEATS},
+    summary: dict = {"bounds": {"loadavg_1min_per_cpu_before": max_load_per_cpu,
+                                "loadavg_1min_per_cpu_after": max_load_after_per_cpu, "settle_s": settle_s,
+                                "decode_dispersion": max_dispersion, "min_repeats": pr.MIN_REPEATS},
                      "runs": {}, "calibration_overrides": list(calibration), "heldout_overrides": list(heldout),
                      "repeats": repeats, "deciding_targets": pr.DECIDING, "shown_targets": pr.SHOWN, "anchors": ANCHORS}
 
@@ -446,11 +451,12 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
         write_json(summary, out / "protocol.json")
 
     def real_run(name: str, overrides: Sequence[str]):
-        before = pr.machine_state()
+        ncpu = os.cpu_count() or 1
+        before, waited = pr.settle(max_load_per_cpu * ncpu, settle_s)
         fig = {"run": name, "ncpu": before["ncpu"], "loadavg_before": before["loadavg"][0]}
-        summary["runs"][name] = {"before": before, "figures": fig}
+        summary["runs"][name] = {"before": before, "figures": fig, "settle_wait_s": round(waited, 1)}
         save()
-        why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion)
+        why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu)
         if not why:
             try:
                 launch(overrides, out / name)
@@ -462,7 +468,8 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
             steps, d, n = pr.run_steps(out / name, skip_steps)
             fig.update(loadavg_after=after["loadavg"][0], step_dispersion=d, dispersion_steps=n)
             summary["runs"][name]["after"] = after
-            why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion)
+            summary["runs"][name]["steal_share"] = pr.steal_share(before.get("cpu_jiffies"), after.get("cpu_jiffies"))
+            why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu)
         if why:
             summary["refused"] = why
             save()
@@ -505,8 +512,10 @@ def protocol_main(argv: Sequence[str]) -> int:
     """``python -m harness.tools.fidelity protocol``: see :func:`protocol`."""
     ap = argparse.ArgumentParser(
         prog="python -m harness.tools.fidelity protocol", description=protocol.__doc__.split("\n\n")[0],
-        epilog=f"Bounds: 1-minute load average before and after each real run <= --max-load-per-cpu x the machine's "
-               f"CPUs; each run's decode step-time dispersion <= --max-dispersion; >= {pr.MIN_REPEATS} held-out repeats. "
+        epilog=f"Bounds: 1-minute load average before each real run (after waiting up to --settle-s for it to settle) "
+               f"<= --max-load-per-cpu x the machine's CPUs, after it (its own load included) <= "
+               f"--max-load-after-per-cpu x the CPUs; each run's decode step-time dispersion <= --max-dispersion; "
+               f">= {pr.MIN_REPEATS} held-out repeats. "
                f"Verdicts on the engine and server clocks (the client clock shown, never deciding); 'within noise' "
                f"only when the real side's spread is under the target. Exit status: 0 every deciding metric met or "
                f"within noise; 1 one missed, unresolved or without data; 2 bad input, or refused: a contended run "
@@ -519,8 +528,14 @@ def protocol_main(argv: Sequence[str]) -> int:
     ap.add_argument("--heldout", nargs="+", required=True, help="Hydra overrides of the held-out run (backend=vllm ...)")
     ap.add_argument("--repeats", type=int, default=pr.MIN_REPEATS, help=f"held-out repeats (>= {pr.MIN_REPEATS})")
     ap.add_argument("--skip-steps", type=int, default=8, help="first logged steps per instance left out (warm-up)")
-    ap.add_argument("--max-load-per-cpu", type=float, default=pr.MAX_LOAD_PER_CPU,
-                    help="bound of the 1-minute load average per CPU, before and after each run")
+    ap.add_argument("--max-load-per-cpu", type=float, default=pr.MAX_LOAD_BEFORE_PER_CPU,
+                    help="bound of the 1-minute load average per CPU before each run, settled (default %(default)s)")
+    ap.add_argument("--max-load-after-per-cpu", type=float, default=pr.MAX_LOAD_AFTER_PER_CPU,
+                    help="bound of the 1-minute load average per CPU after each run, its own load included "
+                         "(default %(default)s)")
+    ap.add_argument("--settle-s", type=float, default=pr.SETTLE_S,
+                    help="longest wait before each run for the load average to settle under its bound, s "
+                         "(default %(default)s)")
     ap.add_argument("--max-dispersion", type=float, default=pr.MAX_DISPERSION,
                     help="bound of a run's decode step-time dispersion (IQR / median within a composition)")
     a = ap.parse_args(argv)
@@ -535,7 +550,7 @@ def protocol_main(argv: Sequence[str]) -> int:
             except ConfigError as e:
                 raise ValueError(f"{what}: {e}") from None
         s = protocol(a.out, a.profile, a.heldout, a.calibration, a.repeats, a.skip_steps, a.max_load_per_cpu,
-                     a.max_dispersion)
+                     a.max_dispersion, max_load_after_per_cpu=a.max_load_after_per_cpu, settle_s=a.settle_s)
     except (FileNotFoundError, ValueError) as e:   # st.Contended is a ValueError: a refusal, with its figures
         refused = isinstance(e, st.Contended)
         print(f"refused: {e} (figures in {a.out / 'protocol.json'})" if refused else f"error: {e}", file=sys.stderr)
