@@ -204,7 +204,18 @@ def test_every_registered_scheduler_is_an_option_with_a_docs_row_and_a_cluster()
         run = compose_run([f"scheduler={name}"] + ([] if supports(name, "a40_1p3d") else ["cluster=a40_4x"]))
         assert run.scheduler == get_spec(name).config_cls(), name
         assert f"| `{name}` |" in rows, f"docs/schedulers.md has no row for {name}"
+        row = next(ln for ln in rows.splitlines() if ln.startswith(f"| `{name}` |"))
+        unnamed = [k for k in scheduler_key_names(name) if k not in row]
+        assert not unnamed, f"docs/schedulers.md's row for {name} does not name its keys {unnamed}"
         assert any(supports(name, c) for c in options("cluster")), f"no shipped cluster supports {name}"
+
+
+def scheduler_key_names(name: str) -> list[str]:
+    """How docs/schedulers.md's row names a registered variant's keys, generated from its config dataclass:
+    `` `key` `` per field but ``name``, `` `group.*` `` for a nested config (``predictor.*``)."""
+    keys = dict.fromkeys(k.split(".")[0] + (".*" if "." in k else "")
+                         for k in config_fields(get_spec(name).config_cls))
+    return [f"`{k}`" for k in keys if k != "name"]
 
 
 @pytest.mark.parametrize("scheduler", registered())
@@ -245,24 +256,54 @@ def schema_keys() -> dict[str, list[str]]:
     from harness.core.profiles import ClusterConfig, EngineConfig, HardwareConfig, InstanceGroupConfig, ModelConfig
     from harness.workload.workload import WorkloadConfig
 
-    def fields(cls, prefix=""):
-        out = []
-        for f in dataclasses.fields(cls):
-            default = getattr(cls(), f.name)
-            if dataclasses.is_dataclass(default):
-                out += fields(type(default), f"{prefix}{f.name}.")
-            else:
-                out.append(prefix + f.name)
-        return out
-
-    keys = {"hardware": fields(HardwareConfig), "model": fields(ModelConfig), "cluster": fields(ClusterConfig),
-            "cluster.instances": fields(InstanceGroupConfig), "engine": fields(EngineConfig, "engine."),
-            "workload": fields(WorkloadConfig), "slo": fields(SloConfig), "logger": fields(LoggerConfig)}
-    for name in registered():
-        keys[f"scheduler={name}"] = fields(get_spec(name).config_cls)
-    for name in options("backend"):
-        keys[f"backend={name}"] = fields(backends()[name].config_cls)
+    keys = {"hardware": config_fields(HardwareConfig), "model": config_fields(ModelConfig),
+            "cluster": config_fields(ClusterConfig), "cluster.instances": config_fields(InstanceGroupConfig),
+            "engine": config_fields(EngineConfig, "engine."), "workload": config_fields(WorkloadConfig),
+            "slo": config_fields(SloConfig), "logger": config_fields(LoggerConfig)}
+    for name in CONF_README_BACKENDS:
+        keys[f"backend={name}"] = config_fields(backends()[name].config_cls)
     return keys
+
+
+# The backends conf/README.md has key tables for; every other registered backend documents its keys in its config
+# class's docstring (test_every_other_backend_documents_its_keys_in_its_config_docstring). The scheduler
+# variants' keys: docs/schedulers.md (test_every_registered_scheduler_is_an_option_with_a_docs_row_and_a_cluster).
+CONF_README_BACKENDS = ("sim", "vllm")
+
+
+def config_fields(cls, prefix: str = "") -> list[str]:
+    """A config dataclass's keys, nested ones with their parent's prefix (``predictor.sigma``)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            out += config_fields(type(default), f"{prefix}{f.name}.")
+        else:
+            out.append(prefix + f.name)
+    return out
+
+
+def test_every_other_backend_documents_its_keys_in_its_config_docstring():
+    """A backend without key tables in conf/README.md names each of its keys (read from the registry) in its
+    config class's docstring: adding a backend does not touch conf/README.md."""
+    for name in options("backend"):
+        if name in CONF_README_BACKENDS:
+            continue
+        cls = backends()[name].config_cls
+        missing = [k for k in config_fields(cls) if k != "name" and k not in (cls.__doc__ or "")]
+        assert not missing, f"backend={name}: {cls.__qualname__}'s docstring does not name its keys {missing}"
+
+
+def test_conf_readme_scheduler_key_tables_name_only_real_keys():
+    """conf/README.md's key tables under ``## scheduler`` (the shipped variants' units and allowed values) name no
+    key that no registered variant has (the complete list per variant is docs/schedulers.md's row)."""
+    text = (CONF / "README.md").read_text()
+    section = text[text.index("\n## scheduler\n"):text.index("\n## backend\n")]
+    real = {k for n in registered() for k in config_fields(get_spec(n).config_cls)}
+    real |= {k.split(".")[0] + ".*" for k in real if "." in k}
+    named = {m for ln in section.splitlines() if ln.startswith("| `")
+             for m in [ln.split("`")[1]]}
+    assert named and not named - real, f"conf/README.md names scheduler keys that do not exist: {named - real}"
 
 
 def test_conf_readme_documents_every_key_and_option():
@@ -272,7 +313,11 @@ def test_conf_readme_documents_every_key_and_option():
     missing += [f"section ## {f.name}" for f in dataclasses.fields(RunConfig) if f"\n## {f.name}\n" not in text]
     groups = [p.name for p in CONF.iterdir() if p.is_dir()] + ["scheduler", "backend"]
     missing += [f"section ## {g}" for g in groups if f"\n## {g}\n" not in text]
-    missing += [f"option {g}={o}" for g in groups for o in options(g) if f"`{o}`" not in text]
+    # the scheduler variants are listed once, in docs/schedulers.md (linked from conf/README.md); other
+    # backends than CONF_README_BACKENDS document themselves (their config docstring)
+    missing += [f"option {g}={o}" for g in groups if g != "scheduler" for o in options(g)
+                if f"`{o}`" not in text and not (g == "backend" and o not in CONF_README_BACKENDS)]
+    missing += ["a link to docs/schedulers.md"] * ("(../docs/schedulers.md)" not in text)
     assert not missing, f"conf/README.md does not mention: {missing}"
 
 

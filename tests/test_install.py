@@ -1,7 +1,8 @@
 """The installable package (issue 24, item 4): the wheel built from this checkout, installed in a fresh virtual
 environment outside the checkout, runs the main job with its console script ``agentic-harness`` and prints
-the main job's table as README.md shows it (every row but the wall time), with Hydra finding ``conf/`` through
-``pkg://harness.conf`` and the default trace shipped as package data.
+the main job's table as README.md shows it (README.md shows the rows of ``harness.analysis.catalog.README_TABLE``,
+a stated subset of the printed table; each must be printed as shown, every row but the wall time), with
+Hydra finding ``conf/`` through ``pkg://harness.conf`` and the default trace shipped as package data.
 
 The venv gets its dependencies (hydra, numpy, pandas, pyarrow ...) from the environment the suite runs in, not
 from whatever the base interpreter holds: after the wheel is installed (``--no-deps --no-index``: no network),
@@ -115,9 +116,31 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_main_job(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     first = next(ln for ln in r.stdout.splitlines() if ln.startswith("conserve on "))
     assert first.startswith("conserve on a40_1p3d (sim), swebench_verified_mini_gemini3pro.jsonl.gz @ 0.05 conv/s")
-    got = [ln for ln in table_rows(r.stdout) if not ln.startswith("| run wall")]
     want = [ln for ln in readme_main_table() if not ln.startswith("| run wall")]
-    assert got == want
+    assert readme_rows_follow_the_catalogue(want[2:])   # (after the header and its rule)
+    printed = {ln.split(" | ")[0]: ln for ln in table_rows(r.stdout)}
+    assert [printed.get(ln.split(" | ")[0]) for ln in want] == want
+
+
+def readme_rows_follow_the_catalogue(rows: list[str]) -> bool:
+    """README.md's main-job table shows the rows of ``harness.analysis.catalog.README_TABLE`` (a stated subset
+    of the printed ``TABLE``), in that order, under the catalogue's labels: the expected labels are generated
+    from the catalogue, so a metric added to ``TABLE`` needs no README edit, and a README row the catalogue
+    does not name (or names in another order) fails."""
+    from harness.analysis.catalog import BY_KEY, README_TABLE, TABLE
+    assert set(README_TABLE) <= set(TABLE)
+    assert [k for k in TABLE if k in README_TABLE] == list(README_TABLE), "README_TABLE is not in TABLE order"
+    labels = [ln.split(" | ")[0].removeprefix("| ") for ln in rows]
+    expected = [BY_KEY[k].label for k in README_TABLE if k != "sim_wall_s"]
+    assert labels == expected, f"README.md's main-job rows {labels} != the catalogue's README_TABLE {expected}"
+    return True
+
+
+def test_the_readme_main_table_shows_the_catalogues_stated_subset():
+    """Without building a wheel: README.md's main-job rows are README_TABLE's labels, in order, wall time last."""
+    rows = readme_main_table()
+    assert rows[0] == "| metric | conserve |" and rows[-1].startswith("| run wall (s) |")
+    assert readme_rows_follow_the_catalogue([ln for ln in rows[2:] if not ln.startswith("| run wall")])
     assert "run VALID" in r.stdout
     assert (outside / "run" / "summary.json").is_file() and (outside / "run" / "turns.parquet").is_file()
     assert not list(venv.glob("lib/python*/site-packages/results"))   # nothing written into the install

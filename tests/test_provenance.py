@@ -274,3 +274,29 @@ def test_package_versions_read_once_are_the_installed_ones():
                                                          "tqdm")}}
     first["numpy"] = "edited"
     assert package_versions()["numpy"] == metadata.version("numpy")
+
+
+def test_the_fingerprint_reads_the_typed_input_and_digests_the_trace_bytes(tmp_path):
+    """``fingerprint`` reads a ``FingerprintInput`` (instances, model profile, trace path), never the run config:
+    the trace component is the SHA-256 of the file's bytes (computed here with hashlib), the config component
+    that of the config text, a synthetic workload has none; a model profile edit changes ``profiles`` only."""
+    import dataclasses
+    import hashlib
+
+    from harness.analysis.provenance import FingerprintInput, fingerprint
+    from harness.run.inputs import fingerprint_input
+    from tests.conftest import compose_run
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, load_trace(SHIPPED)[:2])
+    run = compose_run([f"workload.trace={trace}"])
+    inp = fingerprint_input(run)
+    assert isinstance(inp, FingerprintInput) and inp.trace_path == run.trace_path
+    fp = fingerprint(inp, "a: 1\n")
+    assert fp["components"]["trace"] == hashlib.sha256(trace.read_bytes()).hexdigest()[:32]
+    assert fp["components"]["config"] == hashlib.sha256(b"a: 1\n").hexdigest()[:32]
+    assert fp["trace_path"] == str(run.trace_path)
+    syn = fingerprint(dataclasses.replace(inp, trace_path=None), "a: 1\n")
+    assert syn["components"]["trace"] == "synthetic" and syn["trace_path"] is None
+    other = dataclasses.replace(inp, model=dataclasses.replace(inp.model, num_layers=inp.model.num_layers + 1))
+    assert changed_components(fp, fingerprint(other, "a: 1\n"))[0].startswith("profiles (")
+    assert len(changed_components(fp, fingerprint(other, "a: 1\n"))) == 1

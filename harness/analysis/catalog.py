@@ -128,6 +128,17 @@ TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "num_conversations_f
                           "decoder_kv_peak_frac", "decoder_kv_mean_frac",
                           "ampd_remote_frac", "ampd_decision_flip_frac", "ampd_misrouted_frac",
                           "ampd_decision_error_frac", "ampd_migrations", "sim_wall_s")
+# The rows README.md's main-job table shows ("What the main job prints"), in ``TABLE`` order: a stated subset of
+# the printed table, so a metric added to ``TABLE`` is printed without README.md being edited
+# (tests/test_install.py compares README.md's rows with the printed ones for exactly these keys).
+README_TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "num_conversations_failed", "ttfet_p50_s",
+                                 "ttfet_p95_s", "ttfet_first_p50_s", "ttfet_first_p95_s", "ttfet_first_p99_s",
+                                 "ttfet_visible_p50_s", "ttfet_visible_p95_s", "ttfet_visible_p99_s", "latency_p95_s",
+                                 "last_turn_tpot_p50_s", "ttft_p95_s", "tpot_p50_s", "slo_attainment",
+                                 "slo_attainment_first", "slo_attainment_visible", "goodput_conv_per_s", "preemptions",
+                                 "prefix_hit_frac", "energy_j", "tokens_per_joule", "output_tokens_per_joule",
+                                 "admission_held_conversations", "admission_hold_s_total", "admission_hold_p95_s",
+                                 "decoder_kv_peak_frac", "decoder_kv_mean_frac", "sim_wall_s")
 # Rows a table shows only when at least one of its runs has the key (a policy's own summary, e.g. AMPD's).
 OPTIONAL: frozenset[str] = frozenset({"ampd_remote_frac", "ampd_decision_flip_frac", "ampd_misrouted_frac",
                                       "ampd_decision_error_frac", "ampd_migrations", "admission_held_conversations",

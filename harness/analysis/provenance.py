@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from harness.core.profiles import HardwareConfig, ModelConfig
+
 log = logging.getLogger(__name__)
 
 SWEEP_LOCK = ".sweep.lock"
@@ -83,25 +85,40 @@ def file_digest(path: Path | str) -> str:
     return hit
 
 
-def fingerprint(run: Any, resolved_yaml: str) -> dict:
-    """The fingerprint of a resolved run (``harness.run.config.Resolved``) with config text ``resolved_yaml``:
+@dataclasses.dataclass(frozen=True)
+class FingerprintInput:
+    """What a run's fingerprint reads of the run (built by ``harness.run.inputs.fingerprint_input`` from the
+    resolved config, ``harness.run.config.Resolved``).
+
+    instances: ``(name, role, HardwareConfig)`` per instance, in index order (``cluster.instances`` expanded);
+    model: the served model's profile (``model``); trace_path: the trace file (absolute path), ``None`` for
+    a synthetic workload (``workload.kind=synthetic``).
+    """
+
+    instances: tuple[tuple[str, str, HardwareConfig], ...]
+    model: ModelConfig
+    trace_path: Optional[Path]
+
+
+def fingerprint(inp: FingerprintInput, resolved_yaml: str) -> dict:
+    """The fingerprint of a resolved run (``inp``: what it reads of it) with config text ``resolved_yaml``:
     ``{"digest": ..., "components": {"config", "profiles", "trace", "code"}, "trace_path": ...}`` (module
     docstring). A trace that cannot be read gets ``unreadable`` (the run then fails on it with a clear error)."""
     from harness.core.paths import code_digest
-    synthetic = run.cfg.workload.kind == "synthetic"
+    synthetic = inp.trace_path is None
     if synthetic:
         trace = "synthetic"
     else:
         try:
-            trace = file_digest(run.trace_path)
+            trace = file_digest(inp.trace_path)
         except OSError:
             trace = "unreadable"
-    profiles = json.dumps({"instances": [[n, r, dataclasses.asdict(h)] for n, r, h in run.instances],
-                           "model": dataclasses.asdict(run.cfg.model)}, sort_keys=True, default=str)
+    profiles = json.dumps({"instances": [[n, r, dataclasses.asdict(h)] for n, r, h in inp.instances],
+                           "model": dataclasses.asdict(inp.model)}, sort_keys=True, default=str)
     comp = {"config": sha256_text(resolved_yaml), "profiles": sha256_text(profiles), "trace": trace,
             "code": code_digest()}
     return {"digest": sha256_text(json.dumps(comp, sort_keys=True)), "components": comp,
-            "trace_path": None if synthetic else str(run.trace_path)}
+            "trace_path": None if synthetic else str(inp.trace_path)}
 
 
 def changed_components(old: Optional[dict], new: dict) -> list[str]:

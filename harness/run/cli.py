@@ -132,6 +132,7 @@ def _main(cfg: DictConfig) -> dict:
     from harness.analysis.catalog import summary_table
     from harness.run.loggers import logged_run
     from harness.analysis.provenance import RUN_LOCK, DirLock, LockHeld, fingerprint
+    from harness.run.inputs import fingerprint_input
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     signal.signal(signal.SIGTERM, _sigterm)  # like Ctrl-C: what was measured is written, partial
@@ -148,7 +149,7 @@ def _main(cfg: DictConfig) -> dict:
         from harness.run.runner import completed_run, execute  # numpy/pandas/pyarrow: only once the config is valid
         resolved_yaml = scrub_yaml(OmegaConf.to_yaml(cfg))   # config.yaml and the fingerprint's text
         lock = DirLock(out, RUN_LOCK).acquire()  # one writer per run directory
-        fp = fingerprint(run, resolved_yaml)
+        fp = fingerprint(fingerprint_input(run), resolved_yaml)
         done = completed_run(out, resolved_yaml, fp, job)
         if done is not None:
             print(f"{out}: already complete with this config, trace, code and profiles (fingerprint "

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
+from harness.analysis.provenance import FingerprintInput
 from harness.core.backend import BackendConfig
 from harness.core.policy import InstanceHints
 from harness.core.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, prefill_iteration_coefficient
@@ -116,6 +117,13 @@ def session_input(run: "Resolved") -> SessionInput:
         sim=run.backend if isinstance(run.backend, SimBackendConfig) else SimBackendConfig(),
         workload_seed=cfg.workload.seed, max_active=cfg.workload.max_active(), duration_s=cfg.workload.duration_s,
         log_steps=bool(cfg.logger.steps))
+
+
+def fingerprint_input(run: "Resolved") -> FingerprintInput:
+    """What the run's fingerprint (``harness.analysis.provenance.fingerprint``) reads of the resolved run: its
+    instances, model profile and trace file (``None`` for ``workload.kind=synthetic``)."""
+    synthetic = run.cfg.workload.kind == "synthetic"
+    return FingerprintInput(tuple(run.instances), run.cfg.model, None if synthetic else run.trace_path)
 
 
 def context_limit(run: "Resolved") -> Optional[int]:

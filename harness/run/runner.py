@@ -39,6 +39,7 @@ from harness.core.controller import ConversationState
 from harness.analysis.goodput import goodput_summary
 from harness.analysis.metrics import apply_slo, conversation_table, pressure_metrics, slo_scale_curve, summarize
 from harness.core.recorder import Recorder, write_json, write_run_files, write_text
+from harness.run.inputs import fingerprint_input
 from harness.run.session import SessionInput, SessionResult, check_policies, run_session, session_input
 from harness.run.slo_baseline import _interrupt_hook, unloaded_readings
 from harness.core.trace import load_trace
@@ -312,7 +313,7 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
     meta = {"packages": package_versions(), "platform": platform.platform(),
             "instances": [{"name": n, "role": r, "hardware": dataclasses.asdict(h)} for n, r, h in run.instances],
             "model": dataclasses.asdict(cfg.model), "workload_source": "synthetic" if synthetic else str(run.trace_path),
-            "fingerprint": fp or fingerprint(run, resolved_yaml), "job_overrides": list(job) if job is not None else None}
+            "fingerprint": fp or fingerprint(fingerprint_input(run), resolved_yaml), "job_overrides": list(job) if job is not None else None}
     meta = {"code": code_version(), **scrub(meta)}   # (the git sha is 40 hex digits, the shape of a W&B key)
     write_json(meta, out_dir / "meta.json")
     _private_if_redacted(out_dir / "meta.json", json.dumps(meta))
