@@ -23,7 +23,7 @@ Bounds (stated here, in ``--help`` and docs/fidelity_cpu.md "The protocol"; meas
 * the 1-minute load average **after** a run, the run's own load included, at most ``MAX_LOAD_AFTER_PER_CPU`` (1.5)
   x the CPUs: the quiet protocol runs read 1.02-2.25 after a run (engine core, its worker, API server, client; the
   earlier bound of 1.0 per CPU refused a quiet calibration at 2.25), one more CPU-bound process adds about 1;
-* the decode-step dispersion at most ``MAX_DISPERSION`` (25 %: 6.2-7.5 % on quiet calibration runs, 15.7-21.6 % on
+* the decode-step dispersion at most ``MAX_DISPERSION`` (25 %: 6.2-16.5 % on quiet calibration runs, 15.7-28.7 % on
   quiet held-out repeats, 18-32 % per regime at a load average of 10, docs/fidelity_cpu.md), ``harness.tools.steps``'s
   bound, the one ``fidelity steps`` and ``calibrate --from-steps`` refuse with.
 
