@@ -120,6 +120,9 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_main_job(tmp_path):
     assert readme_rows_follow_the_catalogue(want[2:])   # (after the header and its rule)
     printed = {ln.split(" | ")[0]: ln for ln in table_rows(r.stdout)}
     assert [printed.get(ln.split(" | ")[0]) for ln in want] == want
+    assert "run VALID" in r.stdout
+    assert (outside / "run" / "summary.json").is_file() and (outside / "run" / "turns.parquet").is_file()
+    assert not list(venv.glob("lib/python*/site-packages/results"))   # nothing written into the install
 
 
 def readme_rows_follow_the_catalogue(rows: list[str]) -> bool:
@@ -141,9 +144,6 @@ def test_the_readme_main_table_shows_the_catalogues_stated_subset():
     rows = readme_main_table()
     assert rows[0] == "| metric | conserve |" and rows[-1].startswith("| run wall (s) |")
     assert readme_rows_follow_the_catalogue([ln for ln in rows[2:] if not ln.startswith("| run wall")])
-    assert "run VALID" in r.stdout
-    assert (outside / "run" / "summary.json").is_file() and (outside / "run" / "turns.parquet").is_file()
-    assert not list(venv.glob("lib/python*/site-packages/results"))   # nothing written into the install
 
 
 def test_a_missing_config_directory_is_named():
