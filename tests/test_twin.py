@@ -23,8 +23,6 @@ from harness.run.config import resolve
 from omegaconf import OmegaConf
 from tests.conftest import compose_cfg
 
-pytestmark = pytest.mark.xdist_group("vllm")
-
 SMALL = ["workload.num_conversations=3", "workload.max_turns=1", "workload.rate_per_s=2", "logger.progress=false"]
 VARIANTS = ("conserve", "ampd_rd", "ampd_cost")
 def test_twin_conserve_on_real_servers_and_simulator(pd_pair, tmp_path):

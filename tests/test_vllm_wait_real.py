@@ -23,8 +23,6 @@ from harness.run.runner import execute
 from harness.vllm import cluster as cluster_mod
 from tests.conftest import compose_run, free_port_base
 
-pytestmark = pytest.mark.xdist_group("vllm")
-
 PROMPT, OUTPUT, N_PROMPTS, TL = 100, 4, 8, 8
 # WAIT's tl thresholds for one type: n = max(1, floor(tl * lambda / (lambda * o))) = floor(8 / 4) = 2
 # prompts per stage per step (docs/wait.md, "Thresholds"); stages 0..o-1 = 0..3.

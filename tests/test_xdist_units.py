@@ -1,0 +1,47 @@
+"""The suite's own xdist work units (tests/conftest.py ``SHARED_SERVER_UNITS``, ``pytest_xdist_make_scheduler``):
+every test file that uses a shared real-server fixture is in the one unit that starts it, and a ``-n 2`` run
+really keeps a unit's tests on one worker."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SHARED_SERVER_UNITS, work_unit
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _users(fixture: str) -> set[str]:
+    """Test files whose test functions take ``fixture`` as an argument (read from the source, not from the
+    table)."""
+    pat = re.compile(rf"^def test_\w+\([^)]*\b{fixture}\b", re.M)
+    return {f"tests/{p.name}" for p in TESTS.glob("test_*.py") if pat.search(p.read_text())}
+
+
+def test_every_user_of_the_session_p_d_pair_is_in_one_unit():
+    users = _users("pd_pair") | _users("pd_servers")
+    assert {"tests/test_twin.py", "tests/test_vllm_real.py"} <= users
+    assert len({work_unit(f"{f}::test_x") for f in users}) == 1
+
+
+def test_a_test_outside_the_table_is_a_unit_of_its_own_and_xdist_group_suffixes_are_dropped():
+    assert work_unit("tests/test_config.py::test_a[x]") == "tests/test_config.py::test_a[x]"
+    assert work_unit("tests/test_config.py::test_a[a@b]") == "tests/test_config.py::test_a[a@b]"
+    assert work_unit("tests/test_vllm_real.py::test_a@vllm") == SHARED_SERVER_UNITS["tests/test_vllm_real.py"]
+    assert work_unit("tests/test_clusters.py::test_b[p]") != work_unit("tests/test_twin.py::test_c")
+
+
+def test_a_two_worker_run_keeps_a_unit_on_one_worker():
+    pytest.importorskip("xdist")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider",
+                        "tests/test_clusters.py", "-k", "launcher_keys_are_validated or pack_fills"],
+                       cwd=TESTS.parent, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    workers = re.findall(r"^\[(gw\d)\] .*PASSED tests/test_clusters\.py", r.stdout, re.M)
+    assert len(workers) == 12, r.stdout[-2000:]   # 11 key cases + the placement test
+    assert len(set(workers)) == 1, workers
