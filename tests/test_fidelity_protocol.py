@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -236,6 +237,55 @@ def test_a_quiet_calibration_is_fitted_then_a_loaded_repeat_stops_the_judgement(
                                           for v in p["fit"]["terms"].values())
     assert (tmp_path / "cpu_protocol.yaml").is_file() and "metrics" not in p
     assert p["refused"].startswith("1-minute load average 3.40 after heldout_1")
+
+
+def test_both_fit_objectives_are_judged_on_the_same_runs_and_a_flip_is_named(machine, tmp_path, monkeypatch):
+    """The whole protocol on stand-in runs, the simulated side replaced by hand-made metrics per profile: the
+    deciding objective's verdicts set the exit status, the other's are kept beside them, and the row whose word
+    differs is listed as depending on the objective."""
+    import harness.tools.fidelity as fid
+    from harness.tools import steps as st
+    machine[:] = [0.5, 1.0] * 4   # every run, before / after: under 0.70 and 3.00
+    # real ITL 4.0 / 4.2 / 4.4 ms (mean 4.2, spread 9.5 %); E2E 0.100 / 0.101 / 0.102 s (spread 2 %)
+    real = {"engine_itl_mean_s": [4.0e-3, 4.2e-3, 4.4e-3], "engine_e2e_mean_s": [0.100, 0.101, 0.102]}
+    # relative: ITL 3.0 ms (-28.6 %: missed), E2E 0.100 (-1 %: within noise); absolute: ITL 4.1 ms (-2.4 %: within
+    # noise), E2E 0.100 (within noise)
+    sim = {"cpu_protocol": {"engine_itl_mean_s": 3.0e-3, "engine_e2e_mean_s": 0.100},
+           "cpu_protocol_absolute": {"engine_itl_mean_s": 4.1e-3, "engine_e2e_mean_s": 0.100}}
+    seen = []
+
+    def fake_fidelity(d, prof, out):
+        k = int(Path(d).name.split("_")[1]) - 1
+        name = Path(prof).stem
+        seen.append((Path(d).name, name, Path(out).name))
+        return {"comparison": {"metrics": {m_: m(real[m_][k], sim[name][m_]) for m_ in real}}}
+    monkeypatch.setattr(fid, "fidelity", fake_fidelity)
+    monkeypatch.setattr(st, "steps_report", lambda *a, **k: None)
+    monkeypatch.setattr(pr, "DECIDING", {"engine_itl_mean_s": 0.10, "engine_e2e_mean_s": 0.10})
+    monkeypatch.setattr(pr, "SHOWN", {})
+    s = protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: write_run(d, spread=0.05), skip_steps=0,
+                 settle_s=0)
+    assert s["objective"] == "relative" and list(s["by_objective"]) == ["relative", "absolute"]
+    assert (tmp_path / "cpu_protocol.yaml").is_file() and (tmp_path / "cpu_protocol_absolute.yaml").is_file()
+    assert seen[:2] == [("heldout_1", "cpu_protocol", "fidelity"), ("heldout_1", "cpu_protocol_absolute",
+                                                                      "fidelity_absolute")] and len(seen) == 6
+    rel, ab = (s["by_objective"][o]["metrics"] for o in ("relative", "absolute"))
+    assert rel["engine_itl_mean_s"]["verdict"] == "missed" and ab["engine_itl_mean_s"]["verdict"] == "within noise"
+    assert rel["engine_e2e_mean_s"]["verdict"] == ab["engine_e2e_mean_s"]["verdict"] == "within noise"
+    assert s["exit_status"] == 1 and s["by_objective"]["absolute"]["exit_status"] == 0
+    assert s["depends_on_objective"] == ["engine_itl_mean_s"]
+    assert json.loads((tmp_path / "protocol.json").read_text())["depends_on_objective"] == ["engine_itl_mean_s"]
+    # each profile states its objective (the property of each: tests/test_fidelity_steps.py)
+    assert "(objective absolute;" in (tmp_path / "cpu_protocol_absolute.yaml").read_text()
+    assert "(objective relative;" in (tmp_path / "cpu_protocol.yaml").read_text()
+    assert s["by_objective"]["absolute"]["fit"]["objective"] == "absolute"
+
+
+def test_flips_name_the_rows_whose_word_differs():
+    a = {"x": {"verdict": "met"}, "y": {"verdict": "missed"}}
+    b = {"x": {"verdict": "met"}, "y": {"verdict": "within noise"}, "z": {"verdict": "met"}}
+    assert pr.flips({"relative": a, "absolute": b}) == ["y", "z"]
+    assert pr.flips({"relative": a, "absolute": dict(a)}) == [] and pr.flips({}) == []
 
 
 def test_the_command_exits_2_naming_the_figure(machine, tmp_path, capsys):

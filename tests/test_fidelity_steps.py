@@ -65,6 +65,33 @@ def test_fit_recovers_known_coefficients_within_their_se_and_fixes_the_unidentif
     assert t["cached_prefix_token_s"]["value"] == base.cached_prefix_token_s
 
 
+def test_the_two_objectives_on_right_skewed_step_times():
+    """Step times = the step model x log-normal noise exp(sigma Z), sigma 0.3 (right-skewed, as real steps are).
+    ``absolute`` (ordinary least squares with the step overhead as intercept): the residuals sum to zero, so
+    the fitted model's total equals the real total. ``relative``: minimising sum (m / y - 1)^2 with the noise
+    independent of the batch scales every coefficient by k = E[e^-sZ] / E[e^-2sZ] = exp(-1.5 s^2) in
+    expectation (the normal equations at beta = k beta_true), and the real mean is exp(s^2 / 2) times the model,
+    so the fitted total is exp(-2 s^2) = 0.835 of the real one: 16.5 % short."""
+    rng = np.random.default_rng(11)
+    base = load_profile("cpu")
+    true = {"step_overhead_s": 2.5e-3, "decode_seq_s": 2.2e-4, "kv_token_s": 1.5e-7, "prefill_token_s": 8e-5,
+            "attention_pair_s": 3e-9, "prefill_seq_overhead_s": 1.2e-3, "cached_prefix_token_s": 0.0}
+    hw_true = st.profile_from_terms(base, TINY, true, "test")
+    steps = frame(synthetic_lines(rng, n=3000))
+    sigma = 0.3
+    steps["wall_s"] = st.replay(steps, PerfModel(hw_true, TINY)) * np.exp(sigma * rng.standard_normal(len(steps)))
+    real = steps.wall_s.sum()
+    totals = {}
+    for obj in st.OBJECTIVES:
+        fit = st.fit_steps(steps, base, TINY, outlier_mads=0, objective=obj)
+        assert fit["objective"] == obj and fit["terms"]["step_overhead_s"]["status"] == "fitted"
+        totals[obj] = st.replay(steps, PerfModel(fit["hw"], TINY)).sum() / real
+    assert totals["absolute"] == pytest.approx(1.0, abs=1e-6)
+    assert totals["relative"] == pytest.approx(math.exp(-2 * sigma ** 2), abs=0.02)
+    with pytest.raises(ValueError, match="objective 'median'"):
+        st.fit_steps(steps, base, TINY, objective="median")
+
+
 def test_a_coefficient_the_noise_hides_is_fixed_not_fitted():
     # decode-only steps of batch 1-2 at nearly one context: the KV-token slope (150 ns x ~0-100 tokens of
     # variation, ~15 us) is far under 20 % noise on ~3 ms steps, so its relative SE exceeds 50 %

@@ -692,6 +692,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(logs/*.step_times.jsonl), each coefficient with its standard error, unidentified ones "
                          "fixed at --base's value; refuses (exit 2) a contended run unless --no-check")
     ap.add_argument("--rel-se-bound", type=float, default=0.5, help="--from-steps: identification bound (relative SE)")
+    from harness.tools.steps import OBJECTIVES
+    ap.add_argument("--objective", choices=OBJECTIVES, default="relative",
+                    help="--from-steps: least squares on relative step-time errors (every step weighs the same) or on "
+                         "the times themselves (keeps the run's summed step time)")
     ap.add_argument("--no-check", action="store_true", help="--from-steps: fit a contended run anyway")
     a = ap.parse_args(argv)
     if a.from_steps:
@@ -739,7 +743,7 @@ def _main_from_steps(a) -> int:
             fig = {"loadavg_1min": st.run_loadavg(a.run_dir, meta), "checked": False}
         else:
             fig = st.contention(a.run_dir, steps, meta)
-        res = st.fit_steps(steps, base, model, rel_se_bound=a.rel_se_bound)
+        res = st.fit_steps(steps, base, model, rel_se_bound=a.rel_se_bound, objective=a.objective)
     except st.Contended as e:
         print(f"refused: {e}", file=sys.stderr)
         return 2

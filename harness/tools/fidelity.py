@@ -413,20 +413,29 @@ def launch_real(overrides: Sequence[str], out_dir: Path) -> Path:
 def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: Sequence[str] = pr.CALIBRATION_OVERRIDES,
              repeats: int = pr.MIN_REPEATS, skip_steps: int = 8, max_load_per_cpu: float = pr.MAX_LOAD_BEFORE_PER_CPU,
              max_dispersion: float = pr.MAX_DISPERSION, launch: Optional[Callable] = None,
-             max_load_after_per_cpu: float = pr.MAX_LOAD_AFTER_PER_CPU, settle_s: float = pr.SETTLE_S) -> dict:
+             max_load_after_per_cpu: float = pr.MAX_LOAD_AFTER_PER_CPU, settle_s: float = pr.SETTLE_S,
+             objective: str = "relative") -> dict:
     """Calibrate, fit per step, then replay the held-out workload ``repeats`` times back to back (module docstring).
 
-    Writes into ``out``: ``calibration/`` (real run), ``<base>_protocol.yaml`` (the per-step fit,
-    ``harness.tools.steps.fit_steps``, its header listing every term as fitted or fixed at its prior),
-    ``heldout_<k>/`` (real runs, each with ``fidelity/`` holding ``fidelity.md`` and the per-regime ``steps.md``), and
-    ``protocol.json``, rewritten after every step: each run's figures (load before / after, the wait for the load to
-    settle, the steal share, dispersion), the bounds, then the fit and the rows (:func:`protocol_rows`), or
-    ``refused`` with the reason. Before each run it waits up to ``settle_s`` s for the load average to fall to the
-    before-bound (``harness.tools.protocol.settle``). ``launch(overrides, dir)`` runs a real side (default
+    The fit is made under every objective of ``harness.tools.steps.OBJECTIVES`` (a modelling choice: relative
+    or absolute step-time errors) and each profile judged on the same real runs; ``objective`` names the one
+    whose verdicts set the exit status, and the rows whose verdict word differs between objectives are listed
+    as depending on it.
+
+    Writes into ``out``: ``calibration/`` (real run), ``<base>_protocol.yaml`` (the per-step fit under
+    ``objective``, ``harness.tools.steps.fit_steps``, its header listing every term as fitted or fixed at its
+    prior) and ``<base>_protocol_<other objective>.yaml``, ``heldout_<k>/`` (real runs, each with ``fidelity/``
+    holding ``fidelity.md`` and the per-regime ``steps.md`` of the deciding profile, ``fidelity_<other>/`` those of
+    the other), and ``protocol.json``, rewritten after every step: each run's figures (load before / after, the wait
+    for the load to settle, the steal share, dispersion), the bounds, then the fit and the rows
+    (:func:`protocol_rows`) of the deciding objective, ``by_objective`` (each objective's profile, fit, rows and
+    exit status), ``depends_on_objective`` (the rows whose word flips), or ``refused`` with the reason. Before
+    each run it waits up to ``settle_s`` s for the load average to fall to the before-bound
+    (``harness.tools.protocol.settle``). ``launch(overrides, dir)`` runs a real side (default
     ``harness.tools.fidelity.launch_real``). Returns the ``protocol.json`` dict.
 
     Raises:
-        ValueError: ``repeats`` < ``pr.MIN_REPEATS``.
+        ValueError: ``repeats`` < ``pr.MIN_REPEATS``, or an unknown ``objective``.
         harness.tools.steps.Contended: a run's figures are over a bound (:func:`contention_problem`); nothing is
             fitted or judged after it.
         FileNotFoundError: a run wrote no step-time log.
@@ -438,6 +447,8 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
     from harness.tools.inputs import load_profile, load_run_config
     if repeats < pr.MIN_REPEATS:
         raise ValueError(f"--repeats {repeats}: the protocol needs >= {pr.MIN_REPEATS} held-out repeats")
+    if objective not in st.OBJECTIVES:
+        raise ValueError(f"--objective {objective}: one of {', '.join(st.OBJECTIVES)}")
     launch = launch or launch_real
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -480,30 +491,44 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
     base = load_profile(base_profile)
     cal = real_run("calibration", calibration)
     model = ModelConfig(**load_run_config(out / "calibration")["model"])
-    fit = st.fit_steps(cal, base, model)
-    name = f"{base.name}_protocol"
     fig_cal = summary["runs"]["calibration"]["figures"]
-    fit["hw"] = dataclasses.replace(fit["hw"], name=name)
-    extra = {"decode_start_excess": st.decode_start_excess(cal, st.replay(cal, PerfModel(fit["hw"], model))),
-             "api_frontend_ttft": st.api_frontend(out / "calibration")}
-    prof = out / f"{name}.yaml"
-    prof.write_text(st.steps_profile_yaml(fit, out / "calibration", base.name, fig_cal, extra))
-    load_profile(str(prof))   # it loads and validates
-    summary["profile"] = str(prof)
-    summary["fit"] = {"terms": fit["terms"], "n_steps": fit["n_steps"], "dropped_outliers": fit["dropped_outliers"],
-                      "rel_se_bound": fit["rel_se_bound"], **extra}
+    order = [objective] + [o for o in st.OBJECTIVES if o != objective]   # the deciding objective first
+    profs: dict[str, Path] = {}
+    summary["by_objective"] = {}
+    for obj in order:
+        fit = st.fit_steps(cal, base, model, objective=obj)
+        name = f"{base.name}_protocol" + ("" if obj == objective else f"_{obj}")
+        fit["hw"] = dataclasses.replace(fit["hw"], name=name)
+        extra = {"decode_start_excess": st.decode_start_excess(cal, st.replay(cal, PerfModel(fit["hw"], model))),
+                 "api_frontend_ttft": st.api_frontend(out / "calibration")}
+        prof = profs[obj] = out / f"{name}.yaml"
+        prof.write_text(st.steps_profile_yaml(fit, out / "calibration", base.name, fig_cal, extra))
+        load_profile(str(prof))   # it loads and validates
+        summary["by_objective"][obj] = {
+            "profile": str(prof), "fit": {"terms": fit["terms"], "n_steps": fit["n_steps"], "objective": obj,
+                                          "dropped_outliers": fit["dropped_outliers"],
+                                          "rel_se_bound": fit["rel_se_bound"], **extra}}
+    summary["objective"] = objective
+    summary["profile"] = summary["by_objective"][objective]["profile"]
+    summary["fit"] = summary["by_objective"][objective]["fit"]
     save()
-    metrics = []
+    metrics: dict[str, list] = {obj: [] for obj in order}
     for k in range(1, repeats + 1):
         d = out / f"heldout_{k}"
         real_run(d.name, heldout)
-        res = fidelity(d, str(prof), d / "fidelity")
-        st.steps_report(d, str(prof), d / "fidelity", skip_steps, check=False)
-        metrics.append(res["comparison"]["metrics"])
+        for obj in order:
+            fd = d / ("fidelity" if obj == objective else f"fidelity_{obj}")
+            res = fidelity(d, str(profs[obj]), fd)
+            st.steps_report(d, str(profs[obj]), fd, skip_steps, check=False)
+            metrics[obj].append(res["comparison"]["metrics"])
         summary["runs"][d.name]["fidelity"] = str(d / "fidelity" / "fidelity.md")
         save()
-    summary["metrics"] = pr.protocol_rows(metrics)
-    summary["exit_status"] = pr.decision(summary["metrics"])
+    for obj in order:
+        rows = pr.protocol_rows(metrics[obj])
+        summary["by_objective"][obj].update(metrics=rows, exit_status=pr.decision(rows))
+    summary["metrics"] = summary["by_objective"][objective]["metrics"]
+    summary["exit_status"] = summary["by_objective"][objective]["exit_status"]
+    summary["depends_on_objective"] = pr.flips({o: v["metrics"] for o, v in summary["by_objective"].items()})
     save()
     return summary
 
@@ -538,6 +563,10 @@ def protocol_main(argv: Sequence[str]) -> int:
                          "(default %(default)s)")
     ap.add_argument("--max-dispersion", type=float, default=pr.MAX_DISPERSION,
                     help="bound of a run's decode step-time dispersion (IQR / median within a composition)")
+    ap.add_argument("--objective", choices=st.OBJECTIVES, default="relative",
+                    help="the per-step fit's objective whose verdicts set the exit status (every objective is fitted "
+                         "and judged on the same runs, and the verdicts that depend on it are named; default "
+                         "%(default)s)")
     a = ap.parse_args(argv)
     from harness.run.config import ConfigError
     try:
@@ -550,7 +579,8 @@ def protocol_main(argv: Sequence[str]) -> int:
             except ConfigError as e:
                 raise ValueError(f"{what}: {e}") from None
         s = protocol(a.out, a.profile, a.heldout, a.calibration, a.repeats, a.skip_steps, a.max_load_per_cpu,
-                     a.max_dispersion, max_load_after_per_cpu=a.max_load_after_per_cpu, settle_s=a.settle_s)
+                     a.max_dispersion, max_load_after_per_cpu=a.max_load_after_per_cpu, settle_s=a.settle_s,
+                     objective=a.objective)
     except (FileNotFoundError, ValueError) as e:   # st.Contended is a ValueError: a refusal, with its figures
         refused = isinstance(e, st.Contended)
         print(f"refused: {e} (figures in {a.out / 'protocol.json'})" if refused else f"error: {e}", file=sys.stderr)
@@ -561,7 +591,12 @@ def protocol_main(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         print(f"interrupted (what was measured: {a.out / 'protocol.json'})", file=sys.stderr)
         return 130
-    print(pr.rows_text(s["metrics"]))
+    for obj, v in s["by_objective"].items():
+        print(f"fit objective {obj}" + (" (deciding)" if obj == s["objective"] else "") + f": {v['profile']}")
+        print(pr.rows_text(v["metrics"]))
+    flips = s["depends_on_objective"]
+    print("depends on the fit objective: " + ", ".join(flips) if flips else
+          "no verdict depends on the fit objective")
     print(json.dumps({k: v["figures"] for k, v in s["runs"].items()}, default=str))
     return s["exit_status"]
 

@@ -207,6 +207,17 @@ def protocol_rows(repeats: Sequence[dict], deciding: Optional[dict] = None, show
     return out
 
 
+def flips(rows_by_choice: dict) -> list:
+    """The metrics whose verdict word differs between the choices of one modelling knob: ``rows_by_choice`` maps
+    each choice to its :func:`protocol_rows`; a metric missing under a choice counts as differing. Ordered as the
+    first choice's rows."""
+    rows = list(rows_by_choice.values())
+    if not rows:
+        return []
+    keys = list(rows[0]) + [k for r in rows[1:] for k in r if k not in rows[0]]
+    return [k for k in keys if len({r[k]["verdict"] if k in r else None for r in rows}) > 1]
+
+
 def decision(rows: dict) -> int:
     """Exit status of a judged protocol: 0 when every deciding row (``protocol_rows``) is ``met`` or ``within noise``
     (and there is at least one), else 1. The client-clock rows never count."""

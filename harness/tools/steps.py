@@ -19,8 +19,13 @@ on the engine core's clock.
 * :func:`contention`: refuses (``Contended``) a run whose 1-minute load average (the step log's first line,
   ``server_metrics.json``'s start / end) exceeds ``max_load_per_cpu`` x the machine's CPUs, or whose pooled
   decode-step dispersion exceeds ``max_dispersion``: such a run measures the machine, not the server.
-* :func:`fit_steps`: weighted least squares on relative step-time errors (rows scaled by ``1 / measured``) of
-  the step model's additive terms, each coefficient with its standard error (``s^2 (X^T X)^-1``); a coefficient
+* :func:`fit_steps`: least squares of the step model's additive terms on the real step times, with one of two
+  objectives (:data:`OBJECTIVES`, a modelling choice the fidelity protocol reports both ways): ``relative``
+  (rows scaled by ``1 / measured``: every step's relative error weighs the same, so the fit follows the typical
+  step and, on right-skewed step times, falls below their mean) or ``absolute`` (ordinary least squares on the
+  times, s: with the intercept, the kept steps' residuals sum to zero, so the fitted model reproduces their
+  summed time, which is what the simulated timeline spends). Each coefficient has its standard error
+  (``s^2 (X^T X)^-1``); a coefficient
   whose relative standard error exceeds ``rel_se_bound`` (or whose estimate is not positive) is fixed at its
   prior (the base profile's value) and the rest refitted, worst first, until every free coefficient is
   identified. Steps more than ``outlier_mads`` scaled MADs from the median residual (time-slice stalls) are
@@ -52,6 +57,9 @@ MAX_LOAD_PER_CPU = 1.5
 MAX_DISPERSION = 0.25
 REL_SE_BOUND = 0.5        # a coefficient with a larger relative standard error is not identified: fixed at its prior
 IDLE_GAP_S = 0.05         # a step that started this long after the previous one ended follows an idle engine
+# fit_steps' objectives: "relative" (each step's relative error weighs the same; the default since issue 33) and
+# "absolute" (plain least squares on step times: the calibration's summed step time kept)
+OBJECTIVES = ("relative", "absolute")
 
 
 class Contended(ValueError):
@@ -302,10 +310,13 @@ def profile_from_terms(base: HardwareConfig, model: ModelConfig, beta: dict, sou
         prefill_terms_source=source, source=source)
 
 
-def _wls(X: np.ndarray, y: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Least squares of ``(y - offset) / y`` on ``X / y``: ``(beta, standard errors, relative residuals)``."""
-    A = X / y[:, None]
-    r = (y - offset) / y
+def _wls(X: np.ndarray, y: np.ndarray, offset: np.ndarray, objective: str = "relative",
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``relative``: least squares of ``(y - offset) / y`` on ``X / y``; ``absolute``: of ``y - offset`` on ``X``.
+    Returns ``(beta, standard errors, residuals)`` (relative residuals, or seconds)."""
+    w = 1.0 / y if objective == "relative" else np.ones_like(y)
+    A = X * w[:, None]
+    r = (y - offset) * w
     beta, *_ = np.linalg.lstsq(A, r, rcond=None)
     res = r - A @ beta
     dof = max(1, len(y) - X.shape[1])
@@ -318,14 +329,17 @@ def _wls(X: np.ndarray, y: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, 
 
 
 def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel_se_bound: float = REL_SE_BOUND,
-              outlier_mads: float = 8.0) -> dict:
-    """Fit :data:`TERMS` to the real step times (module docstring). Returns ``{"terms": {name: {"value",
-    "se", "rel_se", "status": "fitted" | "fixed at prior: <why>", "prior"}}, "hw": the profile
-    (:func:`profile_from_terms`), "n_steps", "dropped_outliers", "rel_se_bound", "residual_median_abs"}``.
+              outlier_mads: float = 8.0, objective: str = "relative") -> dict:
+    """Fit :data:`TERMS` to the real step times (module docstring), under ``objective`` (:data:`OBJECTIVES`).
+    Returns ``{"terms": {name: {"value", "se", "rel_se", "status": "fitted" | "fixed at prior: <why>",
+    "prior"}}, "hw": the profile (:func:`profile_from_terms`), "n_steps", "dropped_outliers", "rel_se_bound",
+    "objective", "residual_median_abs"}`` (the median absolute relative residual, whatever the objective).
 
     Raises:
-        ValueError: fewer steps than terms.
+        ValueError: fewer steps than terms, or an unknown ``objective``.
     """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r}: one of {', '.join(OBJECTIVES)}")
     if len(steps) < len(TERMS) + 2:
         raise ValueError(f"{len(steps)} steps: too few to fit {len(TERMS)} terms")
     X, off = design(steps, base, model)
@@ -342,7 +356,7 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
     for it in range(len(TERMS) + 2):
         free = [j for j in range(len(TERMS)) if j not in fixed]
         fixed_off = off + sum((prior[TERMS[j]] * X[:, j] for j in fixed), np.zeros(len(y)))
-        beta, se, res = _wls(X[keep][:, free], y[keep], fixed_off[keep])
+        beta, se, res = _wls(X[keep][:, free], y[keep], fixed_off[keep], objective)
         if it == 0 and outlier_mads:
             med = np.median(res)
             mad = 1.4826 * np.median(np.abs(res - med))
@@ -351,7 +365,7 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
             if out.any():
                 keep &= ~out
                 dropped = int(out.sum())
-                beta, se, res = _wls(X[keep][:, free], y[keep], fixed_off[keep])
+                beta, se, res = _wls(X[keep][:, free], y[keep], fixed_off[keep], objective)
         rel = np.where(beta > 0, se / np.maximum(np.abs(beta), 1e-300), math.inf)
         bad = [(rel[k], k) for k in range(len(free)) if not (beta[k] > 0 and rel[k] <= rel_se_bound)]
         if not bad:
@@ -369,11 +383,13 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
             k = free.index(j)
             terms[name] = {"value": float(beta[k]), "se": float(se[k]), "rel_se": float(se[k] / beta[k]),
                            "prior": prior[name], "status": "fitted"}
-    src = ("fitted by harness.tools.calibrate --from-steps (per-step least squares); "
+    src = (f"fitted by harness.tools.calibrate --from-steps (per-step least squares, objective {objective}); "
            + "; ".join(f"{k} {v['status']}" for k, v in terms.items()))
     hw = profile_from_terms(base, model, {k: v["value"] for k, v in terms.items()}, src)
+    rel_res = res if objective == "relative" else res / y[keep]
     return {"terms": terms, "hw": hw, "n_steps": int(keep.sum()), "dropped_outliers": dropped,
-            "rel_se_bound": rel_se_bound, "residual_median_abs": float(np.median(np.abs(res)))}
+            "rel_se_bound": rel_se_bound, "objective": objective,
+            "residual_median_abs": float(np.median(np.abs(rel_res)))}
 
 
 def decode_start_excess(steps: pd.DataFrame, model_s: np.ndarray) -> dict:
@@ -512,7 +528,8 @@ def steps_profile_yaml(fit: dict, run_dir: Path, base_name: str, contention_fig:
     from harness.tools.inputs import HW_FIELDS
     hw = fit["hw"]
     lines = [f"# {hw.name}: step-time coefficients fitted per step by `python -m harness.tools.calibrate --from-steps`",
-             f"# to {run_dir} ({fit['n_steps']} steps, {fit['dropped_outliers']} outliers dropped; "
+             f"# to {run_dir} (objective {fit.get('objective', 'relative')}; {fit['n_steps']} steps, "
+             f"{fit['dropped_outliers']} outliers dropped; "
              f"median |relative residual| {fit['residual_median_abs']:.1%}); other fields from conf/hardware/{base_name}.yaml.",
              f"# identification bound: relative standard error <= {fit['rel_se_bound']:.0%}, else fixed at the prior (the base's value)"]
     for k, v in fit["terms"].items():
