@@ -4,6 +4,7 @@ of a contended run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -90,6 +91,45 @@ def test_the_two_objectives_on_right_skewed_step_times():
     assert totals["relative"] == pytest.approx(math.exp(-2 * sigma ** 2), abs=0.02)
     with pytest.raises(ValueError, match="objective 'median'"):
         st.fit_steps(steps, base, TINY, objective="median")
+
+
+def test_a_machine_faster_than_the_base_peaks_gets_raised_peaks_not_an_invalid_profile(tmp_path):
+    """Prefill GEMMs at 2x the base's nominal peak_flops and KV reads at 1.5x its bandwidth (a CPU beats the
+    round figures of conf/hardware/cpu.yaml): the fitted efficiencies are 2 and 1.5 against the base, which
+    no profile may hold (each is a fraction of its peak). The profile is written with peak_flops x 2 and
+    mem_bandwidth x 1.5 (by hand: efficiency = FLOPs / (peak x seconds per token)), every efficiency on a
+    side divided by the same factor, so the step times are those of the fitted terms; it loads."""
+    rng = np.random.default_rng(7)
+    base = load_profile("cpu")
+    lf = 2.0 * TINY.num_layers * TINY.linear_params_per_layer       # FLOPs per token, per pair (Kaplan et al.)
+    af = 4.0 * TINY.num_layers * TINY.num_heads * TINY.head_dim
+    true = {"step_overhead_s": 2.5e-3, "decode_seq_s": 2.2e-4,
+            "kv_token_s": TINY.kv_bytes_per_token / (base.mem_bandwidth_bytes_per_s * base.memory_efficiency * 1.5),
+            "prefill_token_s": lf / (base.peak_flops * 2.0), "attention_pair_s": af / (base.peak_flops * 0.5),
+            "prefill_seq_overhead_s": 1.2e-3, "cached_prefix_token_s": 0.0}
+    steps = frame(synthetic_lines(rng, n=1500))
+    X, off = st.design(steps, base, TINY)
+    steps["wall_s"] = (off + X @ np.array([true[k] for k in st.TERMS])) * (1 + 0.01 * rng.standard_normal(len(steps)))
+    fit = st.fit_steps(steps, base, TINY, outlier_mads=0)
+    hw, t = fit["hw"], fit["terms"]
+    hw.validate("fitted")
+    s_flops = lf / (base.peak_flops * t["prefill_token_s"]["value"])
+    assert s_flops == pytest.approx(2.0, rel=4 * t["prefill_token_s"]["rel_se"])
+    # the largest compute efficiency is prefill's (attention 0.5, decode 0.16 are under 2)
+    assert hw.peak_flops == pytest.approx(base.peak_flops * s_flops, rel=1e-9)
+    assert hw.prefill_efficiency == pytest.approx(1.0)
+    assert hw.decode_efficiency == pytest.approx(base.decode_efficiency / s_flops, rel=1e-9)
+    assert hw.attention_efficiency == pytest.approx(0.5 / 2.0, rel=4 * t["attention_pair_s"]["rel_se"] + 0.02)
+    s_mem = TINY.kv_bytes_per_token / (base.mem_bandwidth_bytes_per_s * t["kv_token_s"]["value"])
+    assert hw.mem_bandwidth_bytes_per_s == pytest.approx(base.mem_bandwidth_bytes_per_s * s_mem, rel=1e-9)
+    assert hw.memory_efficiency == pytest.approx(base.memory_efficiency / s_mem, rel=1e-9)
+    # the step model prices every step as the fitted terms do (the design at the base's roofline sides)
+    beta = np.array([t[k]["value"] for k in st.TERMS])
+    assert np.allclose(st.replay(steps, PerfModel(hw, TINY)), off + X @ beta, rtol=1e-9)
+    text = st.steps_profile_yaml({**fit, "hw": dataclasses.replace(hw, name="fast")}, tmp_path, base.name, {}, {})
+    assert "the peaks are written as" in text
+    (tmp_path / "fast.yaml").write_text(text)
+    assert load_profile(str(tmp_path / "fast.yaml")).peak_flops == pytest.approx(hw.peak_flops)
 
 
 def test_a_coefficient_the_noise_hides_is_fixed_not_fitted():

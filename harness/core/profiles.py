@@ -11,7 +11,7 @@ Units are in the field names: ``_s`` seconds, ``_w`` watts, ``_bytes`` bytes, ``
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from harness.core.batching import ENGINE_DEFAULT_RULES   # the engine-default batch rules, by name
@@ -388,3 +388,19 @@ def kv_capacity_blocks(hw: HardwareConfig, model: ModelConfig, engine: EngineCon
         raise ValueError(f"model {model.name} ({model.weight_bytes / 1e9:.2f} GB of weights) leaves no KV "
                          f"cache on hardware {hw.name} ({hw.mem_bytes / 1e9:.0f} GB)")
     return blocks
+
+
+def rescale_peaks(hw: HardwareConfig) -> HardwareConfig:
+    """``hw`` with ``peak_flops`` raised by ``s = max(prefill, attention, decode efficiency)`` and those
+    efficiencies divided by ``s`` when ``s > 1`` (likewise ``mem_bandwidth_bytes_per_s`` by the larger of
+    ``memory_efficiency`` and ``kv_memory_efficiency``): the products peak x efficiency, hence the step
+    times, are kept (to float rounding), and every efficiency is a fraction of the peak again."""
+    flops = ("prefill_efficiency", "attention_efficiency", "decode_efficiency")
+    mem = ("memory_efficiency", "kv_memory_efficiency")
+    kw = {}
+    for peak, effs in (("peak_flops", flops), ("mem_bandwidth_bytes_per_s", mem)):
+        s = max(getattr(hw, e) for e in effs if getattr(hw, e) is not None)
+        if s > 1:
+            kw[peak] = getattr(hw, peak) * s
+            kw.update({e: getattr(hw, e) / s for e in effs if getattr(hw, e) is not None})
+    return replace(hw, **kw) if kw else hw

@@ -79,7 +79,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from harness.core.profiles import HardwareConfig, ModelConfig
+from harness.core.profiles import HardwareConfig, ModelConfig, rescale_peaks
 from harness.sim.perf import PerfModel
 from harness.analysis.validity import partial_run  # noqa: F401  (calibrate's rule; fidelity imports it from here)
 from harness.tools.inputs import HW_FIELDS, load_profile, load_run_config  # noqa: F401
@@ -373,22 +373,6 @@ def profile_from(base: HardwareConfig, values: dict) -> HardwareConfig:
         extra["prefill_terms_source"] = str(values["prefill_terms_source"])
     return dataclasses.replace(base, roofline_exponent=None, **{k: 0.0 for k in ZEROED},
                                **{k: float(values[k]) for k in FITTED}, **extra)
-
-
-def rescale_peaks(hw: HardwareConfig) -> HardwareConfig:
-    """``hw`` with ``peak_flops`` raised by ``s = max(prefill, attention, decode efficiency)`` and those
-    efficiencies divided by ``s`` when ``s > 1`` (likewise ``mem_bandwidth_bytes_per_s`` by the larger of
-    ``memory_efficiency`` and ``kv_memory_efficiency``): the products peak x efficiency, hence the step
-    times, are kept (to float rounding), and every efficiency is a fraction of the peak again."""
-    flops = ("prefill_efficiency", "attention_efficiency", "decode_efficiency")
-    mem = ("memory_efficiency", "kv_memory_efficiency")
-    kw = {}
-    for peak, effs in (("peak_flops", flops), ("mem_bandwidth_bytes_per_s", mem)):
-        s = max(getattr(hw, e) for e in effs if getattr(hw, e) is not None)
-        if s > 1:
-            kw[peak] = getattr(hw, peak) * s
-            kw.update({e: getattr(hw, e) / s for e in effs if getattr(hw, e) is not None})
-    return dataclasses.replace(hw, **kw) if kw else hw
 
 
 def identifies_prefill_terms(groups: pd.DataFrame, steps: pd.DataFrame) -> dict:

@@ -44,7 +44,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from harness.core.profiles import HardwareConfig, ModelConfig
+from harness.core.profiles import HardwareConfig, ModelConfig, rescale_peaks
 from harness.sim.perf import PerfModel, REF_KV_HEADS
 
 STEP_FIELDS = ["instance", "step", "t0", "t_end", "wall_s", "idle_s", "decode_seqs", "decode_ctx", "first_decodes",
@@ -295,11 +295,13 @@ def profile_from_terms(base: HardwareConfig, model: ModelConfig, beta: dict, sou
     """``base`` with the fitted terms written as its fields: ``step_overhead_s`` (``layer_overhead_s`` 0),
     ``attention_seq_overhead_s`` (the per-sequence decode cost beyond the decode GEMMs), ``kv_memory_efficiency``,
     ``prefill_efficiency`` (``attention_token_overhead_s`` 0), ``attention_efficiency``, the per-prefill terms;
-    the hard roofline; ``decode_efficiency``, ``memory_efficiency`` and the peaks kept. ``source`` goes to
-    ``prefill_terms_source``'s note and ``source``."""
+    the hard roofline; ``decode_efficiency``, ``memory_efficiency`` and the peaks kept, unless an efficiency
+    comes out above 1 (the base's peaks are round figures a machine can beat): then the peak is raised by it
+    and every efficiency on that side divided by it (:func:`harness.core.profiles.rescale_peaks`; every step
+    time unchanged). ``source`` goes to ``prefill_terms_source``'s note and ``source``."""
     lf, hf, af = _flops(model)
     L = model.num_layers
-    return dataclasses.replace(
+    return rescale_peaks(dataclasses.replace(
         base, roofline_exponent=None, layer_overhead_s=0.0, attention_token_overhead_s=0.0,
         step_overhead_s=beta["step_overhead_s"],
         attention_seq_overhead_s=beta["decode_seq_s"] * REF_KV_HEADS / (L * model.num_kv_heads),
@@ -307,7 +309,7 @@ def profile_from_terms(base: HardwareConfig, model: ModelConfig, beta: dict, sou
         prefill_efficiency=lf / (base.peak_flops * beta["prefill_token_s"]),
         attention_efficiency=af / (base.peak_flops * beta["attention_pair_s"]),
         prefill_seq_overhead_s=beta["prefill_seq_overhead_s"], cached_prefix_token_s=beta["cached_prefix_token_s"],
-        prefill_terms_source=source, source=source)
+        prefill_terms_source=source, source=source))
 
 
 def _wls(X: np.ndarray, y: np.ndarray, offset: np.ndarray, objective: str = "relative",
@@ -333,7 +335,8 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
     """Fit :data:`TERMS` to the real step times (module docstring), under ``objective`` (:data:`OBJECTIVES`).
     Returns ``{"terms": {name: {"value", "se", "rel_se", "status": "fitted" | "fixed at prior: <why>",
     "prior"}}, "hw": the profile (:func:`profile_from_terms`), "n_steps", "dropped_outliers", "rel_se_bound",
-    "objective", "residual_median_abs"}`` (the median absolute relative residual, whatever the objective).
+    "objective", "base_peaks" (the base's ``peak_flops`` and ``mem_bandwidth_bytes_per_s``),
+    "residual_median_abs"}`` (the median absolute relative residual, whatever the objective).
 
     Raises:
         ValueError: fewer steps than terms, or an unknown ``objective``.
@@ -389,6 +392,7 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
     rel_res = res if objective == "relative" else res / y[keep]
     return {"terms": terms, "hw": hw, "n_steps": int(keep.sum()), "dropped_outliers": dropped,
             "rel_se_bound": rel_se_bound, "objective": objective,
+            "base_peaks": {"peak_flops": base.peak_flops, "mem_bandwidth_bytes_per_s": base.mem_bandwidth_bytes_per_s},
             "residual_median_abs": float(np.median(np.abs(rel_res)))}
 
 
@@ -535,6 +539,10 @@ def steps_profile_yaml(fit: dict, run_dir: Path, base_name: str, contention_fig:
     for k, v in fit["terms"].items():
         se = "" if not math.isfinite(v["se"]) else f" +- {v['se']:.3g} (rel. SE {v['rel_se']:.1%})"
         lines.append(f"#   {k}: {v['value']:.4g}{se}; {v['status']}")
+    peaks = {"peak_flops": hw.peak_flops, "mem_bandwidth_bytes_per_s": hw.mem_bandwidth_bytes_per_s}
+    if fit.get("base_peaks") and peaks != fit["base_peaks"]:
+        lines.append(f"# an efficiency came out above 1 against the base's peaks {fit['base_peaks']}: the peaks are "
+                     f"written as {peaks} (raised by the largest efficiency on each side; step times unchanged)")
     lines.append(f"# contention of the run: {json.dumps(contention_fig, default=str)}")
     for k, v in extra.items():
         lines.append(f"# {k} (not a term of the step model): {json.dumps(v)}")
