@@ -353,6 +353,12 @@ def test_w2_and_the_twin_table_by_hand(tmp_path):
     assert all("| reproduced |" in r and "| no difference |" in r for r in rows_w2)
     # 3 variants x 3 seeds run on both backends
     assert "9 of 9 cells run on both backends have the same conversation ids and arrival times" in text
+    # the simulator priced with another profile than the one the real runs recorded (the real side uses none
+    # of it): each side is judged alone, so the simulated cells are still its claim cells, not a sensitivity arm
+    runs["hardware.cpu.prefill_efficiency"] = [0.5 if b == "vllm" else 0.9 for b in runs["backend.name"]]
+    again = [line for line in twin_markdown(runs, {r: tmp_path / r for r in runs.run}).splitlines()
+             if line.startswith("| W2")]
+    assert again == rows_w2
     # the words themselves
     dec = {"verdict": "reproduced", "n": 3, "mean": -50.0}
     und = {"verdict": "inconclusive", "n": 1, "mean": -10.0}
