@@ -723,12 +723,7 @@ def _main_from_steps(a) -> int:
         cfg = load_run_config(a.run_dir)
         model = ModelConfig(**cfg["model"])
         steps, meta = st.load_step_times(a.run_dir, skip_steps=8)
-        if a.no_check:
-            disp, nd = st.dispersion(steps[steps.prefill_tokens == 0])
-            fig = {"loadavg_1min": st.run_loadavg(a.run_dir, meta), "decode_dispersion": disp,
-                   "dispersion_steps": nd, "checked": False}
-        else:
-            fig = st.contention(a.run_dir, steps, meta)
+        fig = st.contention(a.run_dir, steps, meta, check=not a.no_check)
         res = st.fit_steps(steps, base, model, rel_se_bound=a.rel_se_bound, objective=a.objective)
     except st.Contended as e:
         print(f"refused: {e}", file=sys.stderr)
