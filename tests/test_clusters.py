@@ -367,3 +367,23 @@ def test_ray_sweep_runs_two_jobs_as_ray_tasks(tmp_path):
     assert [p.parent.name for p in summaries] == ["0_conserve", "1_conserve"]
     assert (sweep / "comparison.md").exists()
     assert "_run_job pid=" in r.stdout + r.stderr            # the jobs ran as Ray tasks (their output is prefixed)
+
+
+def test_an_example_connector_pair_stores_only_whole_prompts_and_its_prefiller_never_chunks(tmp_path):
+    """backend.kv_connector=ExampleConnector is served by harness.vllm.kv_connector's subclass (through vLLM's
+    kv_connector_module_path, the servers importing this checkout), and the prefiller alone runs with
+    --no-enable-chunked-prefill; what would chunk a prefiller's prompt is refused naming the key."""
+    run = compose_run(COMMON + ["cluster=cpu_1p1d", "scheduler=conserve"])
+    p, d = instance_specs(session_input(run), run.backend, "m", tmp_path)
+    for s in (p, d):
+        assert s.kv_transfer_config["kv_connector"] == "HarnessExampleConnector"
+        assert s.kv_transfer_config["kv_connector_module_path"] == "harness.vllm.kv_connector"
+        assert s.kv_transfer_config["kv_connector_extra_config"] == {"shared_storage_path": str(tmp_path / "kv_store")}
+        assert s.env["PYTHONPATH"].split(os.pathsep)[0] == str(PROJECT_ROOT)
+    assert (p.kv_transfer_config["kv_role"], d.kv_transfer_config["kv_role"]) == ("kv_producer", "kv_consumer")
+    assert "--no-enable-chunked-prefill" in p.args and "--no-enable-chunked-prefill" not in d.args
+    for over, key in ((["engine.max_prefill_chunk_tokens=512"], "engine.max_prefill_chunk_tokens"),
+                      (["engine.max_num_batched_tokens=1024"], "engine.max_num_batched_tokens"),
+                      (["backend.extra_args=[--max-model-len,2048,--enable-chunked-prefill]"], "--enable-chunked-prefill")):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            compose_run(COMMON + ["cluster=cpu_1p1d", "scheduler=conserve", *over])

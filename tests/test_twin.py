@@ -30,8 +30,8 @@ def test_twin_conserve_on_real_servers_and_simulator(pd_pair, tmp_path):
     cores 0 and 1, the tiny model), one variant after another, as the preset's launched pair would serve them."""
     urls = ",".join(pd_pair[0])
     sweep = tmp_path / "sweep"
-    cells = [(f"tc_sim_{v}_r0p5_s0", []) for v in VARIANTS]
-    cells += [(f"tc_vllm_{v}_r0p5_s0", []) for v in VARIANTS] + [("tc_vllm_conserve_r0p5_s0_rep1", [])]
+    cells = [(f"tc_sim_{v}_r8_s0", []) for v in VARIANTS]
+    cells += [(f"tc_vllm_{v}_r8_s0", []) for v in VARIANTS] + [("tc_vllm_conserve_r8_s0_rep1", [])]
     for i, (cell, _) in enumerate(cells):
         extra = ["backend.launch=false", f"backend.endpoints=[{urls}]"] if "_vllm_" in cell else []
         cfg = compose_cfg(["+experiment=twin_conserve", f"+experiment/cell={cell}", *SMALL, *extra])
@@ -57,8 +57,8 @@ def test_twin_conserve_on_real_servers_and_simulator(pd_pair, tmp_path):
 
     # 2. the same conversations and arrival times on both sides, from the run files
     for v in VARIANTS:
-        sim = pd.read_parquet(sweep / f"{VARIANTS.index(v)}_tc_sim_{v}_r0p5_s0" / "conversations.parquet")
-        real = pd.read_parquet(sweep / f"{3 + VARIANTS.index(v)}_tc_vllm_{v}_r0p5_s0" / "conversations.parquet")
+        sim = pd.read_parquet(sweep / f"{VARIANTS.index(v)}_tc_sim_{v}_r8_s0" / "conversations.parquet")
+        real = pd.read_parquet(sweep / f"{3 + VARIANTS.index(v)}_tc_vllm_{v}_r8_s0" / "conversations.parquet")
         a, b = (x.sort_values("conversation_id").reset_index(drop=True) for x in (sim, real))
         assert list(a.conversation_id) == list(b.conversation_id) and len(a) == 3
         assert (a.arrival_s - b.arrival_s).abs().max() < 1e-6
@@ -66,6 +66,6 @@ def test_twin_conserve_on_real_servers_and_simulator(pd_pair, tmp_path):
 
     # 3. the real side's spread: the repeat of ConServe's seed 0, from the two runs' own summaries
     vals = [json.loads((sweep / d / "summary.json").read_text())["ttfet_first_p95_s"]
-            for d in ("3_tc_vllm_conserve_r0p5_s0", "6_tc_vllm_conserve_r0p5_s0_rep1")]
+            for d in ("3_tc_vllm_conserve_r8_s0", "6_tc_vllm_conserve_r8_s0_rep1")]
     spread = [line for line in text.splitlines() if line.startswith("| conserve | 2 | 0 | ttfet_first_p95_s |")]
     assert len(spread) == 1 and f"{100 * (max(vals) / min(vals) - 1):.1f} %" in spread[0]

