@@ -365,3 +365,48 @@ def test_w2_and_the_twin_table_by_hand(tmp_path):
     assert agreement(dec, dict(dec)) == "agree" and agreement(dec, und) == "undecided on one side"
     assert agreement(und, und) == "undecided on both sides"
     assert agreement({"verdict": "no data", "n": 0, "mean": float("nan")}, dec) == "no data on the real side"
+
+
+def test_the_twins_pd_legs_by_hand(tmp_path):
+    """twin.md's P/D legs on runs built by hand (3 seeds, both sides). Each run has two conversations whose turn 0
+    is disaggregated: the prefiller's leg is 40 and 60 ms (median 50 ms), the decoder's 10 ms. Turn 1 is local
+    under ConServe (TTFT 30 ms) and remote under AMPD remote_default (TTFT 90 ms). On the real side AMPD's turn 0
+    takes twice ConServe's on every seed: ConServe / AMPD - 1 of the median turn-0 TTFT is exactly -50 % (zero
+    width interval, 3 of 3). The simulated sides are equal: 0 %."""
+    import pandas as pd
+    from harness.analysis.twin import pd_legs, twin_markdown
+    rows = []
+    for b in ("vllm", "sim"):
+        for s in range(3):
+            for name, mode in (("conserve", None), ("ampd", "remote_default")):
+                f = 2.0 if (b == "vllm" and name == "ampd") else 1.0
+                run = f"{b}_{name}_{s}"
+                d = tmp_path / run
+                d.mkdir()
+                pd.DataFrame({"conversation_id": ["a", "b"], "arrival_s": [0.0, 0.1 * s]}).to_parquet(d / "conversations.parquet")
+                p = [0.040 * f, 0.060 * f]
+                remote = name == "ampd"
+                pd.DataFrame({"conversation_id": ["a", "b", "a"], "turn": [0, 0, 1], "status": ["ok"] * 3,
+                              "disaggregated": [True, True, remote], "start_s": [0.0, 1.0, 5.0],
+                              "prefill_done_s": [p[0], 1.0 + p[1], 5.0 + (0.08 if remote else 0.03)],
+                              "first_token_s": [p[0] + 0.01 * f, 1.0 + p[1] + 0.01 * f, 5.0 + (0.09 if remote else 0.03)],
+                              }).to_parquet(d / "turns.parquet")
+                rows.append({"run": run, "backend.name": b, "scheduler.name": name, "scheduler.mode": mode,
+                             "cluster.name": "cpu_1p1d", "workload.rate_per_s": 8.0, "workload.seed": s,
+                             "ttfet_first_p95_s": 0.1 * f, "ttfet_visible_p95_s": 1.0})
+    runs = pd.DataFrame(rows)
+    dirs = {r: tmp_path / r for r in runs.run}
+    from harness.analysis.claims import classify
+    legs = pd_legs(classify(runs), dirs)
+    assert len(legs) == 12
+    cs = legs[(legs.backend == "vllm") & (legs._variant == "conserve")]
+    assert cs.prefiller_leg_s.tolist() == pytest.approx([0.050] * 3)
+    assert cs.decoder_leg_s.tolist() == pytest.approx([0.010] * 3) and cs.remote_frac.tolist() == [0.0] * 3
+    am = legs[(legs.backend == "vllm") & (legs._variant == "ampd_rd")]
+    assert am.ttft0_s.tolist() == pytest.approx([0.120] * 3) and am.remote_frac.tolist() == [1.0] * 3
+    assert am.remote_ttft_s.tolist() == pytest.approx([0.090] * 3) and am.local_ttft_s.isna().all()
+    text = twin_markdown(runs, dirs)
+    assert "| real | conserve | 8 | 3 | 50.0 ms | 10.0 ms | 60.0 ms | 0.0% | n/a | 30.0 ms |" in text
+    assert "| real | ampd_rd | 8 | 3 | 100.0 ms | 20.0 ms | 120.0 ms | 100.0% | 90.0 ms | n/a |" in text
+    assert "- real, 8, vs AMPD remote_default: -50.0 % [-50.0, -50.0] (n=3, 3 of 3)" in text
+    assert "- sim, 8, vs AMPD remote_default: +0.0 % [+0.0, +0.0] (n=3, 0 of 3)" in text

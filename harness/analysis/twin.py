@@ -20,6 +20,14 @@ Runs: the run's top-level ``seed`` is the *repeat* index (the presets' repeat ce
 (backend, variant, rate, workload seed) cell, and the real side's own spread is the relative difference
 ``max / min - 1`` (%) of each claim metric among a cell's repeats (identical runs back to back).
 
+P/D legs (a diagnostic, not a claim): where a run's turn 0 was disaggregated, :func:`pd_legs` splits its time
+from ``turns.parquet`` (client clock, s): the prefiller's leg ``prefill_done_s - start_s`` and the decoder's
+``first_token_s - prefill_done_s`` (KV move, load, first decode step), each run's median over its conversations;
+the share of later turns sent to the prefiller and the median time to first token of later remote and local
+turns. twin.md shows their median over seeds per side, variant and rate, and ConServe / AMPD - 1 of the runs'
+median turn-0 TTFT paired on the seed (:func:`harness.analysis.stats.ratio_interval`): what the claim's p95
+hides when the real side's spread is wide.
+
 Inputs: for every (variant, rate, workload seed) cell run on both backends, the conversations' ids and
 arrival times (``conversations.parquet``: ``conversation_id``, ``arrival_s``) are compared; twin.md says how
 many cells match and lists any that do not.
@@ -34,9 +42,9 @@ from typing import Any, Mapping, Optional
 import numpy as np
 import pandas as pd
 
-from harness.analysis.claims import (MODE_LABEL, PAPER, PAPER_WAIT, W2_METRIC, claim_energy, claim_ttfet, claim_wait,
-                                     classify, fmt)
-from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT
+from harness.analysis.claims import (MODE_LABEL, MODES, PAPER, PAPER_WAIT, W2_METRIC, claim_energy, claim_ttfet,
+                                     claim_wait, classify, fmt)
+from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, ratio_interval
 
 BACKENDS = ("vllm", "sim")
 BACKEND_COL = "backend.name"
@@ -146,6 +154,68 @@ def same_inputs(r_main: pd.DataFrame, run_dirs: Mapping[str, Path]) -> tuple[int
     return n, bad
 
 
+LEG_COLUMNS = {"prefiller_leg_s": "turn 0: prefiller leg", "decoder_leg_s": "turn 0: decoder leg",
+               "ttft0_s": "turn 0: TTFT", "remote_frac": "later turns sent to the prefiller",
+               "remote_ttft_s": "later remote turn: TTFT", "local_ttft_s": "later local turn: TTFT"}
+
+
+def pd_legs(r_main: pd.DataFrame, run_dirs: Mapping[str, Path]) -> pd.DataFrame:
+    """One row per run whose turn 0 was disaggregated (module docstring, "P/D legs"): ``backend``, ``_variant``,
+    ``_rate``, ``_seed`` and the :data:`LEG_COLUMNS` (s, except ``remote_frac``: a fraction of the later turns;
+    NaN where a run has no such turn). Empty when no run has ``turns.parquet`` with disaggregated turns."""
+    rows = []
+    cols = ["turn", "status", "disaggregated", "start_s", "prefill_done_s", "first_token_s"]
+    for _, row in r_main.iterrows():
+        p = Path(run_dirs.get(row["run"], "")) / "turns.parquet"
+        if row["run"] not in run_dirs or not p.is_file():
+            continue
+        t = pd.read_parquet(p, columns=cols)
+        t = t[t.status == "ok"]
+        t0 = t[(t.turn == 0) & t.disaggregated.astype(bool)]
+        if t0.empty:
+            continue
+        later = t[t.turn > 0]
+        rem, loc = later[later.disaggregated.astype(bool)], later[~later.disaggregated.astype(bool)]
+        med = lambda x: float(np.median(x)) if len(x) else math.nan   # noqa: E731
+        rows.append({"backend": str(row[BACKEND_COL]), "_variant": row["_variant"], "_rate": row["_rate"],
+                     "_seed": row["_seed"], "prefiller_leg_s": med(t0.prefill_done_s - t0.start_s),
+                     "decoder_leg_s": med(t0.first_token_s - t0.prefill_done_s),
+                     "ttft0_s": med(t0.first_token_s - t0.start_s),
+                     "remote_frac": len(rem) / len(later) if len(later) else math.nan,
+                     "remote_ttft_s": med(rem.first_token_s - rem.start_s),
+                     "local_ttft_s": med(loc.first_token_s - loc.start_s)})
+    return pd.DataFrame(rows)
+
+
+def _legs_lines(legs: pd.DataFrame) -> list[str]:
+    """twin.md's P/D legs section for :func:`pd_legs`'s table (nothing when it is empty)."""
+    if legs.empty:
+        return []
+    out = ["## Where turn 0's time goes on the P/D pair (a diagnostic, not a claim)", "",
+           "Client clock; each run's median over its conversations, then the median over seeds; later turns: "
+           "share sent to the prefiller and median TTFT (`harness.analysis.twin.pd_legs`).", "",
+           "| side | variant | rate | runs | " + " | ".join(LEG_COLUMNS.values()) + " |",
+           "|---|---|---|---|" + "---|" * len(LEG_COLUMNS)]
+    for (b, v, rate), g in legs.groupby(["backend", "_variant", "_rate"], sort=True):
+        cells = [f"{g[c].median():.1%}" if c == "remote_frac" else
+                 ("n/a" if not np.isfinite(g[c].median()) else f"{g[c].median() * 1e3:.1f} ms") for c in LEG_COLUMNS]
+        out.append(f"| {'real' if b == 'vllm' else 'sim'} | {v} | {rate:g} | {len(g)} | " + " | ".join(cells) + " |")
+    out += ["", "Median turn-0 TTFT, ConServe / AMPD − 1, paired on the seed (geometric mean − 1 [95 % interval], "
+            "n seeds, k on the estimate's side):", ""]
+    for b in BACKENDS:
+        for rate in sorted(legs._rate.dropna().unique()):
+            cs = legs[(legs.backend == b) & (legs._rate == rate) & (legs._variant == "conserve")].set_index("_seed")
+            for m in MODES:
+                am = legs[(legs.backend == b) & (legs._rate == rate) & (legs._variant == m)].set_index("_seed")
+                both = cs.index.intersection(am.index)
+                if not len(both):
+                    continue
+                est, (lo, hi), n, k = ratio_interval(np.log(cs.loc[both, "ttft0_s"] / am.loc[both, "ttft0_s"]))
+                out.append(f"- {'real' if b == 'vllm' else 'sim'}, {rate:g}, vs {MODE_LABEL[m]}: {est:+.1f} % "
+                           f"[{lo:+.1f}, {hi:+.1f}] (n={n}, {k} of {n})")
+    return out + [""]
+
+
 def _runs_lines(r_all: pd.DataFrame, run_dirs: Mapping[str, Path]) -> list[str]:
     """Runs per backend, and every run that is not valid with its first reason (``summary.json``'s
     ``invalid_reasons``)."""
@@ -209,6 +279,7 @@ def twin_markdown(runs: pd.DataFrame, run_dirs: Mapping[str, Path],
             f"{n - len(bad)} of {n} cells run on both backends have the same conversation ids and arrival times "
             f"(`conversations.parquet`, within {ARRIVAL_TOL_S:g} s)." + ("" if not bad else " Differing:"), ""]
     out += [f"- {b}" for b in bad] + ([""] if bad else [])
+    out += _legs_lines(pd_legs(main, run_dirs))
     spread = real_spread(r_all)
     out += ["## The real side's own spread: identical runs repeated", ""]
     if spread:
