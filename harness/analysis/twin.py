@@ -159,6 +159,11 @@ LEG_COLUMNS = {"prefiller_leg_s": "turn 0: prefiller leg", "decoder_leg_s": "tur
                "remote_ttft_s": "later remote turn: TTFT", "local_ttft_s": "later local turn: TTFT"}
 
 
+def _median(x) -> float:
+    """The median of ``x`` (NaN when empty)."""
+    return float(np.median(x)) if len(x) else math.nan
+
+
 def pd_legs(r_main: pd.DataFrame, run_dirs: Mapping[str, Path]) -> pd.DataFrame:
     """One row per run whose turn 0 was disaggregated (module docstring, "P/D legs"): ``backend``, ``_variant``,
     ``_rate``, ``_seed`` and the :data:`LEG_COLUMNS` (s, except ``remote_frac``: a fraction of the later turns;
@@ -166,8 +171,8 @@ def pd_legs(r_main: pd.DataFrame, run_dirs: Mapping[str, Path]) -> pd.DataFrame:
     rows = []
     cols = ["turn", "status", "disaggregated", "start_s", "prefill_done_s", "first_token_s"]
     for _, row in r_main.iterrows():
-        p = Path(run_dirs.get(row["run"], "")) / "turns.parquet"
-        if row["run"] not in run_dirs or not p.is_file():
+        p = Path(run_dirs[row["run"]]) / "turns.parquet" if row["run"] in run_dirs else None
+        if p is None or not p.is_file():
             continue
         t = pd.read_parquet(p, columns=cols)
         t = t[t.status == "ok"]
@@ -175,15 +180,15 @@ def pd_legs(r_main: pd.DataFrame, run_dirs: Mapping[str, Path]) -> pd.DataFrame:
         if t0.empty:
             continue
         later = t[t.turn > 0]
-        rem, loc = later[later.disaggregated.astype(bool)], later[~later.disaggregated.astype(bool)]
-        med = lambda x: float(np.median(x)) if len(x) else math.nan   # noqa: E731
+        remote = later.disaggregated.astype(bool)
+        rem, loc = later[remote], later[~remote]
         rows.append({"backend": str(row[BACKEND_COL]), "_variant": row["_variant"], "_rate": row["_rate"],
-                     "_seed": row["_seed"], "prefiller_leg_s": med(t0.prefill_done_s - t0.start_s),
-                     "decoder_leg_s": med(t0.first_token_s - t0.prefill_done_s),
-                     "ttft0_s": med(t0.first_token_s - t0.start_s),
+                     "_seed": row["_seed"], "prefiller_leg_s": _median(t0.prefill_done_s - t0.start_s),
+                     "decoder_leg_s": _median(t0.first_token_s - t0.prefill_done_s),
+                     "ttft0_s": _median(t0.first_token_s - t0.start_s),
                      "remote_frac": len(rem) / len(later) if len(later) else math.nan,
-                     "remote_ttft_s": med(rem.first_token_s - rem.start_s),
-                     "local_ttft_s": med(loc.first_token_s - loc.start_s)})
+                     "remote_ttft_s": _median(rem.first_token_s - rem.start_s),
+                     "local_ttft_s": _median(loc.first_token_s - loc.start_s)})
     return pd.DataFrame(rows)
 
 
@@ -197,8 +202,9 @@ def _legs_lines(legs: pd.DataFrame) -> list[str]:
            "| side | variant | rate | runs | " + " | ".join(LEG_COLUMNS.values()) + " |",
            "|---|---|---|---|" + "---|" * len(LEG_COLUMNS)]
     for (b, v, rate), g in legs.groupby(["backend", "_variant", "_rate"], sort=True):
-        cells = [f"{g[c].median():.1%}" if c == "remote_frac" else
-                 ("n/a" if not np.isfinite(g[c].median()) else f"{g[c].median() * 1e3:.1f} ms") for c in LEG_COLUMNS]
+        m = g[list(LEG_COLUMNS)].median()
+        cells = [f"{m[c]:.1%}" if c == "remote_frac" else ("n/a" if not np.isfinite(m[c]) else f"{m[c] * 1e3:.1f} ms")
+                 for c in LEG_COLUMNS]
         out.append(f"| {'real' if b == 'vllm' else 'sim'} | {v} | {rate:g} | {len(g)} | " + " | ".join(cells) + " |")
     out += ["", "Median turn-0 TTFT, ConServe / AMPD − 1, paired on the seed (geometric mean − 1 [95 % interval], "
             "n seeds, k on the estimate's side):", ""]

@@ -15,7 +15,7 @@ Two consequences on a loaded pair (docs/vllm_cpu.md, "P/D between two CPU instan
 :class:`HarnessExampleConnector` keeps ExampleConnector's loading and file format and drops, from each step's
 connector metadata, the store entries of a ``kv_consumer`` and every store entry whose slot mapping is shorter
 than its tokens (a chunked prompt; counted and logged once per 100). The harness also starts the prefiller with
-``--no-enable-chunked-prefill`` (``harness.vllm.cluster.server_specs``) so that, with
+``--no-enable-chunked-prefill`` (``harness.vllm.cluster.instance_specs``) so that, with
 ``engine.max_num_batched_tokens`` >= ``--max-model-len``, no prompt of the prefiller is ever chunked and every
 one is stored whole (vLLM's V1 scheduler then leaves a prompt that does not fit the step's remaining budget
 waiting, ``vllm/v1/core/sched/scheduler.py``).
