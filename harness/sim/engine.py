@@ -132,6 +132,17 @@ def _first_token(req: Request, now: float) -> None:
         req.on_first_token(req)
 
 
+def _first_decodes(decode: list[Request]) -> int:
+    """Decode sequences of a step that are in their request's first decode step (one output token so far: the
+    step after the one that completed the prompt; a P/D decode request's first step on the decoder, with none,
+    samples its first token and is not one)."""
+    n = 0
+    for req in decode:
+        if req.out_done == 1:
+            n += 1
+    return n
+
+
 class Engine:
     """A simulated vLLM instance.
 
@@ -148,6 +159,7 @@ class Engine:
         self.index, self.name, self.clock, self.perf, self.cfg = index, name, clock, perf, cfg
         self.max_coalesce_s = max_coalesce_s
         self._decode_run_total = getattr(perf, "decode_run_total", None)   # (a step model may lack it)
+        self._decode_start = getattr(perf, "has_decode_start", False)    # decode_start_s priced (harness.sim.perf)
         self.bs = cfg.block_size
         self.capacity_blocks = capacity_blocks
         self.kv = PrefixBlockPool(capacity_blocks, self.bs, cfg.enable_prefix_caching)
@@ -498,10 +510,21 @@ class Engine:
             if getattr(perf, "wants_batch", False):   # a step model that prices each chunk (vidur_profile)
                 cost = perf.step_batch([(n, req.computed) for req, n in prefill], [req.computed for req in decode],
                                        p_samp)
-            elif getattr(perf, "has_prefill_terms", False):   # T_pre of harness.sim.perf (issue 20)
-                cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx, len(prefill), p_cached)
+            elif getattr(perf, "has_prefill_terms", False):   # T_pre of harness.sim.perf (issues 20, 33)
+                first = _first_decodes(decode) if self._decode_start else 0
+                cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx, len(prefill), p_cached, first)
             else:
                 cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)
+            ends = [cost.time_s]
+            self._run_ej = cost.energy_j
+            exact = False
+        elif self._decode_start and (first := _first_decodes(decode)):
+            # a request's first decode step is priced apart (decode_start_s): a step of its own, never inside
+            # a coalesced run (whose steps all cost alike)
+            ctx = 0
+            for req in decode:
+                ctx += req.computed
+            cost = perf.decode_step(len(decode), ctx, first)
             ends = [cost.time_s]
             self._run_ej = cost.energy_j
             exact = False

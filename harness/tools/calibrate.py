@@ -681,6 +681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="--from-steps: least squares on relative step-time errors (every step weighs the same) or on "
                          "the times themselves (keeps the run's summed step time)")
     ap.add_argument("--no-check", action="store_true", help="--from-steps: fit a contended run anyway")
+    ap.add_argument("--no-decode-start", action="store_true",
+                    help="--from-steps: leave the per-request decode-start term (decode_start_s) out of the fit, "
+                         "as fits before issue 33 added it (conf/hardware/cpu_fitted*.yaml)")
     a = ap.parse_args(argv)
     if a.from_steps:
         return _main_from_steps(a)
@@ -724,7 +727,8 @@ def _main_from_steps(a) -> int:
         model = ModelConfig(**cfg["model"])
         steps, meta = st.load_step_times(a.run_dir, skip_steps=8)
         fig = st.contention(a.run_dir, steps, meta, check=not a.no_check)
-        res = st.fit_steps(steps, base, model, rel_se_bound=a.rel_se_bound, objective=a.objective)
+        res = st.fit_steps(steps, base, model, rel_se_bound=a.rel_se_bound, objective=a.objective,
+                           decode_start=not a.no_decode_start)
     except st.Contended as e:
         print(f"refused: {e}", file=sys.stderr)
         return 2

@@ -113,15 +113,18 @@ def composition_row(inst: str, d: dict) -> tuple:
 
 def replay(steps: pd.DataFrame, perf: PerfModel) -> np.ndarray:
     """The step model's time of every step row (s): ``decode_step`` for decode-only steps, else ``step`` with
-    the per-prefill arguments (as ``harness.sim.engine`` charges them)."""
+    the per-prefill arguments, and the step's first decodes when ``perf`` prices them (``has_decode_start``), as
+    ``harness.sim.engine`` charges them."""
     out = np.empty(len(steps))
     cols = [steps[c].to_numpy() for c in ("decode_seqs", "decode_ctx", "prefill_tokens", "prefill_ctx",
                                           "prefill_pairs", "prefill_samples", "prefill_seqs", "prefill_cached")]
-    for i, (b, ctx, n, p, pairs, samp, seqs, cached) in enumerate(zip(*cols)):
+    first = steps.first_decodes.to_numpy() if getattr(perf, "has_decode_start", False) else np.zeros(len(steps), int)
+    for i, (b, ctx, n, p, pairs, samp, seqs, cached, f) in enumerate(zip(*cols, first)):
         if n == 0:
-            out[i] = perf.decode_step(int(b), int(ctx)).time_s
+            out[i] = (perf.decode_step(int(b), int(ctx), int(f)) if f else perf.decode_step(int(b), int(ctx))).time_s
         else:
-            out[i] = perf.step(int(n), float(pairs), int(p), int(samp), int(b), int(ctx), int(seqs), int(cached)).time_s
+            out[i] = perf.step(int(n), float(pairs), int(p), int(samp), int(b), int(ctx), int(seqs), int(cached),
+                               *((int(f),) if f else ())).time_s
     return out
 
 
@@ -242,7 +245,7 @@ def contention(run_dir: Path, steps: pd.DataFrame, meta: dict, max_load_per_cpu:
 # ---- the fit -------------------------------------------------------------------------------------------
 
 TERMS = ("step_overhead_s", "decode_seq_s", "kv_token_s", "prefill_token_s", "attention_pair_s",
-         "prefill_seq_overhead_s", "cached_prefix_token_s")
+         "prefill_seq_overhead_s", "cached_prefix_token_s", "decode_start_s")
 
 
 def _flops(model: ModelConfig) -> tuple[float, float, float]:
@@ -258,11 +261,11 @@ def design(steps: pd.DataFrame, hw: HardwareConfig, model: ModelConfig) -> tuple
 
     Columns: 1 (per step), decode sequences, KV tokens read and written (prefix + prefill + context +
     decodes), prefill tokens + LM-head FLOPs of sampling chunks in prefill-token units, attention pairs,
-    prefill chunks, cached prefix tokens. ``offset``: the linear layers' time terms the fit keeps from ``hw``
-    (``decode_efficiency`` and ``memory_efficiency``): under the hard roofline ``max(lin_c, lin_m)`` with the
-    decode GEMMs' ``lin_c`` and the streamed weights' ``lin_m``; a step whose prefill GEMMs are on the
-    compute side has its decode ``lin_c`` in the offset and the prefill part in column 3 (a step whose
-    weights time dominates gets ``lin_m`` and a 0 in column 3)."""
+    prefill chunks, cached prefix tokens, decode sequences in their request's first decode step. ``offset``: the
+    linear layers' time terms the fit keeps from ``hw`` (``decode_efficiency`` and ``memory_efficiency``): under
+    the hard roofline ``max(lin_c, lin_m)`` with the decode GEMMs' ``lin_c`` and the streamed weights' ``lin_m``;
+    a step whose prefill GEMMs are on the compute side has its decode ``lin_c`` in the offset and the prefill
+    part in column 3 (a step whose weights time dominates gets ``lin_m`` and a 0 in column 3)."""
     lf, hf, af = _flops(model)
     b = steps.decode_seqs.to_numpy(float)
     n = steps.prefill_tokens.to_numpy(float)
@@ -275,7 +278,7 @@ def design(steps: pd.DataFrame, hw: HardwareConfig, model: ModelConfig) -> tuple
     kv = (steps.prefill_ctx + steps.prefill_tokens + steps.decode_ctx + steps.decode_seqs).to_numpy(float)
     X = np.column_stack([np.ones(len(steps)), b, kv, np.where(compute, pre_units, 0.0),
                          steps.prefill_pairs.to_numpy(float), steps.prefill_seqs.to_numpy(float),
-                         steps.prefill_cached.to_numpy(float)])
+                         steps.prefill_cached.to_numpy(float), steps.first_decodes.to_numpy(float)])
     return X, offset
 
 
@@ -291,14 +294,15 @@ def priors(hw: HardwareConfig, model: ModelConfig) -> dict:
             "prefill_token_s": lf / (hw.peak_flops * hw.prefill_efficiency)
             + L * hw.attention_token_overhead_s * model.num_heads * model.head_dim / 4096,
             "attention_pair_s": af / (hw.peak_flops * attn_eff),
-            "prefill_seq_overhead_s": hw.prefill_seq_overhead_s, "cached_prefix_token_s": hw.cached_prefix_token_s}
+            "prefill_seq_overhead_s": hw.prefill_seq_overhead_s, "cached_prefix_token_s": hw.cached_prefix_token_s,
+            "decode_start_s": hw.decode_start_s}
 
 
 def profile_from_terms(base: HardwareConfig, model: ModelConfig, beta: dict, source: str) -> HardwareConfig:
     """``base`` with the fitted terms written as its fields: ``step_overhead_s`` (``layer_overhead_s`` 0),
     ``attention_seq_overhead_s`` (the per-sequence decode cost beyond the decode GEMMs), ``kv_memory_efficiency``,
-    ``prefill_efficiency`` (``attention_token_overhead_s`` 0), ``attention_efficiency``, the per-prefill terms;
-    the hard roofline; ``decode_efficiency``, ``memory_efficiency`` and the peaks kept, unless an efficiency
+    ``prefill_efficiency`` (``attention_token_overhead_s`` 0), ``attention_efficiency``, the per-prefill terms,
+    ``decode_start_s``; the hard roofline; ``decode_efficiency``, ``memory_efficiency`` and the peaks kept, unless an efficiency
     comes out above 1 (the base's peaks are round figures a machine can beat): then the peak is raised by it
     and every efficiency on that side divided by it (:func:`harness.core.profiles.rescale_peaks`; every step
     time unchanged). ``source`` goes to ``prefill_terms_source``'s note and ``source``."""
@@ -312,7 +316,7 @@ def profile_from_terms(base: HardwareConfig, model: ModelConfig, beta: dict, sou
         prefill_efficiency=lf / (base.peak_flops * beta["prefill_token_s"]),
         attention_efficiency=af / (base.peak_flops * beta["attention_pair_s"]),
         prefill_seq_overhead_s=beta["prefill_seq_overhead_s"], cached_prefix_token_s=beta["cached_prefix_token_s"],
-        prefill_terms_source=source, source=source))
+        decode_start_s=beta.get("decode_start_s", base.decode_start_s), prefill_terms_source=source, source=source))
 
 
 def _wls(X: np.ndarray, y: np.ndarray, offset: np.ndarray, objective: str = "relative",
@@ -334,8 +338,10 @@ def _wls(X: np.ndarray, y: np.ndarray, offset: np.ndarray, objective: str = "rel
 
 
 def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel_se_bound: float = REL_SE_BOUND,
-              outlier_mads: float = 8.0, objective: str = "relative") -> dict:
+              outlier_mads: float = 8.0, objective: str = "relative", decode_start: bool = True) -> dict:
     """Fit :data:`TERMS` to the real step times (module docstring), under ``objective`` (:data:`OBJECTIVES`).
+    ``decode_start=False`` leaves the last term, ``decode_start_s``, out of the fit (the base's value is kept and
+    the term is not listed: the fit as it was before issue 33 added the term, ``calibrate --no-decode-start``).
     Returns ``{"terms": {name: {"value", "se", "rel_se", "status": "fitted" | "fixed at prior: <why>",
     "prior"}}, "hw": the profile (:func:`profile_from_terms`), "n_steps", "dropped_outliers", "rel_se_bound",
     "objective", "base_peaks" (the base's ``peak_flops`` and ``mem_bandwidth_bytes_per_s``),
@@ -346,22 +352,24 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r}: one of {', '.join(OBJECTIVES)}")
-    if len(steps) < len(TERMS) + 2:
-        raise ValueError(f"{len(steps)} steps: too few to fit {len(TERMS)} terms")
+    names = TERMS if decode_start else TERMS[:-1]
+    if len(steps) < len(names) + 2:
+        raise ValueError(f"{len(steps)} steps: too few to fit {len(names)} terms")
     X, off = design(steps, base, model)
+    X = X[:, :len(names)]
     y = steps.wall_s.to_numpy(float)
     prior = priors(base, model)
     keep = np.ones(len(y), bool)
-    free = list(range(len(TERMS)))
+    free = list(range(len(names)))
     fixed: dict[int, str] = {}
     # a column with no variation in the data (all zero) is fixed at once
-    for j in range(1, len(TERMS)):
+    for j in range(1, len(names)):
         if not np.any(X[:, j]):
             fixed[j] = "no data (the column is 0 in every step)"
     dropped = 0
-    for it in range(len(TERMS) + 2):
-        free = [j for j in range(len(TERMS)) if j not in fixed]
-        fixed_off = off + sum((prior[TERMS[j]] * X[:, j] for j in fixed), np.zeros(len(y)))
+    for it in range(len(names) + 2):
+        free = [j for j in range(len(names)) if j not in fixed]
+        fixed_off = off + sum((prior[names[j]] * X[:, j] for j in fixed), np.zeros(len(y)))
         beta, se, res = _wls(X[keep][:, free], y[keep], fixed_off[keep], objective)
         if it == 0 and outlier_mads:
             med = np.median(res)
@@ -381,7 +389,7 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
         fixed[j] = (f"relative standard error {rel[k]:.0%} > {rel_se_bound:.0%}" if beta[k] > 0
                     else f"estimate {beta[k]:.3g} (SE {se[k]:.2g}) not positive")
     terms = {}
-    for j, name in enumerate(TERMS):
+    for j, name in enumerate(names):
         if j in fixed:
             terms[name] = {"value": prior[name], "se": math.nan, "rel_se": math.nan, "prior": prior[name],
                            "status": f"fixed at prior: {fixed[j]}"}
