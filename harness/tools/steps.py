@@ -121,7 +121,7 @@ def replay(steps: pd.DataFrame, perf: PerfModel) -> np.ndarray:
     first = steps.first_decodes.to_numpy() if getattr(perf, "has_decode_start", False) else np.zeros(len(steps), int)
     for i, (b, ctx, n, p, pairs, samp, seqs, cached, f) in enumerate(zip(*cols, first)):
         if n == 0:
-            out[i] = (perf.decode_step(int(b), int(ctx), int(f)) if f else perf.decode_step(int(b), int(ctx))).time_s
+            out[i] = perf.decode_step(int(b), int(ctx), *((int(f),) if f else ())).time_s
         else:
             out[i] = perf.step(int(n), float(pairs), int(p), int(samp), int(b), int(ctx), int(seqs), int(cached),
                                *((int(f),) if f else ())).time_s
@@ -302,8 +302,8 @@ def profile_from_terms(base: HardwareConfig, model: ModelConfig, beta: dict, sou
     """``base`` with the fitted terms written as its fields: ``step_overhead_s`` (``layer_overhead_s`` 0),
     ``attention_seq_overhead_s`` (the per-sequence decode cost beyond the decode GEMMs), ``kv_memory_efficiency``,
     ``prefill_efficiency`` (``attention_token_overhead_s`` 0), ``attention_efficiency``, the per-prefill terms,
-    ``decode_start_s``; the hard roofline; ``decode_efficiency``, ``memory_efficiency`` and the peaks kept, unless an efficiency
-    comes out above 1 (the base's peaks are round figures a machine can beat): then the peak is raised by it
+    ``decode_start_s``; the hard roofline; ``decode_efficiency``, ``memory_efficiency`` and the peaks kept, unless
+    an efficiency comes out above 1 (the base's peaks are round figures a machine can beat): then the peak is raised by it
     and every efficiency on that side divided by it (:func:`harness.core.profiles.rescale_peaks`; every step
     time unchanged). ``source`` goes to ``prefill_terms_source``'s note and ``source``."""
     lf, hf, af = _flops(model)
@@ -340,7 +340,7 @@ def _wls(X: np.ndarray, y: np.ndarray, offset: np.ndarray, objective: str = "rel
 def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel_se_bound: float = REL_SE_BOUND,
               outlier_mads: float = 8.0, objective: str = "relative", decode_start: bool = True) -> dict:
     """Fit :data:`TERMS` to the real step times (module docstring), under ``objective`` (:data:`OBJECTIVES`).
-    ``decode_start=False`` leaves the last term, ``decode_start_s``, out of the fit (the base's value is kept and
+    ``decode_start=False`` leaves ``decode_start_s`` out of the fit (the base's value is kept and
     the term is not listed: the fit as it was before issue 33 added the term, ``calibrate --no-decode-start``).
     Returns ``{"terms": {name: {"value", "se", "rel_se", "status": "fitted" | "fixed at prior: <why>",
     "prior"}}, "hw": the profile (:func:`profile_from_terms`), "n_steps", "dropped_outliers", "rel_se_bound",
@@ -352,11 +352,12 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r}: one of {', '.join(OBJECTIVES)}")
-    names = TERMS if decode_start else TERMS[:-1]
+    cols = [j for j, t in enumerate(TERMS) if decode_start or t != "decode_start_s"]
+    names = tuple(TERMS[j] for j in cols)
     if len(steps) < len(names) + 2:
         raise ValueError(f"{len(steps)} steps: too few to fit {len(names)} terms")
     X, off = design(steps, base, model)
-    X = X[:, :len(names)]
+    X = X[:, cols]
     y = steps.wall_s.to_numpy(float)
     prior = priors(base, model)
     keep = np.ones(len(y), bool)
