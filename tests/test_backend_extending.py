@@ -6,7 +6,9 @@ The scratch backend uses only what the recipe names: a config dataclass deriving
 ``harness.core.backend.BackendConfig`` with a ``validate(inp)`` hook, an ``open(inp, cfg, run_dir, *,
 conversations)`` context manager registered with ``register_backend``, and a cluster deriving from
 ``harness.core.backend.ClusterBase`` that defines only the required members (``infos``, ``clock``,
-``start_turn``, ``observe``, ``drive``); every optional hook is ClusterBase's default.
+``start_turn``, ``observe``, ``drive``); every optional hook is ClusterBase's default. Its ``validate`` and
+``open`` are typed with ``harness.core.backend.SessionInput``, and a backend module written the same way, imported
+in a fresh interpreter, types its ``open`` without loading anything of ``harness.run``.
 """
 
 from __future__ import annotations
@@ -14,11 +16,17 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from harness.core.backend import BackendConfig, ClusterBase, InstanceInfo, InstanceState, backends, register_backend
+from harness.core.backend import (BackendConfig, ClusterBase, InstanceInfo, InstanceState, SessionInput, backends,
+                                   register_backend)
 from harness.core.clock import Priority, SimClock
 from harness.run.config import ConfigError
 from harness.run.runner import execute
@@ -39,7 +47,7 @@ class ScratchConfig(BackendConfig):
     step_s: float = STEP_S
     capacity_tokens: int = 1 << 20
 
-    def validate(self, inp) -> None:
+    def validate(self, inp: SessionInput) -> None:
         if not (isinstance(self.step_s, (int, float)) and self.step_s > 0):
             raise ValueError(f"backend.step_s must be > 0 (s), got {self.step_s!r}")
         if not inp.instances:
@@ -58,7 +66,7 @@ class ScratchNeedsKeyConfig(BackendConfig):
 class ScratchCluster(ClusterBase):
     """The required members only; the first token comes one step after the start, then one per step."""
 
-    def __init__(self, inp, cfg: ScratchConfig):
+    def __init__(self, inp: SessionInput, cfg: ScratchConfig):
         self.clock = SimClock()
         self.step_s = cfg.step_s
         self.infos = tuple(InstanceInfo(i, n, r, hw.name, cfg.capacity_tokens)
@@ -97,7 +105,7 @@ opened: list = []   # what each open() was handed: (type of inp, type of cfg)
 if "scratch" not in backends():
     @register_backend("scratch", ScratchConfig)
     @contextlib.contextmanager
-    def open_scratch(inp, cfg, run_dir=None, *, conversations=()):
+    def open_scratch(inp: SessionInput, cfg: ScratchConfig, run_dir=None, *, conversations=()):
         opened.append((type(inp).__name__, type(cfg).__name__))
         yield ScratchCluster(inp, cfg)
 
@@ -140,3 +148,60 @@ def test_scratch_backend_missing_key_fails_at_validation_naming_it(tmp_path):
     assert opened == []
     summary = execute(compose_run(RUN + ["backend=scratch_needs_key", f"backend.step_s={STEP_S}"]), tmp_path / "run")
     assert summary["partial"] is False and summary["ttft_p50_s"] == pytest.approx(STEP_S)
+
+
+OUT_OF_TREE = textwrap.dedent('''
+    """A backend in another package, typed as docs/extending.md says: the core interface only."""
+    from __future__ import annotations
+
+    import contextlib
+    from dataclasses import dataclass
+    from typing import Iterator
+
+    from harness.core.backend import BackendConfig, ClusterBase, SessionInput, register_backend
+
+
+    @dataclass
+    class OutOfTreeConfig(BackendConfig):
+        """``backend=out_of_tree``: step_s, s."""
+
+        name: str = "out_of_tree"
+        step_s: float = 0.02
+
+        def validate(self, inp: SessionInput) -> None:
+            if not inp.instances:
+                raise ValueError("cluster.instances: empty")
+
+
+    @register_backend("out_of_tree", OutOfTreeConfig)
+    @contextlib.contextmanager
+    def open_out_of_tree(inp: SessionInput, cfg: OutOfTreeConfig, run_dir=None, *,
+                         conversations=()) -> Iterator[ClusterBase]:
+        yield ClusterBase()
+''')
+
+
+def test_a_backend_types_its_open_without_importing_the_run_layer(tmp_path):
+    """A backend module written from docs/extending.md, in its own package and imported in a fresh interpreter:
+    its ``open``'s and ``validate``'s annotations resolve (``typing.get_type_hints``) to
+    ``harness.core.backend.SessionInput``, and no module of ``harness.run`` (the config module, the session, the
+    runner) was loaded to get there."""
+    pkg = tmp_path / "oot_backend"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "plugin.py").write_text(OUT_OF_TREE)
+    probe = textwrap.dedent("""
+        import json, sys, typing
+        import oot_backend.plugin as p
+        from harness.core.backend import SessionInput
+        hints = typing.get_type_hints(p.open_out_of_tree.__wrapped__)
+        vhints = typing.get_type_hints(p.OutOfTreeConfig.validate)
+        print(json.dumps({"open_inp": hints["inp"] is SessionInput, "validate_inp": vhints["inp"] is SessionInput,
+                          "run_layer": sorted(m for m in sys.modules if m == "harness.run" or m.startswith("harness.run."))}))
+    """)
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}"})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"open_inp": True, "validate_inp": True, "run_layer": []}, got

@@ -284,7 +284,7 @@ def test_the_fingerprint_reads_the_typed_input_and_digests_the_trace_bytes(tmp_p
     import hashlib
 
     from harness.analysis.provenance import FingerprintInput, fingerprint
-    from harness.run.inputs import fingerprint_input
+    from harness.run.config import fingerprint_input
     from tests.conftest import compose_run
     trace = tmp_path / "t.jsonl"
     write_trace(trace, load_trace(SHIPPED)[:2])

@@ -85,7 +85,7 @@ class _Sent:
 def test_vllm_refuses_a_rule_it_cannot_rebuild_before_launch():
     """``VllmBackendConfig.check_batch_rules``: a rule without ``to_spec`` and a spec naming no registered
     builder are refused; a registered builder is accepted."""
-    from harness.vllm.plugin import VllmBackendConfig
+    from harness.vllm.config import VllmBackendConfig
     cfg = VllmBackendConfig()
 
     class NoSpec:

@@ -87,7 +87,7 @@ def file_digest(path: Path | str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class FingerprintInput:
-    """What a run's fingerprint reads of the run (built by ``harness.run.inputs.fingerprint_input`` from the
+    """What a run's fingerprint reads of the run (built by ``harness.run.config.fingerprint_input`` from the
     resolved config, ``harness.run.config.Resolved``).
 
     instances: ``(name, role, HardwareConfig)`` per instance, in index order (``cluster.instances`` expanded);

@@ -1,5 +1,5 @@
-"""Backends as plug-ins: what the session asks of an opened cluster, the job record of one turn, and
-the registry of backends by name.
+"""Backends as plug-ins: what the session asks of an opened cluster, the job record of one turn, what a
+backend reads of the run (:class:`SessionInput`, typed and frozen), and the registry of backends by name.
 
 A backend plug-in registers ``(name, config dataclass, open)`` with :func:`register_backend`; ``open``
 returns a context manager that yields a :class:`Cluster` (sim: engines on a virtual clock; vllm:
@@ -18,13 +18,11 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
-from harness.core.policy import Placement
+from harness.core.policy import InstanceHints, Placement
+from harness.core.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig
 from harness.core.registry import Registry, Spec
-
-if TYPE_CHECKING:  # annotations only: a backend reads the session's typed input, built by harness.run.session
-    from harness.run.session import SessionInput
 
 
 @dataclass(slots=True, eq=False)
@@ -194,7 +192,7 @@ class BackendConfig:
 
     def validate(self, inp: "SessionInput") -> None:
         """Check the backend's own keys (``self``: the ``backend`` node, this dataclass) against the run's typed
-        input ``inp`` (a ``harness.run.session.SessionInput``: instances, model, engine, link, scheduler,
+        input ``inp`` (a :class:`SessionInput`: instances, model, engine, link, scheduler,
         workload shape, ``log_steps``); called by ``harness.run.config.resolve`` before anything runs.
 
         Raises:
@@ -209,15 +207,84 @@ class BackendConfig:
 
     def check_batch_rules(self, inp: "SessionInput", rules: Sequence[Any]) -> None:
         """Raise ``ValueError`` if a rule of ``rules`` (the policy's, one per instance that has one) cannot run
-        on this backend (``inp``: the run's ``harness.run.session.SessionInput``). Default: every rule can (only
+        on this backend (``inp``: the run's ``SessionInput``). Default: every rule can (only
         read when ``supports_batch_rules``)."""
+
+
+@dataclass(frozen=True)
+class SessionInput:
+    """What a session and a backend read of the run config, typed and frozen: built once per run by
+    ``harness.run.config.session_input`` from the resolved config and handed to the backend's
+    :meth:`BackendConfig.validate`, its ``open`` and every session; no session and no backend reads the whole
+    run config. (It lives here, beside the interface it types, so that a backend types its ``open`` without
+    importing the run layer.) Frozen: a session cannot change it; the config objects it holds are the run's
+    own, shared, and not copied.
+
+    instances: ``(name, role, HardwareConfig)`` per instance, in index order (``cluster.instances``
+        expanded by ``harness.run.config.resolve``; the names are ``<role><k>``).
+    model: the served model's profile (``model``); engine: the engine knobs every backend honours
+        (``engine``: KV block size in tokens, batch limits, chunked prefill, ...); link: the KV-transfer
+        interconnect between instances (``cluster.link``: bytes/s and s per transfer).
+    seed: the run's seed (``seed``), given to every policy (``PolicyContext.seed``).
+    workload_seed: the workload's seed (``workload.seed``), given to every policy
+        (``PolicyContext.workload_seed``; AMPD's misroute draw reads it).
+    shared_prefix_tokens: the workload's shared system prompt, tokens
+        (``workload.effective_shared_prefix_tokens()``: ``shared_prefix_tokens`` x ``token_scale``).
+    context_limit_tokens: the served context, tokens (``harness.run.config.context_limit``); ``None``: unlimited.
+    hints: per instance, what a router may know of it before serving (``harness.run.config.instance_hints``: prefill
+        tokens/s, idle decode step s, the fluid model's iteration coefficients).
+    scheduler_name / scheduler: the run's scheduler variant (``scheduler.name``) and its config dataclass
+        (the variant's own type, from the registry: ``harness.core.registry.SchedulerSpec.config_cls``).
+    reference_scheduler: ``slo.reference_scheduler`` (``same``: the run's own variant), whose unloaded
+        replays are the relative SLO's denominator; needs_reference: the SLO needs them
+        (``SloConfig.needs_unloaded``).
+    scale_reference: the SLO-scale curve's reference (``SloConfig.scale_reference_name``);
+        needs_scale_reference: the curve needs its unloaded replays (``SloConfig.needs_scale_unloaded``).
+    ttfet_definition: the headline TTFET reading, ``first`` / ``visible`` / ``last`` (``slo.ttfet_definition``).
+    backend_name / backend: the backend plug-in (``backend.name``) and its config (its hooks:
+        ``supports_batch_rules``, ``check_batch_rules``). (No simulator settings: the simulated sessions, the
+        SLO replays, take theirs from ``backend`` when ``backend=sim``, else the simulator's defaults:
+        ``harness.run.session.simulate``.)
+    max_active: the cap on active conversations (``workload.max_active()``: a closed population's
+        ``concurrency`` or ``max_concurrency``; ``None``: no cap). duration_s: the duration stop
+        (``workload.duration_s``, s; ``None``: none). log_steps: record every engine step where the backend
+        can (``logger.steps``). A backend's ``validate`` and ``open`` read these with the rest of this input
+        (``harness.core.backend``), never the run config.
+    """
+
+    instances: tuple[tuple[str, str, HardwareConfig], ...]
+    model: ModelConfig
+    engine: EngineConfig
+    link: LinkConfig
+    seed: int
+    shared_prefix_tokens: int
+    context_limit_tokens: Optional[int]
+    hints: tuple[InstanceHints, ...]
+    scheduler_name: str
+    scheduler: Any
+    reference_scheduler: str
+    needs_reference: bool
+    scale_reference: str
+    needs_scale_reference: bool
+    ttfet_definition: str
+    backend_name: str
+    backend: BackendConfig
+    workload_seed: int = 0
+    max_active: Optional[int] = None
+    duration_s: Optional[float] = None
+    log_steps: bool = False
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The role of each instance, in index order."""
+        return tuple(r for _, r, _ in self.instances)
 
 
 BackendSpec = Spec
 """A registered backend (``harness.core.registry.Spec``): its name, config dataclass (a :class:`BackendConfig`
 subclass: the ``backend`` config node's schema and its hooks) and
 ``open(inp, cfg, run_dir, *, conversations, ...) -> ContextManager[ClusterBase]``
-(``inp``: the run's ``harness.run.session.SessionInput``; ``cfg``: the backend's own config, an instance of its
+(``inp``: the run's ``SessionInput``; ``cfg``: the backend's own config, an instance of its
 config dataclass, already validated; ``run_dir``: the run's output directory, or None; ``conversations``: the
 workload's ``(arrival_s, record)`` pairs, for what a backend derives from them, e.g. which KV blocks they
 share). No backend reads the whole run config."""

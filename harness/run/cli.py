@@ -132,7 +132,7 @@ def _main(cfg: DictConfig) -> dict:
     from harness.analysis.catalog import summary_table
     from harness.run.loggers import logged_run
     from harness.analysis.provenance import RUN_LOCK, DirLock, LockHeld, fingerprint
-    from harness.run.inputs import fingerprint_input
+    from harness.run.config import fingerprint_input
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     signal.signal(signal.SIGTERM, _sigterm)  # like Ctrl-C: what was measured is written, partial

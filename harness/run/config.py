@@ -20,11 +20,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.core.backend import backends, get_backend
+from harness.core.backend import SessionInput, backends, get_backend
 from harness.analysis.metrics import SloConfig
+from harness.analysis.provenance import FingerprintInput
 from harness.core.paths import PROJECT_ROOT, data_path  # noqa: F401  (PROJECT_ROOT re-exported)
-from harness.core.policy import ROLES
-from harness.core.profiles import ClusterConfig, EngineConfig, HardwareConfig, ModelConfig, kv_capacity_blocks
+from harness.core.policy import ROLES, InstanceHints
+from harness.core.profiles import (ClusterConfig, EngineConfig, HardwareConfig, ModelConfig, kv_capacity_blocks,
+                                   prefill_iteration_coefficient)
 from harness.core.schedulers import get_spec, registered
 from harness.analysis.validity import ValidityConfig
 from harness.workload.workload import WorkloadConfig
@@ -330,9 +332,59 @@ def resolve(dcfg: DictConfig) -> Resolved:
         raise ConfigError(f"workload.trace: {why}: {cfg.workload.trace} (looked for {trace})")
     backend_name, backend_obj = _plugin_choice(cfg.backend, "backend", backend_config)
     run = Resolved(cfg, instances, name, sched_obj, trace, backend_name, backend_obj)
-    from harness.run.inputs import session_input   # the typed input every session and backend reads
     try:
         backend_obj.validate(session_input(run))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return run
+
+
+# ---- what a session and a backend read of the resolved run ------------------------------------------------
+
+def instance_hints(hw: HardwareConfig, model: ModelConfig) -> InstanceHints:
+    """What a router may know of an instance before serving: the hardware profile's step model (the
+    simulator's, ``harness.sim.perf.PerfModel``, evaluated on the profiles alone) for prefill throughput
+    (2048-token chunk, tokens/s), an idle decode step (1 sequence, 1024-token context, s), and the WAIT
+    fluid model's iteration line ``d0 + d1 * KV tokens`` (``PerfModel.decode_linear_coefficients``) with its
+    prefill term ``d2`` (``harness.core.profiles.prefill_iteration_coefficient``: linear-layer FLOPs per token over
+    peak x prefill efficiency)."""
+    from harness.sim.perf import PerfModel
+    perf = PerfModel(hw, model)
+    d0, d1 = perf.decode_linear_coefficients()
+    d2 = prefill_iteration_coefficient(2.0 * model.num_layers * model.linear_params_per_layer, hw.peak_flops,
+                                       hw.prefill_efficiency)
+    return InstanceHints(perf.prefill_tokens_per_s(), perf.idle_decode_step_s(), d0, d1, d2)
+
+
+def session_input(run: Resolved) -> SessionInput:
+    """The ``harness.core.backend.SessionInput`` of a resolved run (:func:`resolve`): the one place a session's
+    and a backend's input is read from the run config. The hints are evaluated here, once per run."""
+    cfg = run.cfg
+    return SessionInput(
+        instances=tuple(run.instances), model=cfg.model, engine=cfg.engine, link=cfg.cluster.link, seed=cfg.seed,
+        shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens(), context_limit_tokens=context_limit(run),
+        hints=tuple(instance_hints(hw, cfg.model) for _, _, hw in run.instances),
+        scheduler_name=run.scheduler_name, scheduler=run.scheduler,
+        reference_scheduler=cfg.slo.reference_scheduler, needs_reference=cfg.slo.needs_unloaded(),
+        scale_reference=cfg.slo.scale_reference_name(), needs_scale_reference=cfg.slo.needs_scale_unloaded(),
+        ttfet_definition=cfg.slo.ttfet_definition, backend_name=run.backend_name, backend=run.backend,
+        workload_seed=cfg.workload.seed, max_active=cfg.workload.max_active(), duration_s=cfg.workload.duration_s,
+        log_steps=bool(cfg.logger.steps))
+
+
+def fingerprint_input(run: Resolved) -> FingerprintInput:
+    """What the run's fingerprint (``harness.analysis.provenance.fingerprint``) reads of the resolved run: its
+    instances, model profile and trace file (``None`` for ``workload.kind=synthetic``)."""
+    synthetic = run.cfg.workload.kind == "synthetic"
+    return FingerprintInput(tuple(run.instances), run.cfg.model, None if synthetic else run.trace_path)
+
+
+def context_limit(run: Resolved) -> Optional[int]:
+    """The served model's context of a resolved run, tokens: ``model.max_model_len`` (its ``config.json``),
+    and on a backend that serves with a shorter one (``BackendConfig.context_limit``, e.g. vLLM's
+    ``--max-model-len``), that. ``None`` when neither says. (A session reads it as
+    ``SessionInput.context_limit_tokens``.)"""
+    limits = [run.cfg.model.max_model_len or None]
+    limits.append(run.backend.context_limit())
+    limits = [x for x in limits if x]
+    return min(limits) if limits else None

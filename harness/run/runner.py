@@ -33,13 +33,12 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from harness.core.backend import get_backend
-from harness.run.config import PROJECT_ROOT, ConfigError, Resolved
+from harness.run.config import PROJECT_ROOT, ConfigError, Resolved, fingerprint_input
 from harness.run.loggers import REDACTED, scrub, scrub_yaml
 from harness.core.controller import ConversationState
 from harness.analysis.goodput import goodput_summary
 from harness.analysis.metrics import apply_slo, conversation_table, pressure_metrics, slo_scale_curve, summarize
 from harness.core.recorder import Recorder, write_json, write_run_files, write_text
-from harness.run.inputs import fingerprint_input
 from harness.run.session import SessionInput, SessionResult, check_policies, run_session, session_input
 from harness.run.slo_baseline import _interrupt_hook, unloaded_readings
 from harness.core.trace import load_trace

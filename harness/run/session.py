@@ -8,8 +8,8 @@ profiles, KV capacities; ``check_policies`` builds the run's policies the same w
 (no cluster needed), so a policy that rejects its config fails first.
 
 Every function here takes a :class:`SessionInput`: the part of the run config a session reads, typed and
-frozen, built once per run by :func:`session_input` from the resolved config (``harness.run.config.Resolved``;
-``harness.run.inputs``; ``harness.run.runner.execute`` builds it). Nothing here reads the whole run config. The relative SLO's
+frozen, defined beside the backend interface (``harness.core.backend``) and built once per run by
+:func:`session_input` from the resolved config (``harness.run.config``; ``harness.run.runner.execute`` builds it). Nothing here reads the whole run config. The relative SLO's
 unloaded-TTFET baseline (a :func:`simulate` session per conversation, and its caches) is
 ``harness.run.slo_baseline``.
 """
@@ -29,7 +29,8 @@ from harness.core.policy import Policy, PolicyContext
 from harness.core.profiles import kv_capacity_blocks
 from harness.core.recorder import PlanDecision, Recorder
 from harness.core.trace import ConversationRecord
-from harness.run.inputs import SessionInput, context_limit, instance_hints, session_input  # noqa: F401 -- re-exported
+from harness.core.backend import SessionInput  # noqa: F401 -- re-exported
+from harness.run.config import context_limit, instance_hints, session_input  # noqa: F401 -- re-exported
 from harness.workload.workload import Oracle, WorkloadStats
 
 log = logging.getLogger(__name__)
@@ -173,17 +174,26 @@ def simulate(inp: SessionInput, conversations: Sequence[tuple[float, Conversatio
              scheduler_name: str, sched_cfg: Any, *, sample_interval_s: Optional[float] = None,
              log_decisions: bool = False, max_coalesce_s: Optional[float] = None,
              on_conversation: Optional[Callable[[ConversationState], None]] = None) -> SessionResult:
-    """``run_session`` on a fresh simulated cluster of ``inp`` (its instances, model, engine, link and
-    ``inp.sim``'s limits; ``max_coalesce_s`` overrides ``inp.sim.max_coalesce_s``, s), whose KV block pools
-    know which blocks ``conversations`` share (``harness.workload.prefix.BlockContent``: each conversation's own
-    prefix and the shared system prompt: ``harness.sim.plugin.open_sim``, as for a run). No engine steps are
-    recorded."""
+    """``run_session`` on a fresh simulated cluster of ``inp`` (its instances, model, engine, link) with the
+    simulator's settings (:func:`sim_settings`; ``max_coalesce_s`` overrides their ``max_coalesce_s``, s), whose
+    KV block pools know which blocks ``conversations`` share (``harness.workload.prefix.BlockContent``: each
+    conversation's own prefix and the shared system prompt: ``harness.sim.plugin.open_sim``, as for a run). No
+    engine steps are recorded."""
     from harness.sim.plugin import open_sim
     recorder = Recorder(Oracle(conversations).visible, log_decisions)
-    with open_sim(inp, inp.sim, None, conversations=conversations, max_coalesce_s=max_coalesce_s,
+    with open_sim(inp, sim_settings(inp), None, conversations=conversations, max_coalesce_s=max_coalesce_s,
                   record_steps=False) as cluster:
         return run_session(cluster, inp, conversations, stats, scheduler_name, sched_cfg, recorder,
                            tick_s=sample_interval_s, on_conversation=on_conversation)
+
+
+def sim_settings(inp: SessionInput) -> Any:
+    """The simulator's settings (``harness.sim.plugin.SimBackendConfig``: event coalescing, s; time and event
+    limits) for a simulated session of ``inp`` (:func:`simulate`: the SLO baseline's unloaded replays, the
+    tools' replays): the run's own ``backend`` node when ``backend=sim``, else the simulator's defaults (a run
+    on another backend has no simulator settings of its own)."""
+    from harness.sim.plugin import SimBackendConfig
+    return inp.backend if isinstance(inp.backend, SimBackendConfig) else SimBackendConfig()
 
 
 def check_policies(inp: SessionInput, conversations: Sequence[tuple[float, ConversationRecord]], stats: WorkloadStats) -> None:

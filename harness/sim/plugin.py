@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Iterator, Optional, Sequence
 
-from harness.core.backend import BackendConfig, register_backend
+from harness.core.backend import BackendConfig, SessionInput, register_backend
 
-if TYPE_CHECKING:  # annotations only
-    from harness.run.session import SessionInput
+if TYPE_CHECKING:  # annotations only: the simulator's modules are imported by ``open``
     from harness.sim.backend import SimBackend
 
 

@@ -20,11 +20,11 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import aiohttp
 
-from harness.core.backend import ClusterBase
+from harness.core.backend import ClusterBase, SessionInput
 from harness.core.clock import AsyncioClock
 from harness.core.paths import PROJECT_ROOT
 from harness.vllm.backend import ContextBook, Endpoint, VllmBackend
@@ -38,9 +38,7 @@ from harness.vllm.scrape import MetricsPoller, histogram_delta, parse_histograms
 from harness.vllm.wait_scheduler import (RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, STEP_TIMES_ENV,
                                          STEP_TIMES_SCHEDULER_CLS, STEP_TIMES_SYNC_SCHEDULER_CLS, forms_batches)
 
-if TYPE_CHECKING:  # types only: the backend reads the session's typed input, never the config module
-    from harness.run.session import SessionInput
-    from harness.vllm.plugin import VllmBackendConfig
+from harness.vllm.config import VllmBackendConfig
 
 log = logging.getLogger(__name__)
 
@@ -259,8 +257,8 @@ class VllmCluster(ClusterBase):
     """The opened real cluster (``harness.core.backend.Cluster``), on its own asyncio loop in this thread.
 
     Args:
-        inp: the run's typed input (``harness.run.session.SessionInput``); config: the ``backend`` node
-            (``harness.vllm.plugin.VllmBackendConfig``); endpoints: one per instance, in index order; model:
+        inp: the run's typed input (``harness.core.backend.SessionInput``); config: the ``backend`` node
+            (``harness.vllm.config.VllmBackendConfig``); endpoints: one per instance, in index order; model:
             served model path.
         hooks: ``(t_s, fn(cluster))`` called at run time ``t_s``. launcher: the servers' launcher, or
             None when connecting to running servers. run_dir: where ``server_metrics.json`` goes

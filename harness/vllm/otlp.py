@@ -65,7 +65,7 @@ ENGINE_TIMES = ("auto", "spans", "scrape", "off")
 
 
 def engine_times_mode(backend: Any, steps: bool) -> tuple[str, str]:
-    """The per-request engine-time source of a run (``backend``: a ``harness.vllm.plugin.VllmBackendConfig``),
+    """The per-request engine-time source of a run (``backend``: a ``harness.vllm.config.VllmBackendConfig``),
     ``(mode, why)``: ``mode`` is ``spans``, ``scrape`` or
     ``off`` (``backend.engine_times`` with ``auto`` resolved); ``why`` says, for ``auto`` resolved to
     ``off``, why and what to set (logged once), else ``""``. Without ``logger.steps`` nothing is recorded:
@@ -217,7 +217,7 @@ class SpanReceiver:
         self.rejected: dict[int, int] = {}
         self.max_body_bytes, self.max_decoded_bytes, self.timeout_s = max_body_bytes, max_decoded_bytes, timeout_s
         self.accept: Callable[[str], bool] = lambda rid: True
-        # imported here, not at the top: the module is imported with every backend's config (``harness.vllm.plugin``
+        # imported here, not at the top: the module is imported with every backend's config (``harness.vllm.config``
         # re-exports ``engine_times_mode``), and ``http.server`` (~10 ms) is needed only by a receiver
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         self._cond = threading.Condition()
