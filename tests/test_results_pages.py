@@ -1,0 +1,113 @@
+"""The results pages (docs/results/*.md, ``python -m harness.analysis.results``): the shipped pages are the
+generator's output on the shipped data; their numbers equal what the tools printed when the data was made
+(``docs/data/wait_table/wait_table.out`` from ``scripts/wait_table.py``, ``docs/data/twin_wait/cpu_fitted/twin.md``
+from the twin report), and one cell is recomputed by hand from ``runs.csv``; without data a claim names the
+command that makes it instead of a number; README links the pages."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.analysis import results
+from harness.core.paths import PROJECT_ROOT
+
+DATA = PROJECT_ROOT / "docs" / "data"
+
+
+@pytest.mark.parametrize("name", results.PAGES)
+def test_the_shipped_page_is_the_generators_output(name):
+    shipped = (PROJECT_ROOT / "docs" / "results" / f"{name}.md").read_text()
+    assert shipped == results.page(name), f"docs/results/{name}.md is stale: run python -m harness.analysis.results"
+
+
+def test_check_mode_exits_1_on_a_stale_page_and_0_on_fresh_ones(tmp_path, capsys):
+    results.write_pages(tmp_path)
+    assert results.main(["--check", "--out", str(tmp_path)]) == 0
+    (tmp_path / "wait.md").write_text("edited by hand\n")
+    assert results.main(["--check", "--out", str(tmp_path)]) == 1
+    assert "wait.md: differs" in capsys.readouterr().err
+
+
+def _wait_table_out() -> tuple[dict, dict]:
+    """What scripts/wait_table.py printed: ``{(model, rate): (estimate, low, high, verdict)}`` of WAIT-CP /
+    Sarathi-like and ``{(model, arm label): (low, high)}`` capacity brackets."""
+    text = (DATA / "wait_table" / "wait_table.out").read_text()
+    cells = {}
+    for m, r, est, lo, hi, word in re.findall(
+            r"^\| (roofline|vidur_profile) \| ([\d.]+) \|[^\n]*?\| WAIT-CP / Sarathi-like \| ([-+][\d.]+) % "
+            r"\[([-+][\d.]+), ([-+][\d.]+)\] \| [^|]+ \| ([a-z ,]+) \|$", text, re.M):
+        cells[(m, float(r))] = (float(est), float(lo), float(hi), word)
+    caps = {(m, arm): (float(lo), float(hi)) for m, arm, lo, hi in
+            re.findall(r"^  (roofline|vidur_profile) ([\w -]+?): capacity in \[([\d.]+), ([\d.]+)\)", text, re.M)}
+    return cells, caps
+
+
+def test_w1_and_w2_equal_what_wait_table_printed():
+    printed, caps = _wait_table_out()
+    assert len(printed) == 10 and len(caps) == 8
+    rows = pd.read_csv(DATA / "wait_table" / "runs.csv")
+    got = {(c["model"], c["rate"]): c for c in results.wait_table_cells(rows)}
+    assert set(got) == set(printed)
+    for key, (est, lo, hi, word) in printed.items():
+        c = got[key]
+        assert (round(c["mean"], 1), round(c["ci"][0], 1), round(c["ci"][1], 1), c["verdict"]) == (est, lo, hi, word)
+    label = {v: k for k, v in results.WT_ARMS.items()}
+    assert results.wait_table_capacity(rows) == {(m, label[a]): b for (m, a), b in caps.items()}
+
+
+def test_one_w2_cell_by_hand():
+    """vidur_profile at 23 prompts/s: the geometric mean over the ten seeds of WAIT-CP / Sarathi-like, written out
+    with numpy, and the paper's -70 % at that rate judged by hand: the 95 % t-interval (t_{0.975, 9} = 2.262) of
+    the mean log ratio excludes 0 and reaches past -35 % (half the paper's size): reproduced."""
+    rows = pd.read_csv(DATA / "wait_table" / "runs.csv")
+    g = rows[(rows.model == "vidur_profile") & (rows.rate == 23.0)]
+    a = g[g.arm == "wait_cp"].sort_values("seed").e2e_central_mean_s.to_numpy()
+    b = g[g.arm == "sarathi"].sort_values("seed").e2e_central_mean_s.to_numpy()
+    x = np.log(a / b)
+    half = 2.262 * x.std(ddof=1) / np.sqrt(len(x))
+    est, lo, hi = (np.exp(v) * 100 - 100 for v in (x.mean(), x.mean() - half, x.mean() + half))
+    assert lo < -35 and hi < 0
+    page = results.page("wait")
+    assert f"| vidur_profile | 23 | {est:+.1f} % [{lo:+.1f}, {hi:+.1f}] (n=10) | 10 (10 of 10) | reproduced |" in page
+
+
+def test_w2_twin_rows_equal_the_twin_report():
+    """Each W2 cell of both sides on the page equals the row the twin report printed (twin.md)."""
+    twin = (DATA / "twin_wait" / "cpu_fitted" / "twin.md").read_text()
+    rows = re.findall(r"^\| W2 [^|]+\| [^|]+\| (\d+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|",
+                      twin, re.M)
+    assert len(rows) == 6
+    page = results.page("wait")
+    for rate, vs, real_est, real_word, sim_est, sim_word in rows:
+        for est, word in ((real_est, real_word), (sim_est, sim_word)):
+            est = est.strip().replace(")", "")   # twin.md: "(n=5)"; the page's table adds the sign count
+            assert re.search(rf"\| {rate} \| {re.escape(vs.strip())} \| {re.escape(est)}[^|]*\| -70 % \| "
+                             rf"{word.strip()} \|", page), (rate, vs, est, word)
+
+
+def test_without_shipped_data_every_claim_names_its_command(tmp_path):
+    """A repository without docs/data: no number on either page, every claim row says which command makes it."""
+    for name in results.PAGES:
+        text = results.page(name, root=tmp_path)
+        rows = [line for line in text.splitlines() if re.match(r"^\| [CW]\d \|", line)]
+        claims = {r.split("|")[1].strip() for r in rows}
+        assert claims == ({"C1", "C2", "C3", "C4", "C5"} if name == "conserve" else {"W1", "W2", "W3", "W4"})
+        assert all("**no shipped data: run `python " in r for r in rows), rows
+        assert not re.search(r"[-+]\d+\.\d %", text)
+
+
+def test_capacity_word():
+    w = results.capacity_word
+    assert w((22.75, 23.125), (21.25, 21.625)) == "reproduced"
+    assert w((21.25, 21.625), (22.75, 23.125)) == "opposite"
+    assert w((22.75, 23.125), (22.75, 23.125)) == "no difference"
+    assert w((22.0, 23.0), (22.5, 23.5)) == "inconclusive"
+
+
+def test_readme_links_the_results_pages():
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    assert "docs/results/conserve.md" in readme and "docs/results/wait.md" in readme
