@@ -60,6 +60,9 @@ class SloConfig:
     required when that mode is ``absolute``).
     Per-request goodput (``harness.analysis.goodput``): ``goodput``, None or thresholds in ms as vLLM's and AIPerf's
     ``--goodput`` take them, a string ``"ttft:200 tpot:50 e2el:2000"`` or a mapping ``{ttft: 200, ...}``.
+    SLO scale curve (``slo_scale_curve``): ``scales``, None or the multiples of each reading's base threshold to
+    report attainment at; ``scale_reference``, the scheduler whose unloaded TTFET is the base (``inherit``:
+    ``reference_scheduler``; ``same``: each variant's own).
     """
 
     name: str = "relative"

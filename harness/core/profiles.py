@@ -176,6 +176,7 @@ class ModelConfig:
             harness.workload.convert --model <name>``; a path, relative to the project root unless absolute; "" =
             the shipped Qwen2 BPE). chat_template: the converter's prompt rendering (``chatml`` |
             ``llama3``; ``harness.workload.convert.CHAT_TEMPLATES``).
+        source: where the shapes come from (informational, e.g. the ``config.json`` read).
     """
 
     name: str = "???"
@@ -254,8 +255,9 @@ class InstanceGroupConfig:
 
 @dataclass
 class LinkConfig:
-    """The interconnect used for KV transfer between two instances.
+    """The interconnect used for KV transfer between two instances (``name``: informational).
 
+    bandwidth_bytes_per_s: the link's bandwidth, bytes/s; latency_s: the fixed cost of one transfer, s.
     Transfer time of ``b`` bytes = ``latency_s + b / bandwidth_bytes_per_s`` (one transfer at a time
     per destination instance; later ones queue).
     """
@@ -374,7 +376,12 @@ class EngineConfig:
 
 @dataclass
 class ClusterConfig:
-    """A set of instances and the link between them."""
+    """A set of instances and the link between them.
+
+    name: the cluster's name (informational; the run table and sweep columns show it). instances: the groups of
+    identical instances (``InstanceGroupConfig``: role, hardware profile, count). link: the KV-transfer
+    interconnect between instances (``LinkConfig``).
+    """
 
     name: str = "???"
     instances: list[InstanceGroupConfig] = field(default_factory=list)

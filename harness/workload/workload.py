@@ -67,7 +67,8 @@ RAMPS = ("linear", "exponential")
 
 @dataclass
 class PromptTypeConfig:
-    """One prompt type of a synthetic workload: tokens in and out (ints >= 1) and a relative weight (> 0).
+    """One prompt type of a synthetic workload: ``input_tokens`` and ``output_tokens`` per call (ints >= 1) and a
+    relative ``weight`` (> 0).
 
     turns: LLM calls per conversation (int >= 1; 1: single-turn). With more, every call has a prompt of
     ``input_tokens``, and each call after the first reuses ``round(cached_fraction * input_tokens)`` tokens
@@ -88,6 +89,7 @@ class PromptTypeConfig:
 class WorkloadConfig:
     """Hydra schema of the ``workload`` group.
 
+    name: the workload's name (informational: the option of the ``workload`` group it came from).
     kind: ``trace`` | ``synthetic`` (module docstring).
     prompt_types: the synthetic workload's prompt types (``kind=synthetic`` only), a list of
         ``{input_tokens, output_tokens, weight}``.
