@@ -117,10 +117,17 @@ def _key_table(cls: type, group: str, prefix: str = "") -> list[str]:
     return lines
 
 
+def shipped(cls: type) -> bool:
+    """Whether a registered config class ships with this project (defined under ``harness`` or ``baselines``), not
+    in another installed package or a test that registered its own: the reference is the project's."""
+    return cls.__module__.split(".")[0] in ("harness", "baselines")
+
+
 def group_classes() -> list[tuple[str, Any, list[tuple[str, type]]]]:
     """``(group, RunConfig field, [(option or "", dataclass)])`` for every group of the run config: one dataclass
     for most groups; per profile for ``hardware`` (the same class); per registered variant / backend for
-    ``scheduler`` and ``backend`` (the registry's config classes); none for a scalar (``seed``)."""
+    ``scheduler`` and ``backend`` (the registry's config classes, the :func:`shipped` ones); none for a scalar
+    (``seed``)."""
     from harness.core.backend import backends
     from harness.core.profiles import HardwareConfig
     from harness.core.schedulers import get_spec, registered
@@ -130,9 +137,10 @@ def group_classes() -> list[tuple[str, Any, list[tuple[str, type]]]]:
         if f.name == "hardware":
             out.append((f.name, f, [("", HardwareConfig)]))
         elif f.name == "scheduler":
-            out.append((f.name, f, [(n, get_spec(n).config_cls) for n in registered()]))
+            out.append((f.name, f, [(n, get_spec(n).config_cls) for n in registered()
+                                    if shipped(get_spec(n).config_cls)]))
         elif f.name == "backend":
-            out.append((f.name, f, [(n, s.config_cls) for n, s in sorted(backends().items())]))
+            out.append((f.name, f, [(n, s.config_cls) for n, s in sorted(backends().items()) if shipped(s.config_cls)]))
         else:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             out.append((f.name, f, [("", type(default))] if dataclasses.is_dataclass(default) else []))
