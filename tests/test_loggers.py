@@ -91,8 +91,25 @@ def assert_no_secret_in(*roots: Path) -> None:
 
 
 def test_wandb_offline_run_holds_config_summary_tables_and_series(monkeypatch, tmp_path: Path):
+    """... and its figures are rendered as PNG only (no PDF, whose font subsetting logged ~165 fontTools lines),
+    with fontTools / matplotlib at WARNING."""
     pytest.importorskip("wandb")
     pytest.importorskip("seaborn")
+    import logging
+
+    from harness.analysis import plotting
+    saved: list[str] = []
+    real_save = plotting._save
+
+    def recording_save(fig, out, name):
+        paths = real_save(fig, out, name)
+        saved.extend(p.suffix for p in paths)
+        return paths
+    monkeypatch.setattr(plotting, "_save", recording_save)
+    from harness.analysis import report
+    monkeypatch.setattr(report, "_save", recording_save)
+    for name in ("fontTools", "matplotlib"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.INFO)
     wdir = offline_env(monkeypatch, tmp_path)
     overrides = tiny_overrides("logger=wandb")
     run = compose_run(overrides)
@@ -113,6 +130,8 @@ def test_wandb_offline_run_holds_config_summary_tables_and_series(monkeypatch, t
     assert series and any("instance/decoder0/kv_used_frac" in h for h in series)
     media = {p.name.split("_")[0] for p in (rdir / "files" / "media").rglob("*") if p.is_file()}
     assert {"conversations", "turns", "instances", "ttfet", "kv"} <= media, media
+    assert saved and set(saved) == {".png"}, saved
+    assert all(logging.getLogger(n).getEffectiveLevel() == logging.WARNING for n in ("fontTools", "matplotlib"))
     assert_no_secret_in(wdir, out)
 
 

@@ -5,8 +5,9 @@ for them."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,27 @@ import pandas as pd
 from harness.analysis.stats import point_interval
 
 FIGURE_FORMATS = ("png", "pdf")
+"""The formats :func:`_save` writes by default: PNG for screens, PDF (Type 42 fonts) for papers."""
+_formats: tuple[str, ...] = FIGURE_FORMATS
+
+
+@contextmanager
+def figure_formats(formats: Sequence[str]) -> Iterator[None]:
+    """Within the block, :func:`_save` writes only ``formats`` (e.g. ``("png",)`` for an experiment logger, which
+    shows images and has no use for a PDF; rendering a PDF subsets its fonts through fontTools, the slow part).
+
+    Raises:
+        ValueError: an empty ``formats`` or one not in :data:`FIGURE_FORMATS`.
+    """
+    global _formats
+    formats = tuple(formats)
+    if not formats or not set(formats) <= set(FIGURE_FORMATS):
+        raise ValueError(f"figure formats must be a non-empty subset of {FIGURE_FORMATS}, got {formats!r}")
+    before, _formats = _formats, formats
+    try:
+        yield
+    finally:
+        _formats = before
 
 
 def seed_bars(metric: str):
@@ -67,9 +89,11 @@ def _plt():
 
 
 def _save(fig, out: Path, name: str) -> list[Path]:
+    """Write ``fig`` as ``<out>/<name>.<fmt>`` in each format in force (:data:`FIGURE_FORMATS`, or those of an
+    enclosing :func:`figure_formats`), close it, and return the paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for fmt in FIGURE_FORMATS:
+    for fmt in _formats:
         p = out / f"{name}.{fmt}"
         fig.savefig(p, dpi=110, bbox_inches="tight")
         paths.append(p)

@@ -173,20 +173,38 @@ class WandbLogger:
             run.log(rec)
 
     def _log_figures(self, out_dir: Path) -> None:
+        """The run's figures (TTFET CDF, KV occupancy) rendered as PNG only (a logger shows images; no PDF, whose
+        font subsetting is the slow part) and logged as images."""
         from harness.analysis import report
-        with tempfile.TemporaryDirectory() as tmp:
+        from harness.analysis.plotting import figure_formats
+        with tempfile.TemporaryDirectory() as tmp, figure_formats(("png",)):
             sw = report.load_sweep(out_dir)
             images = {}
             for f in [*report.ttfet_cdf(sw, Path(tmp)), *report.kv_occupancy(sw, Path(tmp))]:
-                if f.suffix == ".png":
-                    images[f"figures/{f.stem}"] = self.wandb.Image(str(f))
+                images[f"figures/{f.stem}"] = self.wandb.Image(str(f))
             if images:
                 self.run.log(images)
 
 
+THIRD_PARTY_LOGGERS = ("fontTools", "matplotlib", "PIL")
+"""Libraries whose INFO records a run does not print (fontTools alone wrote ~165 lines per figure set when PDFs were
+rendered for the logger): :func:`quiet_third_party_loggers` sets them to WARNING."""
+
+
+def quiet_third_party_loggers(names: tuple[str, ...] = THIRD_PARTY_LOGGERS) -> None:
+    """Set each logger of ``names`` to WARNING when it would pass INFO (a level set lower by the user's own
+    logging config, or unset, is raised to WARNING; one set higher is kept)."""
+    for name in names:
+        lg = logging.getLogger(name)
+        if lg.getEffectiveLevel() < logging.WARNING:
+            lg.setLevel(logging.WARNING)
+
+
 def start_logger(lc: Any, out_dir: Path, config: dict) -> RunLogger:
     """The logger ``lc.name`` names, started; falls back to :class:`NullLogger` (with a warning) when
-    wandb is missing or cannot start."""
+    wandb is missing or cannot start. Third-party libraries' INFO records are silenced first
+    (:func:`quiet_third_party_loggers`)."""
+    quiet_third_party_loggers()
     if lc.name != "wandb" or lc.mode == "disabled":
         return NullLogger()
     try:
