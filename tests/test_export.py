@@ -52,8 +52,12 @@ def test_vllm_bench_export_values_by_hand(sweep):
     d = json.loads((root / "export" / "vllm-bench" / "0_collocated" / "collocated.json").read_text())
     outs = hand[0]
     assert d["completed"] == len(outs) and d["failed"] == 0 and d["num_prompts"] == len(outs)
-    # the offered rate (workload.rate_per_s=0.5 above; no config.yaml here: read from summary.json), not the achieved
-    assert d["request_rate"] == 0.5 and d["queue_times"] == [0.0] * len(outs)     # collocated holds nothing
+    # the offered rate (workload.rate_per_s=0.5 conversations/s above; no config.yaml here: read from summary.json),
+    # not the achieved one, in vLLM's requests/s: times the turns per conversation (every turn of the hand-built
+    # workload, over its conversations)
+    n_convs = len(pd.read_parquet(root / "0_collocated" / "conversations.parquet"))
+    assert d["request_rate"] == pytest.approx(0.5 * len(outs) / n_convs) and len(outs) > n_convs
+    assert d["queue_times"] == [0.0] * len(outs)     # collocated holds nothing
     assert d["total_output_tokens"] == sum(outs) and d["output_lens"] == [int(o) for o in d["output_lens"]]
     assert sorted(d["output_lens"]) == sorted(outs)
     assert d["mean_ttft_ms"] == pytest.approx(STEP * 1e3) and d["p99_ttft_ms"] == pytest.approx(STEP * 1e3)
@@ -157,6 +161,13 @@ def test_offered_rate_as_vllm_writes_it_by_hand():
     # an unresolved interpolation in config.yaml: the summary's value
     assert offered_load({"workload_arrival": "poisson", "workload_rate_per_s": 2.0},
                         {"workload": {"rate_per_s": "${rate}"}}) == {"request_rate": 2.0}
+    # conversations/s to vLLM's requests/s: 4 turns per conversation at 0.25 conv/s offer 1 request/s
+    assert offered_load({}, cfg(arrival="poisson"), 4.0) == {"request_rate": 1.0}
+    assert offered_load({}, cfg(arrival="constant", ramp="linear", ramp_start_rate_per_s=0.05), 4.0) == {
+        "request_rate": "inf", "ramp_up_strategy": "linear", "ramp_up_start_rps": 0.2, "ramp_up_end_rps": 1.0}
+    assert offered_load({}, cfg(arrival="closed"), 4.0) == {"request_rate": "inf"}
+    with pytest.raises(ValueError, match="turns_per_conversation"):
+        offered_load({}, cfg(arrival="poisson"), 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +183,9 @@ def held(tmp_path_factory):
 def test_vllm_bench_queue_times_are_the_admission_holds(held, tmp_path):
     export(held, "vllm-bench", tmp_path / "v")
     d = json.loads((tmp_path / "v" / "conserve.json").read_text())
-    assert d["request_rate"] == 0.5                    # SMALL's workload.rate_per_s: offered, not achieved
     t = pd.read_parquet(held / "turns.parquet")
+    # SMALL's workload.rate_per_s (0.5 conv/s): offered, not achieved, times the turns per conversation (requests/s)
+    assert d["request_rate"] == pytest.approx(0.5 * len(t) / t.conversation_id.nunique())
     # each turn's hold by hand: from its release (submit_s) to its admission (admit_s); rows matched on start time
     assert t.submit_s.is_unique and len(d["start_times"]) == len(t)
     row = {r.submit_s: r for r in t.itertuples()}

@@ -13,8 +13,9 @@ its ``start_time`` / ``end_time`` are omitted.
 **vllm-bench** (vLLM 0.32.0, ``vllm/benchmarks/serve.py``: ``benchmark`` builds the result dict,
 ``main`` adds the setup keys and ``--save-result`` writes it; ``--save-detailed`` keeps the per-request
 arrays): ``<label>.json`` with ``date``, ``endpoint_type``, ``backend``, ``label``, ``model_id``,
-``tokenizer_id``, ``num_prompts``, ``request_rate`` (the offered rate, :func:`offered_load`: vLLM's
-``--request-rate``, ``"inf"`` for all-at-once and closed loads; with a ramp vLLM's ``ramp_up_*`` keys),
+``tokenizer_id``, ``num_prompts``, ``request_rate`` (the offered rate in vLLM's unit, requests/s,
+:func:`offered_load`: vLLM's ``--request-rate``; the harness's conversations/s times the turns per conversation,
+``"inf"`` for all-at-once and closed loads; with a ramp vLLM's ``ramp_up_*`` keys, converted the same way),
 ``burstiness``, ``max_concurrency``, ``duration`` (s),
 ``completed``, ``failed``, ``total_input_tokens``, ``total_output_tokens``, ``request_throughput``
 (req/s), ``request_goodput`` (req/s or null), ``output_throughput``, ``total_token_throughput`` (tok/s),
@@ -160,13 +161,14 @@ def vllm_bench_result(summary: dict, turns: pd.DataFrame, tokens: Optional[pd.Da
     total_in, total_out = int(in_lens[ok].sum()), int(out_lens.sum())
     gaps = _token_gaps(turns, tokens)
     wl = config.get("workload") or {}
-    load = offered_load(summary, config)
+    convs = turns.conversation_id.nunique() if len(turns) else 0
+    load = offered_load(summary, config, n / convs if convs else 1.0)
     res: dict[str, Any] = {
         "date": summary.get("date", ""),
         "endpoint_type": f"harness-{summary.get('backend', 'sim')}", "backend": f"harness-{summary.get('backend', 'sim')}",
         "label": summary.get("scheduler"), "model_id": summary.get("model"),
         "tokenizer_id": (config.get("model") or {}).get("hf_name") or summary.get("model"), "num_prompts": n,
-        # vLLM's request_rate is its --request-rate, the offered rate (an input, not the achieved one)
+        # vLLM's request_rate is its --request-rate, the offered rate (an input, not the achieved one), requests/s
         "request_rate": load["request_rate"], "burstiness": float(wl.get("burstiness", 1.0) or 1.0),
         "max_concurrency": wl.get("concurrency") if wl.get("arrival") == "closed" else wl.get("max_concurrency"),
         **{k: v for k, v in load.items() if k.startswith("ramp_up_")},
@@ -211,13 +213,20 @@ def vllm_bench_result(summary: dict, turns: pd.DataFrame, tokens: Optional[pd.Da
 RATED_ARRIVALS = ("poisson", "gamma", "constant")
 
 
-def offered_load(summary: dict, config: dict) -> dict:
+def offered_load(summary: dict, config: dict, turns_per_conversation: float = 1.0) -> dict:
     """vLLM's traffic keys of one run: ``request_rate``, the offered rate as ``vllm bench serve`` writes its
     ``--request-rate`` (vLLM 0.32.0 ``vllm/benchmarks/serve.py`` ``main``: the number when finite, else the
     string ``"inf"``), and with a ramp vLLM's ``ramp_up_strategy``, ``ramp_up_start_rps``, ``ramp_up_end_rps``.
 
-    ``request_rate`` (conversations/s = requests/s of first turns; later turns follow their predecessor's
-    finish): ``workload.rate_per_s`` for a ``poisson`` / ``gamma`` / ``constant`` arrival without a ramp;
+    Units: vLLM's rates are requests/s; the harness's (``workload.rate_per_s``) are conversations/s, each
+    conversation bringing ``turns_per_conversation`` requests (the run's turns submitted / conversations; 1 for
+    a single-turn workload), its later turns following their predecessor's finish. Every finite rate written
+    here is the conversation rate times ``turns_per_conversation``: the offered requests/s over the run (a
+    conversation's turns are not independent arrivals, so this is the long-run mean request rate, not a
+    Poisson request process; ``summary.json``'s point keys keep ``workload_rate_per_s`` in conversations/s).
+
+    ``request_rate``: ``workload.rate_per_s`` (converted) for a ``poisson`` / ``gamma`` / ``constant`` arrival
+    without a ramp;
     ``"inf"`` for ``closed`` (every agent at once, as ``--request-rate inf --max-concurrency N``), ``fixed``
     (all at t = 0), ``trace`` (the trace's own timestamps: vLLM's self-timed replay leaves
     ``--request-rate`` at its default, inf) and a ramp (vLLM refuses ``--request-rate`` with
@@ -228,11 +237,15 @@ def offered_load(summary: dict, config: dict) -> dict:
     arrival = wl.get("arrival", summary.get("workload_arrival", "poisson"))
     rate = _number(wl.get("rate_per_s"), summary.get("workload_rate_per_s"))
     ramp = wl.get("ramp")
+    k = float(turns_per_conversation)
+    if not (math.isfinite(k) and k > 0):
+        raise ValueError(f"offered_load: turns_per_conversation must be a finite number > 0, got {turns_per_conversation!r}")
+    per_req = (lambda r: r * k if r is not None else None)
     if ramp:
         return {"request_rate": "inf", "ramp_up_strategy": str(ramp),
-                "ramp_up_start_rps": _number(wl.get("ramp_start_rate_per_s")), "ramp_up_end_rps": rate}
+                "ramp_up_start_rps": per_req(_number(wl.get("ramp_start_rate_per_s"))), "ramp_up_end_rps": per_req(rate)}
     if arrival in RATED_ARRIVALS and rate is not None and math.isfinite(rate):
-        return {"request_rate": rate}
+        return {"request_rate": per_req(rate)}
     return {"request_rate": "inf"}
 
 
