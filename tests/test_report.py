@@ -233,3 +233,21 @@ def test_a_hardware_profile_no_instance_uses_is_not_a_sweep_dimension(tmp_path: 
     sw = report.load_sweep(tmp_path)
     assert "hardware.cpu.step_overhead_s" not in sw.swept
     assert "hardware.a40.idle_w" in sw.dims
+
+
+def test_the_results_api_snippet_of_docs_outputs_runs(rate_sweep: Path, capsys):
+    """docs/outputs.md's Python snippet (load_sweep, points_table, runs.parquet, points.parquet), run as written on
+    the hand-made sweep: conserve at 0.2 conv/s has ttfet_p95_s 20 s on all three seeds, so its estimate and both
+    interval ends are 20 (n=3); the files hold one row per run (11) and per point (4)."""
+    import re
+    text = (Path(__file__).resolve().parents[1] / "docs" / "outputs.md").read_text()
+    code = re.search(r"## Reading results from Python.*?```python\n(.*?)```", text, re.S).group(1)
+    assert 'SWEEP = "results/sweeps/<time>_<pid>"' in code
+    assert report.main([str(rate_sweep), "--no-figures"]) == 0
+    ns: dict = {}
+    exec(code.replace('SWEEP = "results/sweeps/<time>_<pid>"', f"SWEEP = {str(rate_sweep)!r}"), ns)
+    pts = ns["pts"]
+    row = pts[(pts["variant"] == "conserve") & (pts["workload.rate_per_s"] == 0.2)].iloc[0]
+    assert (row["ttfet_p95_s_mean"], row["ttfet_p95_s_lo"], row["ttfet_p95_s_hi"], row["ttfet_p95_s_n"]) == \
+        pytest.approx((20.0, 20.0, 20.0, 3))
+    assert len(ns["runs"]) == len(ns["runs_file"]) == 11 and len(ns["points_file"]) == 4
