@@ -33,7 +33,7 @@ class ConserveConfig:
     (:func:`~harness.core.policy.pool_occupancy`); ``max_decoder``: the fullest decoder's own
     :func:`~harness.core.policy.occupancy`, so no single decoder is filled past ``kv_admit_frac`` by new
     admissions while the others have room (a choice the paper leaves open; a pool gate lets one decoder
-    reach ~1.0 where KV binds, docs/papers.md "KV-bound").
+    reach ~1.0 where KV binds, docs/notebook/2026-12-03_conserve_claims_sensitivity.md, "Where KV capacity binds").
     max_prefill_queue_s: prefiller queue (s of prefill work) under which they are admitted.
     recheck_s: re-poll interval while a new conversation is held, s."""
 

