@@ -5,4 +5,5 @@
 * ``fidelity`` -- replay a real run's workload on the simulator, per-metric errors:
   ``python -m harness.tools.fidelity``.
 * ``tracestats`` -- a trace's statistics before a run: ``python -m harness.tools.tracestats stats FILE``.
+* ``reference`` -- the config and metric reference generated from the code: ``python -m harness.tools.reference``.
 """
