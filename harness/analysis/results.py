@@ -175,11 +175,15 @@ def conserve_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Ro
 
 # ---- WAIT ----------------------------------------------------------------------------------------------------
 
+# The WAIT paper's claims (Ao et al., arXiv 2504.11320, "Numerical experiments"), as docs/wait.md states them ("What
+# the arms do not reproduce": the saturation rates; the figures); the authors' rerun numbers of W2 as read from their
+# notes: docs/notebook/2026-12-01_wait_ten_seeds_authors_llama3.md
 WAIT_CLAIMS = (
     ("W1", "stability limit, 512/20: WAIT sustains a higher arrival rate than Sarathi (vLLM ~19, Sarathi ~22, "
            "WAIT ~23 prompts/s)", None),
     ("W2", "latency gap by load, 512/20 (Figure B): WAIT lower mean latency than Sarathi, \"over 70 %\" at "
-           "23 prompts/s", "wait_paper_e2e_central_vs_rate.png"),
+           "23 prompts/s (the authors' rerun of Figure B: -42 % at 22, -70 % at 24; judged here: -70 % at 23, the "
+           "direction elsewhere)", "wait_paper_e2e_central_vs_rate.png"),
     ("W3", "Nested WAIT on two types (Figure C, 0.7 x 512/20 + 0.3 x 512/50): lower latency than Sarathi",
      "wait_paper_e2e_central_vs_rate.png"),
     ("W4", "long outputs (Figure G, 512/1000): WAIT lower latency than Sarathi near the boundary", None),
