@@ -10,6 +10,7 @@ usage block and ``prog: error:`` instead of one ``error:`` line."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import subprocess
@@ -261,3 +262,23 @@ def test_run_maps_interrupts_file_errors_and_defects_to_their_statuses(capsys):
     err = capsys.readouterr().err
     assert "Traceback" in err and "KeyError" in err and err.strip().splitlines()[-1].startswith("error: internal")
     assert cmdline.run(lambda argv: 1) == 1 and cmdline.run(lambda argv: None) == 0
+
+
+def test_a_nan_or_negative_bound_cannot_switch_the_contention_guards_off(tmp_path):
+    """The guards themselves refuse a bound that is not a finite number > 0 (every comparison with NaN is false, so
+    ``figure > nan`` would pass any figure), whoever calls them: the protocol before it launches anything."""
+    from harness.tools import protocol as pr
+    from harness.tools import steps as st
+    from harness.tools.fidelity import protocol
+    figures = {"ncpu": 2, "loadavg_before": 9.0}
+    assert pr.contention_problem(figures).startswith("1-minute load average 9.00")
+    for kw in ({"max_load_per_cpu": math.nan}, {"max_dispersion": -0.1}, {"max_load_after_per_cpu": math.inf}):
+        with pytest.raises(ValueError, match=f"{next(iter(kw))} must be a finite number > 0"):
+            pr.contention_problem(figures, **kw)
+    with pytest.raises(ValueError, match="max_dispersion must be a finite number > 0, got nan"):
+        st.contention(tmp_path, None, {}, max_dispersion=math.nan)
+    launched = []
+    for kw in ({"max_load_per_cpu": math.nan}, {"max_dispersion": math.nan}, {"settle_s": -1.0}, {"skip_steps": -5}):
+        with pytest.raises(ValueError, match=f"{next(iter(kw))} must be a finite number"):
+            protocol(tmp_path / "p", "cpu", ["backend=vllm"], launch=lambda ov, d: launched.append(d), **kw)
+    assert launched == [] and not (tmp_path / "p").exists()

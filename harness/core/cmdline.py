@@ -93,6 +93,26 @@ def parse_number(text: str, lo: Optional[Number] = None, hi: Optional[Number] = 
     return v
 
 
+def check_number(name: str, value: Number, lo: Optional[Number] = None, hi: Optional[Number] = None, *,
+                 lo_open: bool = False, hi_open: bool = False) -> Number:
+    """``value`` if it is a finite number within ``[lo, hi]`` (as :func:`parse_number`), for a bound a function is
+    given rather than parsed (a NaN bound would switch a ``value > bound`` check off: every comparison with NaN is
+    false).
+
+    Raises:
+        ValueError: naming ``name``, what was wanted and what was given.
+    """
+    try:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and _in_range(value, lo, hi, lo_open, hi_open)
+    except TypeError:
+        ok = False
+    if not ok:
+        rng = _range_text(lo, hi, lo_open, hi_open)
+        raise ValueError(f"{name} must be a finite number{' ' + rng if rng else ''}, got {value!r}")
+    return value
+
+
 def number(lo: Optional[Number] = None, hi: Optional[Number] = None, *, lo_open: bool = False,
            hi_open: bool = False, integer: bool = False) -> Callable[[str], Number]:
     """An argparse ``type=``: a finite number in range (:func:`parse_number`); argparse names the flag in the

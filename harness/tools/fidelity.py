@@ -431,7 +431,8 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
     ``harness.tools.fidelity.launch_real``). Returns the ``protocol.json`` dict.
 
     Raises:
-        ValueError: ``repeats`` < ``pr.MIN_REPEATS``, or an unknown ``objective``.
+        ValueError: ``repeats`` < ``pr.MIN_REPEATS``, an unknown ``objective``, a bound that is not a finite
+            number > 0 (``settle_s``, ``skip_steps``: >= 0), before anything is written or launched.
         harness.tools.steps.Contended: a run's figures are over a bound (:func:`contention_problem`); nothing is
             fitted or judged after it.
         FileNotFoundError: a run wrote no step-time log.
@@ -445,6 +446,9 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
         raise ValueError(f"--repeats {repeats}: the protocol needs >= {pr.MIN_REPEATS} held-out repeats")
     if objective not in st.OBJECTIVES:
         raise ValueError(f"--objective {objective}: one of {', '.join(st.OBJECTIVES)}")
+    pr.contention_problem({"ncpu": 1}, max_load_per_cpu, max_dispersion, max_load_after_per_cpu)  # bounds: finite, > 0
+    cmdline.check_number("settle_s", settle_s, 0)
+    cmdline.check_number("skip_steps", skip_steps, 0)
     launch = launch or launch_real
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

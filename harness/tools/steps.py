@@ -224,7 +224,11 @@ def contention(run_dir: Path, steps: pd.DataFrame, meta: dict, max_load_per_cpu:
     Raises:
         Contended: a load average above ``max_load_per_cpu x ncpu``, or a decode-step dispersion above
             ``max_dispersion`` (``check`` only).
+        ValueError: a bound that is not a finite number > 0 (a NaN bound would pass every figure).
     """
+    from harness.core.cmdline import check_number
+    check_number("max_load_per_cpu", max_load_per_cpu, 0, lo_open=True)
+    check_number("max_dispersion", max_dispersion, 0, lo_open=True)
     la = run_loadavg(run_dir, meta)
     disp, nd = dispersion(steps[steps.prefill_tokens == 0])
     if not check:
