@@ -22,9 +22,9 @@ run time.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 from scipy.optimize import least_squares
 
+from harness.core import cmdline
 from harness.core.profiles import HardwareConfig, ModelConfig
 from harness.sim.perf import PerfModel
 
@@ -107,11 +108,13 @@ def fit(df: pd.DataFrame, prompt: float, free_overhead: bool) -> tuple[float, fl
     return mpf, opf, predict(df, mpf, opf, prompt)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompt", type=float, default=200.0, help="mean prompt tokens (not published)")
+def main(argv=None) -> None:
+    ap = cmdline.ArgumentParser(prog="scripts/fit_power_model.py", description=__doc__.split("\n\n")[0],
+                                epilog="Exit status: 0 printed; 2 bad input; 130 interrupted.")
+    ap.add_argument("--prompt", type=cmdline.number(0, lo_open=True), default=200.0,
+                    help="mean prompt tokens (> 0; not published)")
     ap.add_argument("--overhead", action="store_true", help="also fit overhead_power_frac (default: 0, idle)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     df = pd.read_csv(DATA)
     pd.set_option("display.width", 200)
     for free in (False, True) if a.overhead else (False,):
@@ -132,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cmdline.run(main))

@@ -14,8 +14,8 @@ Needs numpy, pandas and scipy; not used at run time.
 
 from __future__ import annotations
 
-import argparse
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,8 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from harness.core import cmdline  # noqa: E402  (standard library only)
 DATA = ROOT / "docs" / "data"
 
 # meta-llama/Llama-2-7b-hf config.json (set_model replaces these for another model)
@@ -132,25 +134,29 @@ def fit_attention(attn: pd.DataFrame, gpu: str):
     return res.x, model_attn(res.x, a, gpu) / y - 1
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> None:
+    ap = cmdline.ArgumentParser(prog="scripts/fit_step_model.py", description=__doc__.splitlines()[0],
+                                epilog="Exit status: 0 printed; 2 bad input; 130 interrupted.")
     ap.add_argument("--write", action="store_true", help="rewrite docs/data/vidur_llama2_7b_steps_ms.csv")
     ap.add_argument("--mlp", type=Path, default=DATA / "vidur_llama2_7b_mlp_ms.csv", help="linear-operator table")
     ap.add_argument("--attention", type=Path, default=DATA / "vidur_llama2_7b_attention_ms.csv", help="attention table")
     ap.add_argument("--model", default=None, help="conf/model name of the tables (default: Llama-2-7B)")
     ap.add_argument("--peak", action="append", default=[], help="LABEL=FLOP/s for a gpu label not built in")
     ap.add_argument("--bw", action="append", default=[], help="LABEL=bytes/s for a gpu label not built in")
-    args = ap.parse_args()
-    if args.model is not None:
-        import yaml
-        set_model(yaml.safe_load((ROOT / "conf" / "model" / f"{args.model}.yaml").read_text()))
+    args = ap.parse_args(argv)
     for opt, table in (("peak", PEAK), ("bw", BW)):
         for item in getattr(args, opt):
             label, _, value = item.partition("=")
             try:
-                table[label] = float(value)
-            except ValueError:
-                ap.error(f"--{opt} {item!r}: expected LABEL=number")
+                table[label] = cmdline.parse_number(value, 0, lo_open=True)
+            except ValueError as e:
+                ap.error(f"--{opt} {item!r}: expected LABEL=number, the number {e}")
+    if args.model is not None:
+        p = ROOT / "conf" / "model" / f"{args.model}.yaml"
+        if not p.is_file():
+            ap.error(f"--model {args.model!r}: no {p}")
+        import yaml
+        set_model(yaml.safe_load(p.read_text()))
     mlp = pd.read_csv(args.mlp)
     attn = pd.read_csv(args.attention)
     steps = compose_steps(mlp, attn)
@@ -174,4 +180,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cmdline.run(main))

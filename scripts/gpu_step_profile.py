@@ -34,13 +34,14 @@ No GPU was lent to the session that wrote this script (issue 20, item 6): it has
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from harness.core import cmdline  # noqa: E402  (standard library only: the script needs no harness install)
 MLP_COLUMNS = ["gpu", "num_tokens", "attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj",
                "input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add", "emb"]
 ATTN_COLUMNS = ["gpu", "phase", "batch_size", "kv_cache_size", "prefill_chunk_size", "attn_ms", "reshape_ms"]
@@ -184,25 +185,17 @@ def profile_attention(m: dict, decode_batches, contexts, chunks, prefix_fracs, d
     return rows
 
 
-def _ints(s: str) -> list[int]:
-    out = [int(x) for x in s.split(",") if x]
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"a comma-separated list of ints >= 1, got {s!r}")
-    return out
-
-
-def _fracs(s: str) -> list[float]:
-    out = [float(x) for x in s.split(",") if x]
-    if not out or not all(0 <= f < 1 for f in out):
-        raise argparse.ArgumentTypeError(f"a comma-separated list of fractions in [0, 1), got {s!r}")
-    return out
+_ints = cmdline.number_list(1, integer=True)             # a comma-separated list of integers >= 1
+_fracs = cmdline.number_list(0, 1, hi_open=True)           # a comma-separated list of fractions in [0, 1)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cmdline.ArgumentParser(prog="scripts/gpu_step_profile.py", description=__doc__.split("\n\n")[0],
+                                epilog="Exit status: 0 tables written; 2 bad input; 130 interrupted (the tables "
+                                       "finished so far are written).")
     ap.add_argument("--model", required=True, help="conf/model/<name>.yaml name or a model YAML path")
     ap.add_argument("--label", required=True, help="the gpu column's value (e.g. h200, cpu)")
-    ap.add_argument("--out", type=Path, required=True, help="directory for <model>_mlp_ms.csv, <model>_attention_ms.csv")
+    ap.add_argument("--out", type=cmdline.writable(directory=True), required=True, help="directory for <model>_mlp_ms.csv, <model>_attention_ms.csv")
     ap.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     ap.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bfloat16 on CUDA, float32 on CPU)")
     ap.add_argument("--tokens", type=_ints, default=_ints("1,2,4,8,16,32,64,128,256,512,1024,2048,4096"))
@@ -210,7 +203,7 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", type=_ints, default=_ints("128,512,2048,8192"))
     ap.add_argument("--chunks", type=_ints, default=_ints("64,256,1024,2048"))
     ap.add_argument("--prefix-fracs", type=_fracs, default=_fracs("0,0.5,0.8,0.9"))
-    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--repeats", type=cmdline.number(1, integer=True), default=20, help="timed repeats (>= 1)")
     a = ap.parse_args(argv)
     import pandas as pd
     import torch
@@ -232,4 +225,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cmdline.run(main))

@@ -17,9 +17,13 @@ prefill efficiency of the BLIS / llm-d roofline simulator) to the fitted 0.69; `
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from harness.core import cmdline  # noqa: E402  (standard library only)
+
 CELLS = ROOT / "conf" / "experiment" / "cell"
 
 VARIANTS = {  # name -> (scheduler, scheduler keys)
@@ -265,7 +269,10 @@ SUBDIRS = {"ampd_robustness": "${hydra.job.num}_${scheduler.name}_${oc.select:sc
                               "_mis${oc.select:scheduler.misroute_frac,none}_load${workload.rate_per_s}_seed${workload.seed}"}
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    cmdline.ArgumentParser(prog="scripts/make_experiment_cells.py", description=__doc__.split("\n\n")[0],
+                           epilog="Takes no arguments. Exit status: 0 written; 2 an argument given; 130 "
+                                  "interrupted.").parse_args(argv)
     CELLS.mkdir(parents=True, exist_ok=True)
     for old in CELLS.glob("*.yaml"):
         old.unlink()
@@ -454,4 +461,4 @@ def write_twin() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cmdline.run(main))

@@ -72,6 +72,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from harness.core import cmdline  # noqa: E402  (standard library only: the fork worker's Python has no harness deps)
 FORK_SCHEDULER = Path("vidur/scheduler/replica_scheduler/general_nested_chunked_replica_scheduler.py")
 TRACE_FIELDS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 # ours: (label, arm) on the harness side; theirs: (label, scheduler) in the fork
@@ -381,50 +383,47 @@ def fork_mean(result: Path) -> tuple[float, float]:
     return central_mean([(t, e) for t, e, _, _ in rows if e is not None]), sum(done) / len(done)
 
 
-def check_inputs(a) -> None:
-    """Exit 2 with one line naming what is missing, before anything expensive."""
+def check_inputs(ap, a) -> None:
+    """Exit 2 with one line naming what is missing (``ap.error``), before anything expensive."""
     fork = Path(a.fork_src)
     if not (fork / FORK_SCHEDULER).is_file():
-        print(f"--fork-src: {fork / FORK_SCHEDULER} not found: a checkout of Luoxiaogan/vidur_or at 011fe971a7cd "
-              "is needed there (docs/wait_vidur_fork.md, 'The fork')", file=sys.stderr)
-        sys.exit(2)
+        ap.error(f"--fork-src: {fork / FORK_SCHEDULER} not found: a checkout of Luoxiaogan/vidur_or at 011fe971a7cd "
+                 "is needed there (docs/wait_vidur_fork.md, 'The fork')")
     if not Path(a.vidur_python).is_file():
-        print(f"--vidur-python: {a.vidur_python} not found: a Python with numpy, pandas, scikit-learn, fasteners, "
-              "pyyaml (scripts/vidur_reference_predictions.py's docstring)", file=sys.stderr)
-        sys.exit(2)
+        ap.error(f"--vidur-python: {a.vidur_python} not found: a Python with numpy, pandas, scikit-learn, fasteners, "
+                 "pyyaml (scripts/vidur_reference_predictions.py's docstring)")
     for v in [v for v in a.fork_variants.split(",") if v]:
         if v not in FORK_VARIANTS:
-            print(f"--fork-variants: unknown variant {v!r}; one of {FORK_VARIANTS}", file=sys.stderr)
-            sys.exit(2)
+            ap.error(f"--fork-variants: unknown variant {v!r}; one of {FORK_VARIANTS}")
     for m in [m for m in a.ours.split(",") if m]:
         if m not in OUR_MODELS:
-            print(f"--ours: unknown step model {m!r}; one of {OUR_MODELS}", file=sys.stderr)
-            sys.exit(2)
-    if len(a.seeds.split(",")) < 2:
-        print("--seeds: at least two seeds are needed for the t interval", file=sys.stderr)
-        sys.exit(2)
+            ap.error(f"--ours: unknown step model {m!r}; one of {OUR_MODELS}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rates", default="20,22,24")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--n", type=int, default=2000, help="prompts per run")
+def main(argv=None) -> None:
+    ap = cmdline.ArgumentParser(prog="scripts/vidur_fork_side_by_side.py", description=__doc__.split("\n\n")[0],
+                                epilog="Exit status: 0 printed; 2 bad input (one line naming the flag); 1 the fork's "
+                                       "simulator failed; 130 interrupted (finished fork results are kept).")
+    ap.add_argument("--rates", type=cmdline.number_list(0, lo_open=True), default="20,22,24",
+                    help="prompts/s (> 0), comma-separated")
+    ap.add_argument("--seeds", type=cmdline.number_list(0, integer=True, min_len=2), default="0,1,2",
+                    help="workload seeds, comma-separated (at least 2: the t interval)")
+    ap.add_argument("--n", type=cmdline.number(1, integer=True), default=2000, help="prompts per run")
     ap.add_argument("--fork-src", default="/work/vidur-fork-src", help="checkout of Luoxiaogan/vidur_or@011fe971a7cd")
     ap.add_argument("--vidur-python", default="/work/vidur-venv/bin/python")
     ap.add_argument("--cache-dir", default="/work/vidur-fork-cache", help="Vidur's trained-predictor cache")
     ap.add_argument("--trace-dir", default="/work/vidur-fork-traces", help="exported traces and fork results")
-    ap.add_argument("--estimators", type=int, default=100, help="random-forest trees (Vidur's grid: 250/500/750)")
+    ap.add_argument("--estimators", type=cmdline.number(1, integer=True), default=100,
+                    help="random-forest trees (Vidur's grid: 250/500/750)")
     ap.add_argument("--ours", default=",".join(OUR_MODELS), help="our step models ('' for none)")
     ap.add_argument("--fork-variants", default="public", help=f"comma-separated, of {FORK_VARIANTS} ('' for none)")
     ap.add_argument("--fork-worker", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.fork_worker:
         fork_worker(a.fork_worker)
         return
-    check_inputs(a)
-    rates = [float(r) for r in a.rates.split(",")]
-    seeds = [int(s) for s in a.seeds.split(",")]
+    check_inputs(ap, a)
+    rates, seeds = a.rates, a.seeds
     tdir = Path(a.trace_dir)
     tdir.mkdir(parents=True, exist_ok=True)
     Path(a.cache_dir).mkdir(parents=True, exist_ok=True)
@@ -473,4 +472,4 @@ def main() -> None:
 if __name__ == "__main__":
     if "--fork-worker" not in sys.argv:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-    main()
+    sys.exit(cmdline.run(main))

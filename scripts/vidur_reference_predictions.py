@@ -22,13 +22,14 @@ the per-value mean of the training rows, which is what the larger grid selects o
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from harness.core import cmdline  # noqa: E402  (standard library only)
 DATA = ROOT / "docs" / "data"
 OUT = ROOT / "tests" / "data" / "vidur_step_predictions.csv"
 
@@ -90,12 +91,16 @@ def write_vidur_inputs(d: Path) -> tuple[Path, Path]:
     return mlp, attn
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None) -> None:
+    ap = cmdline.ArgumentParser(prog="scripts/vidur_reference_predictions.py", description=__doc__.split("\n\n")[0],
+                                epilog="Exit status: 0 written; 2 bad input; 130 interrupted.")
     ap.add_argument("--vidur-src", required=True, help="directory holding Vidur's vidur/ package")
-    ap.add_argument("--estimators", type=int, default=100, help="random-forest trees (Vidur: 250/500/750)")
-    ap.add_argument("--out", default=str(OUT))
-    a = ap.parse_args()
+    ap.add_argument("--estimators", type=cmdline.number(1, integer=True), default=100,
+                    help="random-forest trees (>= 1; Vidur: 250/500/750)")
+    ap.add_argument("--out", type=cmdline.writable(), default=str(OUT), help="the CSV to write")
+    a = ap.parse_args(argv)
+    if not (Path(a.vidur_src) / "vidur").is_dir():
+        ap.error(f"--vidur-src: no vidur/ package in {a.vidur_src}")
     sys.path.insert(0, a.vidur_src)
     from vidur.config import MetricsConfig, RandomForrestExecutionTimePredictorConfig, ReplicaConfig, \
         SarathiSchedulerConfig
@@ -139,4 +144,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cmdline.run(main))

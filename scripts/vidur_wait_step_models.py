@@ -27,7 +27,6 @@ script patches the profile for its own runs):
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -37,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from wait_check import run_arm  # noqa: E402
+
+from harness.core import cmdline  # noqa: E402
 
 import harness.sim.perf as perf  # noqa: E402
 
@@ -110,22 +111,27 @@ def e2e_central_mean(arm: str, rate: float, n: int, seed: int, model: str) -> fl
     return float(e2e[len(e2e) // 4: 3 * len(e2e) // 4].mean())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rates", default="20,22,24")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--n", type=int, default=5000, help="prompts per run (Figure B: 5000)")
-    ap.add_argument("--models", default=",".join(MODELS))
-    a = ap.parse_args()
-    rates = [float(r) for r in a.rates.split(",")]
-    seeds = [int(s) for s in a.seeds.split(",")]
+def main(argv=None) -> None:
+    ap = cmdline.ArgumentParser(prog="scripts/vidur_wait_step_models.py", description=__doc__.split("\n\n")[0],
+                                epilog="Exit status: 0 printed; 2 bad input (one line naming the flag); 130 "
+                                       "interrupted.")
+    ap.add_argument("--rates", type=cmdline.number_list(0, lo_open=True), default="20,22,24",
+                    help="prompts/s (> 0), comma-separated")
+    ap.add_argument("--seeds", type=cmdline.number_list(0, integer=True), default="0,1,2",
+                    help="workload seeds, comma-separated")
+    ap.add_argument("--n", type=cmdline.number(8, integer=True), default=5000,
+                    help="prompts per run (>= 8; Figure B: 5000)")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"step models, comma-separated, of {MODELS}")
+    a = ap.parse_args(argv)
+    bad = [m for m in a.models.split(",") if m not in MODELS]
+    if bad:
+        ap.error(f"--models: unknown step model {bad[0]!r}; one of {MODELS}")
+    rates, seeds = a.rates, a.seeds
     print(f"wait_single (512/20), Llama-3-8B, 1 x A100, n={a.n}, seeds {seeds}; E2E = central-window mean (s)")
     print("| step model | rate (/s) | Sarathi-like E2E (s) | WAIT-CP E2E (s) | chunk-cap control E2E (s) | "
           "WAIT-CP vs Sarathi per seed | mean | control vs Sarathi per seed | mean |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model in a.models.split(","):
-        if model not in MODELS:
-            sys.exit(f"--models: unknown step model {model!r}; one of {MODELS}")
         for rate in rates:
             vals = {arm: [e2e_central_mean(arm, rate, a.n, s, model) for s in seeds] for arm in ARMS}
             sar, wcp, ctl = (np.array(vals[arm]) for arm in ARMS)
@@ -136,4 +142,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cmdline.run(main))

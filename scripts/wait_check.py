@@ -12,7 +12,6 @@ whether the per-request timelines equal ``collocated``'s. Single-process, no par
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import time
@@ -28,6 +27,7 @@ import harness.sim.backend as sim_backend  # noqa: E402
 from harness.workload.workload import build_workload  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from harness.core import cmdline  # noqa: E402
 from harness.run.config import resolve  # noqa: E402
 from tests.conftest import compose_cfg  # noqa: E402
 
@@ -108,48 +108,60 @@ def central(df: pd.DataFrame) -> pd.DataFrame:
     return df.iloc[k // 4: 3 * k // 4]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    ap = cmdline.ArgumentParser(prog="scripts/wait_check.py", description=__doc__.split("\n\n")[0],
+                                epilog="Exit status: 0 printed; 2 bad input (one line naming the flag, or the config "
+                                       "key run.py would refuse); 130 interrupted.")
     ap.add_argument("--workload", default="wait_single")
-    ap.add_argument("--rates", default="4,12,16")
-    ap.add_argument("--n", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rates", type=cmdline.number_list(0, lo_open=True), default="4,12,16",
+                    help="prompts/s (> 0), comma-separated")
+    ap.add_argument("--n", type=cmdline.number(1, integer=True), default=1000, help="prompts per run (>= 1)")
+    ap.add_argument("--seed", type=cmdline.number(0, integer=True), default=0, help="workload seed (>= 0)")
     ap.add_argument("--arms", default=",".join(ARMS),
                     help="comma-separated arms; arm@key=value adds overrides to one arm")
     ap.add_argument("--extra", default="", help="extra overrides, ';'-separated")
-    a = ap.parse_args()
-    extra = [x for x in a.extra.split(";") if x]
-    print(f"workload={a.workload} n={a.n} seed={a.seed} {' '.join(extra)}")
-    print("| arm | rate | E2E mean (s) | E2E p50 (s) | TTFT p50 (s) | evictions/prompt | peak KV (tok) | reservation (tok) "
-          "| paused/step | same as collocated | wall (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for rate in [float(r) for r in a.rates.split(",")]:
-        ref = None
-        for arm in a.arms.split(","):
-            run, res, eng, turns, wall = run_arm(arm, a.workload, rate, a.n, a.seed, extra)
-            if res.error:
-                print(f"| {arm} | {rate:g} | error: {res.error} |")
-                continue
-            turns = turns.reset_index(drop=True)
-            e2e = turns["finish_s"] - turns["submit_s"]
-            ttft = turns["first_token_s"] - turns["submit_s"]
-            c = central(pd.DataFrame({"e2e": e2e, "ttft": ttft}))
-            key = turns[["conversation_id", "first_token_s", "finish_s"]].sort_values("conversation_id")
-            key = key.reset_index(drop=True)
-            if arm == "collocated":
-                ref = key
-                same = "-"
-            else:
-                same = "yes" if ref is not None and key.equals(ref) else "no"
-            plan = res.extra.get("policy_plan", "")
-            mpi = reservation_tokens(run, eng.rule, eng.bs)
-            steps = max(eng.steps, 1)
-            print(f"| {arm} | {rate:g} | {c.e2e.mean():.3f} | {c.e2e.median():.3f} | {c.ttft.median():.3f} "
-                  f"| {res.preemptions / len(turns):.4f} | {eng.peak_used_blocks * eng.bs} | {mpi} "
-                  f"| {eng.paused_steps / steps:.2f} | {same} | {wall:.1f} |", flush=True)
-            if plan:
-                print(f"|  plan: {plan} |", flush=True)
+    a = ap.parse_args(argv)
+    from hydra.errors import HydraException
+
+    from harness.core.trace import TraceError
+    from harness.run.config import ConfigError
+    try:
+        extra = [x for x in a.extra.split(";") if x]
+        print(f"workload={a.workload} n={a.n} seed={a.seed} {' '.join(extra)}")
+        print("| arm | rate | E2E mean (s) | E2E p50 (s) | TTFT p50 (s) | evictions/prompt | peak KV (tok) | reservation (tok) "
+              "| paused/step | same as collocated | wall (s) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for rate in a.rates:
+            ref = None
+            for arm in a.arms.split(","):
+                run, res, eng, turns, wall = run_arm(arm, a.workload, rate, a.n, a.seed, extra)
+                if res.error:
+                    print(f"| {arm} | {rate:g} | error: {res.error} |")
+                    continue
+                turns = turns.reset_index(drop=True)
+                e2e = turns["finish_s"] - turns["submit_s"]
+                ttft = turns["first_token_s"] - turns["submit_s"]
+                c = central(pd.DataFrame({"e2e": e2e, "ttft": ttft}))
+                key = turns[["conversation_id", "first_token_s", "finish_s"]].sort_values("conversation_id")
+                key = key.reset_index(drop=True)
+                if arm == "collocated":
+                    ref = key
+                    same = "-"
+                else:
+                    same = "yes" if ref is not None and key.equals(ref) else "no"
+                plan = res.extra.get("policy_plan", "")
+                mpi = reservation_tokens(run, eng.rule, eng.bs)
+                steps = max(eng.steps, 1)
+                print(f"| {arm} | {rate:g} | {c.e2e.mean():.3f} | {c.e2e.median():.3f} | {c.ttft.median():.3f} "
+                      f"| {res.preemptions / len(turns):.4f} | {eng.peak_used_blocks * eng.bs} | {mpi} "
+                      f"| {eng.paused_steps / steps:.2f} | {same} | {wall:.1f} |", flush=True)
+                if plan:
+                    print(f"|  plan: {plan} |", flush=True)
+    except (ConfigError, TraceError, HydraException) as e:   # an arm, --workload or --extra run.py would refuse
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cmdline.run(main))

@@ -29,14 +29,11 @@ interrupt; a rerun with the same ``--out`` reuses the rows already there).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
-import multiprocessing as mp
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vidur_wait_step_models import e2e_series  # noqa: E402
 
+from harness.core import cmdline  # noqa: E402
 from harness.analysis.capacity import GROWTH_BOUND, bisect_capacity, growth_ratio, is_bounded  # noqa: E402
 from harness.analysis.stats import ratio_interval, verdict  # noqa: E402
 
@@ -107,53 +105,57 @@ class Store:
         return [self.rows[(t[0], t[1], float(t[2]), t[3], t[4])] for t in tasks]
 
 
-def _seeds(text: str) -> list[int]:
-    if "-" in text and "," not in text:
-        a, b = text.split("-")
-        return list(range(int(a), int(b) + 1))
-    return [int(s) for s in text.split(",")]
-
-
 def _pct(est, ci):
     return f"{est:+.1f} % [{ci[0]:+.1f}, {ci[1]:+.1f}]"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rates", default="23,22,24,20,12",
-                    help="prompts/s, comma-separated; run in this order, printed sorted")
-    ap.add_argument("--seeds", default="0-9", help="'a-b' or comma-separated workload seeds")
-    ap.add_argument("--n", type=int, default=1500, help="prompts per run")
-    ap.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2 on the shared machine)")
-    ap.add_argument("--cap-seeds", default="0-3", help="seeds of the capacity bisection")
-    ap.add_argument("--cap-range", default="16,28", help="bisection bracket lo,hi (prompts/s)")
-    ap.add_argument("--cap-tol", type=float, default=0.75, help="bisection stops at this bracket width (prompts/s)")
+def _span(seeds: list[int]) -> str:
+    """``0-9`` for consecutive seeds, else ``0,2,5``."""
+    return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 1 \
+        else ",".join(map(str, seeds))
+
+
+def main(argv=None) -> int:
+    """The command line (module docstring). Exit status: 0 printed; 2 bad input (a number not finite or out of
+    range, named by its flag; an --out that cannot be written); 130 interrupted (Ctrl-C, SIGTERM: the runs
+    finished so far stay in runs.csv)."""
+    ap = cmdline.ArgumentParser(prog="scripts/wait_table.py", description=__doc__.split("\n\n")[0],
+                                epilog="Exit status: 0 printed; 2 bad input (one error line naming the flag); 130 "
+                                       "interrupted (the runs finished so far stay in runs.csv; rerun to resume).")
+    ap.add_argument("--rates", type=cmdline.number_list(0, lo_open=True), default="23,22,24,20,12",
+                    help="prompts/s (> 0), comma-separated; run in this order, printed sorted")
+    ap.add_argument("--seeds", type=cmdline.number_list(0, integer=True, ranges=True, min_len=2), default="0-9",
+                    help="'a-b' or comma-separated workload seeds (>= 0, at least 2)")
+    ap.add_argument("--n", type=cmdline.number(8, integer=True), default=1500, help="prompts per run (>= 8)")
+    ap.add_argument("--jobs", type=cmdline.number(1, integer=True), default=2,
+                    help="worker processes (>= 1; at most 2 on the shared machine)")
+    ap.add_argument("--cap-seeds", type=cmdline.number_list(0, integer=True, ranges=True), default="0-3",
+                    help="seeds of the capacity bisection")
+    ap.add_argument("--cap-range", type=cmdline.number_list(0, lo_open=True, min_len=2, max_len=2), default="16,28",
+                    help="bisection bracket lo,hi (prompts/s, 0 < lo < hi)")
+    ap.add_argument("--cap-tol", type=cmdline.number(0, lo_open=True), default=0.75,
+                    help="bisection stops at this bracket width (prompts/s, > 0)")
     ap.add_argument("--no-capacity", action="store_true")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: print the cells (and capacities) that runs.csv holds complete")
-    ap.add_argument("--out", required=True, help="directory for runs.csv")
-    a = ap.parse_args()
-    try:
-        rates = [float(r) for r in a.rates.split(",")]
-        seeds, cap_seeds = _seeds(a.seeds), _seeds(a.cap_seeds)
-        cap_lo, cap_hi = (float(x) for x in a.cap_range.split(","))
-    except ValueError as e:
-        print(f"wait_table.py: bad --rates/--seeds/--cap-seeds/--cap-range: {e}", file=sys.stderr)
-        sys.exit(2)
-    if a.n < 8 or a.jobs < 1 or len(seeds) < 2 or not cap_lo < cap_hi or a.cap_tol <= 0:
-        print("wait_table.py: need --n >= 8, --jobs >= 1, >= 2 --seeds, cap lo < hi, --cap-tol > 0", file=sys.stderr)
-        sys.exit(2)
+    ap.add_argument("--out", type=cmdline.writable(directory=True), required=True, help="directory for runs.csv")
+    a = ap.parse_args(argv)
+    rates, seeds, cap_seeds = a.rates, a.seeds, a.cap_seeds
+    cap_lo, cap_hi = a.cap_range
+    if not cap_lo < cap_hi:
+        ap.error(f"argument --cap-range: lo < hi needed, got {cap_lo:g},{cap_hi:g}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     store = Store(out / "runs.csv")
-    pool = mp.get_context("fork").Pool(a.jobs) if a.jobs > 1 else None
+    pool = None
     t_start = time.perf_counter()
     try:
+        pool = cmdline.quiet_pool(a.jobs) if a.jobs > 1 else None
         cell = {(m, r): [(m, arm, r, s, a.n) for arm in ARMS for s in seeds] for r in rates for m in MODELS}
         tasks = [t for r in rates for m in MODELS for t in cell[(m, r)]]     # in --rates order, both models
         if not a.report_only:
             store.run(pool, tasks)
-        print(f"wait_single (512/20), Meta-Llama-3-8B, 1 x A100, n={a.n} prompts per run, seeds {a.seeds}; "
+        print(f"wait_single (512/20), Meta-Llama-3-8B, 1 x A100, n={a.n} prompts per run, seeds {_span(seeds)}; "
               "E2E = central-window mean (s), geometric mean over the seeds; ratios paired per seed")
         print()
         print("| step model | prompts/s | Sarathi-like (s) | WAIT-CP (s) | same-budget control (s) | chunk-cap control (s) "
@@ -191,9 +193,9 @@ def main() -> None:
             print(f"| {r:g} | {w[0]} | {w[1]} | {w[0] if w[0] == w[1] else 'depends on step model'} |")
         print(f"\n(table: {len(tasks)} runs, {time.perf_counter() - t_start:.0f} s wall)", flush=True)
         if a.no_capacity:
-            return
+            return 0
         t_cap = time.perf_counter()
-        print(f"\nCapacity: highest rate whose central window stays bounded (geometric mean over seeds {a.cap_seeds} "
+        print(f"\nCapacity: highest rate whose central window stays bounded (geometric mean over seeds {_span(cap_seeds)} "
               f"of the window growth ratio <= {GROWTH_BOUND}), bisection on [{cap_lo:g}, {cap_hi:g}] prompts/s to "
               f"{a.cap_tol:g}, n={a.n}\n")
         # one bisection per (model, arm); the rates of one bisection depend on its earlier answers, so the
@@ -216,10 +218,25 @@ def main() -> None:
             return (f"  {m} {LABEL[arm]}: capacity in [{lo:g}, {hi:g}) prompts/s; tried "
                     + ", ".join(f"{rt:g}: g={g[rt]:.3f} {'bounded' if tried[rt] else 'grows'}" for rt in sorted(tried)))
         # the eight bisections run side by side (threads feeding the worker pool): each probe's rate depends
-        # on its own earlier answers only
-        with ThreadPoolExecutor(len(MODELS) * len(ARMS)) as ex:
-            lines = list(ex.map(lambda ma: search(*ma), [(m, arm) for m in MODELS for arm in ARMS]))
-        print("\n".join(lines), flush=True)
+        # on its own earlier answers only. Daemon threads, joined here: a Ctrl-C reaches this (main) thread, which
+        # terminates the pool; a bisection left waiting on it does not hold the process's exit
+        pairs = [(m, arm) for m in MODELS for arm in ARMS]
+        found: dict = {}
+
+        def bisect_one(ma):
+            try:
+                found[ma] = search(*ma)
+            except BaseException as e:   # re-raised below, in the main thread
+                found[ma] = e
+        threads = [threading.Thread(target=bisect_one, args=(ma,), daemon=True) for ma in pairs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for ma in pairs:
+            if isinstance(found[ma], BaseException):
+                raise found[ma]
+        print("\n".join(found[ma] for ma in pairs), flush=True)
         print()
         print("| step model | " + " | ".join(LABEL[arm] for arm in ARMS) + " | capacity margin WAIT-CP / Sarathi-like − 1 |")
         print("|---|" + "---|" * (len(ARMS) + 1))
@@ -234,12 +251,19 @@ def main() -> None:
                 margin = "outside the bracket"
             print(f"| {m} | " + " | ".join(cells) + f" | {margin} |")
         print(f"\n(capacity: {time.perf_counter() - t_cap:.0f} s wall; total {time.perf_counter() - t_start:.0f} s)")
+    except KeyboardInterrupt as e:
+        if pool:
+            pool.terminate()   # the workers stop mid-task; their finished runs are in runs.csv
+        print(f"interrupted ({str(e) or 'Ctrl-C'}); the runs finished so far are in {out / 'runs.csv'} (rerun the same "
+              f"command to resume)", file=sys.stderr)
+        return cmdline.INTERRUPTED
     finally:
         if pool:
             pool.close()
             pool.join()
         store.f.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cmdline.run(main))

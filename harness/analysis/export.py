@@ -54,7 +54,6 @@ true for them, ``is_complete`` false and ``incomplete_reason`` the error), and a
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -68,6 +67,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.goodput import good_turns, parse_goodput
+from harness.core import cmdline
 from harness.core.recorder import strict_json, write_json, write_text
 
 FORMATS = ("vllm-bench", "aiperf")
@@ -588,10 +588,11 @@ def export(path: Path, fmt: str, out: Optional[Path] = None, goodput: Any = None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.analysis.export", description=__doc__.split("\n\n")[0])
+    ap = cmdline.ArgumentParser(prog="python -m harness.analysis.export", description=__doc__.split("\n\n")[0])
     ap.add_argument("path", type=Path, help="a run directory, or a sweep directory of run directories")
     ap.add_argument("--format", required=True, choices=FORMATS, help="the peer tool's result format")
-    ap.add_argument("--out", type=Path, default=None, help="output directory (default: PATH/export/FORMAT)")
+    ap.add_argument("--out", type=cmdline.writable(directory=True), default=None,
+                    help="output directory (default: PATH/export/FORMAT)")
     ap.add_argument("--goodput", default=None,
                     help="goodput thresholds, ms, as vLLM/AIPerf take them ('ttft:200 tpot:50 e2el:2000'); "
                          "default: the run's slo.goodput")
@@ -600,8 +601,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--allow-partial", action="store_true",
                     help="export partial runs (summary.json \"partial\": true: failed or interrupted), marked "
                          "\"partial\": true in the export; else refused")
-    ap.epilog = ("Exit status: 0 exported; 2 bad input: not a run or sweep directory, malformed --goodput, or a "
-                 "partial run without --allow-partial (nothing is written then).")
+    ap.epilog = ("Exit status: 0 exported; 2 bad input: not a run or sweep directory, malformed --goodput, an --out "
+                 "that cannot be written, or a partial run without --allow-partial (nothing is written then); 130 "
+                 "interrupted.")
     args = ap.parse_args(argv)
     try:
         files = export(args.path, args.format, args.out, args.goodput, not args.no_detailed, args.allow_partial)
@@ -614,4 +616,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cmdline.run(main))

@@ -49,7 +49,6 @@ the rest (the scheduler and e.g. ``engine.max_num_batched_tokens``) make up the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -60,6 +59,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from harness.core import cmdline
 from harness.analysis.catalog import BY_KEY, REPORT, REPORT_TABLE
 from harness.analysis.stats import is_proportion, mean_ci, point_interval, pooled_wilson, t_quantile  # noqa: F401  (re-exported)
 from harness.analysis.plotting import FIGURE_FORMATS, _plt, _save, seed_bars, seed_frame, seeds_note  # noqa: F401  (shared with harness.analysis.claims)
@@ -811,24 +811,24 @@ def _extra_line(missing: Sequence[str], draw: bool) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.analysis.report", description=__doc__.split("\n\n")[0])
+    ap = cmdline.ArgumentParser(prog="python -m harness.analysis.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep_dir", type=Path, help="a sweep directory (results/sweeps/<time>...)")
-    ap.add_argument("--out", type=Path, default=None, help="output directory (default: SWEEP_DIR/report)")
+    ap.add_argument("--out", type=cmdline.writable(directory=True), default=None,
+                    help="output directory (default: SWEEP_DIR/report)")
     ap.add_argument("--no-figures", action="store_true", help="write the tables and markdown only")
-    ap.add_argument("--margin", type=float, default=None, metavar="PCT",
+    ap.add_argument("--margin", type=cmdline.number(0), default=None, metavar="PCT",
                     help="equivalence margin of the claims' verdicts, in %% of the ratio (percentage points for a "
                          "claimed zero); default 3 (harness.analysis.stats.EQUIVALENCE_MARGIN_PCT, docs/metrics.md)")
     ap.add_argument("--allow-mixed", action="store_true",
                     help="exit 0 even when the runs mix code versions or trace contents (still flagged)")
-    ap.epilog = ("Exit status: 0 written; 2 no run directory or an unreadable summary.json, or the [report] extra "
+    ap.epilog = ("Exit status: 0 written; 2 bad input (an argument not finite or out of range, an --out that cannot "
+                 "be written), no run directory or an unreadable summary.json, or the [report] extra "
                  f"missing ({REPORT_EXTRA}; --no-figures needs only its scipy); 3 written, but the runs mix code "
                  "versions or contents of one trace file (meta.json fingerprints; report.md starts with a warning, "
-                 "runs.csv has a `mixed` column) and --allow-mixed was not given.")
+                 "runs.csv has a `mixed` column) and --allow-mixed was not given; 130 interrupted.")
     from harness.analysis import plots  # user-chosen x/y, facets, filters, Pareto fronts (harness/analysis/plots.py)
     plots.add_arguments(ap)
     args = ap.parse_args(argv)
-    if args.margin is not None and not args.margin >= 0:
-        ap.error(f"--margin must be >= 0, got {args.margin}")
     draw = not args.no_figures or bool(args.x or args.y)   # --x/--y draw their figure even with --no-figures
     missing = missing_extra([*EXTRA_FOR_TABLES, *(EXTRA_FOR_FIGURES if draw else ())])
     if missing:   # before anything is read or written
@@ -863,4 +863,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cmdline.run(main))

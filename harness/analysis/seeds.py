@@ -31,8 +31,10 @@ reasons keeps a false directional verdict at a true effect of 0 at most 5 % (mea
 Each cell's record (seeds run, why it stopped, per metric the estimate, interval, half-width, sign count
 and verdict, and the rounds) is written to ``SWEEP_DIR/seeds.json`` (one entry per cell, updated in place)
 and ``SWEEP_DIR/seeds.csv``; ``python -m harness.analysis.report SWEEP_DIR`` shows the table in ``report.md`` and
-``claims.md``. Exit status: 0 when the cell stopped on its rule or the cap, 2 for bad arguments (before
-anything runs), 1 when a run fails.
+``claims.md``. Exit status: 0 when the cell stopped on its rule or the cap, 2 for bad arguments (a bound not finite
+or out of range, a bad ``--metric``, before anything runs; or overrides ``run.py`` refuses, such as a rate that is
+not a finite number > 0: it validates every job of an arm before it runs one), 1 when a run fails, 130 when
+interrupted (Ctrl-C, SIGTERM; the rounds recorded so far stay in ``seeds.json``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from harness.core import cmdline
 from harness.core.paths import PROJECT_ROOT
 from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, mean_ci, ratio_interval, verdict
 
@@ -214,15 +217,37 @@ def parse_metric(text: str) -> tuple[str, Optional[float]]:
     """``KEY`` or ``KEY:PAPER`` (the paper's effect in %) -> ``(key, paper)``.
 
     Raises:
-        ValueError: an empty key or a PAPER that is not a number.
+        ValueError: an empty key or a PAPER that is not a finite number.
     """
     key, _, paper = text.partition(":")
     if not key:
         raise ValueError(f"--metric {text!r}: empty key")
     try:
-        return key, (float(paper) if paper else None)
+        return key, (cmdline.parse_number(paper) if paper else None)
     except ValueError:
-        raise ValueError(f"--metric {text!r}: the paper's effect after ':' must be a number (%)") from None
+        raise ValueError(f"--metric {text!r}: the paper's effect after ':' must be a finite number (%)") from None
+
+
+def check_overrides(a: Sequence[str], b: Sequence[str], overrides: Sequence[str]) -> None:
+    """Check a cell's overrides before anything runs: no ``workload.seed`` (the seeds are this tool's) and no sweep
+    (a cell is one point). (Their values are checked by ``run.py`` itself, which validates every job of a sweep
+    before it runs one and exits 2: :class:`RunFailed`.)
+
+    Raises:
+        ValueError: naming the override.
+    """
+    for o in (*a, *b, *overrides):
+        if o.split("=", 1)[0].lstrip("+~") == SEED_KEY or "," in o.split("=", 1)[-1]:
+            raise ValueError(f"override {o!r}: the seeds are this tool's, and a cell is one point (no sweeps)")
+
+
+class RunFailed(RuntimeError):
+    """``run.py`` exited non-zero for an arm: ``returncode`` its exit status (2: it refused the arm's config and ran
+    nothing, run.py's bad input), ``stderr`` the tail of its error output."""
+
+    def __init__(self, message: str, returncode: int, stderr: str):
+        super().__init__(message)
+        self.returncode, self.stderr = returncode, stderr
 
 
 def run_arm(cell_dir: Path, arm: Sequence[str], overrides: Sequence[str], seeds: int,
@@ -231,14 +256,15 @@ def run_arm(cell_dir: Path, arm: Sequence[str], overrides: Sequence[str], seeds:
     runs are skipped by run.py).
 
     Raises:
-        RuntimeError: run.py exited with a non-zero status (its stderr's tail in the message).
+        RunFailed: run.py exited with a non-zero status (its stderr's tail in the message).
     """
     cmd = [python, str(PROJECT_ROOT / "run.py"), "-m", *overrides, *arm,
            f"{SEED_KEY}={','.join(str(s) for s in range(seeds))}",
            f"hydra.sweep.dir={cell_dir}", f"hydra.sweep.subdir={_label(arm)}_seed${{{SEED_KEY}}}"]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT)
     if p.returncode != 0:
-        raise RuntimeError(f"run.py exited {p.returncode}: {' '.join(cmd)}\n{p.stderr[-2000:]}")
+        raise RunFailed(f"run.py exited {p.returncode}: {' '.join(cmd)}\n{p.stderr[-2000:]}", p.returncode,
+                        p.stderr[-2000:])
 
 
 def read_arm(cell_dir: Path, arm: Sequence[str], seeds: int, metrics: Sequence[str]) -> dict[int, dict]:
@@ -310,9 +336,7 @@ def adapt(sweep_dir: Path, a: Sequence[str], b: Sequence[str], overrides: Sequen
         raise ValueError(f"--target-halfwidth must be > 0, got {target_halfwidth}")
     if not metrics:
         raise ValueError("at least one --metric")
-    for o in (*a, *b, *overrides):
-        if o.split("=", 1)[0].lstrip("+~") == SEED_KEY or "," in o.split("=", 1)[-1]:
-            raise ValueError(f"override {o!r}: the seeds are this tool's, and a cell is one point (no sweeps)")
+    check_overrides(a, b, overrides)
     sweep_dir = Path(sweep_dir)
     cell = cell or _label(overrides)
     cell_dir = sweep_dir / cell
@@ -338,32 +362,50 @@ def adapt(sweep_dir: Path, a: Sequence[str], b: Sequence[str], overrides: Sequen
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.analysis.seeds", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    ap.add_argument("sweep_dir", type=Path, help="the sweep directory (cells go to SWEEP_DIR/<cell>/)")
+    ap = cmdline.ArgumentParser(prog="python -m harness.analysis.seeds", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("sweep_dir", type=cmdline.writable(directory=True),
+                    help="the sweep directory (cells go to SWEEP_DIR/<cell>/)")
     ap.add_argument("overrides", nargs="*", help="the cell's common Hydra overrides (one point, no sweeps)")
     ap.add_argument("--a", required=True, help='arm a (numerator), space-separated overrides, e.g. "scheduler=conserve"')
     ap.add_argument("--b", required=True, help='arm b (denominator), e.g. "scheduler=ampd scheduler.mode=cost"')
     ap.add_argument("--metric", action="append", required=True, metavar="KEY[:PAPER]",
                     help="a summary.json key, optionally with the paper's effect in %% (repeatable)")
-    ap.add_argument("--min-seeds", type=int, default=3, help="the first look (seeds); later looks double it")
-    ap.add_argument("--max-seeds", type=int, default=20, help="the last look (seeds), the cap")
-    ap.add_argument("--target-halfwidth", type=float, default=0.1,
+    ap.add_argument("--min-seeds", type=cmdline.number(2, integer=True), default=3,
+                    help="the first look (seeds, >= 2); later looks double it")
+    ap.add_argument("--max-seeds", type=cmdline.number(2, integer=True), default=20,
+                    help="the last look (seeds, >= --min-seeds), the cap")
+    ap.add_argument("--target-halfwidth", type=cmdline.number(0, lo_open=True), default=0.1,
                     help="stop when the mean log ratio's repeated 95 %% half-width is at most this "
                          "(0.1: about +-10 %%)")
-    ap.add_argument("--margin", type=float, default=EQUIVALENCE_MARGIN_PCT,
+    ap.add_argument("--margin", type=cmdline.number(0), default=EQUIVALENCE_MARGIN_PCT,
                     help="the verdict's equivalence margin in %% (harness.analysis.stats.EQUIVALENCE_MARGIN_PCT)")
     ap.add_argument("--cell", default=None, help="the cell's name (default: from the overrides)")
     ap.add_argument("--no-stop-on-verdict", action="store_true", help="stop on the half-width or the cap only")
     args = ap.parse_args(argv)
+    if args.min_seeds > args.max_seeds:
+        ap.error(f"--min-seeds {args.min_seeds} > --max-seeds {args.max_seeds}")
     try:
         metrics = [parse_metric(m) for m in args.metric]
+        check_overrides(args.a.split(), args.b.split(), args.overrides)
+    except ValueError as e:
+        ap.error(str(e))
+    try:
         rec = adapt(args.sweep_dir, args.a.split(), args.b.split(), args.overrides, metrics, args.min_seeds,
                     args.max_seeds, args.target_halfwidth, args.margin, args.cell, not args.no_stop_on_verdict)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RunFailed as e:
+        if e.returncode == 2:   # run.py refused the arm's overrides before running anything: bad input, one line
+            said = [ln.strip() for ln in e.stderr.splitlines() if ln.strip()]
+            why = next((ln for ln in said if ln.startswith("job ")), next(
+                (ln[len("error: "):] for ln in reversed(said) if ln.startswith("error: ")), said[-1] if said else ""))
+            print(f"error: run.py refused the cell's overrides (nothing of that arm was run): {why}", file=sys.stderr)
+            return 2
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -372,4 +414,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cmdline.run(main))

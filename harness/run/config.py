@@ -388,3 +388,30 @@ def context_limit(run: Resolved) -> Optional[int]:
     limits.append(run.backend.context_limit())
     limits = [x for x in limits if x]
     return min(limits) if limits else None
+
+
+def compose_run(overrides: Any) -> tuple[Resolved, DictConfig]:
+    """The project's config composed with the Hydra ``overrides`` (one point, no sweep: ``["backend=vllm",
+    "workload.rate_per_s=2"]``) and validated, as ``run.py`` would run it: ``(Resolved, the composed config)``;
+    nothing is run. The tools that start runs call it to refuse bad overrides before the first run
+    (``harness.tools.fidelity`` ``--launch`` / ``protocol``).
+
+    Raises:
+        ConfigError: an override that does not compose (an unknown key or option, a malformed override: Hydra's
+            message on one line) or a value :func:`resolve` refuses (naming the key).
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    from harness.core.paths import PACKAGE_DIR
+    register_configs()
+    GlobalHydra.instance().clear()
+    conf = PROJECT_ROOT / "conf"   # a checkout's, else the installed wheel's copy (as harness.run.cli.config_path)
+    conf = conf if (conf / "config.yaml").is_file() else PACKAGE_DIR / "conf"
+    try:
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            dcfg = compose(config_name="config", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as e:   # an unknown key or option, a malformed override
+        raise ConfigError(" ".join(str(e).split())) from None
+    return resolve(dcfg), dcfg

@@ -66,7 +66,6 @@ of each class's mean time. Every class of observations carries the same total we
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -79,6 +78,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from harness.core import cmdline
 from harness.core.profiles import HardwareConfig, ModelConfig, rescale_peaks
 from harness.sim.perf import PerfModel
 from harness.analysis.validity import partial_run  # noqa: F401  (calibrate's rule; fidelity imports it from here)
@@ -650,32 +650,37 @@ def profile_yaml(hw: HardwareConfig, report: dict, base_name: str, base_source: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.tools.calibrate", description=__doc__.split("\n\n")[0])
+    ap = cmdline.ArgumentParser(prog="python -m harness.tools.calibrate", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path, help="a backend=vllm run directory written with logger.steps=true")
-    ap.add_argument("--out", type=Path, required=True, help="the hardware YAML to write (conf/hardware/<name>.yaml)")
+    ap.add_argument("--out", type=cmdline.writable(), required=True,
+                    help="the hardware YAML to write (conf/hardware/<name>.yaml)")
     ap.add_argument("--base", default="cpu", help="profile (name or YAML path) whose unfitted fields are kept")
     ap.add_argument("--name", default=None, help="profile name (default: the --out file's stem)")
-    ap.add_argument("--min-gap-s", type=float, default=1e-3, help="token gaps below this are delivery bursts, s")
-    ap.add_argument("--loss-scale", type=float, default=0.1, help="soft_l1 scale, relative error")
+    ap.add_argument("--min-gap-s", type=cmdline.number(0), default=1e-3,
+                    help="token gaps below this are delivery bursts, s (>= 0)")
+    ap.add_argument("--loss-scale", type=cmdline.number(0, lo_open=True), default=0.1,
+                    help="soft_l1 scale, relative error (> 0)")
     ap.add_argument("--client-only", action="store_true", help="ignore server_metrics.json (client clocks only)")
     ap.add_argument("--loss", choices=LOSSES, default="soft_l1",
                     help="soft_l1: robust (fits medians); linear: least squares (fits means); both are reported")
-    ap.add_argument("--max-efficiency", type=float, default=1.0,
+    ap.add_argument("--max-efficiency", type=cmdline.number(1e-4, lo_open=True), default=1.0,
                     help="bound of the efficiencies relative to --base's peaks (1: datasheet peaks; e.g. 10 for "
-                         "assumed round figures; a fit above 1 raises the written peak instead)")
+                         "assumed round figures; a fit above 1 raises the written peak instead; > 1e-4, the lower bound)")
     ap.add_argument("--prefill-terms", choices=("auto", "off", "fit"), default="auto",
                     help="per-prefill intercept and cached-prefix cost: auto fits those the data identifies")
-    ap.add_argument("--report", type=Path, default=None, help="also write the fit's report as JSON here")
+    ap.add_argument("--report", type=cmdline.writable(), default=None, help="also write the fit's report as JSON here")
     ap.add_argument("--allow-partial", action="store_true",
                     help="fit a run whose summary.json says partial (failed or interrupted; warned), else refused")
-    ap.epilog = ("Exit status: 0 profile written; 2 bad input: no such run directory or base profile, a run "
+    ap.epilog = ("Exit status: 0 profile written; 2 bad input: an argument not finite or out of range, an --out "
+                 "or --report that cannot be written, no such run directory or base profile, a run "
                  "without logger.steps / turns, a partial run without --allow-partial, a fit that cannot be "
-                 "made (the message says which).")
+                 "made, a contended run with --from-steps (the message says which); 130 interrupted.")
     ap.add_argument("--from-steps", action="store_true",
                     help="fit per step (harness.tools.steps.fit_steps): least squares on the step-time logs "
                          "(logs/*.step_times.jsonl), each coefficient with its standard error, unidentified ones "
                          "fixed at --base's value; refuses (exit 2) a contended run unless --no-check")
-    ap.add_argument("--rel-se-bound", type=float, default=0.5, help="--from-steps: identification bound (relative SE)")
+    ap.add_argument("--rel-se-bound", type=cmdline.number(0, lo_open=True), default=0.5,
+                    help="--from-steps: identification bound (relative SE; > 0)")
     from harness.tools.steps import OBJECTIVES
     ap.add_argument("--objective", choices=OBJECTIVES, default="relative",
                     help="--from-steps: least squares on relative step-time errors (every step weighs the same) or on "
@@ -753,4 +758,4 @@ def _main_from_steps(a) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cmdline.run(main))

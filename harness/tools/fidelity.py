@@ -37,6 +37,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from harness.core import cmdline
 from harness.tools.calibrate import kv_mem_bytes, load_profile, load_run_config, partial_run, run_means
 from harness.core.profiles import HardwareConfig, ModelConfig
 from harness.tools import protocol as pr
@@ -376,21 +377,16 @@ def fidelity(real_dir: Path, profile_path: str, out_dir: Optional[Path] = None, 
 
 def compose_real(overrides: Sequence[str]) -> tuple:
     """The project's config composed with ``overrides`` (+ ``logger.steps=true``, ``logger.progress=false``):
-    ``(Resolved, resolved yaml)``; nothing is run.
+    ``(Resolved, resolved yaml)``; nothing is run (``harness.run.config.compose_run``).
 
     Raises:
-        harness.run.config.ConfigError: the overrides do not give a valid ``backend=vllm`` run.
+        harness.run.config.ConfigError: the overrides do not compose (an unknown key or option, a malformed
+            override: Hydra's message on one line) or do not give a valid ``backend=vllm`` run.
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from harness.run.config import PROJECT_ROOT, ConfigError, register_configs, resolve
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        dcfg = compose(config_name="config", overrides=[*overrides, "logger.steps=true", "logger.progress=false"])
-    run = resolve(dcfg)
+    from harness.run.config import ConfigError, compose_run
+    run, dcfg = compose_run([*overrides, "logger.steps=true", "logger.progress=false"])
     if run.backend_name != "vllm":
         raise ConfigError(f"--launch needs backend=vllm overrides, got backend {run.backend_name!r}")
     return run, OmegaConf.to_yaml(dcfg)
@@ -435,7 +431,8 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
     ``harness.tools.fidelity.launch_real``). Returns the ``protocol.json`` dict.
 
     Raises:
-        ValueError: ``repeats`` < ``pr.MIN_REPEATS``, or an unknown ``objective``.
+        ValueError: ``repeats`` < ``pr.MIN_REPEATS``, an unknown ``objective``, a bound that is not a finite
+            number > 0 (``settle_s``, ``skip_steps``: >= 0), before anything is written or launched.
         harness.tools.steps.Contended: a run's figures are over a bound (:func:`contention_problem`); nothing is
             fitted or judged after it.
         FileNotFoundError: a run wrote no step-time log.
@@ -449,6 +446,9 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
         raise ValueError(f"--repeats {repeats}: the protocol needs >= {pr.MIN_REPEATS} held-out repeats")
     if objective not in st.OBJECTIVES:
         raise ValueError(f"--objective {objective}: one of {', '.join(st.OBJECTIVES)}")
+    pr.contention_problem({"ncpu": 1}, max_load_per_cpu, max_dispersion, max_load_after_per_cpu)  # bounds: finite, > 0
+    cmdline.check_number("settle_s", settle_s, 0)
+    cmdline.check_number("skip_steps", skip_steps, 0)
     launch = launch or launch_real
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -535,7 +535,7 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
 
 def protocol_main(argv: Sequence[str]) -> int:
     """``python -m harness.tools.fidelity protocol``: see :func:`protocol`."""
-    ap = argparse.ArgumentParser(
+    ap = cmdline.ArgumentParser(
         prog="python -m harness.tools.fidelity protocol", description=protocol.__doc__.split("\n\n")[0],
         epilog=f"Bounds: 1-minute load average before each real run (after waiting up to --settle-s for it to settle) "
                f"<= --max-load-per-cpu x the machine's CPUs, after it (its own load included) <= "
@@ -545,24 +545,28 @@ def protocol_main(argv: Sequence[str]) -> int:
                f"only when the real side's spread is under the target. Exit status: 0 every deciding metric met or "
                f"within noise; 1 one missed, unresolved or without data; 2 bad input, or refused: a contended run "
                f"(the message names the figure and its bound; nothing fitted or judged after it); 3 a launched run "
-               f"failed; 130 interrupted. docs/fidelity_cpu.md, \"The protocol\".")
+               f"failed; 130 interrupted. Every bound is checked (finite, in range) before anything runs. "
+               f"docs/fidelity_cpu.md, \"The protocol\".")
     ap.add_argument("--profile", required=True, help="base hardware profile (its unfitted fields are kept)")
-    ap.add_argument("--out", type=Path, required=True, help="directory for the runs, the profile and protocol.json")
+    ap.add_argument("--out", type=cmdline.writable(directory=True), required=True,
+                    help="directory for the runs, the profile and protocol.json")
     ap.add_argument("--calibration", nargs="+", default=list(pr.CALIBRATION_OVERRIDES),
                     help="Hydra overrides of the calibration run (backend=vllm ...; default workload=calibration_steps_cpu)")
     ap.add_argument("--heldout", nargs="+", required=True, help="Hydra overrides of the held-out run (backend=vllm ...)")
-    ap.add_argument("--repeats", type=int, default=pr.MIN_REPEATS, help=f"held-out repeats (>= {pr.MIN_REPEATS})")
-    ap.add_argument("--skip-steps", type=int, default=8, help="first logged steps per instance left out (warm-up)")
-    ap.add_argument("--max-load-per-cpu", type=float, default=pr.MAX_LOAD_BEFORE_PER_CPU,
+    ap.add_argument("--repeats", type=int, default=pr.MIN_REPEATS,
+                    help=f"held-out repeats (>= {pr.MIN_REPEATS}; fewer is refused before anything runs)")
+    ap.add_argument("--skip-steps", type=cmdline.number(0, integer=True), default=8,
+                    help="first logged steps per instance left out (warm-up; >= 0)")
+    ap.add_argument("--max-load-per-cpu", type=cmdline.number(0, lo_open=True), default=pr.MAX_LOAD_BEFORE_PER_CPU,
                     help="bound of the 1-minute load average per CPU before each run, settled (default %(default)s)")
-    ap.add_argument("--max-load-after-per-cpu", type=float, default=pr.MAX_LOAD_AFTER_PER_CPU,
+    ap.add_argument("--max-load-after-per-cpu", type=cmdline.number(0, lo_open=True), default=pr.MAX_LOAD_AFTER_PER_CPU,
                     help="bound of the 1-minute load average per CPU after each run, its own load included "
                          "(default %(default)s)")
-    ap.add_argument("--settle-s", type=float, default=pr.SETTLE_S,
+    ap.add_argument("--settle-s", type=cmdline.number(0), default=pr.SETTLE_S,
                     help="longest wait before each run for the load average to settle under its bound, s "
                          "(default %(default)s)")
-    ap.add_argument("--max-dispersion", type=float, default=pr.MAX_DISPERSION,
-                    help="bound of a run's decode step-time dispersion (IQR / median within a composition)")
+    ap.add_argument("--max-dispersion", type=cmdline.number(0, lo_open=True), default=pr.MAX_DISPERSION,
+                    help="bound of a run's decode step-time dispersion (IQR / median within a composition; > 0)")
     ap.add_argument("--objective", choices=st.OBJECTIVES, default="relative",
                     help="the per-step fit's objective whose verdicts set the exit status (every objective is fitted "
                          "and judged on the same runs, and the verdicts that depend on it are named; default "
@@ -602,22 +606,13 @@ def protocol_main(argv: Sequence[str]) -> int:
 
 
 def check_profile(path_or_name: str) -> HardwareConfig:
-    """``harness.tools.inputs.load_profile`` with every way a profile can be bad (not YAML, not a mapping,
-    an unknown, missing or out-of-range field) as one ``ValueError`` line naming the profile; run before
-    anything else (``--launch`` starts servers).
+    """``harness.tools.inputs.load_profile`` (every way a profile can be bad is one ``ValueError`` line naming the
+    profile), run before anything else (``--launch`` starts servers).
 
     Raises:
         FileNotFoundError: no such file or ``conf/hardware/`` profile. ValueError: the profile is invalid.
     """
-    import yaml
-    from omegaconf.errors import OmegaConfBaseException
-    try:
-        return load_profile(path_or_name)
-    except FileNotFoundError:
-        raise
-    except (ValueError, TypeError, AttributeError, yaml.YAMLError, OmegaConfBaseException) as e:
-        msg = " ".join(str(e).split())
-        raise ValueError(msg if str(path_or_name) in msg else f"hardware profile {path_or_name}: {msg}") from None
+    return load_profile(path_or_name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -627,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["steps"]:   # per-step fidelity (issue 33): harness.tools.steps
         from harness.tools.steps import steps_main
         return steps_main(argv[1:])
-    ap = argparse.ArgumentParser(prog="python -m harness.tools.fidelity", description=__doc__.split("\n\n")[0],
+    ap = cmdline.ArgumentParser(prog="python -m harness.tools.fidelity", description=__doc__.split("\n\n")[0],
                                  epilog="Exit status: 0 when every target is met on vLLM's own clocks (on the client's "
                                         "where the run has no server_metrics.json), 1 when one "
                                         "is missed, 2 on bad arguments (no such run directory or completed run, "
@@ -636,7 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         "--launch run failed, 130 when interrupted.")
     ap.add_argument("real_dir", type=Path, help="a completed real run directory (or where --launch writes one)")
     ap.add_argument("--profile", required=True, help="hardware profile: a YAML path or a conf/hardware/ name")
-    ap.add_argument("--out", type=Path, default=None, help="report directory (default <real_dir>/fidelity)")
+    ap.add_argument("--out", type=cmdline.writable(directory=True), default=None,
+                    help="report directory (default <real_dir>/fidelity)")
     ap.add_argument("--launch", nargs=argparse.REMAINDER, default=None,
                     help="run the real side first with these Hydra overrides (backend=vllm ...)")
     ap.add_argument("--allow-sim-real", action="store_true",
@@ -668,4 +664,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cmdline.run(main))

@@ -28,12 +28,16 @@ def load_run_config(run_dir: Path) -> dict:
 
 
 def load_profile(path_or_name: str) -> HardwareConfig:
-    """A ``HardwareConfig`` from a YAML path or a profile name under ``conf/hardware/``.
+    """A ``HardwareConfig`` from a YAML path or a profile name under ``conf/hardware/``; every way a profile can be
+    bad (not YAML, not a mapping, an unknown, missing or out-of-range field) is one ``ValueError`` line naming the
+    profile, so each tool refuses it as bad input (exit 2) before anything runs.
 
     Raises:
-        FileNotFoundError: neither exists. ValueError: the profile is invalid (naming the field).
+        FileNotFoundError: neither exists. ValueError: the profile is invalid (naming the file and the field).
     """
+    import yaml
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     from harness.run.config import PROJECT_ROOT
     p = Path(path_or_name)
@@ -41,10 +45,14 @@ def load_profile(path_or_name: str) -> HardwareConfig:
         p = PROJECT_ROOT / "conf" / "hardware" / f"{path_or_name}.yaml"
     if not p.is_file():
         raise FileNotFoundError(f"hardware profile {path_or_name!r}: no such file or conf/hardware/ profile")
-    d = OmegaConf.to_container(OmegaConf.load(p), resolve=True)   # YAML 1.2 floats (1.0e11), as Hydra reads
-    unknown = set(d) - set(HW_FIELDS)
-    if unknown:
-        raise ValueError(f"{p}: unknown hardware field(s) {sorted(unknown)}")
-    hw = HardwareConfig(**d)
-    hw.validate(f"hardware.{hw.name}")
+    try:
+        d = OmegaConf.to_container(OmegaConf.load(p), resolve=True)   # YAML 1.2 floats (1.0e11), as Hydra reads
+        unknown = set(d) - set(HW_FIELDS)
+        if unknown:
+            raise ValueError(f"{p}: unknown hardware field(s) {sorted(unknown)}")
+        hw = HardwareConfig(**d)
+        hw.validate(f"hardware.{hw.name}")
+    except (ValueError, TypeError, AttributeError, yaml.YAMLError, OmegaConfBaseException) as e:
+        msg = " ".join(str(e).split())
+        raise ValueError(msg if str(path_or_name) in msg else f"hardware profile {path_or_name}: {msg}") from None
     return hw

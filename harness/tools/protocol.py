@@ -102,7 +102,14 @@ def contention_problem(figures: dict, max_load_per_cpu: float = MAX_LOAD_BEFORE_
     Returns the first figure over its bound, with its value and the bound (load before, load after, dispersion);
     a ``step_dispersion`` that is NaN (no composition was seen 3 times: the run's quietness cannot be shown) is a
     problem too.
+
+    Raises:
+        ValueError: a bound that is not a finite number > 0 (a NaN bound would pass every figure).
     """
+    from harness.core.cmdline import check_number
+    for name, b in (("max_load_per_cpu", max_load_per_cpu), ("max_dispersion", max_dispersion),
+                    ("max_load_after_per_cpu", max_load_after_per_cpu)):
+        check_number(name, b, 0, lo_open=True)
     run = figures.get("run", "the run")
     for k, when, per_cpu in (("loadavg_before", "before", max_load_per_cpu),
                              ("loadavg_after", "after", max_load_after_per_cpu)):

@@ -224,7 +224,11 @@ def contention(run_dir: Path, steps: pd.DataFrame, meta: dict, max_load_per_cpu:
     Raises:
         Contended: a load average above ``max_load_per_cpu x ncpu``, or a decode-step dispersion above
             ``max_dispersion`` (``check`` only).
+        ValueError: a bound that is not a finite number > 0 (a NaN bound would pass every figure).
     """
+    from harness.core.cmdline import check_number
+    check_number("max_load_per_cpu", max_load_per_cpu, 0, lo_open=True)
+    check_number("max_dispersion", max_dispersion, 0, lo_open=True)
     la = run_loadavg(run_dir, meta)
     disp, nd = dispersion(steps[steps.prefill_tokens == 0])
     if not check:
@@ -506,20 +510,29 @@ def steps_report(real_dir: Path, profile_path: str, out_dir: Optional[Path] = No
 def steps_main(argv) -> int:
     """CLI of ``python -m harness.tools.fidelity steps`` (exit 0: every regime with >= 50 steps within 10 %
     median error; 1: not; 2: bad input or a contended run, the message naming the figure and its bound)."""
-    import argparse
     import sys
-    ap = argparse.ArgumentParser(prog="python -m harness.tools.fidelity steps", description=steps_report.__doc__.split("\n\n")[0],
-                                 epilog="Exit status: 0 every regime with >= 50 steps has median |error| <= 10 %; 1 not; "
-                                        "2 bad input, or a contended run (load average or step dispersion over its bound).")
+
+    from harness.core import cmdline
+    ap = cmdline.ArgumentParser(prog="python -m harness.tools.fidelity steps", description=steps_report.__doc__.split("\n\n")[0],
+                                epilog="Exit status: 0 every regime with >= 50 steps has median |error| <= 10 %; 1 not; "
+                                       "2 bad input (a bound not finite or out of range, an invalid profile, a run "
+                                       "without step logs), or a contended run (load average or step dispersion over "
+                                       "its bound); 130 interrupted.")
     ap.add_argument("real_dir", type=Path, help="a backend=vllm run directory written with logger.steps=true")
     ap.add_argument("--profile", required=True, help="hardware profile: a YAML path or a conf/hardware/ name")
-    ap.add_argument("--out", type=Path, default=None, help="report directory (default <real_dir>/fidelity)")
-    ap.add_argument("--skip-steps", type=int, default=8, help="first steps per instance to drop (warm-up)")
-    ap.add_argument("--max-load-per-cpu", type=float, default=MAX_LOAD_PER_CPU, help="bound of the 1-min load average per CPU")
-    ap.add_argument("--max-dispersion", type=float, default=MAX_DISPERSION, help="bound of the decode-step IQR / median")
+    ap.add_argument("--out", type=cmdline.writable(directory=True), default=None,
+                    help="report directory (default <real_dir>/fidelity)")
+    ap.add_argument("--skip-steps", type=cmdline.number(0, integer=True), default=8,
+                    help="first steps per instance to drop (warm-up; >= 0)")
+    ap.add_argument("--max-load-per-cpu", type=cmdline.number(0, lo_open=True), default=MAX_LOAD_PER_CPU,
+                    help="bound of the 1-min load average per CPU (> 0)")
+    ap.add_argument("--max-dispersion", type=cmdline.number(0, lo_open=True), default=MAX_DISPERSION,
+                    help="bound of the decode-step IQR / median (> 0)")
     ap.add_argument("--no-check", action="store_true", help="report a contended run anyway (figures shown, not judged)")
     a = ap.parse_args(argv)
+    from harness.tools.inputs import load_profile
     try:
+        load_profile(a.profile)   # an invalid profile is bad input, named before the run is read
         r = steps_report(a.real_dir, a.profile, a.out, a.skip_steps, a.max_load_per_cpu, a.max_dispersion,
                          check=not a.no_check)
     except Contended as e:

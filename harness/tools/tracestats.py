@@ -15,7 +15,6 @@ conversation after another, turns in order -- the best case for an LRU cache.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -25,6 +24,7 @@ import numpy as np
 
 from harness.workload.prefix import BlockContent, block_ranges
 from harness.sim.kvcache import KVLease, PrefixBlockPool
+from harness.core import cmdline
 from harness.core.trace import HASH_BLOCK_TOKENS, ConversationRecord, TraceError, load_trace
 
 __all__ = ["request_order", "ideal_hit_ratio", "trace_stats", "main"]
@@ -454,25 +454,22 @@ def trace_stats(records: Sequence[ConversationRecord], block_size: int = 16, cac
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI: ``python -m harness.tools.tracestats stats FILE [--cache-tokens N] [--block-size B]
     [--shared-prefix-tokens N] [--hash-block-tokens H]``. Returns the exit status (2 on a bad trace)."""
-    ap = argparse.ArgumentParser(prog="python -m harness.tools.tracestats", description=__doc__.split("\n\n")[0],
-                                 epilog="Exit status: 0 printed; 2 a missing, unreadable or malformed trace "
-                                        "(the message names file:line and the field) or a bad argument.")
+    ap = cmdline.ArgumentParser(prog="python -m harness.tools.tracestats", description=__doc__.split("\n\n")[0],
+                                epilog="Exit status: 0 printed; 2 a missing, unreadable or malformed trace "
+                                       "(the message names file:line and the field) or a bad argument; 130 "
+                                       "interrupted.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("stats", help="print a trace's statistics and its ideal prefix-hit ratio")
     st.add_argument("file", help="conversation trace or request trace (.jsonl or .jsonl.gz)")
-    st.add_argument("--cache-tokens", type=int, default=None, help="KV cache size for the LRU hit ratio (tokens)")
-    st.add_argument("--block-size", type=int, default=16, help="KV block size (tokens; vLLM's default 16)")
-    st.add_argument("--shared-prefix-tokens", type=int, default=0,
+    st.add_argument("--cache-tokens", type=cmdline.number(1, integer=True), default=None,
+                    help="KV cache size for the LRU hit ratio (tokens, >= 1)")
+    st.add_argument("--block-size", type=cmdline.number(1, integer=True), default=16,
+                    help="KV block size (tokens, >= 1; vLLM's default 16)")
+    st.add_argument("--shared-prefix-tokens", type=cmdline.number(0, integer=True), default=0,
                     help="conversation traces: tokens of a system prompt common to every conversation")
-    st.add_argument("--hash-block-tokens", type=int, default=HASH_BLOCK_TOKENS,
+    st.add_argument("--hash-block-tokens", type=cmdline.number(1, integer=True), default=HASH_BLOCK_TOKENS,
                     help="request traces: tokens per hash_ids block (Mooncake: 512)")
     a = ap.parse_args(argv)
-    for name in ("cache_tokens", "block_size", "hash_block_tokens"):
-        v = getattr(a, name)
-        if v is not None and v < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {v}")
-    if a.shared_prefix_tokens < 0:
-        ap.error(f"--shared-prefix-tokens must be >= 0, got {a.shared_prefix_tokens}")
     try:
         if a.cache_tokens is None and os.path.isfile(a.file) and is_request_trace(a.file):
             text = request_stats_text(a.file, a.block_size, a.hash_block_tokens)   # streaming, bounded memory
@@ -488,4 +485,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cmdline.run(main))
