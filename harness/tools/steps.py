@@ -57,9 +57,11 @@ MAX_LOAD_PER_CPU = 1.5
 MAX_DISPERSION = 0.25
 REL_SE_BOUND = 0.5        # a coefficient with a larger relative standard error is not identified: fixed at its prior
 IDLE_GAP_S = 0.05         # a step that started this long after the previous one ended follows an idle engine
-# fit_steps' objectives: "relative" (each step's relative error weighs the same; the default since issue 33) and
-# "absolute" (plain least squares on step times: the calibration's summed step time kept)
-OBJECTIVES = ("relative", "absolute")
+# fit_steps' objectives: "sum" (absolute least squares, then the per-step intercept set so that the model's summed
+# time over every logged step, the dropped outliers included, equals the real one: what a simulated timeline spends;
+# the deciding one since issue 49), "relative" (each step's relative error weighs the same; issue 33's default) and
+# "absolute" (plain least squares on the kept step times: their summed time kept, the outliers' not)
+OBJECTIVES = ("sum", "relative", "absolute")
 
 
 class Contended(ValueError):
@@ -323,7 +325,7 @@ def _wls(X: np.ndarray, y: np.ndarray, offset: np.ndarray, objective: str = "rel
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``relative``: least squares of ``(y - offset) / y`` on ``X / y``; ``absolute``: of ``y - offset`` on ``X``.
     Returns ``(beta, standard errors, residuals)`` (relative residuals, or seconds)."""
-    w = 1.0 / y if objective == "relative" else np.ones_like(y)
+    w = 1.0 / y if objective == "relative" else np.ones_like(y)      # "absolute", "sum": plain least squares
     A = X * w[:, None]
     r = (y - offset) * w
     beta, *_ = np.linalg.lstsq(A, r, rcond=None)
@@ -389,6 +391,15 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
         j = free[k]
         fixed[j] = (f"relative standard error {rel[k]:.0%} > {rel_se_bound:.0%}" if beta[k] > 0
                     else f"estimate {beta[k]:.3g} (SE {se[k]:.2g}) not positive")
+    sum_shift = 0.0
+    if objective == "sum" and 0 not in fixed:
+        # the intercept's least-squares value over every step with the slopes kept: the summed time of all the
+        # logged steps (outliers, i.e. stalls, included) is the real one
+        k0 = free.index(0)
+        model_all = fixed_off + X[:, free] @ beta
+        sum_shift = float(np.mean(y - model_all))
+        beta = beta.copy()
+        beta[k0] += sum_shift
     terms = {}
     for j, name in enumerate(names):
         if j in fixed:
@@ -401,9 +412,9 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
     src = (f"fitted by harness.tools.calibrate --from-steps (per-step least squares, objective {objective}); "
            + "; ".join(f"{k} {v['status']}" for k, v in terms.items()))
     hw = profile_from_terms(base, model, {k: v["value"] for k, v in terms.items()}, src)
-    rel_res = res if objective == "relative" else res / y[keep]
+    rel_res = res if objective == "relative" else (res - sum_shift) / y[keep]
     return {"terms": terms, "hw": hw, "n_steps": int(keep.sum()), "dropped_outliers": dropped,
-            "rel_se_bound": rel_se_bound, "objective": objective,
+            "rel_se_bound": rel_se_bound, "objective": objective, "sum_shift_s": sum_shift,
             "base_peaks": {"peak_flops": base.peak_flops, "mem_bandwidth_bytes_per_s": base.mem_bandwidth_bytes_per_s},
             "residual_median_abs": float(np.median(np.abs(rel_res)))}
 
@@ -422,11 +433,37 @@ def decode_start_excess(steps: pd.DataFrame, model_s: np.ndarray) -> dict:
             "n_first": int(len(a)), "n_other": int(len(b))}
 
 
-def api_frontend(run_dir: Path) -> dict:
-    """The API front end's share of TTFT on the server clock, per request: vLLM's TTFT (from the API server's
-    arrival) minus the engine's (queue + prefill), from the spans of ``server_metrics.json``: mean, median,
-    standard error of the mean (s), n. Not a term of the step model (the simulator has no API-server term):
-    reported beside the fit."""
+BUSY_GAP_S = 1e-3        # a gap between two logged steps up to this long is the engine core's between-step work
+
+
+def inflight_residual(steps: pd.DataFrame) -> float:
+    """The mean time a request that reaches the engine core at a random instant waits for the step in flight to
+    end (vLLM adds requests between steps), s: by renewal theory ``sum(c_i^2) / (2 T)`` over the engine's busy
+    cycles ``c_i`` (a logged step's ``wall_s`` plus the gap after it when that gap is the between-step work, <=
+    :data:`BUSY_GAP_S`), ``T`` the logged span (first ``t0`` to last ``t_end``; an idle gap's arrivals wait 0).
+    Assumes arrivals independent of the step phase (a closed loop with tool times); NaN without steps."""
+    if steps.empty:
+        return math.nan
+    out = 0.0
+    span = 0.0
+    for _, g in steps.groupby("instance"):
+        g = g.sort_values("t0")
+        gap_after = np.append(g.t0.to_numpy()[1:] - g.t_end.to_numpy()[:-1], 0.0)
+        c = g.wall_s.to_numpy() + np.where((gap_after >= 0) & (gap_after <= BUSY_GAP_S), gap_after, 0.0)
+        out += float((c ** 2).sum()) / 2
+        span += float(g.t_end.max() - g.t0.min())
+    return out / span if span > 0 else math.nan
+
+
+def api_frontend(run_dir: Path, steps: Optional[pd.DataFrame] = None) -> dict:
+    """The API front end on the server clock, per request: vLLM's TTFT (from the API server's arrival, to when the
+    API server processes the first token) minus the engine's (``queued_ts`` to first token: queue + prefill), from
+    the spans of ``server_metrics.json``: mean, median, standard error of the mean (s), n. That difference holds the
+    API server's own work (in and out) AND the in-flight residual (a request reaching a busy engine core is queued
+    only when the step in flight ends); with the run's ``steps`` (:func:`load_step_times`) the residual is estimated
+    (:func:`inflight_residual`) and ``net_s`` = mean - residual (>= 0) is the API-server work alone, the value of
+    ``HardwareConfig.api_frontend_s`` (the simulator adds the residual itself: counting it in the term too would
+    count it twice)."""
     p = Path(run_dir) / "server_metrics.json"
     if not p.is_file():
         return {"n": 0}
@@ -435,8 +472,20 @@ def api_frontend(run_dir: Path) -> dict:
                   if all(isinstance(r.get(k), (int, float)) for k in ("ttft_s", "queue_s", "prefill_s"))])
     if len(d) < 2:
         return {"n": int(len(d))}
-    return {"n": int(len(d)), "mean_s": float(d.mean()), "median_s": float(np.median(d)),
-            "se_s": float(d.std(ddof=1) / math.sqrt(len(d)))}
+    out = {"n": int(len(d)), "mean_s": float(d.mean()), "median_s": float(np.median(d)),
+           "se_s": float(d.std(ddof=1) / math.sqrt(len(d)))}
+    if steps is not None:
+        res = inflight_residual(steps)
+        out["inflight_residual_s"] = res
+        out["net_s"] = max(0.0, out["mean_s"] - res) if math.isfinite(res) else math.nan
+    return out
+
+
+def with_frontend(hw: HardwareConfig, frontend: dict) -> HardwareConfig:
+    """``hw`` with ``api_frontend_s`` set to the fitted front end's ``net_s`` (:func:`api_frontend`), when there is
+    one (a run with spans and a step log); else ``hw`` unchanged (0: no front end)."""
+    v = frontend.get("net_s", math.nan)
+    return dataclasses.replace(hw, api_frontend_s=float(v)) if isinstance(v, float) and math.isfinite(v) else hw
 
 
 def _frac(v: float) -> str:
@@ -494,7 +543,7 @@ def steps_report(real_dir: Path, profile_path: str, out_dir: Optional[Path] = No
     met = all(abs(r["median_err"]) <= 0.10 for r in table if r["n"] >= 50)
     result = {"real_dir": str(real_dir), "profile": hw.name, "profile_path": str(profile_path),
               "n_steps": int(len(steps)), "skip_steps": skip_steps, "contention": cont, "regimes": table,
-              "decode_start": decode_start_excess(steps, model_s), "api_frontend": api_frontend(real_dir),
+              "decode_start": decode_start_excess(steps, model_s), "api_frontend": api_frontend(real_dir, steps),
               "target_met": bool(met)}
     out_dir = Path(out_dir) if out_dir is not None else real_dir / "fidelity"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -552,7 +601,9 @@ def steps_profile_yaml(fit: dict, run_dir: Path, base_name: str, contention_fig:
                      f"written as {peaks} (raised by the largest efficiency on each side; step times unchanged)")
     lines.append(f"# contention of the run: {json.dumps(contention_fig, default=str)}")
     for k, v in extra.items():
-        lines.append(f"# {k} (not a term of the step model): {json.dumps(v)}")
+        what = ("api_frontend_s = its net_s: the API server's work net of the in-flight residual"
+                if k == "api_frontend_ttft" and "net_s" in v else "not a term of the step model")
+        lines.append(f"# {k} ({what}): {json.dumps(v)}")
     d = dataclasses.asdict(hw)
     for k in HW_FIELDS:
         v = d[k]

@@ -1,0 +1,72 @@
+"""The shipped real step log replayed in sample on the simulator, like for like (issue 49): the per-step fit of
+``docs/data/twin_cpu/calibration`` under the deciding, sum-preserving objective (``harness.tools.steps`` "sum", with
+the decode-start term and the API front end net of the in-flight residual: what ``calibrate --from-steps`` writes by
+default) replays that run's own workload on the simulator (``harness.tools.fidelity.simulate_run``). The expected
+values are the real log's own (its steps, its spans), independent of the simulator; the bounds are the issue's:
+summed busy time within 2 %, step count and mean decode batch within 2 %, engine TTFT / E2E / ITL means within 3 %,
+the engine rows counted from vLLM's ``queued_ts`` on both sides (``turns.parquet`` ``engine_queued_s``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.core.profiles import ModelConfig
+from harness.run.config import PROJECT_ROOT
+from harness.tools import fidelity as fd
+from harness.tools import steps as st
+from harness.tools.inputs import load_profile, load_run_config
+
+RUN = PROJECT_ROOT / "docs" / "data" / "twin_cpu" / "calibration"
+
+
+@pytest.fixture(scope="module")
+def replay(tmp_path_factory):
+    steps, _ = st.load_step_times(RUN, skip_steps=8)
+    model = ModelConfig(**load_run_config(RUN)["model"])
+    fit = st.fit_steps(steps, load_profile("cpu"), model, objective="sum")
+    fe = st.api_frontend(RUN, steps)
+    hw = st.with_frontend(fit["hw"], fe)
+    sim = fd.simulate_run(RUN, hw, tmp_path_factory.mktemp("replay") / "sim")
+    return steps, fit, fe, hw, sim
+
+
+def test_the_sum_objective_prices_the_logged_steps_at_their_summed_time(replay):
+    steps, fit, fe, hw, _ = replay
+    model = ModelConfig(**load_run_config(RUN)["model"])
+    from harness.sim.perf import PerfModel
+    assert fit["dropped_outliers"] > 0        # stalls were left out of the slopes, yet their time is kept
+    assert st.replay(steps, PerfModel(hw, model)).sum() == pytest.approx(steps.wall_s.sum(), rel=1e-9)
+    # the front end: the spans' server - engine TTFT, less the renewal residual of the logged busy cycles
+    w = steps.sort_values("t0")
+    gap = np.append(w.t0.to_numpy()[1:] - w.t_end.to_numpy()[:-1], 0.0)
+    c = w.wall_s.to_numpy() + np.where((gap >= 0) & (gap <= st.BUSY_GAP_S), gap, 0.0)
+    residual = (c ** 2).sum() / 2 / (w.t_end.max() - w.t0.min())
+    assert fe["inflight_residual_s"] == pytest.approx(residual, rel=1e-9)
+    assert hw.api_frontend_s == pytest.approx(fe["mean_s"] - residual, rel=1e-9) and 0 < hw.api_frontend_s < fe["mean_s"]
+
+
+def test_the_replay_spends_the_logged_busy_time_in_as_many_steps(replay):
+    steps, _, _, _, sim = replay
+    s = pd.read_parquet(sim / "steps.parquet")
+    assert s.duration_s.sum() == pytest.approx(steps.wall_s.sum(), rel=0.02)
+    assert len(s) == pytest.approx(len(steps), rel=0.02)
+    # both sides take the same tokens, to the token
+    assert s.decode_tokens.sum() == steps.decode_seqs.sum() and s.prefill_tokens.sum() == steps.prefill_tokens.sum()
+    real_batch = steps.decode_seqs[steps.decode_seqs > 0].mean()
+    assert s.decode_tokens[s.decode_tokens > 0].mean() == pytest.approx(real_batch, rel=0.02)
+
+
+def test_the_replay_meets_the_engine_clock_like_for_like(replay):
+    _, _, _, _, sim = replay
+    t = pd.read_parquet(sim / "turns.parquet")
+    ok = t[t.status == "ok"]
+    # every simulated turn has vLLM's QUEUED event, at or after its arrival at the engine (after the front end)
+    assert ok.engine_queued_s.notna().all() and (ok.engine_queued_s >= ok.start_s).all()
+    assert (ok.engine_scheduled_s >= ok.engine_queued_s).all() and (ok.first_token_s > ok.engine_scheduled_s).all()
+    rows = fd.engine_request_rows(RUN, sim)
+    assert rows["engine_requests"]["real"] == 384
+    for k in ("engine_ttft_mean_s", "engine_e2e_mean_s", "engine_itl_mean_s"):
+        assert rows[k]["sim_queued"] and fd.origin(k, rows[k]["sim_queued"]) != fd.ORIGIN_ENGINE_ARRIVAL
+        assert rows[k]["sim"] == pytest.approx(rows[k]["real"], rel=0.03), k
