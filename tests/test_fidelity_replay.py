@@ -70,3 +70,41 @@ def test_the_replay_meets_the_engine_clock_like_for_like(replay):
     for k in ("engine_ttft_mean_s", "engine_e2e_mean_s", "engine_itl_mean_s"):
         assert rows[k]["sim_queued"] and fd.origin(k, rows[k]["sim_queued"]) != fd.ORIGIN_ENGINE_ARRIVAL
         assert rows[k]["sim"] == pytest.approx(rows[k]["real"], rel=0.03), k
+
+
+def test_the_slow_period_figure_by_hand():
+    """Three windows of 1 s of busy time: steps of 0.45 s priced 0.45 s, then one of 0.9 s priced 0.45 s (the
+    machine at half speed), then two more at speed. Window ratios 1, 2, 1 with busy time 0.9 s each and 2, 1, 2
+    steps: busy-weighted 4/3, step-weighted 6/5, figure 10/9."""
+    steps = pd.DataFrame({"instance": "i0", "t0": [0.0, 1.0, 2.0, 3.0, 4.0], "wall_s": [0.45, 0.45, 0.9, 0.45, 0.45]})
+    f = st.slow_periods(steps, np.full(5, 0.45), window_s=1.0)
+    assert f["windows"] == 3
+    assert f["busy_weighted"] == pytest.approx(4 / 3) and f["step_weighted"] == pytest.approx(6 / 5)
+    assert f["figure"] == pytest.approx(10 / 9)
+    # the machine's speed constant (every step 1.5 x its price): no slow period, the figure is 1
+    assert st.slow_periods(steps.assign(wall_s=steps.wall_s * 1.5), steps.wall_s.to_numpy(), 1.0)["figure"] == \
+        pytest.approx(1.0)
+
+
+def test_the_protocol_accepts_the_shipped_log_and_refuses_correlated_slow_periods():
+    """The shipped calibration (1.030: under the 1.10 bound) is accepted on this figure; the same log with the
+    machine at half speed for the first 60 of every 200 steps (a second CPU-bound job by turns) is refused, the
+    refusal naming the figure and its bound. Independent noise of the same size is not a slow period: it passes."""
+    from harness.tools import protocol as pr
+    steps, _ = st.load_step_times(RUN, skip_steps=8)
+    model = ModelConfig(**load_run_config(RUN)["model"])
+    base = load_profile("cpu")
+    quiet = st.slow_period_figure(steps, base, model)["figure"]
+    assert 1.0 <= quiet < st.MAX_SLOW_PERIODS
+    assert pr.contention_problem({"ncpu": 2, "run": "calibration", "slow_periods": quiet}) == ""
+    slow = steps.copy()
+    w = slow.wall_s.to_numpy().copy()
+    for start in range(0, len(w), 200):
+        w[start:start + 60] *= 2.0
+    slow["wall_s"] = w
+    fig = st.slow_period_figure(slow, base, model)["figure"]
+    why = pr.contention_problem({"ncpu": 2, "run": "calibration", "slow_periods": fig})
+    assert fig > st.MAX_SLOW_PERIODS and why.startswith("slow-period figure") and "bound 1.10" in why
+    rng = np.random.default_rng(0)
+    iid = steps.assign(wall_s=steps.wall_s * np.exp(0.3 * rng.standard_normal(len(steps))))
+    assert st.slow_period_figure(iid, base, model)["figure"] < st.MAX_SLOW_PERIODS

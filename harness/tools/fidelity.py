@@ -450,7 +450,7 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
              repeats: int = pr.MIN_REPEATS, skip_steps: int = 8, max_load_per_cpu: float = pr.MAX_LOAD_BEFORE_PER_CPU,
              max_dispersion: float = pr.MAX_DISPERSION, launch: Optional[Callable] = None,
              max_load_after_per_cpu: float = pr.MAX_LOAD_AFTER_PER_CPU, settle_s: float = pr.SETTLE_S,
-             objective: str = "sum") -> dict:
+             objective: str = "sum", max_slow_periods: float = pr.MAX_SLOW_PERIODS) -> dict:
     """Calibrate, fit per step, then replay the held-out workload ``repeats`` times back to back (module docstring).
 
     The fit is made under every objective of ``harness.tools.steps.OBJECTIVES`` (a modelling choice: relative
@@ -490,7 +490,8 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
     out.mkdir(parents=True, exist_ok=True)
     summary: dict = {"bounds": {"loadavg_1min_per_cpu_before": max_load_per_cpu,
                                 "loadavg_1min_per_cpu_after": max_load_after_per_cpu, "settle_s": settle_s,
-                                "decode_dispersion": max_dispersion, "min_repeats": pr.MIN_REPEATS},
+                                "decode_dispersion": max_dispersion, "slow_periods": max_slow_periods,
+                                "min_repeats": pr.MIN_REPEATS},
                      "runs": {}, "calibration_overrides": list(calibration), "heldout_overrides": list(heldout),
                      "repeats": repeats, "deciding_targets": pr.DECIDING, "shown_targets": pr.SHOWN, "anchors": ANCHORS}
 
@@ -503,7 +504,7 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
         fig = {"run": name, "ncpu": before["ncpu"], "loadavg_before": before["loadavg"][0]}
         summary["runs"][name] = {"before": before, "figures": fig, "settle_wait_s": round(waited, 1)}
         save()
-        why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu)
+        why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu, max_slow_periods)
         if not why:
             try:
                 launch(overrides, out / name)
@@ -513,10 +514,14 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
                 raise
             after = pr.machine_state()
             steps, d, n = pr.run_steps(out / name, skip_steps)
-            fig.update(loadavg_after=after["loadavg"][0], step_dispersion=d, dispersion_steps=n)
+            slow = st.slow_period_figure(steps, base, ModelConfig(**load_run_config(out / name)["model"]))
+            fig.update(loadavg_after=after["loadavg"][0], step_dispersion=d, dispersion_steps=n,
+                       slow_periods=slow["figure"])
+            summary["runs"][name]["slow_periods"] = slow
             summary["runs"][name]["after"] = after
             summary["runs"][name]["steal_share"] = pr.steal_share(before.get("cpu_jiffies"), after.get("cpu_jiffies"))
-            why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu)
+            why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu,
+                                        max_slow_periods)
         if why:
             summary["refused"] = why
             save()
@@ -601,6 +606,10 @@ def protocol_main(argv: Sequence[str]) -> int:
                          "(default %(default)s)")
     ap.add_argument("--max-dispersion", type=float, default=pr.MAX_DISPERSION,
                     help="bound of a run's decode step-time dispersion (IQR / median within a composition)")
+    ap.add_argument("--max-slow-periods", type=float, default=pr.MAX_SLOW_PERIODS,
+                    help="bound of a run's slow-period figure (busy-time-weighted over step-weighted speed ratio of "
+                         f"{st.SLOW_WINDOW_S:g} s windows against its own in-sample fit; correlated machine noise; "
+                         "default %(default)s)")
     ap.add_argument("--objective", choices=st.OBJECTIVES, default="sum",
                     help="the per-step fit's objective whose verdicts set the exit status (every objective is fitted "
                          "and judged on the same runs, and the verdicts that depend on it are named; default "
@@ -618,7 +627,7 @@ def protocol_main(argv: Sequence[str]) -> int:
                 raise ValueError(f"{what}: {e}") from None
         s = protocol(a.out, a.profile, a.heldout, a.calibration, a.repeats, a.skip_steps, a.max_load_per_cpu,
                      a.max_dispersion, max_load_after_per_cpu=a.max_load_after_per_cpu, settle_s=a.settle_s,
-                     objective=a.objective)
+                     objective=a.objective, max_slow_periods=a.max_slow_periods)
     except (FileNotFoundError, ValueError) as e:   # st.Contended is a ValueError: a refusal, with its figures
         refused = isinstance(e, st.Contended)
         print(f"refused: {e} (figures in {a.out / 'protocol.json'})" if refused else f"error: {e}", file=sys.stderr)

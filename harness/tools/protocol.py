@@ -66,6 +66,7 @@ MAX_LOAD_BEFORE_PER_CPU = 0.35   # the idle machine, settled (module docstring)
 MAX_LOAD_AFTER_PER_CPU = 1.5     # the run's own load included (module docstring)
 MAX_LOAD_PER_CPU = MAX_LOAD_BEFORE_PER_CPU
 MAX_DISPERSION = st.MAX_DISPERSION
+MAX_SLOW_PERIODS = st.MAX_SLOW_PERIODS   # the slow-period figure's bound (harness.tools.steps.slow_periods)
 SETTLE_S = 180.0                 # the longest wait for the load average to settle before a run, s
 SETTLE_POLL_S = 5.0              # os.getloadavg's own update period, s
 # the field's targets (harness.tools.fidelity.TARGETS), per clock: these decide
@@ -87,19 +88,24 @@ def clock(metric: str) -> str:
 
 def contention_problem(figures: dict, max_load_per_cpu: float = MAX_LOAD_BEFORE_PER_CPU,
                        max_dispersion: float = MAX_DISPERSION,
-                       max_load_after_per_cpu: float = MAX_LOAD_AFTER_PER_CPU) -> str:
+                       max_load_after_per_cpu: float = MAX_LOAD_AFTER_PER_CPU,
+                       max_slow_periods: float = MAX_SLOW_PERIODS) -> str:
     """Why one real run's figures show a contended machine, or ``""``.
 
     Args:
         figures: ``ncpu`` (the machine's CPUs); any of ``loadavg_before``, ``loadavg_after`` (1-minute load
             average just before / after the run); ``step_dispersion`` (IQR / median of decode-step times within a
-            composition, a fraction) with ``dispersion_steps`` (the steps it rests on). A figure left out is not
+            composition, a fraction) with ``dispersion_steps`` (the steps it rests on); ``slow_periods`` (the
+            busy-time-weighted over step-weighted window speed ratio, ``harness.tools.steps.slow_periods``, against
+            the run's own in-sample fit: correlated slow periods of the machine). A figure left out (or NaN, for
+            ``slow_periods``) is not
             checked (before a run only its ``loadavg_before`` exists); ``run`` names the run in the message.
         max_load_per_cpu: bound of the load average before a run, per CPU. max_dispersion: bound of the
             dispersion. max_load_after_per_cpu: bound of the load average after a run (its own load included),
-            per CPU.
+            per CPU. max_slow_periods: bound of ``slow_periods``.
 
-    Returns the first figure over its bound, with its value and the bound (load before, load after, dispersion);
+    Returns the first figure over its bound, with its value and the bound (load before, load after, dispersion,
+    slow periods);
     a ``step_dispersion`` that is NaN (no composition was seen 3 times: the run's quietness cannot be shown) is a
     problem too.
     """
@@ -119,6 +125,11 @@ def contention_problem(figures: dict, max_load_per_cpu: float = MAX_LOAD_BEFORE_
         if d > max_dispersion:
             return (f"decode step-time dispersion {d:.1%} of {run} (IQR / median within a composition, {n} steps) "
                     f"> bound {max_dispersion:.0%}: the machine was contended; rerun on a quiet machine")
+    v = figures.get("slow_periods")
+    if v is not None and math.isfinite(v) and v > max_slow_periods:
+        return (f"slow-period figure {v:.3f} of {run} (busy-time-weighted over step-weighted speed ratio of "
+                f"{st.SLOW_WINDOW_S:g} s windows against its own in-sample fit) > bound {max_slow_periods:.2f}: the "
+                f"machine was slow for periods (correlated noise); rerun on a quiet machine")
     return ""
 
 

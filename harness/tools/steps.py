@@ -244,6 +244,55 @@ def contention(run_dir: Path, steps: pd.DataFrame, meta: dict, max_load_per_cpu:
     return fig
 
 
+# ---- correlated noise: slow periods ----------------------------------------------------------------------------
+
+SLOW_WINDOW_S = 0.5       # the slow-period figure's window, s of busy time (logged step time)
+# bound of the slow-period figure (docs/fidelity_cpu.md "A validity figure that sees slow periods"): the shipped
+# calibration (docs/data/twin_cpu/calibration) reads 1.030; the same log with every 200 steps' first 60 at half speed
+# 1.144, at 2/3 speed 1.070; independent log-normal noise of sigma 0.3 on every step 1.049
+MAX_SLOW_PERIODS = 1.10
+
+
+def slow_periods(steps: pd.DataFrame, model_s: np.ndarray, window_s: float = SLOW_WINDOW_S) -> dict:
+    """A within-run validity figure that sees correlated (slow) machine noise, which the dispersion (the size of the
+    noise) does not: the logged steps of each instance in time order are cut into windows of ``window_s`` s of busy
+    time (their summed ``wall_s``); each window's speed ratio is ``R = sum(wall) / sum(model)`` (``model_s``: the
+    step model's times of the same steps, s, e.g. the run's own in-sample fit); the figure is the busy-time-weighted
+    mean of ``R`` over the step-weighted mean of ``R`` (issue 49). A machine slowed for a while makes its windows
+    slower and fewer-stepped at once, so busy time weighs them more than steps do: the figure rises above 1; noise
+    that is independent from step to step averages out within a window and leaves it near 1, and so does a constant
+    speed. Returns ``{"figure", "busy_weighted", "step_weighted", "windows"}`` (NaN with fewer than 2 windows)."""
+    R, B, N = [], [], []
+    for _, idx in steps.groupby("instance").groups.items():
+        g = steps.loc[idx].sort_values("t0")
+        w = g.wall_s.to_numpy(float)
+        m = np.asarray(model_s)[steps.index.get_indexer(g.index)]
+        win = (np.cumsum(w) // window_s).astype(int)
+        bw, bm, bn = np.bincount(win, w), np.bincount(win, m), np.bincount(win)
+        ok = (bn > 0) & (bm > 0)
+        R += list(bw[ok] / bm[ok])
+        B += list(bw[ok])
+        N += list(bn[ok])
+    if len(R) < 2:
+        return {"figure": math.nan, "busy_weighted": math.nan, "step_weighted": math.nan, "windows": len(R)}
+    R, B, N = (np.asarray(x, float) for x in (R, B, N))
+    bwm, swm = float((B * R).sum() / B.sum()), float((N * R).sum() / N.sum())
+    return {"figure": bwm / swm, "busy_weighted": bwm, "step_weighted": swm, "windows": int(len(R))}
+
+
+def slow_period_figure(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig,
+                       window_s: float = SLOW_WINDOW_S) -> dict:
+    """:func:`slow_periods` against the run's own in-sample per-step fit (:func:`fit_steps`, objective ``sum``):
+    the figure judges the machine's time structure, not another run's prices. NaN figure when the run has too few
+    steps to fit."""
+    try:
+        fit = fit_steps(steps.reset_index(drop=True), base, model, objective="sum")
+    except ValueError:
+        return {"figure": math.nan, "busy_weighted": math.nan, "step_weighted": math.nan, "windows": 0}
+    st_ = steps.reset_index(drop=True)
+    return slow_periods(st_, replay(st_, PerfModel(fit["hw"], model)), window_s)
+
+
 # ---- the fit -------------------------------------------------------------------------------------------
 
 TERMS = ("step_overhead_s", "decode_seq_s", "kv_token_s", "prefill_token_s", "attention_pair_s",
