@@ -65,3 +65,35 @@ def test_the_api_front_end_delays_the_arrival_at_the_engine(tmp_path):
     # an idle engine: queued and scheduled the moment the front end hands it over
     assert job.engine_queued_s == job.engine_scheduled_s == pytest.approx(0.255)
     assert job.first_token_s > job.engine_scheduled_s
+
+
+def test_the_busy_timeline_terms_lengthen_the_steps_they_name():
+    """``between_step_s`` is added to every step (a decode step and a prefill step alike); ``after_idle_s[k]`` to the
+    first step after an idle gap in band k (``AFTER_IDLE_BANDS_S``: 30 ms is in [10 ms, 50 ms), 0.2 s in
+    [50 ms, 0.5 s)), not to a step that follows another at once."""
+    from harness.core.profiles import AFTER_IDLE_BANDS_S
+    assert AFTER_IDLE_BANDS_S[:2] == (0.01, 0.05)
+    base = load_profile("cpu")
+    plain, timed = PerfModel(base, TINY), PerfModel(dataclasses.replace(base, between_step_s=1.5e-4), TINY)
+    assert timed.decode_step(3, 900).time_s - plain.decode_step(3, 900).time_s == pytest.approx(1.5e-4)
+    assert timed.step(100, 5050.0, 0, 1, 2, 600).time_s - plain.step(100, 5050.0, 0, 1, 2, 600).time_s == \
+        pytest.approx(1.5e-4)
+
+    def first_step_after(gap_s, after):
+        clock = SimClock()
+        hw = dataclasses.replace(base, after_idle_s=after)
+        eng = Engine(0, "e0", clock, PerfModel(hw, TINY), EngineConfig(block_size=16), 10_000, lambda r, w: None)
+        a, b = req("a"), req("b")
+        clock.call_at(0.0, eng.submit, a)
+        clock.run(60.0, 10**6)
+        clock.call_at(a.finish_s + gap_s, eng.submit, b)
+        clock.run(120.0, 10**6)
+        return b.first_token_s - b.scheduled_s, a.token_times[2] - a.token_times[1]
+
+    ref, ref_dec = first_step_after(0.03, [])
+    t, dec = first_step_after(0.03, [1e-3, 2e-3])
+    assert t - ref == pytest.approx(1e-3) and dec == pytest.approx(ref_dec)   # a busy decode step: no extra
+    t, _ = first_step_after(0.2, [1e-3, 2e-3])
+    assert t - ref == pytest.approx(2e-3)
+    t, _ = first_step_after(0.005, [1e-3, 2e-3])     # under the first band
+    assert t == pytest.approx(ref)

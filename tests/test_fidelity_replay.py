@@ -1,10 +1,13 @@
 """The shipped real step log replayed in sample on the simulator, like for like (issue 49): the per-step fit of
 ``docs/data/twin_cpu/calibration`` under the deciding, sum-preserving objective (``harness.tools.steps`` "sum", with
-the decode-start term and the API front end net of the in-flight residual: what ``calibrate --from-steps`` writes by
-default) replays that run's own workload on the simulator (``harness.tools.fidelity.simulate_run``). The expected
-values are the real log's own (its steps, its spans), independent of the simulator; the bounds are the issue's:
-summed busy time within 2 %, step count and mean decode batch within 2 %, engine TTFT / E2E / ITL means within 3 %,
-the engine rows counted from vLLM's ``queued_ts`` on both sides (``turns.parquet`` ``engine_queued_s``)."""
+the decode-start term and the API front end net of the in-flight residual) replays that run's own workload on the
+simulator (``harness.tools.fidelity.simulate_run``), once without the busy-timeline terms (``busy_timeline=False``,
+``calibrate --no-busy-timeline``) and once with them (the between-step term, 0.152 ms; no after-idle band identified
+on this run: what ``calibrate --from-steps`` writes by default). The expected values are the real log's own (its
+steps, its spans), independent of the simulator; the bounds are the issue's: summed busy time within 2 %, step count
+and mean decode batch within 2 %, engine TTFT / E2E / ITL means within 3 %, the engine rows counted from vLLM's
+``queued_ts`` on both sides (``turns.parquet`` ``engine_queued_s``). With the between-step term the step count is
+2.1 % short (1,645 against 1,680): stated as a strict expected failure, not loosened."""
 
 from __future__ import annotations
 
@@ -21,15 +24,60 @@ from harness.tools.inputs import load_profile, load_run_config
 RUN = PROJECT_ROOT / "docs" / "data" / "twin_cpu" / "calibration"
 
 
-@pytest.fixture(scope="module")
-def replay(tmp_path_factory):
+def _replay(tmp_path_factory, busy_timeline):
     steps, _ = st.load_step_times(RUN, skip_steps=8)
     model = ModelConfig(**load_run_config(RUN)["model"])
-    fit = st.fit_steps(steps, load_profile("cpu"), model, objective="sum")
+    fit = st.fit_steps(steps, load_profile("cpu"), model, objective="sum", busy_timeline=busy_timeline)
     fe = st.api_frontend(RUN, steps)
     hw = st.with_frontend(fit["hw"], fe)
     sim = fd.simulate_run(RUN, hw, tmp_path_factory.mktemp("replay") / "sim")
     return steps, fit, fe, hw, sim
+
+
+@pytest.fixture(scope="module")
+def replay(tmp_path_factory):
+    return _replay(tmp_path_factory, False)
+
+
+@pytest.fixture(scope="module")
+def replay_busy(tmp_path_factory):
+    return _replay(tmp_path_factory, True)
+
+
+def busy_figures(steps, hw, sim) -> dict:
+    """sim / real - 1 of the summed busy time (the logged steps' wall_s plus their between-step gaps <= 1 ms, against
+    the simulated steps' durations, which hold the between-step term), the step count and the mean decode batch."""
+    s = pd.read_parquet(sim / "steps.parquet")
+    gap = steps.idle_s.to_numpy(float)
+    real_busy = steps.wall_s.sum() + (np.nansum(np.where((gap >= 0) & (gap <= st.BUSY_GAP_S), gap, 0.0))
+                                      if hw.between_step_s else 0.0)
+    return {"busy": s.duration_s.sum() / real_busy - 1, "steps": len(s) / len(steps) - 1,
+            "batch": s.decode_tokens[s.decode_tokens > 0].mean() / steps.decode_seqs[steps.decode_seqs > 0].mean() - 1}
+
+
+def test_with_the_busy_timeline_terms(replay_busy):
+    """The between-step term fitted from the log's gaps (median of the gaps <= 1 ms: 0.1517 ms over 1,613 gaps);
+    the after-idle bands not identified on this closed-loop calibration (16 / 18 / 1 / 2 steps after a gap in the
+    bands, estimates +5.0 ms (rel. SE 96 %) and -0.85 ms: fixed at 0, said); the replay within the issue's bounds
+    but for the step count."""
+    steps, fit, _, hw, sim = replay_busy
+    gap = steps.idle_s.to_numpy(float)
+    g = gap[(gap >= 0) & (gap <= st.BUSY_GAP_S)]
+    assert hw.between_step_s == pytest.approx(np.median(g)) and fit["terms"]["between_step_s"]["status"] == "fitted"
+    assert hw.after_idle_s == [] and all(v["status"].startswith("fixed at prior: not fitted")
+                                         for k, v in fit["terms"].items() if k.startswith("after_idle_s"))
+    f = busy_figures(steps, hw, sim)
+    assert abs(f["busy"]) <= 0.02 and abs(f["batch"]) <= 0.02
+    rows = fd.engine_request_rows(RUN, sim)
+    for k in ("engine_ttft_mean_s", "engine_e2e_mean_s", "engine_itl_mean_s"):
+        assert rows[k]["sim"] == pytest.approx(rows[k]["real"], rel=0.03), k
+
+
+@pytest.mark.xfail(strict=True, reason="with the between-step term the in-sample replay forms 1,645 steps against the "
+                                       "log's 1,680 (-2.1 %): just outside the issue's 2 % (docs/fidelity_cpu.md)")
+def test_with_the_busy_timeline_terms_the_step_count(replay_busy):
+    steps, _, _, hw, sim = replay_busy
+    assert abs(busy_figures(steps, hw, sim)["steps"]) <= 0.02
 
 
 def test_the_sum_objective_prices_the_logged_steps_at_their_summed_time(replay):

@@ -243,6 +243,7 @@ def test_the_twin_profile_reproduces_from_its_shipped_calibration(tmp_path, caps
     from harness.tools.inputs import HW_FIELDS
     run = PROJECT_ROOT / "docs" / "data" / "twin_cpu" / "calibration"
     args = [str(run), "--from-steps", "--objective", "relative", "--no-decode-start", "--no-frontend",
+            "--no-busy-timeline",
             "--out", str(tmp_path / "cpu_fitted.yaml")]
     assert calibrate.main(args) == 2
     assert "dispersion" in capsys.readouterr().err and not (tmp_path / "cpu_fitted.yaml").exists()

@@ -217,6 +217,9 @@ class Engine:
         self.step_log = None            # a harness.sim.steps.StepLog when steps are recorded (logger.steps)
         self._arrived: list[Request] = []   # submitted since the last step boundary (_stamp_queued)
         self._begin_s = -math.inf       # when the last step began, s
+        self._end_s = -math.inf         # when the last step ended, s
+        # the after-idle term (HardwareConfig.after_idle_s, harness.sim.perf.PerfModel.after_idle), where priced
+        self._after_idle = perf.after_idle if any(getattr(perf, "after_idle_s", ())) else None
         self._inp = StepInput(0.0, self.running, self.waiting, cfg.max_num_batched_tokens, 0,
                               self.watermark_blocks, capacity_blocks, self.bs, cfg.max_num_seqs,
                               cfg.max_prefill_chunk_tokens, self._hit_blocks, 0)
@@ -568,6 +571,8 @@ class Engine:
         else:
             ends = self._plan_decode_run(decode, 1 if preempted or not plan.repeatable else None)
             exact = False
+        if self._after_idle is not None:
+            ends = self._after_idle_ends(ends, now, exact)
         self._run_start = now
         self._run_ends = ends
         self._run_prefill, self._run_decode = prefill, decode
@@ -580,6 +585,16 @@ class Engine:
             and n_admit == len(plan.admit) else None
         self._version += 1
         self.clock.call_at(ends[-1] if exact else now + ends[-1], self._step_end, self._version, priority=_ENGINE)
+
+    def _after_idle_ends(self, ends: list[float], now: float, exact: bool) -> list[float]:
+        """The run's step ends with its first step lengthened by the after-idle term of the idle time since the
+        previous step ended (``PerfModel.after_idle``, s; at idle power: its energy is not the step's)."""
+        extra = self._after_idle(now - self._end_s)
+        if not extra:
+            return ends
+        if exact:
+            self._run_durs[0] += extra
+        return [e + extra for e in ends]
 
     def _plan_decode_run(self, decode: list[Request], max_steps: Optional[int] = None,
                          exact_from: Optional[float] = None) -> list[float]:
@@ -652,6 +667,7 @@ class Engine:
             return
         self.events += 1
         now = self.clock.now()
+        self._end_s = now
         k = len(self._run_ends)
         if self.step_log is not None:
             self.step_log.record(self)

@@ -687,6 +687,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-decode-start", action="store_true",
                     help="--from-steps: leave the per-request decode-start term (decode_start_s) out of the fit, "
                          "as fits before issue 33 added it (conf/hardware/cpu_fitted*.yaml)")
+    ap.add_argument("--no-busy-timeline", dest="busy_timeline", action="store_false",
+                    help="--from-steps: leave the between-step and after-idle terms (between_step_s, after_idle_s) at "
+                         "--base's values, as fits before issue 49 (by default both are fitted from the log's gaps)")
     ap.add_argument("--no-frontend", dest="frontend", action="store_false",
                     help="--from-steps: leave api_frontend_s at 0 (no API front end in the profile; by default it is "
                          "fitted from the spans, net of the in-flight residual, where the run has them)")
@@ -734,7 +737,7 @@ def _main_from_steps(a) -> int:
         steps, meta = st.load_step_times(a.run_dir, skip_steps=8)
         fig = st.contention(a.run_dir, steps, meta, check=not a.no_check)
         res = st.fit_steps(steps, base, model, rel_se_bound=a.rel_se_bound, objective=a.objective,
-                           decode_start=not a.no_decode_start)
+                           decode_start=not a.no_decode_start, busy_timeline=a.busy_timeline)
     except st.Contended as e:
         print(f"refused: {e}", file=sys.stderr)
         return 2

@@ -44,7 +44,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from harness.core.profiles import HardwareConfig, ModelConfig, rescale_peaks
+from harness.core.profiles import AFTER_IDLE_BANDS_S, HardwareConfig, ModelConfig, rescale_peaks
 from harness.sim.perf import PerfModel, REF_KV_HEADS
 
 STEP_FIELDS = ["instance", "step", "t0", "t_end", "wall_s", "idle_s", "decode_seqs", "decode_ctx", "first_decodes",
@@ -116,7 +116,9 @@ def composition_row(inst: str, d: dict) -> tuple:
 def replay(steps: pd.DataFrame, perf: PerfModel) -> np.ndarray:
     """The step model's time of every step row (s): ``decode_step`` for decode-only steps, else ``step`` with
     the per-prefill arguments, and the step's first decodes when ``perf`` prices them (``has_decode_start``), as
-    ``harness.sim.engine`` charges them."""
+    ``harness.sim.engine`` charges them; plus the after-idle term of the logged gap before the step
+    (``PerfModel.after_idle``; the first logged step counts as after a long idle, as the engine's first step does),
+    less the between-step term (``between_step_s``: outside the logged ``wall_s``)."""
     out = np.empty(len(steps))
     cols = [steps[c].to_numpy() for c in ("decode_seqs", "decode_ctx", "prefill_tokens", "prefill_ctx",
                                           "prefill_pairs", "prefill_samples", "prefill_seqs", "prefill_cached")]
@@ -127,7 +129,9 @@ def replay(steps: pd.DataFrame, perf: PerfModel) -> np.ndarray:
         else:
             out[i] = perf.step(int(n), float(pairs), int(p), int(samp), int(b), int(ctx), int(seqs), int(cached),
                                *((int(f),) if f else ())).time_s
-    return out
+    if any(getattr(perf, "after_idle_s", ())):
+        out += [perf.after_idle(x if math.isfinite(x) else math.inf) for x in steps.idle_s.to_numpy(float)]
+    return out - getattr(perf, "between_step_s", 0.0)
 
 
 def regimes(steps: pd.DataFrame) -> dict[str, pd.Series]:
@@ -389,10 +393,15 @@ def _wls(X: np.ndarray, y: np.ndarray, offset: np.ndarray, objective: str = "rel
 
 
 def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel_se_bound: float = REL_SE_BOUND,
-              outlier_mads: float = 8.0, objective: str = "relative", decode_start: bool = True) -> dict:
+              outlier_mads: float = 8.0, objective: str = "relative", decode_start: bool = True,
+              busy_timeline: bool = True) -> dict:
     """Fit :data:`TERMS` to the real step times (module docstring), under ``objective`` (:data:`OBJECTIVES`).
     ``decode_start=False`` leaves ``decode_start_s`` out of the fit (the base's value is kept and
     the term is not listed: the fit as it was before issue 33 added the term, ``calibrate --no-decode-start``).
+    ``busy_timeline`` (default): also the between-step and after-idle terms (:func:`fit_busy_timeline`, listed with
+    the terms; under the ``sum`` objective the intercept then gives back the after-idle time, so the summed time of
+    the logged steps stays the real one); ``False``: both kept at the base's values (the fit before issue 49,
+    ``calibrate --no-busy-timeline``).
     Returns ``{"terms": {name: {"value", "se", "rel_se", "status": "fitted" | "fixed at prior: <why>",
     "prior"}}, "hw": the profile (:func:`profile_from_terms`), "n_steps", "dropped_outliers", "rel_se_bound",
     "objective", "base_peaks" (the base's ``peak_flops`` and ``mem_bandwidth_bytes_per_s``),
@@ -458,6 +467,17 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
             k = free.index(j)
             terms[name] = {"value": float(beta[k]), "se": float(se[k]), "rel_se": float(se[k] / beta[k]),
                            "prior": prior[name], "status": "fitted"}
+    if busy_timeline:
+        wall_only = dataclasses.replace(base, between_step_s=0.0, after_idle_s=[])
+        hw0 = profile_from_terms(wall_only, model, {k: v["value"] for k, v in terms.items()}, "")
+        bt = fit_busy_timeline(steps, replay(steps, PerfModel(hw0, model)), rel_se_bound)
+        if objective == "sum" and bt["after_idle_s"] and "fitted" == terms["step_overhead_s"]["status"]:
+            extra = sum(PerfModel(dataclasses.replace(hw0, after_idle_s=bt["after_idle_s"]), model).after_idle(
+                x if math.isfinite(x) else math.inf) for x in steps.idle_s.to_numpy(float))
+            terms["step_overhead_s"]["value"] -= extra / len(y)
+            sum_shift -= extra / len(y)
+        terms.update(bt["terms"])
+        base = dataclasses.replace(base, between_step_s=bt["between_step_s"], after_idle_s=bt["after_idle_s"])
     src = (f"fitted by harness.tools.calibrate --from-steps (per-step least squares, objective {objective}); "
            + "; ".join(f"{k} {v['status']}" for k, v in terms.items()))
     hw = profile_from_terms(base, model, {k: v["value"] for k, v in terms.items()}, src)
@@ -466,6 +486,61 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
             "rel_se_bound": rel_se_bound, "objective": objective, "sum_shift_s": sum_shift,
             "base_peaks": {"peak_flops": base.peak_flops, "mem_bandwidth_bytes_per_s": base.mem_bandwidth_bytes_per_s},
             "residual_median_abs": float(np.median(np.abs(rel_res)))}
+
+
+def fit_busy_timeline(steps: pd.DataFrame, model_s: np.ndarray, rel_se_bound: float = REL_SE_BOUND) -> dict:
+    """The two costs of the busy timeline outside the logged steps' ``wall_s`` (issue 49), from the step log's own
+    gaps (``idle_s``: a step's ``t0`` minus the previous step's ``t_end``):
+
+    * ``between_step_s``: the engine core's time between ``update_from_output`` and the next ``schedule()``, the
+      median of the gaps in [0, :data:`BUSY_GAP_S`] (the engine had work), with the median's standard error
+      ``1.2533 sigma / sqrt(n)``;
+    * ``after_idle_s``: per idle band (``harness.core.profiles.AFTER_IDLE_BANDS_S``), the mean residual ``wall -
+      model_s`` of the steps after a gap in that band minus the busy steps' (gap <= :data:`BUSY_GAP_S`), with the
+      standard error of the difference; fixed at 0 ("not fitted: ...") with fewer than 3 steps, a non-positive
+      estimate or a relative standard error above ``rel_se_bound``; trailing unfitted bands dropped.
+
+    ``model_s``: the step model's times of the steps without either term (s). Returns ``{"between_step_s",
+    "after_idle_s" (list), "terms": {name: {"value", "se", "rel_se", "status", "n"}}}``."""
+    gap = steps.idle_s.to_numpy(float)
+    busy = np.isfinite(gap) & (gap >= 0) & (gap <= BUSY_GAP_S)
+    terms: dict = {}
+    g = gap[busy]
+    if len(g) >= 3:
+        bs = float(np.median(g))
+        se = float(1.2533 * g.std(ddof=1) / math.sqrt(len(g)))
+        terms["between_step_s"] = {"value": bs, "se": se, "rel_se": se / bs if bs > 0 else math.nan,
+                                   "status": "fitted" if bs > 0 else "fixed at prior: median 0", "n": int(len(g))}
+    else:
+        bs = 0.0
+        terms["between_step_s"] = {"value": 0.0, "se": math.nan, "rel_se": math.nan, "n": int(len(g)),
+                                   "status": "fixed at prior: not fitted: fewer than 3 gaps <= 1 ms"}
+    r = steps.wall_s.to_numpy(float) - np.asarray(model_s)
+    rb = r[busy]
+    edges = list(AFTER_IDLE_BANDS_S) + [math.inf]
+    after = []
+    gi = np.where(np.isfinite(gap), gap, math.inf)     # the first logged step: after the server's idle start
+    for k in range(len(AFTER_IDLE_BANDS_S)):
+        m = (gi >= edges[k]) & (gi < edges[k + 1])
+        name = f"after_idle_s[{edges[k]:g}-{edges[k + 1]:g} s]"
+        rk = r[m]
+        if len(rk) < 3 or len(rb) < 3:
+            terms[name] = {"value": 0.0, "se": math.nan, "rel_se": math.nan, "n": int(len(rk)),
+                           "status": f"fixed at prior: not fitted: {len(rk)} steps after such a gap (< 3)"}
+            after.append(0.0)
+            continue
+        v = float(rk.mean() - rb.mean())
+        se = float(math.sqrt(rk.var(ddof=1) / len(rk) + rb.var(ddof=1) / len(rb)))
+        rel = se / v if v > 0 else math.inf
+        ok = v > 0 and rel <= rel_se_bound
+        terms[name] = {"value": v if ok else 0.0, "se": se, "rel_se": rel if v > 0 else math.nan, "n": int(len(rk)),
+                       "status": "fitted" if ok else (f"fixed at prior: not fitted: estimate {v:.3g} s not positive"
+                                                      if v <= 0 else f"fixed at prior: not fitted: relative standard "
+                                                      f"error {rel:.0%} > {rel_se_bound:.0%}"), "estimate": v}
+        after.append(v if ok else 0.0)
+    while after and after[-1] == 0.0:
+        after.pop()
+    return {"between_step_s": bs, "after_idle_s": after, "terms": terms}
 
 
 def decode_start_excess(steps: pd.DataFrame, model_s: np.ndarray) -> dict:
