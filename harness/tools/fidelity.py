@@ -5,7 +5,8 @@ with ``backend=sim`` and the hardware profile under test) on the simulator and c
 metric by metric: mean and p50/p90/p99 of TTFT, TPOT, ITL, E2E and TTFET; request and output-token
 throughput; the KV-usage time series; preemptions; energy where the real run measured it; and the
 engine-side (``/metrics``) means where the real run wrote ``server_metrics.json``. The error of a metric
-is ``sim / real - 1``. The verdict checks the fidelity targets: mean E2E and mean TPOT within 15 %,
+is ``sim / real - 1``; every row names the origin its times count from on each side (``origin``): the engine rows
+from vLLM's ``queued_ts`` on both sides (the simulator's ``engine_queued_s``; issue 49, one clock). The verdict checks the fidelity targets: mean E2E and mean TPOT within 15 %,
 mean TTFT within 25 % (anchors from the literature: BLIS 6.7 % median E2E and 17.6 % TTFT error; Vidur
 < 9 % (arXiv 2405.05465); LLMServingSim 2.2 % E2E).
 
@@ -583,6 +584,7 @@ def protocol_main(argv: Sequence[str]) -> int:
         epilog=f"Bounds: 1-minute load average before each real run (after waiting up to --settle-s for it to settle) "
                f"<= --max-load-per-cpu x the machine's CPUs, after it (its own load included) <= "
                f"--max-load-after-per-cpu x the CPUs; each run's decode step-time dispersion <= --max-dispersion; "
+               f"each run's slow-period figure <= --max-slow-periods; "
                f">= {pr.MIN_REPEATS} held-out repeats. "
                f"Verdicts on the engine and server clocks (the client clock shown, never deciding); 'within noise' "
                f"only when the real side's spread is under the target. Exit status: 0 every deciding metric met or "

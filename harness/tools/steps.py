@@ -19,17 +19,22 @@ on the engine core's clock.
 * :func:`contention`: refuses (``Contended``) a run whose 1-minute load average (the step log's first line,
   ``server_metrics.json``'s start / end) exceeds ``max_load_per_cpu`` x the machine's CPUs, or whose pooled
   decode-step dispersion exceeds ``max_dispersion``: such a run measures the machine, not the server.
-* :func:`fit_steps`: least squares of the step model's additive terms on the real step times, with one of two
-  objectives (:data:`OBJECTIVES`, a modelling choice the fidelity protocol reports both ways): ``relative``
+* :func:`fit_steps`: least squares of the step model's additive terms on the real step times, with one of three
+  objectives (:data:`OBJECTIVES`, a modelling choice the fidelity protocol reports every way): ``sum`` (the deciding
+  one since issue 49: ordinary least squares, then the per-step intercept set so the model's summed time over every
+  logged step, the dropped outliers included, equals the real one: what a simulated timeline spends), ``relative``
   (rows scaled by ``1 / measured``: every step's relative error weighs the same, so the fit follows the typical
   step and, on right-skewed step times, falls below their mean) or ``absolute`` (ordinary least squares on the
   times, s: with the intercept, the kept steps' residuals sum to zero, so the fitted model reproduces their
-  summed time, which is what the simulated timeline spends). Each coefficient has its standard error
+  summed time, not the outliers'). Each coefficient has its standard error
   (``s^2 (X^T X)^-1``); a coefficient
   whose relative standard error exceeds ``rel_se_bound`` (or whose estimate is not positive) is fixed at its
   prior (the base profile's value) and the rest refitted, worst first, until every free coefficient is
   identified. Steps more than ``outlier_mads`` scaled MADs from the median residual (time-slice stalls) are
-  dropped once and counted.
+  dropped once and counted. Then the busy timeline (:func:`fit_busy_timeline`: the between-step and after-idle
+  terms, from the log's gaps) and, by ``calibrate``, the API front end net of the in-flight residual
+  (:func:`api_frontend`).
+* :func:`slow_periods`: a within-run validity figure that sees correlated (slow-period) machine noise.
 """
 
 from __future__ import annotations
@@ -404,7 +409,8 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
     ``calibrate --no-busy-timeline``).
     Returns ``{"terms": {name: {"value", "se", "rel_se", "status": "fitted" | "fixed at prior: <why>",
     "prior"}}, "hw": the profile (:func:`profile_from_terms`), "n_steps", "dropped_outliers", "rel_se_bound",
-    "objective", "base_peaks" (the base's ``peak_flops`` and ``mem_bandwidth_bytes_per_s``),
+    "objective", "sum_shift_s" (the intercept's shift under ``sum``, s), "base_peaks" (the base's ``peak_flops`` and
+    ``mem_bandwidth_bytes_per_s``),
     "residual_median_abs"}`` (the median absolute relative residual, whatever the objective).
 
     Raises:
