@@ -363,3 +363,21 @@ def test_bad_overrides_are_bad_input_before_anything_is_launched(tmp_path, capsy
     assert main(["protocol", "--profile", "cpu", "--out", str(tmp_path / "p"), "--heldout", *held]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --heldout: engine.block_size=16") and not (tmp_path / "p").exists()
+
+
+def test_every_judged_row_names_the_origin_of_its_times():
+    """The protocol's rows keep what ``fidelity``'s rows say their times count from (one clock, issue 49): the engine
+    rows from vLLM's queued_ts on both sides, the server rows from the API server's arrival; a repeat compared on
+    mixed clocks is named beside the others, not hidden."""
+    from harness.tools import fidelity as fd
+    eng, srv = fd.origin("engine_e2e_mean_s"), fd.origin("server_e2e_mean_s")
+    assert eng == fd.ORIGIN_ENGINE_QUEUED and srv == fd.ORIGIN_SERVER and fd.origin("engine_itl_mean_s") == \
+        fd.ORIGIN_TOKENS
+    reps = [{"engine_e2e_mean_s": {"real": 0.1, "sim": 0.1, "err": 0.0, "origin": eng},
+             "server_e2e_mean_s": {"real": 0.1, "sim": 0.1, "err": 0.0, "origin": srv}} for _ in range(3)]
+    rows = pr.protocol_rows(reps, {"engine_e2e_mean_s": 0.1, "server_e2e_mean_s": 0.1}, {})
+    assert rows["engine_e2e_mean_s"]["origin"] == eng and rows["server_e2e_mean_s"]["origin"] == srv
+    assert f"[{eng}]" in pr.rows_text(rows)
+    reps[2]["engine_e2e_mean_s"]["origin"] = fd.origin("engine_e2e_mean_s", sim_queued=False)
+    mixed = pr.protocol_rows(reps, {"engine_e2e_mean_s": 0.1}, {})["engine_e2e_mean_s"]["origin"]
+    assert mixed == f"{eng} | {fd.ORIGIN_ENGINE_ARRIVAL}" and "MIXED" in mixed

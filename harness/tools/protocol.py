@@ -199,7 +199,9 @@ def protocol_rows(repeats: Sequence[dict], deciding: Optional[dict] = None, show
     """Per metric of ``deciding`` and ``shown`` (``{metric: target}``; default :data:`DECIDING`, :data:`SHOWN`):
     ``real`` (one value per repeat, s), ``sim`` (the mean of the repeats' simulated values, s), ``err`` (``sim /
     mean(real) - 1``), ``err_per_repeat``, ``spread`` (:func:`repeat_spread`), ``target``, ``clock``
-    (:func:`clock`), ``deciding`` (bool) and ``verdict`` (:func:`verdict`).
+    (:func:`clock`), ``origin`` (what the times count from on each side, as the repeats' rows say:
+    ``harness.tools.fidelity.origin``; the distinct ones joined by " | " if they differ), ``deciding`` (bool) and
+    ``verdict`` (:func:`verdict`).
 
     Args: repeats: one ``harness.tools.fidelity.compare(...)["metrics"]`` dict per held-out repeat
     (``{metric: {"real", "sim", "err"}}``).
@@ -215,9 +217,11 @@ def protocol_rows(repeats: Sequence[dict], deciding: Optional[dict] = None, show
         mean_real = float(np.mean(fin)) if fin else math.nan
         err = sim / mean_real - 1 if math.isfinite(sim) and math.isfinite(mean_real) and mean_real else math.nan
         spread = repeat_spread(real, min_repeats)
+        origins = list(dict.fromkeys(r[k]["origin"] for r in repeats if r.get(k, {}).get("origin")))
         out[k] = {"real": real, "sim": sim, "err": err,
                   "err_per_repeat": [float(r.get(k, {}).get("err", math.nan)) for r in repeats],
-                  "spread": spread, "target": tol, "clock": clock(k), "deciding": k in deciding,
+                  "spread": spread, "target": tol, "clock": clock(k), "origin": " | ".join(origins),
+                  "deciding": k in deciding,
                   "verdict": verdict(err, spread, tol)}
     return out
 
@@ -268,9 +272,10 @@ def _pct(v: float) -> str:
 
 def rows_text(rows: dict) -> str:
     """The judged rows as a plain table (what the command prints)."""
-    lines = [f"{'metric':22s} {'clock':7s} {'error':>8s} {'spread':>8s} {'target':>7s}  verdict"]
+    lines = [f"{'metric':22s} {'clock':7s} {'error':>8s} {'spread':>8s} {'target':>7s}  verdict  [origin]"]
     for k, r in rows.items():
         sp = "n/a" if not math.isfinite(r["spread"]) else f"{r['spread']:.1%}"
         v = r["verdict"] if r["deciding"] else f"({r['verdict']}; client clock: shown, not deciding)"
-        lines.append(f"{k:22s} {r['clock']:7s} {_pct(r['err']):>8s} {sp:>8s} {r['target']:>7.0%}  {v}")
+        o = f"  [{r['origin']}]" if r.get("origin") else ""
+        lines.append(f"{k:22s} {r['clock']:7s} {_pct(r['err']):>8s} {sp:>8s} {r['target']:>7.0%}  {v}{o}")
     return "\n".join(lines)
