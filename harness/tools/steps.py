@@ -634,7 +634,10 @@ def markdown(result: dict) -> str:
              f"- load average (1 min): {c['loadavg_1min']}; decode dispersion {c['decode_dispersion']:.1%} "
              f"({c['dispersion_steps']} steps); bounds {c['bounds']}",
              f"- decode-start excess (batch 1, first decode step vs others, real - model): "
-             f"{result['decode_start']}", "",
+             f"{result['decode_start']}",
+             f"- slow-period figure (busy-time-weighted over step-weighted speed ratio of {SLOW_WINDOW_S:g} s windows "
+             f"against the run's own in-sample fit; the protocol's bound {MAX_SLOW_PERIODS:.2f}): "
+             f"{result.get('slow_periods', {}).get('figure', math.nan):.3f}", "",
              "| regime | steps | real median | model median | median error | median abs error | total error "
              "| real dispersion (IQR/median) |", "|---|---|---|---|---|---|---|---|"]
     for r in result["regimes"]:
@@ -674,6 +677,7 @@ def steps_report(real_dir: Path, profile_path: str, out_dir: Optional[Path] = No
     result = {"real_dir": str(real_dir), "profile": hw.name, "profile_path": str(profile_path),
               "n_steps": int(len(steps)), "skip_steps": skip_steps, "contention": cont, "regimes": table,
               "decode_start": decode_start_excess(steps, model_s), "api_frontend": api_frontend(real_dir, steps),
+              "slow_periods": slow_period_figure(steps, hw, model),
               "target_met": bool(met)}
     out_dir = Path(out_dir) if out_dir is not None else real_dir / "fidelity"
     out_dir.mkdir(parents=True, exist_ok=True)
