@@ -251,7 +251,8 @@ def test_both_fit_objectives_are_judged_on_the_same_runs_and_a_flip_is_named(mac
     # relative: ITL 3.0 ms (-28.6 %: missed), E2E 0.100 (-1 %: within noise); absolute: ITL 4.1 ms (-2.4 %: within
     # noise), E2E 0.100 (within noise)
     sim = {"cpu_protocol": {"engine_itl_mean_s": 3.0e-3, "engine_e2e_mean_s": 0.100},
-           "cpu_protocol_absolute": {"engine_itl_mean_s": 4.1e-3, "engine_e2e_mean_s": 0.100}}
+           "cpu_protocol_absolute": {"engine_itl_mean_s": 4.1e-3, "engine_e2e_mean_s": 0.100},
+           "cpu_protocol_sum": {"engine_itl_mean_s": 4.1e-3, "engine_e2e_mean_s": 0.100}}
     seen = []
 
     def fake_fidelity(d, prof, out):
@@ -263,12 +264,14 @@ def test_both_fit_objectives_are_judged_on_the_same_runs_and_a_flip_is_named(mac
     monkeypatch.setattr(st, "steps_report", lambda *a, **k: None)
     monkeypatch.setattr(pr, "DECIDING", {"engine_itl_mean_s": 0.10, "engine_e2e_mean_s": 0.10})
     monkeypatch.setattr(pr, "SHOWN", {})
+    import inspect
+    assert inspect.signature(protocol).parameters["objective"].default == "sum"   # the sum-preserving one decides
     s = protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: write_run(d, spread=0.05), skip_steps=0,
-                 settle_s=0)
-    assert s["objective"] == "relative" and list(s["by_objective"]) == ["relative", "absolute"]
+                 settle_s=0, objective="relative")
+    assert s["objective"] == "relative" and list(s["by_objective"]) == ["relative", "sum", "absolute"]
     assert (tmp_path / "cpu_protocol.yaml").is_file() and (tmp_path / "cpu_protocol_absolute.yaml").is_file()
-    assert seen[:2] == [("heldout_1", "cpu_protocol", "fidelity"), ("heldout_1", "cpu_protocol_absolute",
-                                                                      "fidelity_absolute")] and len(seen) == 6
+    assert seen[:3] == [("heldout_1", "cpu_protocol", "fidelity"), ("heldout_1", "cpu_protocol_sum", "fidelity_sum"),
+                        ("heldout_1", "cpu_protocol_absolute", "fidelity_absolute")] and len(seen) == 9
     rel, ab = (s["by_objective"][o]["metrics"] for o in ("relative", "absolute"))
     assert rel["engine_itl_mean_s"]["verdict"] == "missed" and ab["engine_itl_mean_s"]["verdict"] == "within noise"
     assert rel["engine_e2e_mean_s"]["verdict"] == ab["engine_e2e_mean_s"]["verdict"] == "within noise"
@@ -314,6 +317,7 @@ def test_engine_clock_rows_from_spans_by_hand(tmp_path):
     spans against the same turns in the simulator."""
     import pandas as pd
     from harness.tools.fidelity import engine_request_rows
+    from harness.tools.fidelity import origin as fd_origin
     real, sim = tmp_path / "real", tmp_path / "sim"
     real.mkdir()
     sim.mkdir()
@@ -328,13 +332,29 @@ def test_engine_clock_rows_from_spans_by_hand(tmp_path):
                   "first_token_s": [1.025, 2.05], "finish_s": [1.115, 2.15], "tpot_s": [0.01, 0.02]}
                  ).to_parquet(sim / "turns.parquet")
     r = engine_request_rows(real, sim)
+
+    def rs(k):
+        return {x: r[k][x] for x in ("real", "sim")}
+    # a simulated run without engine_queued_s (written before it existed) counts from its arrival: mixed clocks, said
+    assert r["engine_e2e_mean_s"]["sim_queued"] is False
+    assert fd_origin("engine_ttft_mean_s", False).startswith("MIXED")
     # E2E: real queue + prefill + decode = 0.12, 0.09 (mean 0.105); sim finish - start = 0.115, 0.15 (mean 0.1325)
-    assert r["engine_e2e_mean_s"] == pytest.approx({"real": 0.105, "sim": 0.1325})
+    assert rs("engine_e2e_mean_s") == pytest.approx({"real": 0.105, "sim": 0.1325})
     # TTFT: real queue + prefill = 0.03, 0.04; sim first token - start = 0.025, 0.05
-    assert r["engine_ttft_mean_s"] == pytest.approx({"real": 0.035, "sim": 0.0375})
+    assert rs("engine_ttft_mean_s") == pytest.approx({"real": 0.035, "sim": 0.0375})
     # ITL: real decode / (output - 1) = 0.09 / 9, 0.05 / 5 = 0.01 both; sim TPOT 0.01, 0.02
-    assert r["engine_itl_mean_s"] == pytest.approx({"real": 0.01, "sim": 0.015})
-    assert r["engine_requests"] == {"real": 2.0, "sim": 2.0}
+    assert rs("engine_itl_mean_s") == pytest.approx({"real": 0.01, "sim": 0.015})
+    assert rs("engine_requests") == {"real": 2.0, "sim": 2.0}
+    # like for like: the simulator's QUEUED event (c0 arrived during a step that ended at 1.005; c1 found the engine
+    # idle): TTFT first token - queued = 0.02, 0.05 (mean 0.035); E2E finish - queued = 0.11, 0.15 (mean 0.13)
+    t = pd.read_parquet(sim / "turns.parquet")
+    t["engine_queued_s"] = [1.005, 2.0]
+    t.to_parquet(sim / "turns.parquet")
+    r = engine_request_rows(real, sim)
+    assert r["engine_ttft_mean_s"]["sim_queued"] is True
+    assert rs("engine_ttft_mean_s") == pytest.approx({"real": 0.035, "sim": 0.035})
+    assert rs("engine_e2e_mean_s") == pytest.approx({"real": 0.105, "sim": 0.13})
+    assert rs("engine_itl_mean_s") == pytest.approx({"real": 0.01, "sim": 0.015})
 
 
 def test_bad_overrides_are_bad_input_before_anything_is_launched(tmp_path, capsys):
@@ -343,3 +363,21 @@ def test_bad_overrides_are_bad_input_before_anything_is_launched(tmp_path, capsy
     assert main(["protocol", "--profile", "cpu", "--out", str(tmp_path / "p"), "--heldout", *held]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --heldout: engine.block_size=16") and not (tmp_path / "p").exists()
+
+
+def test_every_judged_row_names_the_origin_of_its_times():
+    """The protocol's rows keep what ``fidelity``'s rows say their times count from (one clock, issue 49): the engine
+    rows from vLLM's queued_ts on both sides, the server rows from the API server's arrival; a repeat compared on
+    mixed clocks is named beside the others, not hidden."""
+    from harness.tools import fidelity as fd
+    eng, srv = fd.origin("engine_e2e_mean_s"), fd.origin("server_e2e_mean_s")
+    assert eng == fd.ORIGIN_ENGINE_QUEUED and srv == fd.ORIGIN_SERVER and fd.origin("engine_itl_mean_s") == \
+        fd.ORIGIN_TOKENS
+    reps = [{"engine_e2e_mean_s": {"real": 0.1, "sim": 0.1, "err": 0.0, "origin": eng},
+             "server_e2e_mean_s": {"real": 0.1, "sim": 0.1, "err": 0.0, "origin": srv}} for _ in range(3)]
+    rows = pr.protocol_rows(reps, {"engine_e2e_mean_s": 0.1, "server_e2e_mean_s": 0.1}, {})
+    assert rows["engine_e2e_mean_s"]["origin"] == eng and rows["server_e2e_mean_s"]["origin"] == srv
+    assert f"[{eng}]" in pr.rows_text(rows)
+    reps[2]["engine_e2e_mean_s"]["origin"] = fd.origin("engine_e2e_mean_s", sim_queued=False)
+    mixed = pr.protocol_rows(reps, {"engine_e2e_mean_s": 0.1}, {})["engine_e2e_mean_s"]["origin"]
+    assert mixed == f"{eng} | {fd.ORIGIN_ENGINE_ARRIVAL}" and "MIXED" in mixed

@@ -93,6 +93,7 @@ def test_the_two_objectives_on_right_skewed_step_times():
         assert fit["objective"] == obj and fit["terms"]["step_overhead_s"]["status"] == "fitted"
         totals[obj] = st.replay(steps, PerfModel(fit["hw"], TINY)).sum() / real
     assert totals["absolute"] == pytest.approx(1.0, abs=1e-6)
+    assert totals["sum"] == pytest.approx(1.0, abs=1e-6)      # (no outlier dropped: the same as absolute)
     assert totals["relative"] == pytest.approx(math.exp(-2 * sigma ** 2), abs=0.02)
     with pytest.raises(ValueError, match="objective 'median'"):
         st.fit_steps(steps, base, TINY, objective="median")
@@ -241,7 +242,8 @@ def test_the_twin_profile_reproduces_from_its_shipped_calibration(tmp_path, caps
     from harness.tools import calibrate
     from harness.tools.inputs import HW_FIELDS
     run = PROJECT_ROOT / "docs" / "data" / "twin_cpu" / "calibration"
-    args = [str(run), "--from-steps", "--objective", "relative", "--no-decode-start",
+    args = [str(run), "--from-steps", "--objective", "relative", "--no-decode-start", "--no-frontend",
+            "--no-busy-timeline",
             "--out", str(tmp_path / "cpu_fitted.yaml")]
     assert calibrate.main(args) == 2
     assert "dispersion" in capsys.readouterr().err and not (tmp_path / "cpu_fitted.yaml").exists()

@@ -67,6 +67,8 @@ class TurnJob:
     itl_s: Sequence[float] = ()
     token_s: Sequence[float] = ()
     error: str = ""
+    engine_queued_s: Optional[float] = None
+    engine_scheduled_s: Optional[float] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,11 @@ def _fraction(where: str, value: float) -> None:
     _require(isinstance(value, (int, float)) and 0 < value <= 1, where, "in (0, 1]", value)
 
 
+# lower edges of the idle bands of ``HardwareConfig.after_idle_s``, s: [10 ms, 50 ms), [50 ms, 0.5 s), [0.5 s, 1 s),
+# [1 s, inf) (vLLM's shared-memory queue readers spin for 1 s after their last read, then block; docs/fidelity_cpu.md)
+AFTER_IDLE_BANDS_S = (0.01, 0.05, 0.5, 1.0)
+
+
 @dataclass
 class HardwareConfig:
     """One GPU type (datasheet constants plus roofline efficiency factors).
@@ -79,6 +84,22 @@ class HardwareConfig:
             fitted.
         prefill_terms_source: where the three values above come from; ``"not fitted: no data ..."`` when
             they are 0 because no calibration data identified them (a stated 0, not a silent default).
+        api_frontend_s: the API server's time per request before the engine core has it (HTTP handling,
+            tokenisation, hand-off to the engine core), s, on the server clock: the simulator submits a turn to
+            its engine this long after it arrives (``harness.sim.backend``), so server TTFT / E2E include it and
+            the engine's (from vLLM's ``queued_ts``, the first step boundary after the engine has it) do not.
+            Fitted by ``python -m harness.tools.calibrate --from-steps`` as vLLM's server TTFT - engine TTFT
+            (spans) net of the in-flight step residual (``harness.tools.steps.api_frontend``,
+            docs/fidelity_cpu.md "One clock"); 0: no front end (off, and every profile not fitted on a real server).
+        between_step_s: the engine core's time between one step's ``update_from_output`` returning and the next
+            ``schedule()`` (output hand-off, the input queue), per step, s: added to every step's time
+            (``harness.sim.perf``), outside the step-time logs' ``wall_s``; fitted by ``calibrate --from-steps`` as the
+            median of the logged gaps <= 1 ms (``harness.tools.steps.fit_busy_timeline``; 0.153 ms on
+            ``docs/data/twin_cpu/calibration``). 0 where not fitted.
+        after_idle_s: the extra time of a step that follows an idle engine, per idle band (``AFTER_IDLE_BANDS_S``:
+            the i-th value for an idle gap in the i-th band; none for gaps under 10 ms), s: the logged after-idle
+            steps' mean residual over the busy steps' (``fit_busy_timeline``; docs/fidelity_cpu.md: 0.73-1.26 ms on
+            after-idle prefills of quiet held-out runs). Empty or 0 where not fitted.
         memory_power_frac: dynamic power of a fully memory-bound step, as a fraction of
             ``tdp_w - idle_w`` (a fully compute-bound step draws the full TDP); 0.80 fitted to ML.ENERGY's
             H100 serving power vs batch size (``docs/calibration.md``, "Power").
@@ -110,6 +131,9 @@ class HardwareConfig:
     cached_prefix_token_s: float = 0.0
     decode_start_s: float = 0.0
     prefill_terms_source: str = "not fitted: no data"
+    api_frontend_s: float = 0.0
+    between_step_s: float = 0.0
+    after_idle_s: list = field(default_factory=list)
     memory_power_frac: float = 0.80
     overhead_power_frac: float = 0.0
     dvfs_exponent: float = 3.0
@@ -132,7 +156,7 @@ class HardwareConfig:
                      f"{where}.roofline_exponent", "null or a finite number >= 1", self.roofline_exponent)
         for f in ("step_overhead_s", "layer_overhead_s", "attention_seq_overhead_s",
                   "attention_token_overhead_s", "prefill_seq_overhead_s", "cached_prefix_token_s",
-                  "decode_start_s"):
+                  "decode_start_s", "api_frontend_s", "between_step_s"):
             v = getattr(self, f)
             _require(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, f"{where}.{f}",
                      "a finite number >= 0", v)
@@ -150,6 +174,13 @@ class HardwareConfig:
         _at_most(f"{where}.mem_bandwidth_bytes_per_s", self.mem_bandwidth_bytes_per_s, 1e15, "1 PB/s")
         _at_most(f"{where}.tdp_w", self.tdp_w, 1e5, "100 kW")
         _at_most(f"{where}.step_overhead_s", self.step_overhead_s, 10.0, "10 s per engine step")
+        _at_most(f"{where}.api_frontend_s", self.api_frontend_s, 10.0, "10 s per request")
+        _at_most(f"{where}.between_step_s", self.between_step_s, 10.0, "10 s per engine step")
+        ai = list(self.after_idle_s or [])
+        _require(len(ai) <= len(AFTER_IDLE_BANDS_S) and all(isinstance(v, (int, float)) and math.isfinite(v)
+                                                             and 0 <= v <= 10 for v in ai),
+                 f"{where}.after_idle_s", f"a list of at most {len(AFTER_IDLE_BANDS_S)} numbers in [0, 10] s (one per "
+                 f"idle band from {AFTER_IDLE_BANDS_S} s)", self.after_idle_s)
         _require(self.idle_w < self.tdp_w, f"{where}.idle_w", f"< tdp_w ({self.tdp_w})", self.idle_w)
         if self.power_cap_w is not None:
             _require(self.idle_w < self.power_cap_w <= self.tdp_w, f"{where}.power_cap_w",

@@ -29,7 +29,7 @@ TURN_COLUMNS = ["conversation_id", "turn", "submit_s", "admit_s", "start_s", "pr
                 "finish_s", "prompt_tokens", "cached_tokens", "prefill_computed_tokens", "output_tokens",
                 "prefill_instance", "decode_instance", "disaggregated", "decode_cached_tokens", "transfer_tokens",
                 "transfer_s", "preemptions", "visible", "status", "error", "ttft_s", "tpot_s", "e2e_s", "queue_s",
-                "itl_p50_s", "itl_p99_s", "itl_max_s"]
+                "itl_p50_s", "itl_p99_s", "itl_max_s", "engine_queued_s", "engine_scheduled_s"]
 INSTANCE_COLUMNS = ["t_s", "instance", "role", "hardware", "kv_used_tokens", "kv_capacity_tokens", "kv_used_frac",
                     "num_running", "num_waiting", "energy_j", "power_w"]
 TOKEN_COLUMNS = ["conversation_id", "turn", "instance", "token", "t_s"]
@@ -214,7 +214,9 @@ def turn_values(job, names: Sequence[str], visible: bool) -> tuple:
     tuple in ``TURN_COLUMNS`` order.
 
     Times in s; TTFT = first token - submit, TPOT = (finish - first token) / (output - 1),
-    E2E = finish - submit, queue = admit - submit; ITL p50/p99/max over the turn's token gaps.
+    E2E = finish - submit, queue = admit - submit; ITL p50/p99/max over the turn's token gaps;
+    ``engine_queued_s`` / ``engine_scheduled_s``: vLLM's request events on the engine (``TurnJob``; NaN where not
+    observed).
     """
     ok = not job.error
     first = job.first_token_s if job.first_token_s is not None else math.nan
@@ -230,7 +232,9 @@ def turn_values(job, names: Sequence[str], visible: bool) -> tuple:
             job.transfer_tokens if transfer else math.nan, job.transfer_s if transfer else math.nan,
             job.preemptions, visible, "ok" if ok else "failed", job.error,
             first - job.submit_s, (fin - first) / (out - 1) if out > 1 else math.nan,
-            fin - job.submit_s, job.admit_s - job.submit_s, p50, p99, mx)
+            fin - job.submit_s, job.admit_s - job.submit_s, p50, p99, mx,
+            math.nan if job.engine_queued_s is None else job.engine_queued_s,
+            math.nan if job.engine_scheduled_s is None else job.engine_scheduled_s)
 
 
 def turn_row(job, names: Sequence[str], visible: bool) -> dict:

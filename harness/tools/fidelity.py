@@ -5,7 +5,8 @@ with ``backend=sim`` and the hardware profile under test) on the simulator and c
 metric by metric: mean and p50/p90/p99 of TTFT, TPOT, ITL, E2E and TTFET; request and output-token
 throughput; the KV-usage time series; preemptions; energy where the real run measured it; and the
 engine-side (``/metrics``) means where the real run wrote ``server_metrics.json``. The error of a metric
-is ``sim / real - 1``. The verdict checks the fidelity targets: mean E2E and mean TPOT within 15 %,
+is ``sim / real - 1``; every row names the origin its times count from on each side (``origin``): the engine rows
+from vLLM's ``queued_ts`` on both sides (the simulator's ``engine_queued_s``; issue 49, one clock). The verdict checks the fidelity targets: mean E2E and mean TPOT within 15 %,
 mean TTFT within 25 % (anchors from the literature: BLIS 6.7 % median E2E and 17.6 % TTFT error; Vidur
 < 9 % (arXiv 2405.05465); LLMServingSim 2.2 % E2E).
 
@@ -126,14 +127,43 @@ def run_metrics(run_dir: Path) -> dict:
     return m
 
 
+# the origin of each compared row's times (``compare``'s ``origin``): the real side's / the simulator's
+ORIGIN_ENGINE_QUEUED = "engine queued (vLLM queued_ts / sim engine_queued_s: the first step boundary after arrival)"
+ORIGIN_ENGINE_ARRIVAL = ("MIXED: real engine queued (queued_ts) / sim arrival (the sim run has no engine_queued_s: "
+                         "not like for like)")
+ORIGIN_SERVER = "API-server arrival (vLLM arrival_time) / sim arrival (start_s)"
+ORIGIN_CLIENT = "client send (real start_s) / sim arrival (start_s)"
+ORIGIN_TOKENS = "token to token (no origin)"
+
+
+def origin(metric: str, sim_queued: bool = True) -> str:
+    """Which origin the times of a compared metric count from, on each side (module constants ``ORIGIN_*``):
+    the engine rows from vLLM's ``queued_ts`` (the simulator's ``engine_queued_s`` where its run has them), the
+    server rows from the API server's arrival, the client rows from the client's send; ITL/TPOT rows have none."""
+    if metric.startswith("engine_"):
+        if "itl" in metric or metric == "engine_requests":
+            return ORIGIN_TOKENS
+        return ORIGIN_ENGINE_QUEUED if sim_queued else ORIGIN_ENGINE_ARRIVAL
+    if "itl" in metric or "tpot" in metric:
+        return ORIGIN_TOKENS
+    if metric.startswith("server_"):
+        return ORIGIN_SERVER
+    if metric.startswith(("ttft", "e2e")):
+        return ORIGIN_CLIENT
+    return ""
+
+
 def engine_request_rows(real_dir: Path, sim_dir: Path) -> dict:
-    """Per-request comparison on vLLM's clocks, robust to the stalls of a shared CPU: the real requests whose
-    engine-side times ``server_metrics.json`` isolates (``harness.tools.calibrate.match_engine_requests``) against
-    the same turns in the simulator. Real engine TTFT = vLLM's ``request_queue_time_seconds +
-    request_prefill_time_seconds`` (queued in the engine to first token), sim = first token - start; real
-    ITL = ``request_decode_time_seconds / (output - 1)``, sim = its TPOT; real engine E2E = queue + prefill +
-    decode (queued in the engine to last token), sim = finish - start. Mean, p50 and p90 of each (s), and the
-    number of requests."""
+    """Per-request comparison on vLLM's engine clock, like for like: the real requests whose engine-side times
+    ``server_metrics.json`` holds (spans; ``harness.tools.calibrate.match_engine_requests``) against the same turns
+    in the simulator. Both sides count from vLLM's QUEUED event (``queued_ts``: the engine core adds a request
+    between steps, so a request that arrives during a step is queued when it ends; the simulator records the same
+    event, ``turns.parquet`` ``engine_queued_s``, ``harness.sim.engine._stamp_queued``). Real engine TTFT =
+    ``queue_s + prefill_s`` (queued to first token), sim = first token - engine_queued_s; real ITL = ``decode_s /
+    (output - 1)``, sim = its TPOT; real engine E2E = queue + prefill + decode (queued to last token), sim = finish
+    - engine_queued_s. A simulated run without ``engine_queued_s`` (written before it existed) counts from its
+    arrival (``start_s``) and its rows say so (``origin``: mixed clocks). Mean, p50 and p90 of each (s), and the number
+    of requests."""
     from harness.tools.calibrate import _engine_requests, match_engine_requests
     sm_p = Path(real_dir) / "server_metrics.json"
     if not sm_p.is_file():
@@ -146,12 +176,15 @@ def engine_request_rows(real_dir: Path, sim_dir: Path) -> dict:
         return {}
     m = pd.concat(parts)
     sim_t = pd.read_parquet(Path(sim_dir) / "turns.parquet")
-    sim_t = sim_t[sim_t.status == "ok"][["conversation_id", "turn", "first_token_s", "start_s", "finish_s", "tpot_s"]]
+    queued = "engine_queued_s" in sim_t.columns and bool(sim_t.engine_queued_s.notna().any())
+    cols = ["conversation_id", "turn", "first_token_s", "start_s", "finish_s", "tpot_s"]
+    sim_t = sim_t[sim_t.status == "ok"][cols + (["engine_queued_s"] if queued else [])]
     j = m.merge(sim_t, on=["conversation_id", "turn"], how="inner")
     if j.empty:
         return {}
-    real_pre, sim_pre = (j.queue_s + j.prefill_s).to_numpy(), (j.first_token_s - j.start_s).to_numpy()
-    real_e2e, sim_e2e = (j.queue_s + j.prefill_s + j.decode_s).to_numpy(), (j.finish_s - j.start_s).to_numpy()
+    t0 = (j.engine_queued_s if queued else j.start_s).to_numpy(float)
+    real_pre, sim_pre = (j.queue_s + j.prefill_s).to_numpy(), j.first_token_s.to_numpy(float) - t0
+    real_e2e, sim_e2e = (j.queue_s + j.prefill_s + j.decode_s).to_numpy(), j.finish_s.to_numpy(float) - t0
     dec = j[j.output > 1]
     real_itl, sim_itl = (dec.decode_s / (dec.output - 1)).to_numpy(), dec.tpot_s.to_numpy()
     out = {"engine_requests": {"real": float(len(j)), "sim": float(len(j))}}
@@ -160,6 +193,8 @@ def engine_request_rows(real_dir: Path, sim_dir: Path) -> dict:
         out[f"{name}_mean_s"] = {"real": float(np.mean(r)), "sim": float(np.mean(s_))}
         out[f"{name}_p50_s"] = {"real": float(np.median(r)), "sim": float(np.median(s_))}
         out[f"{name}_p90_s"] = {"real": float(np.percentile(r, 90)), "sim": float(np.percentile(s_, 90))}
+    for v in out.values():
+        v["sim_queued"] = queued
     return out
 
 
@@ -174,15 +209,17 @@ def compare(real: dict, sim: dict, per_request: Optional[dict] = None) -> dict:
         r = math.nan if r is None else float(r)
         s = math.nan if s is None else float(s)
         err = s / r - 1 if math.isfinite(r) and math.isfinite(s) and r != 0 else math.nan
-        rows[k] = {"real": r, "sim": s, "err": err}
+        rows[k] = {"real": r, "sim": s, "err": err, "origin": origin(k)}
     # engine-side means (real: vLLM's own clocks) against the simulator's ITL / TTFT
     for k, simk in SERVER_PAIRS.items():
         if k in real:
             r, s = float(real[k]), float(sim.get(simk, math.nan))
-            rows[k] = {"real": r, "sim": s, "err": s / r - 1 if math.isfinite(r) and r else math.nan}
+            rows[k] = {"real": r, "sim": s, "err": s / r - 1 if math.isfinite(r) and r else math.nan,
+                       "origin": origin(k)}
     for k, v in (per_request or {}).items():
         r, s = v["real"], v["sim"]
-        rows[k] = {"real": r, "sim": s, "err": s / r - 1 if math.isfinite(r) and r else math.nan}
+        rows[k] = {"real": r, "sim": s, "err": s / r - 1 if math.isfinite(r) and r else math.nan,
+                   "origin": origin(k, v.get("sim_queued", True))}
     kv = {}
     if "_kv" in real and "_kv" in sim:
         n = min(len(real["_kv"]), len(sim["_kv"]))
@@ -280,11 +317,17 @@ def markdown(result: dict) -> str:
              f"- error = sim / real - 1; targets: mean E2E and mean TPOT within 10 %, mean TTFT within 20 %, "
              f"on vLLM's own clocks where the run has them "
              f"(anchors: {ANCHORS})", "",
-             "| metric | real | sim | error |", "|---|---|---|---|"]
+             "| metric | real | sim | error | origin (real / sim) |", "|---|---|---|---|---|"]
     for k, r in c["metrics"].items():
         e = r["err"]
         lines.append(f"| {k} | {_fmt(r['real'], k)} | {_fmt(r['sim'], k)} | "
-                     f"{'n/a' if not math.isfinite(e) else f'{e:+.1%}'} |")
+                     f"{'n/a' if not math.isfinite(e) else f'{e:+.1%}'} | {r.get('origin', '')} |")
+    oc = result.get("one_clock")
+    if oc:
+        lines += ["", f"One clock (issue 49): the simulator adds an API front end of {oc['api_frontend_s'] * 1e3:.2f} ms "
+                      f"per turn (`api_frontend_s`, server clock); a turn then waited "
+                      f"{oc['sim_inflight_residual_mean_s'] * 1e3:.2f} ms on average at its engine for the step in "
+                      f"flight (queued - arrival - front end), which the engine rows leave out on both sides."]
     kv = c["kv_series"]
     if kv:
         lines += ["", f"KV used fraction over time (both averaged over instances on a {kv['grid_s']} s grid, "
@@ -362,7 +405,13 @@ def fidelity(real_dir: Path, profile_path: str, out_dir: Optional[Path] = None, 
     sim_dir = simulate_run(real_dir, profile, out_dir / "sim")
     real, sim = run_metrics(real_dir), run_metrics(sim_dir)
     cfg = load_run_config(real_dir)
+    st_t = pd.read_parquet(sim_dir / "turns.parquet")
+    st_t = st_t[st_t.status == "ok"]
+    waited = (st_t.engine_queued_s - st_t.start_s - profile.api_frontend_s).mean() if len(st_t) else math.nan
     result = {"real_dir": str(real_dir), "sim_dir": str(sim_dir), "profile": profile.name,
+              # the simulator's own one-clock figures: the API front end it adds, and the mean wait of a turn that
+              # reached its engine for the step in flight (queued - arrival - front end), s
+              "one_clock": {"api_frontend_s": profile.api_frontend_s, "sim_inflight_residual_mean_s": float(waited)},
               "profile_path": str(profile_path), "workload": cfg["workload"]["name"],
               "real": {k: v for k, v in real.items() if not k.startswith("_")},
               "sim": {k: v for k, v in sim.items() if not k.startswith("_")},
@@ -410,7 +459,7 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
              repeats: int = pr.MIN_REPEATS, skip_steps: int = 8, max_load_per_cpu: float = pr.MAX_LOAD_BEFORE_PER_CPU,
              max_dispersion: float = pr.MAX_DISPERSION, launch: Optional[Callable] = None,
              max_load_after_per_cpu: float = pr.MAX_LOAD_AFTER_PER_CPU, settle_s: float = pr.SETTLE_S,
-             objective: str = "relative") -> dict:
+             objective: str = "sum", max_slow_periods: float = pr.MAX_SLOW_PERIODS) -> dict:
     """Calibrate, fit per step, then replay the held-out workload ``repeats`` times back to back (module docstring).
 
     The fit is made under every objective of ``harness.tools.steps.OBJECTIVES`` (a modelling choice: relative
@@ -454,7 +503,8 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
     out.mkdir(parents=True, exist_ok=True)
     summary: dict = {"bounds": {"loadavg_1min_per_cpu_before": max_load_per_cpu,
                                 "loadavg_1min_per_cpu_after": max_load_after_per_cpu, "settle_s": settle_s,
-                                "decode_dispersion": max_dispersion, "min_repeats": pr.MIN_REPEATS},
+                                "decode_dispersion": max_dispersion, "slow_periods": max_slow_periods,
+                                "min_repeats": pr.MIN_REPEATS},
                      "runs": {}, "calibration_overrides": list(calibration), "heldout_overrides": list(heldout),
                      "repeats": repeats, "deciding_targets": pr.DECIDING, "shown_targets": pr.SHOWN, "anchors": ANCHORS}
 
@@ -467,7 +517,7 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
         fig = {"run": name, "ncpu": before["ncpu"], "loadavg_before": before["loadavg"][0]}
         summary["runs"][name] = {"before": before, "figures": fig, "settle_wait_s": round(waited, 1)}
         save()
-        why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu)
+        why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu, max_slow_periods)
         if not why:
             try:
                 launch(overrides, out / name)
@@ -477,10 +527,14 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
                 raise
             after = pr.machine_state()
             steps, d, n = pr.run_steps(out / name, skip_steps)
-            fig.update(loadavg_after=after["loadavg"][0], step_dispersion=d, dispersion_steps=n)
+            slow = st.slow_period_figure(steps, base, ModelConfig(**load_run_config(out / name)["model"]))
+            fig.update(loadavg_after=after["loadavg"][0], step_dispersion=d, dispersion_steps=n,
+                       slow_periods=slow["figure"])
+            summary["runs"][name]["slow_periods"] = slow
             summary["runs"][name]["after"] = after
             summary["runs"][name]["steal_share"] = pr.steal_share(before.get("cpu_jiffies"), after.get("cpu_jiffies"))
-            why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu)
+            why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu,
+                                        max_slow_periods)
         if why:
             summary["refused"] = why
             save()
@@ -499,8 +553,10 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
         fit = st.fit_steps(cal, base, model, objective=obj)
         name = f"{base.name}_protocol" + ("" if obj == objective else f"_{obj}")
         fit["hw"] = dataclasses.replace(fit["hw"], name=name)
+        fe = st.api_frontend(out / "calibration", cal)
+        fit["hw"] = st.with_frontend(fit["hw"], fe)
         extra = {"decode_start_excess": st.decode_start_excess(cal, st.replay(cal, PerfModel(fit["hw"], model))),
-                 "api_frontend_ttft": st.api_frontend(out / "calibration")}
+                 "api_frontend_ttft": fe}
         prof = profs[obj] = out / f"{name}.yaml"
         prof.write_text(st.steps_profile_yaml(fit, out / "calibration", base.name, fig_cal, extra))
         load_profile(str(prof))   # it loads and validates
@@ -540,6 +596,7 @@ def protocol_main(argv: Sequence[str]) -> int:
         epilog=f"Bounds: 1-minute load average before each real run (after waiting up to --settle-s for it to settle) "
                f"<= --max-load-per-cpu x the machine's CPUs, after it (its own load included) <= "
                f"--max-load-after-per-cpu x the CPUs; each run's decode step-time dispersion <= --max-dispersion; "
+               f"each run's slow-period figure <= --max-slow-periods; "
                f">= {pr.MIN_REPEATS} held-out repeats. "
                f"Verdicts on the engine and server clocks (the client clock shown, never deciding); 'within noise' "
                f"only when the real side's spread is under the target. Exit status: 0 every deciding metric met or "
@@ -567,7 +624,11 @@ def protocol_main(argv: Sequence[str]) -> int:
                          "(default %(default)s)")
     ap.add_argument("--max-dispersion", type=cmdline.number(0, lo_open=True), default=pr.MAX_DISPERSION,
                     help="bound of a run's decode step-time dispersion (IQR / median within a composition; > 0)")
-    ap.add_argument("--objective", choices=st.OBJECTIVES, default="relative",
+    ap.add_argument("--max-slow-periods", type=cmdline.number(1), default=pr.MAX_SLOW_PERIODS,
+                    help="bound of a run's slow-period figure (busy-time-weighted over step-weighted speed ratio of "
+                         f"{st.SLOW_WINDOW_S:g} s windows against its own in-sample fit; correlated machine noise; "
+                         ">= 1; default %(default)s)")
+    ap.add_argument("--objective", choices=st.OBJECTIVES, default="sum",
                     help="the per-step fit's objective whose verdicts set the exit status (every objective is fitted "
                          "and judged on the same runs, and the verdicts that depend on it are named; default "
                          "%(default)s)")
@@ -584,7 +645,7 @@ def protocol_main(argv: Sequence[str]) -> int:
                 raise ValueError(f"{what}: {e}") from None
         s = protocol(a.out, a.profile, a.heldout, a.calibration, a.repeats, a.skip_steps, a.max_load_per_cpu,
                      a.max_dispersion, max_load_after_per_cpu=a.max_load_after_per_cpu, settle_s=a.settle_s,
-                     objective=a.objective)
+                     objective=a.objective, max_slow_periods=a.max_slow_periods)
     except (FileNotFoundError, ValueError) as e:   # st.Contended is a ValueError: a refusal, with its figures
         refused = isinstance(e, st.Contended)
         print(f"refused: {e} (figures in {a.out / 'protocol.json'})" if refused else f"error: {e}", file=sys.stderr)

@@ -25,7 +25,11 @@ Bounds (stated here, in ``--help`` and docs/fidelity_cpu.md "The protocol"; meas
   earlier bound of 1.0 per CPU refused a quiet calibration at 2.25), one more CPU-bound process adds about 1;
 * the decode-step dispersion at most ``MAX_DISPERSION`` (25 %: 6.2-16.5 % on quiet calibration runs, 15.7-28.7 % on
   quiet held-out repeats, 18-32 % per regime at a load average of 10, docs/fidelity_cpu.md), ``harness.tools.steps``'s
-  bound, the one ``fidelity steps`` and ``calibrate --from-steps`` refuse with.
+  bound, the one ``fidelity steps`` and ``calibrate --from-steps`` refuse with;
+* the slow-period figure at most ``MAX_SLOW_PERIODS`` (1.10; ``harness.tools.steps.slow_periods``, issue 49): the
+  busy-time-weighted over step-weighted speed ratio of 0.5 s busy-time windows against the run's own in-sample fit,
+  which sees correlated (slow-period) machine noise that the dispersion does not (shipped calibration 1.030, the same
+  log at half speed for 60 of every 200 steps 1.144, independent noise of sigma 0.3 1.049).
 
 Judging (pure functions, :func:`repeat_spread`, :func:`verdict`, :func:`protocol_rows`): per metric the simulator's
 error against the mean of the real repeats, ``err = sim / mean(real) - 1`` (the simulated replay is the same for
@@ -66,6 +70,7 @@ MAX_LOAD_BEFORE_PER_CPU = 0.35   # the idle machine, settled (module docstring)
 MAX_LOAD_AFTER_PER_CPU = 1.5     # the run's own load included (module docstring)
 MAX_LOAD_PER_CPU = MAX_LOAD_BEFORE_PER_CPU
 MAX_DISPERSION = st.MAX_DISPERSION
+MAX_SLOW_PERIODS = st.MAX_SLOW_PERIODS   # the slow-period figure's bound (harness.tools.steps.slow_periods)
 SETTLE_S = 180.0                 # the longest wait for the load average to settle before a run, s
 SETTLE_POLL_S = 5.0              # os.getloadavg's own update period, s
 # the field's targets (harness.tools.fidelity.TARGETS), per clock: these decide
@@ -87,29 +92,36 @@ def clock(metric: str) -> str:
 
 def contention_problem(figures: dict, max_load_per_cpu: float = MAX_LOAD_BEFORE_PER_CPU,
                        max_dispersion: float = MAX_DISPERSION,
-                       max_load_after_per_cpu: float = MAX_LOAD_AFTER_PER_CPU) -> str:
+                       max_load_after_per_cpu: float = MAX_LOAD_AFTER_PER_CPU,
+                       max_slow_periods: float = MAX_SLOW_PERIODS) -> str:
     """Why one real run's figures show a contended machine, or ``""``.
 
     Args:
         figures: ``ncpu`` (the machine's CPUs); any of ``loadavg_before``, ``loadavg_after`` (1-minute load
             average just before / after the run); ``step_dispersion`` (IQR / median of decode-step times within a
-            composition, a fraction) with ``dispersion_steps`` (the steps it rests on). A figure left out is not
+            composition, a fraction) with ``dispersion_steps`` (the steps it rests on); ``slow_periods`` (the
+            busy-time-weighted over step-weighted window speed ratio, ``harness.tools.steps.slow_periods``, against
+            the run's own in-sample fit: correlated slow periods of the machine). A figure left out (or NaN, for
+            ``slow_periods``) is not
             checked (before a run only its ``loadavg_before`` exists); ``run`` names the run in the message.
         max_load_per_cpu: bound of the load average before a run, per CPU. max_dispersion: bound of the
             dispersion. max_load_after_per_cpu: bound of the load average after a run (its own load included),
-            per CPU.
+            per CPU. max_slow_periods: bound of ``slow_periods``.
 
-    Returns the first figure over its bound, with its value and the bound (load before, load after, dispersion);
+    Returns the first figure over its bound, with its value and the bound (load before, load after, dispersion,
+    slow periods);
     a ``step_dispersion`` that is NaN (no composition was seen 3 times: the run's quietness cannot be shown) is a
     problem too.
 
     Raises:
-        ValueError: a bound that is not a finite number > 0 (a NaN bound would pass every figure).
+        ValueError: a bound that is not a finite number > 0, or ``max_slow_periods`` below 1 (a NaN bound would
+            pass every figure).
     """
     from harness.core.cmdline import check_number
     for name, b in (("max_load_per_cpu", max_load_per_cpu), ("max_dispersion", max_dispersion),
                     ("max_load_after_per_cpu", max_load_after_per_cpu)):
         check_number(name, b, 0, lo_open=True)
+    check_number("max_slow_periods", max_slow_periods, 1)
     run = figures.get("run", "the run")
     for k, when, per_cpu in (("loadavg_before", "before", max_load_per_cpu),
                              ("loadavg_after", "after", max_load_after_per_cpu)):
@@ -126,6 +138,11 @@ def contention_problem(figures: dict, max_load_per_cpu: float = MAX_LOAD_BEFORE_
         if d > max_dispersion:
             return (f"decode step-time dispersion {d:.1%} of {run} (IQR / median within a composition, {n} steps) "
                     f"> bound {max_dispersion:.0%}: the machine was contended; rerun on a quiet machine")
+    v = figures.get("slow_periods")
+    if v is not None and math.isfinite(v) and v > max_slow_periods:
+        return (f"slow-period figure {v:.3f} of {run} (busy-time-weighted over step-weighted speed ratio of "
+                f"{st.SLOW_WINDOW_S:g} s windows against its own in-sample fit) > bound {max_slow_periods:.2f}: the "
+                f"machine was slow for periods (correlated noise); rerun on a quiet machine")
     return ""
 
 
@@ -191,7 +208,9 @@ def protocol_rows(repeats: Sequence[dict], deciding: Optional[dict] = None, show
     """Per metric of ``deciding`` and ``shown`` (``{metric: target}``; default :data:`DECIDING`, :data:`SHOWN`):
     ``real`` (one value per repeat, s), ``sim`` (the mean of the repeats' simulated values, s), ``err`` (``sim /
     mean(real) - 1``), ``err_per_repeat``, ``spread`` (:func:`repeat_spread`), ``target``, ``clock``
-    (:func:`clock`), ``deciding`` (bool) and ``verdict`` (:func:`verdict`).
+    (:func:`clock`), ``origin`` (what the times count from on each side, as the repeats' rows say:
+    ``harness.tools.fidelity.origin``; the distinct ones joined by " | " if they differ), ``deciding`` (bool) and
+    ``verdict`` (:func:`verdict`).
 
     Args: repeats: one ``harness.tools.fidelity.compare(...)["metrics"]`` dict per held-out repeat
     (``{metric: {"real", "sim", "err"}}``).
@@ -207,9 +226,11 @@ def protocol_rows(repeats: Sequence[dict], deciding: Optional[dict] = None, show
         mean_real = float(np.mean(fin)) if fin else math.nan
         err = sim / mean_real - 1 if math.isfinite(sim) and math.isfinite(mean_real) and mean_real else math.nan
         spread = repeat_spread(real, min_repeats)
+        origins = list(dict.fromkeys(r[k]["origin"] for r in repeats if r.get(k, {}).get("origin")))
         out[k] = {"real": real, "sim": sim, "err": err,
                   "err_per_repeat": [float(r.get(k, {}).get("err", math.nan)) for r in repeats],
-                  "spread": spread, "target": tol, "clock": clock(k), "deciding": k in deciding,
+                  "spread": spread, "target": tol, "clock": clock(k), "origin": " | ".join(origins),
+                  "deciding": k in deciding,
                   "verdict": verdict(err, spread, tol)}
     return out
 
@@ -260,9 +281,10 @@ def _pct(v: float) -> str:
 
 def rows_text(rows: dict) -> str:
     """The judged rows as a plain table (what the command prints)."""
-    lines = [f"{'metric':22s} {'clock':7s} {'error':>8s} {'spread':>8s} {'target':>7s}  verdict"]
+    lines = [f"{'metric':22s} {'clock':7s} {'error':>8s} {'spread':>8s} {'target':>7s}  verdict  [origin]"]
     for k, r in rows.items():
         sp = "n/a" if not math.isfinite(r["spread"]) else f"{r['spread']:.1%}"
         v = r["verdict"] if r["deciding"] else f"({r['verdict']}; client clock: shown, not deciding)"
-        lines.append(f"{k:22s} {r['clock']:7s} {_pct(r['err']):>8s} {sp:>8s} {r['target']:>7.0%}  {v}")
+        o = f"  [{r['origin']}]" if r.get("origin") else ""
+        lines.append(f"{k:22s} {r['clock']:7s} {_pct(r['err']):>8s} {sp:>8s} {r['target']:>7.0%}  {v}{o}")
     return "\n".join(lines)

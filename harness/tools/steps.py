@@ -19,17 +19,22 @@ on the engine core's clock.
 * :func:`contention`: refuses (``Contended``) a run whose 1-minute load average (the step log's first line,
   ``server_metrics.json``'s start / end) exceeds ``max_load_per_cpu`` x the machine's CPUs, or whose pooled
   decode-step dispersion exceeds ``max_dispersion``: such a run measures the machine, not the server.
-* :func:`fit_steps`: least squares of the step model's additive terms on the real step times, with one of two
-  objectives (:data:`OBJECTIVES`, a modelling choice the fidelity protocol reports both ways): ``relative``
+* :func:`fit_steps`: least squares of the step model's additive terms on the real step times, with one of three
+  objectives (:data:`OBJECTIVES`, a modelling choice the fidelity protocol reports every way): ``sum`` (the deciding
+  one since issue 49: ordinary least squares, then the per-step intercept set so the model's summed time over every
+  logged step, the dropped outliers included, equals the real one: what a simulated timeline spends), ``relative``
   (rows scaled by ``1 / measured``: every step's relative error weighs the same, so the fit follows the typical
   step and, on right-skewed step times, falls below their mean) or ``absolute`` (ordinary least squares on the
   times, s: with the intercept, the kept steps' residuals sum to zero, so the fitted model reproduces their
-  summed time, which is what the simulated timeline spends). Each coefficient has its standard error
+  summed time, not the outliers'). Each coefficient has its standard error
   (``s^2 (X^T X)^-1``); a coefficient
   whose relative standard error exceeds ``rel_se_bound`` (or whose estimate is not positive) is fixed at its
   prior (the base profile's value) and the rest refitted, worst first, until every free coefficient is
   identified. Steps more than ``outlier_mads`` scaled MADs from the median residual (time-slice stalls) are
-  dropped once and counted.
+  dropped once and counted. Then the busy timeline (:func:`fit_busy_timeline`: the between-step and after-idle
+  terms, from the log's gaps) and, by ``calibrate``, the API front end net of the in-flight residual
+  (:func:`api_frontend`).
+* :func:`slow_periods`: a within-run validity figure that sees correlated (slow-period) machine noise.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from harness.core.profiles import HardwareConfig, ModelConfig, rescale_peaks
+from harness.core.profiles import AFTER_IDLE_BANDS_S, HardwareConfig, ModelConfig, rescale_peaks
 from harness.sim.perf import PerfModel, REF_KV_HEADS
 
 STEP_FIELDS = ["instance", "step", "t0", "t_end", "wall_s", "idle_s", "decode_seqs", "decode_ctx", "first_decodes",
@@ -57,9 +62,11 @@ MAX_LOAD_PER_CPU = 1.5
 MAX_DISPERSION = 0.25
 REL_SE_BOUND = 0.5        # a coefficient with a larger relative standard error is not identified: fixed at its prior
 IDLE_GAP_S = 0.05         # a step that started this long after the previous one ended follows an idle engine
-# fit_steps' objectives: "relative" (each step's relative error weighs the same; the default since issue 33) and
-# "absolute" (plain least squares on step times: the calibration's summed step time kept)
-OBJECTIVES = ("relative", "absolute")
+# fit_steps' objectives: "sum" (absolute least squares, then the per-step intercept set so that the model's summed
+# time over every logged step, the dropped outliers included, equals the real one: what a simulated timeline spends;
+# the deciding one since issue 49), "relative" (each step's relative error weighs the same; issue 33's default) and
+# "absolute" (plain least squares on the kept step times: their summed time kept, the outliers' not)
+OBJECTIVES = ("sum", "relative", "absolute")
 
 
 class Contended(ValueError):
@@ -114,7 +121,9 @@ def composition_row(inst: str, d: dict) -> tuple:
 def replay(steps: pd.DataFrame, perf: PerfModel) -> np.ndarray:
     """The step model's time of every step row (s): ``decode_step`` for decode-only steps, else ``step`` with
     the per-prefill arguments, and the step's first decodes when ``perf`` prices them (``has_decode_start``), as
-    ``harness.sim.engine`` charges them."""
+    ``harness.sim.engine`` charges them; plus the after-idle term of the logged gap before the step
+    (``PerfModel.after_idle``; the first logged step counts as after a long idle, as the engine's first step does),
+    less the between-step term (``between_step_s``: outside the logged ``wall_s``)."""
     out = np.empty(len(steps))
     cols = [steps[c].to_numpy() for c in ("decode_seqs", "decode_ctx", "prefill_tokens", "prefill_ctx",
                                           "prefill_pairs", "prefill_samples", "prefill_seqs", "prefill_cached")]
@@ -125,7 +134,9 @@ def replay(steps: pd.DataFrame, perf: PerfModel) -> np.ndarray:
         else:
             out[i] = perf.step(int(n), float(pairs), int(p), int(samp), int(b), int(ctx), int(seqs), int(cached),
                                *((int(f),) if f else ())).time_s
-    return out
+    if any(getattr(perf, "after_idle_s", ())):
+        out += [perf.after_idle(x if math.isfinite(x) else math.inf) for x in steps.idle_s.to_numpy(float)]
+    return out - getattr(perf, "between_step_s", 0.0)
 
 
 def regimes(steps: pd.DataFrame) -> dict[str, pd.Series]:
@@ -246,6 +257,55 @@ def contention(run_dir: Path, steps: pd.DataFrame, meta: dict, max_load_per_cpu:
     return fig
 
 
+# ---- correlated noise: slow periods ----------------------------------------------------------------------------
+
+SLOW_WINDOW_S = 0.5       # the slow-period figure's window, s of busy time (logged step time)
+# bound of the slow-period figure (docs/fidelity_cpu.md "A validity figure that sees slow periods"): the shipped
+# calibration (docs/data/twin_cpu/calibration) reads 1.030; the same log with every 200 steps' first 60 at half speed
+# 1.144, at 2/3 speed 1.070; independent log-normal noise of sigma 0.3 on every step 1.049
+MAX_SLOW_PERIODS = 1.10
+
+
+def slow_periods(steps: pd.DataFrame, model_s: np.ndarray, window_s: float = SLOW_WINDOW_S) -> dict:
+    """A within-run validity figure that sees correlated (slow) machine noise, which the dispersion (the size of the
+    noise) does not: the logged steps of each instance in time order are cut into windows of ``window_s`` s of busy
+    time (their summed ``wall_s``); each window's speed ratio is ``R = sum(wall) / sum(model)`` (``model_s``: the
+    step model's times of the same steps, s, e.g. the run's own in-sample fit); the figure is the busy-time-weighted
+    mean of ``R`` over the step-weighted mean of ``R`` (issue 49). A machine slowed for a while makes its windows
+    slower and fewer-stepped at once, so busy time weighs them more than steps do: the figure rises above 1; noise
+    that is independent from step to step averages out within a window and leaves it near 1, and so does a constant
+    speed. Returns ``{"figure", "busy_weighted", "step_weighted", "windows"}`` (NaN with fewer than 2 windows)."""
+    R, B, N = [], [], []
+    for _, idx in steps.groupby("instance").groups.items():
+        g = steps.loc[idx].sort_values("t0")
+        w = g.wall_s.to_numpy(float)
+        m = np.asarray(model_s)[steps.index.get_indexer(g.index)]
+        win = (np.cumsum(w) // window_s).astype(int)
+        bw, bm, bn = np.bincount(win, w), np.bincount(win, m), np.bincount(win)
+        ok = (bn > 0) & (bm > 0)
+        R += list(bw[ok] / bm[ok])
+        B += list(bw[ok])
+        N += list(bn[ok])
+    if len(R) < 2:
+        return {"figure": math.nan, "busy_weighted": math.nan, "step_weighted": math.nan, "windows": len(R)}
+    R, B, N = (np.asarray(x, float) for x in (R, B, N))
+    bwm, swm = float((B * R).sum() / B.sum()), float((N * R).sum() / N.sum())
+    return {"figure": bwm / swm, "busy_weighted": bwm, "step_weighted": swm, "windows": int(len(R))}
+
+
+def slow_period_figure(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig,
+                       window_s: float = SLOW_WINDOW_S) -> dict:
+    """:func:`slow_periods` against the run's own in-sample per-step fit (:func:`fit_steps`, objective ``sum``):
+    the figure judges the machine's time structure, not another run's prices. NaN figure when the run has too few
+    steps to fit."""
+    try:
+        fit = fit_steps(steps.reset_index(drop=True), base, model, objective="sum")
+    except ValueError:
+        return {"figure": math.nan, "busy_weighted": math.nan, "step_weighted": math.nan, "windows": 0}
+    st_ = steps.reset_index(drop=True)
+    return slow_periods(st_, replay(st_, PerfModel(fit["hw"], model)), window_s)
+
+
 # ---- the fit -------------------------------------------------------------------------------------------
 
 TERMS = ("step_overhead_s", "decode_seq_s", "kv_token_s", "prefill_token_s", "attention_pair_s",
@@ -327,7 +387,7 @@ def _wls(X: np.ndarray, y: np.ndarray, offset: np.ndarray, objective: str = "rel
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``relative``: least squares of ``(y - offset) / y`` on ``X / y``; ``absolute``: of ``y - offset`` on ``X``.
     Returns ``(beta, standard errors, residuals)`` (relative residuals, or seconds)."""
-    w = 1.0 / y if objective == "relative" else np.ones_like(y)
+    w = 1.0 / y if objective == "relative" else np.ones_like(y)      # "absolute", "sum": plain least squares
     A = X * w[:, None]
     r = (y - offset) * w
     beta, *_ = np.linalg.lstsq(A, r, rcond=None)
@@ -342,13 +402,19 @@ def _wls(X: np.ndarray, y: np.ndarray, offset: np.ndarray, objective: str = "rel
 
 
 def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel_se_bound: float = REL_SE_BOUND,
-              outlier_mads: float = 8.0, objective: str = "relative", decode_start: bool = True) -> dict:
+              outlier_mads: float = 8.0, objective: str = "relative", decode_start: bool = True,
+              busy_timeline: bool = True) -> dict:
     """Fit :data:`TERMS` to the real step times (module docstring), under ``objective`` (:data:`OBJECTIVES`).
     ``decode_start=False`` leaves ``decode_start_s`` out of the fit (the base's value is kept and
     the term is not listed: the fit as it was before issue 33 added the term, ``calibrate --no-decode-start``).
+    ``busy_timeline`` (default): also the between-step and after-idle terms (:func:`fit_busy_timeline`, listed with
+    the terms; under the ``sum`` objective the intercept then gives back the after-idle time, so the summed time of
+    the logged steps stays the real one); ``False``: both kept at the base's values (the fit before issue 49,
+    ``calibrate --no-busy-timeline``).
     Returns ``{"terms": {name: {"value", "se", "rel_se", "status": "fitted" | "fixed at prior: <why>",
     "prior"}}, "hw": the profile (:func:`profile_from_terms`), "n_steps", "dropped_outliers", "rel_se_bound",
-    "objective", "base_peaks" (the base's ``peak_flops`` and ``mem_bandwidth_bytes_per_s``),
+    "objective", "sum_shift_s" (the intercept's shift under ``sum``, s), "base_peaks" (the base's ``peak_flops`` and
+    ``mem_bandwidth_bytes_per_s``),
     "residual_median_abs"}`` (the median absolute relative residual, whatever the objective).
 
     Raises:
@@ -393,6 +459,15 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
         j = free[k]
         fixed[j] = (f"relative standard error {rel[k]:.0%} > {rel_se_bound:.0%}" if beta[k] > 0
                     else f"estimate {beta[k]:.3g} (SE {se[k]:.2g}) not positive")
+    sum_shift = 0.0
+    if objective == "sum" and 0 not in fixed:
+        # the intercept's least-squares value over every step with the slopes kept: the summed time of all the
+        # logged steps (outliers, i.e. stalls, included) is the real one
+        k0 = free.index(0)
+        model_all = fixed_off + X[:, free] @ beta
+        sum_shift = float(np.mean(y - model_all))
+        beta = beta.copy()
+        beta[k0] += sum_shift
     terms = {}
     for j, name in enumerate(names):
         if j in fixed:
@@ -402,14 +477,80 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
             k = free.index(j)
             terms[name] = {"value": float(beta[k]), "se": float(se[k]), "rel_se": float(se[k] / beta[k]),
                            "prior": prior[name], "status": "fitted"}
+    if busy_timeline:
+        wall_only = dataclasses.replace(base, between_step_s=0.0, after_idle_s=[])
+        hw0 = profile_from_terms(wall_only, model, {k: v["value"] for k, v in terms.items()}, "")
+        bt = fit_busy_timeline(steps, replay(steps, PerfModel(hw0, model)), rel_se_bound)
+        if objective == "sum" and bt["after_idle_s"] and "fitted" == terms["step_overhead_s"]["status"]:
+            extra = sum(PerfModel(dataclasses.replace(hw0, after_idle_s=bt["after_idle_s"]), model).after_idle(
+                x if math.isfinite(x) else math.inf) for x in steps.idle_s.to_numpy(float))
+            terms["step_overhead_s"]["value"] -= extra / len(y)
+            sum_shift -= extra / len(y)
+        terms.update(bt["terms"])
+        base = dataclasses.replace(base, between_step_s=bt["between_step_s"], after_idle_s=bt["after_idle_s"])
     src = (f"fitted by harness.tools.calibrate --from-steps (per-step least squares, objective {objective}); "
            + "; ".join(f"{k} {v['status']}" for k, v in terms.items()))
     hw = profile_from_terms(base, model, {k: v["value"] for k, v in terms.items()}, src)
-    rel_res = res if objective == "relative" else res / y[keep]
+    rel_res = res if objective == "relative" else (res - sum_shift) / y[keep]
     return {"terms": terms, "hw": hw, "n_steps": int(keep.sum()), "dropped_outliers": dropped,
-            "rel_se_bound": rel_se_bound, "objective": objective,
+            "rel_se_bound": rel_se_bound, "objective": objective, "sum_shift_s": sum_shift,
             "base_peaks": {"peak_flops": base.peak_flops, "mem_bandwidth_bytes_per_s": base.mem_bandwidth_bytes_per_s},
             "residual_median_abs": float(np.median(np.abs(rel_res)))}
+
+
+def fit_busy_timeline(steps: pd.DataFrame, model_s: np.ndarray, rel_se_bound: float = REL_SE_BOUND) -> dict:
+    """The two costs of the busy timeline outside the logged steps' ``wall_s`` (issue 49), from the step log's own
+    gaps (``idle_s``: a step's ``t0`` minus the previous step's ``t_end``):
+
+    * ``between_step_s``: the engine core's time between ``update_from_output`` and the next ``schedule()``, the
+      median of the gaps in [0, :data:`BUSY_GAP_S`] (the engine had work), with the median's standard error
+      ``1.2533 sigma / sqrt(n)``;
+    * ``after_idle_s``: per idle band (``harness.core.profiles.AFTER_IDLE_BANDS_S``), the mean residual ``wall -
+      model_s`` of the steps after a gap in that band minus the busy steps' (gap <= :data:`BUSY_GAP_S`), with the
+      standard error of the difference; fixed at 0 ("not fitted: ...") with fewer than 3 steps, a non-positive
+      estimate or a relative standard error above ``rel_se_bound``; trailing unfitted bands dropped.
+
+    ``model_s``: the step model's times of the steps without either term (s). Returns ``{"between_step_s",
+    "after_idle_s" (list), "terms": {name: {"value", "se", "rel_se", "status", "n"}}}``."""
+    gap = steps.idle_s.to_numpy(float)
+    busy = np.isfinite(gap) & (gap >= 0) & (gap <= BUSY_GAP_S)
+    terms: dict = {}
+    g = gap[busy]
+    if len(g) >= 3:
+        bs = float(np.median(g))
+        se = float(1.2533 * g.std(ddof=1) / math.sqrt(len(g)))
+        terms["between_step_s"] = {"value": bs, "se": se, "rel_se": se / bs if bs > 0 else math.nan,
+                                   "status": "fitted" if bs > 0 else "fixed at prior: median 0", "n": int(len(g))}
+    else:
+        bs = 0.0
+        terms["between_step_s"] = {"value": 0.0, "se": math.nan, "rel_se": math.nan, "n": int(len(g)),
+                                   "status": "fixed at prior: not fitted: fewer than 3 gaps <= 1 ms"}
+    r = steps.wall_s.to_numpy(float) - np.asarray(model_s)
+    rb = r[busy]
+    edges = list(AFTER_IDLE_BANDS_S) + [math.inf]
+    after = []
+    gi = np.where(np.isfinite(gap), gap, math.inf)     # the first logged step: after the server's idle start
+    for k in range(len(AFTER_IDLE_BANDS_S)):
+        m = (gi >= edges[k]) & (gi < edges[k + 1])
+        name = f"after_idle_s[{edges[k]:g}-{edges[k + 1]:g} s]"
+        rk = r[m]
+        if len(rk) < 3 or len(rb) < 3:
+            terms[name] = {"value": 0.0, "se": math.nan, "rel_se": math.nan, "n": int(len(rk)),
+                           "status": f"fixed at prior: not fitted: {len(rk)} steps after such a gap (< 3)"}
+            after.append(0.0)
+            continue
+        v = float(rk.mean() - rb.mean())
+        se = float(math.sqrt(rk.var(ddof=1) / len(rk) + rb.var(ddof=1) / len(rb)))
+        rel = se / v if v > 0 else math.inf
+        ok = v > 0 and rel <= rel_se_bound
+        terms[name] = {"value": v if ok else 0.0, "se": se, "rel_se": rel if v > 0 else math.nan, "n": int(len(rk)),
+                       "status": "fitted" if ok else (f"fixed at prior: not fitted: estimate {v:.3g} s not positive"
+                                                      if v <= 0 else f"fixed at prior: not fitted: relative standard "
+                                                      f"error {rel:.0%} > {rel_se_bound:.0%}"), "estimate": v}
+        after.append(v if ok else 0.0)
+    while after and after[-1] == 0.0:
+        after.pop()
+    return {"between_step_s": bs, "after_idle_s": after, "terms": terms}
 
 
 def decode_start_excess(steps: pd.DataFrame, model_s: np.ndarray) -> dict:
@@ -426,11 +567,37 @@ def decode_start_excess(steps: pd.DataFrame, model_s: np.ndarray) -> dict:
             "n_first": int(len(a)), "n_other": int(len(b))}
 
 
-def api_frontend(run_dir: Path) -> dict:
-    """The API front end's share of TTFT on the server clock, per request: vLLM's TTFT (from the API server's
-    arrival) minus the engine's (queue + prefill), from the spans of ``server_metrics.json``: mean, median,
-    standard error of the mean (s), n. Not a term of the step model (the simulator has no API-server term):
-    reported beside the fit."""
+BUSY_GAP_S = 1e-3        # a gap between two logged steps up to this long is the engine core's between-step work
+
+
+def inflight_residual(steps: pd.DataFrame) -> float:
+    """The mean time a request that reaches the engine core at a random instant waits for the step in flight to
+    end (vLLM adds requests between steps), s: by renewal theory ``sum(c_i^2) / (2 T)`` over the engine's busy
+    cycles ``c_i`` (a logged step's ``wall_s`` plus the gap after it when that gap is the between-step work, <=
+    :data:`BUSY_GAP_S`), ``T`` the logged span (first ``t0`` to last ``t_end``; an idle gap's arrivals wait 0).
+    Assumes arrivals independent of the step phase (a closed loop with tool times); NaN without steps."""
+    if steps.empty:
+        return math.nan
+    out = 0.0
+    span = 0.0
+    for _, g in steps.groupby("instance"):
+        g = g.sort_values("t0")
+        gap_after = np.append(g.t0.to_numpy()[1:] - g.t_end.to_numpy()[:-1], 0.0)
+        c = g.wall_s.to_numpy() + np.where((gap_after >= 0) & (gap_after <= BUSY_GAP_S), gap_after, 0.0)
+        out += float((c ** 2).sum()) / 2
+        span += float(g.t_end.max() - g.t0.min())
+    return out / span if span > 0 else math.nan
+
+
+def api_frontend(run_dir: Path, steps: Optional[pd.DataFrame] = None) -> dict:
+    """The API front end on the server clock, per request: vLLM's TTFT (from the API server's arrival, to when the
+    API server processes the first token) minus the engine's (``queued_ts`` to first token: queue + prefill), from
+    the spans of ``server_metrics.json``: mean, median, standard error of the mean (s), n. That difference holds the
+    API server's own work (in and out) AND the in-flight residual (a request reaching a busy engine core is queued
+    only when the step in flight ends); with the run's ``steps`` (:func:`load_step_times`) the residual is estimated
+    (:func:`inflight_residual`) and ``net_s`` = mean - residual (>= 0) is the API-server work alone, the value of
+    ``HardwareConfig.api_frontend_s`` (the simulator adds the residual itself: counting it in the term too would
+    count it twice)."""
     p = Path(run_dir) / "server_metrics.json"
     if not p.is_file():
         return {"n": 0}
@@ -439,8 +606,20 @@ def api_frontend(run_dir: Path) -> dict:
                   if all(isinstance(r.get(k), (int, float)) for k in ("ttft_s", "queue_s", "prefill_s"))])
     if len(d) < 2:
         return {"n": int(len(d))}
-    return {"n": int(len(d)), "mean_s": float(d.mean()), "median_s": float(np.median(d)),
-            "se_s": float(d.std(ddof=1) / math.sqrt(len(d)))}
+    out = {"n": int(len(d)), "mean_s": float(d.mean()), "median_s": float(np.median(d)),
+           "se_s": float(d.std(ddof=1) / math.sqrt(len(d)))}
+    if steps is not None:
+        res = inflight_residual(steps)
+        out["inflight_residual_s"] = res
+        out["net_s"] = max(0.0, out["mean_s"] - res) if math.isfinite(res) else math.nan
+    return out
+
+
+def with_frontend(hw: HardwareConfig, frontend: dict) -> HardwareConfig:
+    """``hw`` with ``api_frontend_s`` set to the fitted front end's ``net_s`` (:func:`api_frontend`), when there is
+    one (a run with spans and a step log); else ``hw`` unchanged (0: no front end)."""
+    v = frontend.get("net_s", math.nan)
+    return dataclasses.replace(hw, api_frontend_s=float(v)) if isinstance(v, float) and math.isfinite(v) else hw
 
 
 def _frac(v: float) -> str:
@@ -459,7 +638,10 @@ def markdown(result: dict) -> str:
              f"- load average (1 min): {c['loadavg_1min']}; decode dispersion {c['decode_dispersion']:.1%} "
              f"({c['dispersion_steps']} steps); bounds {c['bounds']}",
              f"- decode-start excess (batch 1, first decode step vs others, real - model): "
-             f"{result['decode_start']}", "",
+             f"{result['decode_start']}",
+             f"- slow-period figure (busy-time-weighted over step-weighted speed ratio of {SLOW_WINDOW_S:g} s windows "
+             f"against the run's own in-sample fit; the protocol's bound {MAX_SLOW_PERIODS:.2f}): "
+             f"{result.get('slow_periods', {}).get('figure', math.nan):.3f}", "",
              "| regime | steps | real median | model median | median error | median abs error | total error "
              "| real dispersion (IQR/median) |", "|---|---|---|---|---|---|---|---|"]
     for r in result["regimes"]:
@@ -498,7 +680,8 @@ def steps_report(real_dir: Path, profile_path: str, out_dir: Optional[Path] = No
     met = all(abs(r["median_err"]) <= 0.10 for r in table if r["n"] >= 50)
     result = {"real_dir": str(real_dir), "profile": hw.name, "profile_path": str(profile_path),
               "n_steps": int(len(steps)), "skip_steps": skip_steps, "contention": cont, "regimes": table,
-              "decode_start": decode_start_excess(steps, model_s), "api_frontend": api_frontend(real_dir),
+              "decode_start": decode_start_excess(steps, model_s), "api_frontend": api_frontend(real_dir, steps),
+              "slow_periods": slow_period_figure(steps, hw, model),
               "target_met": bool(met)}
     out_dir = Path(out_dir) if out_dir is not None else real_dir / "fidelity"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -565,7 +748,9 @@ def steps_profile_yaml(fit: dict, run_dir: Path, base_name: str, contention_fig:
                      f"written as {peaks} (raised by the largest efficiency on each side; step times unchanged)")
     lines.append(f"# contention of the run: {json.dumps(contention_fig, default=str)}")
     for k, v in extra.items():
-        lines.append(f"# {k} (not a term of the step model): {json.dumps(v)}")
+        what = ("api_frontend_s = its net_s: the API server's work net of the in-flight residual"
+                if k == "api_frontend_ttft" and "net_s" in v else "not a term of the step model")
+        lines.append(f"# {k} ({what}): {json.dumps(v)}")
     d = dataclasses.asdict(hw)
     for k in HW_FIELDS:
         v = d[k]
