@@ -8,7 +8,7 @@ span per request). :func:`pack` replaces each by its ``.gz`` (the same bytes, gz
 only once the compressed one is written, read back and equal); the readers here take either form, so
 ``python -m harness.tools.fidelity steps``, ``calibrate --from-steps`` and ``fidelity`` read a packed run as they
 read a fresh one. The shipped calibration (``docs/data/twin_cpu/calibration``: 1,680 logged steps) packs its
-step log 317 KB -> 57 KB and its ``server_metrics.json`` 226 KB -> 35 KB.
+step log 317,661 -> 55,214 bytes and its ``server_metrics.json`` 225,520 -> 33,499 bytes.
 
 ``python -m harness.tools.fidelity protocol`` packs every real run it launched once it has read it; other runs
 (twin sweeps, calibrations) with ``python -m harness.core.evidence RUN_DIR ...`` before they are shipped.
