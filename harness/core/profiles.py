@@ -260,18 +260,46 @@ class InstanceGroupConfig:
 
 @dataclass
 class LinkConfig:
-    """The interconnect used for KV transfer between two instances.
+    """How a P/D pair moves a prompt's KV from the prefiller to the decoder (``model``).
 
-    Transfer time of ``b`` bytes = ``latency_s + b / bandwidth_bytes_per_s`` (one transfer at a time
-    per destination instance; later ones queue).
+    ``model=link`` (the default; every shipped preset): a transfer on a link of its own that occupies neither
+    engine, ``latency_s + bytes / bandwidth_bytes_per_s`` (one transfer at a time per destination instance;
+    later ones queue); the decoder then decodes from the whole prompt.
+
+    ``model=example_connector``: the path vLLM's ``ExampleConnector`` runs (``harness.sim.engine``, "KV
+    connector"): the prefiller saves the prompt's KV inside the step that completes it, the decoder loads
+    ``(len - 2) // block * block`` tokens inside the step that admits the request and recomputes the rest (2 to
+    block + 1 tokens) as a local prefill in that same step, which samples the first token
+    (``vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py``: ``get_num_new_matched_tokens`` loads
+    ``align_to_block_size(len - 1)`` with ``align_to_block_size(n) = (n - 1) // block * block``; the prefiller
+    stores ``align_to_block_size(len)`` tokens). A save or a load of t tokens adds
+    ``request_s + num_layers * layer_s + t * kv_bytes_per_token / bandwidth_bytes_per_s`` to its engine's step
+    (``latency_s`` unused). The prefiller frees its blocks when its request finishes.
+
+    Both: ``frontend_s`` is added between the prefiller's finish and the decoder request's arrival (the
+    prefiller's response and the decoder's request crossing the front ends: API servers, HTTP legs).
+
+    Fields: name; bandwidth_bytes_per_s (bytes/s); latency_s (s); model; request_s, layer_s (s per save or load,
+    and per layer of one); frontend_s (s). No connector profile is shipped: the CPU file connector's costs need a
+    P/D calibration run with both servers up (not made); a NIXL-shaped path (asynchronous loads with per-request
+    and per-descriptor costs) is not modelled.
     """
 
     name: str = "pcie4_x16"
     bandwidth_bytes_per_s: float = 31.5e9
     latency_s: float = 1e-5
+    model: str = "link"
+    request_s: float = 0.0
+    layer_s: float = 0.0
+    frontend_s: float = 0.0
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the field."""
+        _require(self.model in LINK_MODELS, f"{where}.model", f"one of {LINK_MODELS}", self.model)
+        for f in ("request_s", "layer_s", "frontend_s"):
+            v = getattr(self, f)
+            _require(isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v <= 60, f"{where}.{f}",
+                     "a finite number in [0, 60] (s)", v)
         _positive(f"{where}.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
         _at_most(f"{where}.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s, 1e15, "1 PB/s")
         _require(isinstance(self.latency_s, (int, float)) and 0 <= self.latency_s <= 60, f"{where}.latency_s",
@@ -315,6 +343,21 @@ STEP_MODES = tuple(ENGINE_DEFAULT_RULES)
 PREEMPTION_ORDERS = ("lifo_admission", "lifo_arrival")
 STEP_MODELS = ("roofline", "vidur_profile")
 DEVICES = ("gpu", "cpu")
+LINK_MODELS = ("link", "example_connector")
+
+
+def example_connector_loaded_tokens(prompt_tokens: int, block_size: int) -> int:
+    """Prompt tokens vLLM's ``ExampleConnector`` loads on the decoder (tokens): ``align(len - 1)`` with
+    ``align(n) = (n - 1) // block_size * block_size`` (``example_connector.py``: ``get_num_new_matched_tokens``,
+    ``align_to_block_size``), i.e. ``(len - 2) // block_size * block_size``, at least 0; the decoder recomputes
+    ``len`` minus this (2 to ``block_size + 1`` tokens)."""
+    return max(0, (prompt_tokens - 2) // block_size * block_size)
+
+
+def example_connector_saved_tokens(prompt_tokens: int, block_size: int) -> int:
+    """Prompt tokens the prefiller's ``ExampleConnector`` saves (tokens): ``align(len) = (len - 1) // block_size *
+    block_size`` (``example_connector.py``, ``ReqMeta.make_meta``), at least 0."""
+    return max(0, (prompt_tokens - 1) // block_size * block_size)
 
 
 @dataclass

