@@ -80,10 +80,14 @@ def test_decoder_recomputes_the_tail_and_the_costs_sit_in_the_right_steps(prompt
 
 def test_link_model_keeps_the_old_path():
     """``model=link`` (every shipped preset): the whole prompt moves on the link (latency + bytes / bandwidth), no
-    tail is recomputed on the decoder."""
+    tail is recomputed on the decoder; ``frontend_s`` delays the decoder's arrival."""
     t = one_turn(300, {"model": "link"})
     assert t.transfer_tokens == 300 and t.prefill_computed_tokens == 300
     assert t.transfer_s == pytest.approx(1e-4 + 300 * KVB / 1e9, rel=1e-9)     # cpu_1p1d's loopback link
+    # the front ends delay the decoder's arrival by frontend_s there too, and nothing else
+    t2 = one_turn(300, {"model": "link", "frontend_s": 0.02})
+    assert t2.prefill_done_s == t.prefill_done_s
+    assert t2.first_token_s - t.first_token_s == pytest.approx(0.02, abs=1e-12)
 
 
 def test_bad_link_model_names_the_field():

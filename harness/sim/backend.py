@@ -197,14 +197,22 @@ class SimBackend(ClusterBase):
         if self.link.model == "example_connector":
             self._connector_handoff(job, preq)
             return
-        d = job.placement.decode_instance
         dreq = Request(job.conversation_id, job.turn, job.prompt_tokens, job.output_tokens, job.reused,
                        remote_kv=True,
                        on_first_token=lambda r: self._remote_first_token(job, r),
                        on_finish=lambda r: self._finish(job, r),
                        on_loading=lambda r, tokens: self._transfer(job, preq, r, tokens), owner=job,
                        ranges=preq.kv.ranges)
-        self.engines[d].submit(dreq)
+        if self.link.frontend_s:     # the front ends between the prefiller's finish and the decoder's arrival
+            self.clock.call_at(self.clock.now() + self.link.frontend_s, self._submit_remote, job, preq, dreq,
+                               priority=Priority.ENGINE)
+        else:
+            self._submit_remote(job, preq, dreq)
+
+    def _submit_remote(self, job: TurnJob, preq: Request, dreq: Request) -> None:
+        """Submit a ``link`` P/D turn's decode request; free the prefiller's blocks if the decoder can never
+        hold it."""
+        self.engines[job.placement.decode_instance].submit(dreq)
         if dreq.state == FAILED:  # the decoder can never hold it: free the prefiller's blocks
             self.engines[job.placement.prefill_instance].release_held(preq)
 
