@@ -84,6 +84,10 @@ def test_link_model_keeps_the_old_path():
     t = one_turn(300, {"model": "link"})
     assert t.transfer_tokens == 300 and t.prefill_computed_tokens == 300
     assert t.transfer_s == pytest.approx(1e-4 + 300 * KVB / 1e9, rel=1e-9)     # cpu_1p1d's loopback link
+    # the NixlConnector shape: + request_s + layers * (layer_s + blocks * descriptor_s) per transfer; 300 tokens
+    # are 3 blocks of 128
+    t3 = one_turn(300, {"model": "link", "request_s": 0.003, "layer_s": 2e-4, "descriptor_s": 1e-4})
+    assert t3.transfer_s == pytest.approx(1e-4 + 300 * KVB / 1e9 + 0.003 + L * (2e-4 + 3 * 1e-4), rel=1e-9)
     # the front ends delay the decoder's arrival by frontend_s there too, and nothing else
     t2 = one_turn(300, {"model": "link", "frontend_s": 0.02})
     assert t2.prefill_done_s == t.prefill_done_s

@@ -276,13 +276,19 @@ class LinkConfig:
     ``request_s + num_layers * layer_s + t * kv_bytes_per_token / bandwidth_bytes_per_s`` to its engine's step
     (``latency_s`` unused). The prefiller frees its blocks when its request finishes.
 
+    ``model=link`` with ``request_s`` / ``layer_s`` / ``descriptor_s`` is the shape of vLLM's NixlConnector on GPU
+    pairs (the decoder loads the whole prompt asynchronously, outside its steps, ``nixl/base_scheduler.py``
+    ``_get_remote_prefill_token_count`` with no back-off for attention models): each transfer also costs
+    ``request_s + num_layers * (layer_s + blocks * descriptor_s)`` (:func:`link_fixed_s`; one descriptor per KV
+    block per layer). Not measured here: no values are shipped (0: the plain link).
+
     Both: ``frontend_s`` is added between the prefiller's finish and the decoder request's arrival (the
     prefiller's response and the decoder's request crossing the front ends: API servers, HTTP legs).
 
-    Fields: name; bandwidth_bytes_per_s (bytes/s); latency_s (s); model; request_s, layer_s (s per save or load,
-    and per layer of one); frontend_s (s). No connector profile is shipped: the CPU file connector's costs need a
-    P/D calibration run with both servers up (not made); a NIXL-shaped path (asynchronous loads with per-request
-    and per-descriptor costs) is not modelled.
+    Fields: name; bandwidth_bytes_per_s (bytes/s); latency_s (s); model; request_s, layer_s (s per save, load or
+    transfer, and per layer of one); descriptor_s (s per KV block per layer of a ``link`` transfer); frontend_s
+    (s). No connector profile is shipped: the CPU file connector's costs need a P/D calibration run with both
+    servers up (not made), NIXL's a GPU pair.
     """
 
     name: str = "pcie4_x16"
@@ -291,12 +297,13 @@ class LinkConfig:
     model: str = "link"
     request_s: float = 0.0
     layer_s: float = 0.0
+    descriptor_s: float = 0.0
     frontend_s: float = 0.0
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the field."""
         _require(self.model in LINK_MODELS, f"{where}.model", f"one of {LINK_MODELS}", self.model)
-        for f in ("request_s", "layer_s", "frontend_s"):
+        for f in ("request_s", "layer_s", "descriptor_s", "frontend_s"):
             v = getattr(self, f)
             _require(isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v <= 60, f"{where}.{f}",
                      "a finite number in [0, 60] (s)", v)
@@ -344,6 +351,12 @@ PREEMPTION_ORDERS = ("lifo_admission", "lifo_arrival")
 STEP_MODELS = ("roofline", "vidur_profile")
 DEVICES = ("gpu", "cpu")
 LINK_MODELS = ("link", "example_connector")
+
+
+def link_fixed_s(link: "LinkConfig", num_layers: int, blocks: int) -> float:
+    """The fixed costs of one ``model=link`` transfer of ``blocks`` KV blocks, s: ``request_s + num_layers *
+    (layer_s + blocks * descriptor_s)`` (the NixlConnector shape, ``LinkConfig``; 0 with the fields at 0)."""
+    return link.request_s + num_layers * (link.layer_s + blocks * link.descriptor_s)
 
 
 def example_connector_loaded_tokens(prompt_tokens: int, block_size: int) -> int:

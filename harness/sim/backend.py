@@ -9,7 +9,7 @@ from harness.core.backend import ClusterBase, InstanceInfo, InstanceState, TurnJ
 from harness.core.clock import Priority, SimClock
 from harness.workload.prefix import BlockContent, block_ranges
 from harness.core.profiles import (EngineConfig, HardwareConfig, LinkConfig, ModelConfig, example_connector_loaded_tokens,
-                                   kv_capacity_blocks, kv_transfer_s)
+                                   kv_capacity_blocks, kv_transfer_s, link_fixed_s)
 from harness.sim.engine import FAILED, Engine, Request
 from harness.sim.perf import make_step_model
 from harness.sim.steps import StepLog
@@ -245,7 +245,8 @@ class SimBackend(ClusterBase):
         now = self.clock.now()
         d = job.placement.decode_instance
         start = max(now, self._link_free_at[d])
-        done = start + kv_transfer_s(tokens, self._kvb, self.link.bandwidth_bytes_per_s, self.link.latency_s)
+        done = start + kv_transfer_s(tokens, self._kvb, self.link.bandwidth_bytes_per_s, self.link.latency_s) \
+            + link_fixed_s(self.link, self.model.num_layers, -(-tokens // self._bs))
         self._link_free_at[d] = done
         job.transfer_tokens += tokens
         job.decode_cached_tokens = job.prompt_tokens - tokens
