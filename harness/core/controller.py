@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from harness.core.backend import Cluster, TurnJob
 from harness.core.clock import SimClock
@@ -69,6 +69,10 @@ class Controller:
         stop_s: the duration stop (``workload.duration_s``, s of the run clock): after it no conversation
             starts and no turn is submitted; turns on the backend finish; a conversation with turns left is
             ended as ``stopped``; one not started as ``not_started``. ``None``: run to the end.
+        pinned: ``{(conversation_id, turn): s}``, the recorded arrival of each turn (``harness.workload.replay``):
+            turn k >= 1 is ready then instead of after its tool time, or at its previous turn's finish when
+            that is later (counted in ``pinned_late`` with the largest lateness ``pinned_late_max_s``, s); a turn
+            without a time keeps its tool time (``pinned_missing``). ``None``: tool times.
 
     Raises (at decision time):
         ValueError: a policy returned an invalid admission index or placement instance.
@@ -79,7 +83,7 @@ class Controller:
                  link_latency_s: float, kv_bytes_per_token: int,
                  on_conversation: Callable[[ConversationState], None] = lambda c: None,
                  max_context_tokens: Optional[int] = None, max_active: Optional[int] = None,
-                 stop_s: Optional[float] = None):
+                 stop_s: Optional[float] = None, pinned: Optional[Mapping[tuple[str, int], float]] = None):
         self.clock, self.backend, self.policy, self.recorder = cluster.clock, cluster, policy, recorder
         self._hints = tuple(hints)
         self.convs = [ConversationState(i, rec, t, tuple(tr.reused_tokens for tr in rec.turns))
@@ -128,6 +132,9 @@ class Controller:
         self._gate: list[ConversationState] = []
         self._in_flight: set[str] = set()
         self.stopping = False
+        self.pinned = pinned
+        self.pinned_late = self.pinned_missing = 0
+        self.pinned_late_max_s = 0.0
 
     # ---- run ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -345,10 +352,27 @@ class Controller:
                 c.stopped = True
                 self._end(c, self.clock.now())
             else:
-                self.clock.call_at(self.clock.now() + tr.tool_time_s, self._ready, c)
+                self.clock.call_at(self._next_ready_s(c, tr.tool_time_s), self._ready, c)
         else:
             self._end(c, self.clock.now())
         self._poll()
+
+    def _next_ready_s(self, c: ConversationState, tool_time_s: float) -> float:
+        """When ``c``'s next turn is ready, s: now + the tool time, or its recorded arrival (``pinned``), not
+        before now."""
+        now = self.clock.now()
+        if self.pinned is None:
+            return now + tool_time_s
+        t = self.pinned.get((c.record.conversation_id, c.next_turn))
+        if t is None:
+            self.pinned_missing += 1
+            return now + tool_time_s
+        if t < now:
+            self.pinned_late += 1
+            if now - t > self.pinned_late_max_s:
+                self.pinned_late_max_s = now - t
+            return now
+        return t
 
     def _fail(self, job: TurnJob, reason: str) -> None:
         if job.prefill_done_s is None:

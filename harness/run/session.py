@@ -21,7 +21,7 @@ import math
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from harness.core.backend import Cluster
 from harness.core.controller import ConversationState, Controller
@@ -103,7 +103,8 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
                 stats: WorkloadStats, scheduler_name: str, sched_cfg: Any, recorder: Recorder, *,
                 oracle: Optional[Oracle] = None, tick_s: Optional[float] = None,
                 on_conversation: Optional[Callable[[ConversationState], None]] = None,
-                max_active: Optional[int] = None, stop_s: Optional[float] = None) -> SessionResult:
+                max_active: Optional[int] = None, stop_s: Optional[float] = None,
+                pinned: Optional[Mapping[tuple[str, int], float]] = None) -> SessionResult:
     """Replay ``conversations`` on an opened ``cluster`` (of the session ``inp``) under scheduler
     ``scheduler_name`` with its config ``sched_cfg``.
 
@@ -115,7 +116,10 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
     the main run (``harness.core.controller.Controller``; ``workload.max_active()``, ``workload.duration_s``);
     with them, ``extra`` gets ``num_conversations_started`` / ``_stopped`` / ``_not_started``,
     ``max_active_conversations``, ``client_wait_mean_s`` / ``client_wait_max_s`` (s) and ``duration_stop_s``,
-    and the conversations never started are left out of ``convs``.
+    and the conversations never started are left out of ``convs``. ``pinned``: each turn's recorded arrival
+    (``harness.workload.replay``, ``workload.arrivals_from_run``); ``extra`` then gets ``pinned_turns`` (turns
+    after the first with a recorded time), ``pinned_turns_late`` / ``pinned_late_max_s`` (made ready at their
+    previous turn's finish, after their time; the largest lateness, s) and ``pinned_turns_missing``.
     """
     oracle = oracle or Oracle(conversations)
     ctx = policy_context(inp, stats, oracle, [i.kv_capacity_tokens for i in cluster.infos])
@@ -131,7 +135,8 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
                             link_bandwidth_bytes_per_s=inp.link.bandwidth_bytes_per_s,
                             link_latency_s=inp.link.latency_s, kv_bytes_per_token=inp.model.kv_bytes_per_token,
                             on_conversation=on_conversation or (lambda c: None),
-                            max_context_tokens=inp.context_limit_tokens, max_active=max_active, stop_s=stop_s)
+                            max_context_tokens=inp.context_limit_tokens, max_active=max_active, stop_s=stop_s,
+                            pinned=pinned)
 
     def tick():
         recorder.sample(cluster.clock.now(), cluster.infos, cluster.observe(), cluster.power_w())
@@ -163,6 +168,11 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
                       "max_active_limit": max_active, "duration_stop_s": stop_s,
                       "client_wait_mean_s": sum(waits) / len(waits) if waits else math.nan,
                       "client_wait_max_s": max(waits) if waits else math.nan})
+    if pinned is not None:
+        ids = {c.record.conversation_id for c in controller.convs}
+        extra.update({"pinned_turns": sum(1 for (cid, k) in pinned if k > 0 and cid in ids),
+                      "pinned_turns_late": controller.pinned_late, "pinned_late_max_s": controller.pinned_late_max_s,
+                      "pinned_turns_missing": controller.pinned_missing})
     if plan:
         extra["policy_plan"] = plan
     extra.update(policy.summary())  # a policy's own counters (e.g. AMPD's decision flips), backend-neutral

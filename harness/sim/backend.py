@@ -8,7 +8,8 @@ from typing import Callable, Optional, Sequence
 from harness.core.backend import ClusterBase, InstanceInfo, InstanceState, TurnJob
 from harness.core.clock import Priority, SimClock
 from harness.workload.prefix import BlockContent, block_ranges
-from harness.core.profiles import EngineConfig, HardwareConfig, LinkConfig, ModelConfig, kv_capacity_blocks, kv_transfer_s
+from harness.core.profiles import (EngineConfig, HardwareConfig, LinkConfig, ModelConfig, example_connector_loaded_tokens,
+                                   kv_capacity_blocks, kv_transfer_s, link_fixed_s)
 from harness.sim.engine import FAILED, Engine, Request
 from harness.sim.perf import make_step_model
 from harness.sim.steps import StepLog
@@ -30,8 +31,10 @@ class SimBackend(ClusterBase):
             ``reused_tokens``; no sharing across conversations).
         record_steps: keep one record per engine step (``steps_frame``, ``steps.parquet``;
             ``harness.sim.steps``); off: nothing is recorded.
-    KV transfers into one instance are serialised (one at a time, FIFO); transfer time is
-    :func:`harness.core.profiles.kv_transfer_s`.
+    ``link.model=link``: KV transfers into one instance are serialised (one at a time, FIFO); transfer time is
+    :func:`harness.core.profiles.kv_transfer_s`. ``link.model=example_connector``: the connector's save and load
+    run inside the engines' steps (``harness.sim.engine``, "KV connector"), the prefiller frees its blocks at
+    once, and the decoder request arrives ``link.frontend_s`` after the prefiller's finish.
     """
 
     def __init__(self, instances: Sequence[tuple[str, str, HardwareConfig]], model: ModelConfig,
@@ -54,6 +57,8 @@ class SimBackend(ClusterBase):
         self.step_log = StepLog() if record_steps else None
         for e in self.engines:
             e.step_log = self.step_log
+            if link.model == "example_connector":
+                e.connector = link
         # the API front end per instance (HardwareConfig.api_frontend_s, s): a turn reaches the first engine it is
         # placed on this long after it arrives at the server
         self._frontend_s = [float(getattr(hw, "api_frontend_s", 0.0) or 0.0) for _, _, hw in instances]
@@ -209,16 +214,49 @@ class SimBackend(ClusterBase):
         job.preemptions += preq.preemptions
         job.prefill_computed_tokens += preq.prefill_computed
         job.on_prefill_done(job)
-        d = job.placement.decode_instance
+        if self.link.model == "example_connector":
+            self._connector_handoff(job, preq)
+            return
         dreq = Request(job.conversation_id, job.turn, job.prompt_tokens, job.output_tokens, job.reused,
                        remote_kv=True,
                        on_first_token=lambda r: self._remote_first_token(job, r),
                        on_finish=lambda r: self._finish(job, r),
                        on_loading=lambda r, tokens: self._transfer(job, preq, r, tokens), owner=job,
                        ranges=preq.kv.ranges)
-        self.engines[d].submit(dreq)
+        if self.link.frontend_s:     # the front ends between the prefiller's finish and the decoder's arrival
+            self.clock.call_at(self.clock.now() + self.link.frontend_s, self._submit_remote, job, preq, dreq,
+                               priority=Priority.ENGINE)
+        else:
+            self._submit_remote(job, preq, dreq)
+
+    def _submit_remote(self, job: TurnJob, preq: Request, dreq: Request) -> None:
+        """Submit a ``link`` P/D turn's decode request; free the prefiller's blocks if the decoder can never
+        hold it."""
+        self.engines[job.placement.decode_instance].submit(dreq)
         if dreq.state == FAILED:  # the decoder can never hold it: free the prefiller's blocks
             self.engines[job.placement.prefill_instance].release_held(preq)
+
+    def _connector_handoff(self, job: TurnJob, preq: Request) -> None:
+        """``link.model=example_connector``: the prefiller frees its blocks now (the KV was saved inside its step);
+        ``link.frontend_s`` later the decoder gets the turn as a local request that can load
+        :func:`~harness.core.profiles.example_connector_loaded_tokens` of its prompt (``Request.external``)."""
+        self.engines[job.placement.prefill_instance].release_held(preq)
+        dreq = Request(job.conversation_id, job.turn, job.prompt_tokens, job.output_tokens, job.reused,
+                       on_first_token=lambda r: self._remote_first_token(job, r),
+                       on_finish=lambda r: self._finish(job, r),
+                       on_loading=lambda r, tokens: self._loaded(job, r, tokens), owner=job, ranges=preq.kv.ranges)
+        dreq.external = example_connector_loaded_tokens(job.prompt_tokens, self._bs)
+        job.decode_cached_tokens = 0
+        self.clock.call_at(self.clock.now() + self.link.frontend_s,
+                           self.engines[job.placement.decode_instance].submit, dreq, priority=Priority.ENGINE)
+
+    def _loaded(self, job: TurnJob, dreq: Request, tokens: int) -> None:
+        """The decoder's step admitting ``dreq`` loads ``tokens`` tokens through the connector (its time is in
+        that step): recorded as the turn's transfer."""
+        eng = self.engines[job.placement.decode_instance]
+        job.transfer_tokens += tokens
+        job.decode_cached_tokens = max(dreq.hit_tokens, 0)
+        job.transfer_s += eng.connector_s(tokens)
 
     def _remote_first_token(self, job: TurnJob, req: Request) -> None:
         job.first_token_s = self.clock.now()
@@ -227,7 +265,8 @@ class SimBackend(ClusterBase):
         now = self.clock.now()
         d = job.placement.decode_instance
         start = max(now, self._link_free_at[d])
-        done = start + kv_transfer_s(tokens, self._kvb, self.link.bandwidth_bytes_per_s, self.link.latency_s)
+        done = start + kv_transfer_s(tokens, self._kvb, self.link.bandwidth_bytes_per_s, self.link.latency_s) \
+            + link_fixed_s(self.link, self.model.num_layers, -(-tokens // self._bs))
         self._link_free_at[d] = done
         job.transfer_tokens += tokens
         job.decode_cached_tokens = job.prompt_tokens - tokens

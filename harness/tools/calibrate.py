@@ -79,6 +79,7 @@ import numpy as np
 import pandas as pd
 
 from harness.core import cmdline
+from harness.core import evidence
 from harness.core.profiles import HardwareConfig, ModelConfig, rescale_peaks
 from harness.sim.perf import PerfModel
 from harness.analysis.validity import partial_run  # noqa: F401  (calibrate's rule; fidelity imports it from here)
@@ -577,8 +578,7 @@ def calibrate(run_dir: Path, base: HardwareConfig, name: str, min_gap_s: float =
     model = ModelConfig(**cfg["model"])
     turns = pd.read_parquet(run_dir / "turns.parquet")
     tokens = pd.read_parquet(run_dir / "tokens.parquet")
-    sm_path = run_dir / "server_metrics.json"
-    sm = json.loads(sm_path.read_text()) if use_server and sm_path.is_file() else None
+    sm = evidence.server_metrics(run_dir) if use_server else None     # plain or packed (harness.core.evidence)
     obs, counts = observations(turns, tokens, sm, min_gap_s)
     res = fit(obs, base, model, loss_scale, loss=loss, prefill_terms=prefill_terms, max_efficiency=max_efficiency)
     res.hw = dataclasses.replace(res.hw, name=name)

@@ -40,6 +40,7 @@ import pandas as pd
 
 from harness.core import cmdline
 from harness.tools.calibrate import kv_mem_bytes, load_profile, load_run_config, partial_run, run_means
+from harness.core import evidence
 from harness.core.profiles import HardwareConfig, ModelConfig
 from harness.tools import protocol as pr
 from harness.tools import steps as st
@@ -115,9 +116,8 @@ def run_metrics(run_dir: Path) -> dict:
         m["_kv"] = _kv_series(inst, grid)
         m["kv_used_frac_mean"] = float(m["_kv"].mean())
         m["kv_used_frac_max"] = float(inst.kv_used_frac.max())
-    sm = run_dir / "server_metrics.json"
-    if sm.is_file():
-        server = json.loads(sm.read_text())
+    server = evidence.server_metrics(run_dir)     # plain or packed (harness.core.evidence)
+    if server is not None:
         srv = run_means(server)
         m["server_itl_mean_s"] = srv.get("itl_mean_s", math.nan)
         m["server_ttft_mean_s"] = srv.get("ttft_mean_s", math.nan)
@@ -165,10 +165,10 @@ def engine_request_rows(real_dir: Path, sim_dir: Path) -> dict:
     arrival (``start_s``) and its rows say so (``origin``: mixed clocks). Mean, p50 and p90 of each (s), and the number
     of requests."""
     from harness.tools.calibrate import _engine_requests, match_engine_requests
-    sm_p = Path(real_dir) / "server_metrics.json"
-    if not sm_p.is_file():
+    sm = evidence.server_metrics(real_dir)
+    if sm is None:
         return {}
-    eng = _engine_requests(json.loads(sm_p.read_text()))
+    eng = _engine_requests(sm)
     real_t = pd.read_parquet(Path(real_dir) / "turns.parquet")
     parts = [match_engine_requests(real_t[real_t.decode_instance == inst], eng[eng.instance == inst])
              for inst in eng.instance.unique()]
@@ -467,7 +467,8 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
     whose verdicts set the exit status, and the rows whose verdict word differs between objectives are listed
     as depending on it.
 
-    Writes into ``out``: ``calibration/`` (real run), ``<base>_protocol.yaml`` (the per-step fit under
+    Writes into ``out``: ``calibration/`` (real run; each real run's step-time logs and spans packed,
+    ``harness.core.evidence.pack``, so that shipping the runs ships them), ``<base>_protocol.yaml`` (the per-step fit under
     ``objective``, ``harness.tools.steps.fit_steps``, its header listing every term as fitted or fixed at its
     prior) and ``<base>_protocol_<other objective>.yaml``, ``heldout_<k>/`` (real runs, each with ``fidelity/``
     holding ``fidelity.md`` and the per-regime ``steps.md`` of the deciding profile, ``fidelity_<other>/`` those of
@@ -526,6 +527,7 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
                 save()
                 raise
             after = pr.machine_state()
+            evidence.pack(out / name)      # step logs and spans kept, compressed (they ship with the run)
             steps, d, n = pr.run_steps(out / name, skip_steps)
             slow = st.slow_period_figure(steps, base, ModelConfig(**load_run_config(out / name)["model"]))
             fig.update(loadavg_after=after["loadavg"][0], step_dispersion=d, dispersion_steps=n,

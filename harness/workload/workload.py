@@ -120,6 +120,9 @@ class WorkloadConfig:
         ramp_start_rate_per_s: its first rate (conversations/s, > 0). duration_s: stop time (s, > 0, or
         None: run to the end). normalize_span: scale poisson/gamma arrival times so the last is at
         ``(n - 1) / rate_per_s`` (vLLM bench's practice; bool). All in the module docstring.
+    arrivals_from_run: a run directory (None: off): every turn arrives when the same turn arrived in that
+        run (its ``turns.parquet`` ``submit_s``, s), the arrival process above and the concurrency gate
+        replaced (``harness.workload.replay``): a simulated replay of a real run, like for like.
     """
 
     name: str = "swebench"
@@ -145,9 +148,13 @@ class WorkloadConfig:
     ramp_start_rate_per_s: Optional[float] = None
     duration_s: Optional[float] = None
     normalize_span: bool = False
+    arrivals_from_run: Optional[str] = None
 
     def max_active(self) -> Optional[int]:
-        """The run-time cap on active conversations: ``concurrency`` (closed) or ``max_concurrency``."""
+        """The run-time cap on active conversations: ``concurrency`` (closed) or ``max_concurrency``; None with
+        ``arrivals_from_run`` (the recorded arrival times already carry the recorded run's cap)."""
+        if self.arrivals_from_run:
+            return None
         return self.concurrency if self.arrival == "closed" else self.max_concurrency
 
     def effective_shared_prefix_tokens(self) -> int:
@@ -526,4 +533,8 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig,
         turn_output_tokens=np.array([t.output_tokens for t in turns], dtype=np.int64),
         tool_time_s=np.array([t.tool_time_s for t in turns], dtype=np.float64),
         context_dropped=dropped, context_truncated=truncated)
-    return [(float(t), r) for t, r in zip(times, chosen)], stats
+    out = [(float(t), r) for t, r in zip(times, chosen)]
+    if cfg.arrivals_from_run:   # each conversation arrives when the recorded run started it (harness.workload.replay)
+        from harness.workload.replay import pin_conversations
+        out = pin_conversations(out, cfg.arrivals_from_run)
+    return out, stats
