@@ -102,7 +102,8 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
                 stats: WorkloadStats, scheduler_name: str, sched_cfg: Any, recorder: Recorder, *,
                 oracle: Optional[Oracle] = None, tick_s: Optional[float] = None,
                 on_conversation: Optional[Callable[[ConversationState], None]] = None,
-                max_active: Optional[int] = None, stop_s: Optional[float] = None) -> SessionResult:
+                max_active: Optional[int] = None, stop_s: Optional[float] = None,
+                timing: str = "think") -> SessionResult:
     """Replay ``conversations`` on an opened ``cluster`` (of the session ``inp``) under scheduler
     ``scheduler_name`` with its config ``sched_cfg``.
 
@@ -114,7 +115,8 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
     the main run (``harness.core.controller.Controller``; ``workload.max_active()``, ``workload.duration_s``);
     with them, ``extra`` gets ``num_conversations_started`` / ``_stopped`` / ``_not_started``,
     ``max_active_conversations``, ``client_wait_mean_s`` / ``client_wait_max_s`` (s) and ``duration_stop_s``,
-    and the conversations never started are left out of ``convs``.
+    and the conversations never started are left out of ``convs``. ``timing``: ``workload.timing`` (``think``
+    or ``original``, ``harness.core.controller.Controller``).
     """
     oracle = oracle or Oracle(conversations)
     ctx = policy_context(inp, stats, oracle, [i.kv_capacity_tokens for i in cluster.infos])
@@ -130,7 +132,8 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
                             link_bandwidth_bytes_per_s=inp.link.bandwidth_bytes_per_s,
                             link_latency_s=inp.link.latency_s, kv_bytes_per_token=inp.model.kv_bytes_per_token,
                             on_conversation=on_conversation or (lambda c: None),
-                            max_context_tokens=inp.context_limit_tokens, max_active=max_active, stop_s=stop_s)
+                            max_context_tokens=inp.context_limit_tokens, max_active=max_active, stop_s=stop_s,
+                            timing=timing)
 
     def tick():
         recorder.sample(cluster.clock.now(), cluster.infos, cluster.observe(), cluster.power_w())
@@ -154,10 +157,11 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
     start = min((t for t, _ in conversations), default=0.0)
     extra = dict(cluster.measured())
     if shaped:
-        waits = [c.client_wait_s for c in convs if c.begun]
-        extra.update({"num_conversations_started": sum(c.begun for c in convs),
-                      "num_conversations_stopped": sum(c.stopped for c in convs),
-                      "num_conversations_not_started": len(controller.convs) - len(convs),
+        roots = [c for c in convs if c.parent is None]     # sub-agents are part of their session
+        waits = [c.client_wait_s for c in roots if c.begun]
+        extra.update({"num_conversations_started": sum(c.begun for c in roots),
+                      "num_conversations_stopped": sum(c.stopped for c in roots),
+                      "num_conversations_not_started": sum(c.parent is None for c in controller.convs) - len(roots),
                       "max_active_conversations": controller.max_active_seen,
                       "max_active_limit": max_active, "duration_stop_s": stop_s,
                       "client_wait_mean_s": sum(waits) / len(waits) if waits else math.nan,
@@ -179,7 +183,8 @@ def simulate(inp: SessionInput, conversations: Sequence[tuple[float, Conversatio
     prefix and the shared system prompt: ``harness.sim.plugin.open_sim``, as for a run). No engine steps are
     recorded."""
     from harness.sim.plugin import open_sim
-    recorder = Recorder(Oracle(conversations).visible, log_decisions)
+    oracle = Oracle(conversations)
+    recorder = Recorder(oracle.visible, log_decisions, info=oracle.info)
     with open_sim(inp, inp.sim, None, conversations=conversations, max_coalesce_s=max_coalesce_s,
                   record_steps=False) as cluster:
         return run_session(cluster, inp, conversations, stats, scheduler_name, sched_cfg, recorder,
