@@ -172,7 +172,7 @@ def test_hand_made_session(tmp_path):
         {"t": 20.0, "type": "s", "model": "m2", "in": 800, "out": 3, "hash_ids": ids + [11, 12],
          "input_types": ["text"], "stop": "", "think_time": 12.0},
         {"t": 21.0, "type": "n", "model": "m2", "in": 800, "out": 4, "hash_ids": ids + [11, 12],
-         "input_types": ["text"], "stop": "end_turn", "api_time": 1.0},
+         "input_types": ["text"], "stop": "end_turn", "api_time": 1.0, "think_time": 50.0},
     ]}
     convs, rep = convert_session(d, "s")
     root, child = convs
@@ -181,8 +181,10 @@ def test_hand_made_session(tmp_path):
     # reuse: 64 x common leading blocks with the previous call, capped at in - 1
     assert [t.reused_tokens for t in root.turns] == [0, 640, 640, 768]
     # think: after the join, the gap after the sub-agent's recorded end (t=3): 7 - 3 = 4 s, not think_time 5;
-    # call 3 by its think_time; call 4 has none: t - t_prev - api_time_prev (none) = 1 s
+    # call 3 by its think_time (12 s = 20 - 7 - 1); call 4's recorded 50 s exceeds the recorded gap since
+    # call 3 (t 21 - 20 - api_time none = 1 s): the gap is used
     assert [t.tool_time_s for t in root.turns] == [4.0, 12.0, 1.0, 0.0]
+    assert rep.think_clamped == 1 and rep.think_missing == 0
     assert [t.send_s for t in root.turns] == [0.0, 7.0, 20.0, 21.0]
     assert child.turns[0].send_s == 2.0 and child.spawn_after_turn == 0 and child.join
     assert [t.model for t in root.turns] == ["m1", "m1", "m2", "m2"]

@@ -22,7 +22,8 @@ Output: one root conversation per session and one child conversation per kept su
 * ``user_message`` = a root call whose ``input_types`` hold ``text`` and no ``tool_result`` (a new user
   message: it starts an agent loop), and turn 0 of every root.
 * ``tool_time_s`` of call k = the think time before call k+1: its ``think_time`` (s between call k's
-  response and call k+1's request), or where that is missing ``t[k+1] - t[k] - api_time[k]`` (>= 0). After
+  response and call k+1's request), or where that is missing or longer than the recorded gap
+  ``t[k+1] - t[k] - api_time[k]`` (>= 0) that gap (``_think``). After
   a join point (sub-agents spawned after call k that the parent waits for) it is the gap after the last
   such sub-agent's recorded end: ``max(0, t[k+1] - max(end))`` (the recorded ``think_time`` there spans
   the sub-agents' run, which the replay produces itself).
@@ -75,7 +76,8 @@ class Report:
     per-conversation reuse), ideal_hit_tokens (infinite cache, any earlier call of the session),
     join_points, join_early (join points whose recorded next parent call was sent before the last joined
     sub-agent's recorded end: the recording does not show a strict join there), unrecorded_end (loop-final
-    calls with no recorded ``stop`` counted as ``end_turn`` responses).
+    calls with no recorded ``stop`` counted as ``end_turn`` responses), think_clamped (recorded ``think_time``
+    longer than the recorded gap since the previous call's response: the gap used, ``_think``).
     """
 
     sessions: int = 0
@@ -96,6 +98,7 @@ class Report:
     join_points: int = 0
     join_early: int = 0
     unrecorded_end: int = 0
+    think_clamped: int = 0
     dropped: dict = field(default_factory=dict)
 
     def add(self, other: "Report") -> None:
@@ -178,15 +181,27 @@ def _check_call(r: dict, where: str) -> None:
         raise ValueError(f"{where}.hash_ids: {len(ids)} blocks of {TRACE_BLOCK_TOKENS} tokens exceed in={r['in']}")
 
 
+#: Tolerance of the think-time check (s): ``t`` and ``think_time`` are recorded to ~1 s.
+THINK_TOLERANCE_S = 1.0
+
+
 def _think(calls: list[dict], k: int, rep: Report) -> float:
-    """Think time before call ``k`` (s): its ``think_time``, else from ``t`` and the previous ``api_time``."""
-    r = calls[k]
+    """Think time before call ``k`` (s): its ``think_time`` when it fits the recorded gap ``g = t[k] - t[k-1]
+    - api_time[k-1]`` (``api_time`` 0 where not recorded) within :data:`THINK_TOLERANCE_S`; else ``max(0, g)``.
+    The corpus's ``think_time`` after a call with no recorded response (streaming calls without ``stop`` /
+    ``api_time``) counts from the last *recorded* response, so it grows along a run of such calls (e.g.
+    trace_0557: 795 s before a call sent 10 s after the previous one); ``g`` bounds it (counted in
+    ``Report.think_clamped``; a missing ``think_time`` in ``think_missing``)."""
+    r, p = calls[k], calls[k - 1]
+    gap = float(r["t"]) - float(p["t"]) - float(p.get("api_time") or 0.0)
     v = r.get("think_time")
-    if type(v) in (int, float) and math.isfinite(v) and v >= 0:
-        return float(v)
-    rep.think_missing += 1
-    p = calls[k - 1]
-    return max(0.0, float(r["t"]) - float(p["t"]) - float(p.get("api_time") or 0.0))
+    if not (type(v) in (int, float) and math.isfinite(v) and v >= 0):
+        rep.think_missing += 1
+        return max(0.0, gap)
+    if v > gap + THINK_TOLERANCE_S:
+        rep.think_clamped += 1
+        return max(0.0, gap)
+    return float(v)
 
 
 def _is_message(r: dict) -> bool:
@@ -403,7 +418,8 @@ def report_text(rep: Report) -> str:
         f"blocks) {rep.ideal_hit_tokens / tin:.4f}",
         f"- streaming/non-streaming pairs: {rep.pairs} ({rep.pairs_dropped} second calls dropped)",
         f"- calls with out=0 replayed as 1 token: {rep.out_zero}; think_time missing (derived from t, "
-        f"api_time): {rep.think_missing}; loop-final calls with no recorded stop counted as end_turn: "
+        f"api_time): {rep.think_missing}; think_time longer than the recorded gap (the gap used): "
+        f"{rep.think_clamped}; loop-final calls with no recorded stop counted as end_turn: "
         f"{rep.unrecorded_end}; sessions with no visible call (last call made visible): {rep.no_end_turn}",
     ]
     if rep.dropped:
