@@ -159,3 +159,26 @@ def test_bad_timing_knobs_name_the_key():
     with pytest.raises(ValueError, match="workload.max_idle_gap_s must be a finite number > 0"):
         WorkloadConfig(max_idle_gap_s=0).validate()
     assert math.isfinite(WorkloadConfig(max_idle_gap_s=10).max_idle_gap_s)
+
+
+def test_the_claude_code_preset_prints_both_readings_per_user_message(tmp_path, capsys):
+    """``+experiment=claude_code`` on the shipped trace (2 sessions, 2 at a time): messages.parquet has a row per
+    user message of the replayed sessions, both readings, visible >= first (the loop's end_turn response is
+    never before its first call's first token), and the printed table lists them."""
+    from harness.core.trace import load_trace
+    from harness.run.cli import message_lines
+    run = compose_run(["+experiment=claude_code", "workload.num_conversations=2", "workload.concurrency=2"])
+    s = execute(run, tmp_path)
+    assert not s["partial"], s["error"]
+    msgs = pd.read_parquet(tmp_path / "messages.parquet")
+    turns = pd.read_parquet(tmp_path / "turns.parquet")
+    recs = {r.conversation_id: r for r in load_trace(run.trace_path)}
+    # one row per user message of each replayed root, counted from the (possibly truncated) replayed turns
+    roots = turns[turns.parent_id == ""].conversation_id.unique()
+    want = sum(sum(1 for k, t in enumerate(recs[c].turns[:int(turns[turns.conversation_id == c].turn.max()) + 1])
+                   if k == 0 or t.user_message) for c in roots)
+    assert len(msgs) == want == s["num_user_messages"] > 2
+    ok = msgs.dropna()
+    assert (ok.ttfet_visible_s >= ok.ttfet_first_s - 1e-9).all()
+    text = message_lines(tmp_path / "messages.parquet", s)
+    assert f"| {msgs.conversation_id.iloc[0]} | 0 |" in text and "visible p50" in text
