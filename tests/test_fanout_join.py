@@ -182,3 +182,14 @@ def test_the_claude_code_preset_prints_both_readings_per_user_message(tmp_path, 
     assert (ok.ttfet_visible_s >= ok.ttfet_first_s - 1e-9).all()
     text = message_lines(tmp_path / "messages.parquet", s)
     assert f"| {msgs.conversation_id.iloc[0]} | 0 |" in text and "visible p50" in text
+
+
+def test_real_run_limit_covers_the_sub_agents():
+    """harness.vllm.cluster.run_limit_s: P's span = max(its tool times 2 + 5 = 7 s, its last recorded send
+    100 s) + its children's tool times (B: 0.5 s) + the margin; the children are no spans of their own."""
+    from types import SimpleNamespace
+    from harness.vllm.cluster import run_limit_s
+    b = SimpleNamespace(max_run_s=None, max_run_margin_s=60.0)
+    convs = [(3.0, r) for r in family()]
+    assert run_limit_s(b, convs) == pytest.approx(3.0 + 100.0 + 0.5 + 60.0)
+    assert run_limit_s(b, convs, max_active=1) == pytest.approx(3.0 + 100.0 + 0.5 + 60.0)
