@@ -73,7 +73,10 @@ def test_one_point_of_each_preset_runs(name, tmp_path: Path):
     point = one_point(name)
     run = compose_run([f"+experiment={name}", *point, "workload.num_conversations=3", "workload.max_turns=3"])
     summary = execute(run, tmp_path)
-    assert summary["num_conversations"] == 3 and not summary["partial"]
+    # (a preset with workload.context_overflow drop/truncate may drop a sampled conversation that cannot fit:
+    # claude_code's Claude Code sessions outgrow the 128 K context)
+    assert summary["num_conversations"] + summary["num_conversations_context_dropped"] == 3
+    assert not summary["partial"]
     assert (tmp_path / "conversations.parquet").is_file()
 
 

@@ -193,7 +193,8 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
     conversation_id, arrival_s, num_turns, turns_done, ttfet_s (the ``definition`` reading, s),
     ttfet_first_s (turn 0's first token - arrival, s), ttfet_visible_s (first user-visible turn's first
     token - arrival, s), latency_s, finish_s, last_turn_tpot_s (the final turn's TPOT, s), failed,
-    completed. A reading whose turn did not complete is NaN.
+    completed. A reading whose turn did not complete is NaN. Child conversations (sub-agents of a session
+    trace, ``ConversationRecord.parent_id``) are not rows: they are part of their root's session.
     """
     # one pass over the turn columns (no per-conversation frames): per conversation, whether it has rows,
     # its completed turns' count, first-token time by turn (the last row of a turn wins, as a dict of
@@ -217,6 +218,8 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
      c_completed) = (cols[c] for c in CONVERSATION_COLUMNS)
     for c in convs:
         rec = c.record
+        if rec.parent_id is not None:   # a sub-agent: its turns are in turns.parquet, not a user conversation
+            continue
         cid = rec.conversation_id
         visible = [t.visible for t in rec.turns]
         k = ttfet_turn_index(visible, definition)
@@ -246,9 +249,74 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
         c_failed.append(bool(c.failed))
         # a conversation cut by the duration stop (workload.duration_s) is not completed
         c_completed.append(bool(c.done and not c.failed and not getattr(c, "stopped", False)))
-    if not convs:
+    if not c_id:
         return pd.DataFrame([], columns=CONVERSATION_COLUMNS)
     return pd.DataFrame(cols, columns=CONVERSATION_COLUMNS)
+
+
+MESSAGE_COLUMNS = ["conversation_id", "message", "first_turn", "visible_turn", "send_s", "ttfet_first_s",
+                   "ttfet_visible_s"]
+
+
+def message_table(turns: pd.DataFrame, convs: list) -> pd.DataFrame:
+    """TTFET per user message of session traces (``messages.parquet``), both readings.
+
+    A root conversation's message m is the agent loop its ``user_message`` turn starts (turn 0 starts
+    message 0; ``ConversationRecord.message_of``). Its send time ``send_s`` is the ``submit_s`` of its first
+    turn (when the message's first call became ready: the user's send); ``ttfet_first_s`` = that turn's first
+    token - send_s (= its TTFT); ``ttfet_visible_s`` = the first token of the loop's first visible turn (the
+    ``end_turn`` response of a converted Claude Code session) - send_s: the first output the user reads,
+    queueing, prefill and every tool call and sub-agent of the loop included. NaN where the turn did not
+    complete or the loop has no visible turn (``visible_turn`` -1). Definition: the ConServe abstract's TTFET
+    ("the latency of a conversation's first user-visible output", docs/metrics.md) applied per user message.
+    Columns ``MESSAGE_COLUMNS``; children (sub-agents) have no rows.
+    """
+    submit: dict = {}
+    first: dict = {}
+    if len(turns):
+        for cid, turn, status, sub, ft in zip(turns.conversation_id.tolist(), turns.turn.tolist(),
+                                              turns.status.tolist(), turns.submit_s.to_numpy(),
+                                              turns.first_token_s.to_numpy()):
+            submit[(cid, turn)] = float(sub)
+            if status == "ok":
+                first[(cid, turn)] = float(ft)
+    rows: dict = {c: [] for c in MESSAGE_COLUMNS}
+    for c in convs:
+        rec = c.record
+        if rec.parent_id is not None:
+            continue
+        cid = rec.conversation_id
+        msgs = rec.message_of()
+        starts = [k for k in range(len(rec.turns)) if k == 0 or msgs[k] != msgs[k - 1]]
+        for m, k0 in enumerate(starts):
+            k1 = starts[m + 1] if m + 1 < len(starts) else len(rec.turns)
+            kv = next((k for k in range(k0, k1) if rec.turns[k].visible), -1)
+            send = submit.get((cid, k0), math.nan)
+            rows["conversation_id"].append(cid)
+            rows["message"].append(m)
+            rows["first_turn"].append(k0)
+            rows["visible_turn"].append(kv)
+            rows["send_s"].append(send)
+            rows["ttfet_first_s"].append(first.get((cid, k0), math.nan) - send)
+            rows["ttfet_visible_s"].append(first.get((cid, kv), math.nan) - send if kv >= 0 else math.nan)
+    return pd.DataFrame(rows, columns=MESSAGE_COLUMNS)
+
+
+def message_summary(messages: pd.DataFrame) -> dict:
+    """Summary keys of :func:`message_table` (s): ``num_user_messages``; per reading r (first, visible):
+    ``ttfet_message_<r>_p50_s`` / ``_p90_s`` over every message with the reading, and the conversation-level
+    ``ttfet_session_<r>_mean_s``: per session the mean over its messages, then the mean over sessions (each
+    session weighs the same however many messages it has); ``num_messages_no_visible``: messages whose
+    loop has no visible response or whose visible response did not complete."""
+    out = {"num_user_messages": int(len(messages))}
+    for r in ("first", "visible"):
+        col = messages[f"ttfet_{r}_s"].dropna() if len(messages) else pd.Series(dtype=float)
+        out[f"ttfet_message_{r}_p50_s"] = float(col.quantile(0.5)) if len(col) else math.nan
+        out[f"ttfet_message_{r}_p90_s"] = float(col.quantile(0.9)) if len(col) else math.nan
+        per = messages.groupby("conversation_id")[f"ttfet_{r}_s"].mean().dropna() if len(messages) else col
+        out[f"ttfet_session_{r}_mean_s"] = float(per.mean()) if len(per) else math.nan
+    out["num_messages_no_visible"] = int(messages.ttfet_visible_s.isna().sum()) if len(messages) else 0
+    return out
 
 
 def _threshold(conv: pd.DataFrame, slo: Optional[tuple[str, float]], unloaded: Optional[dict], reading: str

@@ -1,8 +1,15 @@
 """The closed-loop controller: one state machine of conversations and turns for every backend.
 
 arrival -> (held) admission -> placement -> backend (prefill, KV transfer, decode) -> tool time ->
-next turn. Turn k+1 becomes ready when turn k finished plus the trace's tool time (closed loop), never at
-a recorded timestamp. Every admission hold and placement goes to the recorder as a typed decision with a
+next turn. Turn k+1 becomes ready when turn k finished plus the trace's tool time (closed loop; ``timing=
+"think"``), or with ``timing="original"`` at its recorded send time (``TurnRecord.send_s`` after the root
+session's start) or when turn k finished, whichever is later. Fan-out and join (session traces with
+sub-agents, ``ConversationRecord.parent_id``): a child conversation starts when its parent's turn
+``spawn_after_turn`` finishes (its first call ready at once under ``think``, at its recorded send time under
+``original``); the parent's next turn becomes ready only when every joined child spawned there has ended,
+plus the parent's tool time (``think``) or at its recorded send time (``original``), whichever is later.
+Children are conversations of their own (their own KV and prefix blocks, turns, placements), never gated by
+``max_active`` (a session's sub-agents are part of the session) and never started by arrivals. Every admission hold and placement goes to the recorder as a typed decision with a
 digest of the view it was made on.
 
 The controller only needs a cluster (``harness.core.backend.Cluster``) whose clock has ``now()`` and
@@ -20,7 +27,7 @@ from harness.core.backend import Cluster, TurnJob
 from harness.core.clock import SimClock
 from harness.core.policy import Admission, ClusterView, InstanceHints, InstanceView, Placement, Policy, TurnView
 from harness.core.recorder import HoldDecision, PlaceDecision, Recorder, ViewDigest
-from harness.core.trace import ConversationRecord
+from harness.core.trace import TIMINGS, ConversationRecord
 
 
 @dataclass(slots=True, eq=False)
@@ -47,6 +54,14 @@ class ConversationState:
     stopped: bool = False
     not_started: bool = False
     client_wait_s: float = 0.0
+    # fan-out / join (session traces): the parent's state, the children spawned after each of its turns, how
+    # many joined children it still waits for, the turn whose successor waits (-1: none), and the root
+    # session's start (``timing="original"``: recorded send times count from it)
+    parent: Optional["ConversationState"] = None
+    children_after: Optional[dict] = None
+    pending_join: int = 0
+    join_turn: int = -1
+    origin_s: float = 0.0
 
 
 class Controller:
@@ -73,9 +88,13 @@ class Controller:
             turn k >= 1 is ready then instead of after its tool time, or at its previous turn's finish when
             that is later (counted in ``pinned_late`` with the largest lateness ``pinned_late_max_s``, s); a turn
             without a time keeps its tool time (``pinned_missing``). ``None``: tool times.
+        timing: ``think`` (turn k+1 ready ``tool_time_s`` after turn k ended) or ``original`` (at its recorded
+            ``send_s`` from the root session's start, or when turn k ended if later); module docstring.
 
-    Raises (at decision time):
-        ValueError: a policy returned an invalid admission index or placement instance.
+    Raises:
+        ValueError: duplicate conversation ids, a child whose parent is not in ``conversations``,
+            ``timing`` unknown, or ``timing="original"`` with a turn lacking ``send_s``; at decision time:
+            a policy returned an invalid admission index or placement instance.
     """
 
     def __init__(self, cluster: Cluster, policy: Policy, conversations: Sequence[tuple[float, ConversationRecord]],
@@ -83,7 +102,8 @@ class Controller:
                  link_latency_s: float, kv_bytes_per_token: int,
                  on_conversation: Callable[[ConversationState], None] = lambda c: None,
                  max_context_tokens: Optional[int] = None, max_active: Optional[int] = None,
-                 stop_s: Optional[float] = None, pinned: Optional[Mapping[tuple[str, int], float]] = None):
+                 stop_s: Optional[float] = None, pinned: Optional[Mapping[tuple[str, int], float]] = None,
+                 timing: str = "think"):
         self.clock, self.backend, self.policy, self.recorder = cluster.clock, cluster, policy, recorder
         self._hints = tuple(hints)
         self.convs = [ConversationState(i, rec, t, tuple(tr.reused_tokens for tr in rec.turns))
@@ -91,6 +111,24 @@ class Controller:
         self._by_id = {c.record.conversation_id: c for c in self.convs}
         if len(self._by_id) != len(self.convs):
             raise ValueError("conversation ids in a workload must be unique")
+        if timing not in TIMINGS:
+            raise ValueError(f"workload.timing must be one of {', '.join(TIMINGS)}, got {timing!r}")
+        self.timing = timing
+        for c in self.convs:
+            rec = c.record
+            if timing == "original" and any(t.send_s is None for t in rec.turns):
+                raise ValueError(f"workload.timing=original needs recorded send times (send_s) on every turn; "
+                                 f"conversation {rec.conversation_id!r} has none (use timing=think)")
+            if rec.parent_id is None:
+                continue
+            parent = self._by_id.get(rec.parent_id)
+            if parent is None:
+                raise ValueError(f"conversation {rec.conversation_id!r}: its parent {rec.parent_id!r} is not in "
+                                 f"the workload (a child needs its parent)")
+            c.parent = parent
+            if parent.children_after is None:
+                parent.children_after = {}
+            parent.children_after.setdefault(rec.spawn_after_turn, []).append(c)
         self._link = (link_bandwidth_bytes_per_s, link_latency_s)
         self._kvb = kv_bytes_per_token
         self.on_conversation = on_conversation
@@ -141,12 +179,66 @@ class Controller:
         """Schedule every conversation's arrival (and the duration stop)."""
         if self._shaped:
             for c in self.convs:
-                self.clock.call_at(c.arrival_s, self._arrive, c)
+                if c.parent is None:       # children are spawned by their parents
+                    self.clock.call_at(c.arrival_s, self._arrive, c)
             if self.stop_s is not None:
                 self.clock.call_at(self.stop_s, self._stop)
             return
         for c in self.convs:
-            self.clock.call_at(c.arrival_s, self._ready, c)
+            if c.parent is None:
+                c.origin_s = c.arrival_s
+                self.clock.call_at(self._first_ready_s(c), self._ready, c)
+
+    def _first_ready_s(self, c: ConversationState) -> float:
+        """When a started conversation's turn 0 is ready (s): now (``think``), else its recorded send time."""
+        if self.timing == "original":
+            return max(c.arrival_s, c.origin_s + c.record.turns[0].send_s)
+        return c.arrival_s
+
+    def _next_ready_s(self, c: ConversationState, k: int, now: float) -> float:
+        """When turn ``k + 1`` of ``c`` is ready, turn ``k`` having ended (and its join done) at ``now``, s: with
+        ``pinned``, its recorded arrival, not before now (a turn without one keeps the ``timing`` rule);
+        else ``now`` + the tool time (``think``) or its recorded send time (``original``), not before now."""
+        if self.pinned is not None:
+            t = self.pinned.get((c.record.conversation_id, k + 1))
+            if t is None:
+                self.pinned_missing += 1
+            elif t < now:
+                self.pinned_late += 1
+                self.pinned_late_max_s = max(self.pinned_late_max_s, now - t)
+                return now
+            else:
+                return t
+        if self.timing == "original":
+            return max(now, c.origin_s + c.record.turns[k + 1].send_s)
+        return now + c.record.turns[k].tool_time_s
+
+    # ---- fan-out and join (session traces) ----------------------------------------------------
+    def _spawn(self, parent: ConversationState, k: int) -> None:
+        """Start the children spawned after turn ``k`` of ``parent``; count the joined ones."""
+        now = self.clock.now()
+        for ch in parent.children_after.get(k, ()):
+            if ch.done:
+                continue
+            ch.begun = True
+            ch.arrival_s = now
+            ch.origin_s = parent.origin_s
+            if ch.record.join:
+                parent.pending_join += 1
+            self.clock.call_at(self._first_ready_s(ch), self._ready, ch)
+
+    def _joined(self, child: ConversationState) -> None:
+        """A joined child ended: release its parent's next turn when it was the last one awaited."""
+        p = child.parent
+        p.pending_join -= 1
+        if p.pending_join or p.join_turn < 0 or p.done:
+            return
+        k, p.join_turn = p.join_turn, -1
+        if self.stopping:
+            p.stopped = True
+            self._end(p, self.clock.now())
+        else:
+            self.clock.call_at(self._next_ready_s(p, k, self.clock.now()), self._ready, p)
 
     # ---- load shapes: the concurrency gate and the duration stop ----------------------------------
     def _arrive(self, c: ConversationState) -> None:
@@ -161,10 +253,13 @@ class Controller:
         now = self.clock.now()
         c.begun = True
         c.client_wait_s = now - c.arrival_s
-        c.arrival_s = now
+        c.arrival_s = c.origin_s = now
         self.active += 1
         self.max_active_seen = max(self.max_active_seen, self.active)
-        self._ready(c)
+        if self.timing == "original" and c.record.turns[0].send_s > 0:
+            self.clock.call_at(self._first_ready_s(c), self._ready, c)
+        else:
+            self._ready(c)
 
     def _stop(self) -> None:
         """The duration stop (``stop_s``): see the class docstring."""
@@ -344,35 +439,21 @@ class Controller:
         if pl.disaggregated:
             holds[pl.prefill_instance] = max(holds.get(pl.prefill_instance, 0), job.prompt_tokens)
         holds[pl.decode_instance] = job.prompt_tokens + job.output_tokens
-        tr = c.record.turns[job.turn]
         c.next_turn = job.turn + 1
         self._in_flight.discard(job.conversation_id)
+        if c.children_after is not None and job.turn in c.children_after and not self.stopping:
+            self._spawn(c, job.turn)
         if c.next_turn < len(c.record.turns):
             if self.stopping:
                 c.stopped = True
                 self._end(c, self.clock.now())
+            elif c.pending_join:
+                c.join_turn = job.turn         # the next turn waits for the children (``_joined``)
             else:
-                self.clock.call_at(self._next_ready_s(c, tr.tool_time_s), self._ready, c)
+                self.clock.call_at(self._next_ready_s(c, job.turn, self.clock.now()), self._ready, c)
         else:
             self._end(c, self.clock.now())
         self._poll()
-
-    def _next_ready_s(self, c: ConversationState, tool_time_s: float) -> float:
-        """When ``c``'s next turn is ready, s: now + the tool time, or its recorded arrival (``pinned``), not
-        before now."""
-        now = self.clock.now()
-        if self.pinned is None:
-            return now + tool_time_s
-        t = self.pinned.get((c.record.conversation_id, c.next_turn))
-        if t is None:
-            self.pinned_missing += 1
-            return now + tool_time_s
-        if t < now:
-            self.pinned_late += 1
-            if now - t > self.pinned_late_max_s:
-                self.pinned_late_max_s = now - t
-            return now
-        return t
 
     def _fail(self, job: TurnJob, reason: str) -> None:
         if job.prefill_done_s is None:
@@ -391,6 +472,17 @@ class Controller:
         self._holds.pop(c.record.conversation_id, None)
         self.num_done += 1
         self.on_conversation(c)
+        if c.children_after is not None:     # children it never reached are never started
+            for k, kids in c.children_after.items():
+                for ch in kids:
+                    if not ch.begun and not ch.done:
+                        ch.not_started = ch.done = True
+                        self.num_done += 1
+                        self.on_conversation(ch)
+        if c.parent is not None:
+            if c.record.join and c.begun:
+                self._joined(c)
+            return                           # a child: not counted against max_active
         if self._shaped:
             self.active -= 1
             if self._gate and not self.stopping:

@@ -29,7 +29,8 @@ TURN_COLUMNS = ["conversation_id", "turn", "submit_s", "admit_s", "start_s", "pr
                 "finish_s", "prompt_tokens", "cached_tokens", "prefill_computed_tokens", "output_tokens",
                 "prefill_instance", "decode_instance", "disaggregated", "decode_cached_tokens", "transfer_tokens",
                 "transfer_s", "preemptions", "visible", "status", "error", "ttft_s", "tpot_s", "e2e_s", "queue_s",
-                "itl_p50_s", "itl_p99_s", "itl_max_s", "engine_queued_s", "engine_scheduled_s"]
+                 "itl_p50_s", "itl_p99_s", "itl_max_s", "engine_queued_s", "engine_scheduled_s", "parent_id",
+                 "message"]
 INSTANCE_COLUMNS = ["t_s", "instance", "role", "hardware", "kv_used_tokens", "kv_capacity_tokens", "kv_used_frac",
                     "num_running", "num_waiting", "energy_j", "power_w"]
 TOKEN_COLUMNS = ["conversation_id", "turn", "instance", "token", "t_s"]
@@ -209,7 +210,7 @@ def _itl_stats(itl_s: Sequence[float]) -> tuple[float, float, float]:
     return sorted_percentile(a, 50), sorted_percentile(a, 99), a.item(-1)
 
 
-def turn_values(job, names: Sequence[str], visible: bool) -> tuple:
+def turn_values(job, names: Sequence[str], visible: bool, parent_id: str = "", message: int = 0) -> tuple:
     """One ``turns.parquet`` row from a finished or failed ``TurnJob`` (instance names from ``names``), as a
     tuple in ``TURN_COLUMNS`` order.
 
@@ -217,6 +218,9 @@ def turn_values(job, names: Sequence[str], visible: bool) -> tuple:
     E2E = finish - submit, queue = admit - submit; ITL p50/p99/max over the turn's token gaps;
     ``engine_queued_s`` / ``engine_scheduled_s``: vLLM's request events on the engine (``TurnJob``; NaN where not
     observed).
+    E2E = finish - submit, queue = admit - submit; ITL p50/p99/max over the turn's token gaps.
+    ``parent_id``: the spawning conversation of a child (a sub-agent), "" for a root; ``message``: the
+    0-based user message whose agent loop the turn belongs to (``ConversationRecord.message_of``).
     """
     ok = not job.error
     first = job.first_token_s if job.first_token_s is not None else math.nan
@@ -234,12 +238,13 @@ def turn_values(job, names: Sequence[str], visible: bool) -> tuple:
             first - job.submit_s, (fin - first) / (out - 1) if out > 1 else math.nan,
             fin - job.submit_s, job.admit_s - job.submit_s, p50, p99, mx,
             math.nan if job.engine_queued_s is None else job.engine_queued_s,
-            math.nan if job.engine_scheduled_s is None else job.engine_scheduled_s)
+            math.nan if job.engine_scheduled_s is None else job.engine_scheduled_s,
+            parent_id, message)
 
 
-def turn_row(job, names: Sequence[str], visible: bool) -> dict:
+def turn_row(job, names: Sequence[str], visible: bool, parent_id: str = "", message: int = 0) -> dict:
     """:func:`turn_values` as a ``{column: value}`` dict (``TURN_COLUMNS``)."""
-    return dict(zip(TURN_COLUMNS, turn_values(job, names, visible)))
+    return dict(zip(TURN_COLUMNS, turn_values(job, names, visible, parent_id, message)))
 
 
 def token_times(job) -> np.ndarray:
@@ -401,12 +406,16 @@ class Recorder:
         visible: ``(conversation_id, turn) -> bool``, whether a turn is user-visible (from the trace).
         log_decisions: keep decision records (``decisions.parquet``).
         log_tokens: keep every completed turn's output-token times (``tokens.parquet``, ``logger.steps``).
+        info: ``(conversation_id, turn) -> (parent_id, message)`` for the ``parent_id`` / ``message`` columns
+            (``harness.workload.workload.Oracle.info``); ``None``: ``("", 0)`` for every turn.
     ``bind(names)`` gives the instance names once the cluster is open. Turn and instance rows are kept column
     by column (:class:`ColumnStore`), the pooled ITL gaps in one buffer (:class:`ItlPool`).
     """
 
-    def __init__(self, visible: Callable[[str, int], bool], log_decisions: bool = True, log_tokens: bool = False):
+    def __init__(self, visible: Callable[[str, int], bool], log_decisions: bool = True, log_tokens: bool = False,
+                 info: Optional[Callable[[str, int], tuple[str, int]]] = None):
         self.visible, self.log_decisions, self.log_tokens = visible, log_decisions, log_tokens
+        self.info = info
         self.tokens: list[tuple[str, int, str, np.ndarray]] = []
         self.names: list[str] = []
         self._turns = ColumnStore(TURN_COLUMNS)
@@ -435,7 +444,8 @@ class Recorder:
 
     def turn(self, job) -> None:
         """Record a finished or failed ``TurnJob``."""
-        self._turns.append(turn_values(job, self.names, self.visible(job.conversation_id, job.turn)))
+        parent, message = self.info(job.conversation_id, job.turn) if self.info is not None else ("", 0)
+        self._turns.append(turn_values(job, self.names, self.visible(job.conversation_id, job.turn), parent, message))
         if not job.error and len(job.itl_s):
             self.itl.add(job.itl_s)
         if self.log_tokens and not job.error and job.first_token_s is not None:
@@ -567,9 +577,13 @@ def write_text(text: str, path: Path) -> None:
 
 
 def write_run_files(out_dir: Path, turns: pd.DataFrame, conversations: pd.DataFrame, instances: pd.DataFrame,
-                    decisions: Optional[pd.DataFrame], summary: dict, tokens: Optional[pd.DataFrame] = None) -> None:
-    """Every results file of a run (``summary.json`` last, so its presence means the rest is there)."""
+                    decisions: Optional[pd.DataFrame], summary: dict, tokens: Optional[pd.DataFrame] = None,
+                    messages: Optional[pd.DataFrame] = None) -> None:
+    """Every results file of a run (``summary.json`` last, so its presence means the rest is there);
+    ``messages.parquet`` (per user message TTFET, ``harness.analysis.metrics.message_table``) where given."""
     write_parquet(turns, out_dir / "turns.parquet")
+    if messages is not None:
+        write_parquet(messages, out_dir / "messages.parquet")
     if tokens is not None:
         write_parquet(tokens, out_dir / "tokens.parquet")
     write_parquet(conversations, out_dir / "conversations.parquet")

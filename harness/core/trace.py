@@ -34,7 +34,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -47,6 +47,8 @@ __all__ = [
     "write_trace",
     "dumps_conversation",
     "HASH_BLOCK_TOKENS",
+    "check_families",
+    "TIMINGS",
 ]
 
 
@@ -75,6 +77,13 @@ class TurnRecord:
             ``ConversationRecord.hash_block_tokens``-token blocks of this
             call's new input, in order (equal leading ids = equal token
             prefix, across conversations; see ``harness.workload.prefix``).
+        user_message: session traces (Claude Code, ``harness.workload.claude_code``): this call is the
+            first of an agent loop started by a new user message (turn 0 of a root conversation always
+            is). Conversations without the key have one message, started by turn 0.
+        model: session traces: the model the recorded call used (e.g. ``claude-opus-4-5-20251101``;
+            ``None``: not recorded). Every call is served by the run's one model unless mapped.
+        send_s: session traces: when the recorded call was sent, s from the start of the root session
+            (children included), for ``workload.timing=original`` (``None``: not recorded).
     """
 
     new_input_tokens: int
@@ -84,6 +93,9 @@ class TurnRecord:
     visible: bool
     output_tokens_raw: int
     hash_ids: Optional[tuple[int, ...]] = None
+    user_message: bool = False
+    model: Optional[str] = None
+    send_s: Optional[float] = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -105,6 +117,13 @@ class ConversationRecord:
             start; ``None``: the trace has no timestamps).
         hash_block_tokens: request traces only: tokens per ``hash_ids`` block
             (512 in Mooncake's traces; 0: no ``hash_ids``).
+        parent_id: session traces: a child conversation (a sub-agent) names the conversation that
+            spawns it (``None``: a root conversation, started by the workload's arrivals).
+        spawn_after_turn: a child only: it starts when its parent's turn ``spawn_after_turn`` has
+            finished (its first call is then ready after its own first ``send`` gap, see
+            ``harness.core.controller``); ``-1`` for a root.
+        join: a child only: the parent's next call waits until this child has finished (a sub-agent the
+            parent waits for); ``False``: a background sub-agent the parent does not wait for.
     """
 
     conversation_id: str
@@ -112,7 +131,30 @@ class ConversationRecord:
     source: str
     arrival_s: Optional[float] = None
     hash_block_tokens: int = 0
+    parent_id: Optional[str] = None
+    spawn_after_turn: int = -1
+    join: bool = True
 
+    @property
+    def is_child(self) -> bool:
+        """Whether this conversation is spawned by another (``parent_id`` set)."""
+        return self.parent_id is not None
+
+    def message_of(self) -> tuple[int, ...]:
+        """Per turn, the 0-based index of the user message whose agent loop it belongs to (turn 0 is in
+        message 0; a turn with ``user_message`` starts the next message)."""
+        out, m = [], 0
+        for k, t in enumerate(self.turns):
+            if k and t.user_message:
+                m += 1
+            out.append(m)
+        return tuple(out)
+
+
+#: ``workload.timing``: when a conversation's next call is sent (``harness.core.controller.Controller``):
+#: ``think`` (the previous response's end + the recorded think / tool time) or ``original`` (the recorded send
+#: time, ``TurnRecord.send_s``, or the previous response's end if later).
+TIMINGS = ("think", "original")
 
 HASH_BLOCK_TOKENS = 512  # tokens per hash_ids block in Mooncake's FAST'25 traces (and AIPerf's default)
 
@@ -127,6 +169,9 @@ class TraceError(ValueError):
 
 
 _CONV_KEYS = frozenset(("conversation_id", "source", "turns"))
+# optional keys of a session trace (Claude Code): a conversation's parent link, a turn's message / model / time
+_CONV_OPT_KEYS = frozenset(("parent_id", "spawn_after_turn", "join"))
+_TURN_OPT_KEYS = frozenset(("user_message", "model", "send_s"))
 _TURN_KEYS = frozenset(
     (
         "new_input_tokens",
@@ -156,12 +201,13 @@ def _is_gzip_path(path: str | os.PathLike) -> bool:
     return os.fspath(path).endswith(".gz")
 
 
-def _keys_problem(obj: dict, expected: frozenset[str], what: str) -> str | None:
+def _keys_problem(obj: dict, expected: frozenset[str], what: str,
+                  optional: frozenset[str] = frozenset()) -> str | None:
     keys = obj.keys()
     if keys == expected:
         return None
     missing = sorted(expected - keys)
-    extra = sorted(keys - expected)
+    extra = sorted(keys - expected - optional)
     parts = []
     if missing:
         parts.append(f"{what} is missing key(s) {', '.join(map(repr, missing))}")
@@ -178,7 +224,7 @@ def _parse_conversation(obj: object, where: str) -> ConversationRecord:
     """
     if type(obj) is not dict:
         raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    problem = _keys_problem(obj, _CONV_KEYS, "conversation")
+    problem = _keys_problem(obj, _CONV_KEYS, "conversation", _CONV_OPT_KEYS)
     if problem:
         raise TraceError(f"{where}: {problem}")
     cid = obj["conversation_id"]
@@ -201,9 +247,16 @@ def _parse_conversation(obj: object, where: str) -> ConversationRecord:
         field = f"turns[{k}]"
         if type(t) is not dict:
             raise TraceError(f"{where}: {field} must be an object, got {type(t).__name__}")
-        problem = _keys_problem(t, _TURN_KEYS, field)
+        problem = _keys_problem(t, _TURN_KEYS, field, _TURN_OPT_KEYS)
         if problem:
             raise TraceError(f"{where}: {problem}")
+        um, model, send = t.get("user_message", False), t.get("model"), t.get("send_s")
+        if type(um) is not bool:
+            raise TraceError(f"{where}: {field}.user_message must be a bool, got {um!r}")
+        if model is not None and (type(model) is not str or not model):
+            raise TraceError(f"{where}: {field}.model must be a non-empty string, got {model!r}")
+        if send is not None and not (type(send) in (int, float) and math.isfinite(send) and send >= 0):
+            raise TraceError(f"{where}: {field}.send_s must be a finite number >= 0 (s), got {send!r}")
         for name, minimum in _TURN_INT_FIELDS:
             v = t[name]
             if type(v) is not int or v < minimum:
@@ -245,10 +298,42 @@ def _parse_conversation(obj: object, where: str) -> ConversationRecord:
             )
         any_visible = any_visible or visible
         prev_context = reused + new + out
-        turns.append(TurnRecord(new, reused, out, float(tool), visible, out_raw))
+        turns.append(TurnRecord(new, reused, out, float(tool), visible, out_raw, None, um, model,
+                                None if send is None else float(send)))
     if not any_visible:
         raise TraceError(f"{where}: turns: no turn has visible = true (need at least one)")
-    return ConversationRecord(cid, tuple(turns), source)
+    parent, after, join = obj.get("parent_id"), obj.get("spawn_after_turn", -1), obj.get("join", True)
+    if parent is not None and (type(parent) is not str or not parent or parent == cid):
+        raise TraceError(f"{where}: parent_id must be a non-empty string other than the conversation's own id, "
+                         f"got {parent!r}")
+    if type(after) is not int or (parent is None and after != -1) or (parent is not None and after < 0):
+        raise TraceError(f"{where}: spawn_after_turn must be an int >= 0 with parent_id (-1 or absent without), "
+                         f"got {after!r}")
+    if type(join) is not bool:
+        raise TraceError(f"{where}: join must be a bool, got {join!r}")
+    return ConversationRecord(cid, tuple(turns), source, parent_id=parent, spawn_after_turn=after, join=join)
+
+
+def check_families(conversations: Sequence[ConversationRecord], name: str = "trace") -> None:
+    """Check the parent links of a session trace: every ``parent_id`` names a conversation of the same list
+    that comes before the child, and ``spawn_after_turn`` is one of the parent's turns other than its last
+    (a joined child must have a parent call to hold back; a background child needs a call to spawn after).
+
+    Raises:
+        TraceError: naming the child, the field and the parent.
+    """
+    index = {c.conversation_id: i for i, c in enumerate(conversations)}
+    for i, c in enumerate(conversations):
+        if c.parent_id is None:
+            continue
+        j = index.get(c.parent_id)
+        if j is None or j >= i:
+            raise TraceError(f"{name}: conversation {c.conversation_id!r}: parent_id {c.parent_id!r} is not a "
+                             f"conversation before it in the file")
+        n = len(conversations[j].turns)
+        if c.spawn_after_turn > n - 2:
+            raise TraceError(f"{name}: conversation {c.conversation_id!r}: spawn_after_turn {c.spawn_after_turn} "
+                             f"must be < the parent's last turn ({n - 1}): the parent needs a later call to join")
 
 
 def load_trace(path: str | os.PathLike, hash_block_tokens: int = HASH_BLOCK_TOKENS) -> list[ConversationRecord]:
@@ -346,6 +431,7 @@ def _parse_trace(name: str, raw: bytes, hash_block_tokens: int) -> list[Conversa
         conversations.append(conv)
     if not conversations:
         raise TraceError(f"{name}: empty trace: no conversations")
+    check_families(conversations, name)
     return conversations
 
 
@@ -483,22 +569,33 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not allowed (JSON has no NaN/Infinity)")
 
 
+def _turn_to_dict(t: TurnRecord) -> dict:
+    d = {
+        "new_input_tokens": t.new_input_tokens,
+        "reused_tokens": t.reused_tokens,
+        "output_tokens": t.output_tokens,
+        "output_tokens_raw": t.output_tokens_raw,
+        "tool_time_s": float(t.tool_time_s),
+        "visible": t.visible,
+    }
+    if t.user_message:          # the optional session-trace keys only where set: other traces keep their bytes
+        d["user_message"] = True
+    if t.model is not None:
+        d["model"] = t.model
+    if t.send_s is not None:
+        d["send_s"] = float(t.send_s)
+    return d
+
+
 def _conversation_to_dict(conv: ConversationRecord) -> dict:
-    return {
+    d = {
         "conversation_id": conv.conversation_id,
         "source": conv.source,
-        "turns": [
-            {
-                "new_input_tokens": t.new_input_tokens,
-                "reused_tokens": t.reused_tokens,
-                "output_tokens": t.output_tokens,
-                "output_tokens_raw": t.output_tokens_raw,
-                "tool_time_s": float(t.tool_time_s),
-                "visible": t.visible,
-            }
-            for t in conv.turns
-        ],
+        "turns": [_turn_to_dict(t) for t in conv.turns],
     }
+    if conv.parent_id is not None:
+        d.update(parent_id=conv.parent_id, spawn_after_turn=conv.spawn_after_turn, join=conv.join)
+    return d
 
 
 def dumps_conversation(conv: ConversationRecord) -> str:
@@ -523,6 +620,7 @@ def write_trace(path: str | os.PathLike, conversations: Iterable[ConversationRec
     name = os.fspath(path)
     lines = []
     first_line: dict[str, int] = {}
+    conversations = list(conversations)
     for lineno, conv in enumerate(conversations, start=1):
         if not isinstance(conv, ConversationRecord):
             raise TraceError(
@@ -542,6 +640,7 @@ def write_trace(path: str | os.PathLike, conversations: Iterable[ConversationRec
         lines.append(line)
     if not lines:
         raise TraceError(f"{name}: empty trace: no conversations")
+    check_families(conversations, name)
     payload = ("\n".join(lines) + "\n").encode("utf-8")
     if _is_gzip_path(name):
         buf = io.BytesIO()

@@ -186,9 +186,33 @@ def _main(cfg: DictConfig) -> dict:
     try:
         print(f"\n{run.scheduler_name} on {run.cfg.cluster.name} ({run.backend_name}), {summary['workload']} "
               f"@ {rate} -> {out}\n{summary_table({run.scheduler_name: summary})}\nrun {verdict}")
+        if (out / "messages.parquet").is_file():
+            print(message_lines(out / "messages.parquet", summary))
     except KeyboardInterrupt as e:   # the run is complete on disk
         _interrupted(out, e, multirun, "finish", True)
     return summary
+
+
+def message_lines(path: Path, summary: dict, limit: int = 200) -> str:
+    """The per-user-message TTFET table of a session-trace run (``messages.parquet``: both readings, s), at
+    most ``limit`` rows, and the aggregate keys (``harness.analysis.metrics.message_summary``)."""
+    import pandas as pd
+    m = pd.read_parquet(path)
+    lines = ["", "TTFET per user message (s): first = the message's first call's first token - send; visible = "
+                 "the first token of its end_turn response - send",
+             "| conversation | message | first | visible |", "|---|---|---|---|"]
+    for row in m.head(limit).itertuples():
+        lines.append(f"| {row.conversation_id} | {row.message} | {row.ttfet_first_s:.3f} | {row.ttfet_visible_s:.3f} |")
+    if len(m) > limit:
+        lines.append(f"| ... {len(m) - limit} more in {path} | | | |")
+    lines.append(f"messages: {summary.get('num_user_messages')}; first p50 {summary.get('ttfet_message_first_p50_s', float('nan')):.3f} s, "
+                 f"p90 {summary.get('ttfet_message_first_p90_s', float('nan')):.3f} s; visible p50 "
+                 f"{summary.get('ttfet_message_visible_p50_s', float('nan')):.3f} s, p90 "
+                 f"{summary.get('ttfet_message_visible_p90_s', float('nan')):.3f} s; per session (mean of its "
+                 f"messages, then mean over sessions): first {summary.get('ttfet_session_first_mean_s', float('nan')):.3f} s, "
+                 f"visible {summary.get('ttfet_session_visible_mean_s', float('nan')):.3f} s; messages without a "
+                 f"visible reading: {summary.get('num_messages_no_visible')}")
+    return "\n".join(lines)
 
 
 def _interrupted(out: Path, e: KeyboardInterrupt, multirun: bool, phase: Optional[str], complete: bool) -> None:

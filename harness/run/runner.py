@@ -37,7 +37,8 @@ from harness.run.config import PROJECT_ROOT, ConfigError, Resolved, fingerprint_
 from harness.run.loggers import REDACTED, scrub, scrub_yaml
 from harness.core.controller import ConversationState
 from harness.analysis.goodput import goodput_summary
-from harness.analysis.metrics import apply_slo, conversation_table, pressure_metrics, slo_scale_curve, summarize
+from harness.analysis.metrics import (apply_slo, conversation_table, message_summary, message_table, pressure_metrics,
+                                      slo_scale_curve, summarize)
 from harness.core.recorder import Recorder, write_json, write_run_files, write_text
 from harness.run.session import SessionInput, SessionResult, check_policies, run_session, session_input
 from harness.run.slo_baseline import _interrupt_hook, unloaded_readings
@@ -263,6 +264,14 @@ def prepare(run: Resolved, load: Any = None, inp: Optional[SessionInput] = None)
         conversations, stats = build_workload(records, cfg.workload, max_context)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if (cfg.slo.needs_unloaded() or cfg.slo.needs_scale_unloaded()) and any(
+            rec.parent_id is not None for _, rec in conversations):
+        raise ConfigError("slo: a relative SLO replays each conversation alone, which cannot replay a session's "
+                          "sub-agents (conversations with parent_id in the trace): use slo=absolute (slo.ttfet_s)")
+    if cfg.workload.timing == "original" and any(t.send_s is None for _, rec in conversations for t in rec.turns):
+        raise ConfigError("workload.timing=original needs recorded send times (send_s) on every turn; this trace "
+                          "has none (a session trace from `python -m harness.workload.convert claude-code` has "
+                          "them): use workload.timing=think")
     check_policies(inp, conversations, stats)
     return conversations, stats, max_context
 
@@ -358,7 +367,7 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
         bar = tqdm(total=len(conversations), unit="conv", desc=f"{run.scheduler_name}", mininterval=0.5,
                    leave=False)
     oracle = Oracle(conversations)
-    recorder = Recorder(oracle.visible, cfg.logger.log_decisions, cfg.logger.steps)
+    recorder = Recorder(oracle.visible, cfg.logger.log_decisions, cfg.logger.steps, info=oracle.info)
     spec = get_backend(run.backend_name)
     on_conversation = (lambda c: bar.update(1)) if bar else None
     if _interrupt_hook("run") is not None:   # test-only: a signal as the k-th conversation finishes
@@ -383,7 +392,8 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
                                   recorder, oracle=oracle, tick_s=cfg.logger.metrics_interval_s,
                                   on_conversation=on_conversation, max_active=cfg.workload.max_active(),
                                   stop_s=cfg.workload.duration_s, pinned=pinned_turns(cfg.workload.arrivals_from_run)
-                                  if cfg.workload.arrivals_from_run else None)
+                                  if cfg.workload.arrivals_from_run else None,
+                                  timing=cfg.workload.timing)
     except (Exception, KeyboardInterrupt) as e:  # the backend failed to open or to close: still write what we have
         err = str(e) if isinstance(e, _NotRun) else f"{type(e).__name__}: {e}"
         tb = "" if isinstance(e, _NotRun) else traceback.format_exc()
@@ -409,6 +419,10 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
     turns = recorder.turns_frame()
     conv = apply_slo(conversation_table(turns, res.convs, cfg.slo.ttfet_definition), cfg.slo, unloaded)
     summary = summarize(turns, conv, res.energy_j, res.window_end_s - res.window_start_s, res.preemptions)
+    messages = None
+    if any(rec.parent_id is not None or any(t.user_message for t in rec.turns[1:]) for _, rec in conversations):
+        messages = message_table(turns, res.convs)     # a session trace: TTFET per user message, both readings
+        summary.update(message_summary(messages))
     scale_curve = {} if baseline_error else slo_scale_curve(conv, cfg.slo, scale_unloaded)  # no curve without its baseline
     summary.update({
         "scheduler": run.scheduler_name, "cluster": cfg.cluster.name, "model": cfg.model.name,
@@ -452,7 +466,7 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
     intr.enter("writing")
     write_run_files(out_dir, turns, conv, instances,
                     recorder.decisions_frame() if cfg.logger.log_decisions else None, summary,
-                    recorder.tokens_frame() if cfg.logger.steps else None)
+                    recorder.tokens_frame() if cfg.logger.steps else None, messages)
     _private_if_redacted(out_dir / "summary.json", json.dumps(summary, default=str))
     if intr.pending:
         if "interrupted_phase" not in summary:   # it arrived while the files were written: say so too

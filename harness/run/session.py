@@ -104,7 +104,8 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
                 oracle: Optional[Oracle] = None, tick_s: Optional[float] = None,
                 on_conversation: Optional[Callable[[ConversationState], None]] = None,
                 max_active: Optional[int] = None, stop_s: Optional[float] = None,
-                pinned: Optional[Mapping[tuple[str, int], float]] = None) -> SessionResult:
+                pinned: Optional[Mapping[tuple[str, int], float]] = None,
+                timing: str = "think") -> SessionResult:
     """Replay ``conversations`` on an opened ``cluster`` (of the session ``inp``) under scheduler
     ``scheduler_name`` with its config ``sched_cfg``.
 
@@ -120,6 +121,8 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
     (``harness.workload.replay``, ``workload.arrivals_from_run``); ``extra`` then gets ``pinned_turns`` (turns
     after the first with a recorded time), ``pinned_turns_late`` / ``pinned_late_max_s`` (made ready at their
     previous turn's finish, after their time; the largest lateness, s) and ``pinned_turns_missing``.
+    ``timing``: ``workload.timing`` (``think``
+    or ``original``, ``harness.core.controller.Controller``).
     """
     oracle = oracle or Oracle(conversations)
     ctx = policy_context(inp, stats, oracle, [i.kv_capacity_tokens for i in cluster.infos])
@@ -136,7 +139,7 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
                             link_latency_s=inp.link.latency_s, kv_bytes_per_token=inp.model.kv_bytes_per_token,
                             on_conversation=on_conversation or (lambda c: None),
                             max_context_tokens=inp.context_limit_tokens, max_active=max_active, stop_s=stop_s,
-                            pinned=pinned)
+                            pinned=pinned, timing=timing)
 
     def tick():
         recorder.sample(cluster.clock.now(), cluster.infos, cluster.observe(), cluster.power_w())
@@ -160,10 +163,11 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
     start = min((t for t, _ in conversations), default=0.0)
     extra = dict(cluster.measured())
     if shaped:
-        waits = [c.client_wait_s for c in convs if c.begun]
-        extra.update({"num_conversations_started": sum(c.begun for c in convs),
-                      "num_conversations_stopped": sum(c.stopped for c in convs),
-                      "num_conversations_not_started": len(controller.convs) - len(convs),
+        roots = [c for c in convs if c.parent is None]     # sub-agents are part of their session
+        waits = [c.client_wait_s for c in roots if c.begun]
+        extra.update({"num_conversations_started": sum(c.begun for c in roots),
+                      "num_conversations_stopped": sum(c.stopped for c in roots),
+                      "num_conversations_not_started": sum(c.parent is None for c in controller.convs) - len(roots),
                       "max_active_conversations": controller.max_active_seen,
                       "max_active_limit": max_active, "duration_stop_s": stop_s,
                       "client_wait_mean_s": sum(waits) / len(waits) if waits else math.nan,
@@ -190,7 +194,8 @@ def simulate(inp: SessionInput, conversations: Sequence[tuple[float, Conversatio
     conversation's own prefix and the shared system prompt: ``harness.sim.plugin.open_sim``, as for a run). No
     engine steps are recorded."""
     from harness.sim.plugin import open_sim
-    recorder = Recorder(Oracle(conversations).visible, log_decisions)
+    oracle = Oracle(conversations)
+    recorder = Recorder(oracle.visible, log_decisions, info=oracle.info)
     with open_sim(inp, sim_settings(inp), None, conversations=conversations, max_coalesce_s=max_coalesce_s,
                   record_steps=False) as cluster:
         return run_session(cluster, inp, conversations, stats, scheduler_name, sched_cfg, recorder,

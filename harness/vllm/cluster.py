@@ -198,6 +198,29 @@ def receiver_host(backend: Any) -> str:
     return node_address(backend.host)
 
 
+def _session_spans(conversations: Sequence, margin: float) -> list[tuple[float, float]]:
+    """``(a_j, D_j)`` per conversation for :func:`run_limit_s`. A session trace's sub-agents
+    (``parent_id``) run inside their root's span: a root's ``D`` adds its descendants' tool times (a join
+    waits for them), and its recorded span (the last ``send_s``, ``workload.timing=original``) bounds it
+    from below; children are no spans of their own (the concurrency gate never holds them)."""
+    extra: dict[str, float] = {}
+    root_of: dict[str, str] = {}
+    for _, r in conversations:
+        if r.parent_id is not None:
+            root = root_of.get(r.parent_id, r.parent_id)
+            root_of[r.conversation_id] = root
+            extra[root] = extra.get(root, 0.0) + sum(turn.tool_time_s for turn in r.turns)
+    spans = []
+    for t, r in conversations:
+        if r.parent_id is not None:
+            continue
+        d = sum(turn.tool_time_s for turn in r.turns)
+        if r.turns[-1].send_s is not None:
+            d = max(d, float(r.turns[-1].send_s))
+        spans.append((float(t), d + extra.get(r.conversation_id, 0.0) + margin))
+    return spans
+
+
 def run_limit_s(backend: Any, conversations: Sequence = (), max_active: Optional[int] = None,
                 stop_s: Optional[float] = None) -> float:
     """The replay's wall-clock limit, s: ``backend.max_run_s`` if set, else derived from the workload.
@@ -212,7 +235,8 @@ def run_limit_s(backend: Any, conversations: Sequence = (), max_active: Optional
     population this is Graham's list-scheduling bound, ``sum D / N + (1 - 1/N) max D``; Graham 1969,
     "Bounds on multiprocessing timing anomalies"). It reduces to the uncapped limit as ``N -> inf``.
     With a duration stop (``workload.duration_s``) no turn is submitted after it and the turns in flight
-    drain within the margin, so the limit is at most ``duration_s + backend.max_run_margin_s``.
+    drain within the margin, so the limit is at most ``duration_s + backend.max_run_margin_s``. Session
+    traces with sub-agents: a root's ``D`` covers its sub-agents (:func:`_session_spans`).
 
     Args:
         backend: the ``backend`` config (``max_run_s``, ``max_run_margin_s``, s).
@@ -224,7 +248,7 @@ def run_limit_s(backend: Any, conversations: Sequence = (), max_active: Optional
         return float(backend.max_run_s)
     margin = float(backend.max_run_margin_s)
     cap, stop = max_active, stop_s
-    spans = [(float(t), sum(turn.tool_time_s for turn in r.turns) + margin) for t, r in conversations]
+    spans = _session_spans(conversations, margin)
     if not spans:
         limit = margin
     elif cap is None:

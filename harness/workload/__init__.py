@@ -5,4 +5,6 @@
 * ``prefix`` -- which KV-cache blocks requests share (the content identity of every token position).
 * ``convert`` -- agent trajectories (mini-swe-agent, SWE-agent) and request traces (Mooncake, Dynamo,
   AIPerf) into a harness trace: ``python -m harness.workload.convert``.
+* ``claude_code`` -- Claude Code session traces (kv-cache-tester) into a session trace (user messages, think
+  time, sub-agents as child conversations): ``python -m harness.workload.convert claude-code``.
 """

@@ -2,6 +2,8 @@
 
 Usage::
 
+    python -m harness.workload.convert claude-code SESSIONS... -o OUT.jsonl.gz [--pairs both|first]
+        (Claude Code session traces: ``harness.workload.claude_code``)
     python -m harness.workload.convert {mini-swe-agent,swe-agent} INPUT... -o OUT.jsonl.gz \
         [--tokenizer-dir DIR | --tokenizer TOKENIZER_JSON | --model NAME] \
         [--chat-template chatml|llama3] [--max-output-tokens 8192] [--jobs N] \
@@ -953,10 +955,16 @@ def trace_statistics(conversations: Sequence[ConversationRecord], max_output_tok
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status (0 ok, 2 bad input)."""
+    """Command-line entry point; returns the exit status (0 ok, 2 bad input). ``claude-code`` (Claude Code
+    session traces) has its own options: :func:`harness.workload.claude_code.main`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "claude-code":
+        from harness.workload.claude_code import main as claude_code_main
+        return claude_code_main(argv[1:])
     ap = argparse.ArgumentParser(
         prog="python -m harness.workload.convert",
-        description="Convert agent trajectories into a harness trace (JSON Lines, gzip by .gz).",
+        description="Convert agent trajectories into a harness trace (JSON Lines, gzip by .gz). Claude Code "
+                    "session traces: python -m harness.workload.convert claude-code --help.",
         epilog="Exit status: 0 written; 2 bad input (a missing or malformed trajectory, a bad argument).",
     )
     ap.add_argument("format", choices=FORMATS, help="trajectory format")

@@ -42,6 +42,15 @@ Load shapes on top (run-time, in ``harness.core.controller``; the same on every 
     it; turns already on the backend finish; conversations still running are *stopped* (kept, counted
     in ``num_conversations_stopped``, never completed) and those not started are counted in
     ``num_conversations_not_started`` (and left out of the conversation table).
+Timing (``timing``, session traces with ``send_s``; ``harness.core.controller``): ``think`` (default: a
+conversation's call k+1 is sent ``tool_time_s`` after call k's response ended, the closed loop) or
+``original`` (each call at its recorded send time from the session's start, or when the previous call
+ended if later). ``max_idle_gap_s`` caps every recorded gap between a response and the next call (AgentX
+caps at 10 s): ``tool_time_s = min(tool_time_s, cap)``, and under ``original`` every later recorded send
+time of the conversation (and of the children spawned after that point) moves earlier by the excess.
+Session traces with sub-agents (``ConversationRecord.parent_id``): sampling, ``num_conversations`` and the
+arrivals count *root* sessions; each sampled root brings its children (placed after it, at its arrival:
+the controller spawns them), and a family is kept, truncated or dropped as one by ``context_overflow``.
 Sampling (``sample``): ``shuffle`` (a seeded permutation of the trace, then the first
 ``num_conversations``), ``first`` (the trace's order), ``with_replacement`` (ids get ``#k`` suffixes).
 Randomness comes from ``numpy.random.default_rng([seed, stream])`` with a fixed stream per purpose,
@@ -57,7 +66,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from harness.core.policy import TurnTruth
-from harness.core.trace import ConversationRecord, TurnRecord
+from harness.core.trace import TIMINGS, ConversationRecord, TurnRecord
 
 _STREAM_SAMPLE, _STREAM_ARRIVAL, _STREAM_SYNTHETIC = 1, 2, 3
 KINDS = ("trace", "synthetic")
@@ -123,6 +132,7 @@ class WorkloadConfig:
     arrivals_from_run: a run directory (None: off): every turn arrives when the same turn arrived in that
         run (its ``turns.parquet`` ``submit_s``, s), the arrival process above and the concurrency gate
         replaced (``harness.workload.replay``): a simulated replay of a real run, like for like.
+    timing: ``think`` | ``original``; max_idle_gap_s: cap on recorded gaps (s, > 0, or None). Module docstring.
     """
 
     name: str = "swebench"
@@ -149,6 +159,8 @@ class WorkloadConfig:
     duration_s: Optional[float] = None
     normalize_span: bool = False
     arrivals_from_run: Optional[str] = None
+    timing: str = "think"
+    max_idle_gap_s: Optional[float] = None
 
     def max_active(self) -> Optional[int]:
         """The run-time cap on active conversations: ``concurrency`` (closed) or ``max_concurrency``; None with
@@ -198,6 +210,11 @@ class WorkloadConfig:
                                      f"got {tt!r}")
         elif self.prompt_types:
             raise ValueError(f"{where}.prompt_types is only used with {where}.kind=synthetic (kind is {self.kind!r})")
+        if self.timing not in TIMINGS:
+            raise ValueError(f"{where}.timing must be one of {', '.join(TIMINGS)}, got {self.timing!r}")
+        g = self.max_idle_gap_s
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not (math.isfinite(g) and g > 0)):
+            raise ValueError(f"{where}.max_idle_gap_s must be a finite number > 0 (s) or null, got {g!r}")
         if self.context_overflow not in CONTEXT_OVERFLOW:
             raise ValueError(f"{where}.context_overflow must be one of {', '.join(CONTEXT_OVERFLOW)}, "
                              f"got {self.context_overflow!r}")
@@ -320,6 +337,7 @@ class Oracle:
 
     def __init__(self, conversations: Sequence[tuple[float, ConversationRecord]]):
         self._by_id: dict[str, tuple[ConversationRecord, tuple[int, ...]]] = {}
+        self._messages: dict[str, tuple[int, ...]] = {}
         for _, rec in conversations:
             growth, acc = [], 0
             for tr in reversed(rec.turns):
@@ -336,6 +354,14 @@ class Oracle:
         """Whether the turn's output is user-visible (from the trace)."""
         return self._by_id[conversation_id][0].turns[turn].visible
 
+    def info(self, conversation_id: str, turn: int) -> tuple[str, int]:
+        """``(parent_id or "", user-message index)`` of a turn (``turns.parquet``'s ``parent_id``, ``message``)."""
+        rec = self._by_id[conversation_id][0]
+        msgs = self._messages.get(conversation_id)
+        if msgs is None:
+            msgs = self._messages[conversation_id] = rec.message_of()
+        return rec.parent_id or "", msgs[turn]
+
 
 CONTEXT_OVERFLOW = ("drop", "truncate", "fail")
 
@@ -351,12 +377,82 @@ def fits_context(rec: ConversationRecord, max_context_tokens: int) -> int:
 
 def truncate_turns(rec: ConversationRecord, max_turns: int) -> ConversationRecord:
     """Keep the first ``max_turns`` turns; the last kept turn becomes the (only) visible one, with no
-    tool time after it."""
+    tool time after it. A session trace (turns with ``user_message``) keeps the visible turns of its
+    earlier messages (each message has its own TTFET); the last kept turn is visible too."""
     if len(rec.turns) <= max_turns:
         return rec
     turns = list(rec.turns[:max_turns])
-    turns = [replace(t, visible=False) for t in turns[:-1]] + [replace(turns[-1], visible=True, tool_time_s=0.0)]
+    if any(t.user_message for t in rec.turns[1:]):
+        turns = turns[:-1] + [replace(turns[-1], visible=True, tool_time_s=0.0)]
+    else:
+        turns = [replace(t, visible=False) for t in turns[:-1]] + [replace(turns[-1], visible=True, tool_time_s=0.0)]
     return replace(rec, turns=tuple(turns))
+
+
+def cap_idle_gaps(records: Sequence[ConversationRecord], cap_s: float) -> list[ConversationRecord]:
+    """``workload.max_idle_gap_s``: every ``tool_time_s`` capped at ``cap_s`` (s), and the recorded send
+    times (``send_s``) of each conversation moved earlier by the excess removed before them; a child also by
+    its parent's excess up to its spawn point. ``records``: parents before their children (a trace's order)."""
+    shift_at: dict[str, list[float]] = {}     # conversation -> cumulative excess removed before each turn, s
+    out = []
+    for rec in records:
+        base = 0.0
+        if rec.parent_id is not None and rec.parent_id in shift_at:
+            base = shift_at[rec.parent_id][min(rec.spawn_after_turn + 1, len(shift_at[rec.parent_id]) - 1)]
+        cum, shifts, turns = base, [], []
+        for k, t in enumerate(rec.turns):
+            if k:
+                cum += max(0.0, rec.turns[k - 1].tool_time_s - cap_s)
+            shifts.append(cum)
+            turns.append(replace(t, tool_time_s=min(t.tool_time_s, cap_s),
+                                 send_s=None if t.send_s is None else max(0.0, t.send_s - cum)))
+        shift_at[rec.conversation_id] = shifts
+        out.append(replace(rec, turns=tuple(turns)))
+    return out
+
+
+def _families(records: Sequence[ConversationRecord]) -> tuple[list[ConversationRecord], dict[str, list]]:
+    """Roots in order, and per conversation id its children in order (session traces)."""
+    kids: dict[str, list] = {}
+    roots = []
+    for r in records:
+        if r.parent_id is None:
+            roots.append(r)
+        else:
+            kids.setdefault(r.parent_id, []).append(r)
+    return roots, kids
+
+
+def _family(root: ConversationRecord, kids: dict[str, list]) -> list[ConversationRecord]:
+    out, stack = [], [root]
+    while stack:
+        r = stack.pop(0)
+        out.append(r)
+        stack[:0] = kids.get(r.conversation_id, [])
+    return out
+
+
+def _fit_family(fam: list[ConversationRecord], max_context_tokens: int, truncate: bool) -> Optional[list]:
+    """A family under the context limit: unchanged when every call fits; else with ``truncate`` the root cut
+    before its first call that does not fit (children spawned at or after the cut, or that do not fit
+    themselves, dropped with their own children); None when dropped."""
+    if all(fits_context(r, max_context_tokens) == len(r.turns) for r in fam):
+        return fam
+    if not truncate:
+        return None
+    root = fam[0]
+    k = fits_context(root, max_context_tokens)
+    if k == 0:
+        return None
+    kept = [truncate_turns(root, k)]
+    alive = {root.conversation_id: k}
+    for r in fam[1:]:
+        n = alive.get(r.parent_id)
+        if n is None or r.spawn_after_turn > n - 2 or fits_context(r, max_context_tokens) < len(r.turns):
+            continue
+        kept.append(r)
+        alive[r.conversation_id] = len(r.turns)
+    return kept
 
 
 def scale_tokens(rec: ConversationRecord, factor: float) -> ConversationRecord:
@@ -447,6 +543,9 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig,
             ``workload.token_scale`` and ``workload.context_overflow``).
     """
     cfg.validate()
+    kids: dict[str, list] = {}
+    if any(r.parent_id is not None for r in records):
+        records, kids = _families(records)
     trace_times = None
     if cfg.arrival == "trace":
         records, trace_times = _trace_window(records, cfg)
@@ -469,13 +568,43 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig,
                              f"conversations (use workload.sample=with_replacement)")
         order = rng_s.permutation(len(records)) if cfg.sample == "shuffle" else np.arange(len(records))
         chosen = [records[int(i)] for i in order[:n]]
+    if kids:
+        chosen = _with_children(chosen, kids, cfg)
     if cfg.max_turns is not None:
         chosen = [truncate_turns(r, cfg.max_turns) for r in chosen]
+        if kids:   # a child spawned at or after a parent's (new) last turn has nothing to join
+            chosen = _drop_orphans(chosen)
     if cfg.token_scale != 1.0:
         chosen = [scale_tokens(r, cfg.token_scale) for r in chosen]
+    if cfg.max_idle_gap_s is not None:
+        chosen = cap_idle_gaps(chosen, float(cfg.max_idle_gap_s))
     dropped = truncated = 0
     keep = list(range(len(chosen)))
-    if max_context_tokens and cfg.context_overflow != "fail":
+    if max_context_tokens and cfg.context_overflow != "fail" and kids:
+        fams: list[list] = []
+        for r in chosen:
+            if r.parent_id is None:
+                fams.append([r])
+            else:
+                fams[-1].append(r)
+        kept_f = []
+        for i, fam in enumerate(fams):
+            f = _fit_family(fam, max_context_tokens, cfg.context_overflow == "truncate")
+            if f is None:
+                dropped += 1
+            else:
+                truncated += f is not fam
+                kept_f.append((i, f))
+        keep = [i for i, _ in kept_f]
+        chosen = [r for _, f in kept_f for r in f]
+        n = len(keep)
+        if n == 0:
+            raise ValueError(
+                f"workload.context_overflow={cfg.context_overflow} dropped all {dropped} sessions: each "
+                f"needs more than the model's {max_context_tokens}-token context (workload.token_scale="
+                f"{cfg.token_scale:g}); lower workload.token_scale, set workload.context_overflow=truncate, "
+                f"or choose a model with a longer context")
+    elif max_context_tokens and cfg.context_overflow != "fail":
         kept = []
         for i, r in enumerate(chosen):
             k = fits_context(r, max_context_tokens)
@@ -525,6 +654,14 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig,
         if cfg.normalize_span and n > 1 and times[-1] > 0:  # the last at exactly (n - 1) / rate (module doc)
             times = times * ((n - 1) / cfg.rate_per_s / times[-1])
         rate = cfg.rate_per_s
+    if kids:   # the roots' arrival times; each child placed after its root, at the root's arrival (a placeholder:
+        #        the controller spawns it when its parent's spawn turn ends)
+        pairs, it = [], iter(times)
+        for r in chosen:
+            if r.parent_id is None:
+                t_root = float(next(it))
+            pairs.append((t_root, r))
+        out = sorted(pairs, key=lambda p: p[0])   # stable: a family stays together, root first
     turns = [t for r in chosen for t in r.turns]
     stats = WorkloadStats(
         rate_per_s=rate, mean_turns=len(turns) / max(1, n),
@@ -533,8 +670,41 @@ def build_workload(records: Sequence[ConversationRecord], cfg: WorkloadConfig,
         turn_output_tokens=np.array([t.output_tokens for t in turns], dtype=np.int64),
         tool_time_s=np.array([t.tool_time_s for t in turns], dtype=np.float64),
         context_dropped=dropped, context_truncated=truncated)
-    out = [(float(t), r) for t, r in zip(times, chosen)]
+    if kids:
+        out = list(out)
+    else:
+        out = [(float(t), r) for t, r in zip(times, chosen)]
     if cfg.arrivals_from_run:   # each conversation arrives when the recorded run started it (harness.workload.replay)
         from harness.workload.replay import pin_conversations
         out = pin_conversations(out, cfg.arrivals_from_run)
     return out, stats
+
+
+def _with_children(roots: Sequence[ConversationRecord], kids: dict[str, list], cfg: WorkloadConfig
+                   ) -> list[ConversationRecord]:
+    """Each sampled root followed by its family; ids renamed with the root's ``#k`` suffix (sampling with
+    replacement) so every copy's children name their own parent."""
+    out = []
+    for r in roots:
+        base, _, suffix = r.conversation_id.partition("#")
+        fam = _family(replace(r, conversation_id=base), kids)
+        if suffix:
+            ren = {x.conversation_id: f"{x.conversation_id}#{suffix}" for x in fam}
+            fam = [replace(x, conversation_id=ren[x.conversation_id],
+                           parent_id=None if x.parent_id is None else ren[x.parent_id]) for x in fam]
+        out.extend(fam)
+    return out
+
+
+def _drop_orphans(records: Sequence[ConversationRecord]) -> list[ConversationRecord]:
+    """Children whose parent is gone or has no turn after the spawn point are dropped (with their own)."""
+    n_turns: dict[str, int] = {}
+    out = []
+    for r in records:
+        if r.parent_id is not None:
+            n = n_turns.get(r.parent_id)
+            if n is None or r.spawn_after_turn > n - 2:
+                continue
+        n_turns[r.conversation_id] = len(r.turns)
+        out.append(r)
+    return out
