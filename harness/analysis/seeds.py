@@ -41,7 +41,6 @@ import argparse
 import json
 import math
 import re
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -50,6 +49,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from harness.core.children import run_owned
 from harness.core.paths import PROJECT_ROOT
 from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, mean_ci, ratio_interval, verdict
 
@@ -228,15 +228,19 @@ def parse_metric(text: str) -> tuple[str, Optional[float]]:
 def run_arm(cell_dir: Path, arm: Sequence[str], overrides: Sequence[str], seeds: int,
             python: str = sys.executable) -> None:
     """``python run.py -m`` of one arm over the seeds 0..seeds-1 into ``cell_dir/<arm>_seed<k>`` (complete
-    runs are skipped by run.py).
+    runs are skipped by run.py). The child is owned (``harness.core.children.run_owned``): a SIGTERM, SIGHUP
+    or Ctrl-C to this process stops it (run.py marks the job partial and releases the sweep lock) before this
+    process goes on to exit, and it gets SIGTERM if this process dies.
 
     Raises:
         RuntimeError: run.py exited with a non-zero status (its stderr's tail in the message).
+        KeyboardInterrupt: Ctrl-C, or ``harness.core.children.Terminated`` (SIGTERM / SIGHUP), once the
+            child is gone.
     """
     cmd = [python, str(PROJECT_ROOT / "run.py"), "-m", *overrides, *arm,
            f"{SEED_KEY}={','.join(str(s) for s in range(seeds))}",
            f"hydra.sweep.dir={cell_dir}", f"hydra.sweep.subdir={_label(arm)}_seed${{{SEED_KEY}}}"]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT)
+    p = run_owned(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT)   # stopped with this process
     if p.returncode != 0:
         raise RuntimeError(f"run.py exited {p.returncode}: {' '.join(cmd)}\n{p.stderr[-2000:]}")
 
