@@ -34,6 +34,7 @@ from harness.vllm.launcher import InstanceSpec, Launcher
 from harness.vllm.nodes import node_address
 from harness.vllm.flags import engine_args
 from harness.vllm.otlp import SPAN_EXPORT_DELAY_MS, SpanReceiver, engine_times_mode, span_env
+from harness.vllm.plugin import API_KEY_ENV
 from harness.vllm.scrape import MetricsPoller, histogram_delta, parse_histograms
 from harness.vllm.wait_scheduler import (RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, STEP_TIMES_ENV,
                                          STEP_TIMES_SCHEDULER_CLS, STEP_TIMES_SYNC_SCHEDULER_CLS, forms_batches)
@@ -54,8 +55,9 @@ SPAN_DRAIN_S = SPAN_EXPORT_DELAY_MS / 1000 + 15.0
 # (vllm/entrypoints/serve/middleware/register.py): /v1/* then answers 401 without "Authorization: Bearer <key>"
 # (/health and /metrics stay open). The environment, unlike the command line (/proc/<pid>/cmdline, ps), is
 # readable only by the server's own user (/proc/<pid>/environ, mode 0400), and is kept out of the launcher's
-# records (harness.vllm.launcher.STATE_DIR holds the command line).
-API_KEY_ENV = "VLLM_API_KEY"
+# records (harness.vllm.launcher.STATE_DIR holds the command line). The harness reads the key from the same
+# variable in its own environment when none is configured (harness.vllm.plugin.VllmBackendConfig.resolve_api_key):
+# API_KEY_ENV, imported from there.
 
 # backend.kv_connector=ExampleConnector is served by this subclass of it (imported by the servers, never here:
 # it imports vLLM), loaded through vLLM's kv_connector_module_path
