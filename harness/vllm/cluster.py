@@ -70,16 +70,16 @@ CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFF
            "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
 
 
+TINY_DIR = PROJECT_ROOT / "results" / "models" / "tiny"
+
+
 def model_path(spec: str) -> str:
-    """Resolve ``backend.model``: ``tiny`` builds (once) and returns the offline tiny model's directory."""
+    """Resolve ``backend.model``: ``tiny`` builds (once, whole or not at all: ``harness.vllm.tiny_model.ensure``)
+    and returns the offline tiny model's directory (:data:`TINY_DIR`)."""
     if spec != "tiny":
         return spec
-    path = PROJECT_ROOT / "results" / "models" / "tiny"
-    if not (path / "config.json").exists():
-        from harness.vllm.tiny_model import build
-        log.info("building the tiny test model in %s", path)
-        build(path)
-    return str(path)
+    from harness.vllm.tiny_model import ensure
+    return str(ensure(TINY_DIR))
 
 
 def vocab_size(model_dir: str) -> int:
