@@ -11,7 +11,9 @@ arms, ``--a`` and ``--b`` (each a space-separated list of Hydra overrides, e.g. 
 scheduler.mode=cost"``), paired on the seed. Each round runs ``python run.py -m`` once per arm over the seeds
 0..n-1 into ``SWEEP_DIR/<cell>/<arm>_seed<k>/`` (``hydra.sweep.dir`` and a seed-keyed
 ``hydra.sweep.subdir``, so a rerun or a later round skips the runs already complete: run.py's resume) and
-reads each run's ``summary.json``. The rounds are the planned looks of a group-sequential design
+reads each run's ``summary.json``. Each ``run.py -m`` is owned by this process (``harness.core.children``): a
+SIGTERM, SIGHUP or Ctrl-C stops it first (its job marked partial, its sweep lock released), and it gets SIGTERM
+if this process is killed outright. The rounds are the planned looks of a group-sequential design
 (:func:`planned_looks`: ``--min-seeds`` doubled until ``--max-seeds``, e.g. 3, 6, 12, 20). At each look, per
 ``--metric KEY[:PAPER]``, it computes the paired ratio a / b over the seeds with its *repeated confidence
 interval* (:func:`harness.analysis.stats.ratio_interval` at Pocock's nominal level :func:`sequential_alpha`,
