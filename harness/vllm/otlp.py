@@ -575,10 +575,12 @@ class SpanReceiver:
     def __exit__(self, *exc) -> None:
         if self._thread.ident is not None:   # shutdown() waits for serve_forever: only once it runs
             self._server.shutdown()
-        for t in self._threads:
-            if t.ident is not None:
-                (self._conns if t.name.startswith("otlp-conn") else self._jobs).put(None)
-        for t in self._threads:
-            if t.ident is not None:
-                t.join(self.timeout_s + 1.0)   # a worker ends its connection within the timeout
+        # the connection workers first (each ends its connection within the timeout), then the decoders, so that
+        # no body is handed to a decoder already gone
+        for queue_, prefix in ((self._conns, "otlp-conn"), (self._jobs, "otlp-decode")):
+            started = [t for t in self._threads if t.name.startswith(prefix) and t.ident is not None]
+            for _ in started:
+                queue_.put(None)
+            for t in started:
+                t.join(2 * self.timeout_s + 1.0)
         self._server.server_close()
