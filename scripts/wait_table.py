@@ -219,8 +219,6 @@ class Store:
     def _changed(self, stale: set) -> str:
         """What differs between this fingerprint and the ``stale`` digests, from ``fingerprints.json``."""
         import json
-
-        from harness.analysis.provenance import changed_components
         try:
             known = json.loads((self.path.parent / FINGERPRINTS).read_text())
         except (OSError, ValueError):
@@ -230,8 +228,10 @@ class Store:
             if not d:
                 parts.append("none recorded: written before fingerprints")
             elif isinstance(known.get(d), dict):
-                old = {"components": known[d]}
-                parts.append(f"{d}: " + ", ".join(changed_components(old, self.fp) or ["same components"]))
+                now = self.fp["components"]
+                changed = [f"{k} ({str(known[d].get(k))[:12]} -> {v[:12]})" for k, v in now.items()
+                           if known[d].get(k) != v]
+                parts.append(f"{d}: " + ", ".join(changed or ["same components"]))
             else:
                 parts.append(f"{d}: components unknown")
         return "; ".join(parts) + f"; now {self.fp['digest']}"
