@@ -25,6 +25,7 @@ stops the server's tree).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import signal
@@ -33,6 +34,11 @@ import threading
 from typing import Any, Optional, Sequence
 
 PR_SET_PDEATHSIG = 1   # linux/prctl.h
+try:   # loaded here, not in the forked child (no import or dlopen between fork and exec)
+    _LIBC: Optional[ctypes.CDLL] = ctypes.CDLL("libc.so.6", use_errno=True)
+    _LIBC.prctl   # noqa: B018 -- AttributeError where libc has no prctl
+except (OSError, AttributeError):
+    _LIBC = None
 GRACE_S = 30.0         # s a signalled child group has to exit before SIGKILL: run.py writes its partial results
 #                        and stops its servers (the guard's own grace is 5 s, harness.vllm.launcher.GUARD_GRACE_S)
 
@@ -53,11 +59,9 @@ def die_with_parent(sig: int = signal.SIGTERM, parent: Optional[int] = None, new
     child's parent is already another process (the parent died before the prctl), ``sig`` is sent at once."""
     if new_session:
         os.setsid()
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
+    if _LIBC is None:
         return
+    _LIBC.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if parent is not None and os.getppid() != parent:
         os.kill(os.getpid(), sig)
 
