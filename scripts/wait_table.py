@@ -24,13 +24,16 @@ over ``--cap-seeds`` of the window growth ratio <= 1.25), by bisection on rate i
 ``--cap-tol``, and the capacity margin WAIT-CP / Sarathi-like - 1.
 
 Every run's result is appended to ``<out>/runs.csv`` as it finishes (nothing measured is lost on an
-interrupt; a rerun with the same ``--out`` reuses the rows already there).
+interrupt; a rerun with the same ``--out`` reuses the rows already there that carry this code's fingerprint;
+one writer per ``--out``, a second exits 2; a torn last line is dropped: :class:`Store`).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import math
+import os
 import sys
 import threading
 import time
@@ -58,7 +61,7 @@ LABEL = {"sarathi": "Sarathi-like", "wait_cp": "WAIT-CP", "budget_control": "sam
 MODELS = ("roofline", "vidur_profile")
 PAPER_EFFECT_PCT = -70.0          # the WAIT paper's text: "over 70 %" lower latency than Sarathi at lambda = 23
 PAPER_RATE = 23.0
-FIELDS = ["model", "arm", "rate", "seed", "n", "e2e_central_mean_s", "growth_ratio", "wall_s"]
+FIELDS = ["model", "arm", "rate", "seed", "n", "e2e_central_mean_s", "growth_ratio", "wall_s", "fingerprint"]
 
 
 def _one(task):
@@ -71,22 +74,187 @@ def _one(task):
             "wall_s": round(time.perf_counter() - t0, 2)}
 
 
-class Store:
-    """The runs done so far, keyed ``(model, arm, rate, seed, n)``, mirrored to ``runs.csv``."""
+ROOT = Path(__file__).resolve().parents[1]
+LOCK_NAME = ".wait_table.lock"   # the writer's lock in --out (harness.analysis.provenance.DirLock)
+FINGERPRINTS = "fingerprints.json"  # <out>/fingerprints.json: {digest: its components}, to name what changed
+_FP: list[dict] = []
 
-    def __init__(self, path: Path):
-        self.path, self.rows, self.lock = path, {}, threading.Lock()
-        if path.exists():
-            with open(path, newline="") as f:
-                for r in csv.DictReader(f):
-                    r = {**r, "rate": float(r["rate"]), "seed": int(r["seed"]), "n": int(r["n"]),
-                         "e2e_central_mean_s": float(r["e2e_central_mean_s"]), "growth_ratio": float(r["growth_ratio"])}
-                    self.rows[self.key(r)] = r
-        new = not path.exists()
-        self.f = open(path, "a", newline="")
+
+def fingerprint() -> dict:
+    """What a row of ``runs.csv`` depends on, ``{"digest": 16 hex, "components": {...}}``, computed once per
+    process: ``code`` (every ``.py`` under ``harness/`` and ``baselines/``, ``harness.core.paths.code_digest``,
+    as run.py's fingerprint), ``scripts`` (the scripts that compute a row: this one,
+    ``vidur_wait_step_models.py``, ``wait_check.py``), ``config`` (every ``conf/**/*.yaml``: the presets and
+    profiles the arms compose) and ``data`` (the Vidur profile tables, ``docs/data/``, that
+    ``engine.step_model=vidur_profile`` reads: ``harness.sim.perf.VIDUR_PROFILES``). Each a SHA-256, first
+    32 hex digits (``harness.analysis.provenance``); ``digest`` the first 16 of the SHA-256 over them."""
+    if not _FP:
+        import json
+
+        from harness.analysis.provenance import file_digest, sha256_text
+        from harness.core.paths import code_digest, data_path
+        from harness.sim.perf import VIDUR_PROFILES
+
+        def files(paths) -> str:
+            return sha256_text("".join(f"{p.relative_to(ROOT)}\0{file_digest(p)}\n" for p in sorted(paths)))
+        here = Path(__file__).resolve().parent
+        tables = {data_path(f"docs/data/{f}") for shapes in VIDUR_PROFILES.values() for v in shapes.values()
+                  for f in v[:2]}
+        comp = {"code": code_digest(),
+                "scripts": files([here / n for n in ("wait_table.py", "vidur_wait_step_models.py", "wait_check.py")]),
+                "config": files(ROOT.joinpath("conf").rglob("*.yaml")),
+                "data": files(p for p in tables if p.is_file())}
+        _FP.append({"digest": sha256_text(json.dumps(comp, sort_keys=True))[:16], "components": comp})
+    return _FP[0]
+
+
+def read_runs(path: Path) -> tuple[list[tuple[int, dict]], int]:
+    """The rows of ``runs.csv`` at ``path`` as ``[(line number, row)]`` (``rate``, ``seed``, ``n`` and the two
+    measures parsed; ``fingerprint`` ``""`` for a row written before fingerprints), and the number of bytes of
+    a *torn tail* dropped: a last line without its newline, what a writer killed mid-row leaves (its run is
+    simply not done). A missing file: ``([], 0)``.
+
+    Raises:
+        ValueError: a complete line that is not a row (``<path>:<line>: ...``): something else wrote there.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [], 0
+    keep = data.rfind(b"\n") + 1
+    out = []
+    reader = csv.DictReader(io.StringIO(data[:keep].decode(errors="replace"), newline=""))
+    for r in reader:
+        try:
+            if None in r or None in r.values():
+                raise ValueError(f"{len(FIELDS)} fields expected")
+            r = {**r, "rate": float(r["rate"]), "seed": int(r["seed"]), "n": int(r["n"]),
+                 "e2e_central_mean_s": float(r["e2e_central_mean_s"]), "growth_ratio": float(r["growth_ratio"]),
+                 "fingerprint": r.get("fingerprint") or ""}
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{reader.line_num}: not a row of runs.csv ({e}); move the file aside") from None
+        out.append((reader.line_num, r))
+    return out, len(data) - keep
+
+
+class Store:
+    """The runs done so far, keyed ``(model, arm, rate, seed, n)``, mirrored to ``runs.csv`` (``FIELDS``; one
+    row appended and flushed as each run finishes), with run.py's guarantees (``harness.analysis.provenance``):
+
+    * a lock: a writing store holds ``<out>/.wait_table.lock`` (``DirLock``, an ``flock`` the system drops
+      when its holder dies), so a second run into the same ``--out`` is refused (``LockHeld``), never runs the
+      same jobs beside the first;
+    * a fingerprint per row (:func:`fingerprint`): a row of another code, script, config or profile data is
+      not reused; the job runs again and its new row is appended (the last row of a key and fingerprint wins);
+    * a torn tail (:func:`read_runs`) is dropped, and cut off the file before the next row is appended.
+
+    ``readonly=True`` (``--report-only``): no lock, nothing written; every row counts, those of this
+    fingerprint first, and :attr:`foreign` says how many of the others are used. A ``runs.csv`` written
+    before fingerprints (no ``fingerprint`` column) is rewritten with the column (empty) by a writing store.
+
+    Raises:
+        LockHeld: another live process writes to this ``runs.csv``.
+        ValueError: a line of ``runs.csv`` that is not a row (:func:`read_runs`).
+    """
+
+    def __init__(self, path: Path, readonly: bool = False):
+        from harness.analysis.provenance import DirLock
+        self.path, self.rows, self.lock, self.readonly = path, {}, threading.Lock(), readonly
+        self.fp, self.f, self.w, self.foreign = fingerprint(), None, None, 0
+        self.dir_lock = None if readonly else DirLock(path.parent, LOCK_NAME, "choose another --out").acquire()
+        try:
+            self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self) -> None:
+        rows, torn = read_runs(self.path)
+        if torn:
+            print(f"warning: {self.path}: dropped a torn last line ({torn} bytes; a run killed while writing "
+                  "it): that run is done again", file=sys.stderr, flush=True)
+        mine, other = {}, {}
+        for _, r in rows:
+            (mine if r["fingerprint"] == self.fp["digest"] else other)[self.key(r)] = r
+        self.rows = dict(mine)
+        self.foreign = 0
+        if self.readonly:
+            for k, r in other.items():
+                if k not in mine:
+                    self.rows[k] = r
+                    self.foreign += 1
+        stale = {r["fingerprint"] for k, r in other.items() if k not in mine}
+        if stale:
+            print(f"warning: {self.path}: {sum(k not in mine for k in other)} rows of another fingerprint "
+                  f"({self._changed(stale)}) " + ("reported as they are (a run without --report-only recomputes "
+                                                   "them)" if self.readonly else "are not reused: those jobs run again"),
+                  file=sys.stderr, flush=True)
+        self.f = self.w = None
+        if self.readonly:
+            return
+        head = b""
+        if self.path.exists():
+            with open(self.path, "rb") as f:
+                head = f.readline()
+        header = next(csv.reader([head.decode(errors="replace")]), []) if head else []
+        if header and header != FIELDS:   # written before fingerprints: the column added, the rows kept
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            with open(tmp, "w", newline="") as f:
+                w = csv.DictWriter(f, FIELDS, extrasaction="ignore")
+                w.writeheader()
+                w.writerows(r for _, r in rows)
+            os.replace(tmp, self.path)
+        elif torn:
+            os.truncate(self.path, self.path.stat().st_size - torn)
+        self._remember_fingerprint()
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        self.f = open(self.path, "a", newline="")
         self.w = csv.DictWriter(self.f, FIELDS)
         if new:
             self.w.writeheader()
+            self.f.flush()
+
+    def _changed(self, stale: set) -> str:
+        """What differs between this fingerprint and the ``stale`` digests, from ``fingerprints.json``."""
+        import json
+        try:
+            known = json.loads((self.path.parent / FINGERPRINTS).read_text())
+        except (OSError, ValueError):
+            known = {}
+        parts = []
+        for d in sorted(stale):
+            if not d:
+                parts.append("none recorded: written before fingerprints")
+            elif isinstance(known.get(d), dict):
+                now = self.fp["components"]
+                changed = [f"{k} ({str(known[d].get(k))[:12]} -> {v[:12]})" for k, v in now.items()
+                           if known[d].get(k) != v]
+                parts.append(f"{d}: " + ", ".join(changed or ["same components"]))
+            else:
+                parts.append(f"{d}: components unknown")
+        return "; ".join(parts) + f"; now {self.fp['digest']}"
+
+    def _remember_fingerprint(self) -> None:
+        import json
+        p = self.path.parent / FINGERPRINTS
+        try:
+            known = json.loads(p.read_text())
+        except (OSError, ValueError):
+            known = {}
+        if known.get(self.fp["digest"]) != self.fp["components"]:
+            known[self.fp["digest"]] = self.fp["components"]
+            tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
+            os.replace(tmp, p)
+
+    def close(self) -> None:
+        """Close ``runs.csv`` and drop the lock (idempotent)."""
+        if self.f is not None:
+            self.f.close()
+            self.f = None
+        if self.dir_lock is not None:
+            self.dir_lock.release()
+            self.dir_lock = None
 
     @staticmethod
     def key(r):
@@ -96,8 +264,17 @@ class Store:
         return all((t[0], t[1], float(t[2]), t[3], t[4]) in self.rows for t in tasks)
 
     def run(self, pool, tasks):
+        """The rows of ``tasks`` (``(model, arm, rate, seed, n)`` each), running those not done yet (on ``pool``
+        when given) and appending each new row as it finishes.
+
+        Raises:
+            RuntimeError: a read-only store (``--report-only``) asked to run something.
+        """
         todo = [t for t in dict.fromkeys(tasks) if (t[0], t[1], float(t[2]), t[3], t[4]) not in self.rows]
+        if todo and self.readonly:
+            raise RuntimeError(f"{len(todo)} runs not in {self.path} (read-only)")
         for r in (pool.imap_unordered(_one, todo) if pool and len(todo) > 1 else map(_one, todo)):
+            r["fingerprint"] = self.fp["digest"]
             with self.lock:
                 self.rows[self.key(r)] = r
                 self.w.writerow(r)
@@ -146,7 +323,12 @@ def main(argv=None) -> int:
         ap.error(f"argument --cap-range: lo < hi needed, got {cap_lo:g},{cap_hi:g}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    store = Store(out / "runs.csv")
+    from harness.analysis.provenance import LockHeld
+    try:
+        store = Store(out / "runs.csv", readonly=a.report_only)
+    except (LockHeld, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     pool = None
     t_start = time.perf_counter()
     try:
@@ -261,7 +443,7 @@ def main(argv=None) -> int:
         if pool:
             pool.close()
             pool.join()
-        store.f.close()
+        store.close()
     return 0
 
 

@@ -143,3 +143,70 @@ def test_an_atomic_write_that_fails_names_the_file_not_its_temporary(tmp_path):
         _atomic(tmp_path / "turns.parquet", fail)
     assert e.value.filename == str(tmp_path / "turns.parquet") and e.value.errno == errno.EFBIG
     assert list(tmp_path.iterdir()) == []   # the temporary file is gone
+
+
+# ---- summary.json before the bulky files (issue 50) ----------------------------------------------------------
+
+SMALL = ["workload.num_conversations=3", "workload.max_turns=2", "slo=absolute", "logger.progress=false"]
+
+
+def test_a_disk_that_fills_on_a_parquet_keeps_summary_json(tmp_path, monkeypatch):
+    """The disk fills while ``turns.parquet`` is written (ENOSPC after some bytes): ``summary.json``, which
+    fits, is kept with the run's figures, marked partial with an error naming the file; the other parquets
+    are written; the error goes on (run.py: exit 2, one line). Before, ``summary.json`` was written last and
+    lost with the parquet."""
+    from harness.core import recorder
+    from harness.run.runner import execute
+    from tests.conftest import compose_run
+    real = recorder.write_parquet
+
+    def filling(df, path):
+        if path.name != "turns.parquet":
+            return real(df, path)
+
+        def write(tmp):
+            with open(tmp, "wb") as f:
+                f.write(b"PAR1" + b"\0" * 4096)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        recorder._atomic(path, write)
+    monkeypatch.setattr(recorder, "write_parquet", filling)
+    with pytest.raises(OSError) as e:
+        execute(compose_run(SMALL), tmp_path)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "turns.parquet")
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["partial"] is True and s["num_turns"] > 0 and s["num_conversations"] == 3
+    assert s["error"] == f"cannot write {tmp_path / 'turns.parquet'}: No space left on device"
+    for name in ("conversations.parquet", "instances.parquet", "decisions.parquet"):
+        assert (tmp_path / name).is_file(), name
+    assert not (tmp_path / "turns.parquet").exists() and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_run_stopped_while_writing_its_parquets_is_not_taken_as_complete(tmp_path, monkeypatch):
+    """``summary.json`` is on disk before the parquets, marked partial until they are all written: a process
+    that dies among them (here: an exception no handler takes, at ``instances.parquet``) leaves a summary that
+    says so, and a resume recomputes the run rather than skip it."""
+    from harness.core import recorder
+    from harness.run.runner import completed_run, execute
+    from tests.conftest import compose_run
+    real = recorder.write_parquet
+
+    class Died(BaseException):
+        pass
+
+    def dying(df, path):
+        if path.name == "instances.parquet":
+            raise Died
+        return real(df, path)
+    from omegaconf import OmegaConf
+    run = compose_run(SMALL)
+    text = OmegaConf.to_yaml(run.cfg)
+    monkeypatch.setattr(recorder, "write_parquet", dying)
+    with pytest.raises(Died):
+        execute(run, tmp_path, text)
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["partial"] is True and s["error"] == recorder.WRITING_RESULTS and s["num_turns"] > 0
+    assert (tmp_path / "config.yaml").read_text() == text
+    assert completed_run(tmp_path, text) is None
+    monkeypatch.setattr(recorder, "write_parquet", real)       # the same run written whole: taken as complete
+    execute(run, tmp_path, text)
+    assert completed_run(tmp_path, text)["partial"] is False

@@ -1,7 +1,8 @@
 """The span receiver (harness.vllm.otlp.SpanReceiver) under abuse: a gzip bomb, a body over the cap, a
 negative / missing / non-numeric ``Content-Length``, a stalled and a dripping (slowloris) body, an unknown
-encoding. Each is answered with its HTTP status (RFC 9110: 400, 408, 411, 413, 415), the process's resident
-memory stays within the stated bound, and valid spans posted afterwards are still received. No vLLM needed
+encoding, 60 concurrent bodies at the limits. Each is answered with its HTTP status (RFC 9110: 400, 408, 411,
+413, 415, 503), the process's resident memory stays within the stated bound, and valid spans posted afterwards
+are still received. No vLLM needed
 (opentelemetry-proto builds the spans)."""
 
 from __future__ import annotations
@@ -109,12 +110,13 @@ def test_inflate_stops_at_the_cap_and_reads_every_member():
 
 
 def test_receiver_refuses_abuse_within_its_memory_bound_and_still_receives(monkeypatch):
-    """The stated bound: a POST costs the receiver at most ``MAX_BODY_BYTES + 2 x MAX_DECODED_BYTES``
-    (36 MiB); the bomb alone would cost 1 GiB. Peak RSS growth (``VmHWM`` after a reset) while the bomb and a
-    body just under the cap are posted stays under that bound plus 16 MiB for the interpreter's own churn."""
+    """The stated bound: a POST costs the receiver at most its decoder's share of ``otlp.MEMORY_BOUND_BYTES``
+    (``MAX_BODY_BYTES + MAX_DECODED_BYTES`` + one span's decode + the rows' cap: 25 MiB); the bomb alone would
+    cost 1 GiB. Peak RSS growth (``VmHWM`` after a reset) while the bomb and a body just under the cap are
+    posted stays under that bound plus 16 MiB for the interpreter's own churn."""
     bomb = _bomb()
     assert len(bomb) < 1.1 * MiB and len(gzip.decompress(bomb[:len(bomb) // 1024])) == MiB
-    bound_kib = (otlp.MAX_BODY_BYTES + 2 * otlp.MAX_DECODED_BYTES + 16 * MiB) // 1024
+    bound_kib = (otlp.MEMORY_BOUND_BYTES // otlp.MAX_CONCURRENT_POSTS + 16 * MiB) // 1024
     with SpanReceiver(timeout_s=1.0) as rx:
         assert rx.host == "127.0.0.1"
         peak = _reset_peak()
@@ -156,3 +158,139 @@ def test_the_receiver_binds_loopback_unless_servers_may_run_elsewhere():
     assert receiver_host(B(host="node", launch=True, launcher="local")) == "127.0.0.1"   # local servers: loopback
     assert receiver_host(B(host="node", launch=True, launcher="ray")) == node
     assert receiver_host(B(host="node", launch=False, launcher="local")) == node          # servers of someone else's
+
+
+# ---- the receiving process's memory under 60 concurrent abusive bodies (issue 50) ---------------------------
+
+_RECEIVER = """
+import json, sys
+from harness.vllm.otlp import SpanReceiver
+rx = SpanReceiver(timeout_s=20.0)
+rx.accept = lambda rid: rid.startswith("cmpl-run-")     # as a run's receiver: its own requests only
+with rx:
+    print(rx.port, flush=True)
+    for line in sys.stdin:
+        if line.strip() == "stats":
+            with rx._cond:
+                print(json.dumps({"rejected": rx.rejected, "posts": rx.posts, "bad_posts": rx.bad_posts,
+                                  "other_spans": rx.other_spans, "kept": sorted(rx.spans)}), flush=True)
+        else:
+            break
+"""
+
+
+def _proc_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _abusive_bodies() -> dict[str, tuple[bytes, int]]:
+    """Four kinds of body, each at a limit, with the status each must get: zeros inflating to 1 KiB under
+    MAX_DECODED_BYTES (not protobuf: 400); one valid span carrying an attribute of 4 KiB under that (a span
+    over MAX_SPAN_BYTES: counted, 200); MAX_SPANS_PER_POST small valid spans of other clients (200);
+    incompressible bytes of 1 byte under MAX_BODY_BYTES, a gzip stream cut there (400)."""
+    import os
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    junk = ExportTraceServiceRequest()
+    span = junk.resource_spans.add().scope_spans.add().spans.add()
+    span.attributes.append(KeyValue(key="gen_ai.request.id", value=AnyValue(string_value="cmpl-run-junk-0")))
+    span.attributes.append(KeyValue(key="x", value=AnyValue(string_value="y" * (otlp.MAX_DECODED_BYTES - 4096))))
+    many = _export([(f"cmpl-other-{i}-0", {"gen_ai.latency.e2e": 0.5, "gen_ai.usage.prompt_tokens": 100})
+                    for i in range(otlp.MAX_SPANS_PER_POST)])
+    rand = gzip.compress(os.urandom(otlp.MAX_BODY_BYTES), 1)[:otlp.MAX_BODY_BYTES - 1]
+    return {"zeros": (gzip.compress(b"\0" * (otlp.MAX_DECODED_BYTES - 1024), 9), 400),
+            "junk": (gzip.compress(junk.SerializeToString(), 9), 200),
+            "many": (gzip.compress(many, 6), 200),
+            "random": (rand, 400)}
+
+
+def test_the_receiving_process_stays_within_its_bound_under_60_concurrent_abusive_bodies():
+    """The receiver in a process of its own, 60 clients at once (15 of each kind of :func:`_abusive_bodies`),
+    each posting again after a 503 until answered otherwise (as an exporter retries). The process's peak
+    RSS (``VmHWM`` after a reset) stays within ``otlp.MEMORY_BOUND_BYTES`` (the per-body limits x the decoder
+    pool, 50 MiB) + 16 MiB for the interpreter's own churn above its baseline, and what stays resident
+    afterwards within the bound; every body got its status and a valid span afterwards is kept. Before
+    (a thread per connection): 219 MiB resident afterwards for the zeros alone, 543 MB in the issue."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from harness.core.paths import PROJECT_ROOT
+    bodies = _abusive_bodies()
+    assert all(len(b) < otlp.MAX_BODY_BYTES for b, _ in bodies.values())
+    p = subprocess.Popen([sys.executable, "-c", _RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(PROJECT_ROOT)), cwd=PROJECT_ROOT)
+    try:
+        port = int(p.stdout.readline())
+        rx = type("Rx", (), {"host": "127.0.0.1", "port": port})
+        assert _valid(rx, "cmpl-run-warm-0") == 200                # the decode path once (modules imported)
+        rss0 = _proc_kib(p.pid, "VmRSS")
+        Path(f"/proc/{p.pid}/clear_refs").write_text("5")           # reset its peak (VmHWM) to its RSS now
+        got: dict[str, list] = {k: [] for k in bodies}
+
+        def client(kind: str) -> None:
+            body, _ = bodies[kind]
+            for _ in range(2000):
+                try:
+                    status = _post(rx, body, {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"})
+                except (ConnectionError, http.client.HTTPException):   # refused before the body was read
+                    status = 503
+                if status != 503:
+                    got[kind].append(status)
+                    return
+                time.sleep(0.05)
+        clients = [threading.Thread(target=client, args=(k,)) for k in bodies for _ in range(15)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join()
+        peak_kib, after_kib = _proc_kib(p.pid, "VmHWM") - rss0, _proc_kib(p.pid, "VmRSS") - rss0
+        assert _valid(rx, "cmpl-run-after-0") == 200
+        p.stdin.write("stats\n")
+        p.stdin.flush()
+        stats = json.loads(p.stdout.readline())
+    finally:
+        p.stdin.close()
+        p.wait(timeout=60)
+    bound_kib = otlp.MEMORY_BOUND_BYTES // 1024
+    print(f"receiver RSS {rss0} KiB at rest; peak growth {peak_kib} KiB, resident afterwards +{after_kib} KiB "
+          f"(bound {bound_kib} KiB + 16 MiB churn); refusals {stats['rejected']}")
+    assert {k: v for k, v in got.items()} == {k: [s] * 15 for k, (_, s) in bodies.items()}
+    assert stats["kept"] == ["cmpl-run-after-0", "cmpl-run-warm-0"]
+    assert stats["other_spans"] == 15 * (1 + otlp.MAX_SPANS_PER_POST)    # the junk span and the others' spans
+    assert stats["bad_posts"] == 30
+    assert peak_kib < bound_kib + 16 * 1024
+    assert after_kib < bound_kib
+
+
+def test_the_export_is_read_span_by_span_as_the_whole_message_reads():
+    """The wire-format walk (``otlp._span_slices``) finds every span of every resource and scope, with its
+    resource's service name, as the protobuf message itself lists them (two resources, a scope with a name and
+    version, a span without a request id, an unknown top-level field); garbage is a DecodeError."""
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from harness.vllm.otlp import spans_from_export
+    msg = ExportTraceServiceRequest()
+    msg.ParseFromString(_export([("cmpl-a-0", {"gen_ai.latency.e2e": 0.5, "gen_ai.usage.prompt_tokens": 7})], "i0")
+                        + _export([("cmpl-b-0", {"gen_ai.latency.time_to_first_token": 0.25}), ("cmpl-c-0", {})], "i1"))
+    msg.resource_spans[1].scope_spans[0].scope.name, msg.resource_spans[1].scope_spans[0].scope.version = "vllm", "0.32"
+    msg.resource_spans[1].scope_spans[0].spans.add().name = "no request id"
+    payload = msg.SerializeToString() + bytes([0x98, 0x06, 0x01])   # field 99, varint 1: unknown, skipped
+    t0, t1 = 1_700_000_000.0, 1_700_000_000.5
+    assert spans_from_export(payload) == {
+        "cmpl-a-0": {"e2e_s": 0.5, "prompt_tokens": 7, "service": "i0", "start_unix_s": t0, "end_unix_s": t1},
+        "cmpl-b-0": {"ttft_s": 0.25, "service": "i1", "start_unix_s": t0, "end_unix_s": t1},
+        "cmpl-c-0": {"service": "i1", "start_unix_s": t0, "end_unix_s": t1}}
+    assert otlp._rows(payload, keep=lambda rid: rid != "cmpl-b-0")[1] == 1
+    with pytest.raises(otlp.TooManySpans):
+        otlp._rows(payload, max_spans=3)
+    for bad in (b"\xff\xff not protobuf", b"\0" * 64, payload[:-5]):
+        with pytest.raises(DecodeError):
+            spans_from_export(bad)

@@ -167,15 +167,27 @@ def test_an_interrupt_mid_run_still_writes_server_metrics(fake_launch):
 KEY = "k3y-for-this-test-only"
 
 
-def test_api_key_guards_a_launched_server_and_the_harness_carries_it(fake_launch):
-    """``backend.api_key``: the launched server (the stand-in applies the key as vLLM's middleware does, from
-    ``VLLM_API_KEY``) answers a request without it 401 while the run's own requests all succeed; the key is on
-    no command line and in no file the run or the launcher wrote."""
+@pytest.mark.parametrize("how", ["override", "env", "file"])
+def test_api_key_guards_a_launched_server_and_the_harness_carries_it(fake_launch, monkeypatch, how):
+    """The key given as ``backend.api_key``, as ``VLLM_API_KEY`` in the harness's environment (which launched
+    servers inherit: before, they then refused the harness's own requests) or in ``backend.api_key_file``:
+    the launched server (the stand-in applies the key as vLLM's middleware does, from ``VLLM_API_KEY``)
+    answers a request without it 401 while the run's own requests all succeed; the key is on no command line
+    and in no file the run or the launcher wrote."""
     import urllib.error
     import urllib.request
     out = fake_launch / "run"
-    run = compose_run(BASE + SHAPES["closed2"] + ["workload.num_conversations=2", f"backend.api_key={KEY}",
+    given = {"override": [f"backend.api_key={KEY}"], "env": [],
+             "file": [f"backend.api_key_file={fake_launch / 'secret' / 'key'}"]}[how]
+    if how == "env":
+        monkeypatch.setenv("VLLM_API_KEY", KEY)
+    elif how == "file":
+        (fake_launch / "secret").mkdir()
+        (fake_launch / "secret" / "key").write_text(KEY + "\n")
+        (fake_launch / "secret" / "key").chmod(0o600)
+    run = compose_run(BASE + SHAPES["closed2"] + ["workload.num_conversations=2", *given,
                                                   f"backend.port_base={free_port_base(1)}"])
+    assert run.backend.api_key == KEY
     seen: dict = {}
 
     def probe(cluster):
@@ -200,3 +212,36 @@ def test_api_key_guards_a_launched_server_and_the_harness_carries_it(fake_launch
 def test_a_bad_api_key_is_refused_naming_the_key(bad):
     with pytest.raises(Exception, match="backend.api_key must be null or a non-empty string"):
         compose_run(BASE + [f"backend.api_key={bad}"])
+
+
+def test_a_bad_api_key_file_is_refused_naming_the_field(tmp_path, capsys):
+    missing, empty, both = tmp_path / "missing", tmp_path / "empty", tmp_path / "key"
+    empty.write_text("\n")
+    both.write_text(KEY)
+    both.chmod(0o644)
+    with pytest.raises(Exception, match=f"backend.api_key_file: cannot read {missing}"):
+        compose_run(BASE + [f"backend.api_key_file={missing}"])
+    with pytest.raises(Exception, match=f"backend.api_key_file: {empty} is empty"):
+        compose_run(BASE + [f"backend.api_key_file={empty}"])
+    with pytest.raises(Exception, match="backend.api_key and backend.api_key_file are both set"):
+        compose_run(BASE + [f"backend.api_key_file={both}", f"backend.api_key={KEY}"])
+    assert compose_run(BASE + [f"backend.api_key_file={both}"]).backend.api_key == KEY
+    assert f"{both} can be read by other users (mode 644); chmod 600 it" in capsys.readouterr().err
+
+
+def test_an_api_key_on_the_command_line_is_warned_about(tmp_path):
+    """The override form still works, with a warning that every local user can read it (``ps``); the same key
+    through the environment (here ``${oc.env:...}`` in the override: the key itself is not on the command
+    line) is not warned about."""
+    import subprocess
+    code = ("import sys; from tests.conftest import compose_run; from tests.test_vllm_faults import BASE; "
+            "print(compose_run(BASE + sys.argv[1:]).backend.api_key)")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), MY_KEY=KEY)
+    env.pop("VLLM_API_KEY", None)
+    root = Path(__file__).resolve().parents[1]
+    for arg, warned in ((f"backend.api_key={KEY}", True), ("backend.api_key=${oc.env:MY_KEY}", False)):
+        r = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, cwd=root, env=env,
+                           timeout=300)
+        assert r.returncode == 0 and r.stdout.strip() == KEY, r.stderr[-2000:]
+        assert ("backend.api_key is on this process's command line" in r.stderr) is warned, r.stderr[-2000:]
+        assert r.stderr.count("warning: backend.api_key is on") == int(warned)

@@ -3,7 +3,8 @@ simulator's batch rule inside vLLM's scheduler (``--scheduler-cls harness.vllm.w
 RuleScheduler``), and the server's own per-step metrics show that no step ran more than the caps.
 
 One server (started by ``harness.run.runner.execute`` itself, on a port of this xdist worker's own range), a few requests. Skipped where vLLM
-is not installed.
+is not installed. The checks hold whenever the 8 prompts reach the server (issue 50: it had assumed they all
+arrive within max_wait_s = 0.2 s, and failed beside other jobs while every cap held).
 """
 
 from __future__ import annotations
@@ -113,14 +114,24 @@ def test_wait_forms_batches_inside_vllm_within_the_caps(tmp_path, monkeypatch):
     rows = log[1:]
     assert all(c <= CAP for r in rows for c in r["type_stages"].values())
     assert sum(r["requests"] for r in rows) == N_PROMPTS * OUTPUT
-    # the rule held requests back that vLLM's own step would have run: a step that took CAP prompts while
-    # others were left waiting (budget and seats allowed them), and steps that paused residents
-    assert any(r["stages"].get("0") == CAP and r["waiting"] > 0 for r in rows)
-    # 8 prompts at CAP = 2 per step take >= 4 steps; the last pair then needs 3 more (stages 1..3), each run
-    # only after the residents waited max_wait_s (no prompt arrives to make the type eligible): a lower
-    # bound on the gap between those steps' starts, set by the rule (idle_policy=wait), not by speed
+    # Nothing below depends on when the 8 prompts reach the server (the client's sends spread out on a busy
+    # machine; issue 50): each check holds for any arrival times, or applies where the log shows its case.
+    # The rule holds prompts back at its cap: at a step where more than CAP prompts were waiting (those it
+    # took at stage 0 + those still waiting after it: nothing arrives while a step is scheduled), the type is
+    # eligible (>= n waiting) and it took exactly CAP, leaving the rest waiting that vLLM's own step would
+    # have run (budget 2048 tokens and seats allowed all 8).
+    crowded = [r for r in rows if r["stages"].get("0", 0) + r["waiting"] > CAP]
+    assert all(r["stages"].get("0", 0) == CAP for r in crowded), crowded
+    # 8 prompts at <= CAP per step take >= 4 steps with a prefill; the last of them needs 3 more (stages 1..3)
     assert len(rows) >= 4 + (OUTPUT - 1)
-    assert rows[-1]["stages"] == {str(OUTPUT - 1): CAP}
-    for a, b in zip(rows[-OUTPUT:-1], rows[-OUTPUT + 1:]):
+    assert set(rows[-1]["stages"]) == {str(OUTPUT - 1)} and 1 <= rows[-1]["stages"][str(OUTPUT - 1)] <= CAP
+    # after the last prefill no prompt arrives to make the type eligible: each later step runs only after the
+    # residents waited max_wait_s, a lower bound on the gap between those steps' starts set by the rule
+    # (idle_policy=wait), not by speed
+    last_prefill = max(i for i, r in enumerate(rows) if r["stages"].get("0"))
+    tail = rows[last_prefill:]
+    assert len(tail) >= OUTPUT
+    for a, b in zip(tail[:-1], tail[1:]):
         assert b["t_s"] - a["t_s"] >= 0.2
     assert sum(steps.values()) == len(rows)  # every step under the rule produced tokens the histogram saw
+    print(f"{len(crowded)} steps with more than {CAP} prompts waiting; {len(rows)} steps under the rule")

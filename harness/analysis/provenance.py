@@ -27,7 +27,8 @@ second sweep's jobs after the first's into a directory whose comparison the user
 a sweep's duration (hours) is no sensible wait. A lock file whose holder is gone (no ``flock`` held) is taken
 over and the takeover is logged with the dead holder's pid and host. On a filesystem without ``flock``
 (some NFS mounts), a holder on the same host is checked by pid; one on another host is refused (delete the
-lock file by hand once that sweep is gone).
+lock file by hand once that sweep is gone). ``scripts/wait_table.py`` holds one on its ``--out``
+(``.wait_table.lock``) and fingerprints each row of its ``runs.csv`` with these digests.
 """
 
 from __future__ import annotations
@@ -180,15 +181,19 @@ def mixed_warning(mixed: dict[str, int]) -> str:
 # ---- locks -------------------------------------------------------------------------------------------
 
 
-class LockHeld(RuntimeError):
-    """Another live process holds the directory's lock; ``holder`` is its record (pid, host, since, argv)."""
+LOCK_ADVICE = "choose another directory (hydra.sweep.dir / hydra.run.dir)"
 
-    def __init__(self, path: Path, holder: dict):
+
+class LockHeld(RuntimeError):
+    """Another live process holds the directory's lock; ``holder`` is its record (pid, host, since, argv).
+    ``advice``: how to pick another directory (default :data:`LOCK_ADVICE`, run.py's; a tool names its flag)."""
+
+    def __init__(self, path: Path, holder: dict, advice: str = LOCK_ADVICE):
         self.path, self.holder = path, holder
         since = holder.get("since", "?")
         super().__init__(f"{path.parent} is in use by another run: pid {holder.get('pid', '?')} on host "
                          f"{holder.get('host', '?')} since {since} ({' '.join(holder.get('argv', []))[:200]}); "
-                         f"wait for it to end or choose another directory (hydra.sweep.dir / hydra.run.dir)")
+                         f"wait for it to end or {advice}")
 
 
 def _holder_record() -> dict:
@@ -207,7 +212,8 @@ def _pid_alive(pid: Any) -> bool:
 
 class DirLock:
     """An exclusive lock on a directory (module docstring): ``DirLock(dir, name).acquire()`` then ``release()``
-    (also at interpreter exit). Re-acquiring a lock this process holds is a no-op.
+    (also at interpreter exit). Re-acquiring a lock this process holds is a no-op. ``advice``: the end of the
+    :class:`LockHeld` message (how to choose another directory).
 
     Raises (``acquire``):
         LockHeld: another live process holds it.
@@ -215,8 +221,9 @@ class DirLock:
 
     _held: dict[str, "DirLock"] = {}
 
-    def __init__(self, directory: Path | str, name: str = SWEEP_LOCK):
+    def __init__(self, directory: Path | str, name: str = SWEEP_LOCK, advice: str = LOCK_ADVICE):
         self.path = Path(directory) / name
+        self.advice = advice
         self.fd: Optional[int] = None
         self.took_over: Optional[dict] = None
 
@@ -233,7 +240,7 @@ class DirLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 flock_ok = True
             except BlockingIOError:
-                raise LockHeld(self.path, self._read(fd)) from None
+                raise LockHeld(self.path, self._read(fd), self.advice) from None
             except OSError as e:
                 if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                     raise
@@ -241,7 +248,7 @@ class DirLock:
             prev = self._read(fd)
             if prev and not flock_ok:  # no flock on this filesystem: judge the holder by its pid
                 if prev.get("host") != socket.gethostname() or _pid_alive(prev.get("pid")):
-                    raise LockHeld(self.path, prev)
+                    raise LockHeld(self.path, prev, self.advice)
             if prev:
                 self.took_over = prev
                 msg = (f"{self.path}: taking over the stale lock of pid {prev.get('pid', '?')} on host "

@@ -11,7 +11,9 @@ arms, ``--a`` and ``--b`` (each a space-separated list of Hydra overrides, e.g. 
 scheduler.mode=cost"``), paired on the seed. Each round runs ``python run.py -m`` once per arm over the seeds
 0..n-1 into ``SWEEP_DIR/<cell>/<arm>_seed<k>/`` (``hydra.sweep.dir`` and a seed-keyed
 ``hydra.sweep.subdir``, so a rerun or a later round skips the runs already complete: run.py's resume) and
-reads each run's ``summary.json``. The rounds are the planned looks of a group-sequential design
+reads each run's ``summary.json``. Each ``run.py -m`` is owned by this process (``harness.core.children``): a
+SIGTERM, SIGHUP or Ctrl-C stops it first (its job marked partial, its sweep lock released), and it gets SIGTERM
+if this process is killed outright. The rounds are the planned looks of a group-sequential design
 (:func:`planned_looks`: ``--min-seeds`` doubled until ``--max-seeds``, e.g. 3, 6, 12, 20). At each look, per
 ``--metric KEY[:PAPER]``, it computes the paired ratio a / b over the seeds with its *repeated confidence
 interval* (:func:`harness.analysis.stats.ratio_interval` at Pocock's nominal level :func:`sequential_alpha`,
@@ -43,7 +45,6 @@ import argparse
 import json
 import math
 import re
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -53,6 +54,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from harness.core import cmdline
+from harness.core.children import run_owned
 from harness.core.paths import PROJECT_ROOT
 from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, mean_ci, ratio_interval, verdict
 
@@ -253,15 +255,19 @@ class RunFailed(RuntimeError):
 def run_arm(cell_dir: Path, arm: Sequence[str], overrides: Sequence[str], seeds: int,
             python: str = sys.executable) -> None:
     """``python run.py -m`` of one arm over the seeds 0..seeds-1 into ``cell_dir/<arm>_seed<k>`` (complete
-    runs are skipped by run.py).
+    runs are skipped by run.py). The child is owned (``harness.core.children.run_owned``): a SIGTERM, SIGHUP
+    or Ctrl-C to this process stops it (run.py marks the job partial and releases the sweep lock) before this
+    process goes on to exit, and it gets SIGTERM if this process dies.
 
     Raises:
         RunFailed: run.py exited with a non-zero status (its stderr's tail in the message).
+        KeyboardInterrupt: Ctrl-C, or ``harness.core.children.Terminated`` (SIGTERM / SIGHUP), once the
+            child is gone.
     """
     cmd = [python, str(PROJECT_ROOT / "run.py"), "-m", *overrides, *arm,
            f"{SEED_KEY}={','.join(str(s) for s in range(seeds))}",
            f"hydra.sweep.dir={cell_dir}", f"hydra.sweep.subdir={_label(arm)}_seed${{{SEED_KEY}}}"]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT)
+    p = run_owned(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT)   # stopped with this process
     if p.returncode != 0:
         raise RunFailed(f"run.py exited {p.returncode}: {' '.join(cmd)}\n{p.stderr[-2000:]}", p.returncode,
                         p.stderr[-2000:])

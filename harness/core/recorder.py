@@ -576,18 +576,41 @@ def write_text(text: str, path: Path) -> None:
     _atomic(path, w)
 
 
+WRITING_RESULTS = "the run stopped while its results files were being written"
+
+
 def write_run_files(out_dir: Path, turns: pd.DataFrame, conversations: pd.DataFrame, instances: pd.DataFrame,
                     decisions: Optional[pd.DataFrame], summary: dict, tokens: Optional[pd.DataFrame] = None,
                     messages: Optional[pd.DataFrame] = None) -> None:
-    """Every results file of a run (``summary.json`` last, so its presence means the rest is there);
-    ``messages.parquet`` (per user message TTFET, ``harness.analysis.metrics.message_table``) where given."""
-    write_parquet(turns, out_dir / "turns.parquet")
-    if messages is not None:
-        write_parquet(messages, out_dir / "messages.parquet")
-    if tokens is not None:
-        write_parquet(tokens, out_dir / "tokens.parquet")
-    write_parquet(conversations, out_dir / "conversations.parquet")
-    write_parquet(instances, out_dir / "instances.parquet")
-    if decisions is not None:
-        write_parquet(decisions, out_dir / "decisions.parquet")
+    """Every results file of a run, ``summary.json`` first: it is small and holds the run's figures, so a disk
+    that fills while the bulky parquets are written keeps it (issue 50). It is first written marked
+    ``partial: true`` (``error``: :data:`WRITING_RESULTS`, or the run's own error before it), so that its
+    presence alone never claims the rest is there (a resume recomputes the run); then each parquet (every one
+    is tried: one that cannot be written does not stop the others); then ``summary.json`` again: ``summary``
+    as given when every file was written, else marked partial with an error naming each file that could not
+    be written and why. ``messages.parquet`` (per user message TTFET, ``harness.analysis.metrics.message_table``)
+    where given.
+
+    Raises:
+        OSError: the first results file that could not be written (``filename`` its path), after the rest.
+    """
+    first = summary.get("error")
+    write_json({**summary, "partial": True, "error": f"{first}; {WRITING_RESULTS}" if first else WRITING_RESULTS},
+               out_dir / "summary.json")
+    frames = [("turns.parquet", turns), ("messages.parquet", messages), ("tokens.parquet", tokens),
+              ("conversations.parquet", conversations),
+              ("instances.parquet", instances), ("decisions.parquet", decisions)]
+    failed: list[OSError] = []
+    for name, df in frames:
+        if df is None:
+            continue
+        try:
+            write_parquet(df, out_dir / name)
+        except OSError as e:   # a full disk, a size limit: the failed file's temporary is gone, the rest goes on
+            failed.append(e)
+    if failed:
+        why = "; ".join(f"cannot write {e.filename}: {e.strerror or e}" for e in failed)
+        summary = {**summary, "partial": True, "error": f"{first}; {why}" if first else why}
     write_json(summary, out_dir / "summary.json")
+    if failed:
+        raise failed[0]

@@ -5,8 +5,9 @@ Read top to bottom: ``execute`` loads the trace, builds the workload, builds the
 check them (``harness.run.session.check_policies``), writes ``config.yaml`` and ``meta.json``, measures each
 conversation's unloaded TTFET when the SLO is relative, opens the configured backend (a plug-in,
 ``harness.core.backend.get_backend``), runs one session (``harness.run.session.run_session``), and writes
-``summary.json``, ``turns.parquet``, ``conversations.parquet``, ``instances.parquet`` and
-``decisions.parquet`` (``harness.core.recorder``). If anything fails midway, what was measured is still
+``summary.json`` (first, marked partial until the rest is written: ``harness.core.recorder.write_run_files``),
+``turns.parquet``, ``conversations.parquet``, ``instances.parquet`` and ``decisions.parquet``, then
+``summary.json`` final. If anything fails midway, what was measured is still
 written and ``summary.json`` says ``"partial": true`` with the error; a Ctrl-C / SIGTERM in any phase
 (:data:`PHASES`) ends with every results file written too (:class:`_Interrupts`, docs/outputs.md).
 """
@@ -464,10 +465,13 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
         summary["interrupted_phase"] = intr.phase_at
     summary = scrub(summary)   # an error message may quote a credential (a URL's password); metrics are kept
     intr.enter("writing")
-    write_run_files(out_dir, turns, conv, instances,
-                    recorder.decisions_frame() if cfg.logger.log_decisions else None, summary,
-                    recorder.tokens_frame() if cfg.logger.steps else None, messages)
-    _private_if_redacted(out_dir / "summary.json", json.dumps(summary, default=str))
+    try:   # summary.json first, then the parquets (a full disk keeps the summary), then summary.json final
+        write_run_files(out_dir, turns, conv, instances,
+                        recorder.decisions_frame() if cfg.logger.log_decisions else None, summary,
+                        recorder.tokens_frame() if cfg.logger.steps else None, messages)
+    finally:
+        if (out_dir / "summary.json").is_file():
+            _private_if_redacted(out_dir / "summary.json", json.dumps(summary, default=str))
     if intr.pending:
         if "interrupted_phase" not in summary:   # it arrived while the files were written: say so too
             summary["interrupted_phase"] = intr.phase_at

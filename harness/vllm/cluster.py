@@ -34,6 +34,7 @@ from harness.vllm.launcher import InstanceSpec, Launcher
 from harness.vllm.nodes import node_address
 from harness.vllm.flags import engine_args
 from harness.vllm.otlp import SPAN_EXPORT_DELAY_MS, SpanReceiver, engine_times_mode, span_env
+from harness.vllm.config import API_KEY_ENV
 from harness.vllm.scrape import MetricsPoller, histogram_delta, parse_histograms
 from harness.vllm.wait_scheduler import (RULE_FILE_ENV, SCHEDULER_CLS, STEP_LOG_ENV, STEP_TIMES_ENV,
                                          STEP_TIMES_SCHEDULER_CLS, forms_batches)
@@ -52,8 +53,9 @@ SPAN_DRAIN_S = SPAN_EXPORT_DELAY_MS / 1000 + 15.0
 # (vllm/entrypoints/serve/middleware/register.py): /v1/* then answers 401 without "Authorization: Bearer <key>"
 # (/health and /metrics stay open). The environment, unlike the command line (/proc/<pid>/cmdline, ps), is
 # readable only by the server's own user (/proc/<pid>/environ, mode 0400), and is kept out of the launcher's
-# records (harness.vllm.launcher.STATE_DIR holds the command line).
-API_KEY_ENV = "VLLM_API_KEY"
+# records (harness.vllm.launcher.STATE_DIR holds the command line). The harness reads the key from the same
+# variable in its own environment when none is configured (harness.vllm.config.VllmBackendConfig.resolve_api_key):
+# API_KEY_ENV, imported from there.
 
 # backend.kv_connector=ExampleConnector is served by this subclass of it (imported by the servers, never here:
 # it imports vLLM), loaded through vLLM's kv_connector_module_path
@@ -66,16 +68,16 @@ CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFF
            "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
 
 
+TINY_DIR = PROJECT_ROOT / "results" / "models" / "tiny"
+
+
 def model_path(spec: str) -> str:
-    """Resolve ``backend.model``: ``tiny`` builds (once) and returns the offline tiny model's directory."""
+    """Resolve ``backend.model``: ``tiny`` builds (once, whole or not at all: ``harness.vllm.tiny_model.ensure``)
+    and returns the offline tiny model's directory (:data:`TINY_DIR`)."""
     if spec != "tiny":
         return spec
-    path = PROJECT_ROOT / "results" / "models" / "tiny"
-    if not (path / "config.json").exists():
-        from harness.vllm.tiny_model import build
-        log.info("building the tiny test model in %s", path)
-        build(path)
-    return str(path)
+    from harness.vllm.tiny_model import ensure
+    return str(ensure(TINY_DIR))
 
 
 def vocab_size(model_dir: str) -> int:

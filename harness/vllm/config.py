@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence
 
 from harness.core.backend import BackendConfig, SessionInput
@@ -18,6 +19,31 @@ from harness.core.profiles import EngineConfig
 from harness.vllm.flags import ENGINE_NOT_ON_VLLM, VLLM_FLAGS, flag_value
 from harness.vllm.otlp import ENGINE_TIMES, engine_times_mode  # noqa: F401 -- engine_times_mode: re-exported
 from harness.vllm.wait_scheduler import SCHEDULER_CLS, forms_batches
+
+API_KEY_ENV = "VLLM_API_KEY"   # vLLM 0.32 reads it when --api-key is not given (vllm/entrypoints/serve/middleware/register.py)
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    """``msg`` as a warning on stderr and in the log, once per process (a sweep validates every job)."""
+    if msg in _WARNED:
+        return
+    _WARNED.add(msg)
+    import logging
+    import sys
+    logging.getLogger(__name__).warning(msg)
+    print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _on_command_line(secret: str) -> bool:
+    """Whether ``secret`` occurs in this process's command line (``/proc/self/cmdline``, else ``sys.argv``),
+    which every local user can read."""
+    try:
+        args = Path("/proc/self/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        import sys
+        args = list(sys.argv)
+    return any(secret in a for a in args)
 
 
 @dataclass
@@ -65,8 +91,15 @@ class VllmBackendConfig(BackendConfig):
         launched server gets it as vLLM's ``--api-key`` (through ``VLLM_API_KEY`` in its environment, never on
         its command line) and answers ``/v1/*`` requests without ``Authorization: Bearer <key>`` with 401; the
         harness's own requests carry it (with ``launch=false``: the key the servers were started with). A
-        secret: give it as an override or ``${oc.env:VAR}``, never in a committed file; the files the run
-        writes redact fields named ``*api_key``.
+        secret, read (:meth:`resolve_api_key`) from, in this order: ``api_key`` itself (an override on the
+        command line works but is visible to every local user in ``ps``: warned about), ``api_key_file``, or
+        the environment variable ``VLLM_API_KEY`` (:data:`API_KEY_ENV`: the one vLLM itself reads, which
+        launched servers inherit) -- the documented ways are the file and the environment. Never in a
+        committed file; the files the run writes redact it. vLLM guards ``/v1/*`` only: a server's
+        ``/metrics`` and ``/health`` stay open to local users (docs/real_vllm.md, "Who can reach what").
+    api_key_file: ``null`` or the path of a file holding the key (its first line, surrounding whitespace
+        stripped; relative to the working directory); keep it private (``chmod 600``: a file others can read
+        is warned about).
 
     Where the servers run (``docs/clusters.md``):
     launcher: ``local`` (processes on this machine, ``harness.vllm.launcher.Launcher``), ``ray`` (one Ray
@@ -114,6 +147,43 @@ class VllmBackendConfig(BackendConfig):
     engine_times: str = "auto"
     otlp_port: Optional[int] = None
     api_key: Optional[str] = None
+    api_key_file: Optional[str] = None
+
+    def resolve_api_key(self) -> Optional[str]:
+        """Set ``api_key`` from where it is given (class docstring: ``api_key``, ``api_key_file``, the
+        environment's ``VLLM_API_KEY``) and return it; a key read from a file is registered with
+        ``harness.core.redact.remember_secrets`` (redacted wherever it would be written). Warns (once per
+        process, on stderr and in the log) when the key is on this process's command line.
+
+        Raises:
+            ValueError: both ``api_key`` and ``api_key_file`` set; the file missing, unreadable or empty.
+        """
+        import os
+        if self.api_key is not None and self.api_key_file is not None:
+            raise ValueError("backend.api_key and backend.api_key_file are both set; give the key one way")
+        if self.api_key_file is not None:
+            path = Path(os.path.expanduser(str(self.api_key_file)))
+            try:
+                text = path.read_text()
+                mode = path.stat().st_mode
+            except (OSError, UnicodeDecodeError) as e:
+                raise ValueError(f"backend.api_key_file: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+            key = (text.splitlines() or [""])[0].strip()
+            if not key:
+                raise ValueError(f"backend.api_key_file: {path} is empty (the key is its first line)")
+            if mode & 0o044:
+                _warn_once(f"backend.api_key_file: {path} can be read by other users (mode {mode & 0o777:o}); "
+                           f"chmod 600 it")
+            from harness.core.redact import remember_secrets
+            remember_secrets([key])
+            self.api_key = key
+        elif self.api_key is None and os.environ.get(API_KEY_ENV):
+            self.api_key = os.environ[API_KEY_ENV]
+        elif isinstance(self.api_key, str) and self.api_key and _on_command_line(self.api_key):
+            _warn_once("backend.api_key is on this process's command line, which every local user can read "
+                       f"(ps); give it as {API_KEY_ENV} in the environment or in a file (backend.api_key_file) "
+                       "instead (docs/real_vllm.md)")
+        return self.api_key
 
     def context_limit(self) -> Optional[int]:
         """The servers' context, tokens: ``--max-model-len`` in ``extra_args`` (None if not set)."""
@@ -165,7 +235,7 @@ class VllmBackendConfig(BackendConfig):
         if self.warmup_requests < 0:
             raise ValueError(f"backend.warmup_requests must be >= 0, got {self.warmup_requests!r}")
         self._validate_engine_times()
-        key = self.api_key
+        key = self.resolve_api_key()
         if key is not None and not (isinstance(key, str) and key and key.isprintable() and " " not in key):
             raise ValueError("backend.api_key must be null or a non-empty string of printable characters without spaces "
                              f"(it goes into an HTTP header; quote a number), got a {type(key).__name__}")

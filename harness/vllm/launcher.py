@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence
 
+from harness.core.children import die_with_parent
+
 
 @dataclass
 class InstanceSpec:
@@ -160,13 +162,9 @@ class PortOwned(RuntimeError):
 
 def _die_with_parent() -> None:
     """In the child, before exec: a new session (own process group), and SIGKILL when the parent dies
-    (Linux ``prctl(PR_SET_PDEATHSIG)``), so a ``kill -9`` of the harness does not leave the server up."""
-    os.setsid()
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
+    (Linux ``prctl(PR_SET_PDEATHSIG)``, ``harness.core.children.die_with_parent``), so a ``kill -9`` of the
+    harness does not leave the server up."""
+    die_with_parent(signal.SIGKILL)
 
 
 def _cmdline(pid: int) -> str:
