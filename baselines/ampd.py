@@ -39,14 +39,14 @@ documented in docs/schedulers.md:
   :class:`harness.core.policy.Predictor` (``predictor.*``; sigma = error_rate = 0 is the oracle). Beside every
   decision the same rule is evaluated with an error-free predictor on the same view; ``summary()``
   reports the share of turns >= 1 whose remote/local choice flipped (``ampd_decision_flip_frac``).
-* Error at the decision (``misroute_frac``, issue 18): after the rule has decided a turn >= 1, a seeded
+* Error at the decision (``misroute_frac``): after the rule has decided a turn >= 1, a seeded
   draw ``u ~ U(0, 1)`` per (conversation, turn) inverts the remote/local choice when
   ``u < misroute_frac``: a local decision becomes remote (prefill on ``p``, decode stays on ``d``), a
   remote one (migration included) becomes local on ``d``. The draw comes from its own stream
   (``numpy.random.default_rng([MISROUTE_STREAM, misroute_seed, workload seed, turn, *conversation id bytes])``;
   workload seed = ``workload.seed``, ``PolicyContext.workload_seed``, the seed a preset sweeps; the top-level
   ``seed`` does not enter, so a sweep over ``workload.seed`` with ``seed`` left at 0 draws a different
-  pattern per seed and its intervals include the draw's own variance, issue 31), independent of the
+  pattern per seed and its intervals include the draw's own variance), independent of the
   predictor's errors and the same for every variant and error arm of a seed, so the flipped turns differ
   between arms only where the runs' turns do (a draw below 0.1 also lies below 0.3: the arms are nested). ``Placement.misrouted`` marks them
   (the ``misrouted`` column of ``decisions.parquet``); ``summary()`` reports the realised share

@@ -28,8 +28,8 @@ token ids; whatever of that work vLLM does before its arrival stamp counts in be
 
 Per request, the client leg is client TTFT - vLLM's own TTFT (ms); requests are matched to spans by their
 ``X-Request-Id`` (the harness sends ``h<tag>-<conversation>-<turn>``, bench ``<prefix><index>``; vLLM names
-them ``cmpl-<id>-0``). It prints, per leg and round, n matched, the leg's p50 / p99 / mean, and the target
-(issue 20): the harness within 1 ms of bench at p50 and at most 1.5x bench at p99, with steps off and on.
+them ``cmpl-<id>-0``). It prints, per leg and round, n matched, the leg's p50 / p99 / mean, and the target:
+the harness within 1 ms of bench at p50 and at most 1.5x bench at p99, with steps off and on.
 The load average and this process's CPU affinity are printed beside the numbers: on a machine with other
 work running the numbers say how the two clients compare under that load, not whether the target is met.
 
@@ -67,8 +67,8 @@ from harness.vllm.otlp import SPAN_EXPORT_DELAY_MS, SpanReceiver  # noqa: E402
 
 SPAN_WAIT_S = SPAN_EXPORT_DELAY_MS / 1000 + 3.0   # after a leg, for its last spans (the server exports in batches)
 
-P50_TARGET_MS = 1.0     # harness p50 leg - bench p50 leg, at most (issue 20)
-P99_TARGET_RATIO = 1.5  # harness p99 leg / bench p99 leg, at most (issue 20)
+P50_TARGET_MS = 1.0     # harness p50 leg - bench p50 leg, at most
+P99_TARGET_RATIO = 1.5  # harness p99 leg / bench p99 leg, at most
 
 
 def leg_stats(leg_ms: np.ndarray) -> dict:

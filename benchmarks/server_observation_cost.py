@@ -1,6 +1,6 @@
 """What observing a vLLM server costs the server: its API-server process's CPU time per ``/metrics`` GET (the
 full text and the restricted text of the periodic scrape) and per request with and without its OpenTelemetry
-span export (``backend.engine_times=spans``; issue 20, docs/metrics.md).
+span export (``backend.engine_times=spans``; docs/metrics.md).
 
 Usage::
 

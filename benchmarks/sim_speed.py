@@ -1,5 +1,6 @@
 """Simulator speed and memory of the main job (``python run.py``: ConServe, the shipped SWE-bench trace, a40_1p3d,
-0.05 conv/s), side by side with another commit of this project, with the targets of issue 21 as met / missed.
+0.05 conv/s), side by side with another commit of this project, with the speed targets (LLM calls and events per
+CPU-second, warm ``run.py`` time, peak RSS, memory per conversation, linearity) as met / missed.
 
 Usage::
 
@@ -34,7 +35,7 @@ What it prints (markdown):
    unloaded-TTFET replays run) and warm (a cache the same checkout filled), CPU and wall; every run.py keeps its
    compiled bytecode (``_bytecode_env``: as on a user's machine after the first run, also where the machine sets
    ``PYTHONDONTWRITEBYTECODE``);
-5. the targets of issue 21 (stated against ``fb9cdea``): each with the measured value and ``met`` /
+5. the speed targets (:func:`targets`, stated against ``fb9cdea``): each with the measured value and ``met`` /
    ``missed`` (``n/a`` when the part was skipped or, for a ratio, without ``--base``).
 
 ``--base REV`` runs a temporary ``git worktree`` of ``REV`` (removed afterwards); ``--base ''`` measures this
@@ -355,7 +356,8 @@ def main(argv: Optional[list] = None) -> dict:
 
 
 def targets(data: dict, main_job: dict, curve: dict, rp: dict, base: str, quick: bool) -> list:
-    """Print and return the targets of issue 21 ("Done when") with the measured values and met / missed."""
+    """Print and return the speed targets (stated against ``fb9cdea``: LLM calls and events per CPU-second, warm
+    ``run.py`` time, peak RSS, memory per conversation, linearity) with the measured values and met / missed."""
     rows = []
     sch = data.get("schedulers", {})
     for name in SCHEDULERS.split(","):

@@ -6,7 +6,7 @@ Writes an N-line (default 10^6) Mooncake-format request trace into a temporary d
 uniform in [600, 12000) tokens, outputs in [10, 600), 0-199 ms between requests, the first 0-5 ``hash_ids``
 from a common pool (shared prefixes) and the rest fresh -- then runs ``harness.tools.tracestats stats`` on it in a
 child process and prints its peak resident set size (``os.wait4``'s ``ru_maxrss``: that child's own) and
-wall time. Target (issue 19): under 1 GB for 10^6 requests (the in-memory replay needed ~23 KB per request).
+wall time. Target: under 1 GB for 10^6 requests (the in-memory replay needed ~23 KB per request).
 """
 
 from __future__ import annotations

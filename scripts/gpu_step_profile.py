@@ -28,7 +28,7 @@ otherwise (CPU PyTorch: the test runs the tiny model on a tiny grid in seconds).
 kernels, not vLLM's (FlashAttention / paged attention): the fitted efficiencies describe this script's
 kernels, an upper bound on the step time of a tuned engine.
 
-No GPU was lent to the session that wrote this script (issue 20, item 6): it has run on CPU only (the test
+No GPU was lent to the session that wrote this script: it has run on CPU only (the test
 ``tests/test_gpu_step_profile.py``); an ``h200`` profile from it is still to be made on a lent device.
 """
 

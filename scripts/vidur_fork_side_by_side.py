@@ -1,4 +1,4 @@
-"""The WAIT authors' simulator beside ours on Figure B's setting, on the same requests (issue 36, item 1).
+"""The WAIT authors' simulator beside ours on Figure B's setting, on the same requests.
 
     nice -n 10 python scripts/vidur_fork_side_by_side.py --rates 20,22,24 --seeds 0,1,2 --n 2000 \
         --fork-src /work/vidur-fork-src --vidur-python /work/vidur-venv/bin/python

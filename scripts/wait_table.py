@@ -1,4 +1,4 @@
-"""The WAIT table of docs/wait.md and docs/papers.md (issue 36, items 3-4): Figure B's setting under both step models.
+"""The WAIT table of docs/wait.md and docs/papers.md: Figure B's setting under both step models.
 
     nice -n 10 python scripts/wait_table.py --rates 23,22,24,20,12 --seeds 0-9 --n 1500 --jobs 2 \\
         --cap-seeds 0-3 --cap-range 16,28 --cap-tol 0.75 --out /work/sweeps/waittable

@@ -220,7 +220,7 @@ def _oldest_left_out(grp: list, taken: int, left: float) -> float:
 class KeyedResidents:
     """An engine's residents split by a key (WAIT: the request's type; Nested WAIT: the segment of its
     stage) and, per key, grouped by stage, kept up to date from what changed since the last step instead
-    of being rebuilt at every step (issue 21: WAIT's per-step classification of every resident was 46 %
+    of being rebuilt at every step (WAIT's per-step classification of every resident was 46 %
     of its profile, and most residents are paused, so unchanged).
 
     ``groups[k]`` is ``[stage-0 residents, {stage >= 1: residents}, oldest idle_since_s (s)]`` of key

@@ -433,7 +433,7 @@ def central_window(turns: pd.DataFrame) -> pd.DataFrame:
 
 
 def pressure_metrics(turns: pd.DataFrame, instances: pd.DataFrame, window: tuple[float, float]) -> dict:
-    """How hard admission and KV capacity bind (``summary.json``; issue 18, docs/metrics.md "KV pressure").
+    """How hard admission and KV capacity bind (``summary.json``; docs/metrics.md "KV pressure").
 
     Admission: the hold of a conversation is its turn 0's ``admit_s - submit_s`` (s; 0 under admit-all
     policies; ConServe holds new conversations while the decoder pool's KV or the prefiller queue is over

@@ -1,4 +1,4 @@
-"""The results pages, one per paper, generated from the data shipped in ``docs/data/`` (issue 51):
+"""The results pages, one per paper, generated from the data shipped in ``docs/data/``:
 
     python -m harness.analysis.results                  # writes docs/results/conserve.md and docs/results/wait.md
     python -m harness.analysis.results --check          # exit 1 when a shipped page differs from its regeneration

@@ -1,4 +1,4 @@
-"""``twin.md``: each claim decided twice, on real vLLM servers and on the simulator, side by side (issue 34).
+"""``twin.md``: each claim decided twice, on real vLLM servers and on the simulator, side by side.
 
 A *twin sweep* holds runs of one design on ``backend=vllm`` and on ``backend=sim`` (``+experiment=twin_conserve``,
 ``+experiment=twin_wait``; docs/papers.md "The first verdict on a real engine"). Each side is judged alone,

@@ -1,4 +1,4 @@
-"""Child processes a driver owns: they never outlive it (issue 50).
+"""Child processes a driver owns: they never outlive it.
 
 A driver -- ``harness.analysis.seeds``, which runs one ``python run.py -m`` per arm and round -- that is
 stopped must stop its child too: a child left running under pid 1 keeps simulating (or keeps its vLLM servers

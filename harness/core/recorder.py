@@ -583,7 +583,7 @@ def write_run_files(out_dir: Path, turns: pd.DataFrame, conversations: pd.DataFr
                     decisions: Optional[pd.DataFrame], summary: dict, tokens: Optional[pd.DataFrame] = None,
                     messages: Optional[pd.DataFrame] = None) -> None:
     """Every results file of a run, ``summary.json`` first: it is small and holds the run's figures, so a disk
-    that fills while the bulky parquets are written keeps it (issue 50). It is first written marked
+    that fills while the bulky parquets are written keeps it. It is first written marked
     ``partial: true`` (``error``: :data:`WRITING_RESULTS`, or the run's own error before it), so that its
     presence alone never claims the rest is there (a resume recomputes the run); then each parquet (every one
     is tried: one that cannot be written does not stop the others); then ``summary.json`` again: ``summary``

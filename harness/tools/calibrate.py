@@ -691,10 +691,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-check", action="store_true", help="--from-steps: fit a contended run anyway")
     ap.add_argument("--no-decode-start", action="store_true",
                     help="--from-steps: leave the per-request decode-start term (decode_start_s) out of the fit, "
-                         "as fits before issue 33 added it (conf/hardware/cpu_fitted*.yaml)")
+                         "as fits made before the term existed (conf/hardware/cpu_fitted*.yaml)")
     ap.add_argument("--no-busy-timeline", dest="busy_timeline", action="store_false",
                     help="--from-steps: leave the between-step and after-idle terms (between_step_s, after_idle_s) at "
-                         "--base's values, as fits before issue 49 (by default both are fitted from the log's gaps)")
+                         "--base's values, as fits made before these terms existed (by default both are fitted from "
+                         "the log's gaps)")
     ap.add_argument("--no-frontend", dest="frontend", action="store_false",
                     help="--from-steps: leave api_frontend_s at 0 (no API front end in the profile; by default it is "
                          "fitted from the spans, net of the in-flight residual, where the run has them)")

@@ -6,9 +6,9 @@ metric by metric: mean and p50/p90/p99 of TTFT, TPOT, ITL, E2E and TTFET; reques
 throughput; the KV-usage time series; preemptions; energy where the real run measured it; and the
 engine-side (``/metrics``) means where the real run wrote ``server_metrics.json``. The error of a metric
 is ``sim / real - 1``; every row names the origin its times count from on each side (``origin``): the engine rows
-from vLLM's ``queued_ts`` on both sides (the simulator's ``engine_queued_s``; issue 49, one clock). The verdict checks the fidelity targets: mean E2E and mean TPOT within 15 %,
-mean TTFT within 25 % (anchors from the literature: BLIS 6.7 % median E2E and 17.6 % TTFT error; Vidur
-< 9 % (arXiv 2405.05465); LLMServingSim 2.2 % E2E).
+from vLLM's ``queued_ts`` on both sides (the simulator's ``engine_queued_s``: one clock). The verdict checks the
+fidelity targets: mean E2E and mean TPOT within 15 %, mean TTFT within 25 % (anchors from the literature: BLIS
+6.7 % median E2E and 17.6 % TTFT error; Vidur < 9 % (arXiv 2405.05465); LLMServingSim 2.2 % E2E).
 
 Writes ``fidelity.json`` and ``fidelity.md`` into ``--out`` (default: ``<real run>/fidelity``), and the
 simulated run into ``<out>/sim``. ``--launch`` first runs the real side itself (Hydra overrides for a
@@ -45,7 +45,7 @@ from harness.core.profiles import HardwareConfig, ModelConfig
 from harness.tools import protocol as pr
 from harness.tools import steps as st
 
-# the field's targets (issue 20; anchors below): mean E2E and mean TPOT/ITL within 10 %, mean TTFT within 20 %,
+# the field's targets (anchors below): mean E2E and mean TPOT/ITL within 10 %, mean TTFT within 20 %,
 # judged on vLLM's own clocks where the real run has them (the simulator has no API-server or client term)
 TARGETS = {"e2e_mean_s": 0.10, "tpot_mean_s": 0.10, "ttft_mean_s": 0.20}
 ANCHORS = ("BLIS: 6.7 % median E2E, 17.6 % TTFT error; Vidur (arXiv 2405.05465): < 9 %; "
@@ -324,7 +324,8 @@ def markdown(result: dict) -> str:
                      f"{'n/a' if not math.isfinite(e) else f'{e:+.1%}'} | {r.get('origin', '')} |")
     oc = result.get("one_clock")
     if oc:
-        lines += ["", f"One clock (issue 49): the simulator adds an API front end of {oc['api_frontend_s'] * 1e3:.2f} ms "
+        lines += ["", f"One clock (vLLM's `queued_ts` on both sides): the simulator adds an API front end of "
+                      f"{oc['api_frontend_s'] * 1e3:.2f} ms "
                       f"per turn (`api_frontend_s`, server clock); a turn then waited "
                       f"{oc['sim_inflight_residual_mean_s'] * 1e3:.2f} ms on average at its engine for the step in "
                       f"flight (queued - arrival - front end), which the engine rows leave out on both sides."]
@@ -453,7 +454,7 @@ def launch_real(overrides: Sequence[str], out_dir: Path) -> Path:
     return out_dir
 
 
-# ---- the protocol (issue 33; its rules: harness.tools.protocol) ----------------------------------------------------
+# ---- the protocol (its rules: harness.tools.protocol) --------------------------------------------------------------
 
 def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: Sequence[str] = pr.CALIBRATION_OVERRIDES,
              repeats: int = pr.MIN_REPEATS, skip_steps: int = 8, max_load_per_cpu: float = pr.MAX_LOAD_BEFORE_PER_CPU,
@@ -680,9 +681,9 @@ def check_profile(path_or_name: str) -> HardwareConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["protocol"]:   # the protocol (issue 33; its rules: harness.tools.protocol)
+    if argv[:1] == ["protocol"]:   # the protocol (its rules: harness.tools.protocol)
         return protocol_main(argv[1:])
-    if argv[:1] == ["steps"]:   # per-step fidelity (issue 33): harness.tools.steps
+    if argv[:1] == ["steps"]:   # per-step fidelity: harness.tools.steps
         from harness.tools.steps import steps_main
         return steps_main(argv[1:])
     ap = cmdline.ArgumentParser(prog="python -m harness.tools.fidelity", description=__doc__.split("\n\n")[0],

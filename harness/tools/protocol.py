@@ -1,4 +1,4 @@
-"""The fidelity protocol's rules (issue 33; run by ``python -m harness.tools.fidelity protocol``,
+"""The fidelity protocol's rules (run by ``python -m harness.tools.fidelity protocol``,
 ``harness.tools.fidelity.protocol``): a calibration run, the per-step fit, then >= 3 held-out repeats back to back
 on launched servers, judged on vLLM's engine and server clocks beside the real side's own spread -- and refused
 when the machine, not the server, was measured. This module holds the rules as pure functions and the figures a run
@@ -26,7 +26,7 @@ Bounds (stated here, in ``--help`` and docs/fidelity_cpu.md "The protocol"; meas
 * the decode-step dispersion at most ``MAX_DISPERSION`` (25 %: 6.2-16.5 % on quiet calibration runs, 15.7-28.7 % on
   quiet held-out repeats, 18-32 % per regime at a load average of 10, docs/fidelity_cpu.md), ``harness.tools.steps``'s
   bound, the one ``fidelity steps`` and ``calibrate --from-steps`` refuse with;
-* the slow-period figure at most ``MAX_SLOW_PERIODS`` (1.10; ``harness.tools.steps.slow_periods``, issue 49): the
+* the slow-period figure at most ``MAX_SLOW_PERIODS`` (1.10; ``harness.tools.steps.slow_periods``): the
   busy-time-weighted over step-weighted speed ratio of 0.5 s busy-time windows against the run's own in-sample fit,
   which sees correlated (slow-period) machine noise that the dispersion does not (shipped calibration 1.030, the same
   log at half speed for 60 of every 200 steps 1.144, independent noise of sigma 0.3 1.049).

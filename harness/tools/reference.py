@@ -1,4 +1,4 @@
-"""The reference pages, generated from the code (issue 51):
+"""The reference pages, generated from the code:
 
     python -m harness.tools.reference            # writes docs/reference/config.md and docs/reference/metrics.md
     python -m harness.tools.reference --check    # exit 1 when a shipped page differs from its regeneration

@@ -1,4 +1,4 @@
-"""Fidelity and calibration at the engine step (issue 33): every real step's exact batch, replayed through the
+"""Fidelity and calibration at the engine step: every real step's exact batch, replayed through the
 step model, and a least-squares fit of the step model's coefficients to the real step times.
 
 Input: the step-time logs a launched vLLM server writes with ``logger.steps=true``
@@ -21,7 +21,7 @@ on the engine core's clock.
   decode-step dispersion exceeds ``max_dispersion``: such a run measures the machine, not the server.
 * :func:`fit_steps`: least squares of the step model's additive terms on the real step times, with one of three
   objectives (:data:`OBJECTIVES`, a modelling choice the fidelity protocol reports every way): ``sum`` (the deciding
-  one since issue 49: ordinary least squares, then the per-step intercept set so the model's summed time over every
+  one: ordinary least squares, then the per-step intercept set so the model's summed time over every
   logged step, the dropped outliers included, equals the real one: what a simulated timeline spends), ``relative``
   (rows scaled by ``1 / measured``: every step's relative error weighs the same, so the fit follows the typical
   step and, on right-skewed step times, falls below their mean) or ``absolute`` (ordinary least squares on the
@@ -65,7 +65,8 @@ REL_SE_BOUND = 0.5        # a coefficient with a larger relative standard error 
 IDLE_GAP_S = 0.05         # a step that started this long after the previous one ended follows an idle engine
 # fit_steps' objectives: "sum" (absolute least squares, then the per-step intercept set so that the model's summed
 # time over every logged step, the dropped outliers included, equals the real one: what a simulated timeline spends;
-# the deciding one since issue 49), "relative" (each step's relative error weighs the same; issue 33's default) and
+# the deciding one: an under-priced sum makes the simulated engine empty faster and batch fewer decodes per step),
+# "relative" (each step's relative error weighs the same; fit_steps' default) and
 # "absolute" (plain least squares on the kept step times: their summed time kept, the outliers' not)
 OBJECTIVES = ("sum", "relative", "absolute")
 
@@ -271,7 +272,7 @@ def slow_periods(steps: pd.DataFrame, model_s: np.ndarray, window_s: float = SLO
     noise) does not: the logged steps of each instance in time order are cut into windows of ``window_s`` s of busy
     time (their summed ``wall_s``); each window's speed ratio is ``R = sum(wall) / sum(model)`` (``model_s``: the
     step model's times of the same steps, s, e.g. the run's own in-sample fit); the figure is the busy-time-weighted
-    mean of ``R`` over the step-weighted mean of ``R`` (issue 49). A machine slowed for a while makes its windows
+    mean of ``R`` over the step-weighted mean of ``R``. A machine slowed for a while makes its windows
     slower and fewer-stepped at once, so busy time weighs them more than steps do: the figure rises above 1; noise
     that is independent from step to step averages out within a window and leaves it near 1, and so does a constant
     speed. Returns ``{"figure", "busy_weighted", "step_weighted", "windows"}`` (NaN with fewer than 2 windows)."""
@@ -406,10 +407,10 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
               busy_timeline: bool = True) -> dict:
     """Fit :data:`TERMS` to the real step times (module docstring), under ``objective`` (:data:`OBJECTIVES`).
     ``decode_start=False`` leaves ``decode_start_s`` out of the fit (the base's value is kept and
-    the term is not listed: the fit as it was before issue 33 added the term, ``calibrate --no-decode-start``).
+    the term is not listed: the fit as it was before the term existed, ``calibrate --no-decode-start``).
     ``busy_timeline`` (default): also the between-step and after-idle terms (:func:`fit_busy_timeline`, listed with
     the terms; under the ``sum`` objective the intercept then gives back the after-idle time, so the summed time of
-    the logged steps stays the real one); ``False``: both kept at the base's values (the fit before issue 49,
+    the logged steps stays the real one); ``False``: both kept at the base's values (the fit before these terms existed,
     ``calibrate --no-busy-timeline``).
     Returns ``{"terms": {name: {"value", "se", "rel_se", "status": "fitted" | "fixed at prior: <why>",
     "prior"}}, "hw": the profile (:func:`profile_from_terms`), "n_steps", "dropped_outliers", "rel_se_bound",
@@ -499,7 +500,7 @@ def fit_steps(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, rel
 
 
 def fit_busy_timeline(steps: pd.DataFrame, model_s: np.ndarray, rel_se_bound: float = REL_SE_BOUND) -> dict:
-    """The two costs of the busy timeline outside the logged steps' ``wall_s`` (issue 49), from the step log's own
+    """The two costs of the busy timeline outside the logged steps' ``wall_s``, from the step log's own
     gaps (``idle_s``: a step's ``t0`` minus the previous step's ``t_end``):
 
     * ``between_step_s``: the engine core's time between ``update_from_output`` and the next ``schedule()``, the
@@ -650,7 +651,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['regime']} | {r['n']} | {r['real_median_s'] * 1e3:.2f} ms | {r['model_median_s'] * 1e3:.2f} ms"
                      f" | {_pct(r['median_err'])} | {r['median_abs_err']:.1%} | {_pct(r['total_err'])} | "
                      f"{_frac(r['real_dispersion'])} ({r['dispersion_steps']}) |")
-    lines += ["", f"Target (issue 33): median |error| <= 10 % in every regime with >= 50 steps: "
+    lines += ["", f"Target (on a quiet machine): median |error| <= 10 % in every regime with >= 50 steps: "
                   f"{'met' if result['target_met'] else 'not met'}."]
     return "\n".join(lines) + "\n"
 

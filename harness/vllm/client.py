@@ -5,9 +5,9 @@ function the prefill half of P/D (``max_tokens = 1``, ``kv_transfer_params`` as 
 Errors are returned on the result, never raised mid-run (as ``vllm bench serve`` does).
 
 What runs on the event loop while tokens stream is kept to reading a chunk, one ``time.perf_counter()``
-stamp where it arrives, and the JSON decode of that chunk (issue 20): bodies can be serialised before
-their send time (:func:`encode_body`, handed over as ``bytes``), and ``/metrics`` is scraped in a thread
-(``harness.vllm.scrape.MetricsPoller``), never on this loop during a run.
+stamp where it arrives, and the JSON decode of that chunk (more would add to the measured TTFT): bodies can be
+serialised before their send time (:func:`encode_body`, handed over as ``bytes``), and ``/metrics`` is scraped in
+a thread (``harness.vllm.scrape.MetricsPoller``), never on this loop during a run.
 """
 
 from __future__ import annotations

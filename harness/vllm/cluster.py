@@ -574,7 +574,7 @@ class VllmCluster(ClusterBase):
         def failed(i: int, why: str) -> None:
             backend.scrape_error[i] = why
 
-        # every /metrics GET and parse of the run in the poller's own thread, none on this loop (issue 20)
+        # every /metrics GET and parse of the run in the poller's own thread, none on this loop (it would add to TTFT)
         poller = MetricsPoller([e.url for e in self.endpoints], [e.name for e in self.endpoints], self.clock.now,
                                b.scrape_interval_s, on_scrape=scraped, on_error=failed,
                                on_round=lambda: loop.call_soon_threadsafe(tick),

@@ -80,7 +80,7 @@ class VllmBackendConfig(BackendConfig):
         (:func:`engine_times_mode`): ``spans`` (each server exports one OpenTelemetry span per finished
         request to a receiver in the harness, ``harness.vllm.otlp``; nothing is scraped per turn),
         ``scrape`` (one full ``/metrics`` GET per finished turn, the per-request values recovered from
-        the histogram deltas: disturbs the server, whose API loop renders ~60 KB each time; issue 20),
+        the histogram deltas: disturbs the server, whose API loop renders ~60 KB each time),
         ``off`` (the run's histograms only), or ``auto`` (default): ``spans`` where the harness launches the
         servers or ``otlp_port`` is set, else ``off``.
     otlp_port: the span receiver's port on the harness's host (``null``: any free port; only a launched

@@ -13,7 +13,7 @@ requests; the spans give them per request, which a client leg (client TTFT - vLL
 (``benchmarks/client_overhead.py``) and the calibration's engine-side observations use
 (``harness.tools.calibrate``): a replay with ``logger.steps`` keeps them in ``server_metrics.json`` (``spans``,
 docs/metrics.md) instead of one ``/metrics`` GET per finished turn, which made vLLM's API server render its
-~60 KB text on the event loop that streams the tokens (issue 20).
+~60 KB text on the event loop that streams the tokens.
 
 The values are exactly what the histograms observe (``vllm/v1/metrics/stats.py``: the same
 ``first_token_latency``, ``e2e_latency = iteration_timestamp - arrival_time``, ``scheduled_ts - queued_ts``,
@@ -266,7 +266,7 @@ PENDING_CONNECTIONS = 16        # accepted connections waiting for a worker; mor
 # the process's baseline, whatever and however many at once are posted, besides the spans it keeps (the run's
 # own requests: ``accept``). A thread per connection (and the malloc arena each new thread may get), the whole
 # export decoded at once and every attribute converted are what let 60 concurrent bodies keep 543 MB resident
-# (issue 50). tests/test_otlp_limits.py measures it in a process of its own.
+# before this bound. tests/test_otlp_limits.py measures it in a process of its own.
 MEMORY_BOUND_BYTES = MAX_CONCURRENT_POSTS * (MAX_BODY_BYTES + MAX_DECODED_BYTES + 16 * MAX_SPAN_BYTES
                                              + MAX_SPANS_PER_POST * 1024)
 _INFLATE_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS}

@@ -180,7 +180,7 @@ def fetch_metrics(url: str, timeout_s: float = 10.0, path: str = "/metrics") -> 
 
 class MetricsPoller:
     """Every ``/metrics`` GET and parse of a running replay, in one thread of its own, so that the event
-    loop that reads the token streams does nothing slower than a timestamp (issue 20: a scrape of a
+    loop that reads the token streams does nothing slower than a timestamp (a scrape of a
     tiny-model server is a 63 KB text whose parse took 6-15 ms on the loop, added to the client's TTFT).
 
     Two kinds of work, served in order of arrival:

