@@ -598,7 +598,7 @@ class Engine:
             if getattr(perf, "wants_batch", False):   # a step model that prices each chunk (vidur_profile)
                 cost = perf.step_batch([(n, req.computed) for req, n in prefill], [req.computed for req in decode],
                                        p_samp)
-            elif getattr(perf, "has_prefill_terms", False):   # T_pre of harness.sim.perf (issues 20, 33)
+            elif getattr(perf, "has_prefill_terms", False):   # T_pre of harness.sim.perf
                 first = _first_decodes(decode) if self._decode_start else 0
                 cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx, len(prefill), p_cached, first)
             else:

