@@ -7,7 +7,7 @@ throughput; the KV-usage time series; preemptions; energy where the real run mea
 engine-side (``/metrics``) means where the real run wrote ``server_metrics.json``. The error of a metric
 is ``sim / real - 1``; every row names the origin its times count from on each side (``origin``): the engine rows
 from vLLM's ``queued_ts`` on both sides (the simulator's ``engine_queued_s``: one clock). The verdict checks the
-fidelity targets: mean E2E and mean TPOT within 15 %, mean TTFT within 25 % (anchors from the literature: BLIS
+fidelity targets (``TARGETS``): mean E2E and mean TPOT within 10 %, mean TTFT within 20 % (anchors from the literature: BLIS
 6.7 % median E2E and 17.6 % TTFT error; Vidur < 9 % (arXiv 2405.05465); LLMServingSim 2.2 % E2E).
 
 Writes ``fidelity.json`` and ``fidelity.md`` into ``--out`` (default: ``<real run>/fidelity``), and the
