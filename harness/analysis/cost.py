@@ -122,16 +122,18 @@ def cost_table(rows: Iterable[tuple[str, Mapping[str, Any]]]) -> str:
 
 # ---- a sweep's expected cost, before it starts -----------------------------------------------------------
 
-# The stated per-variant model (docs/speed.md, "Cost accounting"): run CPU s per conversation run, by
-# scheduler, measured on the shipped SWE-bench trace (a40_1p3d, Qwen3-0.6B; ``benchmarks/sweep_slice.py``,
-# 100 conversations at 0.02 and 0.1 conv/s, seed 0, 2026-12-06, the 2-core machine), and a fixed CPU s per
-# run (start-up, results). A scheduler not listed takes DEFAULT_CPU_S_PER_CONVERSATION.
+# The stated per-variant model (docs/speed.md, "Cost accounting"): ``cost_run_cpu_s`` per conversation run, by
+# scheduler, measured on the shipped SWE-bench trace (a40_1p3d, Qwen3-0.6B, ``+experiment=conserve_rate_sweep``:
+# ``benchmarks/sweep_slice.py``, 95 conversations a run after the context limit, 0.02 and 0.1 conv/s, seed 0,
+# 2026-12-06, the 2-core machine at a load average of 5-11, which inflates CPU seconds), as
+# ``(mean cost_run_cpu_s - MODEL_FIXED_CPU_S) / 95``; MODEL_FIXED_CPU_S is the ``cost_run_cpu_s`` of a
+# 6-conversation run (0.14 s collocated, 0.19 s WAIT). A scheduler not listed takes DEFAULT_CPU_S_PER_CONVERSATION.
 MODEL_CPU_S_PER_CONVERSATION: Mapping[str, float] = {
-    "conserve": 0.011, "ampd": 0.013, "collocated": 0.010, "disaggregated": 0.011,
-    "wait": 0.060, "nested_wait": 0.060,
+    "conserve": 0.027, "ampd": 0.034, "collocated": 0.025, "disaggregated": 0.032,
+    "wait": 0.17, "nested_wait": 0.13,
 }
-DEFAULT_CPU_S_PER_CONVERSATION = 0.060   # the costliest measured variant: never an optimistic guess
-MODEL_FIXED_CPU_S = 0.5
+DEFAULT_CPU_S_PER_CONVERSATION = 0.17   # the costliest measured variant: never an optimistic guess
+MODEL_FIXED_CPU_S = 0.15
 
 
 @dataclass(frozen=True)
