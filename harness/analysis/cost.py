@@ -32,10 +32,9 @@ import os
 import resource
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 # ru_maxrss's unit: kilobytes (KiB) on Linux (getrusage(2)), bytes on macOS (getrusage(2) of Darwin)
 RSS_UNIT_BYTES = 1 if sys.platform == "darwin" else 1024
@@ -69,11 +68,6 @@ def run_cost(start: CpuMark, loop_cpu_s: float, events: int, calls: int) -> dict
             "cost_process_cpu_s": self_s, "cost_children_cpu_s": children_s - start.children_s,
             "cost_peak_rss_bytes": int(me.ru_maxrss) * RSS_UNIT_BYTES,
             "cost_events_per_call": events / calls if calls else math.nan}
-
-
-def loop_timer() -> float:
-    """The clock ``cost_loop_cpu_s`` is read on: ``time.process_time`` (s, every thread of this process)."""
-    return time.process_time()
 
 
 # ---- the cost of a sweep, per variant --------------------------------------------------------------------
