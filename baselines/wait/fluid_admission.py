@@ -83,6 +83,31 @@ def paper_types(types: Sequence[PromptType]) -> list[PromptType]:
     return [PromptType(t.rate_per_s, t.input_tokens, max(0.0, t.output_tokens - 1.0)) for t in types]
 
 
+def fluid_flag(reasons: Sequence[str]) -> dict:
+    """The run's named validity flag for the fluid model (``summary.json``, docs/metrics.md "Validity"):
+    ``fluid_plan_infeasible`` (bool) and ``fluid_plan_infeasible_reason`` (``""`` when feasible).
+    ``reasons``: per instance, ``""`` where the fluid plan of docs/wait.md ("Thresholds") is feasible, else
+    why not (the message of ``baselines.wait.fluid.wait_thresholds`` / ``prefill_aware_cycle_s``); the
+    reason names the instances (by index) that are infeasible and the first one's message. A flag, not a
+    verdict: the run measures the policy as configured (with its fallback thresholds), it is not INVALID."""
+    bad = [i for i, r in enumerate(reasons) if r]
+    why = ""
+    if bad:
+        why = (f"instance{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} of {len(reasons)}: "
+               f"{reasons[bad[0]]}")
+    return {"fluid_plan_infeasible": bool(bad), "fluid_plan_infeasible_reason": why}
+
+
+def fluid_reason(plan: Callable[[], object]) -> str:
+    """``""`` when ``plan()`` (a fluid plan: ``wait_thresholds`` or ``prefill_aware_cycle_s`` with their
+    arguments bound) returns, else its ``ValueError``'s message (the fluid model is infeasible)."""
+    try:
+        plan()
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
 def check_knobs(output_bins: Sequence[int], max_wait_s: float, thresholds: str, total_cap_tl: float,
                 idle_policy: str) -> list[int]:
     """Validate the knobs WAIT and Nested WAIT share; returns the bins as a list.

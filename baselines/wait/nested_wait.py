@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from baselines.wait.fluid_admission import (STAGE_CAP_RULES, NestedWaitRule, check_knobs,
-                                       instance_coefficients, paper_types, prefill_coefficient, prompt_types,
+from baselines.wait.fluid_admission import (STAGE_CAP_RULES, NestedWaitRule, check_knobs, fluid_flag,
+                                       fluid_reason, instance_coefficients, paper_types, prefill_coefficient, prompt_types,
                                        segment_stage_caps)
 from baselines.wait.fluid import nested_wait_thresholds, prefill_aware_cycle_s
 from harness.core.policy import BatchRulePolicy, PolicyContext, register
@@ -54,9 +54,19 @@ class NestedWaitConfig:
 
 
 class NestedWait(BatchRulePolicy):
-    """Nested WAIT batching in every engine + sticky collocated placement, no admission hold."""
+    """Nested WAIT batching in every engine + sticky collocated placement, no admission hold.
+    ``fluid_infeasible``: per instance, ``""`` or why its fluid cycle (``thresholds=fluid``'s
+    ``prefill_aware_cycle_s``, computed in either mode) does not exist; :meth:`summary` names it."""
 
     name = "nested_wait"
+
+    def __init__(self, rules, plan_note: str, fluid_infeasible=()):
+        super().__init__(rules, plan_note)
+        self.fluid_infeasible = list(fluid_infeasible)
+
+    def summary(self) -> dict:
+        """``fluid_plan_infeasible`` and its reason (docs/metrics.md, "Validity")."""
+        return fluid_flag(self.fluid_infeasible)
 
 
 @register("nested_wait", NestedWaitConfig, forms_batches=True, reads_workload=True)
@@ -75,7 +85,7 @@ def make(cfg: NestedWaitConfig, ctx: PolicyContext) -> NestedWait:
     if cfg.num_segments > longest:
         raise ValueError(f"scheduler.num_segments must be <= the longest mean output ({longest}), "
                          f"got {cfg.num_segments}")
-    rules, notes = [], []
+    rules, notes, infeasible = [], [], []
     for i in range(n_inst):
         d0, d1 = instance_coefficients(ctx, i)
         tl, how = cfg.total_cap_tl, f"tl={cfg.total_cap_tl:g}"
@@ -84,8 +94,13 @@ def make(cfg: NestedWaitConfig, ctx: PolicyContext) -> NestedWait:
                 dt = prefill_aware_cycle_s(paper_types(types), d0, d1, prefill_coefficient(ctx, i))
                 tl = dt * sum(t.rate_per_s * t.output_tokens for t in types)
                 how = f"fluid tl={tl:.2f} (cycle {dt * 1e3:.1f} ms)"
+                infeasible.append("")
             except ValueError as e:
                 how = f"fluid infeasible, tl={tl:g}: {e}"
+                infeasible.append(str(e))
+        else:   # the fluid model's verdict on this workload, not used by the tl plan
+            infeasible.append(fluid_reason(lambda: prefill_aware_cycle_s(paper_types(types), d0, d1,
+                                                                          prefill_coefficient(ctx, i))))
         plan = nested_wait_thresholds(types, d0, d1, ctx.kv_capacity_tokens[i], tl,
                                       num_segments=cfg.num_segments or None, eta=cfg.eta)
         rotate = cfg.stage_caps == "rotate"
@@ -93,4 +108,4 @@ def make(cfg: NestedWaitConfig, ctx: PolicyContext) -> NestedWait:
         rules.append(NestedWaitRule(plan.boundaries_tokens, caps, cfg.max_wait_s, cfg.idle_policy, rotate=rotate))
         notes.append(f"{how}; boundaries={list(plan.boundaries_tokens)} n_k={[round(x, 3) for x in plan.thresholds]} "
                      f"segment caps={[sum(c) for c in caps]}{' (rotating)' if rotate else ''} q={[round(q, 3) for q in plan.q]}")
-    return NestedWait(rules, notes[0])
+    return NestedWait(rules, notes[0], infeasible)

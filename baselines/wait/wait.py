@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from baselines.wait.fluid_admission import (WaitRule, check_knobs, instance_coefficients,
+from baselines.wait.fluid_admission import (WaitRule, check_knobs, fluid_flag, fluid_reason, instance_coefficients,
                                        kv_reservation_tokens, OutputBinClassifier, paper_types,
                                        prefill_coefficient, prompt_types)
 from baselines.wait.fluid import wait_thresholds
@@ -47,9 +47,19 @@ class WaitConfig:
 
 
 class Wait(BatchRulePolicy):
-    """WAIT batching in every engine + sticky collocated placement, no admission hold."""
+    """WAIT batching in every engine + sticky collocated placement, no admission hold. ``fluid_infeasible``:
+    per instance, ``""`` or why its fluid plan (``thresholds=fluid``'s, computed in either mode) is
+    infeasible; :meth:`summary` names it (``baselines.wait.fluid_admission.fluid_flag``)."""
 
     name = "wait"
+
+    def __init__(self, rules, plan_note: str, fluid_infeasible=()):
+        super().__init__(rules, plan_note)
+        self.fluid_infeasible = list(fluid_infeasible)
+
+    def summary(self) -> dict:
+        """``fluid_plan_infeasible`` and its reason (docs/metrics.md, "Validity")."""
+        return fluid_flag(self.fluid_infeasible)
 
 
 def tl_thresholds(types, tl: float) -> list[int]:
@@ -67,20 +77,26 @@ def make(cfg: WaitConfig, ctx: PolicyContext) -> Wait:
     classify = OutputBinClassifier(pred, edges)
     n_inst = len(ctx.cluster_roles)
     types, bins = prompt_types(ctx, edges, n_inst)  # a config problem (no arrival rate) is an error
-    rules, notes = [], []
+    rules, notes, infeasible = [], [], []
     for i in range(n_inst):
+        d0, d1 = instance_coefficients(ctx, i)
+
+        def fluid(i=i, d0=d0, d1=d1):
+            return wait_thresholds(paper_types(types), d0, d1, ctx.kv_capacity_tokens[i], cfg.margin,
+                                   d2_s_per_prefill_token=prefill_coefficient(ctx, i))
         if cfg.thresholds == "tl":
             n = tl_thresholds(types, cfg.total_cap_tl)
             how = f"tl={cfg.total_cap_tl:g}"
+            infeasible.append(fluid_reason(fluid))   # the fluid model's verdict on this workload, not used
         else:
             try:
-                d0, d1 = instance_coefficients(ctx, i)
-                n, _ = wait_thresholds(paper_types(types), d0, d1, ctx.kv_capacity_tokens[i], cfg.margin,
-                                       d2_s_per_prefill_token=prefill_coefficient(ctx, i))
+                n, _ = fluid()
                 how = "fluid"
+                infeasible.append("")
             except ValueError as e:  # the fluid model is infeasible here: n = 1 (plan_note says why)
                 n = [1] * len(types)
                 how = f"fluid infeasible, thresholds 1: {e}"
+                infeasible.append(str(e))
         by_bin = [1] * (len(edges) + 1)
         for b, k in zip(bins, n):
             by_bin[int(b)] = int(k)
@@ -88,4 +104,4 @@ def make(cfg: WaitConfig, ctx: PolicyContext) -> Wait:
                    for k, t in zip(n, types))
         rules.append(WaitRule(by_bin, classify, cfg.max_wait_s, cfg.idle_policy))
         notes.append(f"{how}; n={list(n)} for output bins {[int(b) for b in bins]}; M^pi={m_pi:.0f} tokens")
-    return Wait(rules, notes[0])
+    return Wait(rules, notes[0], infeasible)

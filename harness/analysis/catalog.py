@@ -306,6 +306,25 @@ CATALOG: tuple[Metric, ...] = (
            definition="wall-clock time of the session (the simulation, or the real run's serving), without set-up "
                       "and the SLO baseline",
            source="harness.run.runner (SessionResult.wall_s); docs/speed.md"),
+    # what the run cost the machine (harness.analysis.cost; docs/speed.md, "Cost accounting")
+    Metric("cost_run_cpu_s", "CPU, run (s)", 1, axis="CPU of the run, user + system (s)",
+           unit="s",
+           definition="this process's CPU (user + system) from the start of the run to its summary, the process's "
+                      "imports and Hydra's composes left out",
+           source="harness.analysis.cost.run_cost; docs/speed.md \"Cost accounting\""),
+    Metric("cost_loop_cpu_s", "CPU, loop (s)", 1, axis="CPU of the simulation loop, user + system (s)",
+           unit="s",
+           definition="this process's CPU (user + system, every thread; time.process_time) while the session's "
+                      "loop ran",
+           source="harness.analysis.cost.run_cost; docs/speed.md \"Cost accounting\""),
+    Metric("cost_events_per_call", "events / LLM call", 1, axis="clock events per LLM call",
+           unit="events per call",
+           definition="the run's clock events (sim_events) / LLM calls (turns completed + failed)",
+           source="harness.analysis.cost.run_cost; docs/speed.md \"Cost accounting\""),
+    Metric("cost_peak_rss_bytes", "peak RSS (MiB)", 0, per=2 ** 20, axis="peak resident set size (bytes)",
+           unit="bytes",
+           definition="the process's peak resident set size so far (getrusage ru_maxrss, KiB on Linux, times 1024)",
+           source="harness.analysis.cost.run_cost; docs/speed.md \"Cost accounting\""),
     Metric("latency_p50_s", "latency p50 (s)", 2, axis="conversation latency p50 (s)", log_y=True,
            unit="s",
            definition="median over conversations of conversation latency (last token of the last turn − arrival)",
@@ -331,7 +350,8 @@ TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "num_conversations_f
                           "admission_held_conversations", "admission_hold_s_total", "admission_hold_p95_s",
                           "decoder_kv_peak_frac", "decoder_kv_mean_frac",
                           "ampd_remote_frac", "ampd_decision_flip_frac", "ampd_misrouted_frac",
-                          "ampd_decision_error_frac", "ampd_migrations", "sim_wall_s")
+                          "ampd_decision_error_frac", "ampd_migrations", "sim_wall_s", "cost_run_cpu_s",
+                          "cost_loop_cpu_s", "cost_events_per_call", "cost_peak_rss_bytes")
 # The rows README.md's main-job table shows ("What the main job prints"), in ``TABLE`` order: a stated subset of
 # the printed table, so a metric added to ``TABLE`` is printed without README.md being edited
 # (tests/test_install.py compares README.md's rows with the printed ones for exactly these keys).
@@ -348,7 +368,8 @@ OPTIONAL: frozenset[str] = frozenset({"ampd_remote_frac", "ampd_decision_flip_fr
                                       "ampd_decision_error_frac", "ampd_migrations", "admission_held_conversations",
                                       "admission_hold_s_total", "admission_hold_p95_s", "decoder_kv_peak_frac",
                                       "decoder_kv_mean_frac", "request_goodput_per_s", "request_goodput_aiperf_per_s",
-                                      "good_request_frac"})
+                                      "good_request_frac", "cost_run_cpu_s", "cost_loop_cpu_s",
+                                      "cost_events_per_call", "cost_peak_rss_bytes"})
 # The metrics a sweep report aggregates (points.csv) and plots against the x axis, and the subset of its
 # markdown table.
 REPORT: tuple[str, ...] = ("ttfet_p50_s", "ttfet_p95_s", "ttfet_first_p50_s", "ttfet_first_p95_s", "ttfet_first_p99_s",

@@ -61,6 +61,7 @@ import pandas as pd
 
 from harness.core import cmdline
 from harness.analysis.catalog import BY_KEY, REPORT, REPORT_TABLE
+from harness.analysis.validity import FLAGS
 from harness.analysis.stats import is_proportion, mean_ci, point_interval, pooled_wilson, t_quantile  # noqa: F401  (re-exported)
 from harness.analysis.plotting import FIGURE_FORMATS, _plt, _save, seed_bars, seed_frame, seeds_note  # noqa: F401  (shared with harness.analysis.claims)
 
@@ -79,6 +80,8 @@ METRICS = {k: BY_KEY[k].axis_label for k in REPORT}
 MD_METRICS = REPORT_TABLE
 LOG_Y = {k for k in REPORT if BY_KEY[k].log_y}
 MAX_CDF_PANELS = 4
+# how report.md marks a point with runs a named validity flag raised (harness.analysis.validity.FLAGS)
+FLAG_MARKS = {"fluid_plan_infeasible": "⚠"}
 # The ``[report]`` extra (pyproject.toml): scipy for the Student-t quantile of every interval over seeds
 # (harness.analysis.stats.t_quantile), matplotlib and seaborn for the figures (not needed with --no-figures).
 REPORT_EXTRA = "pip install -e '.[report]'"
@@ -307,6 +310,8 @@ def points_table(sw: Sweep, metrics: Optional[Sequence[str]] = None) -> pd.DataF
         row = dict(zip(keys, key_vals))
         row["runs"] = len(g)
         row["invalid_runs"] = int((g["valid"] == False).sum()) if "valid" in g else 0  # noqa: E712
+        for flag in FLAGS:   # the named validity flags (harness.analysis.validity), counted per point
+            row[f"{flag}_runs"] = int((g[flag] == True).sum()) if flag in g else 0  # noqa: E712
         trials = pd.to_numeric(g["num_conversations"], errors="coerce") if "num_conversations" in g else []
         for m in metrics:
             est, lo, hi, n = point_interval(m, pd.to_numeric(g[m], errors="coerce"), trials)
@@ -372,8 +377,24 @@ def markdown(sw: Sweep, points: pd.DataFrame, figures: Sequence[Path] = ()) -> s
         cells = ["" if _norm(p[k]) is None else _num(p[k]) for k in head]
         if p.get("invalid_runs", 0):
             cells[-1] = f"{cells[-1]} ✗{int(p['invalid_runs'])}"
+        for flag, mark in FLAG_MARKS.items():
+            if p.get(f"{flag}_runs", 0):
+                cells[-1] = f"{cells[-1]} {mark}{int(p[f'{flag}_runs'])}"
         cells += [_fmt(p[f"{m}_mean"], p[f"{m}_lo"], p[f"{m}_hi"], int(p[f"{m}_n"])) for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")
+    for flag, mark in FLAG_MARKS.items():
+        if flag in r.columns and (r[flag] == True).any():  # noqa: E712
+            flagged = r[r[flag] == True]  # noqa: E712
+            why = flagged[f"{flag}_reason"].dropna().iloc[0] if f"{flag}_reason" in flagged else ""
+            lines += ["", f"{mark}n: n runs of the point are flagged `{flag}` ({len(flagged)} runs in all; "
+                      f"`summary.json` `validity_flags`, docs/metrics.md \"Validity\"), e.g. `{flagged.iloc[0].run}`: "
+                      f"{why}"]
+    from harness.analysis.cost import cost_table
+    cost = cost_table((row["variant"], row) for row in r.to_dict("records"))
+    if cost:
+        lines += ["", "## Cost per variant", "",
+                  f"The runs of each variant pooled over {', '.join([*([sw.x] if sw.x else []), *sw.seeds, *sw.facets]) or 'nothing'}.",
+                  "", cost]
     if figures:
         lines += ["", "## Figures", ""]
         lines += [f"![{f.stem}]({f.relative_to(f.parents[1]).as_posix()})" for f in figures if f.suffix == ".png"]

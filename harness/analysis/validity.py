@@ -22,6 +22,11 @@ Definitions (``docs/metrics.md``):
   (a smoke test) is judged on its own size, and is still INVALID when it fails, drops or mis-counts.
 * Dropped conversations (``max_dropped_frac``, off by default): conversations the workload dropped before
   the run (``workload.context_overflow=drop``) at most this fraction of those sampled.
+* Flags (``validity_flags``): named conditions that do not make a run INVALID but qualify what it measures,
+  each a boolean key of the summary (:data:`FLAGS`): ``fluid_plan_infeasible`` -- WAIT's / Nested WAIT's
+  fluid plan is infeasible for the run's workload (``d1 S + d2 P >= 1`` or ``M* > C``, docs/wait.md
+  "Thresholds"), so the policy ran on its fallback thresholds, a regime the paper's analysis does not cover
+  (the reason in ``fluid_plan_infeasible_reason``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ import numpy as np
 
 if TYPE_CHECKING:   # harness.run.config imports this module for ValidityConfig: pandas only when a table is read
     import pandas as pd
+
+
+# The named validity flags (module docstring): summary keys that qualify a run without invalidating it.
+FLAGS: tuple[str, ...] = ("fluid_plan_infeasible",)
 
 
 @dataclass
@@ -148,7 +157,8 @@ def steady_state(conv: pd.DataFrame, cfg: ValidityConfig) -> tuple[pd.DataFrame,
 
 
 def verdict(summary: dict, conv: pd.DataFrame, cfg: ValidityConfig) -> dict:
-    """Steady-state metrics and the run's verdict: ``valid`` and ``invalid_reasons`` (module docstring)."""
+    """Steady-state metrics and the run's verdict: ``valid``, ``invalid_reasons`` and ``validity_flags`` (the
+    keys of :data:`FLAGS` that ``summary`` sets true; module docstring)."""
     steady, lo, hi = steady_state(conv, cfg)
     n = len(steady)
     out = {"steady_from_s": lo, "steady_to_s": hi, "steady_conversations": n,
@@ -178,7 +188,7 @@ def verdict(summary: dict, conv: pd.DataFrame, cfg: ValidityConfig) -> dict:
                        f"workload.context_overflow)")
     if summary.get("token_count_mismatches"):
         reasons.append(f"{summary['token_count_mismatches']} responses had the wrong token count")
-    out.update(valid=not reasons, invalid_reasons=reasons)
+    out.update(valid=not reasons, invalid_reasons=reasons, validity_flags=[f for f in FLAGS if summary.get(f)])
     return out
 
 

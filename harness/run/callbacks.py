@@ -6,6 +6,7 @@ and release the lock."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,35 @@ def _overrides(run_dir: Path) -> dict[str, str]:
     return out
 
 
+# The swept keys a variant's cost is pooled over in comparison.md (with every ``*seed*`` key): the x axes of
+# the sweep report (harness.analysis.report.X_AXES), so a rate sweep's cost table has one row per scheduler.
+COST_POOLED = ("workload.rate_per_s", "scheduler.predictor.sigma", "scheduler.predictor.error_rate")
+
+
+def flag_rows(summaries: dict[str, dict]) -> str:
+    """What ``comparison.md`` adds to its metric table for the named validity flags
+    (``harness.analysis.validity.FLAGS``) that some job raised: one row per flag, ``| <flag> | yes ⚠ | no |
+    ... |`` (``-`` for a job without the key), then, after the table, one line per flagged job with its
+    reason (``<flag>_reason``). ``""`` when no job raised one."""
+    from harness.analysis.validity import FLAGS
+    rows, notes = [], []
+    for flag in FLAGS:
+        if not any(s.get(flag) for s in summaries.values()):
+            continue
+        cells = ["yes ⚠" if s.get(flag) else "-" if flag not in s else "no" for s in summaries.values()]
+        rows.append(f"| {flag.replace('_', ' ')} | " + " | ".join(cells) + " |")
+        notes += [f"- ⚠ {label}: {flag}: {s.get(flag + '_reason', '')}" for label, s in summaries.items()
+                  if s.get(flag)]
+    if not rows:
+        return ""
+    return "\n" + "\n".join(rows) + "\n\n" + "\n".join(notes)
+
+
 class SummaryTableCallback(Callback):
     """Writes ``comparison.md`` in the sweep directory and prints it: one column per job, labelled by
-    the overrides that differ between the jobs (the scheduler by its name)."""
+    the overrides that differ between the jobs (the scheduler by its name); under it the jobs a named
+    validity flag marks (:func:`flag_rows`: WAIT's infeasible fluid plan) and the cost of each variant
+    (``harness.analysis.cost.cost_table``: the jobs pooled over the seeds and the x axis, :data:`COST_POOLED`)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from harness.analysis.catalog import summary_table
@@ -52,7 +79,16 @@ class SummaryTableCallback(Callback):
             summaries[f"{num(p)}:{label}" if label in summaries else label] = json.loads(p.read_text())
         if not summaries:
             return
-        table = summary_table(summaries)
+        table = summary_table(summaries) + flag_rows(summaries)
+        from harness.analysis.cost import cost_table
+        variants = [",".join(o[k] if k == "scheduler" else f"{k}={o.get(k)}" for k in varying
+                             if k not in COST_POOLED and "seed" not in k.split(".")[-1]) or "all runs"
+                    for o in overrides]
+        cost = cost_table(zip(variants, summaries.values()))
+        if cost:
+            table += ("\n\n## Cost per variant (the runs of each variant pooled over "
+                      + (", ".join(k for k in varying if k in COST_POOLED or "seed" in k.split(".")[-1])
+                         or "nothing") + ")\n\n" + cost)
         from harness.analysis.provenance import mixed_components, mixed_warning, read_fingerprint
         warn = mixed_warning(mixed_components([read_fingerprint(p.parent) for p in runs]))
         if warn:
@@ -150,7 +186,9 @@ class ValidateSweepCallback(Callback):
     workload after ``workload.context_overflow``, its scheduler on its cluster); if any is invalid, print every
     invalid job with its error and exit (status 2) before anything runs. (Hydra turns an exception raised by a
     callback into a warning, so this exits.) A trace is parsed once per distinct file (``harness.core.trace.load_trace``
-    memoises by content), and the jobs run in this process reuse that parse."""
+    memoises by content), and the jobs run in this process reuse that parse. Then it prints the sweep's expected
+    CPU-hours (``harness.analysis.cost.expected_cost_line``: the costs of prior runs in the sweep directory's
+    parent folder and its sibling ``runs/``, else the per-variant model of docs/speed.md)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra import compose
@@ -158,12 +196,19 @@ class ValidateSweepCallback(Callback):
         from harness.run.config import ConfigError, resolve
         from harness.run.runner import prepare
         from harness.core.trace import TraceError
+        from harness.analysis.cost import JobShape, expected_cost_line
         jobs = sweep_jobs(config)
         bad = []
+        shapes = []
         for i, job in enumerate(jobs):
             try:
                 run = resolve(compose(config_name=config.hydra.job.config_name, overrides=job))
-                prepare(run)  # load_trace memoises by file content: each distinct trace is parsed once
+                conversations, _, _ = prepare(run)  # load_trace memoises by content: each trace is parsed once
+                w = run.cfg.workload
+                shapes.append(JobShape(run.scheduler_name, run.cfg.cluster.name, run.cfg.model.name,
+                                       w.name if w.kind == "synthetic" else run.trace_path.name,
+                                       float(w.rate_per_s) if w.arrival not in ("trace", "fixed", "closed")
+                                       else float("nan"), len(conversations)))
             except (ConfigError, TraceError) as e:
                 bad.append(f"  job {i} ({' '.join(job)}): {e}")
             except Exception as e:  # noqa: BLE001 -- composition errors are reported the same way
@@ -172,3 +217,11 @@ class ValidateSweepCallback(Callback):
             print(f"error: {len(bad)} of {len(jobs)} sweep jobs are invalid; nothing was run:\n" + "\n".join(bad),
                   file=sys.stderr)
             sys.exit(2)
+        # the expected CPU-hours (harness.analysis.cost): prior runs beside this sweep, else the stated model
+        sweep = Path(str(config.hydra.sweep.dir))
+        try:
+            parallel = int(OmegaConf.select(config, "hydra.launcher.n_jobs", default=1) or 1)
+        except (TypeError, ValueError):
+            parallel = 1
+        parallel = parallel if parallel > 0 else (os.cpu_count() or 1)   # joblib: -1 = every core
+        print(expected_cost_line(shapes, [sweep.parent, sweep.parent.parent / "runs"], parallel), flush=True)

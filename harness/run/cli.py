@@ -126,8 +126,12 @@ def _redact_hydra_files(out: Path, hc, given: bool, multirun: bool) -> None:
                 pass
 
 
+_JOBS_ENTERED = [0]   # the jobs whose body (_main) began in this process: before the first, an exit is Hydra's
+
+
 def _main(cfg: DictConfig) -> dict:
     from hydra.types import RunMode
+    _JOBS_ENTERED[0] += 1
 
     from harness.analysis.catalog import summary_table
     from harness.run.loggers import logged_run
@@ -234,8 +238,9 @@ def _interrupted(out: Path, e: KeyboardInterrupt, multirun: bool, phase: Optiona
 def main() -> None:
     """The console script ``agentic-harness`` (and ``python run.py``): Hydra's command line (``group=option``,
     ``key=value``, ``-m`` sweeps, ``--help``) on the configs of :func:`config_path`; exit status 0 done, 1 the
-    run failed (partial results written), 2 a config error or a file that cannot be written (a full disk,
-    an unwritable directory), 130 interrupted (every results file written first; docs/outputs.md)."""
+    run failed (partial results written), 2 a config error (the harness's, or Hydra's own before any job
+    began: an unknown key such as ``workload.bogus=1``, a missing option) or a file that cannot be written (a
+    full disk, an unwritable directory), 130 interrupted (every results file written first; docs/outputs.md)."""
     gc.freeze()  # the modules imported so far stay out of the collections while Hydra composes (docs/speed.md)
     try:
         hydra.main(config_path=config_path(), config_name="config", version_base="1.3")(_main)()
@@ -244,6 +249,11 @@ def main() -> None:
             hint = sweep_key_hint(sys.argv[1:])
             if hint:
                 print(hint, file=sys.stderr)
+        if e.code == 1 and not _JOBS_ENTERED[0]:
+            # Hydra rejected the command line or the config (an unknown key, a bad override or option) before
+            # any job began: bad input, exit status 2 like the harness's own config errors (its status 1 means
+            # a run that failed). Hydra composes only configs here: nothing heavy (pandas) is imported yet.
+            raise SystemExit(2) from None
         raise
     finally:
         _exit_without_gc_pass()

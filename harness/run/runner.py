@@ -304,8 +304,9 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
     """:func:`execute`'s body, its signals handled by ``intr``."""
     from harness.analysis.provenance import fingerprint
     from harness.run.slo_baseline import BaselineInterrupted
+    from harness.analysis.cost import cpu_mark, run_cost
     cfg = run.cfg
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), cpu_mark()
     intr.enter("start-up")
     synthetic = cfg.workload.kind == "synthetic"
     source = "synthetic prompt types" if synthetic else run.trace_path.name
@@ -463,6 +464,9 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
         summary["error_traceback"] = res.error_traceback
     if intr.pending:
         summary["interrupted_phase"] = intr.phase_at
+    # what the run cost the machine (harness.analysis.cost), measured last, before the files are written
+    summary.update(run_cost(cpu_start, res.extra.get("cost_loop_cpu_s", 0.0), res.events,
+                            int(summary.get("num_turns") or 0) + int(summary.get("num_turns_failed") or 0)))
     summary = scrub(summary)   # an error message may quote a credential (a URL's password); metrics are kept
     intr.enter("writing")
     try:   # summary.json first, then the parquets (a full disk keeps the summary), then summary.json final

@@ -77,8 +77,9 @@ class SessionResult:
     states; energy_j: per instance over the measured window, J; window_start_s / window_end_s: first
     arrival and last finish, s; preemptions; events (clock callbacks); wall_s: wall time of the drive, s;
     error: ``""`` or why the run ended early (``"<Type>: <message>"`` for an exception);
-    error_traceback: the exception's traceback; extra: backend measurements, the policy plan, and the
-    policy's own summary (``policy.summary() -> dict``, when it has one), merged into ``summary.json``.
+    error_traceback: the exception's traceback; extra: backend measurements, the policy plan, the drive's
+    CPU (``cost_loop_cpu_s``, s: ``time.process_time``, every thread of this process) and the policy's own
+    summary (``policy.summary() -> dict``, when it has one), merged into ``summary.json``.
     """
 
     recorder: Recorder
@@ -144,7 +145,7 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
     def tick():
         recorder.sample(cluster.clock.now(), cluster.infos, cluster.observe(), cluster.power_w())
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     error = tb = ""
     try:
         reason = cluster.drive(controller.start, lambda: controller.finished, tick, tick_s)
@@ -154,7 +155,7 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
         error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         tb = traceback.format_exc()
         log.error("run ended by an error: %s", error)
-    wall = time.perf_counter() - t0
+    wall, loop_cpu = time.perf_counter() - t0, time.process_time() - c0
     convs = controller.convs
     shaped = max_active is not None or stop_s is not None
     if shaped:
@@ -162,6 +163,7 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
     end = max([c.finish_s for c in convs if c.done] or [cluster.clock.now()])
     start = min((t for t, _ in conversations), default=0.0)
     extra = dict(cluster.measured())
+    extra["cost_loop_cpu_s"] = loop_cpu   # harness.analysis.cost: the drive's CPU, every thread of this process
     if shaped:
         roots = [c for c in convs if c.parent is None]     # sub-agents are part of their session
         waits = [c.client_wait_s for c in roots if c.begun]
