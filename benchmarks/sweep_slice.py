@@ -1,4 +1,4 @@
-"""A stated slice of the 480-run rate sweep (issue 54: 6 variants x 8 rates x 10 seeds of the ConServe rate-sweep
+"""A stated slice of the 480-run rate sweep (6 variants x 8 rates x 10 seeds of the ConServe rate-sweep
 shape, ``+experiment=conserve_rate_sweep``), timed on this checkout and a base commit side by side, extrapolated to
 the whole sweep, with every run's results compared between the two (byte-identical per run).
 
