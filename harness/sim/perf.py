@@ -700,6 +700,5 @@ class VidurProfilePerfModel(StepModel):
         scheduling has no CPU work to overlap."""
         return 0.0
 
-    def decode_linear_coefficients(self) -> tuple[float, float]:
-        """The roofline's (``PerfModel.decode_linear_coefficients``): router hints stay the roofline's."""
-        return self.roofline.decode_linear_coefficients()
+    # the router hints (prefill_tokens_per_s, idle_decode_step_s, decode_linear_coefficients, prefill_token_s):
+    # StepModel's, from this model's own prices
