@@ -1,6 +1,7 @@
 """Registries of named plug-ins with their config dataclasses and traits: the scheduler variants
-(``harness.core.policy.register``), the backends (``harness.core.backend.register_backend``) and the engine batch
-rules (:func:`register_rule`), which all use :class:`Registry`.
+(``harness.core.policy.register``), the backends (``harness.core.backend.register_backend``), the engine batch
+rules (:func:`register_rule`) and the simulator's step models (:func:`register_step_model`), which all use
+:class:`Registry`.
 
 A plug-in's facts live on its registration, not in name lists elsewhere: a scheduler declares the roles it
 needs, whether it forms batches inside the engine and whether its decisions read the workload statistics

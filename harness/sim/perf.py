@@ -67,29 +67,17 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from harness.core.profiles import AFTER_IDLE_BANDS_S, HardwareConfig, ModelConfig, prefill_iteration_coefficient
 from harness.core.registry import make_step_model as _make_step_model, register_step_model
-from harness.sim.step_model import StepModel
+from harness.sim.step_model import StepCost, StepModel   # noqa: F401  (StepCost re-exported)
 
 
 REF_KV_HEADS = 32      # Llama-2-7B, the model the attention overheads were fitted on (docs/calibration.md)
 REF_Q_WIDTH = 4096     # its num_heads * head_dim
 _SMALL_RUN = 96        # decode runs up to this many steps are evaluated in a Python loop (faster than arrays)
-
-
-@dataclass(frozen=True, slots=True)
-class StepCost:
-    """Result of one step: ``time_s`` (s), ``energy_j`` (J), and its FLOP time ``compute_s`` and byte
-    time ``memory_s`` (s; see the module docstring)."""
-
-    time_s: float
-    energy_j: float
-    compute_s: float
-    memory_s: float
 
 
 @register_step_model("roofline")

@@ -12,11 +12,11 @@ price nothing unless a model declares them (the class attributes below). The bui
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from harness.core.profiles import HardwareConfig, ModelConfig
-    from harness.sim.perf import StepCost
 
 HINT_PREFILL_CHUNK_TOKENS = 2048
 """The prefill chunk of the prefill-throughput hint, tokens (vLLM's default step budget on GPUs under 70 GiB)."""
@@ -25,6 +25,17 @@ HINT_DECODE_CONTEXT_TOKENS = 1024
 HINT_DECODE_LINE_TOKENS = (1024, 8192)
 """The two contexts (tokens) of one decode sequence whose step times give the default WAIT iteration line
 (:meth:`StepModel.decode_linear_coefficients`): a short chat context and a long agentic one."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """Result of one step: ``time_s`` (s), ``energy_j`` (J), and its FLOP time ``compute_s`` and byte
+    time ``memory_s`` (s; ``harness.sim.perf``'s docstring defines them for the roofline)."""
+
+    time_s: float
+    energy_j: float
+    compute_s: float
+    memory_s: float
 
 
 class StepModel:
@@ -55,8 +66,8 @@ class StepModel:
 
     def step(self, prefill_tokens: int, prefill_pairs: float, prefill_ctx_tokens: int,
              prefill_seqs_sampling: int, decode_seqs: int, decode_ctx_tokens: int,
-             prefill_seqs: int = 0, prefill_cached_tokens: int = 0, first_decodes: int = 0) -> "StepCost":
-        """Cost of one step (``harness.sim.perf.StepCost``: time s, energy J). The engine passes every argument.
+             prefill_seqs: int = 0, prefill_cached_tokens: int = 0, first_decodes: int = 0) -> StepCost:
+        """Cost of one step (:class:`StepCost`: time s, energy J). The engine passes every argument.
 
         Args:
             prefill_tokens: prefill tokens computed this step (all chunks), tokens.
@@ -74,7 +85,7 @@ class StepModel:
         raise NotImplementedError(f"{type(self).__name__}.step: a step model prices a step")
 
     def step_batch(self, chunks: list[tuple[int, int]], decode_kv: list[int], samples: int,
-                   prefill_cached_tokens: int = 0, first_decodes: int = 0) -> "StepCost":
+                   prefill_cached_tokens: int = 0, first_decodes: int = 0) -> StepCost:
         """Cost of one step from its parts: prefill ``chunks`` ``[(tokens, KV prefix tokens)]``, decode contexts
         ``decode_kv`` (tokens), ``samples`` chunks that complete their prompt. Default: :meth:`step` of the sums
         (a chunk of ``n`` tokens after ``p`` has ``n * p + n * (n + 1) / 2`` causal pairs)."""
@@ -87,7 +98,7 @@ class StepModel:
         return self.step(p_tok, pairs, p_ctx, samples, len(decode_kv), sum(decode_kv), len(chunks),
                          prefill_cached_tokens, first_decodes)
 
-    def decode_step(self, decode_seqs: int, decode_ctx_tokens: int, first_decodes: int = 0) -> "StepCost":
+    def decode_step(self, decode_seqs: int, decode_ctx_tokens: int, first_decodes: int = 0) -> StepCost:
         """Cost of a decode-only step of ``decode_seqs`` sequences reading ``decode_ctx_tokens`` KV tokens, of which
         ``first_decodes`` are in their request's first decode step. Default: :meth:`step` with no prefill."""
         return self.step(0, 0.0, 0, 0, decode_seqs, decode_ctx_tokens, 0, 0, first_decodes)
