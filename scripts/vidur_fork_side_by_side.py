@@ -144,16 +144,14 @@ def _our_step_time_s(perf, batch) -> float:
         else:
             chunks.append((n, r.num_processed_tokens, r.num_processed_tokens + n >= r.num_prefill_tokens))
     samp = sum(1 for _, _, s in chunks if s)
-    if getattr(perf, "wants_batch", False):
+    if perf.wants_batch:   # harness.sim.step_model.StepModel
         return perf.step_batch([(n, c) for n, c, _ in chunks], dec, samp).time_s
     if not chunks:
         return perf.decode_step(len(dec), sum(dec)).time_s
     p_tok = sum(n for n, _, _ in chunks)
     p_ctx = sum(c for _, c, _ in chunks)
     pairs = sum(n * c + n * (n + 1) / 2 for n, c, _ in chunks)
-    if getattr(perf, "has_prefill_terms", False):
-        return perf.step(p_tok, pairs, p_ctx, samp, len(dec), sum(dec), len(chunks), 0).time_s
-    return perf.step(p_tok, pairs, p_ctx, samp, len(dec), sum(dec)).time_s
+    return perf.step(p_tok, pairs, p_ctx, samp, len(dec), sum(dec), len(chunks), 0, 0).time_s
 
 
 def _patch_predictor(variant: str, attn_csv: str, perf_pickle: str | None = None) -> None:

@@ -17,9 +17,10 @@ from harness.core.clock import SimClock
 from harness.core.profiles import EngineConfig, HardwareConfig
 from harness.sim.engine import Engine, Request
 from harness.sim.perf import StepCost
+from harness.sim.step_model import StepModel
 
 
-class ConstPerf:
+class ConstPerf(StepModel):
     """Every step 1 s (prefill, mixed or decode), energy 0; ``hw`` carries the per-step CPU work."""
 
     def __init__(self, cpu_s: float):

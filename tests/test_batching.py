@@ -21,16 +21,17 @@ from harness.core.clock import SimClock
 from harness.core.profiles import EngineConfig
 from harness.sim.engine import DONE, RUNNING, WAITING, Engine, Request
 from harness.sim.perf import StepCost
+from harness.sim.step_model import StepModel
 
 
-class StubPerf:
+class StubPerf(StepModel):
     """Step time ``a + b * decode context tokens + c * prefill tokens`` (s); records every step."""
 
     def __init__(self, a=1.0, b=0.0, c=0.0):
         self.a, self.b, self.c = a, b, c
         self.calls = []
 
-    def step(self, p_tok, p_pairs, p_ctx, p_samp, dec, dec_ctx):
+    def step(self, p_tok, p_pairs, p_ctx, p_samp, dec, dec_ctx, p_seqs=0, p_cached=0, first=0):
         self.calls.append(("step", p_tok, dec, dec_ctx))
         return StepCost(self.a + self.b * dec_ctx + self.c * p_tok, 0.0, 0.0, 0.0)
 

@@ -366,7 +366,9 @@ def test_engine_token_times_of_a_single_step_and_a_run():
         def __init__(self, t, e):
             self.time_s, self.energy_j = t, e
 
-    class Perf:
+    from harness.sim.step_model import StepModel
+
+    class Perf(StepModel):
         def step(self, *a):
             return Cost(0.5, 5.0)
 

@@ -152,6 +152,32 @@ def test_run_with_vidur_profile_first_prompt_ttft():
     assert first["first_token_s"] - first["submit_s"] == pytest.approx(want, rel=1e-9)
 
 
+def test_router_hints_are_the_configured_step_models_prices():
+    """Under ``engine.step_model=vidur_profile`` the hints a policy reads (its ``PolicyContext``, as the session
+    builds it) are that model's own prices, each from the model's step function at the hint's defining inputs:
+    prefill throughput = 2048 tokens over a step of one 2048-token chunk after no prefix; the idle decode step =
+    a step of one decode sequence at a 1024-token context; WAIT's line ``d0 + d1 * KV`` through one sequence's
+    decode steps at 1024 and 8192 tokens; ``d2`` the slope of a no-prefix prefill step from 1024 to 2048 tokens.
+    The roofline prices the same 2048-token chunk over 10 % faster, so a roofline hint would fail here."""
+    from tests.conftest import compose_run
+    import harness.run.session as session
+    run = compose_run(["+experiment=wait_paper", "+experiment/arm=wait_sarathi_llama3",
+                       "+experiment/wait_point=wait_single_r22", "engine.step_model=vidur_profile"])
+    h = session.policy_context(session.session_input(run), None, None, [1]).hints[0]
+    hw, = {id(x): x for _, _, x in run.instances}.values()
+    vidur = VidurProfilePerfModel(hw, run.cfg.model)
+    pre, pre_half = vidur.step_time_s([(2048, 0)], []), vidur.step_time_s([(1024, 0)], [])
+    dec, dec_long = vidur.step_time_s([], [1024]), vidur.step_time_s([], [8192])
+    assert h.prefill_tokens_per_s == pytest.approx(2048 / pre, rel=1e-12)
+    assert h.decode_step_s == pytest.approx(dec, rel=1e-12)
+    d1 = (dec_long - dec) / (8192 - 1024)
+    assert h.fluid_d1_s_per_token == pytest.approx(d1, rel=1e-9)
+    assert h.fluid_d0_s == pytest.approx(dec - d1 * 1024, rel=1e-9)
+    assert h.fluid_d2_s_per_token == pytest.approx((pre - pre_half) / 1024, rel=1e-9)
+    roof = PerfModel(hw, run.cfg.model).step(2048, 2048 * 2049 / 2, 0, 1, 0, 0, 1, 0, 0).time_s
+    assert roof < 0.9 * pre
+
+
 def test_vllm_backend_rejects_the_profiled_step_model():
     from harness.run.config import ConfigError
     from tests.conftest import compose_run

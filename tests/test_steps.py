@@ -17,18 +17,19 @@ from harness.sim.engine import Engine, Request
 from harness.sim.perf import PerfModel, StepCost
 from harness.sim.plugin import open_sim
 from harness.sim.steps import STEP_COLUMNS, StepLog
+from harness.sim.step_model import StepModel
 from harness.workload.workload import Oracle
 from tests.conftest import compose_run
 from tests.test_handcalc import decode_step, prefill_step
 from tests.test_invariants import workload
 
 
-class LinearPerf:
+class LinearPerf(StepModel):
     """Step time ``A + C * prefill tokens + B * KV tokens read`` (s) at a constant ``W`` watts."""
 
     A, B, C, W = 0.5, 0.01, 0.01, 200.0
 
-    def step(self, p_tok, p_pairs, p_ctx, p_samp, dec, dec_ctx):
+    def step(self, p_tok, p_pairs, p_ctx, p_samp, dec, dec_ctx, p_seqs=0, p_cached=0, first=0):
         t = self.A + self.C * p_tok + self.B * (p_ctx + dec_ctx)
         return StepCost(t, self.W * t, 0.0, 0.0)
 

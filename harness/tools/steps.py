@@ -52,6 +52,7 @@ import pandas as pd
 from harness.core import evidence
 from harness.core.profiles import AFTER_IDLE_BANDS_S, HardwareConfig, ModelConfig, rescale_peaks
 from harness.sim.perf import PerfModel, REF_KV_HEADS
+from harness.sim.step_model import StepModel
 
 STEP_FIELDS = ["instance", "step", "t0", "t_end", "wall_s", "idle_s", "decode_seqs", "decode_ctx", "first_decodes",
                "prefill_tokens", "prefill_ctx", "prefill_pairs", "prefill_samples", "prefill_seqs", "prefill_cached"]
@@ -119,7 +120,7 @@ def composition_row(inst: str, d: dict) -> tuple:
             sum(p[3] for p in pre), len(pre), sum(p[2] for p in pre))
 
 
-def replay(steps: pd.DataFrame, perf: PerfModel) -> np.ndarray:
+def replay(steps: pd.DataFrame, perf: StepModel) -> np.ndarray:
     """The step model's time of every step row (s): ``decode_step`` for decode-only steps, else ``step`` with
     the per-prefill arguments, and the step's first decodes when ``perf`` prices them (``has_decode_start``), as
     ``harness.sim.engine`` charges them; plus the after-idle term of the logged gap before the step
@@ -128,16 +129,16 @@ def replay(steps: pd.DataFrame, perf: PerfModel) -> np.ndarray:
     out = np.empty(len(steps))
     cols = [steps[c].to_numpy() for c in ("decode_seqs", "decode_ctx", "prefill_tokens", "prefill_ctx",
                                           "prefill_pairs", "prefill_samples", "prefill_seqs", "prefill_cached")]
-    first = steps.first_decodes.to_numpy() if getattr(perf, "has_decode_start", False) else np.zeros(len(steps), int)
+    first = steps.first_decodes.to_numpy() if perf.has_decode_start else np.zeros(len(steps), int)
     for i, (b, ctx, n, p, pairs, samp, seqs, cached, f) in enumerate(zip(*cols, first)):
         if n == 0:
-            out[i] = perf.decode_step(int(b), int(ctx), *((int(f),) if f else ())).time_s
+            out[i] = perf.decode_step(int(b), int(ctx), int(f)).time_s
         else:
             out[i] = perf.step(int(n), float(pairs), int(p), int(samp), int(b), int(ctx), int(seqs), int(cached),
-                               *((int(f),) if f else ())).time_s
-    if any(getattr(perf, "after_idle_s", ())):
+                               int(f)).time_s
+    if any(perf.after_idle_s):
         out += [perf.after_idle(x if math.isfinite(x) else math.inf) for x in steps.idle_s.to_numpy(float)]
-    return out - getattr(perf, "between_step_s", 0.0)
+    return out - perf.between_step_s
 
 
 def regimes(steps: pd.DataFrame) -> dict[str, pd.Series]:
