@@ -91,15 +91,14 @@ def test_pinned_rule_by_hand():
     ctl.pinned = {("c", 1): 0.5, ("c", 2): 10.0}
     ctl.pinned_late = ctl.pinned_missing = 0
     ctl.pinned_late_max_s = 0.0
-    conv = SimpleNamespace(record=SimpleNamespace(conversation_id="c"), next_turn=1)
-    ctl.clock.call_at(1.0, lambda: None)
-    ctl.clock.run()
-    assert ctl._next_ready_s(conv, 3.0) == 1.0
+    ctl.timing = "think"
+    turns = [SimpleNamespace(tool_time_s=3.0) for _ in range(4)]
+    conv = SimpleNamespace(record=SimpleNamespace(conversation_id="c", turns=turns))
+    # _next_ready_s(c, k, now): turn k ended at now, turn k + 1's readiness
+    assert ctl._next_ready_s(conv, 0, 1.0) == 1.0        # recorded 0.5 < now: late by 0.5 s
     assert (ctl.pinned_late, ctl.pinned_late_max_s) == (1, 0.5)
-    conv.next_turn = 2
-    assert ctl._next_ready_s(conv, 3.0) == 10.0
-    conv.next_turn = 3
-    assert ctl._next_ready_s(conv, 3.0) == 4.0 and ctl.pinned_missing == 1
+    assert ctl._next_ready_s(conv, 1, 1.0) == 10.0       # recorded 10.0 > now
+    assert ctl._next_ready_s(conv, 2, 1.0) == 4.0 and ctl.pinned_missing == 1   # none: now + tool time 3.0
 
 
 def test_bad_run_dir_names_the_key(tmp_path):

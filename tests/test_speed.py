@@ -249,7 +249,8 @@ def test_conversation_table_by_hand():
     from harness.analysis.metrics import CONVERSATION_COLUMNS, conversation_table
 
     def conv(cid, arrival, visible, finish, failed=False, done=True):
-        return NS(record=NS(conversation_id=cid, turns=[NS(visible=v) for v in visible]), arrival_s=arrival,
+        return NS(record=NS(conversation_id=cid, parent_id=None, turns=[NS(visible=v) for v in visible]),
+                  arrival_s=arrival,
                   finish_s=finish, failed=failed, done=done)
     convs = [conv("c0", 10.0, [False, True, False], 30.0), conv("c1", 0.0, [False, False], 8.0, failed=True),
              conv("c2", 1.0, [True], math.nan, done=False)]

@@ -63,6 +63,9 @@ def die_with_parent(sig: int = signal.SIGTERM, parent: Optional[int] = None, new
         return
     _LIBC.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if parent is not None and os.getppid() != parent:
+        # the parent's Python handler for ``sig`` (if it had one) is inherited by the fork until exec resets it;
+        # the default action is what the parent-death signal would have done to the exec'd child
+        signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
 
 
