@@ -72,7 +72,7 @@ import numpy as np
 
 from harness.core.profiles import AFTER_IDLE_BANDS_S, HardwareConfig, ModelConfig, prefill_iteration_coefficient
 from harness.core.registry import make_step_model as _make_step_model, register_step_model
-from harness.sim.step_model import StepCost, StepModel   # noqa: F401  (StepCost re-exported)
+from harness.sim.step_model import StepCost, StepModel, chunk_sums   # noqa: F401  (StepCost re-exported)
 
 
 REF_KV_HEADS = 32      # Llama-2-7B, the model the attention overheads were fitted on (docs/calibration.md)
@@ -655,12 +655,7 @@ class VidurProfilePerfModel(StepModel):
         ``decode_kv`` (tokens), ``samples`` chunks that complete their prompt (``prefill_cached_tokens`` and
         ``first_decodes`` price nothing: Vidur has no such terms)."""
         t = self.step_time_s(chunks, decode_kv)
-        pairs = 0.0
-        p_tok = p_ctx = 0
-        for c, prefix in chunks:
-            p_tok += c
-            p_ctx += prefix
-            pairs += c * prefix + c * (c + 1) / 2
+        p_tok, pairs, p_ctx = chunk_sums(chunks)
         roof = self.roofline.step(p_tok, pairs, p_ctx, samples, len(decode_kv), sum(decode_kv))
         return self._cost(t, roof)
 

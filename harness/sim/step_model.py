@@ -13,7 +13,7 @@ price nothing unless a model declares them (the class attributes below). The bui
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 if TYPE_CHECKING:
     from harness.core.profiles import HardwareConfig, ModelConfig
@@ -36,6 +36,19 @@ class StepCost:
     energy_j: float
     compute_s: float
     memory_s: float
+
+
+def chunk_sums(chunks: Sequence[tuple[int, int]]) -> tuple[int, float, int]:
+    """The sums a step's prefill chunks ``[(tokens, KV prefix tokens)]`` enter a step model with: prefill tokens,
+    causal attention pairs (a chunk of ``n`` tokens after ``p`` has ``n * p + n * (n + 1) / 2``) and prefix KV
+    tokens: ``(tokens, pairs, prefix tokens)``."""
+    pairs = 0.0
+    p_tok = p_ctx = 0
+    for c, prefix in chunks:
+        p_tok += c
+        p_ctx += prefix
+        pairs += c * prefix + c * (c + 1) / 2
+    return p_tok, pairs, p_ctx
 
 
 class StepModel:
@@ -89,12 +102,7 @@ class StepModel:
         """Cost of one step from its parts: prefill ``chunks`` ``[(tokens, KV prefix tokens)]``, decode contexts
         ``decode_kv`` (tokens), ``samples`` chunks that complete their prompt. Default: :meth:`step` of the sums
         (a chunk of ``n`` tokens after ``p`` has ``n * p + n * (n + 1) / 2`` causal pairs)."""
-        pairs = 0.0
-        p_tok = p_ctx = 0
-        for c, prefix in chunks:
-            p_tok += c
-            p_ctx += prefix
-            pairs += c * prefix + c * (c + 1) / 2
+        p_tok, pairs, p_ctx = chunk_sums(chunks)
         return self.step(p_tok, pairs, p_ctx, samples, len(decode_kv), sum(decode_kv), len(chunks),
                          prefill_cached_tokens, first_decodes)
 
