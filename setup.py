@@ -11,6 +11,7 @@ setup(
               "harness.conf", "harness.traces"],
     package_dir={"harness.conf": "conf", "harness.traces": "traces"},
     package_data={"harness.conf": ["**/*.yaml", "README.md"],
-                  "harness.traces": ["*.jsonl.gz", "*.md", "**/*.jsonl.gz", "**/*.md", "**/*.json", "**/*.txt"]},
+                  "harness.traces": ["*.jsonl.gz", "*.md", "**/*.jsonl.gz", "**/*.md", "**/*.json", "**/*.txt",
+                                     "**/LICENSE"]},
     include_package_data=False,
 )
