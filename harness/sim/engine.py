@@ -245,7 +245,7 @@ class Engine:
         self.step_log = None            # a harness.sim.steps.StepLog when steps are recorded (logger.steps)
         self._arrived: list[Request] = []   # submitted since the last step boundary (_stamp_queued)
         self._begin_s = -math.inf       # when the last step began, s
-        self._end_s = -math.inf         # when the last step ended, s
+        self._end_s = -math.inf         # when the last step ended, s (after-idle term, async overlap)
         # the after-idle term (HardwareConfig.after_idle_s, harness.sim.perf.PerfModel.after_idle), where priced
         self._after_idle = perf.after_idle if any(perf.after_idle_s) else None
         # async scheduling (engine.async_scheduling, "Async scheduling" in the module docstring)
@@ -253,7 +253,6 @@ class Engine:
         self.async_scheduling = cfg.runs_async(hw) if hw is not None else bool(cfg.async_scheduling)
         self._cpu_s = async_cpu_s(perf) if self.async_scheduling else 0.0
         self._deferred: list[Request] = []   # finished requests whose blocks free at the next step's scheduling
-        self._last_end_s = -math.inf    # when the last step ended, s
         self._last_fwd_s = 0.0          # its forward (its time less the per-step CPU work), s
         self._run_fwd: list[float] = []     # per step of the run in flight: its forward, s (async only)
         self._run_cut: list[float] = []     # cumulative time the run's steps overlap with earlier ones, s
@@ -722,7 +721,6 @@ class Engine:
         now = self.clock.now()
         self._end_s = now
         k = len(self._run_ends)
-        self._last_end_s = now
         if self._run_fwd:
             self._last_fwd_s = self._run_fwd[k - 1]
             self.async_overlap_s += self._run_cut[k - 1]
@@ -866,7 +864,7 @@ class Engine:
         (``_run_cut``) and, for an exact run, ``_run_durs`` / ``_run_energy`` are set; the energy loses the
         idle power of the hidden time (J). Returns the new end times, in the same form."""
         o = self._cpu_s
-        prev_fwd = self._last_fwd_s if now == self._last_end_s else 0.0
+        prev_fwd = self._last_fwd_s if now == self._end_s else 0.0
         base = now if exact else 0.0
         idle_w = self.perf.hw.idle_w
         out: list[float] = []
