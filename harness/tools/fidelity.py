@@ -239,8 +239,11 @@ def compare(real: dict, sim: dict, per_request: Optional[dict] = None) -> dict:
             "engine_all_met": bool(engine) and all(v["met"] for v in engine.values())}
 
 
-def sim_config(real_dir: Path, profile: HardwareConfig, keys: Optional[Sequence[str]] = None) -> tuple:
-    """The real run's config with ``backend=sim`` (its defaults), ``logger.steps=true``, no progress bar, and
+def sim_config(real_dir: Path, profile: HardwareConfig, keys: Optional[Sequence[str]] = None,
+               link: Optional[dict] = None) -> tuple:
+    """The real run's config with ``backend=sim`` (its defaults), ``logger.steps=true``, no progress bar, ``link``
+    (a ``cluster.link`` mapping, ``harness.core.profiles.LinkConfig``; e.g. a fitted connector profile,
+    ``harness.tools.connector``) in place of the run's own cluster link where given, and
     ``profile`` under every hardware key its cluster uses (or ``keys``; its ``mem_bytes`` sized so the simulated
     KV capacity equals the real servers', ``kv_capacity_tokens`` in ``instances.parquet``, where all instances
     report the same), and ``model.max_model_len`` set to
@@ -258,6 +261,8 @@ def sim_config(real_dir: Path, profile: HardwareConfig, keys: Optional[Sequence[
     if limit:
         d["model"]["max_model_len"] = int(limit)
     d["logger"] = {**d.get("logger", {}), "steps": True, "progress": False, "name": "parquet"}
+    if link is not None:
+        d["cluster"]["link"] = dict(link)
     used = keys or sorted({g["hardware"] for g in d["cluster"]["instances"]})
     hw = dataclasses.asdict(profile)
     inst_p = Path(real_dir) / "instances.parquet"
@@ -280,10 +285,11 @@ def _resolve(d: dict) -> tuple:
     return resolve(dcfg), OmegaConf.to_yaml(dcfg)
 
 
-def simulate_run(real_dir: Path, profile: HardwareConfig, out_dir: Path) -> Path:
-    """Replay the real run's workload on the simulator with ``profile`` into ``out_dir``; returns it."""
+def simulate_run(real_dir: Path, profile: HardwareConfig, out_dir: Path, link: Optional[dict] = None) -> Path:
+    """Replay the real run's workload on the simulator with ``profile`` (and ``link``, :func:`sim_config`) into
+    ``out_dir``; returns it."""
     from harness.run.runner import execute
-    run, text = sim_config(real_dir, profile)
+    run, text = sim_config(real_dir, profile, link=link)
     out_dir.mkdir(parents=True, exist_ok=True)
     execute(run, out_dir, text)
     return out_dir
@@ -352,6 +358,13 @@ def markdown(result: dict) -> str:
                          f"{'yes' if v['met'] else 'NO'} |")
         met = "all targets met" if c["engine_all_met"] else "not all targets met"
         lines += ["", f"Verdict (engine clocks): {met}."]
+    pdl = result.get("pd_legs")
+    if pdl:
+        from harness.tools.connector import legs_markdown
+        lk = result.get("link")
+        lines += ["", (f"Link: `{lk['preset']}` (model {lk.get('model', 'link')})" if lk else
+                       "Link: the real run's own cluster link"), ""]
+        lines += [legs_markdown(pdl) if pdl["rows"] else f"P/D legs: none ({pdl.get('why', '')})"]
     lines += [
               "", "Maximum sustainable rate: not measured (needs a series of real runs at rising rates; "
                   "see harness/tools/fidelity.py)."]
@@ -384,11 +397,39 @@ def real_run_problem(real_dir: Path, allow_sim_real: bool = False, allow_partial
     return ""
 
 
+def load_link(path_or_name: str) -> dict:
+    """The ``link`` mapping of a cluster preset (a YAML path or a ``conf/cluster/`` name), validated as a
+    ``harness.core.profiles.LinkConfig``.
+
+    Raises:
+        FileNotFoundError: no such file or preset. ValueError: no ``link`` in it, or an invalid one (the field named).
+    """
+    import yaml
+
+    from harness.core.profiles import LinkConfig
+    from harness.run.config import PROJECT_ROOT
+    p = Path(path_or_name)
+    if not p.is_file():
+        p = PROJECT_ROOT / "conf" / "cluster" / f"{path_or_name}.yaml"
+    if not p.is_file():
+        raise FileNotFoundError(f"--link {path_or_name}: no such file or conf/cluster/ preset")
+    d = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(d.get("link"), dict):
+        raise ValueError(f"{p}: no link mapping")
+    try:
+        LinkConfig(**d["link"]).validate(f"{p}: link")
+    except TypeError as e:
+        raise ValueError(f"{p}: link: {e}") from None
+    return d["link"]
+
+
 def fidelity(real_dir: Path, profile_path: str, out_dir: Optional[Path] = None, *, allow_sim_real: bool = False,
-             allow_partial: bool = False) -> dict:
+             allow_partial: bool = False, link: Optional[str] = None) -> dict:
     """Simulate ``real_dir``'s workload with the profile and write ``fidelity.json`` / ``fidelity.md`` into
     ``out_dir`` (default ``<real_dir>/fidelity``); returns the result dict. A simulator run or a partial run
     as the real side is refused unless ``allow_sim_real`` / ``allow_partial`` (:func:`real_run_problem`).
+    ``link``: a cluster preset whose ``link`` replaces the run's (:func:`load_link`, e.g. the fitted ExampleConnector
+    profile); a real run with P/D turns and spans also gets the per-leg table (``harness.tools.connector.legs``).
 
     Raises:
         FileNotFoundError: ``real_dir`` is not a completed run directory, or the profile does not exist.
@@ -402,8 +443,9 @@ def fidelity(real_dir: Path, profile_path: str, out_dir: Optional[Path] = None, 
     if why:
         raise ValueError(why)
     profile = load_profile(profile_path)
+    link_d = load_link(link) if link is not None else None
     out_dir = Path(out_dir) if out_dir is not None else real_dir / "fidelity"
-    sim_dir = simulate_run(real_dir, profile, out_dir / "sim")
+    sim_dir = simulate_run(real_dir, profile, out_dir / "sim", link=link_d)
     real, sim = run_metrics(real_dir), run_metrics(sim_dir)
     cfg = load_run_config(real_dir)
     st_t = pd.read_parquet(sim_dir / "turns.parquet")
@@ -420,6 +462,15 @@ def fidelity(real_dir: Path, profile_path: str, out_dir: Optional[Path] = None, 
               "targets": TARGETS, "anchors": ANCHORS,
               "real_loadavg": real.get("_loadavg"),
               "max_sustainable_rate": "not measured: a series of real runs at rising rates per workload"}
+    if link_d is not None:
+        result["link"] = {"preset": str(link), **link_d}
+    real_t = pd.read_parquet(real_dir / "turns.parquet")
+    if bool(real_t.disaggregated.any()):
+        from harness.tools import connector
+        try:
+            result["pd_legs"] = connector.legs(real_dir, sim_dir)
+        except FileNotFoundError as e:     # a P/D run without spans: no legs, said
+            result["pd_legs"] = {"n_turns": 0, "rows": [], "why": str(e)}
     write_json(result, out_dir / "fidelity.json")
     write_text(markdown(result), out_dir / "fidelity.md")
     return result
@@ -703,11 +754,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="accept a simulator run (backend sim) as the real side; else refused (exit 2)")
     ap.add_argument("--allow-partial", action="store_true",
                     help="accept a partial real run (summary.json \"partial\": true); else refused (exit 2)")
+    ap.add_argument("--link", default=None,
+                    help="a cluster preset (YAML path or conf/cluster/ name) whose link replaces the real run's in the "
+                         "simulated replay, e.g. the fitted ExampleConnector profile "
+                         "(conf/cluster/cpu_1p1d_example_connector.yaml); P/D runs get a per-leg table")
     a = ap.parse_args(argv)
     from harness.run.config import ConfigError
     from harness.core.trace import TraceError
     try:
         check_profile(a.profile)   # a bad profile is bad input (2), found before the real side is launched
+        if a.link is not None:
+            load_link(a.link)      # so is a bad link
         if a.launch is not None:
             try:
                 launch_real(a.launch, a.real_dir)
@@ -715,7 +772,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"error: the --launch run failed: {e}", file=sys.stderr)
                 return 3
         result = fidelity(a.real_dir, a.profile, a.out, allow_sim_real=a.allow_sim_real,
-                          allow_partial=a.allow_partial)
+                          allow_partial=a.allow_partial, link=a.link)
     except (FileNotFoundError, ValueError, ConfigError, TraceError) as e:  # ConfigError, TraceError: ValueErrors
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -76,10 +76,12 @@ class Contended(ValueError):
     """A run refused because it measured a contended machine; the message names the figure and its bound."""
 
 
-def load_step_times(run_dir: Path, skip_steps: int = 0) -> tuple[pd.DataFrame, dict]:
+def load_step_times(run_dir: Path, skip_steps: int = 0, chunks: bool = False) -> tuple[pd.DataFrame, dict]:
     """Every logged step of every instance of ``run_dir`` (``logs/*.step_times.jsonl``) as one row of
     :data:`STEP_FIELDS` (tokens; s), and ``{instance: start line}`` (load average, CPUs). ``skip_steps``: the
-    first steps of each instance dropped (the harness's warm-up requests).
+    first steps of each instance dropped (the harness's warm-up requests). ``chunks``: also a ``prefill_chunks``
+    column, the step's logged prefill chunks as they are (``[[n, prefix, cached, samples], ...]``, tokens; the P/D
+    connector's fit reads them, ``harness.tools.connector``).
 
     Raises:
         FileNotFoundError: no step-time log (a run without ``logger.steps=true`` on launched servers).
@@ -103,8 +105,8 @@ def load_step_times(run_dir: Path, skip_steps: int = 0) -> tuple[pd.DataFrame, d
                 continue
             if d["step"] <= skip_steps:
                 continue
-            rows.append(composition_row(inst, d))
-    return pd.DataFrame(rows, columns=STEP_FIELDS), meta
+            rows.append(composition_row(inst, d) + ((d.get("prefill", []),) if chunks else ()))
+    return pd.DataFrame(rows, columns=STEP_FIELDS + (["prefill_chunks"] if chunks else [])), meta
 
 
 def composition_row(inst: str, d: dict) -> tuple:

@@ -1,0 +1,165 @@
+"""The P/D connector's calibration from a real pair's step logs and spans (``harness.tools.connector``), on
+hand-built logs whose answers are worked out by hand: which logged chunks are saves, loads and tails (vLLM 0.32's
+``example_connector.py``: the prefiller saves ``(len - 1) // block * block`` tokens, the decoder loads ``(len - 2) //
+block * block`` and computes the rest), the costs a noise-free log was built with, and the legs of one remote turn
+from its two spans."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.core.profiles import ModelConfig
+from harness.sim.perf import PerfModel
+from harness.tools import connector as cn
+from harness.tools import steps as st
+from harness.tools.inputs import load_profile
+
+TINY = dict(name="tiny", num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+            intermediate_size=512, vocab_size=4096, tied_embeddings=True, dtype_bytes=2, max_model_len=4096)
+KVB = 2 * 2 * 2 * 64 * 2     # K and V x 2 layers x 2 KV heads x head_dim 64 x 2 bytes = 1,024 B/token
+
+
+def _row(inst, step, decode, prefill, t0, wall):
+    d = {"step": step, "t0": t0, "t_end": t0 + wall, "wall_s": wall, "idle_s": 1e-4, "decode": decode,
+         "prefill": prefill}
+    return st.composition_row(inst, d) + (prefill,)
+
+
+def _frame(rows):
+    return pd.DataFrame(rows, columns=st.STEP_FIELDS + ["prefill_chunks"])
+
+
+ROLES = {"prefiller0": "prefiller", "decoder0": "decoder"}
+
+
+def test_saves_loads_and_tails_are_read_from_the_logged_chunks():
+    """Block 128. Prefiller: a 1,000-token prompt saves 999 // 128 * 128 = 896 tokens; a 556-token prompt with a
+    256-token prefix hit saves 555 // 128 * 128 = 512 (the whole prompt's blocks, hit included). Decoder: a 1,000-token
+    prompt logged as 104 tokens after a 896-token prefix is a load of 896 (998 // 128 * 128) with a 104-token tail; a
+    130-token one as 2 after 128 (128 // 128 * 128 = 128); a 129-token prompt computed whole (127 // 128 = 0) loads
+    nothing; a decode-only step does nothing."""
+    rows = [_row("prefiller0", 1, [], [[1000, 0, 0, 1]], 0.0, 0.1),
+            _row("prefiller0", 2, [], [[300, 256, 256, 1]], 0.2, 0.05),
+            _row("decoder0", 1, [], [[104, 896, 896, 1], [2, 128, 128, 1]], 0.0, 0.01),
+            _row("decoder0", 2, [[1000, 1]], [[129, 0, 0, 1]], 0.1, 0.01),
+            _row("decoder0", 3, [[1000, 2]], [], 0.2, 0.004)]
+    s = cn.connector_steps(_frame(rows), ROLES, 128)
+    assert s.saves.tolist() == [1, 1, 0, 0, 0] and s.saved_tokens.tolist() == [896, 512, 0, 0, 0]
+    assert s.loads.tolist() == [0, 0, 2, 0, 0] and s.loaded_tokens.tolist() == [0, 0, 1024, 0, 0]
+    assert s.tail_tokens.tolist() == [0, 0, 106, 0, 0] and s.unloaded.tolist() == [0, 0, 0, 1, 0]
+    with pytest.raises(ValueError, match="prefill_chunks"):
+        cn.connector_steps(_frame(rows).drop(columns=["prefill_chunks"]), ROLES, 128)
+
+
+def _synthetic(layer_s, s_per_byte, speed=1.0, seed=0):
+    """A P/D log whose steps take ``speed`` x the ``cpu`` profile's step model plus the connector costs
+    ``2 layers x layer_s + bytes x s_per_byte`` per save / load (noise-free)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    t = 0.0
+    for k in range(40):
+        n = int(rng.integers(200, 2000))
+        p = int(rng.choice([0, 128, 256]))
+        rows.append(("prefiller0", k + 1, [], [[n, p, p, 1]]))
+        ln = int(rng.integers(150, 2000))
+        pre = (ln - 2) // 128 * 128
+        rows.append(("decoder0", 2 * k + 1, [[500, 1]], [[ln - pre, pre, pre, 1]]))
+        rows.append(("decoder0", 2 * k + 2, [[int(rng.integers(100, 1500)), 3] for _ in range(int(rng.integers(1, 5)))],
+                     []))
+    model = ModelConfig(**TINY)
+    perf = PerfModel(load_profile("cpu"), model)
+    built = []
+    for inst, step, dec, pre in rows:
+        r = _row(inst, step, dec, pre, t, 1.0)
+        built.append(r)
+        t += 1.0
+    f = cn.connector_steps(_frame(built), ROLES, 128)
+    base = st.replay(f, perf)
+    ops = f.saves + f.loads
+    nbytes = (f.saved_tokens + f.loaded_tokens) * KVB
+    f["wall_s"] = speed * base + ops * 2 * layer_s + nbytes * s_per_byte
+    return f, model
+
+
+def test_the_fit_recovers_the_costs_a_noise_free_log_was_built_with():
+    """0.4 ms per layer per save or load and 1 ns per byte (1 GB/s), on a machine 1.3x slower than the base's
+    calibration: the speed (decoder steps without a load) is 1.3, and the costs come back, saves, loads and pooled."""
+    f, model = _synthetic(4e-4, 1e-9, speed=1.3)
+    res = cn.fit_connector(f, load_profile("cpu"), model)
+    assert res["speed"]["value"] == pytest.approx(1.3, rel=1e-9)
+    for side in ("save", "load", "pooled"):
+        assert res[side]["layer_s"] == pytest.approx(4e-4, rel=1e-6), side
+        assert res[side]["s_per_byte"] == pytest.approx(1e-9, rel=1e-6), side
+    assert res["layer_s"] == pytest.approx(4e-4, rel=1e-6) and res["bandwidth_bytes_per_s"] == pytest.approx(1e9, rel=1e-6)
+    # without the speed the slower machine's compute (which grows with the prompt) is charged to the connector: its
+    # cost per byte comes out larger than the truth
+    off = cn.fit_connector(f, load_profile("cpu"), model, speed=False)
+    assert off["speed"]["value"] == 1.0 and off["pooled"]["s_per_byte"] > 1.5e-9
+
+
+def test_a_run_without_a_prefiller_or_decoder_is_refused():
+    f, model = _synthetic(4e-4, 1e-9)
+    with pytest.raises(ValueError, match="prefiller"):
+        cn.fit_connector(f[f.role == "decoder"], load_profile("cpu"), model)
+
+
+def _run_dir(tmp_path, spans):
+    (tmp_path / "server_metrics.json").write_text(json.dumps({"format": 2, "spans": spans}))
+    return tmp_path
+
+
+def test_the_legs_of_one_remote_turn_from_its_two_spans(tmp_path):
+    """Prefill request: API arrival at t = 100.000 s, TTFT 50 ms, queue 2 ms, prefill 40 ms: prefiller front end
+    50 - 2 - 40 = 8 ms. Decode request: arrival 100.060 s, so 100.060 - (100.000 + 0.050) = 10 ms of HTTP legs and
+    client; TTFT 30 ms, queue 1 ms, prefill 20 ms: decoder front end 9 ms; handoff 10 + 9 + 1 + 20 = 40 ms; decode 100
+    ms."""
+    spans = {"a": {"conversation_id": "c0", "turn": 0, "part": "prefill", "instance": "prefiller0",
+                   "start_unix_s": 100.0, "ttft_s": 0.05, "queue_s": 0.002, "prefill_s": 0.04, "decode_s": 0.0,
+                   "e2e_s": 0.05, "prompt_tokens": 1000, "output_tokens": 1},
+             "b": {"conversation_id": "c0", "turn": 0, "part": "decode", "instance": "decoder0",
+                   "start_unix_s": 100.06, "ttft_s": 0.03, "queue_s": 0.001, "prefill_s": 0.02, "decode_s": 0.1,
+                   "e2e_s": 0.13, "prompt_tokens": 1000, "output_tokens": 8}}
+    leg = cn.real_legs(_run_dir(tmp_path, spans)).iloc[0]
+    expect = {"p_front": 0.008, "p_queue": 0.002, "p_prefill": 0.04, "http": 0.01, "d_front": 0.009, "d_queue": 0.001,
+              "d_prefill": 0.02, "handoff": 0.04, "decode": 0.1}
+    for k, v in expect.items():
+        assert leg[k] == pytest.approx(v, abs=1e-9), k
+
+
+def test_the_link_front_end_is_net_of_the_decoders_inflight_residual(tmp_path):
+    """Two turns with HTTP legs + decoder front end of 19 and 21 ms (mean 20 ms); the decoder's steps: back to back,
+    each 10 ms (gap 0), over a 40 ms span: residual sum(c^2) / (2 T) = 4 x 0.01^2 / (2 x 0.04) = 5 ms; so
+    frontend_s = 15 ms. The prefiller's front ends 8 ms and 12 ms (mean 10 ms), its one 20 ms step over a 20 ms span:
+    residual 0.02^2 / (2 x 0.02) = 10 ms: api_frontend_s = 0."""
+    spans = {}
+    for k, (http_d, pf) in enumerate(((0.019, 0.008), (0.021, 0.012))):
+        spans[f"p{k}"] = {"conversation_id": f"c{k}", "turn": 0, "part": "prefill", "instance": "prefiller0",
+                          "start_unix_s": 10.0 * k, "ttft_s": pf + 0.03, "queue_s": 0.01, "prefill_s": 0.02,
+                          "decode_s": 0.0, "e2e_s": 0.0, "prompt_tokens": 300, "output_tokens": 1}
+        spans[f"d{k}"] = {"conversation_id": f"c{k}", "turn": 0, "part": "decode", "instance": "decoder0",
+                          "start_unix_s": 10.0 * k + pf + 0.03 + http_d - 0.005, "ttft_s": 0.005 + 0.02,
+                          "queue_s": 0.0, "prefill_s": 0.02, "decode_s": 0.05, "e2e_s": 0.0, "prompt_tokens": 300,
+                          "output_tokens": 4}
+    steps = pd.DataFrame({"instance": ["decoder0"] * 4 + ["prefiller0"], "role": ["decoder"] * 4 + ["prefiller"],
+                          "t0": [0.0, 0.01, 0.02, 0.03, 0.0], "t_end": [0.01, 0.02, 0.03, 0.04, 0.02],
+                          "wall_s": [0.01] * 4 + [0.02]})
+    fe = cn.frontend_legs(_run_dir(tmp_path, spans), steps)
+    assert fe["inflight_residual_s"]["decoder"] == pytest.approx(0.005, rel=1e-9)
+    assert fe["frontend_s"] == pytest.approx(0.015, rel=1e-9)
+    assert fe["p_front"]["mean_s"] == pytest.approx(0.010, rel=1e-9)
+    assert fe["inflight_residual_s"]["prefiller"] == pytest.approx(0.010, rel=1e-9)
+    assert fe["api_frontend_s"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_fidelity_refuses_a_bad_link_preset(tmp_path, capsys):
+    """--link names a preset whose link is invalid: exit 2 naming the field, before anything is simulated."""
+    from harness.tools import fidelity as fd
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nlink: {model: example_connector, layer_s: -1}\n")
+    assert fd.main([str(tmp_path), "--profile", "cpu", "--link", str(bad)]) == 2
+    assert "layer_s" in capsys.readouterr().err
