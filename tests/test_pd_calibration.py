@@ -163,3 +163,17 @@ def test_fidelity_refuses_a_bad_link_preset(tmp_path, capsys):
     bad.write_text("name: x\nlink: {model: example_connector, layer_s: -1}\n")
     assert fd.main([str(tmp_path), "--profile", "cpu", "--link", str(bad)]) == 2
     assert "layer_s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("speed", [0.7, 1.0, 2.5])
+def test_a_scaled_profile_prices_every_step_speed_times_as_long(speed):
+    """The step model is a sum of additive time terms and of roofline maxima of FLOPs over peak and bytes over
+    bandwidth: dividing the peaks and multiplying the terms by the speed multiplies every step's time by it."""
+    hw = load_profile("cpu_fitted_sum")
+    model = ModelConfig(**TINY)
+    a, b = PerfModel(hw, model), PerfModel(cn.scaled_profile(hw, speed), model)
+    for args in ((300, 300 * 301 / 2 + 300 * 128, 128, 1, 3, 900, 1, 128, 1), (1500, 1500 * 1501 / 2, 0, 1, 0, 0, 1, 0, 0)):
+        assert b.step(*args).time_s == pytest.approx(speed * a.step(*args).time_s, rel=1e-12)
+    assert b.decode_step(4, 2000, 1).time_s == pytest.approx(speed * a.decode_step(4, 2000, 1).time_s, rel=1e-12)
+    with pytest.raises(ValueError, match="speed"):
+        cn.scaled_profile(hw, 0.0)

@@ -197,6 +197,26 @@ def fit_connector(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig,
             "unloaded": int(steps.unloaded.sum()), "kv_bytes_per_token": kvb, "num_layers": L}
 
 
+SCALED_TIMES = ("layer_overhead_s", "attention_seq_overhead_s", "attention_token_overhead_s", "step_overhead_s",
+                "prefill_seq_overhead_s", "cached_prefix_token_s", "decode_start_s", "between_step_s")
+
+
+def scaled_profile(hw: HardwareConfig, speed: float, name: Optional[str] = None) -> HardwareConfig:
+    """``hw`` on a machine ``speed`` times slower: every step-model time ``speed`` x as long (the peaks divided by
+    ``speed``, every additive time term and the after-idle bands multiplied by it; ``harness.sim.perf``'s step time
+    is a sum of such terms and of maxima of them, so it scales by ``speed`` exactly). The API front end and the
+    power fields are kept. Raises ``ValueError`` for a speed that is not a finite number > 0."""
+    import dataclasses
+    if not (isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0):
+        raise ValueError(f"speed must be a finite number > 0, got {speed!r}")
+    kw = {k: getattr(hw, k) * speed for k in SCALED_TIMES}
+    kw.update(peak_flops=hw.peak_flops / speed, mem_bandwidth_bytes_per_s=hw.mem_bandwidth_bytes_per_s / speed,
+              after_idle_s=[v * speed for v in (hw.after_idle_s or [])])
+    if name is not None:
+        kw["name"] = name
+    return dataclasses.replace(hw, **kw)
+
+
 def _spans(run_dir: Path) -> pd.DataFrame:
     """The spans of ``server_metrics.json`` (one row each: conversation_id, turn, part, instance, start_unix_s,
     ttft_s, queue_s, prefill_s, decode_s, e2e_s, prompt_tokens, output_tokens)."""
@@ -408,6 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=cmdline.writable(), required=True, help="the cluster YAML to write")
     ap.add_argument("--name", default=None, help="preset name (default: the --out file's stem)")
     ap.add_argument("--report", type=cmdline.writable(), default=None, help="also the full report as JSON here")
+    ap.add_argument("--hardware-out", type=cmdline.writable(), default=None,
+                    help="also the hardware profile of the in-sample replay: --base at the run's speed "
+                         "(scaled_profile) with the prefiller's api_frontend_s (fitted net of its in-flight residual)")
     ap.add_argument("--no-speed", dest="speed", action="store_false",
                     help="do not rescale the base's step model by the run's speed (decoder steps without a load)")
     ap.add_argument("--rel-se-bound", type=cmdline.number(0, lo_open=True), default=REL_SE_BOUND,
@@ -427,6 +450,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.report is not None:
         from harness.core.recorder import write_json
         write_json(res, a.report)
+    if a.hardware_out is not None:
+        import dataclasses
+
+        from harness.tools.inputs import HW_FIELDS
+        hw = dataclasses.replace(scaled_profile(base, res["fit"]["speed"]["value"], a.hardware_out.stem),
+                                 api_frontend_s=res["api_frontend_s"])
+        d = dataclasses.asdict(hw)
+        a.hardware_out.write_text(
+            f"# {hw.name}: {base.name} at the speed of {a.run_dir} ({res['fit']['speed']['value']:.4f} x, "
+            f"harness.tools.connector.scaled_profile) with the prefiller's api_frontend_s (net of its in-flight residual)\n"
+            + "".join(f"{k}: {json.dumps(d[k]) if not isinstance(d[k], float) else repr(d[k])}\n" for k in HW_FIELDS))
+        load_profile(str(a.hardware_out))    # it loads and validates
     print(text)
     print(f"wrote {a.out}")
     return 0
