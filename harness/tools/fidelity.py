@@ -240,10 +240,12 @@ def compare(real: dict, sim: dict, per_request: Optional[dict] = None) -> dict:
 
 
 def sim_config(real_dir: Path, profile: HardwareConfig, keys: Optional[Sequence[str]] = None,
-               link: Optional[dict] = None) -> tuple:
+               link: Optional[dict] = None, role_profiles: Optional[dict] = None) -> tuple:
     """The real run's config with ``backend=sim`` (its defaults), ``logger.steps=true``, no progress bar, ``link``
     (a ``cluster.link`` mapping, ``harness.core.profiles.LinkConfig``; e.g. a fitted connector profile,
-    ``harness.tools.connector``) in place of the run's own cluster link where given, and
+    ``harness.tools.connector``) in place of the run's own cluster link where given, ``role_profiles`` (``{role:
+    HardwareConfig}``: the instances of that role get that profile under a key of their own, ``<key>_<role>``, e.g. a
+    P/D pair's two instances at their own measured speeds) and
     ``profile`` under every hardware key its cluster uses (or ``keys``; its ``mem_bytes`` sized so the simulated
     KV capacity equals the real servers', ``kv_capacity_tokens`` in ``instances.parquet``, where all instances
     report the same), and ``model.max_model_len`` set to
@@ -272,6 +274,15 @@ def sim_config(real_dir: Path, profile: HardwareConfig, keys: Optional[Sequence[
             hw["mem_bytes"] = kv_mem_bytes(int(cap.iloc[0]), ModelConfig(**d["model"]), d["engine"])
     for k in used:
         d["hardware"][k] = {**hw, "name": k}
+    for role, prof in (role_profiles or {}).items():
+        groups = [g for g in d["cluster"]["instances"] if g["role"] == role]
+        if not groups:
+            raise ValueError(f"--role-profile {role}: the run's cluster has no {role} instance")
+        for g in groups:
+            key = f"{g['hardware']}_{role}"
+            d["hardware"][key] = {**dataclasses.asdict(prof), "mem_bytes": d["hardware"][g["hardware"]]["mem_bytes"],
+                                  "name": key}
+            g["hardware"] = key
     return _resolve(d)
 
 
@@ -285,11 +296,12 @@ def _resolve(d: dict) -> tuple:
     return resolve(dcfg), OmegaConf.to_yaml(dcfg)
 
 
-def simulate_run(real_dir: Path, profile: HardwareConfig, out_dir: Path, link: Optional[dict] = None) -> Path:
+def simulate_run(real_dir: Path, profile: HardwareConfig, out_dir: Path, link: Optional[dict] = None,
+                 role_profiles: Optional[dict] = None) -> Path:
     """Replay the real run's workload on the simulator with ``profile`` (and ``link``, :func:`sim_config`) into
     ``out_dir``; returns it."""
     from harness.run.runner import execute
-    run, text = sim_config(real_dir, profile, link=link)
+    run, text = sim_config(real_dir, profile, link=link, role_profiles=role_profiles)
     out_dir.mkdir(parents=True, exist_ok=True)
     execute(run, out_dir, text)
     return out_dir
@@ -424,12 +436,14 @@ def load_link(path_or_name: str) -> dict:
 
 
 def fidelity(real_dir: Path, profile_path: str, out_dir: Optional[Path] = None, *, allow_sim_real: bool = False,
-             allow_partial: bool = False, link: Optional[str] = None) -> dict:
+             allow_partial: bool = False, link: Optional[str] = None,
+             role_profiles: Optional[dict] = None) -> dict:
     """Simulate ``real_dir``'s workload with the profile and write ``fidelity.json`` / ``fidelity.md`` into
     ``out_dir`` (default ``<real_dir>/fidelity``); returns the result dict. A simulator run or a partial run
     as the real side is refused unless ``allow_sim_real`` / ``allow_partial`` (:func:`real_run_problem`).
     ``link``: a cluster preset whose ``link`` replaces the run's (:func:`load_link`, e.g. the fitted ExampleConnector
     profile); a real run with P/D turns and spans also gets the per-leg table (``harness.tools.connector.legs``).
+    ``role_profiles``: ``{role: profile path or name}`` for the instances of a role (:func:`sim_config`).
 
     Raises:
         FileNotFoundError: ``real_dir`` is not a completed run directory, or the profile does not exist.
@@ -445,7 +459,8 @@ def fidelity(real_dir: Path, profile_path: str, out_dir: Optional[Path] = None, 
     profile = load_profile(profile_path)
     link_d = load_link(link) if link is not None else None
     out_dir = Path(out_dir) if out_dir is not None else real_dir / "fidelity"
-    sim_dir = simulate_run(real_dir, profile, out_dir / "sim", link=link_d)
+    roles = {r: load_profile(p) for r, p in (role_profiles or {}).items()}
+    sim_dir = simulate_run(real_dir, profile, out_dir / "sim", link=link_d, role_profiles=roles)
     real, sim = run_metrics(real_dir), run_metrics(sim_dir)
     cfg = load_run_config(real_dir)
     st_t = pd.read_parquet(sim_dir / "turns.parquet")
@@ -464,6 +479,8 @@ def fidelity(real_dir: Path, profile_path: str, out_dir: Optional[Path] = None, 
               "max_sustainable_rate": "not measured: a series of real runs at rising rates per workload"}
     if link_d is not None:
         result["link"] = {"preset": str(link), **link_d}
+    if roles:
+        result["role_profiles"] = {r: str(p) for r, p in role_profiles.items()}
     real_t = pd.read_parquet(real_dir / "turns.parquet")
     if bool(real_t.disaggregated.any()):
         from harness.tools import connector
@@ -758,6 +775,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a cluster preset (YAML path or conf/cluster/ name) whose link replaces the real run's in the "
                          "simulated replay, e.g. the fitted ExampleConnector profile "
                          "(conf/cluster/cpu_1p1d_example_connector.yaml); P/D runs get a per-leg table")
+    ap.add_argument("--role-profile", action="append", default=[], metavar="ROLE=PROFILE",
+                    help="the instances of ROLE (prefiller, decoder, collocated) replayed with PROFILE (YAML path or "
+                         "conf/hardware/ name) instead of --profile, e.g. a P/D pair at its measured speeds "
+                         "(python -m harness.tools.connector --hardware-out); repeatable")
     a = ap.parse_args(argv)
     from harness.run.config import ConfigError
     from harness.core.trace import TraceError
@@ -765,6 +786,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_profile(a.profile)   # a bad profile is bad input (2), found before the real side is launched
         if a.link is not None:
             load_link(a.link)      # so is a bad link
+        role_profiles = {}
+        for rp in a.role_profile:
+            role, sep, prof = rp.partition("=")
+            if not sep or role not in ("prefiller", "decoder", "collocated"):
+                raise ValueError(f"--role-profile {rp!r}: ROLE=PROFILE with ROLE one of prefiller, decoder, collocated")
+            check_profile(prof)
+            role_profiles[role] = prof
         if a.launch is not None:
             try:
                 launch_real(a.launch, a.real_dir)
@@ -772,7 +800,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"error: the --launch run failed: {e}", file=sys.stderr)
                 return 3
         result = fidelity(a.real_dir, a.profile, a.out, allow_sim_real=a.allow_sim_real,
-                          allow_partial=a.allow_partial, link=a.link)
+                          allow_partial=a.allow_partial, link=a.link, role_profiles=role_profiles)
     except (FileNotFoundError, ValueError, ConfigError, TraceError) as e:  # ConfigError, TraceError: ValueErrors
         print(f"error: {e}", file=sys.stderr)
         return 2
