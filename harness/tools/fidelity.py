@@ -134,15 +134,21 @@ ORIGIN_ENGINE_ARRIVAL = ("MIXED: real engine queued (queued_ts) / sim arrival (t
 ORIGIN_SERVER = "API-server arrival (vLLM arrival_time) / sim arrival (start_s)"
 ORIGIN_CLIENT = "client send (real start_s) / sim arrival (start_s)"
 ORIGIN_TOKENS = "token to token (no origin)"
+ORIGIN_PD_MIXED = ("MIXED: real decoder request queued (its queued_ts) / sim the prefiller's engine_queued_s (a P/D "
+                   "turn: not like for like; the per-leg table is)")
 
 
-def origin(metric: str, sim_queued: bool = True) -> str:
+def origin(metric: str, sim_queued: bool = True, pd: bool = False) -> str:
     """Which origin the times of a compared metric count from, on each side (module constants ``ORIGIN_*``):
     the engine rows from vLLM's ``queued_ts`` (the simulator's ``engine_queued_s`` where its run has them), the
-    server rows from the API server's arrival, the client rows from the client's send; ITL/TPOT rows have none."""
+    server rows from the API server's arrival, the client rows from the client's send; ITL/TPOT rows have none.
+    ``pd``: the real run's turns are P/D turns, whose real engine rows are the decoder request's alone (its spans)
+    while the simulator's count from the turn's first engine, the prefiller: mixed (``ORIGIN_PD_MIXED``)."""
     if metric.startswith("engine_"):
         if "itl" in metric or metric == "engine_requests":
             return ORIGIN_TOKENS
+        if pd:
+            return ORIGIN_PD_MIXED
         return ORIGIN_ENGINE_QUEUED if sim_queued else ORIGIN_ENGINE_ARRIVAL
     if "itl" in metric or "tpot" in metric:
         return ORIGIN_TOKENS
@@ -193,8 +199,10 @@ def engine_request_rows(real_dir: Path, sim_dir: Path) -> dict:
         out[f"{name}_mean_s"] = {"real": float(np.mean(r)), "sim": float(np.mean(s_))}
         out[f"{name}_p50_s"] = {"real": float(np.median(r)), "sim": float(np.median(s_))}
         out[f"{name}_p90_s"] = {"real": float(np.percentile(r, 90)), "sim": float(np.percentile(s_, 90))}
+    pd_ = bool(real_t.disaggregated.any()) if "disaggregated" in real_t.columns else False
     for v in out.values():
         v["sim_queued"] = queued
+        v["pd"] = pd_
     return out
 
 
@@ -219,7 +227,7 @@ def compare(real: dict, sim: dict, per_request: Optional[dict] = None) -> dict:
     for k, v in (per_request or {}).items():
         r, s = v["real"], v["sim"]
         rows[k] = {"real": r, "sim": s, "err": s / r - 1 if math.isfinite(r) and r else math.nan,
-                   "origin": origin(k, v.get("sim_queued", True))}
+                   "origin": origin(k, v.get("sim_queued", True), v.get("pd", False))}
     kv = {}
     if "_kv" in real and "_kv" in sim:
         n = min(len(real["_kv"]), len(sim["_kv"]))
