@@ -320,8 +320,10 @@ class LinkConfig:
 
     Fields: name; bandwidth_bytes_per_s (bytes/s); latency_s (s); model; request_s, layer_s (s per save, load or
     transfer, and per layer of one); descriptor_s (s per KV block per layer of a ``link`` transfer); frontend_s
-    (s). No connector profile is shipped: the CPU file connector's costs need a P/D calibration run with both
-    servers up (not made), NIXL's a GPU pair.
+    (s). The CPU file connector's costs are fitted from a P/D calibration run with both servers up by
+    ``python -m harness.tools.connector`` (``conf/cluster/cpu_1p1d_example_connector.yaml``: fitted on a contended
+    machine, so marked in its header; ``docs/fidelity_cpu.md``, "The P/D path on a real pair"); NIXL's need a GPU pair
+    (none shipped).
     """
 
     name: str = "pcie4_x16"
