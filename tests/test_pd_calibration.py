@@ -244,3 +244,27 @@ def test_each_legs_in_sample_median_within_15_percent(pd_replay):
     res, _ = pd_replay
     rows = [r for r in res["pd_legs"]["rows"] if math.isfinite(r["err_median"])]
     assert len(rows) == 5 and all(abs(r["err_median"]) <= 0.15 for r in rows), rows
+
+
+def test_the_shipped_connector_preset_is_the_commands_output(tmp_path):
+    """conf/cluster/cpu_1p1d_example_connector.yaml is `python -m harness.tools.connector` on the shipped run
+    (docs/data/fidelity_cpu_pd/SOURCE.md): the link written equals the shipped one, field by field, and its header
+    carries the contention WARNING (load average 26.4 > 3 on 2 CPUs)."""
+    import yaml
+
+    out = tmp_path / "c.yaml"
+    assert cn.main([str(PD), "--base", "cpu_fitted_sum", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# WARNING: measured on a contended machine")
+    fresh = yaml.safe_load(text)["link"]
+    shipped = yaml.safe_load((PROJECT_ROOT / "conf" / "cluster" / "cpu_1p1d_example_connector.yaml").read_text())["link"]
+    assert fresh.keys() == shipped.keys()
+    for k, v in shipped.items():
+        assert fresh[k] == (pytest.approx(v, rel=1e-12) if isinstance(v, float) else v), k
+
+
+def test_the_connector_tool_refuses_a_run_that_is_not_a_pd_pair(tmp_path, capsys):
+    """The shipped collocated calibration has no prefiller and no decoder: exit 2, the message says why."""
+    run = PROJECT_ROOT / "docs" / "data" / "twin_cpu" / "calibration"
+    assert cn.main([str(run), "--base", "cpu", "--out", str(tmp_path / "c.yaml")]) == 2
+    assert "prefiller" in capsys.readouterr().err and not (tmp_path / "c.yaml").exists()

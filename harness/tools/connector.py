@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 
 from harness.core import evidence
-from harness.core.profiles import (HardwareConfig, LinkConfig, ModelConfig, example_connector_loaded_tokens,
+from harness.core.profiles import (HardwareConfig, ModelConfig, example_connector_loaded_tokens,
                                    example_connector_saved_tokens)
 from harness.sim.perf import PerfModel
 from harness.tools import steps as st
