@@ -17,6 +17,12 @@ client's clocks, 1 when one is missed, 2 on bad arguments (a missing run directo
 profile, bad ``--launch`` overrides, a simulator run or a partial run as the real side without
 ``--allow-sim-real`` / ``--allow-partial``), 3 when the ``--launch`` run failed, 130 when interrupted.
 
+A P/D run (its turns disaggregated, with both servers' spans) also gets the per-leg table
+(``harness.tools.connector.legs``: prefiller front end, queue, prefill + save, handoff to the first token, decode, each on
+one clock per side); ``--link`` replays it with a cluster preset's link (e.g. the fitted ExampleConnector profile,
+``python -m harness.tools.connector``) and ``--role-profile ROLE=PROFILE`` gives an instance role its own profile (a
+pair at its measured speeds). Its engine rows are mixed (the real spans are the decoder request's) and say so.
+
 Subcommands: ``steps`` (per-step fidelity, ``harness.tools.steps``) and ``protocol`` (calibration, per-step fit and
 >= 3 held-out repeats, refused on contention, judged on the engine and server clocks: ``harness.tools.protocol``).
 
