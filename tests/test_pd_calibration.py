@@ -268,3 +268,21 @@ def test_the_connector_tool_refuses_a_run_that_is_not_a_pd_pair(tmp_path, capsys
     run = PROJECT_ROOT / "docs" / "data" / "twin_cpu" / "calibration"
     assert cn.main([str(run), "--base", "cpu", "--out", str(tmp_path / "c.yaml")]) == 2
     assert "prefiller" in capsys.readouterr().err and not (tmp_path / "c.yaml").exists()
+
+
+def test_the_slow_period_figure_refuses_the_shipped_contended_runs():
+    """Two real runs made beside other CPU-bound jobs (1-minute load average 16-26 on 2 CPUs) are refused by the
+    slow-period figure (bound 1.10, harness.tools.steps.MAX_SLOW_PERIODS): the collocated held-out run
+    (docs/data/fidelity_cpu_contended/heldout), whose decode-step dispersion (12.5 %) the dispersion bound (25 %) would
+    accept, and both instances of the P/D run."""
+    from harness.core.profiles import ModelConfig as MC
+    from harness.tools.inputs import load_run_config
+    ho = PROJECT_ROOT / "docs" / "data" / "fidelity_cpu_contended" / "heldout"
+    steps, _ = st.load_step_times(ho, skip_steps=8)
+    model = MC(**load_run_config(ho)["model"])
+    disp, _ = st.dispersion(steps[steps.prefill_tokens == 0])
+    assert disp < st.MAX_DISPERSION
+    assert st.slow_period_figure(steps, load_profile("cpu"), model)["figure"] > st.MAX_SLOW_PERIODS
+    pd_steps, _ = st.load_step_times(PD, skip_steps=8, chunks=True)
+    figs = cn.slow_period_figures(pd_steps, load_profile("cpu"), MC(**load_run_config(PD)["model"]))
+    assert set(figs) == {"prefiller0", "decoder0"} and all(f["figure"] > st.MAX_SLOW_PERIODS for f in figs.values())
