@@ -600,7 +600,7 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
     """The claims report (markdown) for a sweep's tidy runs table, verdicts by :func:`harness.analysis.stats.verdict`
     with the equivalence ``margin`` (%, percentage points for C2); empty when the sweep has no
     ConServe-vs-AMPD runs."""
-    r = classify(runs)
+    r = workload_frame(runs)   # classify + a closed population's load read as its N
     if not {"conserve"} <= set(r._variant) or not set(MODES) & set(r._variant):
         return ""
     tiers = sorted(set(r._tier))
@@ -613,7 +613,7 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
     ls, arm_values = sensitivity(r, homo, hetero)
     lm, overall = sensitivity_matrix({"C1": c1, "C2": c2, "C3": c3, "C4": c4, "C5": c5}, arm_values, margin)
     lw: list[str] = []
-    if len(set(workload_frame(runs)._workload)) > 1:   # the workload axis: C1-C3's words across workloads
+    if len(set(r._workload)) > 1:   # the workload axis: C1-C3's words across workloads
         lw, w_overall, _, _ = workload_words(runs, margin)
         overall.update(w_overall)
 
