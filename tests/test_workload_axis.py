@@ -97,3 +97,27 @@ def test_agents_at_slo_replayed_on_stored_runs():
     assert (ok, bad) == (6, 7) and tried[6] and not tried[7]
     with pytest.raises(KeyError, match="ampd_rd at N=4"):
         agents_from_rows(rows, "ampd_rd", "first", 0.9, 4, 10, (0, 1))
+
+
+def test_one_claude_code_cell_on_the_results_page_by_hand():
+    """C1 at N = 8 (think), first reading, ConServe vs AMPD remote_default on the shipped runs: the geometric mean
+    over the ten seeds of the p95 ratios and its 95 % t-interval (t_{0.975, 9} = 2.262) written out with numpy,
+    found on docs/results/conserve.md as the generator prints it."""
+    import numpy as np
+
+    from harness.analysis import results
+    from harness.core.paths import PROJECT_ROOT
+    runs = pd.read_csv(PROJECT_ROOT / results.CLAUDE_CODE)
+    base = runs[(runs["workload.concurrency"] == 8) & (runs["workload.timing"] == "think")
+                & runs["workload.max_idle_gap_s"].isna() & (runs["workload.arrival"] == "closed")]
+    cs = base[base["scheduler.name"] == "conserve"].set_index("workload.seed").ttfet_first_p95_s
+    am = base[(base["scheduler.name"] == "ampd") & (base["scheduler.mode"] == "remote_default")
+              ].set_index("workload.seed").ttfet_first_p95_s
+    assert sorted(cs.index) == sorted(am.index) == list(range(10))
+    x = np.log((cs / am).to_numpy())
+    half = 2.262 * x.std(ddof=1) / np.sqrt(len(x))
+    est, lo, hi = (np.exp(v) * 100 - 100 for v in (x.mean(), x.mean() - half, x.mean() + half))
+    word = ("no difference" if -3 <= lo and hi <= 3 else "inconclusive" if lo <= 0 <= hi else None)
+    assert word is not None     # the shipped data decides it one of these two ways (the paper's side is < 0)
+    page = (PROJECT_ROOT / "docs" / "results" / "conserve.md").read_text()
+    assert f"8 sessions, first, AMPD remote_default, think: {est:+.1f} % [{lo:+.1f}, {hi:+.1f}] (n=10) {word}" in page

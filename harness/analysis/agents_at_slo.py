@@ -3,7 +3,7 @@ holds, per variant, by the harness's capacity bisection (``harness.analysis.capa
 the compact runs table the results pages read (:func:`collect`).
 
     python -m harness.analysis.agents_at_slo bisect --variants conserve,ampd_rd --seeds 0,1 --lo 4 --hi 16 \\
-        --reading first --target 0.9 --out /tmp/agents [--reuse <sweep dir> ...] [-- <hydra overrides>]
+        --reading first --target 0.9 --sessions 16 --out /tmp/agents [--reuse <sweep dir> ...] [-- <overrides>]
     python -m harness.analysis.agents_at_slo collect --out docs/data/claude_code_claims/runs.csv <sweep dir> ...
 
 The criterion: the SLO **holds** at N when the mean over the seeds of ``slo_attainment_<reading>`` (the share
@@ -134,28 +134,38 @@ def _timing(row: dict) -> tuple[str, Optional[float]]:
 
 
 def attainments_at(rows: Sequence[dict], variant: str, reading: str, n: int, seeds: Sequence[int],
-                   timing: tuple[str, Optional[float]] = ("think", None)) -> dict[int, float]:
+                   timing: tuple[str, Optional[float]] = ("think", None), sessions: Optional[int] = None
+                   ) -> dict[int, float]:
     """``{seed: slo_attainment_<reading>}`` of the stored closed-population runs (:func:`collect`) of ``variant`` at
-    N = ``n`` sessions with ``timing`` (``(workload.timing, workload.max_idle_gap_s)``), for the seeds of
-    ``seeds`` found."""
+    N = ``n`` with ``timing`` (``(workload.timing, workload.max_idle_gap_s)``) and, unless None, ``sessions``
+    sampled per run (``workload.num_conversations``), for the seeds of ``seeds`` found."""
     got = {}
     for r in rows:
         if (variant_of(r) == variant and _timing(r) == timing and str(r.get("workload.arrival")) == "closed"
-                and int(float(r["workload.concurrency"])) == n and int(float(r["workload.seed"])) in seeds):
+                and (sessions is None or _int(r.get("workload.num_conversations")) == sessions)
+                and _int(r.get("workload.concurrency")) == n and _int(r.get("workload.seed")) in seeds):
             got[int(float(r["workload.seed"]))] = float(r[f"slo_attainment_{reading}"])
     return got
 
 
+def _int(v) -> Optional[int]:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return int(x) if math.isfinite(x) else None
+
+
 def agents_from_rows(rows: Sequence[dict], variant: str, reading: str, target: float, lo: int, hi: int,
-                     seeds: Sequence[int], timing: tuple[str, Optional[float]] = ("think", None)
-                     ) -> tuple[Optional[int], Optional[int], dict[int, bool]]:
-    """:func:`bisect_agents` replayed on stored rows (:func:`collect`) of one variant and timing: N holds when
-    :func:`slo_holds` on :func:`attainments_at`.
+                     seeds: Sequence[int], timing: tuple[str, Optional[float]] = ("think", None),
+                     sessions: Optional[int] = None) -> tuple[Optional[int], Optional[int], dict[int, bool]]:
+    """:func:`bisect_agents` replayed on stored rows (:func:`collect`) of one variant, timing and run length
+    (``sessions``): N holds when :func:`slo_holds` on :func:`attainments_at`.
 
     Raises:
         KeyError: a probe the bisection asks for lacks a seed's run (naming variant, N and the seeds found)."""
     def holds(n: int) -> bool:
-        got = attainments_at(rows, variant, reading, n, seeds, timing)
+        got = attainments_at(rows, variant, reading, n, seeds, timing, sessions)
         if set(got) != set(seeds):
             raise KeyError(f"{variant} at N={n}: runs for seeds {sorted(got)}, need {sorted(seeds)}")
         return slo_holds(got.values(), target)
@@ -181,6 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     b.add_argument("--target", type=cmdline.number(0, 1, lo_open=True), default=0.9,
                    help="the SLO attainment (mean over seeds, 0-1] that counts as holding")
     b.add_argument("--preset", default="claude_code_claims", help="the +experiment preset of every probe")
+    b.add_argument("--sessions", type=cmdline.number(1, integer=True), default=16,
+                   help="sessions sampled per run (workload.num_conversations; the run length, >= 1)")
     b.add_argument("--reuse", nargs="*", default=[], type=Path, help="sweep directories whose runs count as probes")
     b.add_argument("--out", type=cmdline.writable(directory=True), required=True,
                    help="directory for the probes' sweeps and runs.csv")
@@ -216,25 +228,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             v = kv.split("=", 1)[1]
             timing = (timing[0], None if v == "null" else float(v))
     print(f"agents at SLO: {a.preset}, SLO attainment ({a.reading} reading) >= {a.target:g} as the mean over seeds "
-          f"{seeds}, N in [{a.lo}, {a.hi}], tolerance 1 session; {' '.join(extra) or 'no extra overrides'}")
+          f"{seeds}, N in [{a.lo}, {a.hi}], tolerance 1 session, {a.sessions} sessions per run; "
+          f"{' '.join(extra) or 'no extra overrides'}")
     print("| variant | agents at SLO (largest N that holds) | smallest N above that fails | probes (N: mean attainment) |")
     print("|---|---|---|---|")
     for v in variants:
         def holds(n: int) -> bool:
-            got = attainments_at(rows, v, a.reading, n, seeds, timing)
+            got = attainments_at(rows, v, a.reading, n, seeds, timing, a.sessions)
             if set(got) != set(seeds):
                 d = out / f"{v}_N{n}"
                 cmd = [sys.executable, str(PROJECT_ROOT / "run.py"), "-m", f"+experiment={a.preset}",
                        f"+experiment/variant={v}", f"workload.concurrency={n}",
-                       "workload.seed=" + ",".join(map(str, seeds)), f"hydra.sweep.dir={d}", *extra]
+                       "workload.seed=" + ",".join(map(str, seeds)), f"workload.num_conversations={a.sessions}",
+                       f"hydra.sweep.dir={d}", *extra]
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
                 rows.extend(collect([d]))
                 write_rows(out / "runs.csv", collect([out]))
-                got = attainments_at(rows, v, a.reading, n, seeds, timing)
+                got = attainments_at(rows, v, a.reading, n, seeds, timing, a.sessions)
             return slo_holds(got.values(), a.target)
         n_ok, n_bad, tried = bisect_agents(holds, a.lo, a.hi)
         means = [f"{n}: {sum(x.values()) / len(x):.3f}" for n in sorted(tried)
-                 for x in [attainments_at(rows, v, a.reading, n, seeds, timing)]]
+                 for x in [attainments_at(rows, v, a.reading, n, seeds, timing, a.sessions)]]
         print(f"| {v} | {n_ok if n_ok is not None else f'< {a.lo}'} | {n_bad if n_bad is not None else f'> {a.hi}'} "
               f"| {', '.join(means)} |", flush=True)
     return cmdline.OK

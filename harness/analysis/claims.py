@@ -680,16 +680,20 @@ def workload_frame(runs: pd.DataFrame) -> pd.DataFrame:
 
 def workload_cells(r: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[str, list[dict]]:
     """C1-C3's cells (:func:`claim_ttfet`, :func:`claim_slo`, :func:`claim_energy` on the homogeneous tier of each
-    workload: the first cluster name without ``_hetero``) per workload and timing level of ``r``
-    (:func:`workload_frame`), each cell tagged with ``workload`` and ``timing``. ``{claim: cells}``."""
+    workload: the first cluster name without ``_hetero``) per workload, timing level and load unit of ``r``
+    (:func:`workload_frame`), each cell tagged with ``workload``, ``timing`` and ``load_unit`` (``sessions``: a
+    closed population, its ``rate`` the N; ``conv/s``: an arrival rate). ``{claim: cells}``."""
     out: dict[str, list[dict]] = {c: [] for c in WORKLOAD_CLAIMS}
-    for (w, t), g in r.groupby(["_workload", "_timing"], sort=True):
+    closed = _col(r, "workload.arrival").astype(str) == "closed"
+    r = r.assign(_load_unit=np.where(closed & pd.to_numeric(_col(r, "workload.concurrency"), errors="coerce").notna(),
+                                     "sessions", "conv/s"))
+    for (w, t, unit), g in r.groupby(["_workload", "_timing", "_load_unit"], sort=True):
         tiers = sorted(set(g._tier))
         homo = next((x for x in tiers if not x.endswith("_hetero")), tiers[0])
         found = {"C1": claim_ttfet(g, homo, margin)[2], "C2": claim_slo(g, homo, margin)[2],
                  "C3": claim_energy(g, homo, None, margin)[2]}
         for claim, cells in found.items():
-            out[claim] += [{**c, "workload": w, "timing": t} for c in cells if c.get("n", 0) > 0]
+            out[claim] += [{**c, "workload": w, "timing": t, "load_unit": unit} for c in cells if c.get("n", 0) > 0]
     return out
 
 
@@ -732,7 +736,7 @@ def workload_words(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT
         overall[claim] = next(iter(ws)) if len(ws) == 1 else DEPENDS_ON_WORKLOAD
         for i, (w, word) in enumerate(words.items()):
             shown = "; ".join(
-                f"{c['rate']:g}, {c.get('reading', '—')}, {MODE_LABEL.get(c.get('mode'), '—')}, {c['timing']}: "
+                f"{c['rate']:g}{' sessions' if c.get('load_unit') == 'sessions' else ' conv/s'}, {c.get('reading', '—')}, {MODE_LABEL.get(c.get('mode'), '—')}, {c['timing']}: "
                 f"{fmt(c['mean'], c['ci'], c['n'], unit=' pp' if claim == 'C2' else ' %')} {c['verdict']}"
                 for c in cs if c["workload"] == w)
             lines.append(f"| {claim} | {w} | {word} | {shown} | {'**' + overall[claim] + '**' if i == 0 else ''} |")

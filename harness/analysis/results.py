@@ -184,6 +184,7 @@ AGENTS_SEEDS = (0, 1)
 AGENTS_RANGE = (4, 16)
 AGENTS_READING = "first"
 AGENTS_TARGET = 0.9
+AGENTS_SESSIONS = 16
 TIMING_NAMES = {"think": "think", "original": "original", "think, gap <= 10 s": "think, gap cap 10 s"}
 
 
@@ -213,7 +214,27 @@ def swebench_sources(root: Path) -> list[tuple[str, pd.DataFrame]]:
 def _cc_label(c: dict) -> str:
     rd = f" {c['reading']}" if "reading" in c else ""
     vs = f" vs {MODE_LABEL[c['mode']]}" if "mode" in c else ""
-    return f"N={c['rate']:g}{rd}{vs}, {TIMING_NAMES.get(c['timing'], c['timing'])}"
+    load = f"N={c['rate']:g}" if c.get("load_unit") == "sessions" else f"{c['rate']:g} sessions/s"
+    return f"{load}{rd}{vs}, {TIMING_NAMES.get(c['timing'], c['timing'])}"
+
+
+CC_FACTOR_NAMES = {**FACTOR_NAMES, "rate": "load", "timing": "timing knob"}
+"""The names of the choices on the Claude Code rows (a closed population's load is N, not a rate)."""
+
+
+def _cc_word(cells: list[dict], factors: list[str]) -> str:
+    """:func:`_word` with :data:`CC_FACTOR_NAMES`."""
+    word = _depends(cells, factors)
+    head, sep, tail = word.partition("depends on ")
+    if not sep or tail.startswith("the combination"):
+        return word
+    return sep + ", ".join(CC_FACTOR_NAMES.get(f, f) for f in tail.split(", "))
+
+
+def _cc_cells(cells: list[dict], unit: str) -> str:
+    """:func:`_cell_list` with the claim's unit (``pp`` for C2's violations)."""
+    decided = [c for c in cells if c["verdict"] != "inconclusive"] or cells
+    return "; ".join(f"{_cc_label(c)}: {fmt(c['mean'], c['ci'], c['n'], unit=unit)} {c['verdict']}" for c in decided)
 
 
 def agents_rows(rows: pd.DataFrame) -> list[str]:
@@ -225,16 +246,19 @@ def agents_rows(rows: pd.DataFrame) -> list[str]:
     lines = [f"Agents at SLO (`harness.analysis.agents_at_slo`): the largest closed population N at which the "
              f"{AGENTS_READING}-reading SLO holds (mean attainment over seeds {', '.join(map(str, AGENTS_SEEDS))} "
              f">= {AGENTS_TARGET:g}), by the capacity bisection on N in [{AGENTS_RANGE[0]}, {AGENTS_RANGE[1]}] to one "
-             f"session (`{CLAUDE_CODE_AGENTS}`).", "",
+             f"session, {AGENTS_SESSIONS} sessions sampled per run (fewer after the context cut: at N above that "
+             f"every session starts at once) (`{CLAUDE_CODE_AGENTS}`).", "",
              "| variant | agents at SLO | smallest N that fails | probes (N: mean attainment) |", "|---|---|---|---|"]
     for v in AGENTS_VARIANTS:
         try:
-            ok, bad, tried = agents_from_rows(recs, v, AGENTS_READING, AGENTS_TARGET, *AGENTS_RANGE, AGENTS_SEEDS)
+            ok, bad, tried = agents_from_rows(recs, v, AGENTS_READING, AGENTS_TARGET, *AGENTS_RANGE, AGENTS_SEEDS,
+                                              sessions=AGENTS_SESSIONS)
         except KeyError as e:
             lines.append(f"| {v} | not all probes stored ({e.args[0]}) | — | — |")
             continue
-        probes = ", ".join(f"{n}: {np.mean(list(attainments_at(recs, v, AGENTS_READING, n, AGENTS_SEEDS).values())):.3f}"
-                           for n in sorted(tried))
+        at = {n: attainments_at(recs, v, AGENTS_READING, n, AGENTS_SEEDS, ("think", None), AGENTS_SESSIONS)
+              for n in sorted(tried)}
+        probes = ", ".join(f"{n}: {np.mean(list(x.values())):.3f}" for n, x in at.items())
         lines.append(f"| {v} | {ok if ok is not None else f'< {AGENTS_RANGE[0]}'} | "
                      f"{bad if bad is not None else f'> {AGENTS_RANGE[1]}'} | {probes} |")
     return lines
@@ -260,16 +284,19 @@ def workload_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Ro
             rows.append(_no_data(claim, src, CLAUDE_CODE_CMD, RUN_REPORT))
             continue
         factors = CLAIM_FACTORS[claim]
-        detail = [f"| claim | workload | word | cells | overall |", "|---|---|---|---|---|",
+        detail = ["| claim | workload | word | cells | overall |", "|---|---|---|---|---|",
                   *[x for x in lines[4:] if x.startswith(f"| {claim} |")]]
-        if claim == "C2" and agents is not None:
-            detail += ["", *agents_rows(agents)]
-        word = _word(cs, factors)
-        rows.append(Row(claim, src, word, _cell_list(cs, _cc_label), _flip_text(cs, factors), detail))
+        if claim == "C2" and agents is not None:   # the probes the bisection ran, beside the runs it reused
+            detail += ["", *agents_rows(pd.concat([cc, agents], ignore_index=True))]
+        word = _cc_word(cs, factors)
+        flips = _flipping(cs, [f for f in factors if len({c[f] for c in cs}) > 1])
+        rows.append(Row(claim, src, word, _cc_cells(cs, " pp" if claim == "C2" else " %"),
+                        ", ".join(CC_FACTOR_NAMES.get(f, f) for f in flips) or "nothing varied here flips it",
+                        detail))
         words = {"Claude Code": word}
         for label, (_, _, sw_per, sw_cells) in sw:
             if sw_cells.get(claim):
-                words[f"SWE-bench {label}"] = _word(sw_cells[claim], CLAIM_FACTORS[claim])
+                words[f"SWE-bench {label}"] = _cc_word(sw_cells[claim], CLAIM_FACTORS[claim])
         axis_src = "workload axis: " + " vs ".join(words)
         if len(words) < 2:
             rows.append(Row(claim, axis_src, "one workload only: no shipped SWE-bench simulator table has this claim",
