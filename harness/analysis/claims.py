@@ -600,7 +600,7 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
     """The claims report (markdown) for a sweep's tidy runs table, verdicts by :func:`harness.analysis.stats.verdict`
     with the equivalence ``margin`` (%, percentage points for C2); empty when the sweep has no
     ConServe-vs-AMPD runs."""
-    r = classify(runs)
+    r = workload_frame(runs)   # classify + a closed population's load read as its N
     if not {"conserve"} <= set(r._variant) or not set(MODES) & set(r._variant):
         return ""
     tiers = sorted(set(r._tier))
@@ -612,6 +612,10 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
     l5, v5, c5 = claim_robustness(r, homo, margin)
     ls, arm_values = sensitivity(r, homo, hetero)
     lm, overall = sensitivity_matrix({"C1": c1, "C2": c2, "C3": c3, "C4": c4, "C5": c5}, arm_values, margin)
+    lw: list[str] = []
+    if len(set(r._workload)) > 1:   # the workload axis: C1-C3's words across workloads
+        lw, w_overall, _, _ = workload_words(runs, margin)
+        overall.update(w_overall)
 
     out = ["# ConServe's claims vs AMPD", "",
            "Paired ratios on the same seed (the seed is the independent unit): geometric mean of the per-seed "
@@ -642,7 +646,101 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
         out += ["## Sensitivity to the uncalibrated constants", "", *ls, ""]
     if lm:
         out += ["## Sensitivity matrix: each claim's verdict per modelling choice", "", *lm, ""]
+    if lw:
+        out += ["## The workload axis: C1-C3 per workload", "", *lw, ""]
     return "\n".join(out) + "\n"
+
+
+# ---- the workload axis: a claim judged on several workloads (SWE-bench conversations, Claude Code sessions) ----
+
+WORKLOAD_CLAIMS = ("C1", "C2", "C3")
+"""The claims judged per workload (C4 needs a heterogeneous tier, C5 error arms: not run on every workload)."""
+DEPENDS_ON_WORKLOAD = "depends on workload"
+
+
+def workload_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """:func:`classify` plus the workload axis: ``_workload`` (``workload.name``, else the ``workload`` summary
+    column, the trace file), ``_timing`` (``think`` / ``original`` from ``workload.timing``, with ``, gap <= x s``
+    where ``workload.max_idle_gap_s`` caps the recorded gaps; ``think`` when the column is absent) and, for a
+    closed population (``workload.arrival=closed``), ``_rate`` set to its size N (``workload.concurrency``,
+    sessions): the load of a closed run is N, not an arrival rate."""
+    r = classify(runs)
+    name = _col(r, "workload.name")
+    trace = _col(r, "workload")
+    r["_workload"] = [str(a) if isinstance(a, str) and a else (str(b) if isinstance(b, str) and b else "workload")
+                      for a, b in zip(name, trace)]
+    timing = _col(r, "workload.timing").fillna("think").astype(str)
+    gap = pd.to_numeric(_col(r, "workload.max_idle_gap_s"), errors="coerce")
+    r["_timing"] = [t if not np.isfinite(g) else f"{t}, gap <= {g:g} s" for t, g in zip(timing, gap)]
+    closed = _col(r, "workload.arrival").astype(str) == "closed"
+    n = pd.to_numeric(_col(r, "workload.concurrency"), errors="coerce")
+    r["_rate"] = np.where(closed & n.notna(), n, r["_rate"])
+    return r
+
+
+def workload_cells(r: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[str, list[dict]]:
+    """C1-C3's cells (:func:`claim_ttfet`, :func:`claim_slo`, :func:`claim_energy` on the homogeneous tier of each
+    workload: the first cluster name without ``_hetero``) per workload, timing level and load unit of ``r``
+    (:func:`workload_frame`), each cell tagged with ``workload``, ``timing`` and ``load_unit`` (``sessions``: a
+    closed population, its ``rate`` the N; ``conv/s``: an arrival rate). ``{claim: cells}``."""
+    out: dict[str, list[dict]] = {c: [] for c in WORKLOAD_CLAIMS}
+    closed = _col(r, "workload.arrival").astype(str) == "closed"
+    r = r.assign(_load_unit=np.where(closed & pd.to_numeric(_col(r, "workload.concurrency"), errors="coerce").notna(),
+                                     "sessions", "conv/s"))
+    for (w, t, unit), g in r.groupby(["_workload", "_timing", "_load_unit"], sort=True):
+        tiers = sorted(set(g._tier))
+        homo = next((x for x in tiers if not x.endswith("_hetero")), tiers[0])
+        found = {"C1": claim_ttfet(g, homo, margin)[2], "C2": claim_slo(g, homo, margin)[2],
+                 "C3": claim_energy(g, homo, None, margin)[2]}
+        for claim, cells in found.items():
+            out[claim] += [{**c, "workload": w, "timing": t, "load_unit": unit} for c in cells if c.get("n", 0) > 0]
+    return out
+
+
+CLAIM_FACTORS = {"C1": ["reading", "mode", "rate", "timing"], "C2": ["reading", "rate", "timing"],
+                 "C3": ["mode", "rate", "timing"]}
+
+
+def workload_words(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT
+                   ) -> tuple[list[str], dict[str, str], dict[str, dict[str, str]], dict[str, list[dict]]]:
+    """The workload axis of the claims' sensitivity matrix: each of C1-C3 judged on every workload of ``runs``
+    (a tidy runs table holding one or more workloads, :func:`workload_frame`), its word per workload the one
+    every cell of that workload gets, else "depends on" the choices that flip it (:func:`_depends` over the
+    AMPD rule, the TTFET reading, the load and the timing knob), and the overall word the one word all
+    workloads get, else :data:`DEPENDS_ON_WORKLOAD`. Loads are not matched across workloads (an arrival rate
+    of SWE-bench conversations and a closed population of Claude Code sessions are not one scale): the axis
+    compares each workload's own word.
+
+    Returns ``(markdown lines, {claim: overall}, {claim: {workload: word}}, {claim: cells})``; empty lines and
+    dicts when ``runs`` has no ConServe-vs-AMPD runs."""
+    r = workload_frame(runs)
+    if "conserve" not in set(r._variant) or not set(MODES) & set(r._variant):
+        return [], {}, {}, {}
+    cells = workload_cells(r, margin)
+    per: dict[str, dict[str, str]] = {}
+    overall: dict[str, str] = {}
+    lines = ["Each claim's word per workload (the word all its cells get, else the choices that flip it: AMPD rule, "
+             "TTFET reading, load, timing knob), and across workloads: the one word when every workload gets it, "
+             f"else *{DEPENDS_ON_WORKLOAD}*. Load: conv/s for an arrival process, N sessions for a closed "
+             "population (`workload.concurrency`); loads are not matched across workloads.", "",
+             "| claim | workload | word | cells: load, reading, rule, timing: estimate [95 % interval] (n) word | "
+             "overall |", "|---|---|---|---|---|"]
+    for claim in WORKLOAD_CLAIMS:
+        cs = cells[claim]
+        if not cs:
+            continue
+        words = {w: _depends([c for c in cs if c["workload"] == w], CLAIM_FACTORS[claim])
+                 for w in sorted({c["workload"] for c in cs})}
+        per[claim] = words
+        ws = set(words.values())
+        overall[claim] = next(iter(ws)) if len(ws) == 1 else DEPENDS_ON_WORKLOAD
+        for i, (w, word) in enumerate(words.items()):
+            shown = "; ".join(
+                f"{c['rate']:g}{' sessions' if c.get('load_unit') == 'sessions' else ' conv/s'}, {c.get('reading', '—')}, {MODE_LABEL.get(c.get('mode'), '—')}, {c['timing']}: "
+                f"{fmt(c['mean'], c['ci'], c['n'], unit=' pp' if claim == 'C2' else ' %')} {c['verdict']}"
+                for c in cs if c["workload"] == w)
+            lines.append(f"| {claim} | {w} | {word} | {shown} | {'**' + overall[claim] + '**' if i == 0 else ''} |")
+    return lines, overall, per, cells
 
 
 def gpu_count(instances_json: Any) -> float:

@@ -173,6 +173,142 @@ def conserve_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Ro
     return rows
 
 
+# ---- ConServe per workload (Claude Code sessions beside SWE-bench) ---------------------------------------------
+
+CLAUDE_CODE = "docs/data/claude_code_claims/runs.csv"
+CLAUDE_CODE_AGENTS = "docs/data/claude_code_claims/agents.csv"
+CLAUDE_CODE_CMD = "python run.py -m +experiment=claude_code_claims"
+# the agents-at-SLO bisection as run for docs/data/claude_code_claims/agents.csv (its README: the command)
+AGENTS_VARIANTS = ("conserve", "ampd_rd")
+AGENTS_SEEDS = (0, 1)
+AGENTS_RANGE = (4, 16)
+AGENTS_READING = "first"
+AGENTS_TARGET = 0.9
+AGENTS_SESSIONS = 16
+TIMING_NAMES = {"think": "think", "original": "original", "think, gap <= 10 s": "think, gap cap 10 s"}
+
+
+def swebench_sources(root: Path) -> list[tuple[str, pd.DataFrame]]:
+    """The shipped simulator runs on SWE-bench with ConServe and AMPD: every ``docs/data/**/runs.csv`` whose runs
+    have ``workload.name`` ``swebench`` and both variants, its simulated side only when it holds several backends
+    (``backend.name``: a twin). ``[(label, runs)]``, sorted by path."""
+    out = []
+    for p in sorted((root / "docs" / "data").rglob("runs.csv")):
+        try:
+            runs = pd.read_csv(p)
+        except (ValueError, OSError):
+            continue
+        if "workload.name" not in runs.columns or "scheduler.name" not in runs.columns:
+            continue
+        runs = runs[runs["workload.name"].astype(str) == "swebench"]
+        if BACKEND_COL in runs.columns:
+            runs, _ = split_repeats(classify(runs[runs[BACKEND_COL].astype(str) == "sim"]))
+            runs = runs[[c for c in runs.columns if not c.startswith("_")]]
+        names = set(runs["scheduler.name"].astype(str))
+        if {"conserve", "ampd"} <= names:
+            out.append((f"`{p.relative_to(root)}`" + (" (simulated side)" if BACKEND_COL in runs.columns else ""),
+                        runs))
+    return out
+
+
+def _cc_label(c: dict) -> str:
+    rd = f" {c['reading']}" if "reading" in c else ""
+    vs = f" vs {MODE_LABEL[c['mode']]}" if "mode" in c else ""
+    load = f"N={c['rate']:g}" if c.get("load_unit") == "sessions" else f"{c['rate']:g} sessions/s"
+    return f"{load}{rd}{vs}, {TIMING_NAMES.get(c['timing'], c['timing'])}"
+
+
+CC_FACTOR_NAMES = {**FACTOR_NAMES, "rate": "load", "timing": "timing knob"}
+"""The names of the choices on the Claude Code rows (a closed population's load is N, not a rate)."""
+
+
+def _cc_word(cells: list[dict], factors: list[str]) -> str:
+    """:func:`_word` with :data:`CC_FACTOR_NAMES`."""
+    word = _depends(cells, factors)
+    head, sep, tail = word.partition("depends on ")
+    if not sep or tail.startswith("the combination"):
+        return word
+    return sep + ", ".join(CC_FACTOR_NAMES.get(f, f) for f in tail.split(", "))
+
+
+def _cc_cells(cells: list[dict], unit: str) -> str:
+    """:func:`_cell_list` with the claim's unit (``pp`` for C2's violations)."""
+    decided = [c for c in cells if c["verdict"] != "inconclusive"] or cells
+    return "; ".join(f"{_cc_label(c)}: {fmt(c['mean'], c['ci'], c['n'], unit=unit)} {c['verdict']}" for c in decided)
+
+
+def agents_rows(rows: pd.DataFrame) -> list[str]:
+    """The agents-at-SLO lines: per variant of :data:`AGENTS_VARIANTS`, the bisection of
+    ``harness.analysis.agents_at_slo`` replayed on the stored probes; a variant whose probes are not all stored
+    says so."""
+    from harness.analysis.agents_at_slo import agents_from_rows, attainments_at
+    recs = rows.to_dict("records")
+    lines = [f"Agents at SLO (`harness.analysis.agents_at_slo`): the largest closed population N at which the "
+             f"{AGENTS_READING}-reading SLO holds (mean attainment over seeds {', '.join(map(str, AGENTS_SEEDS))} "
+             f">= {AGENTS_TARGET:g}), by the capacity bisection on N in [{AGENTS_RANGE[0]}, {AGENTS_RANGE[1]}] to one "
+             f"session, {AGENTS_SESSIONS} sessions sampled per run (fewer after the context cut: at N above that "
+             f"every session starts at once) (`{CLAUDE_CODE_AGENTS}`).", "",
+             "| variant | agents at SLO | smallest N that fails | probes (N: mean attainment) |", "|---|---|---|---|"]
+    for v in AGENTS_VARIANTS:
+        try:
+            ok, bad, tried = agents_from_rows(recs, v, AGENTS_READING, AGENTS_TARGET, *AGENTS_RANGE, AGENTS_SEEDS,
+                                              sessions=AGENTS_SESSIONS)
+        except KeyError as e:
+            lines.append(f"| {v} | not all probes stored ({e.args[0]}) | — | — |")
+            continue
+        at = {n: attainments_at(recs, v, AGENTS_READING, n, AGENTS_SEEDS, ("think", None), AGENTS_SESSIONS)
+              for n in sorted(tried)}
+        probes = ", ".join(f"{n}: {np.mean(list(x.values())):.3f}" for n, x in at.items())
+        lines.append(f"| {v} | {ok if ok is not None else f'< {AGENTS_RANGE[0]}'} | "
+                     f"{bad if bad is not None else f'> {AGENTS_RANGE[1]}'} | {probes} |")
+    return lines
+
+
+def workload_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Row]:
+    """C1-C3 on Claude Code sessions (``docs/data/claude_code_claims/runs.csv``, ``+experiment=claude_code_claims``)
+    with their timing knob, and each claim's workload axis (``harness.analysis.claims.workload_words``): the Claude
+    Code word beside each shipped SWE-bench simulator table's (:func:`swebench_sources`), one word when they agree,
+    else "depends on workload"."""
+    from harness.analysis.claims import CLAIM_FACTORS, DEPENDS_ON_WORKLOAD, workload_words
+    cc = _read(root, CLAUDE_CODE)
+    src = f"simulator, Claude Code sessions, Llama-3.1-8B on h100_1p3d (`{CLAUDE_CODE}`)"
+    if cc is None:
+        return [_no_data(c, src, CLAUDE_CODE_CMD, RUN_REPORT) for c in ("C1", "C2", "C3")]
+    lines, _, per, cells = workload_words(cc, margin)
+    sw = [(label, workload_words(runs, margin)) for label, runs in swebench_sources(root)]
+    agents = _read(root, CLAUDE_CODE_AGENTS)
+    rows: list[Row] = []
+    for claim in ("C1", "C2", "C3"):
+        cs = cells.get(claim, [])
+        if not cs:
+            rows.append(_no_data(claim, src, CLAUDE_CODE_CMD, RUN_REPORT))
+            continue
+        factors = CLAIM_FACTORS[claim]
+        detail = ["| claim | workload | word | cells | overall |", "|---|---|---|---|---|",
+                  *[x for x in lines[4:] if x.startswith(f"| {claim} |")]]
+        if claim == "C2" and agents is not None:   # the probes the bisection ran, beside the runs it reused
+            detail += ["", *agents_rows(pd.concat([cc, agents], ignore_index=True))]
+        word = _cc_word(cs, factors)
+        flips = _flipping(cs, [f for f in factors if len({c[f] for c in cs}) > 1])
+        rows.append(Row(claim, src, word, _cc_cells(cs, " pp" if claim == "C2" else " %"),
+                        ", ".join(CC_FACTOR_NAMES.get(f, f) for f in flips) or "nothing varied here flips it",
+                        detail))
+        words = {"Claude Code": word}
+        for label, (_, _, sw_per, sw_cells) in sw:
+            if sw_cells.get(claim):
+                words[f"SWE-bench {label}"] = _cc_word(sw_cells[claim], CLAIM_FACTORS[claim])
+        axis_src = "workload axis: " + " vs ".join(words)
+        if len(words) < 2:
+            rows.append(Row(claim, axis_src, "one workload only: no shipped SWE-bench simulator table has this claim",
+                            "—", "—"))
+            continue
+        one = set(words.values())
+        rows.append(Row(claim, axis_src, next(iter(one)) if len(one) == 1 else DEPENDS_ON_WORKLOAD,
+                        "; ".join(f"{w}: {x}" for w, x in words.items()),
+                        "workload" if len(one) > 1 else "nothing varied here flips it"))
+    return rows
+
+
 # ---- WAIT ----------------------------------------------------------------------------------------------------
 
 # The WAIT paper's claims (Ao et al., arXiv 2504.11320, "Numerical experiments"), as docs/wait.md states them ("What
@@ -328,7 +464,9 @@ def page(name: str, root: Path = PROJECT_ROOT, margin: float = EQUIVALENCE_MARGI
         ValueError: an unknown page name.
     """
     if name == "conserve":
-        title, claims, rows = "ConServe: every claim's word", CONSERVE_CLAIMS, conserve_rows(root, margin)
+        title, claims = "ConServe: every claim's word", CONSERVE_CLAIMS
+        order = [c for c, _, _ in claims]
+        rows = sorted(conserve_rows(root, margin) + workload_rows(root, margin), key=lambda r: order.index(r.claim))
         recorded = ("the notebook ([ConServe vs AMPD on the presets](../notebook/2026-12-03_conserve_claims_sensitivity.md), "
                     "[C1 and C3 on a real CPU pair](../notebook/2026-12-04_c1_c3_cpu_pd_pair_twin.md)); the presets: "
                     "[docs/papers.md](../papers.md)")

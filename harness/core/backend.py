@@ -250,8 +250,9 @@ class SessionInput:
     max_active: the cap on active conversations (``workload.max_active()``: a closed population's
         ``concurrency`` or ``max_concurrency``; ``None``: no cap). duration_s: the duration stop
         (``workload.duration_s``, s; ``None``: none). log_steps: record every engine step where the backend
-        can (``logger.steps``). A backend's ``validate`` and ``open`` read these with the rest of this input
-        (``harness.core.backend``), never the run config.
+        can (``logger.steps``). routes: ``workload.model_map`` resolved on the cluster
+        (``harness.core.routing.ModelRoutes``; ``None``: every call on every instance). A backend's ``validate``
+        and ``open`` read these with the rest of this input (``harness.core.backend``), never the run config.
     """
 
     instances: tuple[tuple[str, str, HardwareConfig], ...]
@@ -275,6 +276,7 @@ class SessionInput:
     max_active: Optional[int] = None
     duration_s: Optional[float] = None
     log_steps: bool = False
+    routes: Optional[Any] = None
 
     @property
     def roles(self) -> tuple[str, ...]:

@@ -20,13 +20,14 @@ The controller only needs a cluster (``harness.core.backend.Cluster``) whose clo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Optional, Sequence
 
 from harness.core.backend import Cluster, TurnJob
 from harness.core.clock import SimClock
 from harness.core.policy import Admission, ClusterView, InstanceHints, InstanceView, Placement, Policy, TurnView
 from harness.core.recorder import HoldDecision, PlaceDecision, Recorder, ViewDigest
+from harness.core.routing import ModelRoutes
 from harness.core.trace import TIMINGS, ConversationRecord
 
 
@@ -90,10 +91,15 @@ class Controller:
             without a time keeps its tool time (``pinned_missing``). ``None``: tool times.
         timing: ``think`` (turn k+1 ready ``tool_time_s`` after turn k ended) or ``original`` (at its recorded
             ``send_s`` from the root session's start, or when turn k ended if later); module docstring.
+        routes: ``workload.model_map`` resolved on the cluster (``harness.core.routing``): each call is placed
+            by the policy on the pool its recorded model maps to, shown as a sub-cluster renumbered ``0 .. m-1``
+            (the placement mapped back). ``None``: every call may go to every instance.
 
     Raises:
         ValueError: duplicate conversation ids, a child whose parent is not in ``conversations``,
-            ``timing`` unknown, or ``timing="original"`` with a turn lacking ``send_s``; at decision time:
+            ``timing`` unknown, ``timing="original"`` with a turn lacking ``send_s``, or a call whose model maps
+            to an empty pool (``workload.model_map``: no pattern matches it and the cluster has no unnamed
+            group); at decision time:
             a policy returned an invalid admission index or placement instance.
     """
 
@@ -103,7 +109,7 @@ class Controller:
                  on_conversation: Callable[[ConversationState], None] = lambda c: None,
                  max_context_tokens: Optional[int] = None, max_active: Optional[int] = None,
                  stop_s: Optional[float] = None, pinned: Optional[Mapping[tuple[str, int], float]] = None,
-                 timing: str = "think"):
+                 timing: str = "think", routes: Optional[ModelRoutes] = None):
         self.clock, self.backend, self.policy, self.recorder = cluster.clock, cluster, policy, recorder
         self._hints = tuple(hints)
         self.convs = [ConversationState(i, rec, t, tuple(tr.reused_tokens for tr in rec.turns))
@@ -129,6 +135,14 @@ class Controller:
             if parent.children_after is None:
                 parent.children_after = {}
             parent.children_after.setdefault(rec.spawn_after_turn, []).append(c)
+        self.routes = routes
+        if routes is not None:
+            for c in self.convs:
+                for k, t in enumerate(c.record.turns):
+                    if not routes.pool_of(t.model):
+                        raise ValueError(f"workload.model_map: call {k} of conversation {c.record.conversation_id!r} "
+                                         f"(model {t.model!r}) matches no pattern, and the cluster has no unnamed "
+                                         f"instance group to serve it (add a catch-all pattern '*')")
         self._link = (link_bandwidth_bytes_per_s, link_latency_s)
         self._kvb = kv_bytes_per_token
         self.on_conversation = on_conversation
@@ -369,9 +383,32 @@ class Controller:
             self._recheck_at = math.inf
             self._poll()
 
+    def _place_in_pool(self, c: ConversationState, tv: TurnView, view: ClusterView, now: float) -> Placement:
+        """``workload.model_map``: the policy places the turn on its model's pool, shown as a sub-cluster of the
+        pool's instances renumbered ``0 .. m-1`` (the turn's previous instances and cached prefixes kept where
+        they lie in the pool, dropped elsewhere); the placement is mapped back to the cluster's indices."""
+        pool = self.routes.pool_of(c.record.turns[tv.turn].model)
+        local = {g: j for j, g in enumerate(pool)}
+        sub = ClusterView(view.now_s, tuple(replace(view.instances[g], index=j) for j, g in enumerate(pool)),
+                          view.kv_bytes_per_token, view.link_bandwidth_bytes_per_s, view.link_latency_s,
+                          view.num_held)
+        stv = replace(tv, prev_prefill_instance=local.get(tv.prev_prefill_instance, -1),
+                      prev_decode_instance=local.get(tv.prev_decode_instance, -1),
+                      cached_prefix=tuple((local[i], n) for i, n in tv.cached_prefix if i in local))
+        p: Placement = self.policy.place(stv, sub, now)
+        m = len(pool)
+        if not (0 <= p.prefill_instance < m and 0 <= p.decode_instance < m):
+            raise ValueError(f"policy {self.policy.name}: placement {p} names an instance outside 0..{m - 1} of its "
+                             f"model's pool (workload.model_map)")
+        return replace(p, prefill_instance=pool[p.prefill_instance], decode_instance=pool[p.decode_instance],
+                       candidates=tuple((pool[i], x) if 0 <= i < m else (i, x) for i, x in p.candidates))
+
     def _launch(self, c: ConversationState, tv: TurnView, view: ClusterView) -> None:
         now = self.clock.now()
-        p: Placement = self.policy.place(tv, view, now)
+        if self.routes is None:
+            p: Placement = self.policy.place(tv, view, now)
+        else:
+            p = self._place_in_pool(c, tv, view, now)
         n = len(view.instances)
         if not (0 <= p.prefill_instance < n and 0 <= p.decode_instance < n):
             raise ValueError(f"policy {self.policy.name}: placement {p} names an instance outside 0..{n - 1}")

@@ -284,11 +284,14 @@ class InstanceGroupConfig:
     role: ``prefiller``, ``decoder`` or ``collocated`` (a hint to policies: every simulated engine can
     prefill and decode; disaggregating policies prefill on prefillers and decode on decoders).
     hardware: a key of the top-level ``hardware`` mapping.
+    name: the group's name, which ``workload.model_map`` sends calls to (``harness.core.routing``; groups may share
+    a name: they form one pool); ``None`` (default): unnamed, in the default pool every unmapped call goes to.
     """
 
     role: str = "collocated"
     hardware: str = "a40"
     count: int = 1
+    name: Optional[str] = None
 
 
 @dataclass

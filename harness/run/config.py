@@ -306,6 +306,9 @@ def resolve(dcfg: DictConfig) -> Resolved:
                               f"known: {sorted(cfg.hardware)}")
         if not (isinstance(g.count, int) and g.count >= 1):
             raise ConfigError(f"{where}.count must be an int >= 1, got {g.count!r}")
+        if g.name is not None and not (isinstance(g.name, str) and g.name):
+            raise ConfigError(f"{where}.name must be a non-empty string or null (an instance group's name, "
+                              f"which workload.model_map sends calls to), got {g.name!r}")
         for _ in range(g.count):
             k = counts.get(g.role, 0)
             counts[g.role] = k + 1
@@ -315,6 +318,10 @@ def resolve(dcfg: DictConfig) -> Resolved:
         except ValueError as e:
             raise ConfigError(f"{where}.hardware: {e}") from None
     name, sched_obj = _plugin_choice(cfg.scheduler, "scheduler", scheduler_config)
+    try:
+        model_routes(cfg, [r for _, r, _ in instances], get_spec(name).roles)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if cfg.slo.needs_unloaded() and cfg.slo.reference_scheduler != "same":
         try:
             scheduler_config(cfg.slo.reference_scheduler, {"name": cfg.slo.reference_scheduler})
@@ -354,6 +361,19 @@ def instance_hints(hw: HardwareConfig, model: ModelConfig, step_model: str = "ro
     return InstanceHints(perf.prefill_tokens_per_s(), perf.idle_decode_step_s(), d0, d1, perf.prefill_token_s())
 
 
+def model_routes(cfg: RunConfig, roles: list[str], needed_roles: tuple[str, ...] = ()) -> Any:
+    """``workload.model_map`` resolved on ``cluster.instances`` (``harness.core.routing.resolve_routes``): the
+    group name of each instance, in index order, from its ``cluster.instances`` entry's ``name``; ``roles``
+    the role of each instance; ``needed_roles`` the scheduler's. ``None`` without a map.
+
+    Raises:
+        ValueError: naming ``workload.model_map[<pattern>]`` (a group the cluster does not declare; a pool
+            without a role the scheduler needs)."""
+    from harness.core.routing import resolve_routes
+    groups = [g.name for g in cfg.cluster.instances for _ in range(g.count)]
+    return resolve_routes(cfg.workload.model_map, groups, roles, needed_roles, cluster=cfg.cluster.name)
+
+
 def session_input(run: Resolved) -> SessionInput:
     """The ``harness.core.backend.SessionInput`` of a resolved run (:func:`resolve`): the one place a session's
     and a backend's input is read from the run config. The hints are evaluated here, once per run."""
@@ -367,7 +387,8 @@ def session_input(run: Resolved) -> SessionInput:
         scale_reference=cfg.slo.scale_reference_name(), needs_scale_reference=cfg.slo.needs_scale_unloaded(),
         ttfet_definition=cfg.slo.ttfet_definition, backend_name=run.backend_name, backend=run.backend,
         workload_seed=cfg.workload.seed, max_active=cfg.workload.max_active(), duration_s=cfg.workload.duration_s,
-        log_steps=bool(cfg.logger.steps))
+        log_steps=bool(cfg.logger.steps),
+        routes=model_routes(cfg, [r for _, r, _ in run.instances], get_spec(run.scheduler_name).roles))
 
 
 def fingerprint_input(run: Resolved) -> FingerprintInput:

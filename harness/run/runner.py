@@ -255,7 +255,7 @@ def prepare(run: Resolved, load: Any = None, inp: Optional[SessionInput] = None)
     Raises:
         TraceError: the trace is missing or malformed.
         ConfigError: the workload (e.g. emptied by ``workload.context_overflow``) or the scheduler rejects
-            the config or the cluster.
+            the config or the cluster; a call ``workload.model_map`` sends to no instance.
     """
     cfg = run.cfg
     records = [] if cfg.workload.kind == "synthetic" else (load or load_trace)(run.trace_path)
@@ -273,6 +273,13 @@ def prepare(run: Resolved, load: Any = None, inp: Optional[SessionInput] = None)
         raise ConfigError("workload.timing=original needs recorded send times (send_s) on every turn; this trace "
                           "has none (a session trace from `python -m harness.workload.convert claude-code` has "
                           "them): use workload.timing=think")
+    if inp.routes is not None:
+        for _, rec in conversations:
+            for k, t in enumerate(rec.turns):
+                if not inp.routes.pool_of(t.model):
+                    raise ConfigError(f"workload.model_map: call {k} of conversation {rec.conversation_id!r} (model "
+                                      f"{t.model!r}) matches no pattern, and cluster {cfg.cluster.name} has no "
+                                      f"unnamed instance group to serve it (add a catch-all pattern '*')")
     check_policies(inp, conversations, stats)
     return conversations, stats, max_context
 

@@ -140,7 +140,7 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
                             link_latency_s=inp.link.latency_s, kv_bytes_per_token=inp.model.kv_bytes_per_token,
                             on_conversation=on_conversation or (lambda c: None),
                             max_context_tokens=inp.context_limit_tokens, max_active=max_active, stop_s=stop_s,
-                            pinned=pinned, timing=timing)
+                            pinned=pinned, timing=timing, routes=inp.routes)
 
     def tick():
         recorder.sample(cluster.clock.now(), cluster.infos, cluster.observe(), cluster.power_w())

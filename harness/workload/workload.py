@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -133,6 +133,10 @@ class WorkloadConfig:
         run (its ``turns.parquet`` ``submit_s``, s), the arrival process above and the concurrency gate
         replaced (``harness.workload.replay``): a simulated replay of a real run, like for like.
     timing: ``think`` | ``original``; max_idle_gap_s: cap on recorded gaps (s, > 0, or None). Module docstring.
+    model_map: ``{pattern: instance group name}``; empty (the default): one served model, every call on every
+        instance: a session trace's call whose recorded model matches the glob ``pattern`` (first match in
+        order) is served by the ``cluster.instances`` groups of that ``name``; unmatched calls by the unnamed
+        groups (``harness.core.routing``; checked against the cluster in ``harness.run.config.resolve``).
     """
 
     name: str = "swebench"
@@ -161,6 +165,7 @@ class WorkloadConfig:
     arrivals_from_run: Optional[str] = None
     timing: str = "think"
     max_idle_gap_s: Optional[float] = None
+    model_map: Dict[str, str] = field(default_factory=dict)
 
     def max_active(self) -> Optional[int]:
         """The run-time cap on active conversations: ``concurrency`` (closed) or ``max_concurrency``; None with
@@ -215,6 +220,11 @@ class WorkloadConfig:
         g = self.max_idle_gap_s
         if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not (math.isfinite(g) and g > 0)):
             raise ValueError(f"{where}.max_idle_gap_s must be a finite number > 0 (s) or null, got {g!r}")
+        if self.model_map:
+            for pat, group in dict(self.model_map).items():
+                if not isinstance(group, str) or not group:
+                    raise ValueError(f"{where}.model_map[{pat!r}] must name an instance group (a non-empty string), "
+                                     f"got {group!r}")
         if self.context_overflow not in CONTEXT_OVERFLOW:
             raise ValueError(f"{where}.context_overflow must be one of {', '.join(CONTEXT_OVERFLOW)}, "
                              f"got {self.context_overflow!r}")
