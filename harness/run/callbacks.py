@@ -219,9 +219,10 @@ class ValidateSweepCallback(Callback):
             sys.exit(2)
         # the expected CPU-hours (harness.analysis.cost): prior runs beside this sweep, else the stated model
         sweep = Path(str(config.hydra.sweep.dir))
-        try:
-            parallel = int(OmegaConf.select(config, "hydra.launcher.n_jobs", default=1) or 1)
-        except (TypeError, ValueError):
+        from harness.run.executor import workers_for
+        launcher = config.hydra.get("launcher") or {}
+        try:   # a launcher with n_jobs (pool, joblib): null or <= 0 = every core this process may use
+            parallel = workers_for(launcher.get("n_jobs"), len(jobs)) if "n_jobs" in launcher else 1
+        except ValueError:
             parallel = 1
-        parallel = parallel if parallel > 0 else (os.cpu_count() or 1)   # joblib: -1 = every core
         print(expected_cost_line(shapes, [sweep.parent, sweep.parent.parent / "runs"], parallel), flush=True)

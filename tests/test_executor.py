@@ -1,0 +1,78 @@
+"""The sweep executor (``harness.run.executor``, ``hydra/launcher=pool``, the default launcher of ``-m``):
+worker counts, and a sweep's results byte-identical to one ``python run.py`` process per job.
+
+The reference is independent of the executor: each job run alone in a fresh interpreter (no cache of an earlier
+job can be in it), with the disk cache of SLO baselines off in both (``HARNESS_CACHE_DIR=off``), so the sweep's
+workers compute every baseline, trace parse and policy themselves and reuse them across their jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness.analysis.cost import VOLATILE_KEYS
+from harness.run.config import PROJECT_ROOT
+from harness.run.executor import usable_cores, workers_for
+
+TABLES = ("turns.parquet", "conversations.parquet", "decisions.parquet", "instances.parquet")
+TINY = ["workload.num_conversations=4", "workload.max_turns=3", "logger.progress=false"]
+
+
+def test_worker_count_follows_n_jobs_the_cores_and_the_jobs():
+    cores = len(os.sched_getaffinity(0))
+    assert usable_cores() == cores
+    assert workers_for(None, 100) == cores and workers_for(-1, 100) == cores and workers_for(0, 100) == cores
+    assert workers_for(3, 100) == 3 and workers_for(3, 2) == 2 and workers_for(None, 1) == 1
+    assert workers_for(5, 0) == 1
+    with pytest.raises(ValueError, match="hydra.launcher.n_jobs"):
+        workers_for("2", 4)
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "HARNESS_CACHE_DIR": "off"}
+
+
+def test_a_pooled_sweep_equals_one_process_per_run_byte_for_byte(tmp_path):
+    """Three jobs (three variants, one seed, relative SLO: the seed's baseline replayed once per worker and reused)
+    on two persistent workers, so one worker runs two jobs after each other; each job then alone in its own
+    process.
+    Every results table byte for byte, ``summary.json`` equal but for :data:`VOLATILE_KEYS` (wall clock, cost),
+    and the start line names the worker count."""
+    sweep = tmp_path / "sweep"
+    jobs = [[f"scheduler={s}"] for s in ("conserve", "collocated", "ampd")]
+    r = subprocess.run([sys.executable, "run.py", "-m", "scheduler=conserve,collocated,ampd", *TINY,
+                        "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"], cwd=PROJECT_ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "sweep executor: 3 jobs on 2 worker processes" in r.stdout
+    dirs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(dirs) == 3
+    procs = []
+    for i, job in enumerate(jobs):
+        out = tmp_path / f"alone_{i}"
+        procs.append((job, out, subprocess.Popen([sys.executable, "run.py", *job, *TINY, f"hydra.run.dir={out}"],
+                                                 cwd=PROJECT_ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                                                 stderr=subprocess.PIPE, text=True)))
+        if len(procs) % 2 == 0 or len(procs) == len(jobs):   # two at a time
+            for _, _, p in procs[-2:]:
+                assert p.wait(timeout=600) == 0, p.stderr.read()[-3000:]
+    for job, out, _ in procs:
+        twin = next(d for d in dirs if set(job) <= set(_overrides(d)))
+        assert (out / "turns.parquet").stat().st_size > 0
+        for t in TABLES:
+            if (out / t).exists() or (twin / t).exists():
+                assert (out / t).read_bytes() == (twin / t).read_bytes(), f"{job}: {t} differs"
+        a, b = (json.loads((d / "summary.json").read_text()) for d in (out, twin))
+        assert a.keys() == b.keys()
+        diff = [k for k in a if k not in VOLATILE_KEYS and a[k] != b[k] and not (a[k] != a[k] and b[k] != b[k])]
+        assert not diff, f"{job}: summary.json differs in {diff}"
+        assert not a.get("partial") and a["num_conversations"] == 4
+
+
+def _overrides(run_dir) -> list[str]:
+    import yaml
+    return list(yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()))
