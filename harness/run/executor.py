@@ -70,6 +70,81 @@ def workers_for(n_jobs: Optional[int], jobs: int) -> int:
     return max(1, min(n, max(1, jobs)))
 
 
+class ComposedConfigs:
+    """Hydra's config loader with a memo of composed job configs: ``load_sweep_config(master, overrides)`` is
+    composed once per sweep (key: the sweep's primary config object -- its ``hydra.overrides.hydra``, config
+    name and resolver cache are what the composition reads of it -- and the job's overrides) and a deep copy
+    of it returned on every call; every other attribute is the wrapped loader's. Hydra composes each job's
+    config three times in a sweep (the harness's validation, ``ValidateSweepCallback``; the sweeper's
+    ``validate_batch_is_legal``; the launcher, before the job runs): with the memo, once, before the first
+    job runs (the config files are read then, as the validation already did). One per loader
+    (:func:`composed`), installed on the sweep's ``HydraContext`` by :func:`install` (the pool launcher's
+    ``setup``); forked workers inherit it."""
+
+    def __init__(self, loader: Any):
+        self._loader = loader
+        self._memo: dict = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):    # (unpickling: before _loader is set)
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+    def load_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
+        """Job ``sweep_overrides``'s config (Hydra's ``ConfigLoader.load_sweep_config``), a fresh deep copy
+        (callers set the job's id and number in it)."""
+        import copy
+        key = (id(master_config), tuple(sweep_overrides))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = (master_config, self._loader.load_sweep_config(master_config,
+                                                                                   list(sweep_overrides)))
+        return copy.deepcopy(hit[1])
+
+    def clear(self) -> None:
+        """Drop the memo (the sweep is over)."""
+        self._memo.clear()
+
+
+_COMPOSED: dict = {}   # id(Hydra's config loader) -> its ComposedConfigs: one memo per loader in this process
+
+POOL_TARGET = "hydra_plugins.harness_launcher.pool_launcher.PoolLauncher"
+
+
+def composed(loader: Any) -> ComposedConfigs:
+    """The memo (:class:`ComposedConfigs`) of Hydra's config loader ``loader``, made on first use."""
+    if isinstance(loader, ComposedConfigs):
+        return loader
+    c = _COMPOSED.get(id(loader))
+    if c is None or c._loader is not loader:
+        c = _COMPOSED[id(loader)] = ComposedConfigs(loader)
+    return c
+
+
+def install(hydra_context: Any) -> ComposedConfigs:
+    """Route ``hydra_context``'s config loader through its memo (:func:`composed`); returns the memo. The
+    sweeper holds the same context, so its validation composes through the memo too, and the harness's
+    validation (:func:`job_config`) reaches the same memo through the global Hydra instance's loader."""
+    hydra_context.config_loader = composed(hydra_context.config_loader)
+    return hydra_context.config_loader
+
+
+def job_config(master_config: Any, overrides: Sequence[str]) -> Any:
+    """Job ``overrides``'s task config (the composed config without its ``hydra`` node) through the memo of
+    the sweep's config loader when the sweep runs on the pool launcher, else None (compose it yourself)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf, open_dict
+    if OmegaConf.select(master_config, "hydra.launcher._target_") != POOL_TARGET:
+        return None
+    gh = GlobalHydra.instance()
+    if not gh.is_initialized() or gh.hydra is None:
+        return None
+    cfg = composed(gh.hydra.config_loader).load_sweep_config(master_config, list(overrides))
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
 # One worker's state, set once by _init (in the worker) or by launch (in this process when there is no pool).
 _WORKER: dict[str, Any] = {}
 
@@ -146,14 +221,18 @@ def launch(hydra_context: Any, config: Any, task_function: Any, job_overrides: S
     for idx, o in jobs:
         log.info(f"\t#{idx} : {' '.join(filter_overrides(o))}")
     state = Singleton.get_state()
-    if workers == 1:
-        _init(hydra_context, config, task_function, state, pooled=False)
-        runs = []
-        for idx, o in jobs:
-            runs.append(_run_job(idx, o))
-            configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-        return runs
-    return _launch_pool(jobs, workers, mp.get_context(method), (hydra_context, config, task_function, state, True))
+    try:
+        if workers == 1:
+            _init(hydra_context, config, task_function, state, pooled=False)
+            runs = []
+            for idx, o in jobs:
+                runs.append(_run_job(idx, o))
+                configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+            return runs
+        return _launch_pool(jobs, workers, mp.get_context(method), (hydra_context, config, task_function, state, True))
+    finally:
+        if isinstance(hydra_context.config_loader, ComposedConfigs):
+            hydra_context.config_loader.clear()
 
 
 def _launch_pool(jobs: list, workers: int, ctx: Any, initargs: tuple) -> list:

@@ -35,6 +35,9 @@ class PoolLauncher(Launcher):
         self.hydra_context: Any = None
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
+        from harness.run.executor import POOL_TARGET, install
+        assert PoolLauncherConf._target_ == POOL_TARGET
+        install(hydra_context)   # each job's config composed once (harness.run.executor.ComposedConfigs)
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
