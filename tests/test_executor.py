@@ -76,3 +76,37 @@ def test_a_pooled_sweep_equals_one_process_per_run_byte_for_byte(tmp_path):
 def _overrides(run_dir) -> list[str]:
     import yaml
     return list(yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()))
+
+
+def test_a_jobs_config_is_composed_once_and_handed_out_as_fresh_copies():
+    """``ComposedConfigs``: three loads of one job (the harness's validation, Hydra's, the launch) compose it once;
+    each caller gets its own copy (the launcher writes the job number into it); another job or another primary
+    config composes anew; any other attribute is the wrapped loader's."""
+    from omegaconf import OmegaConf, open_dict
+
+    from harness.run.executor import ComposedConfigs
+
+    class Loader:
+        calls: list = []
+        name = "the loader"
+
+        def load_sweep_config(self, master, overrides):
+            self.calls.append(list(overrides))
+            return OmegaConf.create({"job": {"num": 0}, "overrides": list(overrides), "master": master.tag})
+
+    loader = Loader()
+    memo = ComposedConfigs(loader)
+    master = OmegaConf.create({"tag": "a"})
+    first = memo.load_sweep_config(master, ["scheduler=wait"])
+    with open_dict(first):
+        first.job.num = 7
+    again = [memo.load_sweep_config(master, ["scheduler=wait"]) for _ in range(2)]
+    assert loader.calls == [["scheduler=wait"]]
+    assert all(c.job.num == 0 and list(c.overrides) == ["scheduler=wait"] for c in again)
+    assert again[0] is not again[1]
+    memo.load_sweep_config(master, ["scheduler=ampd"])
+    memo.load_sweep_config(OmegaConf.create({"tag": "b"}), ["scheduler=wait"])
+    assert len(loader.calls) == 3 and memo.name == "the loader"
+    memo.clear()
+    memo.load_sweep_config(master, ["scheduler=wait"])
+    assert len(loader.calls) == 4
