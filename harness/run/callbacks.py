@@ -6,7 +6,6 @@ and release the lock."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
