@@ -110,3 +110,27 @@ def test_a_jobs_config_is_composed_once_and_handed_out_as_fresh_copies():
     memo.clear()
     memo.load_sweep_config(master, ["scheduler=wait"])
     assert len(loader.calls) == 4
+
+
+def test_an_interrupt_in_a_pooled_job_writes_its_partial_results_and_ends_the_sweep_130(tmp_path):
+    """Two jobs on two workers, each interrupted (SIGINT sent to itself, ``HARNESS_TEST_INTERRUPT``, once per
+    process: each worker has its own copy of the variable) as its first conversation finishes: each job's
+    ``summary.json`` is partial with ``interrupted.json`` beside it, the sweep exits 130 and writes no
+    ``comparison.md``; re-running the command completes both."""
+    sweep = tmp_path / "sweep"
+    args = [sys.executable, "run.py", "-m", "scheduler=conserve,collocated", *TINY, "slo=absolute",
+            "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"]
+    r = subprocess.run(args, cwd=PROJECT_ROOT, env={**_env(), "HARNESS_TEST_INTERRUPT": "run:0:INT"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 130, r.stderr[-3000:]
+    assert "the sweep stops here" in r.stderr
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name for p in jobs] == ["0_conserve", "1_collocated"]
+    for job in jobs:
+        assert json.loads((job / "summary.json").read_text())["partial"] is True
+        assert (job / "interrupted.json").is_file()
+    assert not (sweep / "comparison.md").exists()
+    r2 = subprocess.run(args, cwd=PROJECT_ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert all(json.loads((job / "summary.json").read_text())["partial"] is False for job in jobs)
+    assert (sweep / "comparison.md").is_file()
