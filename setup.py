@@ -8,7 +8,8 @@ from setuptools import find_packages, setup
 
 setup(
     packages=[*find_packages(include=["harness", "harness.*", "baselines", "baselines.*"]),
-              "harness.conf", "harness.traces"],
+              "harness.conf", "harness.traces",
+              "hydra_plugins.harness_launcher"],   # the default sweep launcher (``hydra/launcher=pool``)
     package_dir={"harness.conf": "conf", "harness.traces": "traces"},
     package_data={"harness.conf": ["**/*.yaml", "README.md"],
                   "harness.traces": ["*.jsonl.gz", "*.md", "**/*.jsonl.gz", "**/*.md", "**/*.json", "**/*.txt",

@@ -65,7 +65,9 @@ def _wait_stopped(p: subprocess.Popen, timeout: float = 240) -> None:
 
 def test_a_second_sweep_into_a_busy_directory_refuses_naming_the_holder(tmp_path):
     sweep = tmp_path / "sweep"
-    args = ["-m", "scheduler=collocated,conserve", *TINY, f"hydra.sweep.dir={sweep}"]
+    # one process (hydra.launcher.n_jobs=1: the pool launcher runs the jobs in the launching process), so the
+    # injected stop freezes the process the test watches, not a worker of it
+    args = ["-m", "scheduler=collocated,conserve", *TINY, "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={sweep}"]
     # sweep A freezes itself (SIGSTOP) in job 0's SLO baseline: it is alive and holds the lock
     a = subprocess.Popen([sys.executable, "run.py", *args, "workload.rate_per_s=0.05"], cwd=PROJECT_ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -203,8 +205,8 @@ def test_an_interrupt_during_the_slo_baseline_exits_130_with_a_partial_summary(t
 
 def test_an_interrupt_during_a_sweep_jobs_baseline_stops_the_sweep_and_marks_the_job(tmp_path):
     sweep = tmp_path / "sweep"
-    r = run_cli("-m", "scheduler=collocated,conserve", *TINY, f"hydra.sweep.dir={sweep}",
-                HARNESS_TEST_INTERRUPT="baseline:1")
+    r = run_cli("-m", "scheduler=collocated,conserve", *TINY, "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={sweep}",
+                HARNESS_TEST_INTERRUPT="baseline:1")   # jobs one after another (n_jobs=1): job 1 never starts
     assert r.returncode == 130, r.stderr[-2000:]
     assert "the sweep stops here" in r.stderr
     job0 = sweep / "0_collocated"

@@ -41,6 +41,9 @@ RSS_UNIT_BYTES = 1 if sys.platform == "darwin" else 1024
 
 COST_KEYS = ("cost_loop_cpu_s", "cost_run_cpu_s", "cost_process_cpu_s", "cost_children_cpu_s",
              "cost_peak_rss_bytes", "cost_events_per_call")
+# The summary.json keys that differ between two executions of one run (same config, trace, code): the wall
+# clock's and the cost's. Everything else is a function of the run (tests/test_executor.py).
+VOLATILE_KEYS = ("sim_wall_s", "total_wall_s", "sim_turns_per_wall_s", *COST_KEYS)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ and release the lock."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -185,7 +184,9 @@ class ValidateSweepCallback(Callback):
     job's config and check what a job would check before running (``harness.run.runner.prepare``: its trace, its
     workload after ``workload.context_overflow``, its scheduler on its cluster); if any is invalid, print every
     invalid job with its error and exit (status 2) before anything runs. (Hydra turns an exception raised by a
-    callback into a warning, so this exits.) A trace is parsed once per distinct file (``harness.core.trace.load_trace``
+    callback into a warning, so this exits.) Under the pool launcher each job's config is composed once for the whole
+    sweep (``harness.run.executor.ComposedConfigs``: this validation, Hydra's own and the launch share it). A trace
+    is parsed once per distinct file (``harness.core.trace.load_trace``
     memoises by content), and the jobs run in this process reuse that parse. Then it prints the sweep's expected
     CPU-hours (``harness.analysis.cost.expected_cost_line``: the costs of prior runs in the sweep directory's
     parent folder and its sibling ``runs/``, else the per-variant model of docs/speed.md)."""
@@ -197,12 +198,15 @@ class ValidateSweepCallback(Callback):
         from harness.run.runner import prepare
         from harness.core.trace import TraceError
         from harness.analysis.cost import JobShape, expected_cost_line
+        from harness.run.executor import job_config
         jobs = sweep_jobs(config)
         bad = []
         shapes = []
         for i, job in enumerate(jobs):
             try:
-                run = resolve(compose(config_name=config.hydra.job.config_name, overrides=job))
+                cfg = job_config(config, job)   # the pool launcher's memo: composed once for the sweep
+                run = resolve(cfg if cfg is not None else compose(config_name=config.hydra.job.config_name,
+                                                                   overrides=job))
                 conversations, _, _ = prepare(run)  # load_trace memoises by content: each trace is parsed once
                 w = run.cfg.workload
                 shapes.append(JobShape(run.scheduler_name, run.cfg.cluster.name, run.cfg.model.name,
@@ -219,9 +223,10 @@ class ValidateSweepCallback(Callback):
             sys.exit(2)
         # the expected CPU-hours (harness.analysis.cost): prior runs beside this sweep, else the stated model
         sweep = Path(str(config.hydra.sweep.dir))
-        try:
-            parallel = int(OmegaConf.select(config, "hydra.launcher.n_jobs", default=1) or 1)
-        except (TypeError, ValueError):
+        from harness.run.executor import workers_for
+        launcher = config.hydra.get("launcher") or {}
+        try:   # a launcher with n_jobs (pool, joblib): null or <= 0 = every core this process may use
+            parallel = workers_for(launcher.get("n_jobs"), len(jobs)) if "n_jobs" in launcher else 1
+        except ValueError:
             parallel = 1
-        parallel = parallel if parallel > 0 else (os.cpu_count() or 1)   # joblib: -1 = every core
         print(expected_cost_line(shapes, [sweep.parent, sweep.parent.parent / "runs"], parallel), flush=True)

@@ -84,14 +84,18 @@ def _mark_interrupted(out: Path, why: str, multirun: bool, phase: Optional[str] 
         pass
 
 
-def _redact_hydra_files(out: Path, hc, given: bool, multirun: bool) -> None:
+def _redact_hydra_files(out: Path, hc, given: bool, multirun: bool) -> Optional[str]:
     """Redact the credentials of the files Hydra wrote before the job started (``<out>/.hydra/config.yaml``,
     ``hydra.yaml``, ``overrides.yaml``, and a multirun's ``<sweep dir>/multirun.yaml``: the config and the
     command line's overrides, as given) with the harness's one scrubbing rule
     (``harness.core.redact.scrub_yaml``; the run's own credentials registered by ``remember_secrets``); a
     file that held one is rewritten, atomically, mode 0600. ``run.log`` gets a filter that scrubs every
     record (``ScrubFilter``), and mode 0600 when the run was ``given`` a credential (or one of those files
-    held one). A file that cannot be redacted is named in a warning (the run goes on)."""
+    held one). A file that cannot be redacted is named in a warning (the run goes on).
+
+    Returns the redacted text of ``.hydra/config.yaml`` (Hydra wrote it as ``OmegaConf.to_yaml`` of the job's
+    config just before the job began, so this is the job's resolved-config text, without dumping the config
+    again), or None when that file was not read or could not be redacted."""
     import logging
     import os
 
@@ -101,18 +105,23 @@ def _redact_hydra_files(out: Path, hc, given: bool, multirun: bool) -> None:
         if hc.output_subdir else []
     if multirun:
         files.append(Path(hc.sweep.dir) / "multirun.yaml")
+    config_text = None
     for f in files:
         try:
-            text = f.read_text()
+            text = f.read_text(encoding="utf-8")
         except OSError:
             continue   # not written (hydra.output_subdir=null) or already gone
         try:
             clean = scrub_yaml(text)
+            if f.name == "config.yaml":
+                config_text = clean
             if clean != text:
                 given = True
                 write_text(clean, f)
                 os.chmod(f, 0o600)
         except Exception as e:   # never silent: the file may still hold a credential
+            if f.name == "config.yaml":
+                config_text = None
             print(f"warning: could not redact the credentials of {f} ({type(e).__name__}: {e}); check it "
                   f"before sharing the run directory", file=sys.stderr)
     for h in logging.getLogger().handlers:
@@ -124,6 +133,7 @@ def _redact_hydra_files(out: Path, hc, given: bool, multirun: bool) -> None:
                 os.chmod(h.baseFilename, 0o600)
             except OSError:
                 pass
+    return config_text
 
 
 _JOBS_ENTERED = [0]   # the jobs whose body (_main) began in this process: before the first, an exit is Hydra's
@@ -144,14 +154,16 @@ def _main(cfg: DictConfig) -> dict:
     from harness.run.loggers import remember_secrets, scrub, scrub_yaml, secret_values
     known = secret_values(OmegaConf.to_container(cfg, resolve=False))   # the credentials the run was given
     remember_secrets(known)   # every later scrub in this process redacts them (run.log, summary.json)
-    _redact_hydra_files(out, hc, bool(known), multirun)
+    hydra_yaml = _redact_hydra_files(out, hc, bool(known), multirun)   # the config's text as Hydra dumped it
     job = scrub(list(hc.overrides.task))   # meta.json's job identity: never a credential
     lock = None
     summary = None
     try:
         run = resolve(cfg)
         from harness.run.runner import completed_run, execute  # numpy/pandas/pyarrow: only once the config is valid
-        resolved_yaml = scrub_yaml(OmegaConf.to_yaml(cfg))   # config.yaml and the fingerprint's text
+        # config.yaml and the fingerprint's text: the text Hydra dumped into .hydra/config.yaml (resolve does not
+        # change cfg), else dumped here
+        resolved_yaml = hydra_yaml if hydra_yaml is not None else scrub_yaml(OmegaConf.to_yaml(cfg))
         lock = DirLock(out, RUN_LOCK).acquire()  # one writer per run directory
         fp = fingerprint(fingerprint_input(run), resolved_yaml)
         done = completed_run(out, resolved_yaml, fp, job)

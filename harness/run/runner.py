@@ -153,17 +153,24 @@ def _test_interrupt(phase: str, k: int = 0) -> None:
 def code_version() -> dict:
     """Git sha and dirty flag of the project, read only when the project root is itself the top of a git
     checkout (outside one, or inside another repository, both are ``unknown``/``None``, never another
-    repository's)."""
+    repository's). Read once per process (three ``git`` processes; a new dict on each call), like
+    :func:`package_versions`: the code a process runs is the code it imported, whatever a later edit on disk
+    says (a sweep's workers run many jobs each, ``harness.run.executor``)."""
+    return dict(_code_version(PROJECT_ROOT))
+
+
+@functools.lru_cache(maxsize=4)
+def _code_version(root: Path) -> tuple:
     def git(*args):
-        r = subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10)
+        r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
         return r.stdout.strip() if r.returncode == 0 else ""
     try:
         top = git("rev-parse", "--show-toplevel")
-        if not top or Path(top).resolve() != PROJECT_ROOT.resolve():
-            return {"git_sha": "unknown", "git_dirty": None, "git_note": "the project is not a git checkout"}
-        return {"git_sha": git("rev-parse", "HEAD") or "unknown", "git_dirty": bool(git("status", "--porcelain"))}
+        if not top or Path(top).resolve() != root.resolve():
+            return (("git_sha", "unknown"), ("git_dirty", None), ("git_note", "the project is not a git checkout"))
+        return (("git_sha", git("rev-parse", "HEAD") or "unknown"), ("git_dirty", bool(git("status", "--porcelain"))))
     except (OSError, subprocess.SubprocessError):
-        return {"git_sha": "unknown", "git_dirty": None}
+        return (("git_sha", "unknown"), ("git_dirty", None))
 
 
 def package_versions() -> dict:

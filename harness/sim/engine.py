@@ -65,7 +65,7 @@ import numpy as np
 from collections import deque
 from typing import Callable, Optional, Sequence
 
-from harness.core.batching import BatchRule, StepInput, default_rule
+from harness.core.batching import BatchRule, StepInput, StepPlan, default_rule
 from harness.core.clock import Priority, SimClock
 from harness.core.profiles import EngineConfig, example_connector_saved_tokens
 from harness.sim.kvcache import KVLease, PrefixBlockPool
@@ -451,6 +451,21 @@ class Engine:
         return best
 
     def _step_begin(self, version: int) -> None:
+        """Start one engine step at the clock's ``now`` (s): the step event of vLLM V1's engine core
+        (``vllm/v1/core/sched/scheduler.py``, ``schedule()``, then the forward), in five phases:
+
+        1. the batch rule's plan (``BatchRule.plan`` on the engine's snapshot: ``now``, free + cached KV
+           blocks, the step index; its timeout armed, :meth:`_arm_timer`);
+        2. :meth:`_schedule_running`: the plan's resident requests, their KV grown, victims preempted on
+           overflow (preemption by recompute);
+        3. :meth:`_admit_waiting`: waiting requests admitted within the token budget, ``max_num_seqs`` and the
+           free blocks (none in a step that preempted);
+        4. nothing scheduled: the engine idles (a deferred free may wake it again);
+        5. :meth:`_price_step` (the step's, or a coalesced decode run's, end times and energy from the step
+           model) and :meth:`_start_run` (the run's state and its end event).
+
+        ``version``: the engine's event version when the step was queued; a stale one (a later wake or a cut
+        run superseded it) is dropped. Counts one event (``events``)."""
         if version != self._version:
             return
         self.events += 1
@@ -458,10 +473,6 @@ class Engine:
         self._begin_s = now
         if self._arrived:
             _stamp_queued(self._arrived, now)
-        cfg = self.cfg
-        bs = self.bs
-        running = self.running
-        waiting = self.waiting
         inp = self._inp                 # one snapshot object per engine, updated in place (no per-step build)
         inp.now_s = now
         inp.free_blocks = self.kv.free + self.kv.cached
@@ -469,7 +480,37 @@ class Engine:
         plan = self.rule.plan(inp)
         if plan.wake_at_s is not None:
             self._arm_timer(plan.wake_at_s)
-        budget = cfg.max_num_batched_tokens
+        prefill, decode, budget, preempted = self._schedule_running(plan)
+        p_cached = 0
+        n_admit = 0
+        if not preempted and plan.admit:
+            n_admit, p_cached = self._admit_waiting(plan, budget, prefill, now)
+        if not prefill and not decode:
+            self.busy = False
+            if self._deferred and self._free_deferred():
+                self.wake()             # vLLM: the empty step's update frees them; the next schedule() sees them
+            return
+        kv = self.kv
+        used = self.capacity_blocks - kv.free - kv.cached
+        if used > self.peak_used_blocks:
+            self.peak_used_blocks = used
+        self._run_paused = len(self.running) - len(prefill) - len(decode)
+        self.paused_steps += self._run_paused
+        ends, exact, p_samp = self._price_step(plan, prefill, decode, preempted, p_cached, now)
+        self._start_run(plan, prefill, decode, ends, exact, preempted, p_samp, n_admit, now)
+
+    def _schedule_running(self, plan: StepPlan) -> tuple[list, list, int, bool]:
+        """Phase 2 of :meth:`_step_begin`: the plan's resident requests (``plan.run``: ``(request, tokens)``)
+        in order, each one's KV lease grown to ``computed + tokens`` (blocks of ``block_size`` tokens; a block
+        that fills up is hashed for prefix caching). When the blocks it needs exceed the free ones, victims are
+        preempted (:meth:`_victim`: the rule's ``evict_first`` first, then by ``preemption_order``) and dropped
+        from this step until it fits or is itself the victim (vLLM V1's ``schedule()``, running requests).
+
+        Returns ``(prefill, decode, budget, preempted)``: the scheduled prefill chunks ``[(request, tokens)]``
+        (a request whose prompt is not computed yet), the decode requests (one token each), the token budget
+        left (``max_num_batched_tokens`` less the scheduled tokens) and whether any request was preempted."""
+        bs = self.bs
+        budget = self.cfg.max_num_batched_tokens
         prefill: list[tuple[Request, int]] = []
         decode: list[Request] = []
         prefer = None                   # the rule's preferred victims, read only on KV overflow
@@ -506,77 +547,102 @@ class Engine:
             else:
                 decode.append(req)
             budget -= n
+        return prefill, decode, budget, preempted
+
+    def _admit_waiting(self, plan: StepPlan, budget: int, prefill: list, now: float) -> tuple[int, int]:
+        """Phase 3 of :meth:`_step_begin`: admit waiting requests (the whole FCFS queue, or the rule's
+        candidates ``plan.admit`` in order) while the token budget (``budget``, tokens; capped by the rule's
+        ``admit_budget``) and ``max_num_seqs`` allow, each with its prefix-cache hit (and a KV connector's
+        loadable prefix, ``external``) and a prefill chunk of at most the rest of its prompt (capped by
+        ``max_prefill_chunk_tokens`` or the rule's ``admit_chunk_cap``); the first whose blocks (plus the
+        evictable ones its hit pins) do not fit the free blocks less the watermark stops the admissions (vLLM
+        V1's ``schedule()``, waiting requests). A remote-KV request is put to LOADING (its transfer starts)
+        instead of running. Admitted chunks are appended to ``prefill``; ``now``: the step's start (s), the
+        first-scheduled time of a request scheduled for the first time.
+
+        Returns ``(admitted, cached tokens)``: requests admitted to run in this step, and the prefix-cache hit
+        tokens they reuse."""
+        cfg = self.cfg
+        bs = self.bs
+        running = self.running
+        waiting = self.waiting
         p_cached = 0
         n_admit = 0
-        if not preempted and plan.admit:
-            wm = self.watermark_blocks
-            chunk_cap = cfg.max_prefill_chunk_tokens
-            if plan.admit_budget is not None and plan.admit_budget < budget:
-                budget = plan.admit_budget      # the rule's own cap on this step's admissions (WAIT-CP)
-            if plan.admit_chunk_cap and (not chunk_cap or plan.admit_chunk_cap < chunk_cap):
-                chunk_cap = plan.admit_chunk_cap
-            whole_queue = plan.admit is waiting
-            cands = iter(()) if whole_queue else iter(plan.admit)
-            while budget > 0 and len(running) < cfg.max_num_seqs:
-                if whole_queue:
-                    if not waiting:
-                        break
-                    req = waiting[0]
-                else:
-                    req = next(cands, None)
-                    if req is None:
-                        break
-                    if req.state != WAITING:
-                        continue
-                hit, evictable = self._lookup(req)
-                base = hit * bs
-                if req.remote_kv:
-                    need = -(-req.prompt // bs) - hit
-                    n = 0
-                else:
-                    if req.external > base:     # the prefix a KV connector loads in this step ("KV connector")
-                        base = req.external
-                    n = min(req.prefill_target - base, budget)
-                    if chunk_cap and n > chunk_cap:
-                        n = chunk_cap
-                    need = -(-(base + n) // bs) - hit
-                if need + evictable > self.kv.available - wm:
+        wm = self.watermark_blocks
+        chunk_cap = cfg.max_prefill_chunk_tokens
+        if plan.admit_budget is not None and plan.admit_budget < budget:
+            budget = plan.admit_budget      # the rule's own cap on this step's admissions (WAIT-CP)
+        if plan.admit_chunk_cap and (not chunk_cap or plan.admit_chunk_cap < chunk_cap):
+            chunk_cap = plan.admit_chunk_cap
+        whole_queue = plan.admit is waiting
+        cands = iter(()) if whole_queue else iter(plan.admit)
+        while budget > 0 and len(running) < cfg.max_num_seqs:
+            if whole_queue:
+                if not waiting:
                     break
-                if waiting[0] is req:
-                    waiting.popleft()
-                else:
-                    waiting.remove(req)
-                self.kv.acquire(req.kv, hit)
-                self.kv.grow(req.kv, need, req.prompt if req.remote_kv else base + n)
-                req.computed = base
-                if req.hit_tokens < 0:
-                    req.hit_tokens = hit * bs
-                    req.scheduled_s = now       # vLLM's SCHEDULED event: the step that first schedules it
-                if req.remote_kv:
-                    req.state = LOADING
-                    self.loading += 1
-                    req.on_loading(req, req.prompt - hit * bs)
+                req = waiting[0]
+            else:
+                req = next(cands, None)
+                if req is None:
+                    break
+                if req.state != WAITING:
                     continue
-                req.state = RUNNING
-                req.admit_seq = self._admit_counter
-                self._admit_counter += 1
-                running.append(req)
-                prefill.append((req, n))
-                n_admit += 1
-                p_cached += hit * bs           # its prefix-cache hit, reused by the step that starts it
-                budget -= n
-                if base > hit * bs:
-                    self._load(req, base - hit * bs)
-        if not prefill and not decode:
-            self.busy = False
-            if self._deferred and self._free_deferred():
-                self.wake()             # vLLM: the empty step's update frees them; the next schedule() sees them
-            return
-        used = self.capacity_blocks - kv.free - kv.cached
-        if used > self.peak_used_blocks:
-            self.peak_used_blocks = used
-        self._run_paused = len(running) - len(prefill) - len(decode)
-        self.paused_steps += self._run_paused
+            hit, evictable = self._lookup(req)
+            base = hit * bs
+            if req.remote_kv:
+                need = -(-req.prompt // bs) - hit
+                n = 0
+            else:
+                if req.external > base:     # the prefix a KV connector loads in this step ("KV connector")
+                    base = req.external
+                n = min(req.prefill_target - base, budget)
+                if chunk_cap and n > chunk_cap:
+                    n = chunk_cap
+                need = -(-(base + n) // bs) - hit
+            if need + evictable > self.kv.available - wm:
+                break
+            if waiting[0] is req:
+                waiting.popleft()
+            else:
+                waiting.remove(req)
+            self.kv.acquire(req.kv, hit)
+            self.kv.grow(req.kv, need, req.prompt if req.remote_kv else base + n)
+            req.computed = base
+            if req.hit_tokens < 0:
+                req.hit_tokens = hit * bs
+                req.scheduled_s = now       # vLLM's SCHEDULED event: the step that first schedules it
+            if req.remote_kv:
+                req.state = LOADING
+                self.loading += 1
+                req.on_loading(req, req.prompt - hit * bs)
+                continue
+            req.state = RUNNING
+            req.admit_seq = self._admit_counter
+            self._admit_counter += 1
+            running.append(req)
+            prefill.append((req, n))
+            n_admit += 1
+            p_cached += hit * bs           # its prefix-cache hit, reused by the step that starts it
+            budget -= n
+            if base > hit * bs:
+                self._load(req, base - hit * bs)
+        return n_admit, p_cached
+
+    def _price_step(self, plan: StepPlan, prefill: list, decode: list, preempted: bool, p_cached: int,
+                    now: float) -> tuple[list[float], bool, int]:
+        """Phase 5a of :meth:`_step_begin`: what the scheduled step costs, from the step model
+        (``harness.sim.perf``; docs/simulator.md). A step with prefill chunks is one step priced by its
+        tokens, causal pairs, context, sampled prompts, decodes and cached prefix (``StepModel.step``, or
+        ``step_batch`` per chunk for a model that wants the batch: ``vidur_profile``), plus a KV connector's
+        save/load time; a step with a request's first decode is priced apart (``decode_step``); a decode-only
+        step under a rule's horizon (``plan.repeat_steps``) is a run of identical steps timed step by step
+        (exact, absolute end times); otherwise a decode-only run coalesced as far as
+        :meth:`_plan_decode_run` allows (one step after a preemption or for a non-repeatable plan). Then the
+        after-idle term (:meth:`_after_idle_ends`) and async scheduling's overlap (:meth:`_overlap`).
+
+        Sets ``_run_ej`` (J; or ``_run_energy``/``_run_durs`` for an exact run). Returns ``(ends, exact,
+        sampled)``: the steps' end times (s; from ``now`` unless ``exact``: absolute), whether they are
+        absolute, and the prefill chunks that complete their prompt (sample a first token)."""
         perf = self.perf
         p_samp = 0
         if prefill:
@@ -628,6 +694,15 @@ class Engine:
                 ends = self._overlap(ends, exact, now)
             if self._deferred:
                 self._free_deferred()   # after this step's scheduling (vLLM's update_from_output of the last one)
+        return ends, exact, p_samp
+
+    def _start_run(self, plan: StepPlan, prefill: list, decode: list, ends: list[float], exact: bool,
+                   preempted: bool, p_samp: int, n_admit: int, now: float) -> None:
+        """Phase 5b of :meth:`_step_begin`: record the run that starts at ``now`` (s) -- its end times
+        ``ends`` (s, absolute when ``exact``), its prefill chunks and decodes, whether it is coalesced --, keep
+        the rule's ``idle_after`` only for a single step run exactly as planned (no preemption, every admission
+        running, every prefill chunk completing its prompt: ``p_samp`` of them, ``n_admit`` admitted;
+        :meth:`_step_end` checks the rest), and queue the run's end event (:meth:`_step_end`)."""
         self._run_start = now
         self._run_ends = ends
         self._run_prefill, self._run_decode = prefill, decode

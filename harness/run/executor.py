@@ -1,0 +1,264 @@
+"""The sweep executor: the jobs of a multirun (``python run.py -m``) on worker processes that persist across
+jobs, the body of the ``pool`` launcher (``hydra_plugins.harness_launcher.pool_launcher.PoolLauncher``, the
+default launcher of ``conf/config.yaml``).
+
+Why: one process per run pays the imports (Hydra, numpy, pandas, pyarrow, the policies), the trace's parse and
+the SLO baseline's replays again for every job. A worker here runs job after job in one interpreter, so it
+keeps, across jobs, what the process-wide caches hold, each keyed by what determines it:
+
+* the imported modules;
+* the parsed traces (``harness.core.trace.load_trace``: memoised by the file's path, size, mtime and content
+  digest);
+* the SLO baselines (``harness.run.slo_baseline``: an in-process memo keyed by the setup digest -- cluster,
+  model, engine, reference scheduler, code digest -- and each conversation's turns; the disk shards under
+  ``$HARNESS_CACHE_DIR`` shared by every worker);
+* with the ``fork`` start method (the default where the OS has it), everything the parent holds before the
+  pool starts: the sweep's validation (``harness.run.callbacks.ValidateSweepCallback``) has composed every job
+  and parsed every trace there, so the workers start with them.
+
+Each job's config is composed in the worker from the sweep's config and the job's overrides
+(``ConfigLoader.load_sweep_config``, as Hydra's basic launcher does in its process), then run by Hydra's
+``run_job`` (its run directory, ``.hydra/`` files, ``run.log``, the callbacks' ``on_job_start``/``end``).
+Nothing a run computes depends on which process ran it or on the jobs before it in that process: the caches
+above hold only values that are a function of their key (tests/test_executor.py checks a sweep's files
+against one process per run, byte for byte but the wall-clock and cost keys of ``summary.json``).
+
+Workers: ``hydra.launcher.n_jobs`` (null: the cores this process may use, ``os.sched_getaffinity``), at most
+the number of jobs; with one, the jobs run in this process, one after another (no pool). Stated at the start
+of the sweep (one line on stdout). Ctrl-C / SIGTERM: the running jobs write what they measured and end
+(status 130, as a single run), the jobs not started are not started, and the sweep exits 130 (re-run the
+same command to resume it: complete jobs are skipped).
+
+Not done here: a Slurm or Ray launcher still runs one job per task (Hydra's submitit / Ray launcher, one
+process each); the process-wide caches help there only within a task.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+START_METHODS = ("fork", "forkserver", "spawn")
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count`` where the OS has no
+    affinity call), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def workers_for(n_jobs: Optional[int], jobs: int) -> int:
+    """How many worker processes a sweep of ``jobs`` jobs gets for ``hydra.launcher.n_jobs`` = ``n_jobs``:
+    ``None`` (or <= 0, joblib's "-1 = every core") the cores this process may use (:func:`usable_cores`),
+    else ``n_jobs``; never more than ``jobs``, never fewer than 1.
+
+    Raises:
+        ValueError: ``n_jobs`` is not an integer (naming ``hydra.launcher.n_jobs``).
+    """
+    if n_jobs is not None and (isinstance(n_jobs, bool) or not isinstance(n_jobs, int)):
+        raise ValueError(f"hydra.launcher.n_jobs must be an integer or null, got {n_jobs!r}")
+    n = usable_cores() if n_jobs is None or n_jobs <= 0 else n_jobs
+    return max(1, min(n, max(1, jobs)))
+
+
+class ComposedConfigs:
+    """Hydra's config loader with a memo of composed job configs: ``load_sweep_config(master, overrides)`` is
+    composed once per sweep (key: the sweep's primary config object -- its ``hydra.overrides.hydra``, config
+    name and resolver cache are what the composition reads of it -- and the job's overrides) and a deep copy
+    of it returned on every call; every other attribute is the wrapped loader's. Hydra composes each job's
+    config three times in a sweep (the harness's validation, ``ValidateSweepCallback``; the sweeper's
+    ``validate_batch_is_legal``; the launcher, before the job runs): with the memo, once, before the first
+    job runs (the config files are read then, as the validation already did). One per loader
+    (:func:`composed`), installed on the sweep's ``HydraContext`` by :func:`install` (the pool launcher's
+    ``setup``); forked workers inherit it."""
+
+    def __init__(self, loader: Any):
+        self._loader = loader
+        self._memo: dict = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):    # (unpickling: before _loader is set)
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+    def load_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
+        """Job ``sweep_overrides``'s config (Hydra's ``ConfigLoader.load_sweep_config``), a fresh deep copy
+        (callers set the job's id and number in it)."""
+        import copy
+        key = (id(master_config), tuple(sweep_overrides))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = (master_config, self._loader.load_sweep_config(master_config,
+                                                                                   list(sweep_overrides)))
+        return copy.deepcopy(hit[1])
+
+    def clear(self) -> None:
+        """Drop the memo (the sweep is over)."""
+        self._memo.clear()
+
+
+_COMPOSED: dict = {}   # id(Hydra's config loader) -> its ComposedConfigs: one memo per loader in this process
+
+POOL_TARGET = "hydra_plugins.harness_launcher.pool_launcher.PoolLauncher"
+
+
+def composed(loader: Any) -> ComposedConfigs:
+    """The memo (:class:`ComposedConfigs`) of Hydra's config loader ``loader``, made on first use."""
+    if isinstance(loader, ComposedConfigs):
+        return loader
+    c = _COMPOSED.get(id(loader))
+    if c is None or c._loader is not loader:
+        c = _COMPOSED[id(loader)] = ComposedConfigs(loader)
+    return c
+
+
+def install(hydra_context: Any) -> ComposedConfigs:
+    """Route ``hydra_context``'s config loader through its memo (:func:`composed`); returns the memo. The
+    sweeper holds the same context, so its validation composes through the memo too, and the harness's
+    validation (:func:`job_config`) reaches the same memo through the global Hydra instance's loader."""
+    hydra_context.config_loader = composed(hydra_context.config_loader)
+    return hydra_context.config_loader
+
+
+def job_config(master_config: Any, overrides: Sequence[str]) -> Any:
+    """Job ``overrides``'s task config (the composed config without its ``hydra`` node) through the memo of
+    the sweep's config loader when the sweep runs on the pool launcher, else None (compose it yourself)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf, open_dict
+    if OmegaConf.select(master_config, "hydra.launcher._target_") != POOL_TARGET:
+        return None
+    gh = GlobalHydra.instance()
+    if not gh.is_initialized() or gh.hydra is None:
+        return None
+    cfg = composed(gh.hydra.config_loader).load_sweep_config(master_config, list(overrides))
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+# One worker's state, set once by _init (in the worker) or by launch (in this process when there is no pool).
+_WORKER: dict[str, Any] = {}
+
+
+def _init(hydra_context: Any, config: Any, task_function: Any, singleton_state: Any, pooled: bool) -> None:
+    """A worker's start: Hydra's globals and singletons (the ConfigStore, the plugins) as the parent's, the
+    sweep's context kept for every job. In a pool worker SIGINT is ignored between jobs (a Ctrl-C reaches
+    the running job only; :func:`_run_job` restores Python's handler while a job runs)."""
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import setup_globals
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    _WORKER.update(hydra_context=hydra_context, config=config, task_function=task_function, pooled=pooled)
+    if pooled:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_job(idx: int, overrides: Sequence[str]) -> Any:
+    """Compose job ``idx``'s config from the sweep's and ``overrides`` and run it (Hydra's ``run_job``, the
+    sweep's directory and subdirectory keys); returns its ``JobReturn``. A job's ``sys.exit`` (a config error,
+    an interrupt) is raised to the caller as ``SystemExit``."""
+    from hydra.core.utils import run_job
+    from omegaconf import open_dict
+    ctx, config = _WORKER["hydra_context"], _WORKER["config"]
+    sweep_config = ctx.config_loader.load_sweep_config(config, list(overrides))
+    with open_dict(sweep_config):
+        sweep_config.hydra.job.id = idx
+        sweep_config.hydra.job.num = idx
+    pooled = _WORKER["pooled"]
+    if pooled:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        ret = run_job(hydra_context=ctx, task_function=_WORKER["task_function"], config=sweep_config,
+                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    finally:
+        if pooled:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            sys.stdout.flush()   # the job's printed table now, not when the worker exits
+            sys.stderr.flush()
+    if pooled:
+        ret.hydra_cfg = None   # the job's Hydra config stays in its .hydra/ files: not pickled back
+    return ret
+
+
+def launch(hydra_context: Any, config: Any, task_function: Any, job_overrides: Sequence[Sequence[str]],
+           initial_job_idx: int, n_jobs: Optional[int], start_method: Optional[str]) -> list:
+    """Run every job of ``job_overrides`` (job numbers from ``initial_job_idx``) on :func:`workers_for`
+    workers; returns their ``JobReturn`` in job order. ``start_method``: the ``multiprocessing`` start method
+    of the pool (None: ``fork`` where the OS has it, else ``spawn``).
+
+    Raises:
+        ValueError: ``n_jobs`` or ``start_method`` is invalid (naming the key).
+        SystemExit: a job exited (status 2: bad input; 130: interrupted): the jobs not started are cancelled,
+            the running ones finish first.
+    """
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import configure_log, filter_overrides, setup_globals
+    import multiprocessing as mp
+
+    setup_globals()
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    Path(str(config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+    jobs = [(initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides)]
+    workers = workers_for(n_jobs, len(jobs))
+    if start_method is not None and start_method not in START_METHODS:
+        raise ValueError(f"hydra.launcher.start_method must be one of {', '.join(START_METHODS)} or null, "
+                         f"got {start_method!r}")
+    method = start_method or ("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    how = ("in this process, one after another" if workers == 1 else
+           f"on {workers} worker processes ({method}) that keep their imports, parsed traces and SLO baselines "
+           f"across jobs")
+    print(f"sweep executor: {len(jobs)} jobs {how} (hydra.launcher.n_jobs={n_jobs if n_jobs is not None else 'null'}"
+          f"{'' if n_jobs is not None else f': the {usable_cores()} cores this process may use'})", flush=True)
+    for idx, o in jobs:
+        log.info(f"\t#{idx} : {' '.join(filter_overrides(o))}")
+    state = Singleton.get_state()
+    try:
+        if workers == 1:
+            _init(hydra_context, config, task_function, state, pooled=False)
+            runs = []
+            for idx, o in jobs:
+                runs.append(_run_job(idx, o))
+                configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+            return runs
+        return _launch_pool(jobs, workers, mp.get_context(method), (hydra_context, config, task_function, state, True))
+    finally:
+        if isinstance(hydra_context.config_loader, ComposedConfigs):
+            hydra_context.config_loader.clear()
+
+
+def _launch_pool(jobs: list, workers: int, ctx: Any, initargs: tuple) -> list:
+    """:func:`launch` on a ``ProcessPoolExecutor`` of ``workers`` persistent processes (``ctx``: the
+    multiprocessing context). A job's ``SystemExit`` (or a Ctrl-C here) cancels the jobs not started, waits
+    for the running ones (which write their results first) and is raised again."""
+    from concurrent.futures import ProcessPoolExecutor
+    sys.stdout.flush()   # a forked worker inherits this process's buffers: nothing unwritten may be copied
+    sys.stderr.flush()
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init, initargs=initargs)
+    futures = []
+    try:
+        futures = [pool.submit(_run_job, idx, o) for idx, o in jobs]
+        runs = []
+        for f in futures:
+            runs.append(f.result())
+        return runs
+    except KeyboardInterrupt:
+        pool.shutdown(wait=True, cancel_futures=True)
+        codes = [f.exception().code for f in futures if f.done() and not f.cancelled()
+                 and isinstance(f.exception(), SystemExit)]
+        print(f"interrupted; the sweep stops here ({sum(1 for c in codes if c == 130)} running jobs wrote what they "
+              f"measured; re-run the same command to resume it)", file=sys.stderr)
+        sys.exit(130)
+    except SystemExit:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

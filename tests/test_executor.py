@@ -1,0 +1,136 @@
+"""The sweep executor (``harness.run.executor``, ``hydra/launcher=pool``, the default launcher of ``-m``):
+worker counts, and a sweep's results byte-identical to one ``python run.py`` process per job.
+
+The reference is independent of the executor: each job run alone in a fresh interpreter (no cache of an earlier
+job can be in it), with the disk cache of SLO baselines off in both (``HARNESS_CACHE_DIR=off``), so the sweep's
+workers compute every baseline, trace parse and policy themselves and reuse them across their jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness.analysis.cost import VOLATILE_KEYS
+from harness.run.config import PROJECT_ROOT
+from harness.run.executor import usable_cores, workers_for
+
+TABLES = ("turns.parquet", "conversations.parquet", "decisions.parquet", "instances.parquet")
+TINY = ["workload.num_conversations=4", "workload.max_turns=3", "logger.progress=false"]
+
+
+def test_worker_count_follows_n_jobs_the_cores_and_the_jobs():
+    cores = len(os.sched_getaffinity(0))
+    assert usable_cores() == cores
+    assert workers_for(None, 100) == cores and workers_for(-1, 100) == cores and workers_for(0, 100) == cores
+    assert workers_for(3, 100) == 3 and workers_for(3, 2) == 2 and workers_for(None, 1) == 1
+    assert workers_for(5, 0) == 1
+    with pytest.raises(ValueError, match="hydra.launcher.n_jobs"):
+        workers_for("2", 4)
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "HARNESS_CACHE_DIR": "off"}
+
+
+def test_a_pooled_sweep_equals_one_process_per_run_byte_for_byte(tmp_path):
+    """Three jobs (three variants, one seed, relative SLO: the seed's baseline replayed once per worker and reused)
+    on two persistent workers, so one worker runs two jobs after each other; each job then alone in its own
+    process.
+    Every results table byte for byte, ``summary.json`` equal but for :data:`VOLATILE_KEYS` (wall clock, cost),
+    and the start line names the worker count."""
+    sweep = tmp_path / "sweep"
+    jobs = [[f"scheduler={s}"] for s in ("conserve", "collocated", "ampd")]
+    r = subprocess.run([sys.executable, "run.py", "-m", "scheduler=conserve,collocated,ampd", *TINY,
+                        "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"], cwd=PROJECT_ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "sweep executor: 3 jobs on 2 worker processes" in r.stdout
+    dirs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(dirs) == 3
+    procs = []
+    for i, job in enumerate(jobs):
+        out = tmp_path / f"alone_{i}"
+        procs.append((job, out, subprocess.Popen([sys.executable, "run.py", *job, *TINY, f"hydra.run.dir={out}"],
+                                                 cwd=PROJECT_ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                                                 stderr=subprocess.PIPE, text=True)))
+        if len(procs) % 2 == 0 or len(procs) == len(jobs):   # two at a time
+            for _, _, p in procs[-2:]:
+                assert p.wait(timeout=600) == 0, p.stderr.read()[-3000:]
+    for job, out, _ in procs:
+        twin = next(d for d in dirs if set(job) <= set(_overrides(d)))
+        assert (out / "turns.parquet").stat().st_size > 0
+        for t in TABLES:
+            if (out / t).exists() or (twin / t).exists():
+                assert (out / t).read_bytes() == (twin / t).read_bytes(), f"{job}: {t} differs"
+        a, b = (json.loads((d / "summary.json").read_text()) for d in (out, twin))
+        assert a.keys() == b.keys()
+        diff = [k for k in a if k not in VOLATILE_KEYS and a[k] != b[k] and not (a[k] != a[k] and b[k] != b[k])]
+        assert not diff, f"{job}: summary.json differs in {diff}"
+        assert not a.get("partial") and a["num_conversations"] == 4
+
+
+def _overrides(run_dir) -> list[str]:
+    import yaml
+    return list(yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()))
+
+
+def test_a_jobs_config_is_composed_once_and_handed_out_as_fresh_copies():
+    """``ComposedConfigs``: three loads of one job (the harness's validation, Hydra's, the launch) compose it once;
+    each caller gets its own copy (the launcher writes the job number into it); another job or another primary
+    config composes anew; any other attribute is the wrapped loader's."""
+    from omegaconf import OmegaConf, open_dict
+
+    from harness.run.executor import ComposedConfigs
+
+    class Loader:
+        calls: list = []
+        name = "the loader"
+
+        def load_sweep_config(self, master, overrides):
+            self.calls.append(list(overrides))
+            return OmegaConf.create({"job": {"num": 0}, "overrides": list(overrides), "master": master.tag})
+
+    loader = Loader()
+    memo = ComposedConfigs(loader)
+    master = OmegaConf.create({"tag": "a"})
+    first = memo.load_sweep_config(master, ["scheduler=wait"])
+    with open_dict(first):
+        first.job.num = 7
+    again = [memo.load_sweep_config(master, ["scheduler=wait"]) for _ in range(2)]
+    assert loader.calls == [["scheduler=wait"]]
+    assert all(c.job.num == 0 and list(c.overrides) == ["scheduler=wait"] for c in again)
+    assert again[0] is not again[1]
+    memo.load_sweep_config(master, ["scheduler=ampd"])
+    memo.load_sweep_config(OmegaConf.create({"tag": "b"}), ["scheduler=wait"])
+    assert len(loader.calls) == 3 and memo.name == "the loader"
+    memo.clear()
+    memo.load_sweep_config(master, ["scheduler=wait"])
+    assert len(loader.calls) == 4
+
+
+def test_an_interrupt_in_a_pooled_job_writes_its_partial_results_and_ends_the_sweep_130(tmp_path):
+    """Two jobs on two workers, each interrupted (SIGINT sent to itself, ``HARNESS_TEST_INTERRUPT``, once per
+    process: each worker has its own copy of the variable) as its first conversation finishes: each job's
+    ``summary.json`` is partial with ``interrupted.json`` beside it, the sweep exits 130 and writes no
+    ``comparison.md``; re-running the command completes both."""
+    sweep = tmp_path / "sweep"
+    args = [sys.executable, "run.py", "-m", "scheduler=conserve,collocated", *TINY, "slo=absolute",
+            "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"]
+    r = subprocess.run(args, cwd=PROJECT_ROOT, env={**_env(), "HARNESS_TEST_INTERRUPT": "run:0:INT"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 130, r.stderr[-3000:]
+    assert "the sweep stops here" in r.stderr
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name for p in jobs] == ["0_conserve", "1_collocated"]
+    for job in jobs:
+        assert json.loads((job / "summary.json").read_text())["partial"] is True
+        assert (job / "interrupted.json").is_file()
+    assert not (sweep / "comparison.md").exists()
+    r2 = subprocess.run(args, cwd=PROJECT_ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert all(json.loads((job / "summary.json").read_text())["partial"] is False for job in jobs)
+    assert (sweep / "comparison.md").is_file()
