@@ -179,10 +179,15 @@ def t_interval(x: list[float]) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
+PREFILL_COL = "time_stats.attn_prefill.median"   # Vidur's attention.csv column of the prefill-attention time (ms)
+
+
 def pool_decode_rows(src: Path, dst: Path, where: str, extra: int = POOL_EXTRA_DECODE_ROWS) -> int:
     """Copy Vidur's attention CSV ``src`` to ``dst`` with ``extra`` more decode rows per chosen decode batch size
-    (copies of that batch size's own rows, cycled: the decode-attention means per (batch, KV) stay as they are,
-    only how many rows Vidur's pooled ``attn_kv_cache_save`` model sees at ``max(chunk, batch)`` changes).
+    (copies of that batch size's own rows, cycled, each made distinct by a tiny value in the decode row's unused
+    prefill-attention column: Vidur drops duplicate rows on load; the decode-attention values per (batch, KV)
+    stay as they are, only how many rows Vidur's pooled ``attn_kv_cache_save`` model sees at
+    ``max(chunk, batch)`` changes).
     ``where``: ``"meet"`` = the decode batch sizes that are also profiled prefill chunk sizes (where the two kinds
     of rows meet, as ``kvsave_pool30`` patches them); ``"all"`` = every decode batch size (the full file profiles
     every decode batch size at about 32 KV sizes: ``docs/wait_vidur_fork.md``). Returns the rows added; raises
@@ -203,7 +208,15 @@ def pool_decode_rows(src: Path, dst: Path, where: str, extra: int = POOL_EXTRA_D
     if not dec:
         raise ValueError(f"{src}: no decode rows (prefill_chunk_size 0)")
     sizes = sorted(dec) if where == "all" else sorted(set(dec) & chunks)
-    added = [dec[b][i % len(dec[b])] for b in sizes for i in range(extra)]
+    # Vidur drops duplicate rows when it loads the file (``_load_attention_df``: ``df.drop_duplicates()``), so a
+    # verbatim copy would vanish: each copy gets a distinct value in a column no decode model reads (a decode
+    # row's prefill-attention time; Vidur trains attn_prefill on prefill rows only)
+    added = []
+    for b in sizes:
+        for i in range(extra):
+            r = dict(dec[b][i % len(dec[b])])
+            r[PREFILL_COL] = repr((i + 1) * 1e-9)
+            added.append(r)
     with open(dst, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

@@ -78,6 +78,9 @@ def test_pool_decode_rows_counts_by_hand(tmp_path):
     with open(tmp_path / "meet.csv", newline="") as f:
         meet = list(csv.DictReader(f))
     assert len(meet) == n0 + 150
+    # Vidur drops duplicate rows on load (pandas drop_duplicates): every added row must survive it
+    keys = [tuple(r.values()) for r in meet]
+    assert len(set(keys[n0:])) == 150 and not set(keys[n0:]) & set(keys[:n0])
     # Vidur's pooled KV-write rows at 512 tokens (max(chunk, batch) = 512): 32 prefill + 1 decode as shipped,
     # 32 + 31 after pooling; at 504 the one decode row stays one ('meet') and becomes 31 ('all')
     def at(rows, n):
