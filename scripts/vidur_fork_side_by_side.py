@@ -22,7 +22,7 @@
    FlashInfer rows: ``docs/data/SOURCE.md``), seeded and searched as below (the trained forests are cached
    under ``--cache-dir``).
 3. **Ours** on the same requests: ``wait_sarathi_llama3`` and ``wait_cp_llama3`` (``+experiment=wait_paper``)
-   under ``engine.step_model=roofline`` and ``vidur_profile``; the script checks that every run's submit
+   under ``engine.step_model=roofline``, ``vidur_profile`` and ``vidur_profile_per_request`` (``--ours``); the script checks that every run's submit
    times equal the trace's arrival times.
 
 Prints, per rate, each simulator's Sarathi and WAIT-CP mean E2E over the central window (prompts 25-75 %
@@ -74,7 +74,7 @@ only; the fork's files are not changed):
 * ``attn_sum``: prefill attention of a batch = the sum over its chunks of the predicted
   ``attn_prefill(kv, chunk)`` instead of one lookup at ``(sum kv, sqrt(sum chunk^2))`` (x 1.1 when the
   batch has more than one chunk: Vidur's prefill batching overhead for GQA models).
-* ``step_roofline`` / ``step_vidur_profile``: the whole predictor replaced by our step model
+* ``step_roofline`` / ``step_vidur_profile`` / ``step_vidur_profile_per_request``: the whole predictor replaced by our step model
   (``engine.step_model=roofline`` / ``vidur_profile`` as the Llama-3-8B WAIT arms build it, pickled from
   this process; ``harness.sim.perf`` needs only numpy there), each Vidur batch priced as
   ``harness/sim/engine.py`` prices a mixed step (``_our_step_time_s``).
@@ -106,9 +106,9 @@ TRACE_FIELDS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 # ours: (label, arm) on the harness side; theirs: (label, scheduler) in the fork
 OUR_ARMS = (("sarathi", "wait_sarathi_llama3"), ("wait_cp", "wait_cp_llama3"))
 FORK_ARMS = ("sarathi", "wait_cp")
-OUR_MODELS = ("roofline", "vidur_profile")
+OUR_MODELS = ("roofline", "vidur_profile", "vidur_profile_per_request")
 FORK_VARIANTS = ("public", "pool30_meet", "pool30_all", "kvsave_linear", "kvsave_decode", "attn_sum", "kvsave_pool30",
-                 "step_roofline", "step_vidur_profile")
+                 "step_roofline", "step_vidur_profile", "step_vidur_profile_per_request")
 # the WAIT authors' fork at the commit with WAIT-CP (luogan_wait_verification's Figure B rerun)
 FORK_COMMIT = "011fe971a7cd882458fb58021c25ffeb350efa7d"
 # the profile this script trains Vidur's forests on, as shipped (docs/data/SOURCE.md): checked before any run.
