@@ -22,7 +22,8 @@
    FlashInfer rows: ``docs/data/SOURCE.md``), seeded and searched as below (the trained forests are cached
    under ``--cache-dir``).
 3. **Ours** on the same requests: ``wait_sarathi_llama3`` and ``wait_cp_llama3`` (``+experiment=wait_paper``)
-   under ``engine.step_model=roofline``, ``vidur_profile`` and ``vidur_profile_per_request`` (``--ours``); the script checks that every run's submit
+   under ``engine.step_model=roofline``, ``vidur_profile`` and ``vidur_profile_per_request`` (``--ours``); the
+   script checks that every run's submit
    times equal the trace's arrival times.
 
 Prints, per rate, each simulator's Sarathi and WAIT-CP mean E2E over the central window (prompts 25-75 %
@@ -74,8 +75,8 @@ only; the fork's files are not changed):
 * ``attn_sum``: prefill attention of a batch = the sum over its chunks of the predicted
   ``attn_prefill(kv, chunk)`` instead of one lookup at ``(sum kv, sqrt(sum chunk^2))`` (x 1.1 when the
   batch has more than one chunk: Vidur's prefill batching overhead for GQA models).
-* ``step_roofline`` / ``step_vidur_profile`` / ``step_vidur_profile_per_request``: the whole predictor replaced by our step model
-  (``engine.step_model=roofline`` / ``vidur_profile`` as the Llama-3-8B WAIT arms build it, pickled from
+* ``step_roofline`` / ``step_vidur_profile`` / ``step_vidur_profile_per_request``: the whole predictor replaced
+  by our step model (``engine.step_model=<name>`` as the Llama-3-8B WAIT arms build it, pickled from
   this process; ``harness.sim.perf`` needs only numpy there), each Vidur batch priced as
   ``harness/sim/engine.py`` prices a mixed step (``_our_step_time_s``).
 
@@ -627,7 +628,8 @@ def main(argv=None) -> None:
                     help="random-forest trees (Vidur's grid: 250/500/750)")
     ap.add_argument("--vidur-grid", choices=sorted(VIDUR_GRIDS), default="reduced",
                     help="Vidur's forest grid search: 'reduced' (--estimators trees, depth 32, split 2, 2-fold CV) or "
-                         "'vidur' (Vidur's default: 250/500/750 trees x depth 8/16/32 x split 2/5/10, 10-fold CV; hours)")
+                         "'vidur' (Vidur's default: 250/500/750 trees x depth 8/16/32 x split 2/5/10, 10-fold CV; "
+                         "hours)")
     seeds_list = cmdline.number_list(0, integer=True, ranges=True)
     ap.add_argument("--forest-seeds", type=lambda t: [] if not t.strip() else seeds_list(t), default="0-4",
                     help="random_state of Vidur's forests, comma-separated: one trained predictor per seed, the "

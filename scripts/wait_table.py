@@ -20,7 +20,8 @@ Sarathi at lambda = 23 (``paper_effect`` -70, ``min_effect`` its default, half),
 only (``min_effect`` 0); the controls are not in the paper ("—"); and the chunk cap alone (chunk-cap control /
 same-budget control, its verdict against "the cap lowers E2E", direction only). ``--models`` picks the step
 models (default ``roofline,vidur_profile``; ``vidur_profile_per_request`` is ``vidur_profile`` with the KV write
-of the FlashInfer generation Vidur profiled, one thread block per request: ``harness.sim.perf``). Then the verdict per rate across the
+of the FlashInfer generation Vidur profiled, one thread block per request: ``harness.sim.perf``).
+Then the verdict per rate across the
 step models (the one word, or "depends on step model"), and the capacity row: per arm and step model the
 highest rate whose central-window latency stays bounded (``harness.analysis.capacity``: geometric mean
 over ``--cap-seeds`` of the window growth ratio <= 1.25), by bisection on rate in ``--cap-range`` to
@@ -374,8 +375,8 @@ def main(argv=None) -> int:
                     head = "| | | | | | "
                 # the chunk cap alone (WAIT-CP's cs = 256 at the same budget and KV-holder limit): its direction
                 est, ci, n, k = ratio_interval(np.log(e2e["chunk_cap_control"] / e2e["budget_control"]))
-                print(f"{head}| chunk-cap control / same-budget control (the cap alone) | {_pct(est, ci)} | {n} ({k} of "
-                      f"{n}) | {verdict(est, ci, -1.0, min_effect=0.0)} |")
+                print(f"{head}| chunk-cap control / same-budget control (the cap alone) | {_pct(est, ci)} | "
+                      f"{n} ({k} of {n}) | {verdict(est, ci, -1.0, min_effect=0.0)} |")
         print()
         print("WAIT-CP vs Sarathi-like, verdict per rate across the step models (paper: lower latency than Sarathi; "
               f"at {PAPER_RATE:g}/s 'over 70 %'):")

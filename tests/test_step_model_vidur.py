@@ -150,7 +150,8 @@ def test_per_request_kv_write_has_no_512_token_cliff(a100, llama3):
     # pooled: the cliff between 504 and 512 tokens is most of a 512-token chunk's write
     assert p.kv_save_ms(512) - p.kv_save_ms(504) > 0.5 * req(512)
     # decode-only: the decode rows at that batch size (0.005 ms at 512 sequences in the profile)
-    dec512 = [float(r["attn_kv_cache_save_ms"]) for r in attn if r["prefill_chunk_size"] == "0" and r["batch_size"] == "512"]
+    dec512 = [float(r["attn_kv_cache_save_ms"]) for r in attn
+              if r["prefill_chunk_size"] == "0" and r["batch_size"] == "512"]
     assert per_req._kv_write_ms(512, 0, 512) == pytest.approx(sum(dec512) / len(dec512), rel=1e-12)
 
 
