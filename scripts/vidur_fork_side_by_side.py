@@ -239,14 +239,10 @@ def sha256_file(path: Path) -> str:
 # the fork side: runs inside --vidur-python with the fork's vidur/ on sys.path
 
 def _seed_forests(seed: int) -> None:
-    """Give every random forest Vidur's predictor trains ``random_state=seed`` (Vidur's
-    ``RandomForrestExecutionTimePredictor._get_estimator`` builds ``RandomForestRegressor()`` unseeded, so each
-    training bags differently); its grid search's folds are unshuffled, so the trained forests are then a
-    function of the training rows and the seed."""
-    from sklearn.ensemble import RandomForestRegressor
-    from vidur.execution_time_predictor.random_forrest_execution_time_predictor import \
-        RandomForrestExecutionTimePredictor
-    RandomForrestExecutionTimePredictor._get_estimator = lambda self: RandomForestRegressor(random_state=seed)
+    """Seed Vidur's forests (``vidur_reference_predictions.seed_forests``, this script's directory)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vidur_reference_predictions import seed_forests
+    seed_forests(seed)
 
 
 def _exact_cache_keys() -> None:

@@ -3,12 +3,12 @@ and against a step composed by hand from the shipped profile rows (docs/data/SOU
 
 The reference table ``tests/data/vidur_step_predictions.csv`` is Vidur's execution-time predictor
 (microsoft/vidur@7d47513, random forests; ``scripts/vidur_reference_predictions.py``) trained on the same
-shipped rows and asked for 15 batch compositions (run with Vidur's own code in a separate environment;
-Vidur's forests are not seeded, so a rerun moves each value by up to 0.4 %). Our model interpolates where
-Vidur's forests step; the largest gaps are the 256-token prefill (-3.3 %: the forest blends the pooled
-``attn_kv_cache_save`` value at 256 tokens with its neighbours' less than linear interpolation does) and
-WAIT-CP's mixed step of 256 + 228 chunks and 24 decodes (+3.1 %: the same pooled KV-write model at 508
-tokens, between the prefill rows at 512 and the decode rows below). Every composition is within 5 %.
+shipped rows and asked for 15 batch compositions (run with Vidur's own code in a separate environment,
+forests seeded with ``--forest-seed 0``: Vidur's own are unseeded, and against the earlier unseeded table
+this one moves WAIT-CP's 508-token mixed step by 2.4 %, the pooled KV-write value there resting on one
+decode row). Our model interpolates where Vidur's forests step; the largest gaps are the 128-sequence
+decode at KV 1,300 (-1.9 %) and the 512-token chunk after 2,048 cached tokens with 8 decodes (+1.9 %).
+Every composition is within 5 %.
 """
 
 from __future__ import annotations
