@@ -17,7 +17,8 @@ Vidur is not a dependency of this project: install it beside it, in its own envi
 The random forests' grid search is reduced from Vidur's default (n_estimators 250/500/750 x max_depth
 8/16/32 x min_samples_split 2/5/10, 10-fold CV) to ``--estimators`` trees, depth 32, split 2, 2-fold CV
 (the default grid takes hours on two cores); a forest with these settings on one feature reproduces
-the per-value mean of the training rows, which is what the larger grid selects on these tables too.
+the per-value mean of the training rows, which is what the larger grid selects on these tables too. The
+forests are seeded (``--forest-seed``, default 0; Vidur's own are unseeded), so a rerun reproduces the table.
 """
 
 from __future__ import annotations
@@ -91,12 +92,25 @@ def write_vidur_inputs(d: Path) -> tuple[Path, Path]:
     return mlp, attn
 
 
+def seed_forests(seed: int) -> None:
+    """Give every random forest Vidur's predictor trains ``random_state=seed`` (Vidur's
+    ``RandomForrestExecutionTimePredictor._get_estimator`` builds ``RandomForestRegressor()`` unseeded, so each
+    training bags differently); its grid search's folds are unshuffled, so the trained forests are then a
+    function of the training rows and the seed. Needs Vidur's ``vidur/`` package and scikit-learn importable."""
+    from sklearn.ensemble import RandomForestRegressor
+    from vidur.execution_time_predictor.random_forrest_execution_time_predictor import \
+        RandomForrestExecutionTimePredictor
+    RandomForrestExecutionTimePredictor._get_estimator = lambda self: RandomForestRegressor(random_state=seed)
+
+
 def main(argv=None) -> None:
     ap = cmdline.ArgumentParser(prog="scripts/vidur_reference_predictions.py", description=__doc__.split("\n\n")[0],
                                 epilog="Exit status: 0 written; 2 bad input; 130 interrupted.")
     ap.add_argument("--vidur-src", required=True, help="directory holding Vidur's vidur/ package")
     ap.add_argument("--estimators", type=cmdline.number(1, integer=True), default=100,
                     help="random-forest trees (>= 1; Vidur: 250/500/750)")
+    ap.add_argument("--forest-seed", type=cmdline.number(0, integer=True), default=0,
+                    help="random_state of Vidur's forests (>= 0; Vidur leaves them unseeded)")
     ap.add_argument("--out", type=cmdline.writable(), default=str(OUT), help="the CSV to write")
     a = ap.parse_args(argv)
     if not (Path(a.vidur_src) / "vidur").is_dir():
@@ -107,6 +121,7 @@ def main(argv=None) -> None:
     from vidur.entities import Batch, Request
     from vidur.execution_time_predictor.random_forrest_execution_time_predictor import \
         RandomForrestExecutionTimePredictor
+    seed_forests(a.forest_seed)
 
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)

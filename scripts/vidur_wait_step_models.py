@@ -45,7 +45,8 @@ import harness.sim.perf as perf  # noqa: E402
 # in-flight cap (tl 21) and a 256-token per-request prefill chunk (it matched WAIT-CP within 0.1 point at
 # 12-24 prompts/s: "WAIT-CP is Sarathi plus a 256-token per-request chunk")
 ARMS = ("wait_sarathi_llama3", "wait_cp_llama3", "wait_cp_control_llama3@engine.max_prefill_chunk_tokens=256")
-MODELS = ("roofline", "vidur_profile", "vidur_kvsave_linear", "vidur_kvsave_decode", "vidur_attn_sum")
+MODELS = ("roofline", "vidur_profile", "vidur_profile_per_request", "vidur_kvsave_linear", "vidur_kvsave_decode",
+          "vidur_attn_sum")
 
 
 def _patch(model: str):
@@ -92,7 +93,8 @@ def _patch(model: str):
 
 def e2e_series(arm: str, rate: float, n: int, seed: int, model: str) -> np.ndarray:
     """End-to-end latency (s) of every prompt of one run, in arrival order (``finish_s - submit_s``)."""
-    step_model = "roofline" if model == "roofline" else "vidur_profile"
+    # a registered step model runs as itself; the diagnostic variants patch vidur_profile (_patch)
+    step_model = model if model in ("roofline", "vidur_profile", "vidur_profile_per_request") else "vidur_profile"
     extra = [f"engine.step_model={step_model}"]
     undo = _patch(model)
     try:

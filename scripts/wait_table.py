@@ -17,7 +17,11 @@ ratio of each other arm to Sarathi-like (``harness.analysis.stats.ratio_interval
 per-seed ratios - 1 with the 95 % t-interval of the mean log ratio, n and the sign count); for WAIT-CP the
 verdict (``harness.analysis.stats.verdict``) against the paper's claim: "over 70 %" lower latency than
 Sarathi at lambda = 23 (``paper_effect`` -70, ``min_effect`` its default, half), elsewhere the direction
-only (``min_effect`` 0); the controls are not in the paper ("—"). Then the verdict per rate across the
+only (``min_effect`` 0); the controls are not in the paper ("—"); and the chunk cap alone (chunk-cap control /
+same-budget control, its verdict against "the cap lowers E2E", direction only). ``--models`` picks the step
+models (default ``roofline,vidur_profile``; ``vidur_profile_per_request`` is ``vidur_profile`` with the KV write
+of the FlashInfer generation Vidur profiled, one thread block per request: ``harness.sim.perf``).
+Then the verdict per rate across the
 step models (the one word, or "depends on step model"), and the capacity row: per arm and step model the
 highest rate whose central-window latency stays bounded (``harness.analysis.capacity``: geometric mean
 over ``--cap-seeds`` of the window growth ratio <= 1.25), by bisection on rate in ``--cap-range`` to
@@ -58,7 +62,8 @@ ARMS = {
 }
 LABEL = {"sarathi": "Sarathi-like", "wait_cp": "WAIT-CP", "budget_control": "same-budget control",
          "chunk_cap_control": "chunk-cap control"}
-MODELS = ("roofline", "vidur_profile")
+MODELS = ("roofline", "vidur_profile")          # --models' default
+STEP_MODELS = ("roofline", "vidur_profile", "vidur_profile_per_request")   # --models' choices (harness.sim.perf)
 PAPER_EFFECT_PCT = -70.0          # the WAIT paper's text: "over 70 %" lower latency than Sarathi at lambda = 23
 PAPER_RATE = 23.0
 FIELDS = ["model", "arm", "rate", "seed", "n", "e2e_central_mean_s", "growth_ratio", "wall_s", "fingerprint"]
@@ -312,12 +317,18 @@ def main(argv=None) -> int:
                     help="bisection bracket lo,hi (prompts/s, 0 < lo < hi)")
     ap.add_argument("--cap-tol", type=cmdline.number(0, lo_open=True), default=0.75,
                     help="bisection stops at this bracket width (prompts/s, > 0)")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"step models, comma-separated, of {', '.join(STEP_MODELS)} (vidur_profile_per_request: the "
+                         "KV write of the FlashInfer generation Vidur profiled, harness.sim.perf)")
     ap.add_argument("--no-capacity", action="store_true")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: print the cells (and capacities) that runs.csv holds complete")
     ap.add_argument("--out", type=cmdline.writable(directory=True), required=True, help="directory for runs.csv")
     a = ap.parse_args(argv)
     rates, seeds, cap_seeds = a.rates, a.seeds, a.cap_seeds
+    models = [m for m in a.models.split(",") if m]
+    if not models or any(m not in STEP_MODELS for m in models):
+        ap.error(f"argument --models: comma-separated names of {', '.join(STEP_MODELS)}, got {a.models!r}")
     cap_lo, cap_hi = a.cap_range
     if not cap_lo < cap_hi:
         ap.error(f"argument --cap-range: lo < hi needed, got {cap_lo:g},{cap_hi:g}")
@@ -333,8 +344,8 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     try:
         pool = cmdline.quiet_pool(a.jobs) if a.jobs > 1 else None
-        cell = {(m, r): [(m, arm, r, s, a.n) for arm in ARMS for s in seeds] for r in rates for m in MODELS}
-        tasks = [t for r in rates for m in MODELS for t in cell[(m, r)]]     # in --rates order, both models
+        cell = {(m, r): [(m, arm, r, s, a.n) for arm in ARMS for s in seeds] for r in rates for m in models}
+        tasks = [t for r in rates for m in models for t in cell[(m, r)]]     # in --rates order, every model
         if not a.report_only:
             store.run(pool, tasks)
         print(f"wait_single (512/20), Meta-Llama-3-8B, 1 x A100, n={a.n} prompts per run, seeds {_span(seeds)}; "
@@ -344,7 +355,7 @@ def main(argv=None) -> int:
               "| arms (a / b) | a / b − 1 | n (sign count) | verdict |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         words: dict[tuple[str, float], str] = {}
-        for m in MODELS:
+        for m in models:
             for r in sorted(rates):
                 if not store.done(cell[(m, r)]):
                     continue
@@ -362,17 +373,21 @@ def main(argv=None) -> int:
                         word = "—"
                     print(f"{head}| {LABEL[arm]} / Sarathi-like | {_pct(est, ci)} | {n} ({k} of {n}) | {word} |")
                     head = "| | | | | | "
+                # the chunk cap alone (WAIT-CP's cs = 256 at the same budget and KV-holder limit): its direction
+                est, ci, n, k = ratio_interval(np.log(e2e["chunk_cap_control"] / e2e["budget_control"]))
+                print(f"{head}| chunk-cap control / same-budget control (the cap alone) | {_pct(est, ci)} | "
+                      f"{n} ({k} of {n}) | {verdict(est, ci, -1.0, min_effect=0.0)} |")
         print()
         print("WAIT-CP vs Sarathi-like, verdict per rate across the step models (paper: lower latency than Sarathi; "
               f"at {PAPER_RATE:g}/s 'over 70 %'):")
         print()
-        print("| prompts/s | roofline | vidur_profile | overall |")
-        print("|---|---|---|---|")
+        print("| prompts/s | " + " | ".join(models) + " | overall |")
+        print("|---|" + "---|" * (len(models) + 1))
         for r in sorted(rates):
-            if any((m, r) not in words for m in MODELS):
+            if any((m, r) not in words for m in models):
                 continue
-            w = [words[(m, r)] for m in MODELS]
-            print(f"| {r:g} | {w[0]} | {w[1]} | {w[0] if w[0] == w[1] else 'depends on step model'} |")
+            w = [words[(m, r)] for m in models]
+            print(f"| {r:g} | " + " | ".join(w) + f" | {w[0] if len(set(w)) == 1 else 'depends on step model'} |")
         print(f"\n(table: {len(tasks)} runs, {time.perf_counter() - t_start:.0f} s wall)", flush=True)
         if a.no_capacity:
             return 0
@@ -402,7 +417,7 @@ def main(argv=None) -> int:
         # the eight bisections run side by side (threads feeding the worker pool): each probe's rate depends
         # on its own earlier answers only. Daemon threads, joined here: a Ctrl-C reaches this (main) thread, which
         # terminates the pool; a bisection left waiting on it does not hold the process's exit
-        pairs = [(m, arm) for m in MODELS for arm in ARMS]
+        pairs = [(m, arm) for m in models for arm in ARMS]
         found: dict = {}
 
         def bisect_one(ma):
@@ -422,7 +437,7 @@ def main(argv=None) -> int:
         print()
         print("| step model | " + " | ".join(LABEL[arm] for arm in ARMS) + " | capacity margin WAIT-CP / Sarathi-like − 1 |")
         print("|---|" + "---|" * (len(ARMS) + 1))
-        for m in MODELS:
+        for m in models:
             if any((m, arm) not in caps for arm in ARMS):
                 continue
             cells = [f"[{caps[(m, arm)][0]:g}, {caps[(m, arm)][1]:g})" for arm in ARMS]

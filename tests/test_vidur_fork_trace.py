@@ -59,3 +59,57 @@ def test_missing_fork_checkout_exits_2(tmp_path):
     assert r.returncode == 2
     assert "--fork-src" in r.stderr and "general_nested_chunked_replica_scheduler.py" in r.stderr
     assert not (tmp_path / "t").exists()                                  # stopped before any work
+
+
+def _attention_rows():
+    with open(ROOT / "docs" / "data" / "vidur_llama3_8b_a100_attention_ms.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_pool_decode_rows_counts_by_hand(tmp_path):
+    """The shipped subset has decode rows at batch sizes 1-128, then 136-512 by 8 (1 + 127 + 48 = 176 sizes),
+    and prefill rows at chunks 64, 128, 192, 256, 512, 544, 1024, 1088, 1152: they meet at 64, 128, 192, 256
+    and 512. 30 copies each: 5 x 30 = 150 rows ('meet'), 176 x 30 = 5,280 ('all')."""
+    from scripts.vidur_reference_predictions import write_vidur_inputs
+    _, attn = write_vidur_inputs(tmp_path)
+    n0 = len(_attention_rows())
+    assert fork.pool_decode_rows(attn, tmp_path / "meet.csv", "meet") == 150
+    assert fork.pool_decode_rows(attn, tmp_path / "all.csv", "all") == 5280
+    with open(tmp_path / "meet.csv", newline="") as f:
+        meet = list(csv.DictReader(f))
+    assert len(meet) == n0 + 150
+    # Vidur drops duplicate rows on load (pandas drop_duplicates): every added row must survive it
+    keys = [tuple(r.values()) for r in meet]
+    assert len(set(keys[n0:])) == 150 and not set(keys[n0:]) & set(keys[:n0])
+    # Vidur's pooled KV-write rows at 512 tokens (max(chunk, batch) = 512): 32 prefill + 1 decode as shipped,
+    # 32 + 31 after pooling; at 504 the one decode row stays one ('meet') and becomes 31 ('all')
+    def at(rows, n):
+        return sum(1 for r in rows if max(int(r["batch_size"]), int(r["prefill_chunk_size"])) == n)
+    assert at(meet, 512) == 63 and at(meet, 504) == 1
+    with open(tmp_path / "all.csv", newline="") as f:
+        assert at(list(csv.DictReader(f)), 504) == 31
+    with pytest.raises(ValueError, match="where"):
+        fork.pool_decode_rows(attn, tmp_path / "x.csv", "some")
+
+
+def test_ratio_summary_spread_over_forest_seeds_by_hand():
+    # two forest seeds x two workload seeds; central means (s): ratios -10 %, -20 % (seed 0), -30 %, -40 % (1)
+    sar = {0: [(10.0, 10.0), (10.0, 10.0)], 1: [(10.0, 10.0), (10.0, 10.0)]}
+    wcp = {0: [(9.0, 9.0), (8.0, 8.0)], 1: [(7.0, 7.0), (6.0, 6.0)]}
+    st = fork.ratio_summary(sar, wcp)
+    assert st["per_fs"] == pytest.approx([-0.15, -0.35])
+    assert st["mean"] == pytest.approx(-0.25) and st["lo"] == pytest.approx(-0.35) and st["hi"] == pytest.approx(-0.15)
+    # per workload seed averaged over forest seeds: -20 %, -30 %: mean -25 %, sd 0.0707, t(0.975, 1) = 12.7062
+    m, lo, hi = st["t"]
+    assert m == pytest.approx(-0.25) and hi - m == pytest.approx(12.7062 * 0.070711 / 2 ** 0.5, rel=1e-4)
+
+
+def test_changed_profile_file_is_named(tmp_path):
+    import shutil
+    for name in fork.PROFILE_SHA256:
+        shutil.copy(ROOT / "docs" / "data" / name, tmp_path / name)
+    assert fork.check_profile(tmp_path) == []
+    p = tmp_path / "vidur_llama3_8b_a100_attention_ms.csv"
+    p.write_text(p.read_text() + "1,64,0,True,0.011,0.0,0.019,0\n")
+    (bad,) = fork.check_profile(tmp_path)
+    assert bad.startswith("vidur_llama3_8b_a100_attention_ms.csv: sha256 ")

@@ -445,8 +445,9 @@ class EngineConfig:
         (``harness.sim.step_model.StepModel``; built in, ``harness.sim.perf``): ``roofline`` (``PerfModel``, the
         hardware profile's fitted roofline) or ``vidur_profile`` (``VidurProfilePerfModel``: Vidur's
         published per-operator profiles, composed as Vidur's predictor composes a batch; shipped for
-        Llama-3-8B-shaped models on ``a100``, ``docs/simulator.md``). The real-vLLM backend measures step
-        time and rejects ``vidur_profile``.
+        Llama-3-8B-shaped models on ``a100``, ``docs/simulator.md``) or ``vidur_profile_per_request`` (the same
+        with the KV write of the FlashInfer generation Vidur profiled: one thread block per request, so a step's
+        KV write follows its longest chunk). The real-vLLM backend measures step time and rejects both.
     Every knob means the same on every backend: the real-vLLM backend passes each as its ``vllm serve``
     flag (``VLLM_FLAGS``) or rejects a value it cannot honour before launch.
     """

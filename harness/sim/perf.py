@@ -524,6 +524,24 @@ class VidurProfile:
                     dec.setdefault(kv, {}).setdefault(b, []).append(float(r["attn_decode_ms"]))
         self.save_tokens = sorted(save)
         self.save_ms = [sum(save[n]) / len(save[n]) for n in self.save_tokens]
+        # per kind (the per-request-parallel KV write, kv_write_request_ms / kv_write_decode_ms): prefill rows by
+        # chunk size (every prefill row is one request: batch_size 1), decode rows by batch size
+        with open(paths[1], newline="") as f:
+            rows = [(int(r["batch_size"]), int(r["prefill_chunk_size"]), float(r["attn_kv_cache_save_ms"]))
+                    for r in csv.DictReader(f)]
+        save_pre: dict[int, list[float]] = {}
+        save_dec: dict[int, list[float]] = {}
+        for b, c, v in rows:
+            if c > 0:
+                save_pre.setdefault(c, []).append(v)
+            else:
+                save_dec.setdefault(b, []).append(v)
+        self.save_dec_batch = sorted(save_dec)
+        self.save_dec_ms = [sum(save_dec[b]) / len(save_dec[b]) for b in self.save_dec_batch]
+        # one request of c new tokens: the prefill rows at chunk c; one token (c = 1): the decode rows at batch 1
+        self.save_req_tokens = [1] + sorted(save_pre) if 1 in save_dec else sorted(save_pre)
+        self.save_req_ms = ([self.save_dec_ms[0]] if 1 in save_dec else []) + \
+            [sum(save_pre[c]) / len(save_pre[c]) for c in sorted(save_pre)]
 
         def series(d: dict[int, list[float]]) -> tuple[list[int], list[float]]:
             xs = sorted(d)
@@ -546,6 +564,27 @@ class VidurProfile:
         if n >= self.save_tokens[-1]:
             return self.save_ms[-1] * n / self.save_tokens[-1]
         return max(0.0, _interp_extrap(n, self.save_tokens, self.save_ms))
+
+    def kv_write_request_ms(self, tokens: int) -> float:
+        """KV write of one layer for **one request** appending ``tokens`` tokens, ms: the profile's prefill rows
+        at that chunk size (batch 1; mean over their KV prefixes), linear between profiled chunk sizes (below
+        the smallest, toward the decode rows' batch-1 value at 1 token), proportional past the largest."""
+        if tokens <= 0:
+            return 0.0
+        xs, ys = self.save_req_tokens, self.save_req_ms
+        if tokens >= xs[-1]:
+            return ys[-1] * tokens / xs[-1]
+        return max(0.0, _interp_extrap(tokens, xs, ys))
+
+    def kv_write_decode_ms(self, batch: int) -> float:
+        """KV write of one layer for ``batch`` decode sequences (one token each), ms: the decode rows by batch
+        size, linear between, proportional past the largest."""
+        if batch <= 0:
+            return 0.0
+        xs, ys = self.save_dec_batch, self.save_dec_ms
+        if batch >= xs[-1]:
+            return ys[-1] * batch / xs[-1]
+        return max(0.0, _interp_extrap(batch, xs, ys))
 
     def prefill_ms(self, kv: int, chunk: int) -> float:
         """Prefill attention of one layer for an (aggregated) chunk of ``chunk`` tokens after ``kv`` KV
@@ -596,6 +635,7 @@ class VidurProfilePerfModel(StepModel):
     """
 
     wants_batch = True          # the engine passes each prefill chunk and decode context (step_batch)
+    kv_write = "pooled"         # the KV-write kernel generation (VidurProfilePerRequestModel: "per_request")
 
     def __init__(self, hw: HardwareConfig, model: ModelConfig):
         mlp, attn, self.vidur_model = vidur_profile_files(hw, model)
@@ -621,6 +661,7 @@ class VidurProfilePerfModel(StepModel):
         p = self.profile
         n = b
         attn = 0.0
+        longest = 0
         if chunks:
             sq = 0
             kv = 0
@@ -628,11 +669,22 @@ class VidurProfilePerfModel(StepModel):
                 n += c
                 sq += c * c
                 kv += _ceil_to(prefix, VIDUR_KV_GRANULARITY)
+                longest = c if c > longest else longest
             attn = p.prefill_ms(kv, round(sq ** 0.5)) * (1.0 + self._gqa * (len(chunks) > 1))
         if b:
             attn += self._decode_attn(b, dec_ctx)
-        layer = p.linear_ms(_ceil_to(n, 8)) + p.kv_save_ms(n) + attn
+        layer = p.linear_ms(_ceil_to(n, 8)) + self._kv_write_ms(n, longest, b) + attn
         return layer * self._scale
+
+    def _kv_write_ms(self, n: int, longest: int, b: int) -> float:
+        """One layer's KV write, ms, of a step of ``n`` new tokens whose longest prefill chunk has ``longest``
+        tokens (0: none) beside ``b`` decode sequences. ``pooled``: Vidur's one-feature model at ``n``;
+        ``per_request``: the slowest request's write (one thread block per request: the longest chunk, or the
+        decode sequences' batch write when no chunk is longer)."""
+        p = self.profile
+        if self.kv_write == "pooled":
+            return p.kv_save_ms(n)
+        return max(p.kv_write_request_ms(longest), p.kv_write_decode_ms(b))
 
     def _decode_attn(self, b: int, dec_ctx: int) -> float:
         kv = _ceil_to(dec_ctx // b, VIDUR_KV_GRANULARITY)
@@ -643,7 +695,7 @@ class VidurProfilePerfModel(StepModel):
 
     def _decode_time_s(self, b: int, ctx: int) -> float:
         p = self.profile
-        return (p.linear_ms(_ceil_to(b, 8)) + p.kv_save_ms(b) + self._decode_attn(b, ctx)) * self._scale
+        return (p.linear_ms(_ceil_to(b, 8)) + self._kv_write_ms(b, 0, b) + self._decode_attn(b, ctx)) * self._scale
 
     # -- the engine's interface (PerfModel's) ------------------------------------------------------
     def _cost(self, t: float, roof: StepCost) -> StepCost:
@@ -685,3 +737,30 @@ class VidurProfilePerfModel(StepModel):
 
     # the router hints (prefill_tokens_per_s, idle_decode_step_s, decode_linear_coefficients, prefill_token_s):
     # StepModel's, from this model's own prices
+
+
+@register_step_model("vidur_profile_per_request")
+class VidurProfilePerRequestModel(VidurProfilePerfModel):
+    """``vidur_profile`` with the KV write of the kernel generation Vidur profiled: **per-request parallel**.
+
+    Vidur's profile (``docs/data/vidur_llama3_8b_a100_attention_ms.csv``: FlashInfer rows) measures the KV
+    write (``attn_kv_cache_save``) of one request appending a chunk of ``c`` tokens (prefill rows, batch 1:
+    0.023 ms per layer at 64 tokens, 0.262 ms at 512) and of ``b`` decode requests appending one token each
+    (decode rows: 0.005 ms per layer at b = 512), i.e. 512 tokens cost 50x more in one request than in 512.
+    That is the signature of FlashInfer's paged-KV append of that generation
+    (``include/flashinfer/page.cuh``, ``AppendPagedKVCachePrefillKernel`` / ``AppendPagedKVCacheDecodeKernel``,
+    launched with one thread block per request, ``dim3 nblks(batch_size)``, the prefill kernel looping over
+    that request's appended tokens; later FlashInfer releases replaced it with one grid-stride loop over all
+    appended tokens, ``AppendPagedKVCacheKernel``, whose cost follows the step's token count):
+    a step's KV write takes as long as its slowest request, the one with the longest chunk::
+
+        kv_write_ms = max(kv_write_request_ms(longest chunk), kv_write_decode_ms(decode sequences))
+
+    (``VidurProfile.kv_write_request_ms`` / ``kv_write_decode_ms``). Everything else is ``vidur_profile``'s;
+    ``vidur_profile`` keeps Vidur's own pooled model (``kv_save_ms(n)``: all rows by ``max(chunk, batch)``),
+    under which a 512-token step costs the prefill rows' value and a 508-token one the decode rows' (the
+    "512-token cliff", ``docs/wait_vidur_fork.md``). ``docs/simulator.md`` and ``docs/wait.md`` say where each
+    is used.
+    """
+
+    kv_write = "per_request"
