@@ -171,3 +171,17 @@ def test_serving_slo_and_percentiles_by_hand():
     assert "slo_met_serving" not in old.columns
     s_old = summarize(NO_TURNS, old, [1.0], 1.0, 0)
     assert math.isnan(s_old["slo_attainment_serving"]) and math.isnan(s_old["ttfet_serving_p95_s"])
+
+
+def test_ttfet_from_admission_by_hand():
+    """Conversation a held 10 s at admission (turn 0 submitted at 0, admitted at 10), b not held: first-turn
+    TTFET 15 s and 3 s from arrival are 5 s and 3 s from admission; p95 of (5, 3) = 3 + 0.95 x 2 = 4.9 s."""
+    from harness.analysis.metrics import admission_readings
+    turns = pd.DataFrame({"conversation_id": ["a", "a", "b"], "turn": [0, 1, 0], "submit_s": [0.0, 20.0, 1.0],
+                          "admit_s": [10.0, 20.0, 1.0]})
+    conv = conv_frame(["a", "b"], [15.0, 3.0], [40.0, 30.0])
+    conv["ttfet_serving_s"] = [25.0, 8.0]
+    got = admission_readings(turns, conv)
+    assert got["ttfet_first_from_admission_p95_s"] == pytest.approx(4.9)
+    assert got["ttfet_visible_from_admission_p95_s"] == pytest.approx(30.0)   # (40 - 10, 30 - 0)
+    assert got["ttfet_serving_from_admission_p95_s"] == pytest.approx(8.0 + 0.95 * 7.0)   # (15, 8)

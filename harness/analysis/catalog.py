@@ -127,6 +127,24 @@ CATALOG: tuple[Metric, ...] = (
                       "the first user-visible one spent in the serving system (each earlier turn's E2E plus the "
                       "visible turn's TTFT)",
            source="harness.analysis.metrics.serving_ttfet; docs/metrics.md \"Serving-only TTFET\""),
+    Metric("ttfet_first_from_admission_p95_s", "TTFET first-turn from admission p95 (s)", 2, log_y=True,
+           unit="s",
+           definition="95th percentile over conversations of the first-turn TTFET minus the conversation's admission "
+                      "hold (turn 0's admit − submit): TTFET from admission rather than from arrival (equal under "
+                      "admit-all policies)",
+           source="harness.analysis.metrics.admission_readings; docs/metrics.md \"KV and admission pressure\""),
+    Metric("ttfet_visible_from_admission_p95_s", "TTFET visible-turn from admission p95 (s)", 2, log_y=True,
+           unit="s",
+           definition="95th percentile over conversations of the visible-turn TTFET minus the conversation's admission "
+                      "hold (turn 0's admit − submit): TTFET from admission rather than from arrival (equal under "
+                      "admit-all policies)",
+           source="harness.analysis.metrics.admission_readings; docs/metrics.md \"KV and admission pressure\""),
+    Metric("ttfet_serving_from_admission_p95_s", "TTFET serving-only from admission p95 (s)", 2, log_y=True,
+           unit="s",
+           definition="95th percentile over conversations of the serving-only TTFET minus the conversation's admission "
+                      "hold (turn 0's admit − submit): TTFET from admission rather than from arrival (equal under "
+                      "admit-all policies)",
+           source="harness.analysis.metrics.admission_readings; docs/metrics.md \"KV and admission pressure\""),
     Metric("last_turn_tpot_p50_s", "last-turn TBT p50 (ms)", 2, scale=1e3, axis="last-turn TBT (TPOT) p50 (s)",
            unit="s",
            definition="median over conversations of the final turn's TPOT (last-turn time between tokens: (last − "

@@ -52,7 +52,11 @@ W2_METRIC = "e2e_central_mean_s"
 # W2's comparisons: (variant, reference variant, label); the control (Sarathi-like with WAIT-CP's token budget
 # and in-system cap) isolates the rule from the budget, so it is shown and judged beside Sarathi-like
 W2_VS = (("wait_cp", "collocated", "WAIT-CP / Sarathi-like"), ("wait_cp", "wait_cp_control", "WAIT-CP / control"))
-READINGS = ("first", "visible")
+# the TTFET readings the claims judge (docs/metrics.md "Per conversation"): turn 0's first token, the first
+# user-visible turn's, and the visible one less the replayed tool and think time (the serving-only reading: the
+# time the serving system added); a sweep run before the serving reading existed has no column for it and is
+# judged on the other two
+READINGS = ("first", "visible", "serving")
 MODES = ("ampd_rd", "ampd_cost")
 MODE_LABEL = {"ampd_rd": "AMPD remote_default", "ampd_cost": "AMPD cost"}
 # A sensitivity arm "moves" a ratio when its sign differs from the base run's and one of the two is at
@@ -162,14 +166,16 @@ def _depends(cells: list[dict], factors: list[str]) -> str:
 
 
 def claim_ttfet(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], str, list[dict]]:
-    """C1: paired p95 TTFET ratio ConServe / AMPD - 1 per reading, AMPD mode and rate (homogeneous tier),
-    each with its verdict (:func:`harness.analysis.stats.verdict`, equivalence ``margin`` in %)."""
+    """C1: paired p95 TTFET ratio ConServe / AMPD - 1 per reading (:data:`READINGS` the runs have), AMPD mode and
+    rate (homogeneous tier), each with its verdict (:func:`harness.analysis.stats.verdict`, equivalence ``margin`` in %)."""
     b = _base(r)
     b = b[b._tier == homo]
     lines = ["| rate (conv/s) | reading | vs | ConServe / AMPD − 1 (p95 TTFET) | verdict |", "|---|---|---|---|---|"]
     cells = []
     for rate in sorted(b._rate.dropna().unique()):
         for rd in READINGS:
+            if f"ttfet_{rd}_p95_s" not in b.columns:
+                continue
             for m in MODES:
                 cs, am = b[(b._variant == "conserve") & (b._rate == rate)], b[(b._variant == m) & (b._rate == rate)]
                 if cs.empty or am.empty:
@@ -447,6 +453,7 @@ MATRIX_FACTORS = {"axis": "where the error is injected", "mode": "AMPD rule", "r
 # a sensitivity-table column (:func:`sensitivity`) -> (claim, reading, AMPD mode) of the claim cell it shifts
 ARM_COLUMNS = {"C1 first": ("C1", "first", "ampd_rd"), "C1 visible": ("C1", "visible", "ampd_rd"),
                "C1 first (cost)": ("C1", "first", "ampd_cost"), "C1 visible (cost)": ("C1", "visible", "ampd_cost"),
+               "C1 serving": ("C1", "serving", "ampd_rd"), "C1 serving (cost)": ("C1", "serving", "ampd_cost"),
                "C3": ("C3", None, "ampd_rd"), "C3 (cost)": ("C3", None, "ampd_cost"), "C4": ("C4", None, None)}
 POWER_KEYS = ("memory_power_frac", "idle_w")   # the power model's uncalibrated constants (docs/hardware.md)
 C4_MODEL_DEPENDENT = "model-dependent (not measurable without NVML on the tier)"
@@ -572,6 +579,9 @@ def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list
             ("C1 visible (cost)", "ttfet_visible_p95_s", "conserve", homo, "ampd_cost", homo),
             ("C3", "tokens_per_joule", "conserve", homo, "ampd_rd", homo),
             ("C3 (cost)", "tokens_per_joule", "conserve", homo, "ampd_cost", homo)]
+    if "ttfet_serving_p95_s" in r.columns:   # sweeps run before the serving-only reading existed have none
+        cols[4:4] = [("C1 serving", "ttfet_serving_p95_s", "conserve", homo, "ampd_rd", homo),
+                     ("C1 serving (cost)", "ttfet_serving_p95_s", "conserve", homo, "ampd_cost", homo)]
     if hetero:
         cols.append(("C4", "tokens_per_joule", "conserve", hetero, "conserve", homo))
     lines = [f"One seed ({seed:g}) at {s_rate:g} conv/s; each cell: the ratio − 1 (%) with that constant moved "

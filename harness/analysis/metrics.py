@@ -514,6 +514,23 @@ def pressure_metrics(turns: pd.DataFrame, instances: pd.DataFrame, window: tuple
     return out
 
 
+def admission_readings(turns: pd.DataFrame, conv: pd.DataFrame) -> dict:
+    """TTFET from admission instead of arrival (``summary.json``; docs/metrics.md "KV and admission pressure"):
+    per reading r of the table (:func:`table_readings`), ``ttfet_<r>_from_admission_p95_s`` = the 95th percentile
+    over conversations of ``ttfet_<r>_s`` minus the conversation's admission hold (its turn 0's ``admit_s -
+    submit_s``, s, clipped at 0; 0 under admit-all policies, and for a conversation never admitted the reading is
+    NaN anyway). With an admission gate (ConServe holds new conversations while the decoders' KV or the
+    prefiller queue is over its gate) the two differ by the hold: from arrival is what the user sees, from
+    admission what the admitted conversations got. NaN without conversations."""
+    hold: dict = {}
+    if len(turns):
+        t0 = turns[(turns.turn == 0) & turns.admit_s.notna()]
+        hold = dict(zip(t0.conversation_id, (t0.admit_s - t0.submit_s).clip(lower=0.0)))
+    h = conv.conversation_id.map(lambda c: hold.get(c, 0.0)).astype(float) if len(conv) else pd.Series(dtype=float)
+    return {f"ttfet_{r}_from_admission_p95_s": _pct(conv[f"ttfet_{r}_s"] - h, 95) if len(conv) else math.nan
+            for r in table_readings(conv)}
+
+
 def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: list[float],
               window_s: float, preemptions: int) -> dict:
     """The headline metrics (``summary.json``); NaN where there is no data, never 0 for missing."""
