@@ -10,6 +10,11 @@ flips it, and its figure. Each word is computed here from a shipped table by the
 shipped table can decide says **no shipped data** and names the preset command that produces it, never a
 number copied from a page. The sources:
 
+- ``docs/data/conserve_sensitivity/runs.csv`` (``+experiment=conserve_sensitivity``, compacted by
+  ``scripts/conserve_tables.py``): C1-C4 in the simulator with the sensitivity matrix's overall word
+  (``harness.analysis.claims.sensitivity_matrix``: the word that holds across AMPD rule, rate, TTFET reading and
+  the uncalibrated constants, else what flips it);
+- ``docs/data/ampd_robustness/runs.csv`` (``+experiment=ampd_robustness``, the same script): C5;
 - ``docs/data/twin_conserve/runs.csv`` (``+experiment=twin_conserve``): C1 and C3 on a real prefiller + decoder
   pair of vLLM CPU servers and on its simulated twin, each side judged alone (the lowest repeat of each cell,
   ``harness.analysis.twin.split_repeats``);
@@ -36,7 +41,8 @@ import pandas as pd
 
 from harness.analysis.capacity import GROWTH_BOUND, bisect_capacity, is_bounded
 from harness.analysis.claims import (MODE_LABEL, PAPER, PAPER_WAIT, W2_METRIC, _depends, _flipping, claim_energy,
-                                     claim_ttfet, claim_wait, classify, fmt)
+                                     claim_robustness, claim_slo, claim_ttfet, claim_wait, classify, fmt, sensitivity,
+                                     sensitivity_matrix)
 from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, ratio_interval, verdict
 from harness.analysis.twin import BACKEND_COL, split_repeats
 from harness.core.paths import PROJECT_ROOT
@@ -81,7 +87,7 @@ def _no_data(claim: str, source: str, *commands: str) -> Row:
 
 
 FACTOR_NAMES = {"reading": "TTFET reading", "mode": "AMPD rule", "rate": "rate", "vs": "comparison",
-                "model": "step model"}
+                "model": "step model", "axis": "where the error is injected", "metric": "metric"}
 """The names a page gives the choices a claim's cells vary (cell keys of ``harness.analysis.claims``)."""
 
 
@@ -134,14 +140,80 @@ CONSERVE_SIM = ("simulator, Qwen3-0.6B on A40 P/D tiers", "python run.py -m +exp
 CONSERVE_SIM_C5 = ("simulator, AMPD error arms", "python run.py -m +experiment=ampd_robustness")
 
 
+SIM_TABLES = {"conserve_sensitivity": "docs/data/conserve_sensitivity/runs.csv",
+              "ampd_robustness": "docs/data/ampd_robustness/runs.csv"}
+CLAIM_FACTORS = {"C1": ["reading", "mode", "rate"], "C2": ["reading", "rate"], "C3": ["mode", "rate"], "C4": ["rate"],
+                 "C5": ["axis", "mode", "rate", "metric"]}
+
+
+def _claim_label(claim: str):
+    """How a deciding cell of ``claim`` is named on the page."""
+    if claim == "C1":
+        return lambda c: f"{c['rate']:g}/s {c['reading']} vs {MODE_LABEL[c['mode']]}"
+    if claim == "C2":
+        return lambda c: f"{c['rate']:g}/s {c['reading']}"
+    if claim == "C3":
+        return lambda c: f"{c['rate']:g}/s vs {MODE_LABEL[c['mode']]}"
+    if claim == "C4":
+        return lambda c: f"{c['rate']:g}/s"
+    return lambda c: f"{c['rate']:g}/s {MODE_LABEL[c['mode']]} {c['axis']} {c['metric']}"
+
+
+def conserve_sim_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[str, Row]:
+    """The simulator rows of the ConServe claims from the shipped preset tables (:data:`SIM_TABLES`): C1-C4 from
+    ``conserve_sensitivity`` (the claims' functions of ``harness.analysis.claims`` on the homogeneous tier, C4 on
+    the heterogeneous one; the overall word :func:`harness.analysis.claims.sensitivity_matrix`'s, so an
+    uncalibrated constant that flips a claim shows in "what flips it"), C5 from ``ampd_robustness``
+    (:func:`harness.analysis.claims.claim_robustness`). ``{claim: Row}``; a claim whose table is not shipped is
+    absent."""
+    out: dict[str, Row] = {}
+    sens = _read(root, SIM_TABLES["conserve_sensitivity"])
+    if sens is not None:
+        r = classify(sens)
+        tiers = sorted(set(r._tier))
+        homo = next((t for t in tiers if not t.endswith("_hetero")), tiers[0])
+        hetero = next((t for t in tiers if t.endswith("_hetero")), None)
+        l1, _, c1 = claim_ttfet(r, homo, margin)
+        l2, _, c2 = claim_slo(r, homo, margin)
+        l3, _, c3, c4 = claim_energy(r, homo, hetero, margin)
+        _, arm_values = sensitivity(r, homo, hetero)
+        lm, overall = sensitivity_matrix({"C1": c1, "C2": c2, "C3": c3, "C4": c4}, arm_values, margin)
+        src = f"{CONSERVE_SIM[0]} (`{SIM_TABLES['conserve_sensitivity']}`)"
+        energy_head, energy_rows = l3[:2], l3[2:]
+        lines = {"C1": l1, "C2": l2, "C3": energy_head + [x for x in energy_rows if "| C3:" in x],
+                 "C4": energy_head + [x for x in energy_rows if "| C4:" in x]}
+        for claim, cells in (("C1", c1), ("C2", c2), ("C3", c3), ("C4", c4)):
+            cells = [c for c in cells if c["n"] > 0]
+            if not cells:
+                continue
+            word = overall.get(claim, _depends(cells, CLAIM_FACTORS[claim]))
+            flips = word.partition("depends on ")[2] or ("nothing varied here flips it" if "model-dependent" not in word
+                                                         else "a power-model constant")
+            matrix = [x for x in lm if x.startswith(f"| {claim} |")]
+            detail = [*lines[claim], "", "Sensitivity matrix (each choice's words; `harness.analysis.claims."
+                      "sensitivity_matrix`):", "", *lm[2:4], *matrix] if matrix else lines[claim]
+            out[claim] = Row(claim, src, word, _cell_list(cells, _claim_label(claim)), flips, detail)
+    rob = _read(root, SIM_TABLES["ampd_robustness"])
+    if rob is not None:
+        r = classify(rob)
+        tiers = sorted(set(r._tier))
+        lines, _, cells = claim_robustness(r, tiers[0], margin)
+        if cells:
+            src = f"{CONSERVE_SIM_C5[0]} (`{SIM_TABLES['ampd_robustness']}`)"
+            out["C5"] = Row("C5", src, _word(cells, CLAIM_FACTORS["C5"]), _cell_list(cells, _claim_label("C5")),
+                            _flip_text(cells, CLAIM_FACTORS["C5"]), lines)
+    return out
+
+
 def conserve_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Row]:
-    """Every ConServe claim's rows: the simulator presets (no runs table shipped: the command), and C1 / C3 on
-    each side of ``docs/data/twin_conserve`` (C2, C4, C5 have no twin: the command)."""
+    """Every ConServe claim's rows: the simulator presets (:func:`conserve_sim_rows`; a table not shipped: the
+    command), and C1 / C3 on each side of ``docs/data/twin_conserve`` (C2, C4, C5 have no twin: the command)."""
     sides = _twin_sides(root, TWIN_CONSERVE)
+    sim = conserve_sim_rows(root, margin)
     rows: list[Row] = []
     for claim, _, _ in CONSERVE_CLAIMS:
         src, cmd = CONSERVE_SIM_C5 if claim == "C5" else CONSERVE_SIM
-        rows.append(_no_data(claim, src, cmd, RUN_REPORT))
+        rows.append(sim[claim] if claim in sim else _no_data(claim, src, cmd, RUN_REPORT))
         if claim not in ("C1", "C3"):      # +experiment=twin_conserve runs C1 and C3 only
             continue
         for b, side_name in SIDES:
