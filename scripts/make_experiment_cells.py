@@ -60,9 +60,21 @@ ERRORS = {  # arm -> predictor keys (AMPD robustness)
 }
 # ampd_robustness (C5 as the ConServe paper states it): decision-error arms (misroute_frac, the share
 # of turn >= 1 remote/local decisions inverted after the rule) on both AMPD rules and ConServe at the claim
-# rates incl. saturation (0.09 conv/s: 10 seeds; 5 elsewhere, for the preset's time budget), and the
-# predictor-error arms (AMPD remote_default, error-free decisions) at 0.06 conv/s, 5 seeds.
-AR_SEEDS = {0.06: tuple(range(5)), 0.075: tuple(range(5)), 0.09: TEN}
+# rates incl. saturation (0.075 and 0.09 conv/s: 10 seeds, MIN_SEEDS_NEAR_CAPACITY; 5 at 0.06, for the preset's
+# time budget), and the predictor-error arms (AMPD remote_default, error-free decisions) at 0.06 conv/s, 5 seeds.
+AR_SEEDS = {0.06: tuple(range(5)), 0.075: TEN, 0.09: TEN}
+# At least this many seeds in every cell at a rate near or past capacity, where one seed's queue collapse
+# dominates a cell: with 5 seeds at 0.075 conv/s one AMPD seed collapsed and 4 of 5 cells read "inconclusive"
+# that 10 seeds decide (docs/notebook/2026-12-03_conserve_claims_sensitivity.md). The rates per preset: ConServe's
+# decoders saturate near 0.07 conv/s on a40_1p3d (conserve_rate_sweep), so 0.075 and 0.09 are near or past it,
+# and 0.06 (0.86 of it) is where the 3-seed C1 interval straddled a verdict boundary; conserve_kvbound's KV-cut
+# pool saturates at 0.06 (its header). :func:`check_seeds` enforces it when the cells are written.
+MIN_SEEDS_NEAR_CAPACITY = 10
+NEAR_CAPACITY = {"conserve_sensitivity": (0.06, 0.09), "conserve_kvbound": (0.06,), "ampd_robustness": (0.075, 0.09)}
+# the cells the rule covers (by name): the claims' comparisons and the decision-error arms; not the one-seed
+# sensitivity arms (judged by shifting their base cell's interval, harness.analysis.claims.shifted_verdict) nor the
+# predictor-error arms (3-5 seeds, labelled by the decisions they flip; C5 is judged on the decision-error axis)
+SEED_CHECKED = ("cs_main_", "kv_conserve_", "kv_ampd_", "ar_mis", "ar_conserve_")
 AR_MISROUTES = (0.0, 0.1, 0.3, 0.5)
 AR_PRED_RATE = 0.06
 AR_PREDICTOR = {  # arm -> predictor keys; the error-free arm is ar_mis0 (sigma 0) of the same rate and seed
@@ -218,13 +230,13 @@ HEADERS = {
 #   decision error: AMPD mode=remote_default and mode=cost with an error-free predictor and a share
 #          0 / 0.1 / 0.3 / 0.5 of their turn >= 1 remote/local decisions inverted after the rule
 #          (scheduler.misroute_frac; the draw keyed on workload.seed and scheduler.misroute_seed), and
-#          ConServe (predicts nothing: the flat reference), at 0.06 and 0.075 conv/s x seeds 0-4 and
-#          0.09 conv/s (near saturation) x seeds 0-9                                          (180 runs)
+#          ConServe (predicts nothing: the flat reference), at 0.06 conv/s x seeds 0-4 and 0.075 and
+#          0.09 conv/s (near saturation) x seeds 0-9 (>= 10 near capacity: MIN_SEEDS_NEAR_CAPACITY) (225 runs)
 #   predictor error: AMPD remote_default with log-normal sigma 0.25 / 0.5 / 1 / 1.5 / 2 or error rate
 #          0.1 / 0.3 / 0.5 (x or / 2) on its predictions, at 0.06 conv/s x seeds 0-4; its error-free
 #          run is the misroute-0 cell; claims.md labels each with the share of decisions it flips
 #          (ampd_decision_flip_frac)                                                           (40 runs)
-# 220 runs, ~7 s each: ~13 min with hydra/launcher=joblib hydra.launcher.n_jobs=2 on a quiet 2-core machine.
+# 265 runs, ~7 s each: ~16 min with hydra/launcher=joblib hydra.launcher.n_jobs=2 on a quiet 2-core machine.
 #   python run.py -m +experiment=ampd_robustness hydra/launcher=joblib hydra.launcher.n_jobs=2
 #   python -m harness.analysis.report results/sweeps/<time>_ampd_robustness    # report.md + claims.md
 # Other error levels: run AMPD alone, e.g.
@@ -269,6 +281,24 @@ SUBDIRS = {"ampd_robustness": "${hydra.job.num}_${scheduler.name}_${oc.select:sc
                               "_mis${oc.select:scheduler.misroute_frac,none}_load${workload.rate_per_s}_seed${workload.seed}"}
 
 
+def check_seeds(preset: str, cells: list[tuple[str, str]]) -> None:
+    """Raise ``ValueError`` naming the cell group when a cell of ``preset`` at a rate of :data:`NEAR_CAPACITY`
+    has fewer than :data:`MIN_SEEDS_NEAR_CAPACITY` seeds; a group is every cell that differs only in
+    ``workload.seed`` (read from the cell's text: its ``rate_per_s`` and ``seed`` lines, the rest of its body)."""
+    import re
+    groups: dict = {}
+    for _, text in cells:
+        rate = float(re.search(r"^  rate_per_s: (\S+)$", text, re.M).group(1))
+        if rate not in NEAR_CAPACITY.get(preset, ()):
+            continue
+        body = re.sub(r"^  seed: \d+$", "", "\n".join(text.splitlines()[2:]), flags=re.M)
+        groups.setdefault(body, set()).add(int(re.search(r"^  seed: (\d+)$", text, re.M).group(1)))
+    for body, seeds in groups.items():
+        if len(seeds) < MIN_SEEDS_NEAR_CAPACITY:
+            raise ValueError(f"{preset}: a cell near capacity has {len(seeds)} seeds (< {MIN_SEEDS_NEAR_CAPACITY}): "
+                             f"{' '.join(body.split())[:200]}")
+
+
 def main(argv=None) -> None:
     cmdline.ArgumentParser(prog="scripts/make_experiment_cells.py", description=__doc__.split("\n\n")[0],
                            epilog="Takes no arguments. Exit status: 0 written; 2 an argument given; 130 "
@@ -279,6 +309,7 @@ def main(argv=None) -> None:
     presets = (("conserve_sensitivity", conserve_sensitivity()), ("conserve_kvbound", conserve_kvbound()),
                ("pd_split", pd_split()), ("ampd_robustness", ampd_robustness()))
     for preset, cells in presets:
+        check_seeds(preset, [c for c in cells if c[0].startswith(SEED_CHECKED)])
         for name, text in cells:
             (CELLS / f"{name}.yaml").write_text(text)
         text = "# @package _global_\n" + HEADERS[preset] + BODY.format(
