@@ -447,6 +447,137 @@ def claim_robustness(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MAR
     return lines, "; ".join(words) if words else "no data", cells
 
 
+def _decision_arms(b: pd.DataFrame, m: str) -> tuple[pd.DataFrame, list[tuple[float, pd.DataFrame]]]:
+    """AMPD rule ``m``'s error-free runs in ``b`` and its decision-error arms ``[(misroute share, runs)]``,
+    increasing (:data:`C5_AXES`' first axis)."""
+    zero = b[(b._variant == m) & (b._error_label == "none")]
+    _, member, xof = C5_AXES[0]
+    labs = sorted({lab for lab in b[b._variant == m]._error_label if member(lab)}, key=xof)
+    return zero, [(xof(lab), b[(b._variant == m) & (b._error_label == lab)]) for lab in labs]
+
+
+def claim_robustness_levels(r: pd.DataFrame, homo: str,
+                            margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], list[dict], list[dict]]:
+    """C5 per error level and a lack-of-fit test for "linear" (the ConServe paper's robustness section: its own
+    example is a 10 % error rate causing significant SLO violations, a level, not a slope).
+
+    Per AMPD rule, load and judged metric of :data:`C5_METRICS` and per decision-error level x
+    (``scheduler.misroute_frac``): the paired change of AMPD with that error against AMPD error-free on the same
+    seed (:func:`seed_changes`: violations in percentage points, tokens/J in %), its mean over seeds with the 95 %
+    Student-t interval, and the verdict (:func:`harness.analysis.stats.verdict`, a direction without a size,
+    ``min_effect=0``; paper effect +1 where a growth degrades, -1 for tokens/J): reproduced = AMPD is worse at
+    that level than without error.
+
+    Lack of fit (per rule, load, metric, with >= 2 levels): "linear" through (0, 0) predicts each interior level's
+    change as ``x / x_max`` times the largest level's. Per seed the deviation ``d(x) = change(x) - (x / x_max)
+    change(x_max)``; its mean over seeds with the t-interval at level ``0.05 / k`` for the ``k`` interior levels
+    (Bonferroni: one family per rule, load and metric). Word: *lack of fit* when some interval lies wholly
+    outside ``[-margin, +margin]`` (the change departs from a line by more than the equivalence margin),
+    *fits a line* when every interval lies inside it, else *inconclusive*. A step at the first level (the paper's
+    10 %) shows as ``d(0.1) > 0`` for violations.
+
+    Returns ``(markdown lines, level cells, fit cells)``: level cells dicts (mode, rate, metric, level, verdict,
+    mean, ci, n, k); fit cells dicts (mode, rate, metric, level, verdict, mean, ci, n). Empty without
+    decision-error arms."""
+    b0 = r[(r._sens == "base") & (r._tier == homo)]
+    judged = [(key, lab, kind, sign) for key, lab, kind, sign, j in C5_METRICS if j]
+    levels, fits, lines = [], [], []
+    for rate in sorted(b0._rate.dropna().unique()):
+        b = b0[b0._rate == rate]
+        for m in MODES:
+            zero, arms = _decision_arms(b, m)
+            if zero.empty or not arms:
+                continue
+            x_max = arms[-1][0]
+            for key, lab, kind, sign in judged:
+                ch = {x: seed_changes(e, zero, key, kind) for x, e in arms}
+                for x, c in ch.items():
+                    mean, ci, n, k = _mean_interval(c)
+                    v = verdict(mean, ci, float(sign), margin, min_effect=0.0)
+                    levels.append({"mode": m, "rate": float(rate), "metric": lab, "level": x, "verdict": v,
+                                   "mean": mean, "ci": ci, "n": n, "k": k, "unit": kind})
+                interior = [x for x, _ in arms[:-1]]
+                for x in interior:
+                    d = (ch[x] - (x / x_max) * ch[x_max]).dropna()
+                    mean, half, n = mean_ci(d, 0.05 / len(interior))
+                    ci = (mean - half, mean + half)
+                    v = ("inconclusive" if not np.isfinite(half) else "fits a line" if -margin <= ci[0] and ci[1] <= margin
+                         else "lack of fit" if ci[0] > margin or ci[1] < -margin else "inconclusive")
+                    fits.append({"mode": m, "rate": float(rate), "metric": lab, "level": x, "verdict": v,
+                                 "mean": mean, "ci": ci, "n": n, "unit": kind})
+    if not levels:
+        return [], [], []
+    unit = {"pp": " pp", "pct": " %"}
+    lines = ["Per error level: AMPD with that share of its turn ≥ 1 decisions misrouted against AMPD error-free (same "
+             "rule, seed and load): mean change over seeds [95 % t-interval] (n, sign count); verdict on the direction "
+             f"(reproduced = worse with the error; no difference = inside ±{margin:g}).", "",
+             "| rate (conv/s) | AMPD rule | metric | " + " | ".join(f"misroute {x:g}" for x in sorted({c['level'] for c in levels}))
+             + " |", "|---|---|---|" + "---|" * len({c["level"] for c in levels})]
+    xs = sorted({c["level"] for c in levels})
+    for (rate, m, metric) in dict.fromkeys((c["rate"], c["mode"], c["metric"]) for c in levels):
+        row = []
+        for x in xs:
+            c = next((c for c in levels if (c["rate"], c["mode"], c["metric"], c["level"]) == (rate, m, metric, x)), None)
+            row.append("—" if c is None else f"{fmt(c['mean'], c['ci'], c['n'], c['k'], unit=unit[c['unit']])} "
+                                                f"{c['verdict']}")
+        lines.append(f"| {rate:g} | {MODE_LABEL[m]} | {metric} | " + " | ".join(row) + " |")
+    if fits:
+        lines += ["", "Lack of fit of a line through (0, 0): per seed, each interior level's change less (level / largest "
+                  "level) × the largest level's change; mean over seeds with the t-interval at 95 % / (interior levels) "
+                  f"(Bonferroni); *lack of fit* when it lies wholly outside ±{margin:g}, *fits a line* when inside.", "",
+                  "| rate (conv/s) | AMPD rule | metric | level | deviation from the line | word |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {c['rate']:g} | {MODE_LABEL[c['mode']]} | {c['metric']} | {c['level']:g} | "
+                  f"{fmt(c['mean'], c['ci'], c['n'], unit=unit[c['unit']])} | {c['verdict']} |" for c in fits]
+    return lines, levels, fits
+
+
+def robustness_levels_figure(runs: pd.DataFrame, out_dir: Any, name: str = "ampd_robustness_levels") -> list:
+    """The decision-error sweep of C5 as a figure (PNG only; ``out_dir/<name>.png``): one column per load, two rows
+    (the change of first-turn SLO violations in percentage points and of tokens/J in %), per AMPD rule the mean
+    change over seeds against the misroute share with its 95 % t-interval (:func:`claim_robustness_levels`' level
+    cells; 0 at 0 by construction), ConServe's flat 0 as a dashed line. Returns the paths written ([] without
+    decision-error arms)."""
+    from pathlib import Path
+
+    from harness.analysis.plotting import _plt, _save, figure_formats
+    r = classify(runs)
+    tiers = sorted(set(r._tier))
+    _, levels, _ = claim_robustness_levels(r, next((t for t in tiers if not t.endswith("_hetero")), tiers[0]))
+    if not levels:
+        return []
+    plt, _ = _plt()
+    rates = sorted({c["rate"] for c in levels})
+    panels = (("SLO violations first", "SLO violations, first turn\n(change, pp)"), ("tokens/J", "tokens/J (change, %)"))
+    fig, axes = plt.subplots(len(panels), len(rates), figsize=(4.2 * len(rates), 6.4), squeeze=False)
+    for j, rate in enumerate(rates):
+        for i, (metric, lab) in enumerate(panels):
+            ax = axes[i][j]
+            for m in MODES:
+                cs = sorted((c for c in levels if c["rate"] == rate and c["mode"] == m and c["metric"] == metric),
+                            key=lambda c: c["level"])
+                if not cs:
+                    continue
+                xs = [0.0] + [c["level"] for c in cs]
+                ys = [0.0] + [c["mean"] for c in cs]
+                err = [[0.0] + [c["mean"] - c["ci"][0] if np.isfinite(c["ci"][0]) else 0.0 for c in cs],
+                       [0.0] + [c["ci"][1] - c["mean"] if np.isfinite(c["ci"][1]) else 0.0 for c in cs]]
+                n = min(c["n"] for c in cs)
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{MODE_LABEL[m]} (n={n})")
+            ax.axhline(0.0, color="grey", ls="--", lw=1, label="ConServe (predicts nothing: flat)")
+            ax.set_xlabel("misrouted share of turn ≥ 1 decisions")
+            ax.set_ylabel(lab)
+            if i == 0:
+                ax.set_title(f"{rate:g} conv/s")
+            if i == j == 0:
+                ax.legend(frameon=False, fontsize=8)
+    fig.suptitle("C5: AMPD against decision error, paired on the seed with error-free AMPD (mean change, 95 % "
+                 "t-interval)", y=1.01)
+    fig.tight_layout()
+    with figure_formats(("png",)):
+        return _save(fig, Path(out_dir), name)
+
+
 # the choices a claim's cells vary (cell keys), in the order the matrix shows them, with their names
 MATRIX_FACTORS = {"axis": "where the error is injected", "mode": "AMPD rule", "rate": "rate (conv/s)",
                   "reading": "TTFET reading", "metric": "metric"}

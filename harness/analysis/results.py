@@ -41,8 +41,8 @@ import pandas as pd
 
 from harness.analysis.capacity import GROWTH_BOUND, bisect_capacity, is_bounded
 from harness.analysis.claims import (MODE_LABEL, PAPER, PAPER_WAIT, W2_METRIC, _depends, _flipping, claim_energy,
-                                     claim_robustness, claim_slo, claim_ttfet, claim_wait, classify, fmt, sensitivity,
-                                     sensitivity_matrix)
+                                     claim_robustness, claim_robustness_levels, claim_slo, claim_ttfet, claim_wait,
+                                     classify, fmt, sensitivity, sensitivity_matrix)
 from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, ratio_interval, verdict
 from harness.analysis.twin import BACKEND_COL, split_repeats
 from harness.core.paths import PROJECT_ROOT
@@ -87,7 +87,8 @@ def _no_data(claim: str, source: str, *commands: str) -> Row:
 
 
 FACTOR_NAMES = {"reading": "TTFET reading", "mode": "AMPD rule", "rate": "rate", "vs": "comparison",
-                "model": "step model", "axis": "where the error is injected", "metric": "metric"}
+                "model": "step model", "axis": "where the error is injected", "metric": "metric",
+                "level": "error level"}
 """The names a page gives the choices a claim's cells vary (cell keys of ``harness.analysis.claims``)."""
 
 
@@ -143,7 +144,8 @@ CONSERVE_SIM_C5 = ("simulator, AMPD error arms", "python run.py -m +experiment=a
 SIM_TABLES = {"conserve_sensitivity": "docs/data/conserve_sensitivity/runs.csv",
               "ampd_robustness": "docs/data/ampd_robustness/runs.csv"}
 CLAIM_FACTORS = {"C1": ["reading", "mode", "rate"], "C2": ["reading", "rate"], "C3": ["mode", "rate"], "C4": ["rate"],
-                 "C5": ["axis", "mode", "rate", "metric"]}
+                 "C5": ["mode", "rate", "metric", "level"]}
+C5_FIGURE = "ampd_robustness_levels.png"   # drawn from the shipped C5 table (--figures)
 
 
 def _claim_label(claim: str):
@@ -156,7 +158,7 @@ def _claim_label(claim: str):
         return lambda c: f"{c['rate']:g}/s vs {MODE_LABEL[c['mode']]}"
     if claim == "C4":
         return lambda c: f"{c['rate']:g}/s"
-    return lambda c: f"{c['rate']:g}/s {MODE_LABEL[c['mode']]} {c['axis']} {c['metric']}"
+    return lambda c: f"{c['rate']:g}/s {MODE_LABEL[c['mode']]} misroute {c['level']:g} {c['metric']}"
 
 
 def conserve_sim_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[str, Row]:
@@ -197,11 +199,17 @@ def conserve_sim_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dic
     if rob is not None:
         r = classify(rob)
         tiers = sorted(set(r._tier))
-        lines, _, cells = claim_robustness(r, tiers[0], margin)
-        if cells:
+        lines, levels, fits = claim_robustness_levels(r, tiers[0], margin)
+        slope_lines, _, _ = claim_robustness(r, tiers[0], margin)
+        if levels:
             src = f"{CONSERVE_SIM_C5[0]} (`{SIM_TABLES['ampd_robustness']}`)"
-            out["C5"] = Row("C5", src, _word(cells, CLAIM_FACTORS["C5"]), _cell_list(cells, _claim_label("C5")),
-                            _flip_text(cells, CLAIM_FACTORS["C5"]), lines)
+            f = CLAIM_FACTORS["C5"]
+            fit_words = sorted({c["verdict"] for c in fits})
+            detail = [*lines, "", f"Lack of fit of a line, over every rule, load and metric: {', '.join(fit_words) or 'n/a'}.",
+                      "", "The slopes (`harness.analysis.claims.claim_robustness`):", "", *slope_lines,
+                      "", f"Figure: [{C5_FIGURE}](../figures/{C5_FIGURE}) (`python -m harness.analysis.results --figures`)."]
+            out["C5"] = Row("C5", src, _word(levels, f), _cell_list(levels, _claim_label("C5")), _flip_text(levels, f),
+                            detail)
     return out
 
 
@@ -464,6 +472,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", type=Path, default=PROJECT_ROOT / "docs" / "results",
                     help="directory for the pages (default: docs/results)")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page differs")
+    ap.add_argument("--figures", action="store_true",
+                    help=f"also draw docs/figures/{C5_FIGURE} from the shipped C5 table (docs/data/ampd_robustness)")
     a = ap.parse_args(argv)
     if a.check:
         stale = [n for n in PAGES if not (a.out / f"{n}.md").is_file()
@@ -473,6 +483,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1 if stale else 0
     for p in write_pages(a.out):
         print(p)
+    if a.figures:
+        rob = _read(PROJECT_ROOT, SIM_TABLES["ampd_robustness"])
+        if rob is None:
+            print(f"--figures: no {SIM_TABLES['ampd_robustness']}: run {CONSERVE_SIM_C5[1]} and scripts/conserve_tables.py",
+                  file=sys.stderr)
+            return 2
+        from harness.analysis.claims import robustness_levels_figure
+        for p in robustness_levels_figure(rob, PROJECT_ROOT / "docs" / "figures", C5_FIGURE.rsplit(".", 1)[0]):
+            print(p)
     return 0
 
 
