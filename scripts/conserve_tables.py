@@ -10,8 +10,8 @@ the config columns ``harness.analysis.claims.classify`` reads (:data:`CONFIG_COL
 ``hardware.*`` constant of ``harness.analysis.claims.HW_KEYS``), the summary metrics the claims judge
 (:data:`METRICS`), and two values computed from the run's parquet files where its ``summary.json`` lacks them:
 ``ttfet_<r>_from_admission_p95_s`` (``harness.analysis.metrics.admission_readings``) and
-``serving_growth_ratio`` (:func:`serving_growth_ratio`, the capacity criterion of
-``harness.analysis.capacity`` on conversations). Writes ``<out>/runs.csv`` (sorted, floats to 6 significant
+``serving_growth_ratio`` (``harness.analysis.capacity.conversation_growth_ratio``, the capacity criterion on
+conversations). Writes ``<out>/runs.csv`` (sorted, floats to 6 significant
 digits: the verdicts need ratios, not the last bits) and ``<out>/SOURCE.md`` (the command given, the sweep
 directories, the code fingerprints of the runs, the row count).
 
@@ -25,12 +25,11 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.analysis.capacity import growth_ratio  # noqa: E402
+from harness.analysis.capacity import conversation_growth_ratio  # noqa: E402
 from harness.analysis.claims import HW_KEYS  # noqa: E402
 from harness.analysis.metrics import admission_readings  # noqa: E402
 
@@ -47,19 +46,6 @@ METRICS = ("num_conversations", "num_conversations_completed",
            "ampd_misrouted_frac", "ampd_decision_flip_frac", "serving_growth_ratio")
 REQUIRED = ("scheduler.name", "cluster.name", "workload.rate_per_s", "workload.seed", "ttfet_first_p95_s",
             "ttfet_visible_p95_s", "slo_attainment_first", "slo_attainment_visible", "tokens_per_joule")
-
-
-def serving_growth_ratio(turns: pd.DataFrame, conv: pd.DataFrame) -> float:
-    """The window growth ratio (``harness.analysis.capacity.growth_ratio``) of one run's conversations: each
-    conversation's time in the serving system (the sum of its completed turns' E2E, s: its latency less the
-    replayed tool and think time) in arrival order. NaN with fewer than 8 conversations or when one has no
-    completed turn (a failed conversation: the run is not bounded anyway, its row says so by its attainment)."""
-    ok = turns[turns.status == "ok"]
-    serv = (ok.finish_s - ok.submit_s).groupby(ok.conversation_id).sum()
-    x = conv.sort_values("arrival_s", kind="stable").conversation_id.map(serv).to_numpy(dtype=float)
-    if len(x) < 8 or not np.all(np.isfinite(x)):
-        return math.nan
-    return growth_ratio(x)
 
 
 def table(dirs: list[Path]) -> tuple[pd.DataFrame, list[str]]:
@@ -82,7 +68,7 @@ def table(dirs: list[Path]) -> tuple[pd.DataFrame, list[str]]:
             if need_adm:
                 for k, v in admission_readings(turns, conv).items():
                     runs.loc[runs.index[i], k] = v
-            runs.loc[runs.index[i], "serving_growth_ratio"] = serving_growth_ratio(turns, conv)
+            runs.loc[runs.index[i], "serving_growth_ratio"] = conversation_growth_ratio(turns, conv)
         frames.append(runs)
         fps += [str(x) for x in runs.get("code_fingerprint", pd.Series(dtype=object)).dropna()]
     runs = pd.concat(frames, ignore_index=True, sort=False)
