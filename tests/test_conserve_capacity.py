@@ -69,3 +69,36 @@ def test_the_setting_is_conserve_sensitivitys():
         assert x == y
     assert (a.cfg.workload.name, a.cfg.workload.num_conversations) == (b.cfg.workload.name, b.cfg.workload.num_conversations)
     assert a.cfg.cluster.name == b.cfg.cluster.name == "a40_1p3d"
+
+
+def test_capacity_rows_on_a_hand_made_table(tmp_path):
+    """A shipped docs/data/conserve_capacity (two rates, three seeds): ConServe's serving-only p95 is half AMPD
+    remote_default's on every seed, so C1's serving cell is -50.0 % with a zero-width interval -> reproduced (it
+    excludes 0 and reaches half the paper's -51.08 %); the capacity brackets and ConServe's held conversations (4 on
+    each seed at the higher rate: mean 4.0) appear in the detail; without capacity.json the row names the command."""
+    import json
+
+    from harness.analysis import results
+    rows = []
+    for rate in (0.0338, 0.0709):
+        for seed in range(3):
+            for name, mode, serving in (("conserve", None, 10.0 + seed), ("ampd", "remote_default", 20.0 + 2 * seed),
+                                        ("ampd", "cost", 18.0)):
+                rows.append({"scheduler.name": name, "scheduler.mode": mode, "cluster.name": "a40_1p3d",
+                             "workload.rate_per_s": rate, "workload.seed": seed, "num_conversations": 200,
+                             "ttfet_first_p95_s": 1.0, "ttfet_visible_p95_s": 500.0, "ttfet_serving_p95_s": serving,
+                             "slo_attainment_first": 1.0, "slo_attainment_visible": 1.0, "slo_attainment_serving": 1.0,
+                             "admission_held_conversations": 4 if (name == "conserve" and rate > 0.05) else 0,
+                             "ttfet_first_from_admission_p95_s": 1.0, "ttfet_serving_from_admission_p95_s": serving})
+    d = tmp_path / "docs" / "data" / "conserve_capacity"
+    d.mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(d / "runs.csv", index=False)
+    assert "no shipped data: run `python scripts/conserve_capacity.py" in results.capacity_rows(tmp_path)["C1"].word
+    (d / "capacity.json").write_text(json.dumps({
+        "growth_bound": 1.25, "tol": 0.01, "cap_seeds": 3, "rates": {"f0.5": 0.0338, "f1.05": 0.0709},
+        "capacity": {"conserve": {"low": 0.0675, "high": 0.075}, "ampd_rd": {"low": 0.06, "high": 0.0675}}}))
+    c1 = results.capacity_rows(tmp_path)["C1"]
+    assert "0.0709/s serving vs AMPD remote_default: -50.0 % [-50.0, -50.0] (n=3) reproduced" in c1.cells
+    text = "\n".join(c1.detail)
+    assert "ConServe [0.0675, 0.075); AMPD remote_default [0.06, 0.0675) conv/s" in text
+    assert "| 0.0709 | 4.0 |" in text and "| 0.0338 | 0.0 |" in text

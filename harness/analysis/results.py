@@ -142,7 +142,11 @@ CONSERVE_SIM_C5 = ("simulator, AMPD error arms", "python run.py -m +experiment=a
 
 
 SIM_TABLES = {"conserve_sensitivity": "docs/data/conserve_sensitivity/runs.csv",
-              "ampd_robustness": "docs/data/ampd_robustness/runs.csv"}
+              "ampd_robustness": "docs/data/ampd_robustness/runs.csv",
+              "conserve_capacity": "docs/data/conserve_capacity/runs.csv"}
+CAPACITY_JSON = "docs/data/conserve_capacity/capacity.json"   # scripts/conserve_capacity.py's record
+CAPACITY_CMD = "python scripts/conserve_capacity.py --out results/sweeps/conserve_capacity"
+CAPACITY_SRC = "simulator, at 0.5 / 0.8 / 0.95 / 1.05 of ConServe's located capacity (a40_1p3d)"
 CLAIM_FACTORS = {"C1": ["reading", "mode", "rate"], "C2": ["reading", "rate"], "C3": ["mode", "rate"], "C4": ["rate"],
                  "C5": ["mode", "rate", "metric", "level"]}
 C5_FIGURE = "ampd_robustness_levels.png"   # drawn from the shipped C5 table (--figures)
@@ -213,15 +217,60 @@ def conserve_sim_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dic
     return out
 
 
+def capacity_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[str, Row]:
+    """C1 and C2 at fixed fractions of located capacity, from ``docs/data/conserve_capacity`` (made by
+    ``scripts/conserve_capacity.py`` and ``scripts/conserve_tables.py``): each variant's capacity bracket from
+    ``capacity.json`` in the detail, the claims' cells by rate (each rate a fraction of ConServe's capacity), and
+    per rate ConServe's held conversations (its admission gate acts where they are > 0) with TTFET from arrival
+    and from admission. Without the table: the command."""
+    import json
+    runs = _read(root, SIM_TABLES["conserve_capacity"])
+    cap_p = root / CAPACITY_JSON
+    if runs is None or not cap_p.is_file():
+        return {c: _no_data(c, CAPACITY_SRC, CAPACITY_CMD, "python scripts/conserve_tables.py results/sweeps/"
+                            "conserve_capacity/claims --out docs/data/conserve_capacity") for c in ("C1", "C2")}
+    cap = json.loads(cap_p.read_text())
+    r = classify(runs)
+    homo = sorted(set(r._tier))[0]
+    head = ["Capacity per variant (bisection on the rate; bounded: geometric-mean window growth ratio of the "
+            f"conversations' serving time <= {cap['growth_bound']:g} over {cap['cap_seeds']} seeds; tolerance "
+            f"{cap['tol']:g} conv/s): " + "; ".join(f"{MODE_LABEL.get(v, 'ConServe')} [{c['low']:g}, {c['high']:g})"
+                                                    for v, c in cap["capacity"].items()) + " conv/s. Rates: "
+            + ", ".join(f"{t[1:]} × = {x:g}" for t, x in cap["rates"].items()) + " conv/s.", ""]
+    cs = r[r._variant == "conserve"]
+    adm = ["| rate (conv/s) | ConServe held conversations (mean over seeds) | p95 TTFET first from arrival / from "
+           "admission (s, mean) | serving-only from arrival / from admission |", "|---|---|---|---|"]
+    for rate, g in cs.groupby("_rate"):
+        def m(k):
+            return float(pd.to_numeric(g[k], errors="coerce").mean()) if k in g else math.nan
+        adm.append(f"| {rate:g} | {m('admission_held_conversations'):.1f} | {m('ttfet_first_p95_s'):.3g} / "
+                   f"{m('ttfet_first_from_admission_p95_s'):.3g} | {m('ttfet_serving_p95_s'):.3g} / "
+                   f"{m('ttfet_serving_from_admission_p95_s'):.3g} |")
+    out = {}
+    l1, _, c1 = claim_ttfet(r, homo, margin)
+    l2, _, c2 = claim_slo(r, homo, margin)
+    src = f"{CAPACITY_SRC} (`{SIM_TABLES['conserve_capacity']}`)"
+    for claim, lines, cells in (("C1", l1, c1), ("C2", l2, c2)):
+        cells = [c for c in cells if c["n"] > 0]
+        if cells:
+            f = CLAIM_FACTORS[claim]
+            out[claim] = Row(claim, src, _word(cells, f), _cell_list(cells, _claim_label(claim)), _flip_text(cells, f),
+                             [*head, *lines, "", *adm])
+    return out
+
+
 def conserve_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Row]:
     """Every ConServe claim's rows: the simulator presets (:func:`conserve_sim_rows`; a table not shipped: the
     command), and C1 / C3 on each side of ``docs/data/twin_conserve`` (C2, C4, C5 have no twin: the command)."""
     sides = _twin_sides(root, TWIN_CONSERVE)
     sim = conserve_sim_rows(root, margin)
+    cap = capacity_rows(root, margin)
     rows: list[Row] = []
     for claim, _, _ in CONSERVE_CLAIMS:
         src, cmd = CONSERVE_SIM_C5 if claim == "C5" else CONSERVE_SIM
         rows.append(sim[claim] if claim in sim else _no_data(claim, src, cmd, RUN_REPORT))
+        if claim in cap:
+            rows.append(cap[claim])
         if claim not in ("C1", "C3"):      # +experiment=twin_conserve runs C1 and C3 only
             continue
         for b, side_name in SIDES:
