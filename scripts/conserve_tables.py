@@ -69,6 +69,8 @@ def table(dirs: list[Path]) -> tuple[pd.DataFrame, list[str]]:
                 for k, v in admission_readings(turns, conv).items():
                     runs.loc[runs.index[i], k] = v
             runs.loc[runs.index[i], "serving_growth_ratio"] = conversation_growth_ratio(turns, conv)
+        if "partial" in runs.columns:   # a job stopped before its end (run.py marks it): not a measurement
+            runs = runs[~runs["partial"].fillna(False).astype(bool)]
         frames.append(runs)
         fps += [str(x) for x in runs.get("code_fingerprint", pd.Series(dtype=object)).dropna()]
     runs = pd.concat(frames, ignore_index=True, sort=False)

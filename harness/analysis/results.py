@@ -101,11 +101,14 @@ def _word(cells: list[dict], factors: list[str]) -> str:
     return sep + ", ".join(FACTOR_NAMES.get(f, f) for f in tail.split(", "))
 
 
-def _cell_list(cells: list[dict], label) -> str:
+def _cell_list(cells: list[dict], label, unit: str = " %") -> str:
     """The decided cells (not inconclusive) first, as ``label: estimate [interval] (n=...) word``; all cells when
-    none is decided."""
+    none is decided. ``unit``: the estimate's (`` %`` of a ratio, `` pp`` of a share); a cell's own ``unit`` key
+    (``pp`` / ``pct``) wins."""
     decided = [c for c in cells if c["verdict"] != "inconclusive"] or cells
-    return "; ".join(f"{label(c)}: {fmt(c['mean'], c['ci'], c['n'])} {c['verdict']}" for c in decided)
+    units = {"pp": " pp", "pct": " %"}
+    return "; ".join(f"{label(c)}: {fmt(c['mean'], c['ci'], c['n'], unit=units.get(c.get('unit'), unit))} "
+                     f"{c['verdict']}" for c in decided)
 
 
 def _flip_text(cells: list[dict], factors: list[str]) -> str:
@@ -198,7 +201,8 @@ def conserve_sim_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dic
             matrix = [x for x in lm if x.startswith(f"| {claim} |")]
             detail = [*lines[claim], "", "Sensitivity matrix (each choice's words; `harness.analysis.claims."
                       "sensitivity_matrix`):", "", *lm[2:4], *matrix] if matrix else lines[claim]
-            out[claim] = Row(claim, src, word, _cell_list(cells, _claim_label(claim)), flips, detail)
+            out[claim] = Row(claim, src, word, _cell_list(cells, _claim_label(claim), " pp" if claim == "C2" else " %"),
+                             flips, detail)
     rob = _read(root, SIM_TABLES["ampd_robustness"])
     if rob is not None:
         r = classify(rob)
@@ -254,8 +258,9 @@ def capacity_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[st
         cells = [c for c in cells if c["n"] > 0]
         if cells:
             f = CLAIM_FACTORS[claim]
-            out[claim] = Row(claim, src, _word(cells, f), _cell_list(cells, _claim_label(claim)), _flip_text(cells, f),
-                             [*head, *lines, "", *adm])
+            out[claim] = Row(claim, src, _word(cells, f),
+                             _cell_list(cells, _claim_label(claim), " pp" if claim == "C2" else " %"),
+                             _flip_text(cells, f), [*head, *lines, "", *adm])
     return out
 
 
