@@ -110,8 +110,24 @@ def cell(name: str, what: str, scheduler: str, cluster: str, rate: float, seed: 
     return name, "\n".join(lines + _yaml(body)) + "\n"
 
 
+# AMPD's thresholds moved one at a time (one seed at SENS_RATE on the homogeneous tier, like the constants): the
+# decode-step budget (shipped 15 ms), the local-TTFT budget (1 s) and the KV watermark (95 %), at a tighter and a
+# looser value each; the step and TTFT budgets act in mode remote_default only, the watermark in both
+# (baselines/ampd.py). harness.analysis.claims labels them ampd.<key>=<value> in the sensitivity matrix.
+AMPD_KNOBS = {"step0p010": {"tpot_slo_s": 0.010}, "step0p030": {"tpot_slo_s": 0.030},
+              "ttft0p5": {"ttft_slo_s": 0.5}, "ttft2": {"ttft_slo_s": 2.0},
+              "kv0p85": {"kv_high_frac": 0.85}, "kv0p99": {"kv_high_frac": 0.99}}
+
+
 def conserve_sensitivity() -> list[tuple[str, str]]:
     out = []
+    for arm, knob in AMPD_KNOBS.items():
+        for v in ("ampd_rd", "ampd_cost"):
+            if v == "ampd_cost" and "kv_high_frac" not in knob:
+                continue
+            s, keys = VARIANTS[v]
+            out.append(cell(f"cs_knob_{arm}_{v}", f"conserve_sensitivity AMPD threshold arm {arm}: {v} on a40_1p3d",
+                            s, TIERS["homo"], SENS_RATE, 0, {**keys, **knob}, {}))
     for v, (s, keys) in VARIANTS.items():
         for tier, cl in TIERS.items():
             for r in MAIN_RATES:
@@ -194,6 +210,8 @@ HEADERS = {
 #   sens:  the same 3 variants x 2 tiers at 0.06 conv/s, seed 0, one uncalibrated constant moved to an
 #          end of its range: kv_memory_efficiency 0.85 / 0.94, prefill_efficiency 0.38,
 #          memory_power_frac 0.70 / 0.95, idle_w 70                                            (36 runs)
+#   knob:  AMPD's thresholds moved one at a time, seed 0 at 0.06 conv/s on a40_1p3d: decode-step budget
+#          10 / 30 ms and local TTFT 0.5 / 2 s (remote_default), KV watermark 85 / 99 % (both rules)   (8 runs)
 #   err:   AMPD remote_default with error rate 0.1 / 0.3 / 0.5 (x or / 2) and log-normal sigma 1, AMPD
 #          cost with error rate 0.1 / 0.3 / 0.5, at 0.06 conv/s on a40_1p3d, seeds 0-2           (21 runs)
 #   python run.py -m +experiment=conserve_sensitivity

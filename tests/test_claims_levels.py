@@ -49,3 +49,34 @@ def test_the_levels_figure_is_drawn(tmp_path):
     (p,) = robustness_levels_figure(sweep(), tmp_path)
     assert p.name == "ampd_robustness_levels.png" and p.stat().st_size > 10_000
     assert robustness_levels_figure(sweep()[lambda d: d["scheduler.misroute_frac"] == 0], tmp_path / "none") == []
+
+
+def test_ampd_threshold_arms_in_the_sensitivity_matrix():
+    """A one-seed AMPD threshold arm (remote_default's local-TTFT budget at 2 s instead of 1 s) moves AMPD only:
+    its C1 ratio pairs ConServe's base run with the arm's AMPD run (serving p95 10 s vs 8 s: +25.0 %; base 10 s vs
+    20 s: -50.0 %), the cost rule's columns are not touched (NaN, left out), and the matrix names the threshold."""
+    from baselines.ampd import AmpdConfig
+    from harness.analysis.claims import AMPD_KNOB_DEFAULTS, claim_ttfet, sensitivity, sensitivity_matrix
+    cfg = AmpdConfig()
+    assert AMPD_KNOB_DEFAULTS == {"tpot_slo_s": cfg.tpot_slo_s, "ttft_slo_s": cfg.ttft_slo_s,
+                                  "kv_high_frac": cfg.kv_high_frac}
+    rows = []
+    for seed in range(3):
+        for name, mode, serving in (("conserve", None, 10.0), ("ampd", "remote_default", 20.0 + seed),
+                                    ("ampd", "cost", 12.0)):
+            rows.append({"scheduler.name": name, "scheduler.mode": mode, "cluster.name": "a40_1p3d",
+                         "workload.rate_per_s": 0.06, "workload.seed": seed, "ttfet_first_p95_s": 1.0,
+                         "ttfet_visible_p95_s": 500.0, "ttfet_serving_p95_s": serving, "tokens_per_joule": 60.0,
+                         "scheduler.ttft_slo_s": 1.0 if name == "ampd" else None})
+    rows.append({**rows[1], "scheduler.ttft_slo_s": 2.0, "ttfet_serving_p95_s": 8.0})
+    r = classify(pd.DataFrame(rows))
+    assert list(r._sens) == ["base"] * 9 + ["ampd.ttft_slo_s=2"]
+    lines, vals = sensitivity(r, "a40_1p3d", None)
+    j = vals["cols"].index("C1 serving")
+    assert vals["base"][j] == pytest.approx(-50.0) and vals["arms"]["ampd.ttft_slo_s=2"][j] == pytest.approx(25.0)
+    assert math.isnan(vals["arms"]["ampd.ttft_slo_s=2"][vals["cols"].index("C1 serving (cost)")])
+    _, _, cells = claim_ttfet(r, "a40_1p3d")
+    assert all(c["n"] == 3 for c in cells)            # the arm's run is not a fourth AMPD seed of the base cell
+    lm, overall = sensitivity_matrix({"C1": cells}, vals)
+    row = next(x for x in lm if x.startswith("| C1 | ampd.ttft_slo_s (one seed) |"))
+    assert "2 (serving, AMPD remote_default): " in row and "(cost)" not in row

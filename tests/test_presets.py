@@ -151,7 +151,7 @@ def test_cell_presets_cover_their_grids():
     arms on 3 seeds; pd_split: only valid scheduler x cluster pairs. Cells compose (a sample is resolved)."""
     import yaml
     cells = sweep_params("conserve_sensitivity")["+experiment/cell"]
-    assert len(cells) == len(set(cells)) == 195
+    assert len(cells) == len(set(cells)) == 203
     main = [c for c in cells if c.startswith("cs_main_")]
     # 3 variants x 2 tiers x (3 seeds at 0.03 + 10 seeds at 0.06 and at 0.09, near saturation)
     assert len(main) == 3 * 2 * (3 + 10 + 10)

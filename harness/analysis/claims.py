@@ -64,6 +64,22 @@ MODE_LABEL = {"ampd_rd": "AMPD remote_default", "ampd_cost": "AMPD cost"}
 # visible-reading ratios at 0.03 conv/s, where nothing queues, spread by about +-0.5 % over seeds).
 SIGN_RESOLUTION_PCT = 1.0
 HW_KEYS = ("kv_memory_efficiency", "prefill_efficiency", "memory_power_frac", "idle_w", "memory_efficiency")
+# AMPD's thresholds, moved one at a time as one-seed sensitivity arms (``cs_knob_*`` cells): their shipped values
+# (baselines/ampd.py AmpdConfig: the decode-step budget 15 ms, local TTFT 1 s, KV watermark 95 %); an AMPD run with
+# another value is the arm ``ampd.<key>=<value>`` (:func:`_ampd_knob_arms`)
+AMPD_KNOB_DEFAULTS = {"tpot_slo_s": 0.015, "ttft_slo_s": 1.0, "kv_high_frac": 0.95}
+
+
+def _ampd_knob_arms(r: pd.DataFrame, sens: list[str]) -> list[str]:
+    """``sens`` with each AMPD run whose threshold (:data:`AMPD_KNOB_DEFAULTS`, column ``scheduler.<key>``) is not
+    the shipped value labelled ``ampd.<key>=<value>`` (the first such key; a run already an arm keeps its label)."""
+    out = list(sens)
+    for key, default in AMPD_KNOB_DEFAULTS.items():
+        v = pd.to_numeric(_col(r, f"scheduler.{key}"), errors="coerce").to_numpy(dtype=float)
+        for i, x in enumerate(v):
+            if np.isfinite(x) and not math.isclose(x, default) and out[i] == "base":
+                out[i] = f"ampd.{key}={x:g}"
+    return out
 
 
 def _col(df: pd.DataFrame, key: str) -> pd.Series:
@@ -104,7 +120,7 @@ def classify(runs: pd.DataFrame) -> pd.DataFrame:
             for i, x in enumerate(v):
                 if np.isfinite(x) and x != mode_v and sens[i] == "base":
                     sens[i] = f"{key}={x:g}"
-    r["_sens"] = sens
+    r["_sens"] = _ampd_knob_arms(r, sens)
     r["_tier"] = _col(r, "cluster.name").astype(str)
     r["_rate"] = pd.to_numeric(_col(r, "workload.rate_per_s"), errors="coerce")
     r["_seed"] = pd.to_numeric(_col(r, "workload.seed"), errors="coerce")
@@ -664,6 +680,8 @@ def sensitivity_matrix(claims: dict[str, list[dict]], arm_values: dict,
                 continue
             where = ", ".join(x for x in (rd, MODE_LABEL.get(m)) if x)
             for arm, vals in arm_values["arms"].items():
+                if not np.isfinite(vals[j]):   # the arm does not touch this cell (an AMPD threshold of the other rule)
+                    continue
                 w = shifted_verdict(base[0], arm_values["base"][j], vals[j], PAPER[claim], margin)
                 key, level = arm.split("=", 1)
                 consts.setdefault(key, []).append(f"{level}{f' ({where})' if where else ''}: {w}"
@@ -683,7 +701,10 @@ def sensitivity_matrix(claims: dict[str, list[dict]], arm_values: dict,
 
 def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list[str], dict]:
     """Each sensitivity arm (1 seed) against the base runs of the same seed and rate: the C1, C3, C4
-    ratios, and whether their sign differs from the base seed's (the verdict moves).
+    ratios, and whether their sign differs from the base seed's (the verdict moves). An uncalibrated constant's
+    arm moves every variant; an AMPD threshold's (``ampd.<key>=<value>``, :data:`AMPD_KNOB_DEFAULTS`) moves AMPD
+    only, so ConServe's side of its ratios is the base run; a column whose AMPD rule the arm did not run is NaN
+    (left out of the matrix).
 
     Returns ``(lines, values)``: the markdown table (a flipped sign marked ⚠) and
     ``{"rate", "seed", "cols": [column labels], "base": [base ratios, %], "arms": {arm: [ratios, %]}}``
@@ -723,11 +744,16 @@ def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list
                  for _, k, a, ta, bb, tb in cols]
     lines.append("| base | " + " | ".join(f"{v:+.1f}" for v in base_vals) + " |")
     nums: dict[str, list[float]] = {}
+    b_df = base[base._sens == "base"]
     for arm in arms:
         a_df = r[(r._sens == arm)]
         vals = []
         for (_, k, a, ta, bb, tb), bv in zip(cols, base_vals):
-            v = ratio(one(a_df, a, ta), one(a_df, bb, tb), k)
+            if arm.startswith("ampd."):   # an AMPD threshold moves AMPD's runs only: the others are the base ones
+                v = ratio(one(a_df, a, ta) if a.startswith("ampd") else one(b_df, a, ta),
+                          one(a_df, bb, tb) if bb.startswith("ampd") else one(b_df, bb, tb), k)
+            else:
+                v = ratio(one(a_df, a, ta), one(a_df, bb, tb), k)
             nums.setdefault(arm, []).append(v)
             flip = (np.isfinite(v) and np.isfinite(bv) and np.sign(v) != np.sign(bv)
                     and max(abs(v), abs(bv)) >= SIGN_RESOLUTION_PCT)
