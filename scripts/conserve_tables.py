@@ -53,11 +53,16 @@ def table(dirs: list[Path]) -> tuple[pd.DataFrame, list[str]]:
 
     Raises:
         FileNotFoundError: a directory without runs. ValueError: a run lacks a :data:`REQUIRED` column."""
-    from harness.analysis.report import load_sweep
+    from harness.analysis.report import load_config, load_sweep
     frames, fps = [], []
     for d in dirs:
         sw = load_sweep(d)
         runs = sw.runs.copy()
+        # a key one sweep does not vary is not a column of its runs table (load_sweep keeps the swept keys):
+        # read it from each run's config so that several sweeps of one preset concatenate
+        for c in CONFIG_COLUMNS:
+            if c not in runs.columns:
+                runs[c] = [load_config(sw.run_dirs[rel]).get(c) for rel in runs["run"]]
         runs["run"] = [str(Path(d.name) / r) for r in runs["run"]]
         for i, rel in enumerate(sw.runs["run"]):
             rd = sw.run_dirs[rel]
