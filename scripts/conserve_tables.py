@@ -20,8 +20,6 @@ Exit status 0 written, 2 bad arguments (a directory without runs, a run without 
 
 from __future__ import annotations
 
-import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -92,7 +90,9 @@ def table(dirs: list[Path]) -> tuple[pd.DataFrame, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python scripts/conserve_tables.py", description=__doc__.split("\n\n")[0])
+    """Command line (module docstring). Bad input: one ``error:`` line, exit 2, before anything is written."""
+    from harness.core import cmdline
+    ap = cmdline.ArgumentParser(prog="python scripts/conserve_tables.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("sweeps", nargs="+", type=Path, help="sweep directories of one preset")
     ap.add_argument("--out", type=Path, required=True, help="directory for runs.csv and SOURCE.md")
     ap.add_argument("--command", required=True, help="the command that ran the sweeps (written to SOURCE.md)")
@@ -100,13 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     bad = [str(d) for d in a.sweeps if not d.is_dir()]
     if bad:
-        print(f"conserve_tables: not a directory: {', '.join(bad)}", file=sys.stderr)
-        return 2
+        ap.error(f"not a directory: {', '.join(bad)}")
     try:
         runs, fps = table(a.sweeps)
     except (FileNotFoundError, ValueError) as e:
-        print(f"conserve_tables: {e}", file=sys.stderr)
-        return 2
+        ap.error(str(e))
     a.out.mkdir(parents=True, exist_ok=True)
     runs.to_csv(a.out / "runs.csv", index=False, float_format="%.6g")
     from collections import Counter
@@ -126,4 +124,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from harness.core import cmdline
+    sys.exit(cmdline.run(main))

@@ -40,10 +40,15 @@ def test_fraction_rates():
         cc.fraction_rates(-math.inf, (0.5,))
 
 
-def test_bad_arguments_exit_2(tmp_path, capsys):
-    assert cc.main(["--out", str(tmp_path), "--range", "0.1,0.05"]) == 2
-    assert cc.main(["--out", str(tmp_path), "--variants", "ampd_rd"]) == 2
-    assert "conserve included" in capsys.readouterr().err
+@pytest.mark.parametrize("bad,says", [(["--range", "0.1,0.05"], "--range"), (["--variants", "ampd_rd"], "conserve included"),
+                                      (["--tol", "nan"], "--tol"), (["--cap-seeds", "0"], "--cap-seeds")])
+def test_bad_arguments_are_one_error_line_and_exit_2(tmp_path, capsys, bad, says):
+    with pytest.raises(SystemExit) as e:
+        cc.main(["--out", str(tmp_path / "out"), *bad])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and says in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_conversation_growth_ratio_by_hand():

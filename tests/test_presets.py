@@ -82,7 +82,7 @@ def test_one_point_of_each_preset_runs(name, tmp_path: Path):
 
 def test_ampd_robustness_asks_c5_on_both_rules_at_the_claim_rates():
     """ampd_robustness (issue 31): misroute 0 / 0.1 / 0.3 / 0.5 on AMPD remote_default and cost and ConServe
-    at 0.06 (5 seeds), 0.075 and 0.09 conv/s (10 seeds: near capacity, issue 53), the predictor-error arms on
+    at 0.06 (5 seeds), 0.075 and 0.09 conv/s (10 seeds: near capacity), the predictor-error arms on
     remote_default at 0.06 (5 seeds, error-free decisions); a sample of cells composes into that run."""
     import yaml
     cells = sweep_params("ampd_robustness")["+experiment/cell"]
@@ -123,7 +123,7 @@ def test_ampd_robustness_asks_c5_on_both_rules_at_the_claim_rates():
 def test_cells_near_capacity_have_ten_seeds():
     """Every claim cell of the ConServe presets at a rate near or past capacity (make_experiment_cells.NEAR_CAPACITY)
     has >= 10 seeds in the shipped cell files, and the generator refuses a grid that has fewer (a cell of
-    ampd_robustness at 0.075 conv/s with 5 seeds, the grid issue 53 found)."""
+    ampd_robustness at 0.075 conv/s with 5 seeds, the grid that left 4 of 5 cells inconclusive)."""
     import sys
 
     import yaml

@@ -517,7 +517,8 @@ def claim_robustness_levels(r: pd.DataFrame, homo: str,
                     d = (ch[x] - (x / x_max) * ch[x_max]).dropna()
                     mean, half, n = mean_ci(d, 0.05 / len(interior))
                     ci = (mean - half, mean + half)
-                    v = ("inconclusive" if not np.isfinite(half) else "fits a line" if -margin <= ci[0] and ci[1] <= margin
+                    v = ("inconclusive" if not np.isfinite(half)
+                         else "fits a line" if -margin <= ci[0] and ci[1] <= margin
                          else "lack of fit" if ci[0] > margin or ci[1] < -margin else "inconclusive")
                     fits.append({"mode": m, "rate": float(rate), "metric": lab, "level": x, "verdict": v,
                                  "mean": mean, "ci": ci, "n": n, "unit": kind})

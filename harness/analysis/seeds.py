@@ -183,7 +183,7 @@ def decide(states: Sequence[MetricState], n: int, max_seeds: int) -> str:
 # null (per-seed log ratios with a long tail on one side, as where one seed of the pair collapses) the repeated
 # t-intervals of small looks are too short on the tail's other side, and stopping there on a "decided" verdict
 # gave 8.2 % false directional verdicts (a shifted log-normal, sd 0.3, skewness 1.75, the shape of the C1 cell:
-# issue's 7.8 %); with the floor at 10 seeds, 4.3 % (tests/test_seeds_sequential.py; docs/metrics.md "Adaptive
+# 7.8 % measured before on that shape); with the floor at 10 seeds, 4.3 % (tests/test_seeds_sequential.py; docs/metrics.md "Adaptive
 # seeds"). The half-width target and the cap still stop a cell at any look.
 MIN_DECIDE_SEEDS = 10
 
