@@ -60,9 +60,21 @@ ERRORS = {  # arm -> predictor keys (AMPD robustness)
 }
 # ampd_robustness (C5 as the ConServe paper states it): decision-error arms (misroute_frac, the share
 # of turn >= 1 remote/local decisions inverted after the rule) on both AMPD rules and ConServe at the claim
-# rates incl. saturation (0.09 conv/s: 10 seeds; 5 elsewhere, for the preset's time budget), and the
-# predictor-error arms (AMPD remote_default, error-free decisions) at 0.06 conv/s, 5 seeds.
-AR_SEEDS = {0.06: tuple(range(5)), 0.075: tuple(range(5)), 0.09: TEN}
+# rates incl. saturation (0.075 and 0.09 conv/s: 10 seeds, MIN_SEEDS_NEAR_CAPACITY; 5 at 0.06, for the preset's
+# time budget), and the predictor-error arms (AMPD remote_default, error-free decisions) at 0.06 conv/s, 5 seeds.
+AR_SEEDS = {0.06: tuple(range(5)), 0.075: TEN, 0.09: TEN}
+# At least this many seeds in every cell at a rate near or past capacity, where one seed's queue collapse
+# dominates a cell: with 5 seeds at 0.075 conv/s one AMPD seed collapsed and 4 of 5 cells read "inconclusive"
+# that 10 seeds decide (docs/notebook/2026-12-03_conserve_claims_sensitivity.md). The rates per preset: ConServe's
+# decoders saturate near 0.07 conv/s on a40_1p3d (conserve_rate_sweep), so 0.075 and 0.09 are near or past it,
+# and 0.06 (0.86 of it) is where the 3-seed C1 interval straddled a verdict boundary; conserve_kvbound's KV-cut
+# pool saturates at 0.06 (its header). :func:`check_seeds` enforces it when the cells are written.
+MIN_SEEDS_NEAR_CAPACITY = 10
+NEAR_CAPACITY = {"conserve_sensitivity": (0.06, 0.09), "conserve_kvbound": (0.06,), "ampd_robustness": (0.075, 0.09)}
+# the cells the rule covers (by name): the claims' comparisons and the decision-error arms; not the one-seed
+# sensitivity arms (judged by shifting their base cell's interval, harness.analysis.claims.shifted_verdict) nor the
+# predictor-error arms (3-5 seeds, labelled by the decisions they flip; C5 is judged on the decision-error axis)
+SEED_CHECKED = ("cs_main_", "kv_conserve_", "kv_ampd_", "ar_mis", "ar_conserve_")
 AR_MISROUTES = (0.0, 0.1, 0.3, 0.5)
 AR_PRED_RATE = 0.06
 AR_PREDICTOR = {  # arm -> predictor keys; the error-free arm is ar_mis0 (sigma 0) of the same rate and seed
@@ -98,8 +110,24 @@ def cell(name: str, what: str, scheduler: str, cluster: str, rate: float, seed: 
     return name, "\n".join(lines + _yaml(body)) + "\n"
 
 
+# AMPD's thresholds moved one at a time (one seed at SENS_RATE on the homogeneous tier, like the constants): the
+# decode-step budget (shipped 15 ms), the local-TTFT budget (1 s) and the KV watermark (95 %), at a tighter and a
+# looser value each; the step and TTFT budgets act in mode remote_default only, the watermark in both
+# (baselines/ampd.py). harness.analysis.claims labels them ampd.<key>=<value> in the sensitivity matrix.
+AMPD_KNOBS = {"step0p010": {"tpot_slo_s": 0.010}, "step0p030": {"tpot_slo_s": 0.030},
+              "ttft0p5": {"ttft_slo_s": 0.5}, "ttft2": {"ttft_slo_s": 2.0},
+              "kv0p85": {"kv_high_frac": 0.85}, "kv0p99": {"kv_high_frac": 0.99}}
+
+
 def conserve_sensitivity() -> list[tuple[str, str]]:
     out = []
+    for arm, knob in AMPD_KNOBS.items():
+        for v in ("ampd_rd", "ampd_cost"):
+            if v == "ampd_cost" and "kv_high_frac" not in knob:
+                continue
+            s, keys = VARIANTS[v]
+            out.append(cell(f"cs_knob_{arm}_{v}", f"conserve_sensitivity AMPD threshold arm {arm}: {v} on a40_1p3d",
+                            s, TIERS["homo"], SENS_RATE, 0, {**keys, **knob}, {}))
     for v, (s, keys) in VARIANTS.items():
         for tier, cl in TIERS.items():
             for r in MAIN_RATES:
@@ -182,6 +210,8 @@ HEADERS = {
 #   sens:  the same 3 variants x 2 tiers at 0.06 conv/s, seed 0, one uncalibrated constant moved to an
 #          end of its range: kv_memory_efficiency 0.85 / 0.94, prefill_efficiency 0.38,
 #          memory_power_frac 0.70 / 0.95, idle_w 70                                            (36 runs)
+#   knob:  AMPD's thresholds moved one at a time, seed 0 at 0.06 conv/s on a40_1p3d: decode-step budget
+#          10 / 30 ms and local TTFT 0.5 / 2 s (remote_default), KV watermark 85 / 99 % (both rules)   (8 runs)
 #   err:   AMPD remote_default with error rate 0.1 / 0.3 / 0.5 (x or / 2) and log-normal sigma 1, AMPD
 #          cost with error rate 0.1 / 0.3 / 0.5, at 0.06 conv/s on a40_1p3d, seeds 0-2           (21 runs)
 #   python run.py -m +experiment=conserve_sensitivity
@@ -218,13 +248,13 @@ HEADERS = {
 #   decision error: AMPD mode=remote_default and mode=cost with an error-free predictor and a share
 #          0 / 0.1 / 0.3 / 0.5 of their turn >= 1 remote/local decisions inverted after the rule
 #          (scheduler.misroute_frac; the draw keyed on workload.seed and scheduler.misroute_seed), and
-#          ConServe (predicts nothing: the flat reference), at 0.06 and 0.075 conv/s x seeds 0-4 and
-#          0.09 conv/s (near saturation) x seeds 0-9                                          (180 runs)
+#          ConServe (predicts nothing: the flat reference), at 0.06 conv/s x seeds 0-4 and 0.075 and
+#          0.09 conv/s (near saturation) x seeds 0-9 (>= 10 near capacity: MIN_SEEDS_NEAR_CAPACITY) (225 runs)
 #   predictor error: AMPD remote_default with log-normal sigma 0.25 / 0.5 / 1 / 1.5 / 2 or error rate
 #          0.1 / 0.3 / 0.5 (x or / 2) on its predictions, at 0.06 conv/s x seeds 0-4; its error-free
 #          run is the misroute-0 cell; claims.md labels each with the share of decisions it flips
 #          (ampd_decision_flip_frac)                                                           (40 runs)
-# 220 runs, ~7 s each: ~13 min with hydra/launcher=joblib hydra.launcher.n_jobs=2 on a quiet 2-core machine.
+# 265 runs, ~7 s each: ~16 min with hydra/launcher=joblib hydra.launcher.n_jobs=2 on a quiet 2-core machine.
 #   python run.py -m +experiment=ampd_robustness hydra/launcher=joblib hydra.launcher.n_jobs=2
 #   python -m harness.analysis.report results/sweeps/<time>_ampd_robustness    # report.md + claims.md
 # Other error levels: run AMPD alone, e.g.
@@ -269,6 +299,24 @@ SUBDIRS = {"ampd_robustness": "${hydra.job.num}_${scheduler.name}_${oc.select:sc
                               "_mis${oc.select:scheduler.misroute_frac,none}_load${workload.rate_per_s}_seed${workload.seed}"}
 
 
+def check_seeds(preset: str, cells: list[tuple[str, str]]) -> None:
+    """Raise ``ValueError`` naming the cell group when a cell of ``preset`` at a rate of :data:`NEAR_CAPACITY`
+    has fewer than :data:`MIN_SEEDS_NEAR_CAPACITY` seeds; a group is every cell that differs only in
+    ``workload.seed`` (read from the cell's text: its ``rate_per_s`` and ``seed`` lines, the rest of its body)."""
+    import re
+    groups: dict = {}
+    for _, text in cells:
+        rate = float(re.search(r"^  rate_per_s: (\S+)$", text, re.M).group(1))
+        if rate not in NEAR_CAPACITY.get(preset, ()):
+            continue
+        body = re.sub(r"^  seed: \d+$", "", "\n".join(text.splitlines()[2:]), flags=re.M)
+        groups.setdefault(body, set()).add(int(re.search(r"^  seed: (\d+)$", text, re.M).group(1)))
+    for body, seeds in groups.items():
+        if len(seeds) < MIN_SEEDS_NEAR_CAPACITY:
+            raise ValueError(f"{preset}: a cell near capacity has {len(seeds)} seeds (< {MIN_SEEDS_NEAR_CAPACITY}): "
+                             f"{' '.join(body.split())[:200]}")
+
+
 def main(argv=None) -> None:
     cmdline.ArgumentParser(prog="scripts/make_experiment_cells.py", description=__doc__.split("\n\n")[0],
                            epilog="Takes no arguments. Exit status: 0 written; 2 an argument given; 130 "
@@ -279,6 +327,7 @@ def main(argv=None) -> None:
     presets = (("conserve_sensitivity", conserve_sensitivity()), ("conserve_kvbound", conserve_kvbound()),
                ("pd_split", pd_split()), ("ampd_robustness", ampd_robustness()))
     for preset, cells in presets:
+        check_seeds(preset, [c for c in cells if c[0].startswith(SEED_CHECKED)])
         for name, text in cells:
             (CELLS / f"{name}.yaml").write_text(text)
         text = "# @package _global_\n" + HEADERS[preset] + BODY.format(

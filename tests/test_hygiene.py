@@ -206,7 +206,8 @@ def test_jobs_starting_together_on_one_setup_replay_each_conversation_once(tmp_p
     assert job.is_alive()                               # blocked on the lock, not replaying the claimed ones
     mine = [rec.conversation_id for i, (_, rec) in enumerate(conversations) if i not in claimed_by_other]
     assert replayed == mine
-    hand = {i: {"first": 0.125 * (i + 1), "last": 0.5 * (i + 1), "visible": 0.5 * (i + 1)} for i in claimed_by_other}
+    hand = {i: {"first": 0.125 * (i + 1), "last": 0.5 * (i + 1), "visible": 0.5 * (i + 1),
+            "serving": 0.25 * (i + 1)} for i in claimed_by_other}
     _shard(setup_dir, "other", {digests[i]: v for i, v in hand.items()})
     os.close(held)                                      # the other process is done
     job.join(60)

@@ -82,12 +82,12 @@ def test_one_point_of_each_preset_runs(name, tmp_path: Path):
 
 def test_ampd_robustness_asks_c5_on_both_rules_at_the_claim_rates():
     """ampd_robustness (issue 31): misroute 0 / 0.1 / 0.3 / 0.5 on AMPD remote_default and cost and ConServe
-    at 0.06, 0.075 (5 seeds) and 0.09 conv/s (10 seeds), the predictor-error arms on remote_default at
-    0.06 (5 seeds, error-free decisions); a sample of cells composes into that run."""
+    at 0.06 (5 seeds), 0.075 and 0.09 conv/s (10 seeds: near capacity), the predictor-error arms on
+    remote_default at 0.06 (5 seeds, error-free decisions); a sample of cells composes into that run."""
     import yaml
     cells = sweep_params("ampd_robustness")["+experiment/cell"]
-    # (2 rules x 4 misroute shares + ConServe) x (5 + 5 + 10 seeds) + 8 predictor arms x 5 seeds
-    assert len(cells) == len(set(cells)) == 9 * (5 + 5 + 10) + 8 * 5 == 220
+    # (2 rules x 4 misroute shares + ConServe) x (5 + 10 + 10 seeds) + 8 predictor arms x 5 seeds
+    assert len(cells) == len(set(cells)) == 9 * (5 + 10 + 10) + 8 * 5 == 265
     grid, pred = {}, {}
     for c in cells:
         y = yaml.safe_load((CONF / "experiment" / "cell" / f"{c}.yaml").read_text())
@@ -103,7 +103,7 @@ def test_ampd_robustness_asks_c5_on_both_rules_at_the_claim_rates():
         key = (groups["scheduler"], sched.get("mode"), sched.get("misroute_frac"), w["rate_per_s"])
         grid.setdefault(key, set()).add(w["seed"])
     want = {}
-    for rate, seeds in ((0.06, set(range(5))), (0.075, set(range(5))), (0.09, set(range(10)))):
+    for rate, seeds in ((0.06, set(range(5))), (0.075, set(range(10))), (0.09, set(range(10)))):
         for mode in ("remote_default", "cost"):
             for f in (0.0, 0.1, 0.3, 0.5):
                 want[("ampd", mode, f, rate)] = seeds
@@ -120,12 +120,38 @@ def test_ampd_robustness_asks_c5_on_both_rules_at_the_claim_rates():
     assert run.scheduler.predictor.error_rate == 0.3 and run.scheduler.misroute_frac == 0.0
 
 
+def test_cells_near_capacity_have_ten_seeds():
+    """Every claim cell of the ConServe presets at a rate near or past capacity (make_experiment_cells.NEAR_CAPACITY)
+    has >= 10 seeds in the shipped cell files, and the generator refuses a grid that has fewer (a cell of
+    ampd_robustness at 0.075 conv/s with 5 seeds, the grid that left 4 of 5 cells inconclusive)."""
+    import sys
+
+    import yaml
+    sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+    import make_experiment_cells as m
+    assert m.MIN_SEEDS_NEAR_CAPACITY == 10
+    for preset, rates in m.NEAR_CAPACITY.items():
+        groups: dict = {}
+        for c in sweep_params(preset)["+experiment/cell"]:
+            if not c.startswith(m.SEED_CHECKED):
+                continue
+            y = yaml.safe_load((CONF / "experiment" / "cell" / f"{c}.yaml").read_text())
+            w = y["workload"]
+            if w["rate_per_s"] in rates:
+                key = (repr(y["defaults"]), repr(y.get("scheduler")), w["rate_per_s"])
+                groups.setdefault(key, set()).add(w["seed"])
+        assert groups and all(len(s) >= 10 for s in groups.values()), (preset, groups)
+    five = [c for c in m.ampd_robustness() if c[0].startswith("ar_mis0p1_ampd_rd_r0p075_s") and int(c[0][-1]) < 5]
+    with pytest.raises(ValueError, match="near capacity has 5 seeds"):
+        m.check_seeds("ampd_robustness", five)
+
+
 def test_cell_presets_cover_their_grids():
     """conserve_sensitivity: every variant x tier x rate on 3 seeds, 1-seed sensitivity arms, AMPD error
     arms on 3 seeds; pd_split: only valid scheduler x cluster pairs. Cells compose (a sample is resolved)."""
     import yaml
     cells = sweep_params("conserve_sensitivity")["+experiment/cell"]
-    assert len(cells) == len(set(cells)) == 195
+    assert len(cells) == len(set(cells)) == 203
     main = [c for c in cells if c.startswith("cs_main_")]
     # 3 variants x 2 tiers x (3 seeds at 0.03 + 10 seeds at 0.06 and at 0.09, near saturation)
     assert len(main) == 3 * 2 * (3 + 10 + 10)

@@ -119,3 +119,69 @@ def test_central_window_mean_by_hand():
     assert sorted(central_window(t).submit_s) == [2.0, 3.0, 4.0, 5.0]
     assert _central_mean(central_window(t), "e2e_s") == (20.0 + 40.0 + 50.0) / 3
     assert math.isnan(_central_mean(central_window(t.iloc[:0]), "e2e_s"))
+
+
+# ---- the serving-only reading (visible TTFET minus the replayed tool and think time) ---------------------
+
+def test_serving_ttfet_by_hand():
+    """Arrival 10 s; turn 0 submitted at 10, finished at 15; 5 s tool; turn 1 submitted at 20, finished at 26;
+    4 s tool; turn 2 (visible) submitted at 30, first token at 33. Visible TTFET 33 - 10 = 23 s, replayed
+    tool time 5 + 4 = 9 s: serving-only 14 s = (15 - 10) + (26 - 20) + (33 - 30)."""
+    from harness.analysis.metrics import serving_ttfet
+    spans = {0: (10.0, 11.0, 15.0), 1: (20.0, 21.5, 26.0), 2: (30.0, 33.0, 40.0)}
+    assert serving_ttfet(spans, 2) == pytest.approx(23.0 - 9.0)
+    assert serving_ttfet(spans, 0) == pytest.approx(1.0)            # turn 0 visible: its TTFT
+    assert math.isnan(serving_ttfet({0: spans[0], 2: spans[2]}, 2))  # turn 1 never completed
+
+
+def test_serving_reading_is_visible_minus_the_tool_time():
+    """CONV on an idle collocated A40 (fixed arrival): its serving-only TTFET is the visible TTFET less the
+    5 s of replayed tool time, i.e. turn 0's E2E plus turn 1's prefill (tests/test_handcalc.py formulas);
+    the unloaded baseline of the same conversation gives the same value, so a 1.5 x relative SLO is met."""
+    run = compose_run(["scheduler=collocated", "cluster=a40_4x"])
+    convs, stats = build_workload([CONV], WorkloadConfig(arrival="fixed"))
+    res = simulate(session_input(run), convs, stats, "collocated", scheduler_config("collocated", {"name": "collocated"}))
+    assert not res.error
+    conv = conversation_table(pd.DataFrame(res.turns), res.convs, "visible")
+    serving = prefill_step(1000, 0) + sum(decode_step(1000 + j) for j in range(9)) + prefill_step(202, 1008)
+    row = conv.iloc[0]
+    assert row.ttfet_serving_s == pytest.approx(serving, rel=1e-9)
+    assert row.ttfet_visible_s - row.ttfet_serving_s == pytest.approx(5.0, rel=1e-9)
+    unloaded = unloaded_readings(session_input(run), convs, stats, cache_dir="")
+    cid = row.conversation_id
+    assert unloaded[cid]["serving"] == pytest.approx(serving, rel=1e-9)
+    out = apply_slo(conv.copy(), SloConfig(), unloaded)
+    assert out.slo_ttfet_serving_s.iloc[0] == pytest.approx(1.5 * serving, rel=1e-9)
+    assert out.slo_met_serving.iloc[0] is True
+
+
+def test_serving_slo_and_percentiles_by_hand():
+    """Two conversations, serving-only TTFET 4 s and 9 s against unloaded 3 s each and a 2 x multiple (6 s):
+    one meets it (attainment 0.5); p50 = 6.5 s, p95 = 4 + 0.95 x 5 = 8.75 s (linear interpolation)."""
+    conv = conv_frame(["a", "b"], [1.0, 1.0], [20.0, 30.0])
+    conv["ttfet_serving_s"] = [4.0, 9.0]
+    unloaded = {c: {"first": 1.0, "visible": 20.0, "serving": 3.0} for c in ("a", "b")}
+    out = apply_slo(conv.copy(), SloConfig(ttfet_serving_multiple=2.0), unloaded)
+    assert list(out.slo_met_serving) == [True, False]
+    s = summarize(NO_TURNS, out, [1.0], 1.0, 0)
+    assert s["slo_attainment_serving"] == 0.5
+    assert s["ttfet_serving_p50_s"] == pytest.approx(6.5) and s["ttfet_serving_p95_s"] == pytest.approx(8.75)
+    # a table without the column (a run stored before the reading existed): no SLO column, NaN keys
+    old = apply_slo(conv_frame(["a"], [1.0], [20.0]), SloConfig(), unloaded)
+    assert "slo_met_serving" not in old.columns
+    s_old = summarize(NO_TURNS, old, [1.0], 1.0, 0)
+    assert math.isnan(s_old["slo_attainment_serving"]) and math.isnan(s_old["ttfet_serving_p95_s"])
+
+
+def test_ttfet_from_admission_by_hand():
+    """Conversation a held 10 s at admission (turn 0 submitted at 0, admitted at 10), b not held: first-turn
+    TTFET 15 s and 3 s from arrival are 5 s and 3 s from admission; p95 of (5, 3) = 3 + 0.95 x 2 = 4.9 s."""
+    from harness.analysis.metrics import admission_readings
+    turns = pd.DataFrame({"conversation_id": ["a", "a", "b"], "turn": [0, 1, 0], "submit_s": [0.0, 20.0, 1.0],
+                          "admit_s": [10.0, 20.0, 1.0]})
+    conv = conv_frame(["a", "b"], [15.0, 3.0], [40.0, 30.0])
+    conv["ttfet_serving_s"] = [25.0, 8.0]
+    got = admission_readings(turns, conv)
+    assert got["ttfet_first_from_admission_p95_s"] == pytest.approx(4.9)
+    assert got["ttfet_visible_from_admission_p95_s"] == pytest.approx(30.0)   # (40 - 10, 30 - 0)
+    assert got["ttfet_serving_from_admission_p95_s"] == pytest.approx(8.0 + 0.95 * 7.0)   # (15, 8)

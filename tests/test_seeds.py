@@ -91,10 +91,12 @@ def test_adapt_stops_at_the_cap_and_on_a_decided_verdict(tmp_path: Path):
     rec = adapt(tmp_path / "cap", ["scheduler=conserve"], ["scheduler=ampd"], [], [("m", -51.08)], 3, 5, 0.01,
                 runner=run, log=lambda *_: None)
     assert (rec.seeds, rec.stopped) == (5, "cap") and rec.metrics[0]["verdict"] == "inconclusive"
-    run, _ = fake_runner([40.0, 42.0, 38.0, 41.0], [100.0] * 4)   # -60 % on every seed, tight
+    run, _ = fake_runner([40.0, 42.0, 38.0, 41.0] * 3, [100.0] * 12)   # -60 % on every seed, tight
     rec = adapt(tmp_path / "dec", ["scheduler=conserve"], ["scheduler=ampd"], [], [("m", -51.08)], 3, 20, 0.01,
                 runner=run, log=lambda *_: None)
-    assert (rec.seeds, rec.stopped) == (3, "decided") and rec.metrics[0]["verdict"] == "reproduced"
+    # decided already at 3 seeds, but a decided verdict stops a cell only from MIN_DECIDE_SEEDS = 10 seeds on:
+    # the first look at or past 10 of 3, 6, 12, 20 is 12
+    assert (rec.seeds, rec.stopped) == (12, "decided") and rec.metrics[0]["verdict"] == "reproduced"
 
 
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path: Path, capsys):

@@ -63,7 +63,8 @@ def test_absolute_reading_scales_its_seconds_and_tbt_applies():
     got = slo_scale_curve(slow, SloConfig(scales=SCALES, tbt_s=0.05), UNLOADED)
     assert [got[scale_key("first", x)] for x in SCALES] == [0.0, 0.0, 0.25, 0.5]
     # all-absolute curve needs no unloaded TTFETs; no scales: no keys
-    both = SloConfig(scales=[1], ttfet_mode="absolute", ttfet_s=20.0, ttfet_first_mode="absolute", ttfet_first_s=2.0)
+    both = SloConfig(scales=[1], ttfet_mode="absolute", ttfet_s=20.0, ttfet_first_mode="absolute", ttfet_first_s=2.0,
+                     ttfet_serving_mode="absolute", ttfet_serving_s=10.0)
     assert not both.needs_scale_unloaded()
     assert slo_scale_curve(A, both, None) == {"slo_scales": [1.0], "slo_attainment_first_x1": 0.5,
                                              "slo_attainment_visible_x1": 0.5}

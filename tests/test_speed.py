@@ -255,12 +255,14 @@ def test_conversation_table_by_hand():
     convs = [conv("c0", 10.0, [False, True, False], 30.0), conv("c1", 0.0, [False, False], 8.0, failed=True),
              conv("c2", 1.0, [True], math.nan, done=False)]
     turns = pd.DataFrame([
-        ("c1", 0, "ok", 1.0, 2.0, 0.1), ("c0", 0, "ok", 11.0, 12.0, 0.01), ("c0", 1, "failed", 14.0, 14.5, 0.5),
-        ("c0", 1, "ok", 15.5, 16.0, 0.03), ("c0", 2, "ok", 25.0, 30.0, 0.02), ("zz", 0, "ok", 1.0, 1.0, 0.0)],
-        columns=["conversation_id", "turn", "status", "first_token_s", "finish_s", "tpot_s"])
+        ("c1", 0, "ok", 0.0, 1.0, 2.0, 0.1), ("c0", 0, "ok", 10.0, 11.0, 12.0, 0.01),
+        ("c0", 1, "failed", 13.0, 14.0, 14.5, 0.5), ("c0", 1, "ok", 14.0, 15.5, 16.0, 0.03),
+        ("c0", 2, "ok", 20.0, 25.0, 30.0, 0.02), ("zz", 0, "ok", 0.0, 1.0, 1.0, 0.0)],
+        columns=["conversation_id", "turn", "status", "submit_s", "first_token_s", "finish_s", "tpot_s"])
     t = conversation_table(turns, convs, "first_visible").set_index("conversation_id")
     assert list(conversation_table(turns, convs, "first_visible").columns) == CONVERSATION_COLUMNS
     assert t.loc["c0", "ttfet_s"] == 5.5 and t.loc["c0", "latency_s"] == 20.0
+    assert t.loc["c0", "ttfet_serving_s"] == (12.0 - 10.0) + (15.5 - 14.0)   # turn 0's E2E + turn 1's TTFT
     assert t.loc["c0", "last_turn_tpot_s"] == 0.02 and t.loc["c0", "turns_done"] == 3
     assert t.loc["c1", "turns_done"] == 1 and math.isnan(t.loc["c1", "ttfet_s"]) and math.isnan(t.loc["c1", "latency_s"])
     assert t.loc["c2", "turns_done"] == 0 and math.isnan(t.loc["c2", "ttfet_s"])

@@ -101,3 +101,17 @@ def bisect_capacity(bounded_at: Callable[[float], bool], lo: float, hi: float,
         else:
             hi = mid
     return lo, hi, tried
+
+
+def conversation_growth_ratio(turns, conv) -> float:
+    """The window growth ratio (:func:`growth_ratio`) of one agentic run: each conversation's time in the serving
+    system (the sum of its completed turns' E2E, ``finish_s - submit_s``, s: its latency less the replayed tool and
+    think time, which no load changes) in arrival order (``conv.arrival_s``). ``turns``, ``conv``: the run's
+    ``turns.parquet`` and ``conversations.parquet`` frames. NaN with fewer than 8 conversations or when one has no
+    completed turn (a failed conversation)."""
+    ok = turns[turns.status == "ok"]
+    serv = (ok.finish_s - ok.submit_s).groupby(ok.conversation_id).sum()
+    x = conv.sort_values("arrival_s", kind="stable").conversation_id.map(serv).to_numpy(dtype=float)
+    if len(x) < 8 or not np.all(np.isfinite(x)):
+        return math.nan
+    return growth_ratio(x)

@@ -106,6 +106,45 @@ CATALOG: tuple[Metric, ...] = (
            definition="99th percentile over conversations of TTFET (time to first effective token): the first "
                       "user-visible turn's first output token − the conversation's arrival",
            source="harness.analysis.metrics.summarize; docs/metrics.md \"Per conversation\""),
+    Metric("ttfet_serving_p50_s", "TTFET serving-only p50 (s)", 2, log_y=True,
+           unit="s",
+           definition="50th percentile over conversations of the serving-only TTFET: the visible-turn TTFET minus the "
+                      "conversation's replayed tool and think time before that turn, i.e. the time its turns up to "
+                      "the first user-visible one spent in the serving system (each earlier turn's E2E plus the "
+                      "visible turn's TTFT)",
+           source="harness.analysis.metrics.serving_ttfet; docs/metrics.md \"Serving-only TTFET\""),
+    Metric("ttfet_serving_p95_s", "TTFET serving-only p95 (s)", 2, log_y=True,
+           unit="s",
+           definition="95th percentile over conversations of the serving-only TTFET: the visible-turn TTFET minus the "
+                      "conversation's replayed tool and think time before that turn, i.e. the time its turns up to "
+                      "the first user-visible one spent in the serving system (each earlier turn's E2E plus the "
+                      "visible turn's TTFT)",
+           source="harness.analysis.metrics.serving_ttfet; docs/metrics.md \"Serving-only TTFET\""),
+    Metric("ttfet_serving_p99_s", "TTFET serving-only p99 (s)", 2, log_y=True,
+           unit="s",
+           definition="99th percentile over conversations of the serving-only TTFET: the visible-turn TTFET minus the "
+                      "conversation's replayed tool and think time before that turn, i.e. the time its turns up to "
+                      "the first user-visible one spent in the serving system (each earlier turn's E2E plus the "
+                      "visible turn's TTFT)",
+           source="harness.analysis.metrics.serving_ttfet; docs/metrics.md \"Serving-only TTFET\""),
+    Metric("ttfet_first_from_admission_p95_s", "TTFET first-turn from admission p95 (s)", 2, log_y=True,
+           unit="s",
+           definition="95th percentile over conversations of the first-turn TTFET minus the conversation's admission "
+                      "hold (turn 0's admit − submit): TTFET from admission rather than from arrival (equal under "
+                      "admit-all policies)",
+           source="harness.analysis.metrics.admission_readings; docs/metrics.md \"KV and admission pressure\""),
+    Metric("ttfet_visible_from_admission_p95_s", "TTFET visible-turn from admission p95 (s)", 2, log_y=True,
+           unit="s",
+           definition="95th percentile over conversations of the visible-turn TTFET minus the conversation's admission "
+                      "hold (turn 0's admit − submit): TTFET from admission rather than from arrival (equal under "
+                      "admit-all policies)",
+           source="harness.analysis.metrics.admission_readings; docs/metrics.md \"KV and admission pressure\""),
+    Metric("ttfet_serving_from_admission_p95_s", "TTFET serving-only from admission p95 (s)", 2, log_y=True,
+           unit="s",
+           definition="95th percentile over conversations of the serving-only TTFET minus the conversation's admission "
+                      "hold (turn 0's admit − submit): TTFET from admission rather than from arrival (equal under "
+                      "admit-all policies)",
+           source="harness.analysis.metrics.admission_readings; docs/metrics.md \"KV and admission pressure\""),
     Metric("last_turn_tpot_p50_s", "last-turn TBT p50 (ms)", 2, scale=1e3, axis="last-turn TBT (TPOT) p50 (s)",
            unit="s",
            definition="median over conversations of the final turn's TPOT (last-turn time between tokens: (last − "
@@ -127,6 +166,13 @@ CATALOG: tuple[Metric, ...] = (
            definition="conversations whose visible-turn TTFET meets its SLO (`slo.ttfet_visible_*`) / all "
                       "conversations; NaN without an SLO",
            source="harness.analysis.metrics.summarize; docs/metrics.md \"Per conversation\""),
+    Metric("slo_attainment_serving", "SLO attainment (serving-only)", 3,
+           axis="SLO attainment, serving-only TTFET (fraction of conversations)",
+           unit="fraction",
+           definition="conversations whose serving-only TTFET meets its SLO (`slo.ttfet_serving_*`; relative: a "
+                      "multiple of the same conversation's unloaded serving-only TTFET) / all conversations; NaN "
+                      "without an SLO",
+           source="harness.analysis.metrics.summarize; docs/metrics.md \"Serving-only TTFET\""),
     Metric("ampd_decision_flip_frac", "AMPD decision flips", 3,
            axis="AMPD remote/local decisions flipped vs the error-free predictor (fraction of turns >= 1)",
            unit="fraction",
@@ -343,9 +389,10 @@ BY_KEY: Mapping[str, Metric] = {m.key: m for m in CATALOG}
 # The rows of the printed run table and of the sweep comparison.md, in order.
 TABLE: tuple[str, ...] = ("num_conversations", "num_turns", "num_conversations_failed", "ttfet_p50_s", "ttfet_p95_s", "ttfet_first_p50_s",
                           "ttfet_first_p95_s", "ttfet_first_p99_s", "ttfet_visible_p50_s", "ttfet_visible_p95_s",
-                          "ttfet_visible_p99_s", "latency_p95_s", "last_turn_tpot_p50_s", "ttft_p95_s", "tpot_p50_s",
-                          "slo_attainment", "slo_attainment_first", "slo_attainment_visible", "goodput_conv_per_s",
-                          "request_goodput_per_s", "request_goodput_aiperf_per_s", "good_request_frac",
+                          "ttfet_visible_p99_s", "ttfet_serving_p50_s", "ttfet_serving_p95_s", "ttfet_serving_p99_s",
+                          "latency_p95_s", "last_turn_tpot_p50_s", "ttft_p95_s", "tpot_p50_s",
+                          "slo_attainment", "slo_attainment_first", "slo_attainment_visible", "slo_attainment_serving",
+                          "goodput_conv_per_s", "request_goodput_per_s", "request_goodput_aiperf_per_s", "good_request_frac",
                           "preemptions", "prefix_hit_frac", "energy_j", "tokens_per_joule", "output_tokens_per_joule",
                           "admission_held_conversations", "admission_hold_s_total", "admission_hold_p95_s",
                           "decoder_kv_peak_frac", "decoder_kv_mean_frac",
@@ -373,8 +420,10 @@ OPTIONAL: frozenset[str] = frozenset({"ampd_remote_frac", "ampd_decision_flip_fr
 # The metrics a sweep report aggregates (points.csv) and plots against the x axis, and the subset of its
 # markdown table.
 REPORT: tuple[str, ...] = ("ttfet_p50_s", "ttfet_p95_s", "ttfet_first_p50_s", "ttfet_first_p95_s", "ttfet_first_p99_s",
-                           "ttfet_visible_p50_s", "ttfet_visible_p95_s", "ttfet_visible_p99_s", "slo_attainment",
-                           "slo_attainment_first", "slo_attainment_visible", "goodput_conv_per_s", "latency_p50_s",
+                           "ttfet_visible_p50_s", "ttfet_visible_p95_s", "ttfet_visible_p99_s", "ttfet_serving_p50_s",
+                           "ttfet_serving_p95_s", "ttfet_serving_p99_s", "slo_attainment",
+                           "slo_attainment_first", "slo_attainment_visible", "slo_attainment_serving",
+                           "goodput_conv_per_s", "latency_p50_s",
                            "latency_p95_s", "latency_p99_s", "last_turn_tpot_p50_s", "last_turn_tpot_p95_s",
                            "ttft_p95_s", "tpot_p50_s", "preemptions", "preemptions_per_turn", "e2e_central_mean_s",
                            "ttft_central_mean_s", "tokens_per_joule", "energy_j",

@@ -52,7 +52,11 @@ W2_METRIC = "e2e_central_mean_s"
 # W2's comparisons: (variant, reference variant, label); the control (Sarathi-like with WAIT-CP's token budget
 # and in-system cap) isolates the rule from the budget, so it is shown and judged beside Sarathi-like
 W2_VS = (("wait_cp", "collocated", "WAIT-CP / Sarathi-like"), ("wait_cp", "wait_cp_control", "WAIT-CP / control"))
-READINGS = ("first", "visible")
+# the TTFET readings the claims judge (docs/metrics.md "Per conversation"): turn 0's first token, the first
+# user-visible turn's, and the visible one less the replayed tool and think time (the serving-only reading: the
+# time the serving system added); a sweep run before the serving reading existed has no column for it and is
+# judged on the other two
+READINGS = ("first", "visible", "serving")
 MODES = ("ampd_rd", "ampd_cost")
 MODE_LABEL = {"ampd_rd": "AMPD remote_default", "ampd_cost": "AMPD cost"}
 # A sensitivity arm "moves" a ratio when its sign differs from the base run's and one of the two is at
@@ -60,6 +64,22 @@ MODE_LABEL = {"ampd_rd": "AMPD remote_default", "ampd_cost": "AMPD cost"}
 # visible-reading ratios at 0.03 conv/s, where nothing queues, spread by about +-0.5 % over seeds).
 SIGN_RESOLUTION_PCT = 1.0
 HW_KEYS = ("kv_memory_efficiency", "prefill_efficiency", "memory_power_frac", "idle_w", "memory_efficiency")
+# AMPD's thresholds, moved one at a time as one-seed sensitivity arms (``cs_knob_*`` cells): their shipped values
+# (baselines/ampd.py AmpdConfig: the decode-step budget 15 ms, local TTFT 1 s, KV watermark 95 %); an AMPD run with
+# another value is the arm ``ampd.<key>=<value>`` (:func:`_ampd_knob_arms`)
+AMPD_KNOB_DEFAULTS = {"tpot_slo_s": 0.015, "ttft_slo_s": 1.0, "kv_high_frac": 0.95}
+
+
+def _ampd_knob_arms(r: pd.DataFrame, sens: list[str]) -> list[str]:
+    """``sens`` with each AMPD run whose threshold (:data:`AMPD_KNOB_DEFAULTS`, column ``scheduler.<key>``) is not
+    the shipped value labelled ``ampd.<key>=<value>`` (the first such key; a run already an arm keeps its label)."""
+    out = list(sens)
+    for key, default in AMPD_KNOB_DEFAULTS.items():
+        v = pd.to_numeric(_col(r, f"scheduler.{key}"), errors="coerce").to_numpy(dtype=float)
+        for i, x in enumerate(v):
+            if np.isfinite(x) and not math.isclose(x, default) and out[i] == "base":
+                out[i] = f"ampd.{key}={x:g}"
+    return out
 
 
 def _col(df: pd.DataFrame, key: str) -> pd.Series:
@@ -100,7 +120,7 @@ def classify(runs: pd.DataFrame) -> pd.DataFrame:
             for i, x in enumerate(v):
                 if np.isfinite(x) and x != mode_v and sens[i] == "base":
                     sens[i] = f"{key}={x:g}"
-    r["_sens"] = sens
+    r["_sens"] = _ampd_knob_arms(r, sens)
     r["_tier"] = _col(r, "cluster.name").astype(str)
     r["_rate"] = pd.to_numeric(_col(r, "workload.rate_per_s"), errors="coerce")
     r["_seed"] = pd.to_numeric(_col(r, "workload.seed"), errors="coerce")
@@ -162,14 +182,16 @@ def _depends(cells: list[dict], factors: list[str]) -> str:
 
 
 def claim_ttfet(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], str, list[dict]]:
-    """C1: paired p95 TTFET ratio ConServe / AMPD - 1 per reading, AMPD mode and rate (homogeneous tier),
-    each with its verdict (:func:`harness.analysis.stats.verdict`, equivalence ``margin`` in %)."""
+    """C1: paired p95 TTFET ratio ConServe / AMPD - 1 per reading (:data:`READINGS` the runs have), AMPD mode and
+    rate (homogeneous tier), each with its verdict (:func:`harness.analysis.stats.verdict`, equivalence ``margin`` in %)."""
     b = _base(r)
     b = b[b._tier == homo]
     lines = ["| rate (conv/s) | reading | vs | ConServe / AMPD − 1 (p95 TTFET) | verdict |", "|---|---|---|---|---|"]
     cells = []
     for rate in sorted(b._rate.dropna().unique()):
         for rd in READINGS:
+            if f"ttfet_{rd}_p95_s" not in b.columns:
+                continue
             for m in MODES:
                 cs, am = b[(b._variant == "conserve") & (b._rate == rate)], b[(b._variant == m) & (b._rate == rate)]
                 if cs.empty or am.empty:
@@ -441,12 +463,145 @@ def claim_robustness(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MAR
     return lines, "; ".join(words) if words else "no data", cells
 
 
+def _decision_arms(b: pd.DataFrame, m: str) -> tuple[pd.DataFrame, list[tuple[float, pd.DataFrame]]]:
+    """AMPD rule ``m``'s error-free runs in ``b`` and its decision-error arms ``[(misroute share, runs)]``,
+    increasing (:data:`C5_AXES`' first axis)."""
+    zero = b[(b._variant == m) & (b._error_label == "none")]
+    _, member, xof = C5_AXES[0]
+    labs = sorted({lab for lab in b[b._variant == m]._error_label if member(lab)}, key=xof)
+    return zero, [(xof(lab), b[(b._variant == m) & (b._error_label == lab)]) for lab in labs]
+
+
+def claim_robustness_levels(r: pd.DataFrame, homo: str,
+                            margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], list[dict], list[dict]]:
+    """C5 per error level and a lack-of-fit test for "linear" (the ConServe paper's robustness section: its own
+    example is a 10 % error rate causing significant SLO violations, a level, not a slope).
+
+    Per AMPD rule, load and judged metric of :data:`C5_METRICS` and per decision-error level x
+    (``scheduler.misroute_frac``): the paired change of AMPD with that error against AMPD error-free on the same
+    seed (:func:`seed_changes`: violations in percentage points, tokens/J in %), its mean over seeds with the 95 %
+    Student-t interval, and the verdict (:func:`harness.analysis.stats.verdict`, a direction without a size,
+    ``min_effect=0``; paper effect +1 where a growth degrades, -1 for tokens/J): reproduced = AMPD is worse at
+    that level than without error.
+
+    Lack of fit (per rule, load, metric, with >= 2 levels): "linear" through (0, 0) predicts each interior level's
+    change as ``x / x_max`` times the largest level's. Per seed the deviation ``d(x) = change(x) - (x / x_max)
+    change(x_max)``; its mean over seeds with the t-interval at level ``0.05 / k`` for the ``k`` interior levels
+    (Bonferroni: one family per rule, load and metric). Word: *lack of fit* when some interval lies wholly
+    outside ``[-margin, +margin]`` (the change departs from a line by more than the equivalence margin),
+    *fits a line* when every interval lies inside it, else *inconclusive*. A step at the first level (the paper's
+    10 %) shows as ``d(0.1) > 0`` for violations.
+
+    Returns ``(markdown lines, level cells, fit cells)``: level cells dicts (mode, rate, metric, level, verdict,
+    mean, ci, n, k); fit cells dicts (mode, rate, metric, level, verdict, mean, ci, n). Empty without
+    decision-error arms."""
+    b0 = r[(r._sens == "base") & (r._tier == homo)]
+    judged = [(key, lab, kind, sign) for key, lab, kind, sign, j in C5_METRICS if j]
+    levels, fits, lines = [], [], []
+    for rate in sorted(b0._rate.dropna().unique()):
+        b = b0[b0._rate == rate]
+        for m in MODES:
+            zero, arms = _decision_arms(b, m)
+            if zero.empty or not arms:
+                continue
+            x_max = arms[-1][0]
+            for key, lab, kind, sign in judged:
+                ch = {x: seed_changes(e, zero, key, kind) for x, e in arms}
+                for x, c in ch.items():
+                    mean, ci, n, k = _mean_interval(c)
+                    v = verdict(mean, ci, float(sign), margin, min_effect=0.0)
+                    levels.append({"mode": m, "rate": float(rate), "metric": lab, "level": x, "verdict": v,
+                                   "mean": mean, "ci": ci, "n": n, "k": k, "unit": kind})
+                interior = [x for x, _ in arms[:-1]]
+                for x in interior:
+                    d = (ch[x] - (x / x_max) * ch[x_max]).dropna()
+                    mean, half, n = mean_ci(d, 0.05 / len(interior))
+                    ci = (mean - half, mean + half)
+                    v = ("inconclusive" if not np.isfinite(half)
+                         else "fits a line" if -margin <= ci[0] and ci[1] <= margin
+                         else "lack of fit" if ci[0] > margin or ci[1] < -margin else "inconclusive")
+                    fits.append({"mode": m, "rate": float(rate), "metric": lab, "level": x, "verdict": v,
+                                 "mean": mean, "ci": ci, "n": n, "unit": kind})
+    if not levels:
+        return [], [], []
+    unit = {"pp": " pp", "pct": " %"}
+    lines = ["Per error level: AMPD with that share of its turn ≥ 1 decisions misrouted against AMPD error-free (same "
+             "rule, seed and load): mean change over seeds [95 % t-interval] (n, sign count); verdict on the direction "
+             f"(reproduced = worse with the error; no difference = inside ±{margin:g}).", "",
+             "| rate (conv/s) | AMPD rule | metric | " + " | ".join(f"misroute {x:g}" for x in sorted({c['level'] for c in levels}))
+             + " |", "|---|---|---|" + "---|" * len({c["level"] for c in levels})]
+    xs = sorted({c["level"] for c in levels})
+    for (rate, m, metric) in dict.fromkeys((c["rate"], c["mode"], c["metric"]) for c in levels):
+        row = []
+        for x in xs:
+            c = next((c for c in levels if (c["rate"], c["mode"], c["metric"], c["level"]) == (rate, m, metric, x)), None)
+            row.append("—" if c is None else f"{fmt(c['mean'], c['ci'], c['n'], c['k'], unit=unit[c['unit']])} "
+                                                f"{c['verdict']}")
+        lines.append(f"| {rate:g} | {MODE_LABEL[m]} | {metric} | " + " | ".join(row) + " |")
+    if fits:
+        lines += ["", "Lack of fit of a line through (0, 0): per seed, each interior level's change less (level / largest "
+                  "level) × the largest level's change; mean over seeds with the t-interval at 95 % / (interior levels) "
+                  f"(Bonferroni); *lack of fit* when it lies wholly outside ±{margin:g}, *fits a line* when inside.", "",
+                  "| rate (conv/s) | AMPD rule | metric | level | deviation from the line | word |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {c['rate']:g} | {MODE_LABEL[c['mode']]} | {c['metric']} | {c['level']:g} | "
+                  f"{fmt(c['mean'], c['ci'], c['n'], unit=unit[c['unit']])} | {c['verdict']} |" for c in fits]
+    return lines, levels, fits
+
+
+def robustness_levels_figure(runs: pd.DataFrame, out_dir: Any, name: str = "ampd_robustness_levels") -> list:
+    """The decision-error sweep of C5 as a figure (PNG only; ``out_dir/<name>.png``): one column per load, two rows
+    (the change of first-turn SLO violations in percentage points and of tokens/J in %), per AMPD rule the mean
+    change over seeds against the misroute share with its 95 % t-interval (:func:`claim_robustness_levels`' level
+    cells; 0 at 0 by construction), ConServe's flat 0 as a dashed line. Returns the paths written ([] without
+    decision-error arms)."""
+    from pathlib import Path
+
+    from harness.analysis.plotting import _plt, _save, figure_formats
+    r = classify(runs)
+    tiers = sorted(set(r._tier))
+    _, levels, _ = claim_robustness_levels(r, next((t for t in tiers if not t.endswith("_hetero")), tiers[0]))
+    if not levels:
+        return []
+    plt, _ = _plt()
+    rates = sorted({c["rate"] for c in levels})
+    panels = (("SLO violations first", "SLO violations, first turn\n(change, pp)"), ("tokens/J", "tokens/J (change, %)"))
+    fig, axes = plt.subplots(len(panels), len(rates), figsize=(4.2 * len(rates), 6.4), squeeze=False)
+    for j, rate in enumerate(rates):
+        for i, (metric, lab) in enumerate(panels):
+            ax = axes[i][j]
+            for m in MODES:
+                cs = sorted((c for c in levels if c["rate"] == rate and c["mode"] == m and c["metric"] == metric),
+                            key=lambda c: c["level"])
+                if not cs:
+                    continue
+                xs = [0.0] + [c["level"] for c in cs]
+                ys = [0.0] + [c["mean"] for c in cs]
+                err = [[0.0] + [c["mean"] - c["ci"][0] if np.isfinite(c["ci"][0]) else 0.0 for c in cs],
+                       [0.0] + [c["ci"][1] - c["mean"] if np.isfinite(c["ci"][1]) else 0.0 for c in cs]]
+                n = min(c["n"] for c in cs)
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{MODE_LABEL[m]} (n={n})")
+            ax.axhline(0.0, color="grey", ls="--", lw=1, label="ConServe (predicts nothing: flat)")
+            ax.set_xlabel("misrouted share of turn ≥ 1 decisions")
+            ax.set_ylabel(lab)
+            if i == 0:
+                ax.set_title(f"{rate:g} conv/s")
+            if i == j == 0:
+                ax.legend(frameon=False, fontsize=8)
+    fig.suptitle("C5: AMPD against decision error, paired on the seed with error-free AMPD (mean change, 95 % "
+                 "t-interval)", y=1.01)
+    fig.tight_layout()
+    with figure_formats(("png",)):
+        return _save(fig, Path(out_dir), name)
+
+
 # the choices a claim's cells vary (cell keys), in the order the matrix shows them, with their names
 MATRIX_FACTORS = {"axis": "where the error is injected", "mode": "AMPD rule", "rate": "rate (conv/s)",
                   "reading": "TTFET reading", "metric": "metric"}
 # a sensitivity-table column (:func:`sensitivity`) -> (claim, reading, AMPD mode) of the claim cell it shifts
 ARM_COLUMNS = {"C1 first": ("C1", "first", "ampd_rd"), "C1 visible": ("C1", "visible", "ampd_rd"),
                "C1 first (cost)": ("C1", "first", "ampd_cost"), "C1 visible (cost)": ("C1", "visible", "ampd_cost"),
+               "C1 serving": ("C1", "serving", "ampd_rd"), "C1 serving (cost)": ("C1", "serving", "ampd_cost"),
                "C3": ("C3", None, "ampd_rd"), "C3 (cost)": ("C3", None, "ampd_cost"), "C4": ("C4", None, None)}
 POWER_KEYS = ("memory_power_frac", "idle_w")   # the power model's uncalibrated constants (docs/hardware.md)
 C4_MODEL_DEPENDENT = "model-dependent (not measurable without NVML on the tier)"
@@ -526,6 +681,8 @@ def sensitivity_matrix(claims: dict[str, list[dict]], arm_values: dict,
                 continue
             where = ", ".join(x for x in (rd, MODE_LABEL.get(m)) if x)
             for arm, vals in arm_values["arms"].items():
+                if not np.isfinite(vals[j]):   # the arm does not touch this cell (an AMPD threshold of the other rule)
+                    continue
                 w = shifted_verdict(base[0], arm_values["base"][j], vals[j], PAPER[claim], margin)
                 key, level = arm.split("=", 1)
                 consts.setdefault(key, []).append(f"{level}{f' ({where})' if where else ''}: {w}"
@@ -545,7 +702,10 @@ def sensitivity_matrix(claims: dict[str, list[dict]], arm_values: dict,
 
 def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list[str], dict]:
     """Each sensitivity arm (1 seed) against the base runs of the same seed and rate: the C1, C3, C4
-    ratios, and whether their sign differs from the base seed's (the verdict moves).
+    ratios, and whether their sign differs from the base seed's (the verdict moves). An uncalibrated constant's
+    arm moves every variant; an AMPD threshold's (``ampd.<key>=<value>``, :data:`AMPD_KNOB_DEFAULTS`) moves AMPD
+    only, so ConServe's side of its ratios is the base run; a column whose AMPD rule the arm did not run is NaN
+    (left out of the matrix).
 
     Returns ``(lines, values)``: the markdown table (a flipped sign marked ⚠) and
     ``{"rate", "seed", "cols": [column labels], "base": [base ratios, %], "arms": {arm: [ratios, %]}}``
@@ -572,6 +732,9 @@ def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list
             ("C1 visible (cost)", "ttfet_visible_p95_s", "conserve", homo, "ampd_cost", homo),
             ("C3", "tokens_per_joule", "conserve", homo, "ampd_rd", homo),
             ("C3 (cost)", "tokens_per_joule", "conserve", homo, "ampd_cost", homo)]
+    if "ttfet_serving_p95_s" in r.columns:   # sweeps run before the serving-only reading existed have none
+        cols[4:4] = [("C1 serving", "ttfet_serving_p95_s", "conserve", homo, "ampd_rd", homo),
+                     ("C1 serving (cost)", "ttfet_serving_p95_s", "conserve", homo, "ampd_cost", homo)]
     if hetero:
         cols.append(("C4", "tokens_per_joule", "conserve", hetero, "conserve", homo))
     lines = [f"One seed ({seed:g}) at {s_rate:g} conv/s; each cell: the ratio − 1 (%) with that constant moved "
@@ -582,11 +745,16 @@ def sensitivity(r: pd.DataFrame, homo: str, hetero: Optional[str]) -> tuple[list
                  for _, k, a, ta, bb, tb in cols]
     lines.append("| base | " + " | ".join(f"{v:+.1f}" for v in base_vals) + " |")
     nums: dict[str, list[float]] = {}
+    b_df = base[base._sens == "base"]
     for arm in arms:
         a_df = r[(r._sens == arm)]
         vals = []
         for (_, k, a, ta, bb, tb), bv in zip(cols, base_vals):
-            v = ratio(one(a_df, a, ta), one(a_df, bb, tb), k)
+            if arm.startswith("ampd."):   # an AMPD threshold moves AMPD's runs only: the others are the base ones
+                v = ratio(one(a_df, a, ta) if a.startswith("ampd") else one(b_df, a, ta),
+                          one(a_df, bb, tb) if bb.startswith("ampd") else one(b_df, bb, tb), k)
+            else:
+                v = ratio(one(a_df, a, ta), one(a_df, bb, tb), k)
             nums.setdefault(arm, []).append(v)
             flip = (np.isfinite(v) and np.isfinite(bv) and np.sign(v) != np.sign(bv)
                     and max(abs(v), abs(bv)) >= SIGN_RESOLUTION_PCT)

@@ -10,7 +10,9 @@ Definitions (docs/metrics.md):
     token (what queueing on the prefiller delays), ``visible`` = the first user-visible turn's first
     token (SWE-bench: the final submission turn, so it includes every tool call before it). The
     headline keys (``ttfet_p50_s``, ``slo_attainment``, ...) use ``ttfet_definition`` (``visible``,
-    the default, ``first`` or ``last`` turn), as before.
+    the default, ``first`` or ``last`` turn), as before. A third reading, ``serving``, is the visible one
+    with the conversation's replayed tool and think time taken out: the time the serving system added
+    before the first user-visible token (:func:`serving_ttfet`; docs/metrics.md "Serving-only TTFET").
   * Conversation latency = last token of the last turn - arrival; last-turn TBT = TPOT of the final
     turn.
   * SLO: TTFET <= threshold, where the threshold is ``ttfet_s`` (absolute) or ``ttfet_multiple`` x the
@@ -18,10 +20,11 @@ Definitions (docs/metrics.md):
     ``reference_scheduler``: a scheduler name, the same for every variant, or ``same`` = the run's own
     scheduler with its own config, so each variant is judged against itself); optionally last-turn
     TPOT <= ``tbt_s``. Denominator: every conversation of the workload; failed conversations count as
-    violations. Each reading has its own SLO (``ttfet_first_*``, ``ttfet_visible_*``: mode, multiple,
+    violations. Each reading has its own SLO (``ttfet_first_*``, ``ttfet_visible_*``, ``ttfet_serving_*``: mode, multiple,
     seconds; ``inherit`` = the headline's mode and multiple, and for an absolute headline its seconds
     only on the headline's own reading) and its own attainment (``slo_attainment_first``,
-    ``slo_attainment_visible``; NaN for a reading without an SLO).
+    ``slo_attainment_visible``, ``slo_attainment_serving``; NaN for a reading without an SLO). A relative SLO
+    on the serving reading multiplies the conversation's unloaded serving-only TTFET.
   * Goodput = conversations meeting the SLO / measured window (first arrival to last finish), conv/s.
   * Energy: sum over GPUs of energy over the measured window, J (idle power included);
     tokens_per_joule = tokens served / J, where tokens served = prompt tokens + generated tokens of the
@@ -44,7 +47,7 @@ from harness import LazyModule
 pd = LazyModule("pandas")   # imported on first use: harness.run.config imports this module for SloConfig
 
 
-READINGS = ("first", "visible")
+READINGS = ("first", "visible", "serving")
 READING_MODES = ("inherit", "relative", "absolute", "none")
 
 
@@ -55,7 +58,7 @@ class SloConfig:
     Headline: ``ttfet_mode`` (``relative`` | ``absolute``), ``ttfet_multiple`` (>= 1), ``ttfet_s`` (s),
     ``ttfet_definition`` (``visible`` | ``first`` | ``last``), ``tbt_s`` (s or None),
     ``reference_scheduler`` (a registered scheduler name, or ``same``: the run's own scheduler).
-    Per reading r in (``first``, ``visible``): ``ttfet_<r>_mode`` (``inherit`` | ``relative`` |
+    Per reading r in (``first``, ``visible``, ``serving``): ``ttfet_<r>_mode`` (``inherit`` | ``relative`` |
     ``absolute`` | ``none``), ``ttfet_<r>_multiple`` (None = ``ttfet_multiple``), ``ttfet_<r>_s`` (s;
     required when that mode is ``absolute``).
     Per-request goodput (``harness.analysis.goodput``): ``goodput``, None or thresholds in ms as vLLM's and AIPerf's
@@ -78,6 +81,9 @@ class SloConfig:
     ttfet_visible_mode: str = "inherit"
     ttfet_visible_multiple: Optional[float] = None
     ttfet_visible_s: Optional[float] = None
+    ttfet_serving_mode: str = "inherit"
+    ttfet_serving_multiple: Optional[float] = None
+    ttfet_serving_s: Optional[float] = None
     scales: Optional[List[float]] = None
     scale_reference: str = "inherit"
     goodput: Any = None
@@ -127,7 +133,7 @@ class SloConfig:
         return parse_goodput(self.goodput, f"{where}.goodput")
 
     def reading(self, r: str) -> Optional[tuple[str, float]]:
-        """The SLO of reading ``r`` (``first`` | ``visible``): ``("relative", multiple)``,
+        """The SLO of reading ``r`` (``first`` | ``visible`` | ``serving``): ``("relative", multiple)``,
         ``("absolute", seconds)``, or None (no SLO for that reading)."""
         mode = getattr(self, f"ttfet_{r}_mode")
         mult = getattr(self, f"ttfet_{r}_multiple")
@@ -182,8 +188,37 @@ def ttfet_turn_index(visible: list[bool], definition: str) -> int:
     return visible.index(True) if True in visible else len(visible) - 1
 
 
+def table_readings(conv: pd.DataFrame) -> tuple[str, ...]:
+    """The readings of :data:`READINGS` whose column ``ttfet_<r>_s`` ``conv`` has: every one for a table of
+    :func:`conversation_table`; a table written before the ``serving`` reading existed (a stored run's
+    ``conversations.parquet`` read back) lacks it, and its SLO columns and attainment are then absent / NaN."""
+    return tuple(r for r in READINGS if f"ttfet_{r}_s" in conv.columns)
+
+
+def serving_ttfet(spans: dict, kv: int) -> float:
+    """The serving-only TTFET of one conversation (s): the time its turns up to the first user-visible one
+    spent in the serving system, ``sum_{k < kv} (finish_k - submit_k) + (first_token_kv - submit_kv)``
+    (each earlier turn's E2E, admission hold and queueing included, plus the visible turn's TTFT).
+
+    Under the closed loop (``workload.timing=think``, no sub-agents) turn k+1 is submitted ``tool_time_s``
+    after turn k finished and turn 0 at the arrival, so this equals the visible TTFET minus the replayed tool
+    and think time before the visible turn: the time the serving system added (docs/metrics.md "Serving-only
+    TTFET"; the ConServe abstract's TTFET, arXiv 2606.01839, with the client's own time taken out). Under other
+    timings it is still the time spent in the serving system; a joined sub-agent's turns are not counted.
+
+    ``spans``: ``{turn: (submit_s, first_token_s, finish_s)}`` of the conversation's completed turns (s);
+    ``kv``: the visible turn's index (:func:`ttfet_turn_index`). NaN when a turn ``0..kv`` is missing."""
+    total = 0.0
+    for k in range(kv + 1):
+        sp = spans.get(k)
+        if sp is None:
+            return math.nan
+        total += float(sp[1] if k == kv else sp[2]) - float(sp[0])
+    return total
+
+
 CONVERSATION_COLUMNS = ["conversation_id", "arrival_s", "num_turns", "turns_done", "ttfet_s", "ttfet_first_s",
-                        "ttfet_visible_s", "latency_s", "finish_s", "last_turn_tpot_s", "failed", "completed"]
+                        "ttfet_visible_s", "ttfet_serving_s", "latency_s", "finish_s", "last_turn_tpot_s", "failed", "completed"]
 
 
 def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.DataFrame:
@@ -192,7 +227,8 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
     ``convs``: the controller's ``ConversationState`` objects. Columns (``CONVERSATION_COLUMNS``):
     conversation_id, arrival_s, num_turns, turns_done, ttfet_s (the ``definition`` reading, s),
     ttfet_first_s (turn 0's first token - arrival, s), ttfet_visible_s (first user-visible turn's first
-    token - arrival, s), latency_s, finish_s, last_turn_tpot_s (the final turn's TPOT, s), failed,
+    token - arrival, s), ttfet_serving_s (the visible reading's time in the serving system, s:
+    :func:`serving_ttfet`), latency_s, finish_s, last_turn_tpot_s (the final turn's TPOT, s), failed,
     completed. A reading whose turn did not complete is NaN. Child conversations (sub-agents of a session
     trace, ``ConversationRecord.parent_id``) are not rows: they are part of their root's session.
     """
@@ -203,18 +239,21 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
     done_of: dict = {}
     first_of: dict = {}
     end_of: dict = {}
+    span_of: dict = {}
     if len(turns):
-        for cid, turn, status, ft, fin, tpot in zip(turns.conversation_id.tolist(), turns.turn.tolist(),
-                                                    turns.status.tolist(), turns.first_token_s.to_numpy(),
-                                                    turns.finish_s.to_numpy(), turns.tpot_s.to_numpy()):
+        for cid, turn, status, sub, ft, fin, tpot in zip(turns.conversation_id.tolist(), turns.turn.tolist(),
+                                                         turns.status.tolist(), turns.submit_s.to_numpy(),
+                                                         turns.first_token_s.to_numpy(), turns.finish_s.to_numpy(),
+                                                         turns.tpot_s.to_numpy()):
             seen.add(cid)
             if status != "ok":
                 continue
             done_of[cid] = done_of.get(cid, 0) + 1
             first_of.setdefault(cid, {})[turn] = ft
+            span_of.setdefault(cid, {})[turn] = (sub, ft, fin)
             end_of.setdefault((cid, turn), (fin, tpot))
     cols: dict = {c: [] for c in CONVERSATION_COLUMNS}   # built column by column, no dict per conversation
-    (c_id, c_arr, c_nt, c_done, c_ttfet, c_first, c_vis, c_lat, c_fin, c_tpot, c_failed,
+    (c_id, c_arr, c_nt, c_done, c_ttfet, c_first, c_vis, c_serv, c_lat, c_fin, c_tpot, c_failed,
      c_completed) = (cols[c] for c in CONVERSATION_COLUMNS)
     for c in convs:
         rec = c.record
@@ -224,7 +263,7 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
         visible = [t.visible for t in rec.turns]
         k = ttfet_turn_index(visible, definition)
         kv = ttfet_turn_index(visible, "visible")
-        ttfet = first = vis = latency = last_tpot = math.nan
+        ttfet = first = vis = serv = latency = last_tpot = math.nan
         done = 0
         if cid in seen:
             done = done_of.get(cid, 0)
@@ -232,6 +271,7 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
             ttfet = float(first_token.get(k, math.nan)) - c.arrival_s
             first = float(first_token.get(0, math.nan)) - c.arrival_s
             vis = float(first_token.get(kv, math.nan)) - c.arrival_s
+            serv = serving_ttfet(span_of.get(cid, {}), kv)
             last = end_of.get((cid, len(rec.turns) - 1))
             if last is not None:
                 latency = float(last[0]) - c.arrival_s
@@ -243,6 +283,7 @@ def conversation_table(turns: pd.DataFrame, convs: list, definition: str) -> pd.
         c_ttfet.append(ttfet)
         c_first.append(first)
         c_vis.append(vis)
+        c_serv.append(serv)
         c_lat.append(latency)
         c_fin.append(c.finish_s)
         c_tpot.append(last_tpot)
@@ -341,7 +382,8 @@ def apply_slo(conv: pd.DataFrame, slo: SloConfig, unloaded: Optional[dict]) -> p
     first-token time of that reading's turn when replayed alone (``harness.run.slo_baseline.unloaded_readings``);
     needed when any threshold is relative (``SloConfig.needs_unloaded``).
     Headline (``ttfet_definition``, ``ttfet_mode``): ``unloaded_ttfet_s``, ``slo_ttfet_s`` (threshold, s),
-    ``slo_met`` (bool). Per reading r in (first, visible): ``unloaded_ttfet_<r>_s``, ``slo_ttfet_<r>_s``
+    ``slo_met`` (bool). Per reading r in (first, visible, serving; those the table has, :func:`table_readings`):
+    ``unloaded_ttfet_<r>_s``, ``slo_ttfet_<r>_s``
     and ``slo_met_<r>`` (True / False, or None when the reading has no SLO). A failed or unfinished
     conversation meets no SLO; ``tbt_s`` (last-turn TPOT) applies to every reading.
     """
@@ -349,7 +391,7 @@ def apply_slo(conv: pd.DataFrame, slo: SloConfig, unloaded: Optional[dict]) -> p
     tbt_ok = (conv.last_turn_tpot_s.fillna(0.0) <= slo.tbt_s) if slo.tbt_s is not None else True
     conv["unloaded_ttfet_s"], conv["slo_ttfet_s"] = _threshold(conv, head, unloaded, slo.ttfet_definition)
     conv["slo_met"] = (conv.completed & (conv.ttfet_s <= conv.slo_ttfet_s) & tbt_ok).astype(bool)
-    for r in READINGS:
+    for r in table_readings(conv):
         rs = slo.reading(r)
         conv[f"unloaded_ttfet_{r}_s"], conv[f"slo_ttfet_{r}_s"] = _threshold(conv, rs, unloaded, r)
         met = (conv.completed & (conv[f"ttfet_{r}_s"] <= conv[f"slo_ttfet_{r}_s"]) & tbt_ok).astype(bool)
@@ -387,7 +429,7 @@ def slo_scale_curve(conv: pd.DataFrame, slo: SloConfig, unloaded: Optional[dict]
     out: dict = {"slo_scales": scales}
     tbt_ok = (conv.last_turn_tpot_s.fillna(0.0) <= slo.tbt_s) if slo.tbt_s is not None else True
     n = len(conv)
-    for r in READINGS:
+    for r in table_readings(conv):
         mode, v = slo.scale_base(r)
         if mode == "absolute":
             base = pd.Series(v, index=conv.index, dtype=float)
@@ -472,12 +514,30 @@ def pressure_metrics(turns: pd.DataFrame, instances: pd.DataFrame, window: tuple
     return out
 
 
+def admission_readings(turns: pd.DataFrame, conv: pd.DataFrame) -> dict:
+    """TTFET from admission instead of arrival (``summary.json``; docs/metrics.md "KV and admission pressure"):
+    per reading r of the table (:func:`table_readings`), ``ttfet_<r>_from_admission_p95_s`` = the 95th percentile
+    over conversations of ``ttfet_<r>_s`` minus the conversation's admission hold (its turn 0's ``admit_s -
+    submit_s``, s, clipped at 0; 0 under admit-all policies, and for a conversation never admitted the reading is
+    NaN anyway). With an admission gate (ConServe holds new conversations while the decoders' KV or the
+    prefiller queue is over its gate) the two differ by the hold: from arrival is what the user sees, from
+    admission what the admitted conversations got. NaN without conversations."""
+    hold: dict = {}
+    if len(turns):
+        t0 = turns[(turns.turn == 0) & turns.admit_s.notna()]
+        hold = dict(zip(t0.conversation_id, (t0.admit_s - t0.submit_s).clip(lower=0.0)))
+    h = conv.conversation_id.map(lambda c: hold.get(c, 0.0)).astype(float) if len(conv) else pd.Series(dtype=float)
+    return {f"ttfet_{r}_from_admission_p95_s": _pct(conv[f"ttfet_{r}_s"] - h, 95) if len(conv) else math.nan
+            for r in table_readings(conv)}
+
+
 def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: list[float],
               window_s: float, preemptions: int) -> dict:
     """The headline metrics (``summary.json``); NaN where there is no data, never 0 for missing."""
     ok = turns[turns.status == "ok"] if len(turns) else turns
     central = central_window(turns)
     n_conv = len(conv)
+    have = table_readings(conv)
     met = int(conv.slo_met.sum()) if n_conv else 0
     energy = float(sum(energy_j_per_instance))
     gen = int(ok.output_tokens.sum()) if len(ok) else 0
@@ -492,7 +552,8 @@ def summarize(turns: pd.DataFrame, conv: pd.DataFrame, energy_j_per_instance: li
         "ttfet_p50_s": _pct(conv.ttfet_s, 50), "ttfet_p95_s": _pct(conv.ttfet_s, 95),
         "ttfet_p99_s": _pct(conv.ttfet_s, 99),
         "ttfet_mean_s": float(conv.ttfet_s.mean()) if n_conv else math.nan,
-        **{f"ttfet_{r}_p{q}_s": _pct(conv[f"ttfet_{r}_s"], q) for r in READINGS for q in (50, 95, 99)},
+        **{f"ttfet_{r}_p{q}_s": _pct(conv[f"ttfet_{r}_s"], q) if r in have else math.nan
+           for r in READINGS for q in (50, 95, 99)},
         "latency_p50_s": _pct(conv.latency_s, 50), "latency_p95_s": _pct(conv.latency_s, 95),
         "latency_p99_s": _pct(conv.latency_s, 99),
         "last_turn_tpot_p50_s": _pct(conv.last_turn_tpot_s, 50),

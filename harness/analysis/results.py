@@ -10,6 +10,11 @@ flips it, and its figure. Each word is computed here from a shipped table by the
 shipped table can decide says **no shipped data** and names the preset command that produces it, never a
 number copied from a page. The sources:
 
+- ``docs/data/conserve_sensitivity/runs.csv`` (``+experiment=conserve_sensitivity``, compacted by
+  ``scripts/conserve_tables.py``): C1-C4 in the simulator with the sensitivity matrix's overall word
+  (``harness.analysis.claims.sensitivity_matrix``: the word that holds across AMPD rule, rate, TTFET reading and
+  the uncalibrated constants, else what flips it);
+- ``docs/data/ampd_robustness/runs.csv`` (``+experiment=ampd_robustness``, the same script): C5;
 - ``docs/data/twin_conserve/runs.csv`` (``+experiment=twin_conserve``): C1 and C3 on a real prefiller + decoder
   pair of vLLM CPU servers and on its simulated twin, each side judged alone (the lowest repeat of each cell,
   ``harness.analysis.twin.split_repeats``);
@@ -36,7 +41,8 @@ import pandas as pd
 
 from harness.analysis.capacity import GROWTH_BOUND, bisect_capacity, is_bounded
 from harness.analysis.claims import (MODE_LABEL, PAPER, PAPER_WAIT, W2_METRIC, _depends, _flipping, claim_energy,
-                                     claim_ttfet, claim_wait, classify, fmt)
+                                     claim_robustness, claim_robustness_levels, claim_slo, claim_ttfet, claim_wait,
+                                     classify, fmt, sensitivity, sensitivity_matrix)
 from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, ratio_interval, verdict
 from harness.analysis.twin import BACKEND_COL, split_repeats
 from harness.core.paths import PROJECT_ROOT
@@ -81,7 +87,8 @@ def _no_data(claim: str, source: str, *commands: str) -> Row:
 
 
 FACTOR_NAMES = {"reading": "TTFET reading", "mode": "AMPD rule", "rate": "rate", "vs": "comparison",
-                "model": "step model"}
+                "model": "step model", "axis": "where the error is injected", "metric": "metric",
+                "level": "error level"}
 """The names a page gives the choices a claim's cells vary (cell keys of ``harness.analysis.claims``)."""
 
 
@@ -94,11 +101,14 @@ def _word(cells: list[dict], factors: list[str]) -> str:
     return sep + ", ".join(FACTOR_NAMES.get(f, f) for f in tail.split(", "))
 
 
-def _cell_list(cells: list[dict], label) -> str:
+def _cell_list(cells: list[dict], label, unit: str = " %") -> str:
     """The decided cells (not inconclusive) first, as ``label: estimate [interval] (n=...) word``; all cells when
-    none is decided."""
+    none is decided. ``unit``: the estimate's (`` %`` of a ratio, `` pp`` of a share); a cell's own ``unit`` key
+    (``pp`` / ``pct``) wins."""
     decided = [c for c in cells if c["verdict"] != "inconclusive"] or cells
-    return "; ".join(f"{label(c)}: {fmt(c['mean'], c['ci'], c['n'])} {c['verdict']}" for c in decided)
+    units = {"pp": " pp", "pct": " %"}
+    return "; ".join(f"{label(c)}: {fmt(c['mean'], c['ci'], c['n'], unit=units.get(c.get('unit'), unit))} "
+                     f"{c['verdict']}" for c in decided)
 
 
 def _flip_text(cells: list[dict], factors: list[str]) -> str:
@@ -134,14 +144,138 @@ CONSERVE_SIM = ("simulator, Qwen3-0.6B on A40 P/D tiers", "python run.py -m +exp
 CONSERVE_SIM_C5 = ("simulator, AMPD error arms", "python run.py -m +experiment=ampd_robustness")
 
 
+SIM_TABLES = {"conserve_sensitivity": "docs/data/conserve_sensitivity/runs.csv",
+              "ampd_robustness": "docs/data/ampd_robustness/runs.csv",
+              "conserve_capacity": "docs/data/conserve_capacity/runs.csv"}
+CAPACITY_JSON = "docs/data/conserve_capacity/capacity.json"   # scripts/conserve_capacity.py's record
+CAPACITY_CMD = "python scripts/conserve_capacity.py --out results/sweeps/conserve_capacity"
+CAPACITY_SRC = "simulator, at 0.5 / 0.8 / 0.95 / 1.05 of ConServe's located capacity (a40_1p3d)"
+CLAIM_FACTORS = {"C1": ["reading", "mode", "rate"], "C2": ["reading", "rate"], "C3": ["mode", "rate"], "C4": ["rate"],
+                 "C5": ["mode", "rate", "metric", "level"]}
+C5_FIGURE = "ampd_robustness_levels.png"   # drawn from the shipped C5 table (--figures)
+
+
+def _claim_label(claim: str):
+    """How a deciding cell of ``claim`` is named on the page."""
+    if claim == "C1":
+        return lambda c: f"{c['rate']:g}/s {c['reading']} vs {MODE_LABEL[c['mode']]}"
+    if claim == "C2":
+        return lambda c: f"{c['rate']:g}/s {c['reading']}"
+    if claim == "C3":
+        return lambda c: f"{c['rate']:g}/s vs {MODE_LABEL[c['mode']]}"
+    if claim == "C4":
+        return lambda c: f"{c['rate']:g}/s"
+    return lambda c: f"{c['rate']:g}/s {MODE_LABEL[c['mode']]} misroute {c['level']:g} {c['metric']}"
+
+
+def conserve_sim_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[str, Row]:
+    """The simulator rows of the ConServe claims from the shipped preset tables (:data:`SIM_TABLES`): C1-C4 from
+    ``conserve_sensitivity`` (the claims' functions of ``harness.analysis.claims`` on the homogeneous tier, C4 on
+    the heterogeneous one; the overall word :func:`harness.analysis.claims.sensitivity_matrix`'s, so an
+    uncalibrated constant that flips a claim shows in "what flips it"), C5 from ``ampd_robustness``
+    (:func:`harness.analysis.claims.claim_robustness`). ``{claim: Row}``; a claim whose table is not shipped is
+    absent."""
+    out: dict[str, Row] = {}
+    sens = _read(root, SIM_TABLES["conserve_sensitivity"])
+    if sens is not None:
+        r = classify(sens)
+        tiers = sorted(set(r._tier))
+        homo = next((t for t in tiers if not t.endswith("_hetero")), tiers[0])
+        hetero = next((t for t in tiers if t.endswith("_hetero")), None)
+        l1, _, c1 = claim_ttfet(r, homo, margin)
+        l2, _, c2 = claim_slo(r, homo, margin)
+        l3, _, c3, c4 = claim_energy(r, homo, hetero, margin)
+        _, arm_values = sensitivity(r, homo, hetero)
+        lm, overall = sensitivity_matrix({"C1": c1, "C2": c2, "C3": c3, "C4": c4}, arm_values, margin)
+        src = f"{CONSERVE_SIM[0]} (`{SIM_TABLES['conserve_sensitivity']}`)"
+        energy_head, energy_rows = l3[:2], l3[2:]
+        lines = {"C1": l1, "C2": l2, "C3": energy_head + [x for x in energy_rows if "| C3:" in x],
+                 "C4": energy_head + [x for x in energy_rows if "| C4:" in x]}
+        for claim, cells in (("C1", c1), ("C2", c2), ("C3", c3), ("C4", c4)):
+            cells = [c for c in cells if c["n"] > 0]
+            if not cells:
+                continue
+            word = overall.get(claim, _depends(cells, CLAIM_FACTORS[claim]))
+            flips = word.partition("depends on ")[2] or ("nothing varied here flips it" if "model-dependent" not in word
+                                                         else "a power-model constant")
+            matrix = [x for x in lm if x.startswith(f"| {claim} |")]
+            detail = [*lines[claim], "", "Sensitivity matrix (each choice's words; `harness.analysis.claims."
+                      "sensitivity_matrix`):", "", *lm[2:4], *matrix] if matrix else lines[claim]
+            out[claim] = Row(claim, src, word, _cell_list(cells, _claim_label(claim), " pp" if claim == "C2" else " %"),
+                             flips, detail)
+    rob = _read(root, SIM_TABLES["ampd_robustness"])
+    if rob is not None:
+        r = classify(rob)
+        tiers = sorted(set(r._tier))
+        lines, levels, fits = claim_robustness_levels(r, tiers[0], margin)
+        slope_lines, _, _ = claim_robustness(r, tiers[0], margin)
+        if levels:
+            src = f"{CONSERVE_SIM_C5[0]} (`{SIM_TABLES['ampd_robustness']}`)"
+            f = CLAIM_FACTORS["C5"]
+            fit_words = sorted({c["verdict"] for c in fits})
+            detail = [*lines, "", f"Lack of fit of a line, over every rule, load and metric: {', '.join(fit_words) or 'n/a'}.",
+                      "", "The slopes (`harness.analysis.claims.claim_robustness`):", "", *slope_lines,
+                      "", f"Figure: [{C5_FIGURE}](../figures/{C5_FIGURE}) (`python -m harness.analysis.results --figures`)."]
+            out["C5"] = Row("C5", src, _word(levels, f), _cell_list(levels, _claim_label("C5")), _flip_text(levels, f),
+                            detail)
+    return out
+
+
+def capacity_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[str, Row]:
+    """C1 and C2 at fixed fractions of located capacity, from ``docs/data/conserve_capacity`` (made by
+    ``scripts/conserve_capacity.py`` and ``scripts/conserve_tables.py``): each variant's capacity bracket from
+    ``capacity.json`` in the detail, the claims' cells by rate (each rate a fraction of ConServe's capacity), and
+    per rate ConServe's held conversations (its admission gate acts where they are > 0) with TTFET from arrival
+    and from admission. Without the table: the command."""
+    import json
+    runs = _read(root, SIM_TABLES["conserve_capacity"])
+    cap_p = root / CAPACITY_JSON
+    if runs is None or not cap_p.is_file():
+        return {c: _no_data(c, CAPACITY_SRC, CAPACITY_CMD, "python scripts/conserve_tables.py results/sweeps/"
+                            "conserve_capacity/claims --out docs/data/conserve_capacity") for c in ("C1", "C2")}
+    cap = json.loads(cap_p.read_text())
+    r = classify(runs)
+    homo = sorted(set(r._tier))[0]
+    head = ["Capacity per variant (bisection on the rate; bounded: geometric-mean window growth ratio of the "
+            f"conversations' serving time <= {cap['growth_bound']:g} over {cap['cap_seeds']} seeds; tolerance "
+            f"{cap['tol']:g} conv/s): " + "; ".join(f"{MODE_LABEL.get(v, 'ConServe')} [{c['low']:g}, {c['high']:g})"
+                                                    for v, c in cap["capacity"].items()) + " conv/s. Rates: "
+            + ", ".join(f"{t[1:]} × = {x:g}" for t, x in cap["rates"].items()) + " conv/s.", ""]
+    cs = r[r._variant == "conserve"]
+    adm = ["| rate (conv/s) | ConServe held conversations (mean over seeds) | p95 TTFET first from arrival / from "
+           "admission (s, mean) | serving-only from arrival / from admission |", "|---|---|---|---|"]
+    for rate, g in cs.groupby("_rate"):
+        def m(k):
+            return float(pd.to_numeric(g[k], errors="coerce").mean()) if k in g else math.nan
+        adm.append(f"| {rate:g} | {m('admission_held_conversations'):.1f} | {m('ttfet_first_p95_s'):.3g} / "
+                   f"{m('ttfet_first_from_admission_p95_s'):.3g} | {m('ttfet_serving_p95_s'):.3g} / "
+                   f"{m('ttfet_serving_from_admission_p95_s'):.3g} |")
+    out = {}
+    l1, _, c1 = claim_ttfet(r, homo, margin)
+    l2, _, c2 = claim_slo(r, homo, margin)
+    src = f"{CAPACITY_SRC} (`{SIM_TABLES['conserve_capacity']}`)"
+    for claim, lines, cells in (("C1", l1, c1), ("C2", l2, c2)):
+        cells = [c for c in cells if c["n"] > 0]
+        if cells:
+            f = CLAIM_FACTORS[claim]
+            out[claim] = Row(claim, src, _word(cells, f),
+                             _cell_list(cells, _claim_label(claim), " pp" if claim == "C2" else " %"),
+                             _flip_text(cells, f), [*head, *lines, "", *adm])
+    return out
+
+
 def conserve_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Row]:
-    """Every ConServe claim's rows: the simulator presets (no runs table shipped: the command), and C1 / C3 on
-    each side of ``docs/data/twin_conserve`` (C2, C4, C5 have no twin: the command)."""
+    """Every ConServe claim's rows: the simulator presets (:func:`conserve_sim_rows`; a table not shipped: the
+    command), and C1 / C3 on each side of ``docs/data/twin_conserve`` (C2, C4, C5 have no twin: the command)."""
     sides = _twin_sides(root, TWIN_CONSERVE)
+    sim = conserve_sim_rows(root, margin)
+    cap = capacity_rows(root, margin)
     rows: list[Row] = []
     for claim, _, _ in CONSERVE_CLAIMS:
         src, cmd = CONSERVE_SIM_C5 if claim == "C5" else CONSERVE_SIM
-        rows.append(_no_data(claim, src, cmd, RUN_REPORT))
+        rows.append(sim[claim] if claim in sim else _no_data(claim, src, cmd, RUN_REPORT))
+        if claim in cap:
+            rows.append(cap[claim])
         if claim not in ("C1", "C3"):      # +experiment=twin_conserve runs C1 and C3 only
             continue
         for b, side_name in SIDES:
@@ -530,6 +664,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", type=Path, default=PROJECT_ROOT / "docs" / "results",
                     help="directory for the pages (default: docs/results)")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page differs")
+    ap.add_argument("--figures", action="store_true",
+                    help=f"also draw docs/figures/{C5_FIGURE} from the shipped C5 table (docs/data/ampd_robustness)")
     a = ap.parse_args(argv)
     if a.check:
         stale = [n for n in PAGES if not (a.out / f"{n}.md").is_file()
@@ -539,6 +675,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1 if stale else 0
     for p in write_pages(a.out):
         print(p)
+    if a.figures:
+        rob = _read(PROJECT_ROOT, SIM_TABLES["ampd_robustness"])
+        if rob is None:
+            print(f"--figures: no {SIM_TABLES['ampd_robustness']}: run {CONSERVE_SIM_C5[1]} and scripts/conserve_tables.py",
+                  file=sys.stderr)
+            return 2
+        from harness.analysis.claims import robustness_levels_figure
+        for p in robustness_levels_figure(rob, PROJECT_ROOT / "docs" / "figures", C5_FIGURE.rsplit(".", 1)[0]):
+            print(p)
     return 0
 
 

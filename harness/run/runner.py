@@ -38,8 +38,8 @@ from harness.run.config import PROJECT_ROOT, ConfigError, Resolved, fingerprint_
 from harness.run.loggers import REDACTED, scrub, scrub_yaml
 from harness.core.controller import ConversationState
 from harness.analysis.goodput import goodput_summary
-from harness.analysis.metrics import (apply_slo, conversation_table, message_summary, message_table, pressure_metrics,
-                                      slo_scale_curve, summarize)
+from harness.analysis.metrics import (admission_readings, apply_slo, conversation_table, message_summary, message_table,
+                                      pressure_metrics, slo_scale_curve, summarize)
 from harness.core.recorder import Recorder, write_json, write_run_files, write_text
 from harness.run.session import SessionInput, SessionResult, check_policies, run_session, session_input
 from harness.run.slo_baseline import _interrupt_hook, unloaded_readings
@@ -466,6 +466,7 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
     summary.update(goodput_summary(turns, cfg.slo.goodput_thresholds_ms(), res.window_end_s - res.window_start_s))
     instances = recorder.instances_frame()
     summary.update(pressure_metrics(turns, instances, (res.window_start_s, res.window_end_s)))
+    summary.update(admission_readings(turns, conv))
     summary["failed_turns_by_reason"] = failures_by_reason(turns)
     summary.update(verdict(summary, conv, cfg.validity))
     if summary["num_conversations_failed"]:

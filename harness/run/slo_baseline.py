@@ -32,8 +32,9 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
     """Each conversation replayed alone (arrival at 0) on the idle simulated cluster under the SLO's
     reference scheduler (``harness.run.session.reference_policy``; ``reference`` overrides ``slo.reference_scheduler``):
     ``{conversation_id: {"first": s, "visible": s,
-    "last": s}}``, the first-token time of turn 0, of the first user-visible turn and of the last turn
-    (= that reading's unloaded TTFET, s). A session per conversation, memoised in-process and on disk.
+    "last": s, "serving": s}}``, the first-token time of turn 0, of the first user-visible turn and of the last turn
+    (= that reading's unloaded TTFET, s), and the visible reading's time in the serving system
+    (``harness.analysis.metrics.serving_ttfet``: the unloaded serving-only TTFET, s). A session per conversation, memoised in-process and on disk.
 
     The disk cache (``cache_dir``, default :func:`cache_root`: ``$HARNESS_CACHE_DIR`` or
     ``results/cache``; ``""`` or ``off``: none) holds ``unloaded_ttfet/<setup digest>/*.json``: shards of
@@ -53,7 +54,7 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
         BaselineInterrupted: Ctrl-C / SIGTERM (a ``KeyboardInterrupt``) during the replays; it carries the
             readings measured so far, which are also written to the disk cache.
     """
-    from harness.analysis.metrics import ttfet_turn_index
+    from harness.analysis.metrics import serving_ttfet, ttfet_turn_index
     name, ref = reference_policy(inp, reference)
     key = _unloaded_cache_key(inp, stats, name, ref)
     vals: list[Optional[dict[str, float]]] = [None] * len(conversations)   # per conversation, in order
@@ -100,6 +101,9 @@ def unloaded_readings(inp: SessionInput, conversations: Sequence[tuple[float, Co
             first = {r["turn"]: r["first_token_s"] for r in res.turns if r["status"] == "ok"}
             visible = [t.visible for t in rec.turns]
             val = {d: float(first.get(ttfet_turn_index(visible, d), math.nan)) for d in ("first", "visible", "last")}
+            val["serving"] = serving_ttfet({r["turn"]: (r["submit_s"], r["first_token_s"], r["finish_s"])
+                                            for r in res.turns if r["status"] == "ok"},
+                                           ttfet_turn_index(visible, "visible"))
             vals[k] = val
             if disk is not None:
                 _progress(lock_fd, disk.dir)
@@ -194,8 +198,8 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-SHARD_SCHEMA = "harness.unloaded_ttfet/3"   # /3: the checksum is keyed on the setup digest (its writer)
-_READINGS = ("first", "last", "visible")
+SHARD_SCHEMA = "harness.unloaded_ttfet/4"   # /3: the checksum is keyed on the setup digest (its writer); /4: + serving
+_READINGS = ("first", "last", "serving", "visible")
 
 
 def _shard_checksum(values: dict, setup: str) -> str:
@@ -214,7 +218,7 @@ def shard_problem(obj: Any, setup: Optional[str] = None) -> str:
     """Why ``obj`` (a parsed shard file) is not a valid unloaded-TTFET shard of setup ``setup`` (the
     directory's digest; ``None``: the one the shard names), or ``""``. A shard is ``{"schema": SHARD_SCHEMA,
     "setup": <setup digest>, "checksum": <_shard_checksum(values, setup)>, "values": {<32-hex conversation
-    digest>: {"first": s, "last": s, "visible": s}}}``, each reading a finite number >= 0 (s) or null."""
+    digest>: {"first": s, "last": s, "serving": s, "visible": s}}}``, each reading a finite number >= 0 (s) or null."""
     if not isinstance(obj, dict) or set(obj) != {"schema", "setup", "checksum", "values"}:
         return "not a {schema, setup, checksum, values} object"
     if obj["schema"] != SHARD_SCHEMA:

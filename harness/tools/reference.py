@@ -40,7 +40,7 @@ def key_description(cls: type, key: str) -> str:
     :data:`MAX_DESCRIPTION` characters. ``""`` when the docstring does not name the key."""
     text = _flat(cls.__doc__)
     leaf = key.rsplit(".", 1)[-1]
-    names = [leaf, re.sub(r"_(first|visible)_", "_<r>_", leaf)]
+    names = [leaf, re.sub(r"_(first|visible|serving)_", "_<r>_", leaf)]
     m = None
     for name in dict.fromkeys(names):
         n = re.escape(name)

@@ -1,0 +1,147 @@
+"""ConServe's claims at fractions of located capacity (C2's "including saturation points" located, not asserted):
+
+    nice -n 10 python scripts/conserve_capacity.py --out results/sweeps/conserve_capacity \\
+        [--variants conserve,ampd_rd,ampd_cost] [--range 0.03,0.15] [--tol 0.01] [--cap-seeds 10] \\
+        [--fractions 0.5,0.8,0.95,1.05] [--seeds 10]
+
+1. Capacity per variant on the claims cluster (:data:`SETTING`: the setting of ``conserve_sensitivity`` on
+   a40_1p3d): ``harness.analysis.capacity.bisect_capacity`` on the arrival rate
+   (conv/s) in ``--range`` down to a bracket of ``--tol`` conv/s; a rate is bounded when the geometric mean over
+   ``--cap-seeds`` seeds of the window growth ratio of each conversation's time in the serving system
+   (``harness.analysis.capacity.conversation_growth_ratio``) is at most ``GROWTH_BOUND`` (1.25). The capacity lies
+   in ``[low, high)``; the run length (200 conversations) is part of the criterion (an overload too small to add
+   a quarter within one run reads as bounded), as the capacity module states.
+2. Every variant at the rates ``f x low(ConServe)`` for each ``--fractions`` f (one rate per fraction for all
+   variants, so the claims stay paired on the seed and rate), ``--seeds`` seeds each: the claims' cells, where
+   0.95 and 1.05 straddle ConServe's capacity and its admission gate acts (``admission_held_conversations``).
+
+Runs go to ``<out>/cap/<variant>_r<rate>/`` and ``<out>/claims/f<f>/`` through ``run.py -m`` (complete runs are
+skipped: a rerun resumes); ``<out>/capacity.json`` records each variant's bracket, the rates tried with their
+geometric-mean growth ratio and the fraction rates. Then ``scripts/conserve_tables.py <out>/claims --out
+docs/data/conserve_capacity`` makes the table the results page reads.
+
+Exit status: 0 done, 1 a run failed or ConServe's capacity lies outside ``--range``, 2 bad arguments (one
+``error:`` line naming the flag, before any run), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.analysis.capacity import GROWTH_BOUND, bisect_capacity, conversation_growth_ratio, is_bounded  # noqa: E402
+
+VARIANTS = {"conserve": ["scheduler=conserve"], "ampd_rd": ["scheduler=ampd", "scheduler.mode=remote_default"],
+            "ampd_cost": ["scheduler=ampd", "scheduler.mode=cost"]}
+# conserve_sensitivity's setting (its preset's body, conf/experiment/conserve_sensitivity.yaml) on the homogeneous
+# tier, without its sweep (tests/test_conserve_capacity.py checks they compose to the same model, workload and SLO)
+SETTING = ["model=qwen3_0_6b", "workload=swebench", "cluster=a40_1p3d", "workload.num_conversations=200",
+           "slo.ttfet_mode=relative", "slo.ttfet_multiple=1.5", "slo.reference_scheduler=same",
+           "slo.ttfet_first_multiple=3.0", "slo.scale_reference=collocated", "logger.progress=false",
+           "logger.log_decisions=false"]
+
+
+def growth_of(run_dir: Path) -> float:
+    """The conversation growth ratio of one finished run directory (its parquet files)."""
+    import pandas as pd
+    return conversation_growth_ratio(pd.read_parquet(run_dir / "turns.parquet"),
+                                     pd.read_parquet(run_dir / "conversations.parquet"))
+
+
+def locate(variant: str, bounded_at_seeds: Callable[[str, float], list[float]], lo: float, hi: float,
+           tol: float) -> dict:
+    """One variant's capacity: ``{"low", "high", "tried": {rate: geometric-mean growth ratio}}`` from
+    :func:`harness.analysis.capacity.bisect_capacity`, each probe's growth ratios from ``bounded_at_seeds(variant,
+    rate)`` (one per seed) judged by :func:`harness.analysis.capacity.is_bounded`. A probe with a NaN ratio (a
+    failed conversation) counts as unbounded."""
+    ratios: dict[float, float] = {}
+
+    def bounded(rate: float) -> bool:
+        g = bounded_at_seeds(variant, rate)
+        ratios[rate] = float(np.exp(np.mean(np.log(g)))) if g and all(np.isfinite(g)) and min(g) > 0 else math.inf
+        return math.isfinite(ratios[rate]) and is_bounded(g)
+    low, high, _ = bisect_capacity(bounded, lo, hi, tol)
+    return {"low": low, "high": high, "tried": {f"{r:g}": ratios[r] for r in sorted(ratios)}}
+
+
+def fraction_rates(cap_low: float, fractions: Sequence[float]) -> dict[str, float]:
+    """``{"f<f>": f x cap_low}`` (conv/s, rounded to 1e-4): the claims' rates at fixed fractions of the reference
+    capacity's low end.
+
+    Raises:
+        ValueError: a capacity that is not a finite number > 0 (below or above the bisection's range)."""
+    if not (math.isfinite(cap_low) and cap_low > 0):
+        raise ValueError(f"the reference capacity must be a finite rate > 0 (widen --range), got {cap_low}")
+    return {f"f{f:g}": round(f * cap_low, 4) for f in fractions}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line (module docstring). Bad arguments: one ``error:`` line naming the flag, exit 2, before any run."""
+    from harness.core import cmdline
+    ap = cmdline.ArgumentParser(prog="python scripts/conserve_capacity.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="from conserve, ampd_rd, ampd_cost (conserve "
+                    "included: its capacity is the reference)")
+    ap.add_argument("--range", type=cmdline.number_list(0, lo_open=True, min_len=2, max_len=2), default=[0.03, 0.15],
+                    help="bisection bracket lo,hi, conv/s (default 0.03,0.15)")
+    ap.add_argument("--tol", type=cmdline.number(0, lo_open=True), default=0.01,
+                    help="bracket width to stop at, conv/s (default 0.01)")
+    # 10: one run's growth ratio of 200 SWE-bench conversations spreads 0.75-2.1 at 0.06-0.09 conv/s (the
+    # geometric mean over 10 seeds 1.21-1.22 at 0.06, 1.26-1.39 at 0.09, 1.21 over 3 seeds at 0.03 where nothing
+    # queues: docs/data/conserve_sensitivity), so 3 seeds cannot place a rate against the 1.25 bound
+    ap.add_argument("--cap-seeds", type=cmdline.number(1, integer=True), default=10,
+                    help="seeds per bisection probe (default 10)")
+    ap.add_argument("--fractions", type=cmdline.number_list(0, lo_open=True), default=[0.5, 0.8, 0.95, 1.05],
+                    help="fractions of ConServe's capacity for the claims' cells (default 0.5,0.8,0.95,1.05)")
+    ap.add_argument("--seeds", type=cmdline.number(2, integer=True), default=10, help="seeds per claim cell (default 10)")
+    a = ap.parse_args(argv)
+    variants = [v for v in a.variants.split(",") if v]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or "conserve" not in variants:
+        ap.error(f"--variants: from {', '.join(VARIANTS)}, conserve included; got {a.variants!r}")
+    lo, hi = a.range
+    if not lo < hi:
+        ap.error(f"--range: lo < hi needed, got {lo:g},{hi:g}")
+    fractions = a.fractions
+    from harness.analysis.seeds import RunFailed, _label, run_arm
+
+    def probe(variant: str, rate: float) -> list[float]:
+        cell = a.out / "cap" / f"{variant}_r{rate:g}"
+        arm = [*SETTING, *VARIANTS[variant], f"workload.rate_per_s={rate:g}"]
+        run_arm(cell, arm, [], a.cap_seeds)
+        return [growth_of(cell / f"{_label(arm)}_seed{s}") for s in range(a.cap_seeds)]
+    record: dict = {"growth_bound": GROWTH_BOUND, "range": [lo, hi], "tol": a.tol, "cap_seeds": a.cap_seeds,
+                    "capacity": {}}
+    try:
+        for v in variants:
+            record["capacity"][v] = locate(v, probe, lo, hi, a.tol)
+            print(f"{v}: capacity in [{record['capacity'][v]['low']:g}, {record['capacity'][v]['high']:g}) conv/s")
+        try:
+            record["rates"] = fraction_rates(record["capacity"]["conserve"]["low"], fractions)
+        except ValueError as e:   # ConServe's capacity outside --range: no fraction to run
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        for tag, rate in record["rates"].items():
+            for v in variants:
+                run_arm(a.out / "claims" / tag, [*SETTING, *VARIANTS[v], f"workload.rate_per_s={rate:g}"], [], a.seeds)
+    except RunFailed as e:
+        print(f"conserve_capacity: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "capacity.json").write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    from harness.core import cmdline
+    sys.exit(cmdline.run(main))
