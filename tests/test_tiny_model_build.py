@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers", reason="transformers not installed")
-pytest.importorskip("tokenizers", reason="tokenizers not installed")
+from tests.conftest import skip_without  # noqa: E402
+
+# without importing them (torch) at collection: the builds run in subprocesses
+skip_without("transformers", "transformers not installed")
+skip_without("tokenizers", "tokenizers not installed")
 
 from harness.core.paths import PROJECT_ROOT
 from harness.vllm import tiny_model
