@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -21,21 +22,26 @@ BATCH_FORMING = tuple(n for n in registered() if get_spec(n).forms_batches)
 NEEDS_PD = frozenset(n for n in registered() if {"prefiller", "decoder"} <= set(get_spec(n).roles))
 
 
-_COMPOSED: dict = {}
+_COMPOSED: OrderedDict = OrderedDict()
+COMPOSED_KEPT = 128   # compositions kept per process (~0.4 MB each), least recently used dropped first
 
 
 def compose_cfg(overrides=()):
     """The project's real config (conf/config.yaml) with Hydra overrides, unresolved DictConfig: a fresh deep copy
-    of this process's one composition per list of overrides (a Hydra composition of the project's config costs
-    ~0.7 s of CPU, a copy ~0.035 s; conf/ and the registered structured configs do not change during a test
-    session, and a copy keeps its flags (struct) and node types). An override Hydra refuses raises, and nothing is
-    kept."""
+    of this process's composition for that list of overrides, composed on first use (a Hydra composition of the
+    project's config costs ~0.7 s of CPU, a copy ~0.035 s; conf/ and the registered structured configs do not
+    change during a test session, and a copy keeps its flags (struct) and node types; the last
+    :data:`COMPOSED_KEPT` lists are kept). An override Hydra refuses raises, and nothing is kept."""
     key = tuple(overrides)
-    if key not in _COMPOSED:
+    if key in _COMPOSED:
+        _COMPOSED.move_to_end(key)
+    else:
         register_configs()
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
             _COMPOSED[key] = compose(config_name="config", overrides=list(overrides))
+        while len(_COMPOSED) > COMPOSED_KEPT:
+            _COMPOSED.popitem(last=False)
     return copy.deepcopy(_COMPOSED[key])
 
 
