@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -20,12 +22,27 @@ BATCH_FORMING = tuple(n for n in registered() if get_spec(n).forms_batches)
 NEEDS_PD = frozenset(n for n in registered() if {"prefiller", "decoder"} <= set(get_spec(n).roles))
 
 
+_COMPOSED: OrderedDict = OrderedDict()
+COMPOSED_KEPT = 128   # compositions kept per process (~0.4 MB each), least recently used dropped first
+
+
 def compose_cfg(overrides=()):
-    """The project's real config (conf/config.yaml) with Hydra overrides, unresolved DictConfig."""
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    """The project's real config (conf/config.yaml) with Hydra overrides, unresolved DictConfig: a fresh deep copy
+    of this process's composition for that list of overrides, composed on first use (a Hydra composition of the
+    project's config costs ~0.7 s of CPU, a copy ~0.035 s; conf/ and the registered structured configs do not
+    change during a test session, and a copy keeps its flags (struct) and node types; the last
+    :data:`COMPOSED_KEPT` lists are kept). An override Hydra refuses raises, and nothing is kept."""
+    key = tuple(overrides)
+    if key in _COMPOSED:
+        _COMPOSED.move_to_end(key)
+    else:
+        register_configs()
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+            _COMPOSED[key] = compose(config_name="config", overrides=list(overrides))
+        while len(_COMPOSED) > COMPOSED_KEPT:
+            _COMPOSED.popitem(last=False)
+    return copy.deepcopy(_COMPOSED[key])
 
 
 def compose_run(overrides=()):
@@ -44,38 +61,77 @@ def conversation(cid: str, turns: list[tuple[int, int, int, float]]) -> Conversa
 
 
 # ---- which tests run on one xdist worker ---------------------------------------------------------------------
-# Session and module fixtures are per worker: a real server (or a local Ray / Slurm cluster) a module fixture
-# starts is started again on every worker that runs one of its tests. These files form one work unit each (the
-# value names the unit), so their servers start once; every other test is a unit of its own (xdist's `load`).
-# Done here because pytest-xdist's own `--dist loadgroup` stopped grouping under pytest 9.2 (it renames
-# `item._nodeid`, which pytest 9.2 no longer reads: `Node.nodeid` is `str(self._id)`), and it would group
-# by marker only, while the sharing follows the fixtures. Units are handed out largest first (xdist's
-# --loadscope-reorder, on by default), so the long real-server units start at once, one per worker.
+# Session and module fixtures are per worker: a real server (or a local Ray / Slurm cluster), a tiny-model build
+# or a simulated run that a module fixture makes is made again on every worker that runs one of its tests, and
+# a module's heavy imports (vLLM and torch, seaborn) are paid by each. So a test file is one work unit (xdist's
+# `loadfile`), and the files that share the session's real servers form one unit together (the value names it),
+# so their servers start once. Done here because pytest-xdist's own `--dist loadgroup` stopped grouping under
+# pytest 9.2 (it renames `item._nodeid`, which pytest 9.2 no longer reads: `Node.nodeid` is `str(self._id)`),
+# and it would group by marker only, while the sharing follows the fixtures.
 SHARED_SERVER_UNITS = {
     "tests/test_vllm_real.py": "real vLLM: the session's P/D pair + the module's collocated server",
     "tests/test_twin.py": "real vLLM: the session's P/D pair + the module's collocated server",
     "tests/test_clusters.py": "local Ray and Slurm clusters (module fixtures)",
 }
+# The units handed out first, in this order: the longest, so that no long unit starts last and holds one worker
+# while the other is idle: the real-server units, then the fast tier's slowest files (their wall times in one
+# serial run beside other jobs, load ~20, 2026-12-06: sim_speed benchmark 612 s, the wheel install 290 s, the
+# step-time scheduler on vLLM's classes 170 s, the tiny model's builds 166 s, the launcher guard 140 s, the
+# ExampleConnector in-process 137 s, the nested two-worker run 113 s); every other unit follows, most tests
+# first (xdist's --loadscope-reorder order; a tie keeps the collection order). A unit not collected
+# (``-m "not real_server"``, a file selection) is skipped.
+FIRST_UNITS = (
+    SHARED_SERVER_UNITS["tests/test_vllm_real.py"],
+    SHARED_SERVER_UNITS["tests/test_clusters.py"],
+    "tests/test_calibrate_real.py",
+    "tests/test_vllm_wait_real.py",
+    "tests/test_vllm_wait_cp_real.py",
+    "tests/test_sim_speed_benchmark.py",
+    "tests/test_install.py",
+    "tests/test_step_times_scheduler.py",
+    "tests/test_tiny_model_build.py",
+    "tests/test_launcher_guard.py",
+    "tests/test_kv_connector.py",
+    "tests/test_xdist_units.py",
+    "tests/test_cli_contract.py",
+)
 
 
 def work_unit(nodeid: str) -> str:
     """The xdist work unit of test ``nodeid`` (``tests/x.py::test_y[p]``, possibly with xdist's ``@group``
-    suffix): its file's :data:`SHARED_SERVER_UNITS` entry, else the test itself."""
+    suffix): its file's :data:`SHARED_SERVER_UNITS` entry, else its file."""
     nodeid = nodeid.split("@", 1)[0] if "@" in nodeid.rsplit("]", 1)[-1] else nodeid
-    return SHARED_SERVER_UNITS.get(nodeid.split("::", 1)[0], nodeid)
+    path = nodeid.split("::", 1)[0]
+    return SHARED_SERVER_UNITS.get(path, path)
+
+
+def unit_order(units: dict) -> list:
+    """The units of ``units`` (``{unit: {nodeid: done}}``, in collection order) in the order they are handed
+    out: :data:`FIRST_UNITS` first, in that order, then the others by number of tests, most first (stable)."""
+    rank = {u: i for i, u in enumerate(FIRST_UNITS)}
+    return sorted(units, key=lambda u: (rank.get(u, len(FIRST_UNITS)), -len(units[u])))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup`` (pyproject.toml's addopts): xdist's scope scheduler over :func:`work_unit`'s units
-    (another ``--dist`` is left to xdist)."""
+    """``--dist loadgroup`` (pyproject.toml's addopts): xdist's scope scheduler over :func:`work_unit`'s units,
+    handed out in :func:`unit_order` (another ``--dist`` is left to xdist)."""
     if config.getvalue("dist") != "loadgroup":
         return None
+    from collections import OrderedDict
     from xdist.scheduler import LoadScopeScheduling
 
     class SharedServerScheduling(LoadScopeScheduling):
+        _ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self._ordered:   # the first hand-out: the queue is complete (xdist's schedule() built it)
+                self.workqueue = OrderedDict((u, self.workqueue[u]) for u in unit_order(self.workqueue))
+                self._ordered = True
+            super()._assign_work_unit(node)
 
     return SharedServerScheduling(config, log)
 

@@ -5,11 +5,21 @@ refused before any work (no output directory, no run, no server); Ctrl-C exits 1
 as a subprocess, as a user runs it. On main 8d1e9e4 each case below was accepted (a NaN bound switching off the
 contention refusal, ``--skip-steps -5``), exited 1 with a traceback (a bad profile for ``fidelity steps``, ``--heldout
 workload.bogus=1``, ``calibrate --out`` under a file, Ctrl-C of ``wait_table`` / ``seeds``), or printed argparse's
-usage block and ``prog: error:`` instead of one ``error:`` line."""
+usage block and ``prog: error:`` instead of one ``error:`` line.
+
+The bad-argument cases run each tool's ``main(argv)`` in the test's process under ``cmdline.run``, which is what
+the tool's ``if __name__ == "__main__": sys.exit(cmdline.run(main))`` runs (checked from the sources for every tool
+named here, :func:`test_every_tool_named_here_exits_through_cmdline_run`), with stdout and stderr captured: one
+import per worker instead of a Python start-up with numpy, pandas and Hydra per case (37 of them took ~150 s of the
+suite). Real subprocesses stay where the contract is the process's: a few bad-argument cases end to end
+(``SUBPROCESS``), the driver whose child refuses its arm (seeds), and Ctrl-C (a signal to the process group)."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
+import importlib.util
 import math
 import os
 import signal
@@ -37,6 +47,49 @@ def tool(*args, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python <args>`` (``-m module ...`` or a script path) in a subprocess, from ``cwd``."""
     return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=_env())
+
+
+_SCRIPTS_LOADED: dict = {}
+
+
+def _tool_module(args: list):
+    """The module a command line ``python <args>`` runs (``-m module ...`` or a script path) and the tool's
+    arguments. A script is loaded once per process from its path, under the name ``_cli_<stem>`` (its own
+    ``sys.path`` inserts, the project root and scripts/, are what it does when run)."""
+    if args[0] == "-m":
+        return importlib.import_module(args[1]), args[2:]
+    path = Path(args[0])
+    if path not in _SCRIPTS_LOADED:
+        spec = importlib.util.spec_from_file_location(f"_cli_{path.stem}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _SCRIPTS_LOADED[path] = mod
+    return _SCRIPTS_LOADED[path], args[1:]
+
+
+def in_process(*args, cwd: Path, monkeypatch, capsys) -> subprocess.CompletedProcess:
+    """``python <args>`` run in this process, as its ``__main__`` block does (``sys.exit(cmdline.run(main))``):
+    the tool's ``main(argv)`` under :func:`harness.core.cmdline.run` from ``cwd`` with :func:`_env`'s
+    variables; ``SystemExit`` (argparse's 2) becomes the status as the interpreter would make it. Returns what
+    :func:`tool` returns (status, stdout, stderr)."""
+    args = [str(a) for a in args]
+    monkeypatch.chdir(cwd)
+    for k, v in _env().items():
+        if os.environ.get(k) != v:
+            monkeypatch.setenv(k, v)
+    monkeypatch.delenv("HARNESS_TEST_INTERRUPT", raising=False)
+    mod, argv = _tool_module(args)
+    capsys.readouterr()
+    try:
+        rc = cmdline.run(mod.main, argv)
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            rc = e.code or 0
+        else:   # sys.exit("text"): the interpreter prints it to stderr and exits 1
+            print(e.code, file=sys.stderr)
+            rc = 1
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, rc, out, err)
 
 
 def one_error_line(p: subprocess.CompletedProcess) -> str:
@@ -95,31 +148,74 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("args,flag", [pytest.param(a, f, id=i) for i, a, f in BAD])
-def test_a_bad_number_is_one_line_naming_the_flag_and_exit_2_before_any_work(tmp_path, args, flag):
+# the cases of BAD also run as real subprocesses (a module's and a script's ``__main__`` end to end)
+SUBPROCESS = ("fidelity-steps-skip-steps", "wait-table-rate-nan")
+
+
+def _bad_args(args: list, tmp_path: Path) -> tuple[list, Path]:
     out = tmp_path / "out"
-    args = [str(out) if a == "OUT" else str(out / "p.yaml") if a == "OUT/p.yaml" else
-            str(tmp_path / "run") if a == "RUN" else a for a in args]
-    line = one_error_line(tool(*args, cwd=tmp_path))
+    return [str(out) if a == "OUT" else str(out / "p.yaml") if a == "OUT/p.yaml" else
+            str(tmp_path / "run") if a == "RUN" else a for a in args], out
+
+
+@pytest.mark.parametrize("args,flag", [pytest.param(a, f, id=i) for i, a, f in BAD])
+def test_a_bad_number_is_one_line_naming_the_flag_and_exit_2_before_any_work(tmp_path, monkeypatch, capsys, args,
+                                                                               flag):
+    args, out = _bad_args(args, tmp_path)
+    line = one_error_line(in_process(*args, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys))
     assert flag in line, line
     assert not out.exists()   # nothing was written: refused while parsing
 
 
+@pytest.mark.parametrize("args,flag", [pytest.param(a, f, id=i) for i, a, f in BAD if i in SUBPROCESS])
+def test_a_bad_number_in_a_real_process_is_one_line_and_exit_2(tmp_path, args, flag):
+    """The same contract with the tool as a user runs it: its own interpreter, ``__main__`` block and exit status."""
+    args, out = _bad_args(args, tmp_path)
+    line = one_error_line(tool(*args, cwd=tmp_path))
+    assert flag in line, line
+    assert not out.exists()
+
+
+def _tool_files() -> dict:
+    """The source file of every tool a command line of this module runs (``-m module`` or a script)."""
+    cmds = [a for _, a, _ in BAD] + [["-m", "harness.tools.fidelity"], ["-m", "harness.tools.calibrate"],
+                                      ["-m", "harness.analysis.export"], ["-m", "harness.analysis.seeds"]]
+    files = {}
+    for a in cmds:
+        if a[0] == "-m":
+            files[a[1]] = Path(importlib.util.find_spec(a[1]).origin)
+        else:
+            files[Path(a[0]).name] = Path(a[0])
+    return files
+
+
+def test_every_tool_named_here_exits_through_cmdline_run():
+    """What makes the in-process cases the tools' own runs: each tool's module ends with ``if __name__ ==
+    "__main__": sys.exit(cmdline.run(main))`` and nothing else in that block (read from the source)."""
+    want = ast.dump(ast.parse("sys.exit(cmdline.run(main))").body[0])
+    for name, path in _tool_files().items():
+        tree = ast.parse(path.read_text())
+        blocks = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "__name__ == '__main__'"]
+        assert len(blocks) == 1, (name, "no single __main__ block")
+        assert [ast.dump(b) for b in blocks[0].body] == [want], (name, ast.unparse(blocks[0]))
+
+
 # ---- bad input found beyond the numbers ---------------------------------------------------------------------
 
-def test_fidelity_steps_names_a_bad_profile_and_exits_2(tmp_path):
+def test_fidelity_steps_names_a_bad_profile_and_exits_2(tmp_path, monkeypatch, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\n  peak_flops: [\n")   # not YAML
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("model: {}\n")
-    line = one_error_line(tool("-m", "harness.tools.fidelity", "steps", tmp_path / "run", "--profile", bad,
-                               cwd=tmp_path))
+    line = one_error_line(in_process("-m", "harness.tools.fidelity", "steps", tmp_path / "run", "--profile", bad,
+                                     cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys))
     assert str(bad) in line and "mapping values are not allowed" in line, line
 
 
-def test_fidelity_protocol_names_a_heldout_override_that_does_not_compose(tmp_path):
-    line = one_error_line(tool("-m", "harness.tools.fidelity", "protocol", "--profile", "cpu", "--out",
-                               tmp_path / "p", "--heldout", "backend=vllm", "workload.bogus=1", cwd=tmp_path))
+def test_fidelity_protocol_names_a_heldout_override_that_does_not_compose(tmp_path, monkeypatch, capsys):
+    line = one_error_line(in_process("-m", "harness.tools.fidelity", "protocol", "--profile", "cpu", "--out",
+                                     tmp_path / "p", "--heldout", "backend=vllm", "workload.bogus=1", cwd=tmp_path,
+                                     monkeypatch=monkeypatch, capsys=capsys))
     assert line.startswith("error: --heldout:") and "workload.bogus" in line, line
     assert not (tmp_path / "p" / "calibration").exists()   # nothing was launched
 
@@ -130,12 +226,12 @@ def test_fidelity_protocol_names_a_heldout_override_that_does_not_compose(tmp_pa
     pytest.param(["-m", "harness.tools.fidelity", "steps", "RUN", "--profile", "cpu", "--out", "FILE/x"],
                  id="fidelity-steps"),
 ])
-def test_an_output_path_that_cannot_be_written_is_refused_before_the_fit(tmp_path, tool_args):
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_fit(tmp_path, monkeypatch, capsys, tool_args):
     """An ``--out`` under a regular file (root ignores mode bits, so a read-only directory is no test here): one
     line naming ``--out`` and the file in the way, before the run directory is even read."""
     (tmp_path / "file").write_text("")
     args = [str(tmp_path / "run") if a == "RUN" else a.replace("FILE", str(tmp_path / "file")) for a in tool_args]
-    line = one_error_line(tool(*args, cwd=tmp_path))
+    line = one_error_line(in_process(*args, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys))
     assert "--out" in line and f"{tmp_path / 'file'} is not a directory" in line, line
 
 

@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-pytest.importorskip("seaborn")
+from tests.conftest import skip_without  # noqa: E402
+
+skip_without("seaborn", "seaborn not installed")   # without importing it (matplotlib, scipy) at collection
 
 from harness.analysis import plots, report  # noqa: E402
 from tests.test_report import config, make_run  # noqa: E402

@@ -12,8 +12,10 @@ import pandas as pd
 import pytest
 import yaml
 
-pytest.importorskip("seaborn")
-pytest.importorskip("scipy")
+from tests.conftest import skip_without  # noqa: E402
+
+skip_without("seaborn", "seaborn not installed")   # without importing it (matplotlib, scipy) at collection
+skip_without("scipy", "scipy not installed")
 
 from harness.analysis import report  # noqa: E402
 

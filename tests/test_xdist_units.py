@@ -1,6 +1,7 @@
-"""The suite's own xdist work units (tests/conftest.py ``SHARED_SERVER_UNITS``, ``pytest_xdist_make_scheduler``):
-every test file that uses a shared real-server fixture is in the one unit that starts it, and a ``-n 2`` run
-really keeps a unit's tests on one worker."""
+"""The suite's own xdist work units (tests/conftest.py ``SHARED_SERVER_UNITS``, ``FIRST_UNITS``,
+``pytest_xdist_make_scheduler``): a test file is a unit, every test file that uses a shared real-server fixture is
+in the one unit that starts it, the long units are handed out first, and a ``-n 2`` run really keeps a unit's
+tests on one worker."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED_SERVER_UNITS, work_unit
+from tests.conftest import FIRST_UNITS, SHARED_SERVER_UNITS, unit_order, work_unit
 
 TESTS = Path(__file__).resolve().parent
 
@@ -29,11 +30,23 @@ def test_every_user_of_the_session_p_d_pair_is_in_one_unit():
     assert len({work_unit(f"{f}::test_x") for f in users}) == 1
 
 
-def test_a_test_outside_the_table_is_a_unit_of_its_own_and_xdist_group_suffixes_are_dropped():
-    assert work_unit("tests/test_config.py::test_a[x]") == "tests/test_config.py::test_a[x]"
-    assert work_unit("tests/test_config.py::test_a[a@b]") == "tests/test_config.py::test_a[a@b]"
+def test_a_file_outside_the_table_is_a_unit_of_its_own_and_xdist_group_suffixes_are_dropped():
+    assert work_unit("tests/test_config.py::test_a[x]") == "tests/test_config.py"
+    assert work_unit("tests/test_config.py::test_a[a@b]") == "tests/test_config.py"
+    assert work_unit("tests/test_config.py::test_b") == work_unit("tests/test_config.py::test_a[x]")
+    assert work_unit("tests/test_trace.py::test_a") != work_unit("tests/test_config.py::test_a")
     assert work_unit("tests/test_vllm_real.py::test_a@vllm") == SHARED_SERVER_UNITS["tests/test_vllm_real.py"]
     assert work_unit("tests/test_clusters.py::test_b[p]") != work_unit("tests/test_twin.py::test_c")
+
+
+def test_the_listed_long_units_go_first_in_their_order_then_the_most_tests():
+    """By hand: two listed units (collected in the opposite order) first in FIRST_UNITS' order, then a 3-test unit
+    before two 1-test units, which keep their collection order; a listed unit not collected is left out."""
+    tiny, cli = "tests/test_tiny_model_build.py", "tests/test_cli_contract.py"
+    assert FIRST_UNITS.index(tiny) < FIRST_UNITS.index(cli)
+    units = {"tests/test_a.py": {"a1": False}, cli: {"c": False}, "tests/test_b.py": {"b1": False, "b2": False,
+             "b3": False}, tiny: {"t": False}, "tests/test_c.py": {"c1": False}}
+    assert unit_order(units) == [tiny, cli, "tests/test_b.py", "tests/test_a.py", "tests/test_c.py"]
 
 
 def test_a_two_worker_run_keeps_a_unit_on_one_worker():
@@ -45,3 +58,10 @@ def test_a_two_worker_run_keeps_a_unit_on_one_worker():
     workers = re.findall(r"^\[(gw\d)\] .*PASSED tests/test_clusters\.py", r.stdout, re.M)
     assert len(workers) == 12, r.stdout[-2000:]   # 11 key cases + the placement test
     assert len(set(workers)) == 1, workers
+
+
+def test_every_listed_long_unit_is_a_test_file_or_a_shared_unit():
+    """A renamed file would silently lose its place at the front: each FIRST_UNITS entry names a unit that exists."""
+    for unit in FIRST_UNITS:
+        assert unit in SHARED_SERVER_UNITS.values() or (TESTS.parent / unit).is_file(), unit
+    assert len(set(FIRST_UNITS)) == len(FIRST_UNITS)
