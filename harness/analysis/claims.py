@@ -181,6 +181,15 @@ def _depends(cells: list[dict], factors: list[str]) -> str:
     return "depends on " + (", ".join(dep) if dep else "the combination of " + ", ".join(factors))
 
 
+def tiers_of(r: pd.DataFrame) -> tuple[str, str | None]:
+    """The homogeneous and heterogeneous tier of classified runs (``_tier``): the first tier whose name does not end
+    in ``_hetero`` (else the first tier) and the first that does (``None`` if none). Raises ``IndexError`` when
+    ``r`` holds no tier."""
+    tiers = sorted(set(r._tier))
+    return (next((t for t in tiers if not t.endswith("_hetero")), tiers[0]),
+            next((t for t in tiers if t.endswith("_hetero")), None))
+
+
 def claim_ttfet(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], str, list[dict]]:
     """C1: paired p95 TTFET ratio ConServe / AMPD - 1 per reading (:data:`READINGS` the runs have), AMPD mode and
     rate (homogeneous tier), each with its verdict (:func:`harness.analysis.stats.verdict`, equivalence ``margin`` in %)."""
@@ -771,9 +780,7 @@ def claims_markdown(runs: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) 
     r = workload_frame(runs)   # classify + a closed population's load read as its N
     if not {"conserve"} <= set(r._variant) or not set(MODES) & set(r._variant):
         return ""
-    tiers = sorted(set(r._tier))
-    homo = next((t for t in tiers if not t.endswith("_hetero")), tiers[0])
-    hetero = next((t for t in tiers if t.endswith("_hetero")), None)
+    homo, hetero = tiers_of(r)
     l1, v1, c1 = claim_ttfet(r, homo, margin)
     l2, v2, c2 = claim_slo(r, homo, margin)
     l3, v34, c3, c4 = claim_energy(r, homo, hetero, margin)
@@ -856,8 +863,7 @@ def workload_cells(r: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) -> d
     r = r.assign(_load_unit=np.where(closed & pd.to_numeric(_col(r, "workload.concurrency"), errors="coerce").notna(),
                                      "sessions", "conv/s"))
     for (w, t, unit), g in r.groupby(["_workload", "_timing", "_load_unit"], sort=True):
-        tiers = sorted(set(g._tier))
-        homo = next((x for x in tiers if not x.endswith("_hetero")), tiers[0])
+        homo = tiers_of(g)[0]
         found = {"C1": claim_ttfet(g, homo, margin)[2], "C2": claim_slo(g, homo, margin)[2],
                  "C3": claim_energy(g, homo, None, margin)[2]}
         for claim, cells in found.items():
@@ -975,8 +981,7 @@ def claims_figures(runs: pd.DataFrame, out_dir: Any) -> list:
         return []
     plt, sns = _plt()
     out = Path(out_dir)
-    tiers = sorted(set(r._tier))
-    homo = next((t for t in tiers if not t.endswith("_hetero")), tiers[0])
+    homo = tiers_of(r)[0]
     b = _base(r)
     labels = {"conserve": "ConServe", **MODE_LABEL}
     made = []

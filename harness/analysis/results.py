@@ -39,10 +39,10 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from harness.analysis.capacity import GROWTH_BOUND, bisect_capacity, is_bounded
+from harness.analysis.capacity import bisect_capacity, is_bounded
 from harness.analysis.claims import (MODE_LABEL, PAPER, PAPER_WAIT, W2_METRIC, _depends, _flipping, claim_energy,
                                      claim_robustness, claim_robustness_levels, claim_slo, claim_ttfet, claim_wait,
-                                     classify, fmt, sensitivity, sensitivity_matrix)
+                                     classify, fmt, sensitivity, sensitivity_matrix, tiers_of)
 from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, ratio_interval, verdict
 from harness.analysis.twin import BACKEND_COL, split_repeats
 from harness.core.paths import PROJECT_ROOT
@@ -92,13 +92,15 @@ FACTOR_NAMES = {"reading": "TTFET reading", "mode": "AMPD rule", "rate": "rate",
 """The names a page gives the choices a claim's cells vary (cell keys of ``harness.analysis.claims``)."""
 
 
-def _word(cells: list[dict], factors: list[str]) -> str:
-    """The overall word (:func:`harness.analysis.claims._depends`), its choices named by :data:`FACTOR_NAMES`."""
+def _word(cells: list[dict], factors: list[str], names: dict[str, str] | None = None) -> str:
+    """The overall word (:func:`harness.analysis.claims._depends`), its choices named by ``names`` (default
+    :data:`FACTOR_NAMES`)."""
     word = _depends(cells, factors)
     head, sep, tail = word.partition("depends on ")
     if not sep or tail.startswith("the combination"):
         return word
-    return sep + ", ".join(FACTOR_NAMES.get(f, f) for f in tail.split(", "))
+    names = FACTOR_NAMES if names is None else names
+    return sep + ", ".join(names.get(f, f) for f in tail.split(", "))
 
 
 def _cell_list(cells: list[dict], label, unit: str = " %") -> str:
@@ -179,9 +181,7 @@ def conserve_sim_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dic
     sens = _read(root, SIM_TABLES["conserve_sensitivity"])
     if sens is not None:
         r = classify(sens)
-        tiers = sorted(set(r._tier))
-        homo = next((t for t in tiers if not t.endswith("_hetero")), tiers[0])
-        hetero = next((t for t in tiers if t.endswith("_hetero")), None)
+        homo, hetero = tiers_of(r)
         l1, _, c1 = claim_ttfet(r, homo, margin)
         l2, _, c2 = claim_slo(r, homo, margin)
         l3, _, c3, c4 = claim_energy(r, homo, hetero, margin)
@@ -358,11 +358,7 @@ CC_FACTOR_NAMES = {**FACTOR_NAMES, "rate": "load", "timing": "timing knob"}
 
 def _cc_word(cells: list[dict], factors: list[str]) -> str:
     """:func:`_word` with :data:`CC_FACTOR_NAMES`."""
-    word = _depends(cells, factors)
-    head, sep, tail = word.partition("depends on ")
-    if not sep or tail.startswith("the combination"):
-        return word
-    return sep + ", ".join(CC_FACTOR_NAMES.get(f, f) for f in tail.split(", "))
+    return _word(cells, factors, CC_FACTOR_NAMES)
 
 
 def _cc_cells(cells: list[dict], unit: str) -> str:

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.claims import (MODE_LABEL, MODES, PAPER, PAPER_WAIT, W2_METRIC, claim_energy, claim_ttfet,
-                                     claim_wait, classify, fmt)
+                                     claim_wait, classify, fmt, tiers_of)
 from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, ratio_interval
 
 BACKENDS = ("vllm", "sim")
@@ -74,8 +74,7 @@ def split_repeats(r: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _cells(r: pd.DataFrame, margin: float) -> dict[tuple, dict]:
     """One side's claim cells keyed by (claim, rate, comparison), each the claim function's dict with ``claim``
     and ``label`` added."""
-    tiers = sorted(set(r._tier))
-    homo = next((t for t in tiers if not t.endswith("_hetero")), tiers[0]) if tiers else ""
+    homo = tiers_of(r)[0] if len(r) else ""
     out: dict[tuple, dict] = {}
     if {"conserve"} <= set(r._variant):
         for c in claim_ttfet(r, homo, margin)[2]:
