@@ -104,6 +104,8 @@ def test_false_directional_verdicts_on_a_skewed_null():
     measured before on a shape like it); with the floor of MIN_DECIDE_SEEDS = 10 seeds before a decided verdict
     may stop a cell, at most 6 % (600 cells per tail: binomial sd of 5 % is 0.9 points). The skewness of the drawn values is checked against
     the formula, so the test cannot pass on a symmetric draw."""
+    from scipy import stats   # here, not at collection (scipy.stats: ~1.4 s of import)
+
     from harness.analysis.seeds import MIN_DECIDE_SEEDS
     assert MIN_DECIDE_SEEDS == 10
     x = skewed_null(np.random.default_rng(0), 200_000)

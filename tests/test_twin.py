@@ -44,9 +44,10 @@ def test_twin_conserve_on_real_servers_and_simulator(pd_pair, tmp_path):
     assert not (res["out"] / "claims.md").exists()          # a twin sweep's claims are in twin.md only
     assert "## The twin (twin.md)" in (res["out"] / "report.md").read_text()
 
-    # 1. the claim table: C1 per reading x AMPD rule, C3 per AMPD rule, at the one rate; both sides filled
+    # 1. the claim table: C1 per reading (first turn, visible, serving-only: 3) x AMPD rule (2), C3 per AMPD rule,
+    # at the one rate; both sides filled
     rows = [line for line in text.splitlines() if line.startswith("| C")]
-    assert len([r for r in rows if r.startswith("| C1")]) == 4 and len([r for r in rows if r.startswith("| C3")]) == 2
+    assert len([r for r in rows if r.startswith("| C1")]) == 3 * 2 and len([r for r in rows if r.startswith("| C3")]) == 2
     for r in rows:
         cols = [c.strip() for c in r.strip("|").split("|")]
         assert len(cols) == 9 and cols[2] == "2", r   # SMALL sets the rate: 2 conv/s

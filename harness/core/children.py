@@ -135,9 +135,20 @@ def run_owned(cmd: Sequence[str], *, capture_output: bool = False, grace_s: floa
     main = threading.current_thread() is threading.main_thread()
     old = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)} if main else {}
     try:
-        proc = subprocess.Popen(cmd, preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()),
-                                **popen_kw)
+        # Ctrl-C / SIGTERM / SIGHUP while the child is forked are held back (raised inside Popen they would leave
+        # a started child that no one stops) and raised once ``proc`` exists, inside the ``try`` that stops it
+        pending: list[int] = []
+        held = {s: signal.signal(s, lambda signum, frame: pending.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)} if main else {}
         try:
+            proc = subprocess.Popen(cmd, preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()),
+                                    **popen_kw)
+        finally:
+            for s, h in held.items():
+                signal.signal(s, h)
+        try:
+            if pending:
+                raise KeyboardInterrupt() if pending[0] == signal.SIGINT else Terminated(pending[0])
             out, err = proc.communicate()
         except BaseException as e:
             # Ctrl-C is passed on as SIGINT; SIGTERM, SIGHUP and anything else as SIGTERM (run.py's stop)
