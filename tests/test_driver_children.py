@@ -107,7 +107,10 @@ def test_run_owned_forwards_ctrl_c_to_the_child_group_and_waits(tmp_path):
              "print('ready', flush=True)\n"
              "time.sleep(120)\n")
     ready = tmp_path / "ready"
+    # Ctrl-C's default action set here: a process started with SIGINT ignored (inherited: the suite's own worker
+    # can carry it) never sees the Ctrl-C this test sends
     driver = ("import os, signal, sys, threading, time\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               "from harness.core.children import run_owned\n"
               f"threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
               "try:\n"
