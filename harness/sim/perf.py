@@ -466,6 +466,17 @@ def _ceil_to(x: int, g: int) -> int:
     return (x + g - 1) // g * g
 
 
+def _interp_proportional(x: float, xs: list[float], ys: list[float]) -> float:
+    """A per-layer cost at ``x`` (tokens or sequences) from profiled points (``xs`` ascending, ``ys`` ms): 0 for
+    ``x <= 0``, proportional to ``x`` past the last point (``ys[-1] * x / xs[-1]``), else
+    :func:`_interp_extrap` clamped at 0."""
+    if x <= 0:
+        return 0.0
+    if x >= xs[-1]:
+        return ys[-1] * x / xs[-1]
+    return max(0.0, _interp_extrap(x, xs, ys))
+
+
 def _interp_extrap(x: float, xs: list[float], ys: list[float]) -> float:
     """Piecewise-linear ``y(x)`` through the points (``xs`` ascending), extended linearly past both ends
     by the first / last segment (a single point: that constant)."""
@@ -559,32 +570,18 @@ class VidurProfile:
 
     def kv_save_ms(self, n: int) -> float:
         """``attn_kv_cache_save`` of one layer for ``n`` new tokens, ms (Vidur's pooled one-feature model)."""
-        if n <= 0:
-            return 0.0
-        if n >= self.save_tokens[-1]:
-            return self.save_ms[-1] * n / self.save_tokens[-1]
-        return max(0.0, _interp_extrap(n, self.save_tokens, self.save_ms))
+        return _interp_proportional(n, self.save_tokens, self.save_ms)
 
     def kv_write_request_ms(self, tokens: int) -> float:
         """KV write of one layer for **one request** appending ``tokens`` tokens, ms: the profile's prefill rows
         at that chunk size (batch 1; mean over their KV prefixes), linear between profiled chunk sizes (below
         the smallest, toward the decode rows' batch-1 value at 1 token), proportional past the largest."""
-        if tokens <= 0:
-            return 0.0
-        xs, ys = self.save_req_tokens, self.save_req_ms
-        if tokens >= xs[-1]:
-            return ys[-1] * tokens / xs[-1]
-        return max(0.0, _interp_extrap(tokens, xs, ys))
+        return _interp_proportional(tokens, self.save_req_tokens, self.save_req_ms)
 
     def kv_write_decode_ms(self, batch: int) -> float:
         """KV write of one layer for ``batch`` decode sequences (one token each), ms: the decode rows by batch
         size, linear between, proportional past the largest."""
-        if batch <= 0:
-            return 0.0
-        xs, ys = self.save_dec_batch, self.save_dec_ms
-        if batch >= xs[-1]:
-            return ys[-1] * batch / xs[-1]
-        return max(0.0, _interp_extrap(batch, xs, ys))
+        return _interp_proportional(batch, self.save_dec_batch, self.save_dec_ms)
 
     def prefill_ms(self, kv: int, chunk: int) -> float:
         """Prefill attention of one layer for an (aggregated) chunk of ``chunk`` tokens after ``kv`` KV
