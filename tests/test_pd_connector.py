@@ -97,3 +97,26 @@ def test_link_model_keeps_the_old_path():
 def test_bad_link_model_names_the_field():
     with pytest.raises(ValueError, match="cluster.link.model"):
         LinkConfig(model="nixl").validate("cluster.link")
+
+
+def test_a_later_turn_loads_the_whole_file_whatever_the_decoders_local_hit():
+    """Fully disaggregated, a second turn goes through the prefiller again and arrives at the decoder that holds
+    turn 0's blocks. vLLM's ExampleConnector reports the file beyond the local hit (``get_num_new_matched_tokens``)
+    and, that being > 0, loads every aligned prompt token of the file (``build_connector_meta`` / ``start_load_kv``):
+    the load is the whole file, not the part beyond the hit. Turn 0: 300 new tokens, 4 out; turn 1: 304 reused + 200
+    new = 504 prompt tokens. The decoder's local hit is turn 0's whole blocks: 2 x 128 = 256 tokens (turn 0's 304
+    tokens of KV); the file is (504 - 2) // 128 * 128 = 384 tokens > 256, so 384 are loaded (not 384 - 256 = 128),
+    priced at 384 tokens, and the tail is 504 - 384 = 120."""
+    paid = {"model": "example_connector", "request_s": 0.005, "layer_s": 0.001, "frontend_s": 0.0,
+            "bandwidth_bytes_per_s": 1e8}
+    over = [f"cluster.link.{k}={v}" for k, v in paid.items()]
+    run = compose_run(["cluster=cpu_1p1d", "scheduler=disaggregated", "engine.block_size=128", "model=tiny", *over])
+    convs, stats = build_workload([conversation("c0", [(0, 300, 4, 0.5), (304, 200, 4, 0.0)])],
+                                  WorkloadConfig(arrival="fixed"))
+    res = simulate(session_input(run), convs, stats, "disaggregated",
+                   scheduler_config("disaggregated", {"name": "disaggregated"}))
+    assert not res.error
+    t = pd.DataFrame(res.turns).set_index("turn").loc[1]
+    assert t.decode_instance == "decoder0" and t.decode_cached_tokens == 256
+    assert t.transfer_tokens == 384
+    assert t.transfer_s == pytest.approx(0.005 + L * 0.001 + 384 * KVB / 1e8, rel=1e-12)

@@ -40,7 +40,11 @@ KV connector (``cluster.link.model=example_connector``, ``harness.core.profiles.
 completes its prompt; a decoder request carries ``external`` = the tokens the connector can load, and the step that
 admits it loads them (``connector_s(loaded)`` added to that step) and computes the rest of the prompt (the tail,
 ``len - (len - 2) // block * block`` tokens with no local prefix hit beyond it) as a local prefill that samples the
-first token. With ``model=link`` neither happens: the transfer runs on its own link (above).
+first token. The load reads the whole file (``external`` tokens) whatever the decoder's local prefix hit: vLLM's
+``ExampleConnector.get_num_new_matched_tokens`` reports the file beyond the local hit, and when that is > 0
+``build_connector_meta`` loads every aligned prompt token into the request's blocks
+(``vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py``); nothing is loaded when the local hit
+covers the file. With ``model=link`` neither happens: the transfer runs on its own link (above).
 
 Identical decode-only steps are simulated as one event (up to ``max_coalesce_s``) when the rule marks
 its plan repeatable; only the plan's requests advance in such a run (paused ones do not); a new arrival
@@ -624,8 +628,8 @@ class Engine:
             n_admit += 1
             p_cached += hit * bs           # its prefix-cache hit, reused by the step that starts it
             budget -= n
-            if base > hit * bs:
-                self._load(req, base - hit * bs)
+            if base > hit * bs:             # the connector loads its whole file, whatever the local hit
+                self._load(req, base)
         return n_admit, p_cached
 
     def _price_step(self, plan: StepPlan, prefill: list, decode: list, preempted: bool, p_cached: int,
