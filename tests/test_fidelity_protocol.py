@@ -188,13 +188,39 @@ def write_run(run_dir, spread: float, n: int = 60):
     (run_dir / "logs" / "collocated0.step_times.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
 
 
+INSAMPLE_STEPS: dict = {}   # run name -> the in-sample step-count error the stand-in replay reports (default 0)
+
+
 @pytest.fixture
 def machine(monkeypatch):
-    """A 2-CPU machine whose 1-minute load average the test sets: ``loads`` are read one per os.getloadavg call."""
+    """A 2-CPU machine whose 1-minute load average the test sets: ``loads`` are read one per os.getloadavg call. The
+    stand-in runs cannot be replayed on the simulator (a config with the model alone), so their in-sample replay
+    (``harness.tools.insample.in_sample``) reports the step-count error ``INSAMPLE_STEPS`` gives the run (0 unless
+    set)."""
+    from harness.tools import insample
     loads: list = []
     monkeypatch.setattr(os, "getloadavg", lambda: (loads.pop(0),) * 3 if len(loads) > 1 else (loads[0],) * 3)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    INSAMPLE_STEPS.clear()
+    monkeypatch.setattr(insample, "in_sample",
+                        lambda run, out, *a, **k: {"figures": {"steps": INSAMPLE_STEPS.get(Path(run).name, 0.0)}})
     return loads
+
+
+def test_a_run_whose_in_sample_replay_forms_other_steps_is_refused(machine, tmp_path):
+    """A quiet-looking calibration (load, dispersion and slow periods within their bounds) whose own log, fitted
+    on itself and replayed, forms 11.7 % fewer steps than the real engine logged (the shipped run beside one
+    CPU-bound process, docs/data/fidelity_cpu_contended/one_cpu_bound_process): refused on that figure, nothing
+    fitted; 7.9 % would pass the 8 % bound."""
+    machine[:] = [0.5, 1.5]
+    INSAMPLE_STEPS["calibration"] = -0.117
+    with pytest.raises(Contended, match=r"in-sample step count of calibration off by -11.7% .* > bound 8%"):
+        protocol(tmp_path, "cpu", ["backend=vllm"], launch=lambda ov, d: write_run(d, spread=0.05), skip_steps=0,
+                 settle_s=0)
+    p = json.loads((tmp_path / "protocol.json").read_text())
+    assert p["runs"]["calibration"]["figures"]["insample_steps"] == -0.117 and "fit" not in p
+    assert pr.contention_problem({"ncpu": 2, "insample_steps": -0.079}) == ""
+    assert pr.contention_problem({"ncpu": 2, "insample_steps": 0.081}).startswith("in-sample step count")
 
 
 def test_a_loaded_machine_is_refused_before_anything_is_launched(machine, tmp_path):

@@ -19,17 +19,14 @@ from harness.core.profiles import ModelConfig
 from harness.run.config import PROJECT_ROOT
 from harness.tools import fidelity as fd
 from harness.tools import steps as st
+from harness.tools.insample import busy_figures, fit_in_sample
 from harness.tools.inputs import load_profile, load_run_config
 
 RUN = PROJECT_ROOT / "docs" / "data" / "twin_cpu" / "calibration"
 
 
 def _replay(tmp_path_factory, busy_timeline):
-    steps, _ = st.load_step_times(RUN, skip_steps=8)
-    model = ModelConfig(**load_run_config(RUN)["model"])
-    fit = st.fit_steps(steps, load_profile("cpu"), model, objective="sum", busy_timeline=busy_timeline)
-    fe = st.api_frontend(RUN, steps)
-    hw = st.with_frontend(fit["hw"], fe)
+    steps, fit, fe, hw = fit_in_sample(RUN, "cpu", "sum", busy_timeline)
     sim = fd.simulate_run(RUN, hw, tmp_path_factory.mktemp("replay") / "sim")
     return steps, fit, fe, hw, sim
 
@@ -42,17 +39,6 @@ def replay(tmp_path_factory):
 @pytest.fixture(scope="module")
 def replay_busy(tmp_path_factory):
     return _replay(tmp_path_factory, True)
-
-
-def busy_figures(steps, hw, sim) -> dict:
-    """sim / real - 1 of the summed busy time (the logged steps' wall_s plus their between-step gaps <= 1 ms, against
-    the simulated steps' durations, which hold the between-step term), the step count and the mean decode batch."""
-    s = pd.read_parquet(sim / "steps.parquet")
-    gap = steps.idle_s.to_numpy(float)
-    real_busy = steps.wall_s.sum() + (np.nansum(np.where((gap >= 0) & (gap <= st.BUSY_GAP_S), gap, 0.0))
-                                      if hw.between_step_s else 0.0)
-    return {"busy": s.duration_s.sum() / real_busy - 1, "steps": len(s) / len(steps) - 1,
-            "batch": s.decode_tokens[s.decode_tokens > 0].mean() / steps.decode_seqs[steps.decode_seqs > 0].mean() - 1}
 
 
 def test_with_the_busy_timeline_terms(replay_busy):

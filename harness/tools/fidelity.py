@@ -23,8 +23,10 @@ one clock per side); ``--link`` replays it with a cluster preset's link (e.g. th
 ``python -m harness.tools.connector``) and ``--role-profile ROLE=PROFILE`` gives an instance role its own profile (a
 pair at its measured speeds). Its engine rows are mixed (the real spans are the decoder request's) and say so.
 
-Subcommands: ``steps`` (per-step fidelity, ``harness.tools.steps``) and ``protocol`` (calibration, per-step fit and
->= 3 held-out repeats, refused on contention, judged on the engine and server clocks: ``harness.tools.protocol``).
+Subcommands: ``steps`` (per-step fidelity, ``harness.tools.steps``), ``insample`` (every real step log fitted on
+itself and replayed, with the replay's own noise floor: ``harness.tools.insample``) and ``protocol`` (calibration,
+per-step fit and >= 3 held-out repeats, refused on contention, judged on the engine and server clocks:
+``harness.tools.protocol``).
 
 The maximum sustainable rate is not measured here: on the real side it needs a series of runs at rising
 rates per workload (minutes each on the shared CPU), more than a fidelity check can afford; the report says so.
@@ -38,6 +40,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -48,6 +51,7 @@ from harness.core import cmdline
 from harness.tools.calibrate import kv_mem_bytes, load_profile, load_run_config, partial_run, run_means
 from harness.core import evidence
 from harness.core.profiles import HardwareConfig, ModelConfig
+from harness.tools import insample
 from harness.tools import protocol as pr
 from harness.tools import steps as st
 
@@ -542,7 +546,8 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
              repeats: int = pr.MIN_REPEATS, skip_steps: int = 8, max_load_per_cpu: float = pr.MAX_LOAD_BEFORE_PER_CPU,
              max_dispersion: float = pr.MAX_DISPERSION, launch: Optional[Callable] = None,
              max_load_after_per_cpu: float = pr.MAX_LOAD_AFTER_PER_CPU, settle_s: float = pr.SETTLE_S,
-             objective: str = "sum", max_slow_periods: float = pr.MAX_SLOW_PERIODS) -> dict:
+             objective: str = "sum", max_slow_periods: float = pr.MAX_SLOW_PERIODS,
+             max_insample_steps: float = pr.MAX_INSAMPLE_STEPS) -> dict:
     """Calibrate, fit per step, then replay the held-out workload ``repeats`` times back to back (module docstring).
 
     The fit is made under every objective of ``harness.tools.steps.OBJECTIVES`` (a modelling choice: relative
@@ -579,7 +584,8 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
         raise ValueError(f"--repeats {repeats}: the protocol needs >= {pr.MIN_REPEATS} held-out repeats")
     if objective not in st.OBJECTIVES:
         raise ValueError(f"--objective {objective}: one of {', '.join(st.OBJECTIVES)}")
-    pr.contention_problem({"ncpu": 1}, max_load_per_cpu, max_dispersion, max_load_after_per_cpu)  # bounds: finite, > 0
+    pr.contention_problem({"ncpu": 1}, max_load_per_cpu, max_dispersion, max_load_after_per_cpu,   # bounds: finite, > 0
+                          max_slow_periods, max_insample_steps)
     cmdline.check_number("settle_s", settle_s, 0)
     cmdline.check_number("skip_steps", skip_steps, 0)
     launch = launch or launch_real
@@ -588,7 +594,7 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
     summary: dict = {"bounds": {"loadavg_1min_per_cpu_before": max_load_per_cpu,
                                 "loadavg_1min_per_cpu_after": max_load_after_per_cpu, "settle_s": settle_s,
                                 "decode_dispersion": max_dispersion, "slow_periods": max_slow_periods,
-                                "min_repeats": pr.MIN_REPEATS},
+                                "insample_steps": max_insample_steps, "min_repeats": pr.MIN_REPEATS},
                      "runs": {}, "calibration_overrides": list(calibration), "heldout_overrides": list(heldout),
                      "repeats": repeats, "deciding_targets": pr.DECIDING, "shown_targets": pr.SHOWN, "anchors": ANCHORS}
 
@@ -601,7 +607,8 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
         fig = {"run": name, "ncpu": before["ncpu"], "loadavg_before": before["loadavg"][0]}
         summary["runs"][name] = {"before": before, "figures": fig, "settle_wait_s": round(waited, 1)}
         save()
-        why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu, max_slow_periods)
+        why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu, max_slow_periods,
+                                    max_insample_steps)
         if not why:
             try:
                 launch(overrides, out / name)
@@ -613,13 +620,16 @@ def protocol(out: Path, base_profile: str, heldout: Sequence[str], calibration: 
             evidence.pack(out / name)      # step logs and spans kept, compressed (they ship with the run)
             steps, d, n = pr.run_steps(out / name, skip_steps)
             slow = st.slow_period_figure(steps, base, ModelConfig(**load_run_config(out / name)["model"]))
+            with tempfile.TemporaryDirectory(prefix="insample-") as tmp:   # the replay itself is not kept
+                ins = insample.in_sample(out / name, Path(tmp), base_profile)["figures"]
             fig.update(loadavg_after=after["loadavg"][0], step_dispersion=d, dispersion_steps=n,
-                       slow_periods=slow["figure"])
+                       slow_periods=slow["figure"], insample_steps=ins["steps"])
             summary["runs"][name]["slow_periods"] = slow
+            summary["runs"][name]["insample"] = ins
             summary["runs"][name]["after"] = after
             summary["runs"][name]["steal_share"] = pr.steal_share(before.get("cpu_jiffies"), after.get("cpu_jiffies"))
             why = pr.contention_problem(fig, max_load_per_cpu, max_dispersion, max_load_after_per_cpu,
-                                        max_slow_periods)
+                                        max_slow_periods, max_insample_steps)
         if why:
             summary["refused"] = why
             save()
@@ -713,6 +723,9 @@ def protocol_main(argv: Sequence[str]) -> int:
                     help="bound of a run's slow-period figure (busy-time-weighted over step-weighted speed ratio of "
                          f"{st.SLOW_WINDOW_S:g} s windows against its own in-sample fit; correlated machine noise; "
                          ">= 1; default %(default)s)")
+    ap.add_argument("--max-insample-steps", type=cmdline.number(0, lo_open=True), default=pr.MAX_INSAMPLE_STEPS,
+                    help="bound of a run's |in-sample step-count error| (its own log fitted on itself and replayed: "
+                         "a slowed API server or client changes the real batching; > 0; default 0.08)")
     ap.add_argument("--objective", choices=st.OBJECTIVES, default="sum",
                     help="the per-step fit's objective whose verdicts set the exit status (every objective is fitted "
                          "and judged on the same runs, and the verdicts that depend on it are named; default "
@@ -730,7 +743,8 @@ def protocol_main(argv: Sequence[str]) -> int:
                 raise ValueError(f"{what}: {e}") from None
         s = protocol(a.out, a.profile, a.heldout, a.calibration, a.repeats, a.skip_steps, a.max_load_per_cpu,
                      a.max_dispersion, max_load_after_per_cpu=a.max_load_after_per_cpu, settle_s=a.settle_s,
-                     objective=a.objective, max_slow_periods=a.max_slow_periods)
+                     objective=a.objective, max_slow_periods=a.max_slow_periods,
+                     max_insample_steps=a.max_insample_steps)
     except (FileNotFoundError, ValueError) as e:   # st.Contended is a ValueError: a refusal, with its figures
         refused = isinstance(e, st.Contended)
         print(f"refused: {e} (figures in {a.out / 'protocol.json'})" if refused else f"error: {e}", file=sys.stderr)
@@ -765,6 +779,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["protocol"]:   # the protocol (its rules: harness.tools.protocol)
         return protocol_main(argv[1:])
+    if argv[:1] == ["insample"]:   # every step log replayed in sample: harness.tools.insample
+        from harness.tools.insample import insample_main
+        return insample_main(argv[1:])
     if argv[:1] == ["steps"]:   # per-step fidelity: harness.tools.steps
         from harness.tools.steps import steps_main
         return steps_main(argv[1:])

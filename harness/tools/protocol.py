@@ -29,7 +29,12 @@ Bounds (stated here, in ``--help`` and docs/fidelity_cpu.md "The protocol"; meas
 * the slow-period figure at most ``MAX_SLOW_PERIODS`` (1.10; ``harness.tools.steps.slow_periods``): the
   busy-time-weighted over step-weighted speed ratio of 0.5 s busy-time windows against the run's own in-sample fit,
   which sees correlated (slow-period) machine noise that the dispersion does not (shipped calibration 1.030, the same
-  log at half speed for 60 of every 200 steps 1.144, independent noise of sigma 0.3 1.049).
+  log at half speed for 60 of every 200 steps 1.144, independent noise of sigma 0.3 1.049);
+* the in-sample step count within ``MAX_INSAMPLE_STEPS`` (8 %; ``harness.tools.insample``): the run's own log fitted
+  on itself and its workload replayed; a machine that slows the API server and the client but not the pinned engine
+  changes how the real engine batches, which the step-speed figures cannot see. Quiet runs: -4.7 to +1.8 % (five
+  shipped logs; the replay's own floor on them 2.0-3.8 %); beside one / two CPU-bound processes -11.7 / -14.8 %
+  while their slow-period figures (1.051 / 1.048) accept them (docs/fidelity_cpu.md "In sample, every shipped log").
 
 Judging (pure functions, :func:`repeat_spread`, :func:`verdict`, :func:`protocol_rows`): per metric the simulator's
 error against the mean of the real repeats, ``err = sim / mean(real) - 1`` (the simulated replay is the same for
@@ -71,6 +76,7 @@ MAX_LOAD_AFTER_PER_CPU = 1.5     # the run's own load included (module docstring
 MAX_LOAD_PER_CPU = MAX_LOAD_BEFORE_PER_CPU
 MAX_DISPERSION = st.MAX_DISPERSION
 MAX_SLOW_PERIODS = st.MAX_SLOW_PERIODS   # the slow-period figure's bound (harness.tools.steps.slow_periods)
+MAX_INSAMPLE_STEPS = 0.08        # |in-sample step-count error| bound (module docstring; harness.tools.insample)
 SETTLE_S = 180.0                 # the longest wait for the load average to settle before a run, s
 SETTLE_POLL_S = 5.0              # os.getloadavg's own update period, s
 # the field's targets (harness.tools.fidelity.TARGETS), per clock: these decide
@@ -93,7 +99,8 @@ def clock(metric: str) -> str:
 def contention_problem(figures: dict, max_load_per_cpu: float = MAX_LOAD_BEFORE_PER_CPU,
                        max_dispersion: float = MAX_DISPERSION,
                        max_load_after_per_cpu: float = MAX_LOAD_AFTER_PER_CPU,
-                       max_slow_periods: float = MAX_SLOW_PERIODS) -> str:
+                       max_slow_periods: float = MAX_SLOW_PERIODS,
+                       max_insample_steps: float = MAX_INSAMPLE_STEPS) -> str:
     """Why one real run's figures show a contended machine, or ``""``.
 
     Args:
@@ -101,15 +108,16 @@ def contention_problem(figures: dict, max_load_per_cpu: float = MAX_LOAD_BEFORE_
             average just before / after the run); ``step_dispersion`` (IQR / median of decode-step times within a
             composition, a fraction) with ``dispersion_steps`` (the steps it rests on); ``slow_periods`` (the
             busy-time-weighted over step-weighted window speed ratio, ``harness.tools.steps.slow_periods``, against
-            the run's own in-sample fit: correlated slow periods of the machine). A figure left out (or NaN, for
-            ``slow_periods``) is not
+            the run's own in-sample fit: correlated slow periods of the machine); ``insample_steps`` (the in-sample
+            replay's step-count error, ``sim / real - 1``, ``harness.tools.insample``). A figure left out (or NaN, for
+            ``slow_periods`` and ``insample_steps``) is not
             checked (before a run only its ``loadavg_before`` exists); ``run`` names the run in the message.
         max_load_per_cpu: bound of the load average before a run, per CPU. max_dispersion: bound of the
             dispersion. max_load_after_per_cpu: bound of the load average after a run (its own load included),
-            per CPU. max_slow_periods: bound of ``slow_periods``.
+            per CPU. max_slow_periods: bound of ``slow_periods``. max_insample_steps: bound of ``|insample_steps|``.
 
     Returns the first figure over its bound, with its value and the bound (load before, load after, dispersion,
-    slow periods);
+    slow periods, in-sample steps);
     a ``step_dispersion`` that is NaN (no composition was seen 3 times: the run's quietness cannot be shown) is a
     problem too.
 
@@ -122,6 +130,7 @@ def contention_problem(figures: dict, max_load_per_cpu: float = MAX_LOAD_BEFORE_
                     ("max_load_after_per_cpu", max_load_after_per_cpu)):
         check_number(name, b, 0, lo_open=True)
     check_number("max_slow_periods", max_slow_periods, 1)
+    check_number("max_insample_steps", max_insample_steps, 0, lo_open=True)
     run = figures.get("run", "the run")
     for k, when, per_cpu in (("loadavg_before", "before", max_load_per_cpu),
                              ("loadavg_after", "after", max_load_after_per_cpu)):
@@ -143,6 +152,11 @@ def contention_problem(figures: dict, max_load_per_cpu: float = MAX_LOAD_BEFORE_
         return (f"slow-period figure {v:.3f} of {run} (busy-time-weighted over step-weighted speed ratio of "
                 f"{st.SLOW_WINDOW_S:g} s windows against its own in-sample fit) > bound {max_slow_periods:.2f}: the "
                 f"machine was slow for periods (correlated noise); rerun on a quiet machine")
+    v = figures.get("insample_steps")
+    if v is not None and math.isfinite(v) and abs(v) > max_insample_steps:
+        return (f"in-sample step count of {run} off by {v:+.1%} (its own log fitted on itself and replayed) > bound "
+                f"{max_insample_steps:.0%}: the real engine batched as an undisturbed one would not (a slowed API "
+                f"server or client); rerun on a quiet machine")
     return ""
 
 
