@@ -48,7 +48,6 @@ end, and per job its status and the process CPU it took, s.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
