@@ -396,6 +396,34 @@ def test_a_chunked_slurm_sweep_runs_two_jobs_per_task_with_the_pools_results_and
 
 
 @pytest.mark.real_server
+def test_a_sigterm_in_a_chunked_slurm_task_ends_its_chunk_and_the_sweep_130_and_a_rerun_completes(slurm, tmp_path):
+    """Each task's first job gets a SIGTERM as its first conversation finishes (what ``scancel`` or the time limit
+    sends; ``HARNESS_TEST_INTERRUPT``, once per process): it writes its partial results and ``interrupted.json``,
+    its task runs no further job and reports; once both tasks reported the sweep exits 130, naming the jobs not
+    run; the same command again completes all four."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "run.py", "-m", "hydra/launcher=pool_slurm", "hydra.launcher.partition=debug",
+           "hydra.launcher.mem_gb=null", "hydra.launcher.jobs_per_task=2", *CHUNKED, "slo=absolute",
+           f"hydra.sweep.dir={sweep}"]
+    r = subprocess.run(cmd, cwd=PROJECT_ROOT, env={**_sweep_env(slurm.env), "HARNESS_TEST_INTERRUPT": "run:0:TERM"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 130, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "2 Slurm tasks" in r.stdout and "re-run the same command to resume" in r.stderr
+    assert "job 1 (" in r.stderr and "not run: job 0 exited with status 130" in r.stderr
+    tasks = json.loads((sweep / "tasks.json").read_text())["tasks"]
+    assert [[(j["status"], j["code"]) for j in t["jobs"]] for t in tasks] == [[("exit", 130), ("not run", None)]] * 2
+    for first, second in (("0_conserve", "1_conserve"), ("2_collocated", "3_collocated")):
+        assert json.loads((sweep / first / "summary.json").read_text())["partial"] is True
+        assert (sweep / first / "interrupted.json").is_file() and not (sweep / second / "summary.json").exists()
+    assert not (sweep / "comparison.md").exists()
+    r = subprocess.run(cmd, cwd=PROJECT_ROOT, env=_sweep_env(slurm.env), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert all(json.loads(p.read_text())["partial"] is False for p in sweep.glob("*/summary.json"))
+    assert len(list(sweep.glob("*/summary.json"))) == 4 and (sweep / "comparison.md").exists()
+
+
+@pytest.mark.real_server
 def test_a_chunked_ray_sweep_runs_two_jobs_per_task_with_the_pools_results(pool_sweep, tmp_path):
     """hydra/launcher=pool_ray, jobs_per_task=2, a local Ray of 2 CPUs: 4 jobs in 2 Ray tasks, the two jobs of a task
     printed by one Ray worker process (Ray prefixes a task's output with its pid); every job's files equal the
