@@ -30,6 +30,14 @@ def test_chunks_are_contiguous_runs_of_jobs_per_task_or_fill_the_slots():
     for bad in (0, -1, 1.5, "2", True):
         with pytest.raises(ValueError, match="hydra.launcher.jobs_per_task"):
             plan_chunks(4, bad, 2)
+    # the launchers refuse it when Hydra makes them, before anything is submitted (run.py: exit 2, the key named)
+    from hydra_plugins.harness_launcher.pool_launcher import RayPoolLauncher, SlurmPoolLauncher
+    for make in (lambda: RayPoolLauncher(ray={"init": {"address": None}}, jobs_per_task=0),
+                 lambda: SlurmPoolLauncher(jobs_per_task=-2, partition="debug")):
+        with pytest.raises(ValueError, match="hydra.launcher.jobs_per_task"):
+            make()
+    assert RayPoolLauncher(ray={"init": {"address": "auto"}, "remote": {"num_cpus": 2}}, jobs_per_task=3).ray_remote == {
+        "num_cpus": 2}
 
 
 def _Ret(num, status, value):

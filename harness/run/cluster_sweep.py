@@ -3,13 +3,15 @@
 launcher uses) or one Ray task (``hydra/launcher=pool_ray``), that runs its jobs one after another in one
 process through the sweep executor's job body (``harness.run.executor._run_job``: Hydra's ``run_job``).
 
-Why: Hydra's submitit and Ray launchers (``hydra/launcher=slurm`` / ``ray``) make one task per job, so each job
-pays the imports (Hydra, numpy, pandas, pyarrow, the policies), the trace's parse, the SLO baseline's replays and,
-in the submitting process, two or three compositions of its config. Here a task keeps, across the jobs of its
-chunk, what the process-wide caches hold (the imports, the parsed traces, the SLO baselines; see
-``harness.run.executor``), and a Ray worker process keeps them across the chunks it runs after each other (Ray
-reuses a worker process for the tasks of one function). Nothing a run computes depends on which process ran it
-(the executor's argument; tests/test_cluster_sweep.py checks a Slurm and a Ray sweep against the local pool, file
+Why: Hydra's submitit launcher (``hydra/launcher=slurm``) runs each job in a process of its own, which pays the
+imports (Hydra, numpy, pandas, pyarrow, the policies), the trace's parse and the SLO baseline's replays again; Hydra's
+Ray launcher (``ray``) runs each job as a Ray task (Ray keeps its worker processes, so their imports stay, but every
+task is sent the sweep's context anew); and both compose each job's config two or three times in the submitting
+process. Here a task keeps, across the jobs of its chunk, what the process-wide caches hold (the imports, the parsed
+traces, the SLO baselines; see ``harness.run.executor``), a Ray worker process keeps them across the chunks it runs
+after each other (Ray reuses a worker process for the tasks of one function), and each job is composed once.
+Measured: ``benchmarks/cluster_sweep.py`` (docs/guide.md, section 3). Nothing a run computes depends on which process
+ran it (the executor's argument; tests/test_clusters.py checks a Slurm and a Ray sweep against the local pool, file
 for file).
 
 The submitting process (``python run.py -m``) composes each job's config once (``executor.ComposedConfigs``: the

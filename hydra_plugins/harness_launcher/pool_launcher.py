@@ -75,6 +75,9 @@ class SlurmPoolLauncher(Launcher):
 
     def __init__(self, jobs_per_task: Optional[int] = None, **params: Any) -> None:
         from omegaconf import OmegaConf
+
+        from harness.run.cluster_sweep import plan_chunks
+        plan_chunks(1, jobs_per_task, 1)   # a bad jobs_per_task: ValueError naming it, before anything is submitted
         self.jobs_per_task = jobs_per_task
         self.params = {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
                        for k, v in params.items()}
@@ -102,6 +105,9 @@ class RayPoolLauncher(Launcher):
 
     def __init__(self, ray: Any = None, jobs_per_task: Optional[int] = None) -> None:
         from omegaconf import OmegaConf
+
+        from harness.run.cluster_sweep import plan_chunks
+        plan_chunks(1, jobs_per_task, 1)   # a bad jobs_per_task: ValueError naming it, before Ray starts
         ray = OmegaConf.to_container(ray, resolve=True) if OmegaConf.is_config(ray) else dict(ray or {})
         self.ray_init = dict(ray.get("init") or {})
         self.ray_remote = dict(ray.get("remote") or {})
