@@ -371,7 +371,8 @@ def main(argv=None) -> int:
             print(f"wait_single (512/20), Meta-Llama-3-8B, 1 x A100, n={a.n} prompts per run, seeds {_span(seeds)}; "
                   "E2E = central-window mean (s), geometric mean over the seeds; ratios paired per seed")
             print()
-            print("| step model | prompts/s | Sarathi-like (s) | WAIT-CP (s) | same-budget control (s) | chunk-cap control (s) "
+            print("| step model | prompts/s | Sarathi-like (s) | WAIT-CP (s) | same-budget control (s) "
+                  "| chunk-cap control (s) "
                   "| arms (a / b) | a / b − 1 | n (sign count) | verdict |")
             print("|---|---|---|---|---|---|---|---|---|---|")
             words: dict[tuple[str, float], str] = {}
@@ -398,7 +399,8 @@ def main(argv=None) -> int:
                     print(f"{head}| chunk-cap control / same-budget control (the cap alone) | {_pct(est, ci)} | "
                           f"{n} ({k} of {n}) | {verdict(est, ci, -1.0, min_effect=0.0)} |")
             print()
-            print("WAIT-CP vs Sarathi-like, verdict per rate across the step models (paper: lower latency than Sarathi; "
+            print("WAIT-CP vs Sarathi-like, verdict per rate across the step models (paper: lower latency than "
+                  "Sarathi; "
                   f"at {PAPER_RATE:g}/s 'over 70 %'):")
             print()
             print("| prompts/s | " + " | ".join(models) + " | overall |")
@@ -451,7 +453,8 @@ def main(argv=None) -> int:
                 got = {s: found[(m, arm, s)] for s in cap_seeds if not isinstance(found[(m, arm, s)], BaseException)}
                 if len(got) == len(cap_seeds):
                     brackets[(m, arm)] = got
-                    print(f"  {m} {LABEL[arm]}: " + ", ".join(f"seed {s} [{lo:g}, {hi:g})" for s, (lo, hi) in got.items()))
+                    print(f"  {m} {LABEL[arm]}: "
+                          + ", ".join(f"seed {s} [{lo:g}, {hi:g})" for s, (lo, hi) in got.items()))
                 else:
                     print(f"  {m} {LABEL[arm]}: incomplete ({len(got)} of {len(cap_seeds)} seeds in runs.csv)")
         print()
