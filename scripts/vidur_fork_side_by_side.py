@@ -15,21 +15,25 @@
    Meta-Llama-3-8B, one A100, ``memory_margin_fraction`` 0.1; WAIT-CP = ``general_nested_chunked``,
    ``total_limit`` 21, ``chunk_size`` 256, ``seg_margin`` 0, ``force_clear``, no ``wait_gate``,
    ``WAIT_CP_GATE=on``, prompt type 512/20 at the trace's rate; Sarathi = Vidur's ``sarathi``,
-   ``chunk_size`` 512, ``batch_size_cap`` 512. Step times come from Vidur's random-forest execution-time
-   predictor trained on Vidur's public Llama-3-8B A100 profile as this repository ships it
+   ``chunk_size`` 512, ``batch_size_cap`` 512; vLLM-like (``--arms``, default on) = Vidur's ``vllm`` with its
+   defaults (``max_tokens_in_batch`` 4096, ``batch_size_cap`` 128: the paper's "default Vidur configurations").
+   Step times come from Vidur's random-forest execution-time predictor trained on Vidur's public Llama-3-8B
+   A100 profile as this repository ships it
    (``docs/data/vidur_llama3_8b_a100_{mlp,attention}_ms.csv``, rewritten into Vidur's layout by
    ``scripts/vidur_reference_predictions.py``; the attention file is a hand-transcribed subset of Vidur's,
    FlashInfer rows: ``docs/data/SOURCE.md``), seeded and searched as below (the trained forests are cached
    under ``--cache-dir``).
-3. **Ours** on the same requests: ``wait_sarathi_llama3`` and ``wait_cp_llama3`` (``+experiment=wait_paper``)
+3. **Ours** on the same requests: ``wait_sarathi_llama3``, ``wait_cp_llama3`` and ``wait_vllm_llama3``
+   (``+experiment=wait_paper``)
    under ``engine.step_model=roofline``, ``vidur_profile`` and ``vidur_profile_per_request`` (``--ours``); the
    script checks that every run's submit
    times equal the trace's arrival times.
 
-Prints, per rate, each simulator's Sarathi and WAIT-CP mean E2E over the central window (prompts 25-75 %
-by arrival, ``scripts/wait_check.py``'s window; Vidur: ``completed_at - arrived_at``) averaged over seeds,
-and the per-seed paired difference ``WAIT-CP / Sarathi - 1`` with its mean and a two-sided 95 % Student t
-interval over seeds (negative: WAIT-CP faster).
+Prints, per rate and comparison (WAIT-CP / Sarathi, WAIT-CP / vLLM-like, Sarathi / vLLM-like), each
+simulator's two arms' mean E2E over the central window (prompts 25-75 % by arrival, ``scripts/wait_check.py``'s
+window; Vidur: ``completed_at - arrived_at``) averaged over seeds, and the per-seed paired ratio ``a / b - 1``
+with its mean, its spread over the forest seeds and a two-sided 95 % Student t interval over workload seeds
+(negative: ``a`` faster).
 
 **Forests.** Vidur's random forests are bagged and, in Vidur, unseeded (``RandomForestRegressor()``): two
 trainings on the same rows predict differently, most where a feature value has few rows (the shipped
@@ -105,8 +109,11 @@ from harness.core import cmdline  # noqa: E402  (standard library only: the fork
 FORK_SCHEDULER = Path("vidur/scheduler/replica_scheduler/general_nested_chunked_replica_scheduler.py")
 TRACE_FIELDS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 # ours: (label, arm) on the harness side; theirs: (label, scheduler) in the fork
-OUR_ARMS = (("sarathi", "wait_sarathi_llama3"), ("wait_cp", "wait_cp_llama3"))
-FORK_ARMS = ("sarathi", "wait_cp")
+OUR_ARMS = (("sarathi", "wait_sarathi_llama3"), ("wait_cp", "wait_cp_llama3"), ("vllm", "wait_vllm_llama3"))
+FORK_ARMS = ("sarathi", "wait_cp", "vllm")
+# the table's comparisons (a / b - 1), each printed with its spread over forest seeds
+COMPARISONS = (("wait_cp", "sarathi"), ("wait_cp", "vllm"), ("sarathi", "vllm"))
+ARM_LABEL = {"sarathi": "Sarathi", "wait_cp": "WAIT-CP", "vllm": "vLLM-like"}
 OUR_MODELS = ("roofline", "vidur_profile", "vidur_profile_per_request")
 FORK_VARIANTS = ("public", "pool30_meet", "pool30_all", "kvsave_linear", "kvsave_decode", "attn_sum", "kvsave_pool30",
                  "step_roofline", "step_vidur_profile", "step_vidur_profile_per_request")
@@ -424,6 +431,9 @@ def fork_worker(job_file: str) -> None:
             sched = GeneralNestedChunkedSchedulerConfig(
                 prompt_types=pt, total_limit=21, total_num_requests=n, chunk_size=256, seg_margin=0.0,
                 force_clear=True, wait_gate=False)
+        elif job["arm"] == "vllm":                # Vidur's vLLM scheduler, its defaults (the paper's baseline)
+            from vidur.config import VllmSchedulerConfig
+            sched = VllmSchedulerConfig()
         else:
             sched = SarathiSchedulerConfig(chunk_size=512, batch_size_cap=512)
         out = tempfile.mkdtemp(prefix="vidur_fork_out_")
@@ -632,12 +642,19 @@ def main(argv=None) -> None:
                          "spread over them printed beside every ratio ('' = unseeded, as Vidur trains them)")
     ap.add_argument("--ours", default=",".join(OUR_MODELS), help="our step models ('' for none)")
     ap.add_argument("--fork-variants", default="public", help=f"comma-separated, of {FORK_VARIANTS} ('' for none)")
+    ap.add_argument("--arms", default=",".join(FORK_ARMS),
+                    help=f"comma-separated, of {', '.join(FORK_ARMS)} (sarathi and wait_cp are needed; vllm: Vidur's "
+                         "vLLM scheduler with its defaults, and wait_vllm_llama3 on our side)")
     ap.add_argument("--fork-worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.fork_worker:
         fork_worker(a.fork_worker)
         return
     check_inputs(ap, a)
+    arms = [x for x in a.arms.split(",") if x]
+    if any(x not in FORK_ARMS for x in arms) or not {"sarathi", "wait_cp"} <= set(arms):
+        ap.error(f"argument --arms: comma-separated names of {', '.join(FORK_ARMS)}, sarathi and wait_cp included; "
+                 f"got {a.arms!r}")
     rates, seeds = a.rates, a.seeds
     tdir = Path(a.trace_dir)
     tdir.mkdir(parents=True, exist_ok=True)
@@ -669,7 +686,7 @@ def main(argv=None) -> None:
             tag = f"fs{fs}" if fs is not None else "unseeded"
             jobs = [{"arm": arm, "rate": r, "seed": s, "trace": str(traces[(r, s)]),
                      "result": str(tdir / f"fork_{v}_{tag}_{a.vidur_grid}_{arm}_r{r:g}_s{s}_n{a.n}.json")}
-                    for r in rates for s in seeds for arm in FORK_ARMS]
+                    for r in rates for s in seeds for arm in arms]
             # a result already there (same trace dir, variant, forest seed, grid, arm, rate, seed, n) is kept: an
             # interrupted sweep resumes where it stopped (unseeded results are not reproducible: rerun them)
             todo = [j for j in jobs if not Path(j["result"]).is_file()]
@@ -680,7 +697,7 @@ def main(argv=None) -> None:
                     fork_mean(Path(j["result"])))
     for m in [m for m in a.ours.split(",") if m]:
         for r in rates:
-            for label, arm in OUR_ARMS:
+            for label, arm in [x for x in OUR_ARMS if x[0] in arms]:
                 for s in seeds:
                     table.setdefault((f"ours:{m}", r), {}).setdefault(label, {}).setdefault(None, []).append(
                         ours(arm, r, a.n, s, m, traces[(r, s)]))
@@ -688,12 +705,12 @@ def main(argv=None) -> None:
 
 
 def ratio_summary(sar: dict, wcp: dict) -> dict:
-    """The WAIT-CP / Sarathi - 1 statistics of one table row. ``sar``, ``wcp``: ``{forest seed: [(central s,
-    all-prompt s) per workload seed]}`` (same keys, same workload seeds in the same order). Returns ``per_fs``
-    (per forest seed, the mean over workload seeds of the paired central-window ratio), ``mean`` (over forest
-    seeds of ``per_fs``), ``lo``/``hi`` (the spread: min and max of ``per_fs``), ``t`` (the two-sided 95 % t
-    interval over workload seeds of the per-workload-seed ratio averaged over forest seeds) and ``t_all`` (the
-    same for the all-prompt mean)."""
+    """The ``a / b - 1`` statistics of one table row (``wcp`` the arm ``a``, ``sar`` the arm ``b``: WAIT-CP over
+    Sarathi, WAIT-CP or Sarathi over vLLM-like). ``sar``, ``wcp``: ``{forest seed: [(central s, all-prompt s) per
+    workload seed]}`` (same keys, same workload seeds in the same order). Returns ``per_fs`` (per forest seed, the
+    mean over workload seeds of the paired central-window ratio), ``mean`` (over forest seeds of ``per_fs``),
+    ``lo``/``hi`` (the spread: min and max of ``per_fs``), ``t`` (the two-sided 95 % t interval over workload seeds
+    of the per-workload-seed ratio averaged over forest seeds) and ``t_all`` (the same for the all-prompt mean)."""
     fss = list(sar)
     per = {fs: [w[0] / x[0] - 1.0 for w, x in zip(wcp[fs], sar[fs])] for fs in fss}
     per_all = {fs: [w[1] / x[1] - 1.0 for w, x in zip(wcp[fs], sar[fs])] for fs in fss}
@@ -705,28 +722,32 @@ def ratio_summary(sar: dict, wcp: dict) -> dict:
             "t": t_interval(by_ws), "t_all": t_interval(by_ws_all)}
 
 
+def _mean_e2e(runs: dict) -> float:
+    return sum(x[0] for v in runs.values() for x in v) / sum(len(v) for v in runs.values())
+
+
 def print_table(table: dict, rates, seeds, fseeds, a) -> None:
-    """Print the side-by-side table (markdown), one row per (simulator, rate)."""
+    """Print the side-by-side table (markdown), one row per (simulator, rate, comparison of :data:`COMPARISONS`
+    whose two arms it ran), each ratio with its spread over the forest seeds."""
     fs_txt = ("unseeded forests (as Vidur trains them)" if fseeds == [None]
               else f"forest seeds {fseeds} ({a.vidur_grid} grid search)")
     print(f"wait_single (512/20), Llama-3-8B, 1 x A100, n={a.n} per run, workload seeds {seeds}, {fs_txt}; "
           "central-window (25-75 % by arrival) mean E2E (s), mean over seeds")
-    print("| simulator: step model | rate (/s) | Sarathi E2E (s) | WAIT-CP E2E (s) | WAIT-CP / Sarathi - 1 | "
+    print("| simulator: step model | rate (/s) | a / b | a E2E (s) | b E2E (s) | a / b - 1 | "
           "spread over forest seeds [min, max] | per forest seed | 95 % t over workload seeds | "
           "all prompts: 95 % t |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rates:
         for key in [k for k in table if k[1] == r]:
-            sar, wcp = table[key]["sarathi"], table[key]["wait_cp"]
-            st = ratio_summary(sar, wcp)
-            mean_s = sum(x[0] for v in sar.values() for x in v) / sum(len(v) for v in sar.values())
-            mean_w = sum(x[0] for v in wcp.values() for x in v) / sum(len(v) for v in wcp.values())
-            forest = len(sar) > 1 or next(iter(sar)) is not None
-            spread = f"[{st['lo']:+.2%}, {st['hi']:+.2%}]" if forest else "n/a (no forest)"
-            per_fs = " / ".join(f"{x:+.2%}" for x in st["per_fs"]) if forest else "n/a"
-            (m, lo, hi), (ma, loa, hia) = st["t"], st["t_all"]
-            print(f"| {key[0]} | {r:g} | {mean_s:.3f} | {mean_w:.3f} | {st['mean']:+.2%} | {spread} | {per_fs} | "
-                  f"[{lo:+.2%}, {hi:+.2%}] | {ma:+.2%} [{loa:+.2%}, {hia:+.2%}] |", flush=True)
+            for x, y in [c for c in COMPARISONS if c[0] in table[key] and c[1] in table[key]]:
+                st = ratio_summary(table[key][y], table[key][x])
+                forest = len(table[key][y]) > 1 or next(iter(table[key][y])) is not None
+                spread = f"[{st['lo']:+.2%}, {st['hi']:+.2%}]" if forest else "n/a (no forest)"
+                per_fs = " / ".join(f"{v:+.2%}" for v in st["per_fs"]) if forest else "n/a"
+                (m, lo, hi), (ma, loa, hia) = st["t"], st["t_all"]
+                print(f"| {key[0]} | {r:g} | {ARM_LABEL[x]} / {ARM_LABEL[y]} | {_mean_e2e(table[key][x]):.3f} | "
+                      f"{_mean_e2e(table[key][y]):.3f} | {st['mean']:+.2%} | {spread} | {per_fs} | "
+                      f"[{lo:+.2%}, {hi:+.2%}] | {ma:+.2%} [{loa:+.2%}, {hia:+.2%}] |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The WAIT table of docs/wait.md and docs/papers.md: Figure B's setting under both step models.
 
-    nice -n 10 python scripts/wait_table.py --rates 23,22,24,20,12 --seeds 0-9 --n 1500 --jobs 2 \\
-        --cap-seeds 0-3 --cap-range 16,28 --cap-tol 0.75 --out /work/sweeps/waittable
+    nice -n 10 python scripts/wait_table.py --rates 23,22,24,20,12 --seeds 0-9 --n 3000 --jobs 2 \\
+        --no-capacity --out /work/sweeps/waittable
+    nice -n 10 python scripts/wait_table.py --no-table --models roofline,vidur_profile,vidur_profile_per_request \\
+        --n 3000 --cap-seeds 0-4 --cap-range 19,25 --cap-tol 0.375 --jobs 2 --out /work/sweeps/waitcap
 
 Figure B's setting (``wait_single``: 512 prompt / 20 output tokens, Poisson arrivals; Meta-Llama-3-8B on
 one A100, ``+experiment=wait_paper``), four arms on the same requests per seed: Sarathi-like
@@ -22,10 +24,15 @@ same-budget control, its verdict against "the cap lowers E2E", direction only). 
 models (default ``roofline,vidur_profile``; ``vidur_profile_per_request`` is ``vidur_profile`` with the KV write
 of the FlashInfer generation Vidur profiled, one thread block per request: ``harness.sim.perf``).
 Then the verdict per rate across the
-step models (the one word, or "depends on step model"), and the capacity row: per arm and step model the
-highest rate whose central-window latency stays bounded (``harness.analysis.capacity``: geometric mean
-over ``--cap-seeds`` of the window growth ratio <= 1.25), by bisection on rate in ``--cap-range`` to
-``--cap-tol``, and the capacity margin WAIT-CP / Sarathi-like - 1.
+step models (the one word, or "depends on step model"), and the capacity with its uncertainty
+(``--no-table`` runs only this part): per step model, arm (``--cap-arms``) and seed of ``--cap-seeds``, the highest
+rate whose central window stays bounded (that seed's window growth ratio <= 1.25,
+``harness.analysis.capacity.seed_capacities``), one bisection per seed on ``--cap-range`` to ``--cap-tol``; each
+seed's capacity is its bracket's midpoint, printed per arm as mean [95 % t-interval] (min-max, n) over the seeds,
+and the capacity margin WAIT-CP / Sarathi-like - 1 paired on the seed (``harness.analysis.capacity
+.capacity_margin``) with its verdict against the paper's +4.5 % (WAIT ~23 vs Sarathi ~22 prompts/s). This is the
+one capacity estimator of the WAIT table (docs/wait.md, "Capacity with its uncertainty"); until 2026-12-06 the
+table bisected once on the seeds' geometric-mean growth ratio, a bracket with no uncertainty.
 
 Every run's result is appended to ``<out>/runs.csv`` as it finishes (nothing measured is lost on an
 interrupt; a rerun with the same ``--out`` reuses the rows already there that carry this code's fingerprint;
@@ -51,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vidur_wait_step_models import e2e_series  # noqa: E402
 
 from harness.core import cmdline  # noqa: E402
-from harness.analysis.capacity import GROWTH_BOUND, bisect_capacity, growth_ratio, is_bounded  # noqa: E402
+from harness.analysis.capacity import (GROWTH_BOUND, capacity_margin, capacity_summary, capacity_text,  # noqa: E402
+                                       growth_ratio, seed_capacities)
 from harness.analysis.stats import ratio_interval, verdict  # noqa: E402
 
 ARMS = {
@@ -66,6 +74,9 @@ MODELS = ("roofline", "vidur_profile")          # --models' default
 STEP_MODELS = ("roofline", "vidur_profile", "vidur_profile_per_request")   # --models' choices (harness.sim.perf)
 PAPER_EFFECT_PCT = -70.0          # the WAIT paper's text: "over 70 %" lower latency than Sarathi at lambda = 23
 PAPER_RATE = 23.0
+# the paper's stability limits on 512/20 (numerical.tex, "Single-type workload": WAIT ~23, Sarathi ~22 prompts/s;
+# docs/wait.md): WAIT's capacity margin over Sarathi, % (W1)
+PAPER_CAP_PCT = (23.0 / 22.0 - 1) * 100
 FIELDS = ["model", "arm", "rate", "seed", "n", "e2e_central_mean_s", "growth_ratio", "wall_s", "fingerprint"]
 
 
@@ -278,7 +289,7 @@ class Store:
         todo = [t for t in dict.fromkeys(tasks) if (t[0], t[1], float(t[2]), t[3], t[4]) not in self.rows]
         if todo and self.readonly:
             raise RuntimeError(f"{len(todo)} runs not in {self.path} (read-only)")
-        for r in (pool.imap_unordered(_one, todo) if pool and len(todo) > 1 else map(_one, todo)):
+        for r in (pool.imap_unordered(_one, todo) if pool else map(_one, todo)):
             r["fingerprint"] = self.fp["digest"]
             with self.lock:
                 self.rows[self.key(r)] = r
@@ -320,7 +331,12 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS),
                     help=f"step models, comma-separated, of {', '.join(STEP_MODELS)} (vidur_profile_per_request: the "
                          "KV write of the FlashInfer generation Vidur profiled, harness.sim.perf)")
-    ap.add_argument("--no-capacity", action="store_true")
+    ap.add_argument("--cap-arms", default=",".join(ARMS),
+                    help=f"arms of the capacity bisections, comma-separated, of {', '.join(ARMS)} (sarathi and "
+                         "wait_cp give the margin)")
+    ap.add_argument("--no-capacity", action="store_true", help="skip the capacity bisections")
+    ap.add_argument("--no-table", action="store_true",
+                    help="skip the latency table (--rates, --seeds): the capacity bisections only")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: print the cells (and capacities) that runs.csv holds complete")
     ap.add_argument("--out", type=cmdline.writable(directory=True), required=True, help="directory for runs.csv")
@@ -329,6 +345,9 @@ def main(argv=None) -> int:
     models = [m for m in a.models.split(",") if m]
     if not models or any(m not in STEP_MODELS for m in models):
         ap.error(f"argument --models: comma-separated names of {', '.join(STEP_MODELS)}, got {a.models!r}")
+    cap_arms = [x for x in a.cap_arms.split(",") if x]
+    if not cap_arms or any(x not in ARMS for x in cap_arms):
+        ap.error(f"argument --cap-arms: comma-separated names of {', '.join(ARMS)}, got {a.cap_arms!r}")
     cap_lo, cap_hi = a.cap_range
     if not cap_lo < cap_hi:
         ap.error(f"argument --cap-range: lo < hi needed, got {cap_lo:g},{cap_hi:g}")
@@ -344,109 +363,111 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     try:
         pool = cmdline.quiet_pool(a.jobs) if a.jobs > 1 else None
-        cell = {(m, r): [(m, arm, r, s, a.n) for arm in ARMS for s in seeds] for r in rates for m in models}
-        tasks = [t for r in rates for m in models for t in cell[(m, r)]]     # in --rates order, every model
-        if not a.report_only:
-            store.run(pool, tasks)
-        print(f"wait_single (512/20), Meta-Llama-3-8B, 1 x A100, n={a.n} prompts per run, seeds {_span(seeds)}; "
-              "E2E = central-window mean (s), geometric mean over the seeds; ratios paired per seed")
-        print()
-        print("| step model | prompts/s | Sarathi-like (s) | WAIT-CP (s) | same-budget control (s) | chunk-cap control (s) "
-              "| arms (a / b) | a / b − 1 | n (sign count) | verdict |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        words: dict[tuple[str, float], str] = {}
-        for m in models:
+        if not a.no_table:
+            cell = {(m, r): [(m, arm, r, s, a.n) for arm in ARMS for s in seeds] for r in rates for m in models}
+            tasks = [t for r in rates for m in models for t in cell[(m, r)]]     # in --rates order, every model
+            if not a.report_only:
+                store.run(pool, tasks)
+            print(f"wait_single (512/20), Meta-Llama-3-8B, 1 x A100, n={a.n} prompts per run, seeds {_span(seeds)}; "
+                  "E2E = central-window mean (s), geometric mean over the seeds; ratios paired per seed")
+            print()
+            print("| step model | prompts/s | Sarathi-like (s) | WAIT-CP (s) | same-budget control (s) "
+                  "| chunk-cap control (s) "
+                  "| arms (a / b) | a / b − 1 | n (sign count) | verdict |")
+            print("|---|---|---|---|---|---|---|---|---|---|")
+            words: dict[tuple[str, float], str] = {}
+            for m in models:
+                for r in sorted(rates):
+                    if not store.done(cell[(m, r)]):
+                        continue
+                    e2e = {arm: np.array([store.rows[(m, arm, r, s, a.n)]["e2e_central_mean_s"] for s in seeds])
+                           for arm in ARMS}
+                    gm = {arm: float(np.exp(np.log(v).mean())) for arm, v in e2e.items()}
+                    head = f"| {m} | {r:g} | {gm['sarathi']:.3f} | {gm['wait_cp']:.3f} | {gm['budget_control']:.3f} " \
+                           f"| {gm['chunk_cap_control']:.3f} "
+                    for arm in ("wait_cp", "budget_control", "chunk_cap_control"):
+                        est, ci, n, k = ratio_interval(np.log(e2e[arm] / e2e["sarathi"]))
+                        if arm == "wait_cp":
+                            word = verdict(est, ci, PAPER_EFFECT_PCT, min_effect=None if r == PAPER_RATE else 0.0)
+                            words[(m, r)] = word
+                        else:
+                            word = "—"
+                        print(f"{head}| {LABEL[arm]} / Sarathi-like | {_pct(est, ci)} | {n} ({k} of {n}) | {word} |")
+                        head = "| | | | | | "
+                    # the chunk cap alone (WAIT-CP's cs = 256 at the same budget and KV-holder limit): its direction
+                    est, ci, n, k = ratio_interval(np.log(e2e["chunk_cap_control"] / e2e["budget_control"]))
+                    print(f"{head}| chunk-cap control / same-budget control (the cap alone) | {_pct(est, ci)} | "
+                          f"{n} ({k} of {n}) | {verdict(est, ci, -1.0, min_effect=0.0)} |")
+            print()
+            print("WAIT-CP vs Sarathi-like, verdict per rate across the step models (paper: lower latency than "
+                  "Sarathi; "
+                  f"at {PAPER_RATE:g}/s 'over 70 %'):")
+            print()
+            print("| prompts/s | " + " | ".join(models) + " | overall |")
+            print("|---|" + "---|" * (len(models) + 1))
             for r in sorted(rates):
-                if not store.done(cell[(m, r)]):
+                if any((m, r) not in words for m in models):
                     continue
-                e2e = {arm: np.array([store.rows[(m, arm, r, s, a.n)]["e2e_central_mean_s"] for s in seeds])
-                       for arm in ARMS}
-                gm = {arm: float(np.exp(np.log(v).mean())) for arm, v in e2e.items()}
-                head = f"| {m} | {r:g} | {gm['sarathi']:.3f} | {gm['wait_cp']:.3f} | {gm['budget_control']:.3f} " \
-                       f"| {gm['chunk_cap_control']:.3f} "
-                for arm in ("wait_cp", "budget_control", "chunk_cap_control"):
-                    est, ci, n, k = ratio_interval(np.log(e2e[arm] / e2e["sarathi"]))
-                    if arm == "wait_cp":
-                        word = verdict(est, ci, PAPER_EFFECT_PCT, min_effect=None if r == PAPER_RATE else 0.0)
-                        words[(m, r)] = word
-                    else:
-                        word = "—"
-                    print(f"{head}| {LABEL[arm]} / Sarathi-like | {_pct(est, ci)} | {n} ({k} of {n}) | {word} |")
-                    head = "| | | | | | "
-                # the chunk cap alone (WAIT-CP's cs = 256 at the same budget and KV-holder limit): its direction
-                est, ci, n, k = ratio_interval(np.log(e2e["chunk_cap_control"] / e2e["budget_control"]))
-                print(f"{head}| chunk-cap control / same-budget control (the cap alone) | {_pct(est, ci)} | "
-                      f"{n} ({k} of {n}) | {verdict(est, ci, -1.0, min_effect=0.0)} |")
-        print()
-        print("WAIT-CP vs Sarathi-like, verdict per rate across the step models (paper: lower latency than Sarathi; "
-              f"at {PAPER_RATE:g}/s 'over 70 %'):")
-        print()
-        print("| prompts/s | " + " | ".join(models) + " | overall |")
-        print("|---|" + "---|" * (len(models) + 1))
-        for r in sorted(rates):
-            if any((m, r) not in words for m in models):
-                continue
-            w = [words[(m, r)] for m in models]
-            print(f"| {r:g} | " + " | ".join(w) + f" | {w[0] if len(set(w)) == 1 else 'depends on step model'} |")
-        print(f"\n(table: {len(tasks)} runs, {time.perf_counter() - t_start:.0f} s wall)", flush=True)
+                w = [words[(m, r)] for m in models]
+                print(f"| {r:g} | " + " | ".join(w) + f" | {w[0] if len(set(w)) == 1 else 'depends on step model'} |")
+            print(f"\n(table: {len(tasks)} runs, {time.perf_counter() - t_start:.0f} s wall)", flush=True)
         if a.no_capacity:
             return 0
         t_cap = time.perf_counter()
-        print(f"\nCapacity: highest rate whose central window stays bounded (geometric mean over seeds {_span(cap_seeds)} "
-              f"of the window growth ratio <= {GROWTH_BOUND}), bisection on [{cap_lo:g}, {cap_hi:g}] prompts/s to "
-              f"{a.cap_tol:g}, n={a.n}\n")
-        # one bisection per (model, arm); the rates of one bisection depend on its earlier answers, so the
-        # pool runs each probe's seeds in parallel
-        caps = {}
+        print(f"\nCapacity, per seed: the highest rate whose central window stays bounded (that seed's window growth "
+              f"ratio <= {GROWTH_BOUND}), one bisection per seed of {_span(cap_seeds)} on [{cap_lo:g}, {cap_hi:g}] "
+              f"prompts/s to {a.cap_tol:g}, n={a.n}; each seed's capacity the midpoint of its bracket; mean [95 % "
+              "t-interval] (min-max) over the seeds; margins paired on the seed\n")
+        # one bisection per (model, arm, seed); the rates of one bisection depend on its earlier answers, so the
+        # bisections run side by side (threads feeding the worker pool). Daemon threads, joined here: a Ctrl-C
+        # reaches this (main) thread, which terminates the pool; a bisection left waiting does not hold the exit
+        brackets: dict = {}
 
-        def search(m, arm):
-            def bounded_at(rate):
-                probe = [(m, arm, rate, s, a.n) for s in cap_seeds]
+        def search(m, arm, seed):
+            def bounded_at(rate, s):
+                probe = [(m, arm, rate, s, a.n)]
                 if a.report_only and not store.done(probe):
-                    raise LookupError(f"{m} {arm} {rate:g}: not in runs.csv")
-                return is_bounded([x["growth_ratio"] for x in store.run(pool, probe)])
-            try:
-                lo, hi, tried = bisect_capacity(bounded_at, cap_lo, cap_hi, a.cap_tol)
-            except LookupError as e:
-                return f"  {m} {LABEL[arm]}: incomplete ({e})"
-            caps[(m, arm)] = (lo, hi)
-            g = {rt: float(np.exp(np.mean(np.log([store.rows[(m, arm, rt, s, a.n)]["growth_ratio"]
-                                                    for s in cap_seeds])))) for rt in sorted(tried)}
-            return (f"  {m} {LABEL[arm]}: capacity in [{lo:g}, {hi:g}) prompts/s; tried "
-                    + ", ".join(f"{rt:g}: g={g[rt]:.3f} {'bounded' if tried[rt] else 'grows'}" for rt in sorted(tried)))
-        # the eight bisections run side by side (threads feeding the worker pool): each probe's rate depends
-        # on its own earlier answers only. Daemon threads, joined here: a Ctrl-C reaches this (main) thread, which
-        # terminates the pool; a bisection left waiting on it does not hold the process's exit
-        pairs = [(m, arm) for m in models for arm in ARMS]
+                    raise LookupError(f"{m} {arm} {rate:g} seed {s}: not in runs.csv")
+                return store.run(pool, probe)[0]["growth_ratio"] <= GROWTH_BOUND
+            return seed_capacities(bounded_at, [seed], cap_lo, cap_hi, a.cap_tol)[seed]
+        jobs = [(m, arm, s) for m in models for arm in cap_arms for s in cap_seeds]
         found: dict = {}
+        gate = threading.Semaphore(max(1, a.jobs))     # at most --jobs runs at once
 
-        def bisect_one(ma):
+        def bisect_one(key):
             try:
-                found[ma] = search(*ma)
-            except BaseException as e:   # re-raised below, in the main thread
-                found[ma] = e
-        threads = [threading.Thread(target=bisect_one, args=(ma,), daemon=True) for ma in pairs]
+                with gate:
+                    found[key] = search(*key)
+            except BaseException as e:   # re-raised below, in the main thread (LookupError: incomplete)
+                found[key] = e
+        threads = [threading.Thread(target=bisect_one, args=(k,), daemon=True) for k in jobs]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        for ma in pairs:
-            if isinstance(found[ma], BaseException):
-                raise found[ma]
-        print("\n".join(found[ma] for ma in pairs), flush=True)
-        print()
-        print("| step model | " + " | ".join(LABEL[arm] for arm in ARMS) + " | capacity margin WAIT-CP / Sarathi-like − 1 |")
-        print("|---|" + "---|" * (len(ARMS) + 1))
+        for k in jobs:
+            if isinstance(found[k], BaseException) and not isinstance(found[k], LookupError):
+                raise found[k]
         for m in models:
-            if any((m, arm) not in caps for arm in ARMS):
+            for arm in cap_arms:
+                got = {s: found[(m, arm, s)] for s in cap_seeds if not isinstance(found[(m, arm, s)], BaseException)}
+                if len(got) == len(cap_seeds):
+                    brackets[(m, arm)] = got
+                    print(f"  {m} {LABEL[arm]}: "
+                          + ", ".join(f"seed {s} [{lo:g}, {hi:g})" for s, (lo, hi) in got.items()))
+                else:
+                    print(f"  {m} {LABEL[arm]}: incomplete ({len(got)} of {len(cap_seeds)} seeds in runs.csv)")
+        print()
+        print("| step model | " + " | ".join(LABEL[arm] for arm in ARMS)
+              + " | capacity margin WAIT-CP / Sarathi-like − 1 (paired) | verdict |")
+        print("|---|" + "---|" * (len(ARMS) + 2))
+        for m in models:
+            if any((m, arm) not in brackets for arm in ("sarathi", "wait_cp")):
                 continue
-            cells = [f"[{caps[(m, arm)][0]:g}, {caps[(m, arm)][1]:g})" for arm in ARMS]
-            (wl, wh), (sl, sh) = caps[(m, "wait_cp")], caps[(m, "sarathi")]
-            if all(math.isfinite(x) and x > 0 for x in (wl, wh, sl, sh)):
-                margin = f"{wl / sl - 1:+.1%} (bracket ends: {wl / sh - 1:+.1%} … {wh / sl - 1:+.1%})"
-            else:
-                margin = "outside the bracket"
-            print(f"| {m} | " + " | ".join(cells) + f" | {margin} |")
+            cells = [capacity_text(capacity_summary(brackets[(m, arm)])) if (m, arm) in brackets else "—"
+                     for arm in ARMS]
+            est, ci, n, k, word = capacity_margin(brackets[(m, "wait_cp")], brackets[(m, "sarathi")], PAPER_CAP_PCT)
+            print(f"| {m} | " + " | ".join(cells) + f" | {_pct(est, ci)} (n={n}, {k} of {n}) | {word} |")
         print(f"\n(capacity: {time.perf_counter() - t_cap:.0f} s wall; total {time.perf_counter() - t_start:.0f} s)")
     except KeyboardInterrupt as e:
         if pool:

@@ -104,6 +104,25 @@ def test_ratio_summary_spread_over_forest_seeds_by_hand():
     assert m == pytest.approx(-0.25) and hi - m == pytest.approx(12.7062 * 0.070711 / 2 ** 0.5, rel=1e-4)
 
 
+def test_table_has_the_vllm_like_arm_with_its_spread(capsys):
+    """A row per comparison whose arms ran: with a vLLM-like arm, WAIT-CP / vLLM-like and Sarathi / vLLM-like are
+    printed beside WAIT-CP / Sarathi, each with its spread over forest seeds. By hand: vLLM-like 20 s on every
+    seed, Sarathi 10 s, WAIT-CP 9 / 8 s (forest seed 0) and 7 / 6 s (1): WAIT-CP / vLLM-like per forest seed
+    -57.5 %, -67.5 %; Sarathi / vLLM-like -50 % on both."""
+    ten, twenty = [(10.0, 10.0), (10.0, 10.0)], [(20.0, 20.0), (20.0, 20.0)]
+    table = {("fork:public", 22.0): {"sarathi": {0: ten, 1: ten}, "vllm": {0: twenty, 1: twenty},
+                                     "wait_cp": {0: [(9.0, 9.0), (8.0, 8.0)], 1: [(7.0, 7.0), (6.0, 6.0)]}},
+             ("ours:roofline", 22.0): {"sarathi": {None: ten}, "wait_cp": {None: ten}}}
+    fork.print_table(table, [22.0], [0, 1], [0, 1], type("A", (), {"n": 4, "vidur_grid": "reduced"})())
+    out = capsys.readouterr().out
+    assert "| fork:public | 22 | WAIT-CP / vLLM-like | 7.500 | 20.000 | -62.50% | [-67.50%, -57.50%] |" in out
+    assert "| fork:public | 22 | Sarathi / vLLM-like | 10.000 | 20.000 | -50.00% | [-50.00%, -50.00%] |" in out
+    assert "| fork:public | 22 | WAIT-CP / Sarathi | 7.500 | 10.000 | -25.00% | [-35.00%, -15.00%] |" in out
+    # ours ran no vLLM-like arm here: its one row, no spread (no forest)
+    assert "| ours:roofline | 22 | WAIT-CP / Sarathi |" in out and "ours:roofline | 22 | Sarathi / vLLM" not in out
+    assert "n/a (no forest)" in out
+
+
 def test_changed_profile_file_is_named(tmp_path):
     import shutil
     for name in fork.PROFILE_SHA256:

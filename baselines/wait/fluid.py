@@ -442,7 +442,7 @@ def nested_wait_thresholds(
     it holds iff ``eta > 0`` and ``p_k < 0.99``; it fails e.g. for equal segments that no type
     ends inside (``p_k = 1``).  Failures are reported in ``ratio_violations``, not raised.  Integer
     rounding of the thresholds can break the check; it is evaluated on the real ``n_k``.
-    The paper's logarithmic memory safety buffer is not modelled here.
+    The paper's logarithmic memory safety buffer: :func:`nested_wait_safety_buffer`.
 
     Args:
         types: non-empty sequence of ``PromptType``; output lengths must be integers >= 1.
@@ -527,6 +527,96 @@ def nested_wait_thresholds(
         ratio_check_ok=not violations,
         ratio_violations=violations,
     )
+
+
+def boundary_drift_rate(n_prev: float, n_k: float, p_k: float) -> float:
+    """``theta_k > 0``, the root of ``exp(-theta n_k) (1 - p_k + p_k e^theta)^{n_{k-1}} = 1`` (Ao et al., arXiv
+    2504.11320, Theorem "Nested WAIT heavy traffic", eq. ``nested_wait_memory_total``; the paper's
+    ``papers/unknown_type.tex`` in ``Luoxiaogan/vidur_or``): the exponential rate of the tail of segment ``k``'s
+    boundary queue, whose input per threshold batch is binomial ``(n_{k-1}, p_k)`` and whose service is ``n_k``.
+
+    In logs, ``g(theta) = n_{k-1} ln(1 - p + p e^theta) - theta n_k``: ``g(0) = 0``, ``g'(0) = p n_{k-1} - n_k``, ``g``
+    convex and ``g -> (n_{k-1} - n_k) theta`` at infinity, so a positive root exists iff ``p n_{k-1} < n_k <
+    n_{k-1}`` (the paper's drift condition ``p_k < n_k / n_{k-1} < 1``); found by bisection to 1e-12 relative.
+    Checked by hand: ``n_{k-1} = 2, n_k = 1, p = 1/4`` gives ``(3/4 + x/4)^2 = x``, ``x = e^theta = 9``,
+    ``theta = ln 9`` (``tests/test_wait_memory.py``). Dimensionless (per prompt of the boundary queue).
+
+    Raises:
+        ValueError: the drift condition fails (no finite buffer: the boundary queue does not drain), or an
+            argument is not finite / out of range (``n`` > 0, ``0 < p < 1``).
+    """
+    a, b = _positive("n_prev", n_prev), _positive("n_k", n_k)
+    p = _positive("p_k", p_k)
+    if not p < 1.0:
+        raise ValueError(f"p_k must be in (0, 1), got {p_k!r}")
+    if not p * a < b < a:
+        raise ValueError(f"drift condition p_k < n_k / n_(k-1) < 1 fails: n_(k-1) = {a:.6g}, n_k = {b:.6g}, "
+                         f"p_k = {p:.6g} (ratio {b / a:.6g}): no finite safety buffer")
+
+    def g(t: float) -> float:
+        # ln(1 - p + p e^t) computed stably for large t: t + ln(p + (1 - p) e^-t)
+        return a * (t + math.log(p + (1.0 - p) * math.exp(-t))) - t * b
+    lo, hi = 0.0, 1.0
+    while g(hi) <= 0.0:         # g < 0 just above 0 (g'(0) < 0); it grows without bound
+        lo, hi = hi, hi * 2.0
+    while hi - lo > 1e-12 * hi:
+        mid = (lo + hi) / 2
+        if g(mid) > 0.0:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
+
+
+def nested_wait_safety_buffer(plan: NestedWaitPlan, types: Sequence[PromptType], d0_s: float, horizon_s: float,
+                              delta: float, zeta: float = 1.0) -> tuple[float, tuple[float, ...]]:
+    """Nested WAIT's memory safety buffer, tokens: the part of ``M_req`` beyond ``M^pi`` in the paper's
+    Theorem "Nested WAIT heavy traffic" (Ao et al., arXiv 2504.11320, eq. ``nested_wait_memory_total``)::
+
+        buffer = sum_{k=2}^m (l + l'_{k-1}) (n_k + theta_k^-1 ln(m (1 + zeta T / d0) / delta))
+
+    with ``l'_{k-1}`` the boundary before segment ``k`` (``plan.boundaries_tokens[k-2]``), ``n_k`` the plan's real
+    per-stage thresholds, ``theta_k`` from :func:`boundary_drift_rate` with the plan's ``p_k``, and ``l`` the
+    prompt length (the paper's common prefill length; here the longest mean prompt among the types that reach
+    segment ``k``, the plan's own convention). A segment with ``n_k >= n_{k-1}`` has a deterministically bounded
+    boundary queue (the paper: "handled separately without this logarithmic tail term"): its term is
+    ``(l + l'_{k-1}) n_k``. One segment: 0 (no boundary queue). The theorem's guarantee: with ``C >= M^pi +
+    buffer``, no overflow over ``[0, T]`` with probability at least ``1 - delta``.
+
+    Args:
+        plan: :func:`nested_wait_thresholds`' plan. types: its prompt types. d0_s: ``d0`` (s), > 0.
+        horizon_s: ``T`` (s), > 0. delta: failure probability, in (0, 1). zeta: the paper's scale, > 0
+            (1: the unscaled system).
+
+    Returns:
+        ``(buffer_tokens, thetas)``: thetas per segment ``k >= 2`` (``inf`` where ``n_k >= n_{k-1}``).
+
+    Raises:
+        ValueError: a bad argument, or a segment whose drift condition ``p_k < n_k / n_{k-1}`` fails
+            (:func:`boundary_drift_rate`: no finite buffer).
+    """
+    d0 = _positive("d0_s", d0_s)
+    t = _positive("horizon_s", horizon_s)
+    z = _positive("zeta", zeta)
+    dl = _positive("delta", delta)
+    if not dl < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    ts = _check_types(types)
+    m = len(plan.boundaries_tokens)
+    log_term = math.log(m * (1.0 + z * t / d0) / dl)
+    total, thetas = 0.0, []
+    for k in range(1, m):                      # 0-based: segment k + 1 of the paper, k + 1 >= 2
+        prev_b = plan.boundaries_tokens[k - 1]
+        l_in = max(x.input_tokens for x in ts if x.output_tokens > prev_b)
+        n_prev, n_k = plan.thresholds[k - 1], plan.thresholds[k]
+        if n_k >= n_prev:
+            thetas.append(math.inf)
+            total += (l_in + prev_b) * n_k
+            continue
+        th = boundary_drift_rate(n_prev, n_k, plan.p[k])
+        thetas.append(th)
+        total += (l_in + prev_b) * (n_k + log_term / th)
+    return total, tuple(thetas)
 
 
 # --------------------------------------------------------------------------------------------

@@ -633,13 +633,21 @@ class NestedWaitRule:
             stages (``segment_stage_caps``; >= 1 unless ``rotate``). max_wait_s: s. idle_policy: ``wait`` or
             ``decode_residents``. rotate: see above. incremental: keep each segment's residents and stage
             groups from step to step (default); ``False`` rebuilds them at every step (the same plans; for
-            checks).
+            checks). reserve_tokens: the memory safety buffer held free (``scheduler.safety_buffer=reserve``;
+            ``baselines.wait.fluid.nested_wait_safety_buffer``), tokens, >= 0: a step admits a waiting prompt
+            only while the free KV blocks left after the admissions so far (each needing its prompt's blocks)
+            stay at or above ``ceil(reserve_tokens / block_size)``; 0 (default) admits as Algorithm 2 does.
+            The residents' decode growth is not charged to the check (at most one block per resident a step).
     """
 
     name = "nested_wait"
 
     def __init__(self, boundaries: Sequence[int], stage_caps: Sequence[Sequence[int]], max_wait_s: float,
-                 idle_policy: str = "wait", rotate: bool = False, incremental: bool = True):
+                 idle_policy: str = "wait", rotate: bool = False, incremental: bool = True,
+                 reserve_tokens: float = 0.0):
+        if not (math.isfinite(reserve_tokens) and reserve_tokens >= 0):
+            raise ValueError(f"Nested WAIT reserve_tokens must be finite and >= 0, got {reserve_tokens!r}")
+        self.reserve_tokens = float(reserve_tokens)
         self.bounds = [int(b) for b in boundaries]
         self.caps = [list(c) for c in stage_caps]
         self.rotate = bool(rotate)
@@ -679,6 +687,8 @@ class NestedWaitRule:
                 "max_wait_s": float(self.max_wait_s), "idle_policy": self.idle_policy}
         if self.rotate:
             spec["rotate"] = True
+        if self.reserve_tokens:
+            spec["reserve_tokens"] = self.reserve_tokens
         return spec
 
     def segment(self, stage: int) -> int:
@@ -902,6 +912,21 @@ class NestedWaitRule:
             n_dec = len(run)
             if admit_ok:
                 _take_stage0(res0, waiting, cap0, budget, inp.chunk_cap, run, admit)
+            if self.reserve_tokens and admit:
+                # the safety buffer: admissions stop where the free blocks would fall below the reserve; a plan
+                # whose admissions the reserve cut neither repeats (the free blocks change as residents decode)
+                # nor states an idle step
+                free = inp.free_blocks - math.ceil(self.reserve_tokens / inp.block_size)
+                keep = 0
+                for r in admit:
+                    need = -(-r.prefill_target // inp.block_size)
+                    if need > free:
+                        break
+                    free -= need
+                    keep += 1
+                if keep < len(admit):
+                    del admit[keep:]
+                    repeat = state = False
             if repeat and (len(run) != n_dec or not run or len(res0) + len(waiting) < cap0):
                 repeat = False      # a prefill, nothing to run, or segment 1 open by a timeout only
             if state and len(run) - n_dec == len(res0) and (run or admit):
@@ -999,5 +1024,6 @@ def rule_from_spec(spec: dict, classify: Optional[Callable] = None):
                         spec["idle_policy"])
     if kind == "nested_wait":
         return NestedWaitRule(spec["boundaries"], spec["stage_caps"], float(spec["max_wait_s"]), spec["idle_policy"],
-                              rotate=bool(spec.get("rotate", False)))
+                              rotate=bool(spec.get("rotate", False)),
+                              reserve_tokens=float(spec.get("reserve_tokens", 0.0)))
     raise ValueError(f"batch rule spec: unknown rule {kind!r} (wait or nested_wait)")

@@ -103,6 +103,64 @@ def bisect_capacity(bounded_at: Callable[[float], bool], lo: float, hi: float,
     return lo, hi, tried
 
 
+def seed_capacities(bounded_at: Callable[[float, int], bool], seeds: Iterable[int], lo: float, hi: float,
+                    tol: float) -> dict[int, tuple[float, float]]:
+    """The capacity of each seed alone: :func:`bisect_capacity` with ``bounded_at(rate, seed)`` (e.g. that seed's
+    window growth ratio <= :data:`GROWTH_BOUND`), one bisection per seed on ``[lo, hi]`` to width ``tol``
+    (prompts/s). Returns ``{seed: (low, high)}``, each the bracket ``[low, high)`` of that seed (``-inf`` /
+    ``+inf`` ends when the seed's capacity lies outside ``[lo, hi]``).
+
+    This is the WAIT table's capacity estimator (docs/wait.md, "Capacity with its uncertainty"): the spread of
+    the per-seed capacities is the estimate's uncertainty (:func:`capacity_summary`), where one bisection on the
+    seeds' geometric-mean growth ratio gives a single bracket with none.
+
+    Raises:
+        ValueError: as :func:`bisect_capacity`.
+    """
+    return {s: bisect_capacity(lambda r, s=s: bounded_at(r, s), lo, hi, tol)[:2] for s in seeds}
+
+
+def capacity_summary(brackets: dict[int, tuple[float, float]]) -> dict:
+    """Per-seed capacity brackets (:func:`seed_capacities`) summarised: each seed's point estimate is its
+    bracket's midpoint (prompts/s; error at most half the bracket width); returns ``{"points": {seed: mid},
+    "mean", "half" (the 95 % t-interval half-width over seeds, ``harness.analysis.stats.mean_ci``), "min",
+    "max", "n", "outside"}`` (``outside``: the seeds whose capacity fell outside the bisection bracket; they
+    have no midpoint and are left out of the mean, which is then NaN-free but biased: a report must name
+    them)."""
+    from harness.analysis.stats import mean_ci
+    pts = {s: (lo + hi) / 2 for s, (lo, hi) in brackets.items() if math.isfinite(lo) and math.isfinite(hi)}
+    mean, half, n = mean_ci(pts.values())
+    vals = list(pts.values())
+    return {"points": pts, "mean": mean, "half": half, "n": n, "min": min(vals) if vals else math.nan,
+            "max": max(vals) if vals else math.nan,
+            "outside": sorted(s for s in brackets if s not in pts)}
+
+
+def capacity_text(summary: dict) -> str:
+    """One capacity cell: ``mean [low, high] (min-max, n seeds)`` prompts/s from :func:`capacity_summary` (``, k
+    outside`` when seeds fell outside the bisection bracket)."""
+    m, h = summary["mean"], summary["half"]
+    if not math.isfinite(m):
+        return "outside the bracket"
+    ci = f" [{m - h:.2f}, {m + h:.2f}]" if math.isfinite(h) else ""
+    out = f", {len(summary['outside'])} outside" if summary["outside"] else ""
+    return f"{m:.2f}{ci} ({summary['min']:.2f}-{summary['max']:.2f}, n={summary['n']}{out})"
+
+
+def capacity_margin(a: dict[int, tuple[float, float]], b: dict[int, tuple[float, float]], paper_pct: float
+                    ) -> tuple[float, tuple[float, float], int, int, str]:
+    """Arm ``a``'s capacity over arm ``b``'s, paired on the seed: the per-seed ratio of the bracket midpoints
+    (:func:`seed_capacities`; seeds outside either bracket left out), as
+    :func:`harness.analysis.stats.ratio_interval` gives it (% change, 95 % interval, n, sign count), and
+    :func:`harness.analysis.stats.verdict`'s word against the paper's margin ``paper_pct`` (%)."""
+    from harness.analysis.stats import ratio_interval, verdict
+    pa, pb = capacity_summary(a)["points"], capacity_summary(b)["points"]
+    seeds = sorted(set(pa) & set(pb))
+    est, ci, n, k = ratio_interval(np.log([pa[s] / pb[s] for s in seeds])) if seeds else \
+        (math.nan, (math.nan, math.nan), 0, 0)
+    return est, ci, n, k, verdict(est, ci, paper_pct)
+
+
 def conversation_growth_ratio(turns, conv) -> float:
     """The window growth ratio (:func:`growth_ratio`) of one agentic run: each conversation's time in the serving
     system (the sum of its completed turns' E2E, ``finish_s - submit_s``, s: its latency less the replayed tool and
@@ -115,3 +173,4 @@ def conversation_growth_ratio(turns, conv) -> float:
     if len(x) < 8 or not np.all(np.isfinite(x)):
         return math.nan
     return growth_ratio(x)
+

