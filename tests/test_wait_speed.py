@@ -223,7 +223,7 @@ def test_simulations_equal_with_timeout_paced_runs_off(monkeypatch, scheduler, e
                 return p if on else dataclasses.replace(p, idle_repeat_steps=0)
             m.setattr(cls, "plan", plan)
             cfg = compose_run([f"scheduler={scheduler}", "engine.activation_reserve_bytes=268435456", *extra])
-            convs, stats = workload(cfg, n=12, rate=0.05, max_turns=6, max_context=20000)
+            convs, stats = workload(cfg, n=8, rate=0.05, max_turns=5, max_context=20000)
             res = simulate(session_input(cfg), convs, stats, scheduler, cfg.scheduler, sample_interval_s=1.0,
                            log_decisions=True)
             assert not res.error and len(res.turns) == sum(len(r.turns) for _, r in convs)
