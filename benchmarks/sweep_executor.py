@@ -1,6 +1,7 @@
 """A stated slice of the 480-run rate sweep (6 variants x 8 rates x 10 seeds, the shape of
 ``+experiment=conserve_rate_sweep``) run as ONE ``python run.py -m`` command on a base checkout (its default
-launcher) and on this one (the sweep executor, ``hydra/launcher=pool``), one after the other on the same machine;
+launcher: the pool launcher with the same ``--n-jobs`` where it has one) and on this one (the sweep executor,
+``hydra/launcher=pool``), one after the other on the same machine;
 timed as whole processes, extrapolated to the 480 runs, every job's results compared between the two.
 
 Usage::
@@ -28,6 +29,9 @@ start-up, frames, files, the printed table). Extrapolated: the 480-run
 sweep's CPU-hours (the slice's mean CPU per job x 480: the slice stands for the sweep's rates and sizes) and the
 wall at the command's measured parallelism (CPU / wall of the slice). The ratio base / this is printed for CPU and
 for wall, with the load average before and after (``os.getloadavg``) and the cores this process may use.
+
+Per job (first repeat): events per LLM call (``cost_events_per_call``) and loop CPU s of both checkouts, side by
+side (WAIT's timeout-paced runs show there).
 
 Identical results: each job of the two sweeps (matched by variant, rate and seed) is compared with
 ``benchmarks/check_identical.py``'s ``compare`` (every parquet frame cell for cell; ``summary.json`` but the
@@ -69,11 +73,13 @@ def sweep(root: Path, args: list[str], out: Path, cache: str) -> dict:
                {**_bytecode_env(root), "HARNESS_CACHE_DIR": cache}, False)
     if r["rc"]:
         raise RuntimeError(f"{root}: sweep failed ({r['rc']}):\n{r['stdout'][-1500:]}\n{r['stderr'][-3000:]}")
-    jobs, loop, seq = {}, 0.0, []
+    jobs, loop, seq, per_job = {}, 0.0, [], {}
     for d in sorted((p for p in out.iterdir() if (p / "summary.json").is_file()), key=lambda p: int(p.name.split("_")[0])):
         s = json.loads((d / "summary.json").read_text())
         c = yaml.safe_load((d / ".hydra" / "config.yaml").read_text())
-        jobs[(c["scheduler"]["name"], float(c["workload"]["rate_per_s"]), int(c["workload"]["seed"]))] = d
+        key = (c["scheduler"]["name"], float(c["workload"]["rate_per_s"]), int(c["workload"]["seed"]))
+        jobs[key] = d
+        per_job[key] = (float(s.get("cost_events_per_call", float("nan"))), float(s.get("cost_loop_cpu_s", 0.0)))
         loop += float(s.get("cost_loop_cpu_s", 0.0))
         seq.append((float(s["cost_process_cpu_s"]), float(s["cost_loop_cpu_s"])))
     start = next((ln for ln in r["stdout"].splitlines() if ln.startswith("sweep executor:")), "")
@@ -81,7 +87,8 @@ def sweep(root: Path, args: list[str], out: Path, cache: str) -> dict:
     # the pool with one worker): its process CPU since the previous job's summary, less its loop CPU
     one = not start or "in this process" in start
     marginal = [b[0] - a[0] - b[1] for a, b in zip(seq, seq[1:])] if one else []
-    return {"cpu_s": r["cpu_s"], "wall_s": r["wall_s"], "loop_s": loop, "jobs": jobs, "start_line": start,
+    return {"cpu_s": r["cpu_s"], "wall_s": r["wall_s"], "loop_s": loop, "jobs": jobs, "per_job": per_job,
+            "start_line": start,
             "marginal_s": statistics.median(marginal) if marginal else float("nan")}
 
 
@@ -92,8 +99,9 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--seeds", default="0", help="workload.seed values of the slice")
     ap.add_argument("--num-conversations", type=int, default=100, help="workload.num_conversations of every job")
     ap.add_argument("--schedulers", default=SCHEDULERS)
-    ap.add_argument("--n-jobs", default=None, help="hydra.launcher.n_jobs of this checkout's sweep (default: null, "
-                                                   "every core this process may use)")
+    ap.add_argument("--n-jobs", default=None, help="hydra.launcher.n_jobs of this checkout's sweep, and of the base's "
+                                                   "where it has the pool launcher (default: null, every core this "
+                                                   "process may use)")
     ap.add_argument("--repeat", type=int, default=1, help="alternating repeats of the pair of sweeps")
     ap.add_argument("--cold", action="store_true", help="no disk cache of SLO baselines (each sweep replays them)")
     ap.add_argument("--out", type=Path, default=None, help="keep the sweeps here (default: a temporary directory)")
@@ -110,7 +118,11 @@ def main(argv: Optional[list] = None) -> int:
     grid = [f"scheduler={','.join(scheds)}", f"workload.rate_per_s={','.join(rates)}",
             f"workload.seed={','.join(seeds)}", f"workload.num_conversations={args.num_conversations}", *PRESET]
     checkouts = {"base": args.base_dir.resolve(), "this": ROOT}
-    extra = {"base": [], "this": [f"hydra.launcher.n_jobs={args.n_jobs}"] if args.n_jobs is not None else []}
+    # --n-jobs goes to the base too when it has the pool launcher (main since 6771edc's merge), so both sweeps run
+    # the same number of workers; a base without it runs on Hydra's basic launcher (one process, one job at a time)
+    pooled_base = "hydra/launcher: pool" in (args.base_dir / "conf" / "config.yaml").read_text()
+    jobs_arg = [f"hydra.launcher.n_jobs={args.n_jobs}"] if args.n_jobs is not None else []
+    extra = {"base": jobs_arg if pooled_base else [], "this": jobs_arg}
     caches = {k: "off" if args.cold else str(tmp / f"cache_{k}") for k in checkouts}
     n = len(scheds) * len(rates) * len(seeds)
     load0 = os.getloadavg()
@@ -151,6 +163,12 @@ def main(argv: Optional[list] = None) -> int:
                   f"{'IDENTICAL' if not diffs else 'DIFFERENT: ' + '; '.join(diffs)}"
                   f"{', parquet bytes the same' if same else ', parquet bytes DIFFER'}"
                   f"{'; added summary keys: ' + ', '.join(added) if added else ''} |")
+        print("\n| variant | rate | seed | events per LLM call: base | this | loop CPU s: base | this |\n"
+              "|---|---|---|---|---|---|---|")
+        pa, pb = res["base"][0]["per_job"], res["this"][0]["per_job"]
+        for key in sorted(set(pa) & set(pb)):
+            print(f"| {key[0]} | {key[1]:g} | {key[2]} | {pa[key][0]:.1f} | {pb[key][0]:.1f} | {pa[key][1]:.2f} | "
+                  f"{pb[key][1]:.2f} |")
         med = {k: {f: statistics.median(m[f] for m in v) for f in ("cpu_s", "wall_s", "loop_s", "marginal_s")}
                for k, v in res.items()}
         print(f"\n## The slice ({n} jobs, median of {args.repeat}) and the 480-run sweep extrapolated\n")

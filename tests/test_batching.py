@@ -483,7 +483,8 @@ def test_wait_rule_incremental_types_by_hand():
 
 def _plan_key(p):
     return ([(id(r), n) for r, n in p.run], [id(r) for r in p.admit], [id(r) for r in p.evict_first],
-            p.wake_at_s, p.repeatable, p.repeat_steps, p.admit_budget, p.admit_chunk_cap, p.idle_after)
+            p.wake_at_s, p.repeatable, p.repeat_steps, p.admit_budget, p.admit_chunk_cap, p.idle_after,
+            p.idle_repeat_steps)
 
 
 @pytest.mark.parametrize(("scheduler", "extra"), [("wait", []), ("nested_wait", []),
@@ -524,4 +525,6 @@ def test_incremental_plans_equal_rebuilt_plans_at_every_step(monkeypatch, schedu
     convs, stats = workload(run, n=5 if extra else 12, rate=1.0, max_turns=8, max_context=20000)
     res = simulate(session_input(run), convs, stats, scheduler, run.scheduler, max_coalesce_s=0.25)
     assert not res.error and len(res.turns) == sum(len(r.turns) for _, r in convs)
-    assert seen["plans"] > 1000 and seen["rebuilds"] < seen["plans"] / 2
+    # (Nested WAIT's timeout-paced runs, StepPlan.idle_repeat_steps, leave 394 plans here, over 1,000 without them: every
+    # plan after such a run is checked too)
+    assert seen["plans"] > 300 and seen["rebuilds"] < seen["plans"] / 2

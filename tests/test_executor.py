@@ -134,3 +134,66 @@ def test_an_interrupt_in_a_pooled_job_writes_its_partial_results_and_ends_the_sw
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert all(json.loads((job / "summary.json").read_text())["partial"] is False for job in jobs)
     assert (sweep / "comparison.md").is_file()
+
+
+# Overrides of every kind a sweep's jobs carry, and some they may: config groups (first, last, with a package,
+# appended), values (float, int, null, a list, an interpolation, a string), hydra's own keys, a force-add,
+# reordered ones, and errors (an unknown key, an unknown option), over three sets of config-group overrides (the
+# memo is keyed by them), each case composed twice so the memo is hit.
+COMPOSE_CASES = [
+    ["scheduler=wait", "workload.rate_per_s=0.1"],
+    ["workload.rate_per_s=0.02", "scheduler=wait", "workload.seed=3", "workload.num_conversations=7"],
+    ["scheduler=wait", "scheduler.output_bins=[8,16]", "workload.max_turns=null", "engine.step_mode=v0_prefill_first",
+     "hydra.job.chdir=true", "hydra.run.dir=/tmp/x", "++workload.note=x", "workload.rate_per_s=${workload.seed}"],
+    ["scheduler=wait", "workload.bogus=1"],
+    ["+experiment=conserve_rate_sweep", "+experiment/variant=wait_dr", "workload.rate_per_s=0.04"],
+    ["+experiment=conserve_rate_sweep", "+experiment/variant=wait_dr", "workload.rate_per_s=0.08", "workload.seed=1"],
+    ["scheduler=nope"],
+]
+ERRORS = (3, 6)     # the cases Hydra refuses: an unknown key, an unknown option
+
+
+def test_the_compose_cache_equals_hydras_own_compose_for_every_kind_of_override():
+    """``ComposeCache``: each case (:data:`COMPOSE_CASES`) composed twice through the memo equals Hydra's own
+    ``_load_configuration_impl`` of the same overrides: the whole config with its ``hydra`` node (as YAML and as
+    containers), the flags (struct; ``hydra`` writable) and each node's type; a case Hydra refuses is
+    refused the same way (the same exception type and message). The memo composes once per set of config-group
+    overrides (the cases with the same groups share it) and is installed on this Hydra (its
+    ``_load_configuration_impl`` is the code the cache repeats)."""
+    from hydra import initialize_config_dir
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from harness.run.config import register_configs
+    from harness.run.executor import ComposeCache, cache_compositions
+
+    def shown(cfg):
+        types = {k: str(OmegaConf.get_type(cfg, k)) for k in cfg}
+        return (OmegaConf.to_yaml(cfg), OmegaConf.to_container(cfg), OmegaConf.is_struct(cfg),
+                OmegaConf.is_readonly(cfg.hydra), types)
+
+    def outcome(fn, overrides):
+        try:
+            return shown(fn(config_name="config", overrides=list(overrides), run_mode=RunMode.RUN))
+        except Exception as e:      # noqa: BLE001 -- compared, never swallowed
+            return (type(e).__name__, str(e))
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        hydras = loader._load_configuration_impl
+        cache = cache_compositions(loader)
+        assert isinstance(cache, ComposeCache) and loader._load_configuration_impl is cache
+        errors = []
+        for i, case in enumerate(COMPOSE_CASES):
+            want = outcome(lambda **k: ConfigLoaderImpl._load_configuration_impl(loader, **k), case)
+            if len(want) == 2:
+                errors.append(i)
+            for _ in range(2):
+                assert outcome(cache, case) == want, case
+            assert outcome(loader.load_configuration, case) == want, case   # (Hydra's entry point, through it)
+        assert hydras is not cache
+    assert tuple(errors) == ERRORS and cache.hits >= len(COMPOSE_CASES) and cache.misses == 2

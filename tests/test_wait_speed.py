@@ -8,6 +8,10 @@
 * Nested WAIT with ``stage_caps=rotate``: the first rotation offset at which something runs, found from
   the rotation formula (``NestedWaitRule._first_opening``) instead of planning every offset in turn.
 
+* a rule's statement that its plan after that timer is the same again (``StepPlan.idle_repeat_steps``): the
+  engine runs such timeout-paced steps, idle gaps included, as one run (``Engine._plan_paced_run``), cut
+  where anything reaches the engine (``Engine._cut_paced``).
+
 Each is checked by hand on a tiny case (events and plans counted from the trace in the docstring) and on
 simulations against the same run with the mechanism off (exact frames).
 """
@@ -34,27 +38,32 @@ def _old_timer_fire(self, t):
 
 
 class Counted:
-    """A rule wrapper counting plans; ``state=False`` strips ``idle_after`` (the statement off)."""
+    """A rule wrapper counting plans; ``state=False`` strips ``idle_after`` (the statement off), ``paced=False``
+    ``idle_repeat_steps`` (timeout-paced runs off)."""
 
-    def __init__(self, rule, state=True):
-        self.rule, self.state, self.plans, self.name = rule, state, 0, rule.name
+    def __init__(self, rule, state=True, paced=True):
+        self.rule, self.state, self.paced, self.plans, self.name = rule, state, paced, 0, rule.name
 
     def plan(self, inp):
         self.plans += 1
         p = self.rule.plan(inp)
-        return p if self.state else dataclasses.replace(p, idle_after=None)
+        if not self.state:
+            return dataclasses.replace(p, idle_after=None, idle_repeat_steps=0)
+        return p if self.paced else dataclasses.replace(p, idle_repeat_steps=0)
 
 
-def _tiny(monkeypatch, inline_timer: bool, state: bool, arrival_at=None, nested=False):
+def _tiny(monkeypatch, inline_timer: bool, state: bool, arrival_at=None, nested=False, paced=False, out=3,
+          max_coalesce_s=0.0):
     """One engine (1 s steps), WAIT with one type, n = 2, max_wait_s = 0.5 (``nested``: Nested WAIT with one
-    segment of 3 stages, caps 2, the same timeout: the same decisions here); request A (prompt 4, 3 output
-    tokens) submitted at t = 0; optionally B (prompt 4, 3 output tokens) submitted at ``arrival_at``."""
+    segment of 3 stages, caps 2, the same timeout: the same decisions here); request A (prompt 4, ``out``
+    output tokens) submitted at t = 0; optionally B (prompt 4, 3 output tokens) submitted at ``arrival_at``.
+    ``paced``: the rule's ``idle_repeat_steps`` kept (the engine uses it only with ``max_coalesce_s > 0``)."""
     if not inline_timer:
         monkeypatch.setattr(Engine, "_timer_fire", _old_timer_fire)
-    eng = make_engine(1000)
-    rule = Counted(NestedWaitRule([3], [[2, 2, 2]], 0.5) if nested else WaitRule([2], lambda r: 0, 0.5), state)
+    eng = make_engine(1000, max_coalesce_s=max_coalesce_s)
+    rule = Counted(NestedWaitRule([3], [[2, 2, 2]], 0.5) if nested else WaitRule([2], lambda r: 0, 0.5), state, paced)
     eng.set_rule(rule)
-    reqs = [Request("A", 0, 4, 3, (0,), on_finish=lambda r: None, on_first_token=lambda r: None)]
+    reqs = [Request("A", 0, 4, out, (0,), on_finish=lambda r: None, on_first_token=lambda r: None)]
     eng.submit(reqs[0])
     if arrival_at is not None:
         reqs.append(Request("B", 0, 4, 3, (0,), on_finish=lambda r: None, on_first_token=lambda r: None))
@@ -84,6 +93,76 @@ def test_timer_steps_by_hand(monkeypatch, inline_timer, state, events, plans, sk
     assert out == [([1.5, 3.0, 4.5], 4.5)]
     assert eng.clock.events == events and rule.plans == plans and eng.plans_skipped == skipped
     assert eng._timer_at is None and eng.clock.pending() == 0
+
+
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize(("inline_timer", "paced", "events", "plans"), [
+    (False, False, 10, 5), (True, False, 7, 5), (False, True, 7, 4), (True, True, 5, 4)])
+def test_timeout_paced_run_by_hand(monkeypatch, inline_timer, paced, events, plans, nested):
+    """The case of ``test_timer_steps_by_hand`` with coalescing on (``max_coalesce_s`` 0.25 s). At 2.0 the
+    timer's plan runs A alone (stage 1, every resident, nothing waiting, by its timeout): WAIT states that
+    the plan at its timer after the step is the same (``idle_repeat_steps``; Nested WAIT: A's group of 1 fits
+    the cap 2 of every later stage). Paced: one run of A's two decodes, 2.0 -> 3.0, idle to 3.5, 3.5 -> 4.5,
+    one end event at 4.5 instead of the end at 3.0, the timer at 3.5 (and its step begin, without the inline
+    timer): events 10 - 3 = 7 (7 - 2 = 5 inline); plans: the one at 3.5 not computed (5 - 1 = 4); the plan
+    after 3.0 still counted as skipped (2). Token times and the finish the same: 1.5, 3.0, 4.5."""
+    eng, rule, out = _tiny(monkeypatch, inline_timer, True, nested=nested, paced=paced, max_coalesce_s=0.25)
+    assert out == [([1.5, 3.0, 4.5], 4.5)]
+    assert eng.clock.events == events and rule.plans == plans and eng.plans_skipped == 2
+    assert eng._timer_at is None and eng.clock.pending() == 0 and eng.steps == 3 and eng.busy_s == 3.0
+
+
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize(("arrival_at", "a_times", "b_times"), [
+    (3.2, [1.5, 3.0, 4.5, 6.0, 7.5], [4.5, 6.0, 7.5]),
+    (4.0, [1.5, 3.0, 4.5, 5.5, 7.0], [5.5, 7.0, 8.5]),
+    (3.5, [1.5, 3.0, 4.5, 5.5, 7.0], [5.5, 7.0, 8.5])])
+def test_an_arrival_cuts_a_timeout_paced_run(monkeypatch, arrival_at, a_times, b_times, nested):
+    """A (5 output tokens) paced from 2.0: steps 2.0-3.0, 3.5-4.5, 5.0-6.0, 6.5-7.5 as one run; B (3 tokens)
+    arrives. By hand, one event per step:
+
+    * at 3.2, between two steps: A ended its step at 3.0 (timer 3.5). B's step at 3.2 plans nothing (B 1 < 2 at
+      stage 0, the oldest A since 3.0 + 0.5 > 3.2); at 3.5 the timer: A decodes, B's prefill, -> 4.5; the
+      plan after is skipped (timer 5.0); 5.0 -> 6.0 and 6.5 -> 7.5 both decode; both finish at 7.5.
+    * at 4.0, inside the step 3.5 -> 4.5 (and at 3.5, the instant that step begins: the timer's step runs
+      first): the arrival drops the statement; at 4.5 the plan (B waiting since its arrival, 0.5 s at 4.5 for
+      4.0) runs A's decode and B's prefill -> 5.5; 6.0 -> 7.0 (A finishes); B alone from 7.5 -> 8.5.
+
+    The paced run gives exactly these times (cut between two steps: the steps ended so far end as their own
+    events; inside one: that step is the run's last), with fewer events than without it."""
+    res = {}
+    for paced in (False, True):
+        eng, rule, out = _tiny(monkeypatch, True, True, arrival_at, nested, paced, out=5, max_coalesce_s=0.25)
+        res[paced] = eng.clock.events
+        assert out == [(a_times, a_times[-1]), (b_times, b_times[-1])]
+        assert eng.steps == (5 if arrival_at == 3.2 else 6)
+    assert res[True] < res[False]
+
+
+def test_observers_see_a_timeout_paced_run_step_by_step():
+    """Two residents at stage 1 (prompt 4, 1 token out, 6 to go: KV of 4 tokens each, block size 1), idle since
+    0, paced from 0.5 with 1 s steps: steps 0.5-1.5, 2.0-3.0, 3.5-4.5, ... . The KV blocks in use read
+    mid-run count the steps begun: 2 x 5 = 10 during the first step (its token's block allocated at its
+    start), 10 in the gap after it, 12 once the second has begun; busy time counts the steps ended: 0 during
+    the first, 1.0 after it, 1.0 in the second, 2.0 after it. The next event one event per step would have:
+    after 1.0 the first step's end (1.5), after 1.6 the second step's timer (2.0), after 2.1 its end (3.0),
+    after 3.2 the third's timer (3.5). Both finish at 9.0, the run's one end event."""
+    eng = make_engine(1000, max_coalesce_s=0.25)
+    eng.set_rule(WaitRule([2], lambda r: 0, 0.5))
+    rs = [resident(eng, f"r{i}", 4, 1, out_target=7) for i in range(2)]
+    eng.clock._now = 0.5
+    eng.wake()
+    seen = []
+
+    def look():
+        now = eng.clock.now()
+        seen.append((now, eng.used_blocks_now(), eng.busy_energy_now()[0], eng.paced_event_after(now)))
+    for t in (1.0, 1.6, 2.1, 3.2):
+        eng.clock.call_at(t, look, priority=2)
+    eng.clock.run()
+    assert seen == [(1.0, 10, 0.0, 1.5), (1.6, 10, 1.0, 2.0), (2.1, 12, 1.0, 3.0), (3.2, 12, 2.0, 3.5)]
+    assert [r.token_times.tolist() for r in rs] == [[1.5, 3.0, 4.5, 6.0, 7.5, 9.0]] * 2
+    assert eng.clock.events == 2 + 4 and eng.steps == 6      # the step begin at 0.5, the run's end; 4 looks
 
 
 def test_an_arrival_during_the_step_cancels_the_statement(monkeypatch):
@@ -121,6 +200,42 @@ def test_residents_left_out_keep_their_wake_time():
 
 def _frames(res):
     return pd.DataFrame(res.turns).sort_values(["conversation_id", "turn"]).reset_index(drop=True)
+
+
+@pytest.mark.parametrize(("scheduler", "extra"), [
+    ("wait", ["engine.gpu_memory_utilization=0.1"]), ("wait", []), ("nested_wait", ["engine.gpu_memory_utilization=0.1"]),
+    ("nested_wait", []), ("wait", ["scheduler.idle_policy=decode_residents", "engine.gpu_memory_utilization=0.1"])])
+def test_simulations_equal_with_timeout_paced_runs_off(monkeypatch, scheduler, extra):
+    """Real trace conversations at a low rate (the timeout-driven regime), tight memory (preemptions) or not:
+    every turn, decision and instance sample (1-s ticks) with timeout-paced runs is exactly what the same run
+    gives with the rules' ``idle_repeat_steps`` stripped, with fewer events where the rule states it."""
+    from harness.run.session import session_input, simulate
+    from tests.conftest import compose_run
+    from tests.test_invariants import workload
+    out = {}
+    for on in (True, False):
+        with monkeypatch.context() as m:
+            cls = WaitRule if scheduler == "wait" else NestedWaitRule
+            orig = cls.plan
+
+            def plan(self, inp, orig=orig, on=on):
+                p = orig(self, inp)
+                return p if on else dataclasses.replace(p, idle_repeat_steps=0)
+            m.setattr(cls, "plan", plan)
+            cfg = compose_run([f"scheduler={scheduler}", "engine.activation_reserve_bytes=268435456", *extra])
+            convs, stats = workload(cfg, n=8, rate=0.05, max_turns=5, max_context=20000)
+            res = simulate(session_input(cfg), convs, stats, scheduler, cfg.scheduler, sample_interval_s=1.0,
+                           log_decisions=True)
+            assert not res.error and len(res.turns) == sum(len(r.turns) for _, r in convs)
+            out[on] = (res.events, _frames(res), res.recorder.instances_frame(), res.recorder.decisions_frame(),
+                       res.energy_j, res.preemptions)
+    for a, b in zip(out[True][1:4], out[False][1:4]):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+    assert out[True][4:] == out[False][4:]
+    if "scheduler.idle_policy=decode_residents" in extra:
+        assert out[True][0] == out[False][0]
+    else:
+        assert out[True][0] < out[False][0]
 
 
 @pytest.mark.parametrize(("scheduler", "mem"), [("wait", "0.1"), ("wait", "0.9"), ("nested_wait", "0.1"),

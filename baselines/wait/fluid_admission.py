@@ -217,15 +217,26 @@ _ADMIT_SEQ, _SUBMIT_S = attrgetter("admit_seq"), attrgetter("submit_s")
 
 
 def _plan(run: list, admit: list, running: Sequence, wake: float, repeat_steps: Optional[int] = 1,
-          idle_after: Optional[tuple] = None) -> StepPlan:
+          idle_after: Optional[tuple] = None, idle_repeat_steps: int = 0) -> StepPlan:
     """A plan whose preferred victims are the unselected residents, most recently admitted first (built
     only if the engine reads them: :class:`harness.core.batching.UnselectedResidents`). ``repeat_steps``: the
     rule's horizon (``StepPlan.repeat_steps``; ``None``: unlimited; 1: the plan holds for this step only);
-    ``idle_after``: ``StepPlan.idle_after``."""
+    ``idle_after``, ``idle_repeat_steps``: ``StepPlan``'s."""
     admit.sort(key=_SUBMIT_S)
     return StepPlan(tuple(run), tuple(admit), UnselectedResidents(running, run), None if wake == math.inf else wake,
                     repeatable=repeat_steps != 1, repeat_steps=_UNTIL_EVENT if repeat_steps is None else repeat_steps,
-                    idle_after=idle_after)
+                    idle_after=idle_after, idle_repeat_steps=idle_repeat_steps)
+
+
+def _paces(idle: Optional[tuple], run: list, n_dec: int, admit: list) -> bool:
+    """Whether a WAIT / Nested WAIT plan may state ``StepPlan.idle_repeat_steps``: it states ``idle_after``
+    with no wake time of its own (``w = inf``: no resident left out, no other type or segment holding
+    anything, nothing waiting; the rules compute ``w`` that way) and only the ``T + max_wait_s`` term, and
+    it is decode-only (``n_dec``: its decodes; nothing at stage 0 run or admitted) and runs something. Then
+    at ``T + max_wait_s`` every resident has waited exactly ``max_wait_s`` since ``T`` and is at the next
+    stage: the rule serves the same groups again (see the callers for the caps)."""
+    return (idle is not None and idle[0] == math.inf and idle[1] is not None and n_dec == len(run) > 0
+            and not admit)
 
 
 _UNTIL_EVENT = 1 << 30      # no horizon of the rule's own: the plan holds until something arrives or finishes
@@ -389,6 +400,7 @@ def _group_add(g: list, r, st: int, key: Optional[Callable] = None) -> None:
 
 
 NESTED_HORIZON_STEPS = 64   # the longest horizon Nested WAIT states (steps; checking costs O(groups) per step)
+PACED_HORIZON_STEPS = 256   # the longest StepPlan.idle_repeat_steps Nested WAIT states (steps; O(groups x steps))
 
 
 class WaitRule:
@@ -576,8 +588,13 @@ class WaitRule:
                 if timeout_only and len(run) - k != len(res0[j]):
                     idle = False                         # a stage-0 resident left out: stays at stage 0
         self._touched = serve if run else ()
+        idle_after = (w, mw if all_served else None) if idle else None
+        # StepPlan.idle_repeat_steps: after such a plan (every resident served, each stage group whole, nothing
+        # at stage 0 or waiting: _paces), at T + max_wait_s every type's residents have the oldest T and nothing
+        # at stage 0, so the same types are eligible by their timeout alone, each group whole again (a type's
+        # cap is the same at every stage; the same tokens of budget): the same plan, with no horizon
         return _plan(run, admit, inp.running, wake, None if repeat and len(run) == n_dec and run else 1,
-                     ((w, mw if all_served else None) if idle else None))
+                     idle_after, _UNTIL_EVENT if _paces(idle_after, run, n_dec, admit) else 0)
 
 STAGE_CAP_RULES = ("raised", "rotate")
 
@@ -934,7 +951,28 @@ class NestedWaitRule:
         if not final and not run and not admit:
             return None, serve_upto
         horizon = self._horizon(groups, kstar, limit, t, len(res0), len(inp.waiting)) if repeat else 1
-        return _plan(run, admit, inp.running, wake, horizon, idle), serve_upto
+        paced = self._paced_horizon(groups) if _paces(idle, run, n_dec if serve_upto else 0, admit) else 0
+        return _plan(run, admit, inp.running, wake, horizon, idle, paced), serve_upto
+
+    def _paced_horizon(self, groups: list) -> int:
+        """``StepPlan.idle_repeat_steps`` of a plan (fixed caps) that serves every resident, each stage group
+        ``(stage s, size c)`` of ``groups`` whole, nothing at stage 0 or waiting (:func:`_paces`): after it,
+        at ``T + max_wait_s``, every segment up to the last holding residents passes its gate by its timeout
+        (its suffix's oldest is ``T``) and the segments past it hold nothing, so the plan serves the same
+        groups, each one stage on, as long as each fits the cap of the stage it reaches. Returns the first
+        step ``i`` (this one is 0) at which some group's stage ``s + i`` has a cap below ``c`` (stages past
+        the last boundary: the last segment's last cap), at most ``PACED_HORIZON_STEPS``."""
+        n_tab, cap_tab, last_cap = len(self._cap_tab), self._cap_tab, self.caps[-1][-1]
+        h = PACED_HORIZON_STEPS
+        for s, c in groups:
+            for st in range(s + 1, min(n_tab, s + h)):
+                if cap_tab[st] < c:
+                    h = st - s
+                    break
+            else:
+                if c > last_cap and s < n_tab < s + h:
+                    h = n_tab - s
+        return h
 
     def _idle_after(self, inp: StepInput, sg: list, served: int, admitted: int, cap0: int, left: float
                     ) -> Optional[tuple]:

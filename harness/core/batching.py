@@ -156,6 +156,16 @@ class StepPlan:
             plan and one event fewer. WAIT states it for a step whose served types are all eligible by
             their timeout only (``baselines.wait.fluid_admission.WaitRule``), Nested WAIT (fixed caps) for
             a step after which segment 1's gate holds fewer than its cap (``NestedWaitRule._idle_after``).
+        idle_repeat_steps: with ``idle_after = (inf, d)`` and a decode-only plan (every ``run`` pair a decode
+            of 1 token, nothing admitted) that runs every resident, the rule's statement that the plan it
+            would return at the timer ``T + d`` after this step (run exactly as planned, ending at ``T``) is
+            this plan again -- the same requests, one token each, the same ``idle_after`` and statement --,
+            for each of the next ``idle_repeat_steps - 1`` such timeout-paced steps, as long as nothing
+            arrives, finishes, is transferred or wakes the engine (0 or 1: no statement). The engine then
+            simulates those steps, with their idle gaps, as one run (``harness.sim.engine``, "Timeout-paced
+            runs"); exact: every time is the float sum one event per step computes. WAIT states it when
+            its served types hold every resident and nothing waits (no horizon of its own), Nested WAIT
+            (fixed caps) up to the step at which a stage group would exceed the cap of the stage it reaches.
     """
 
     run: Sequence = ()
@@ -167,6 +177,7 @@ class StepPlan:
     admit_chunk_cap: Optional[int] = None
     repeat_steps: Optional[int] = None
     idle_after: Optional[tuple] = None
+    idle_repeat_steps: int = 0
 
 
 class UnselectedResidents(Sequence):

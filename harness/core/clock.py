@@ -79,6 +79,24 @@ class SimClock:
         q = self._q
         return not q or q[0][0] > self._now or q[0][1] > priority
 
+    def replay_at(self, t: float, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` now as the event it would have been at the earlier time ``t`` (s): ``now()`` reads
+        ``t`` inside it, and is restored after. Only for an event that nothing processed since ``t`` could have
+        observed (an engine ending, late, the steps of a timeout-paced run: ``harness.sim.engine``); what it
+        schedules must be due at or after the true now.
+
+        Raises:
+            ValueError: ``t`` is later than now.
+        """
+        now = self._now
+        if not t <= now:
+            raise ValueError(f"replay_at: time {t!r} is after now ({now})")
+        self._now = t
+        try:
+            fn(*args)
+        finally:
+            self._now = now
+
     def next_time(self) -> float:
         """Time of the earliest scheduled event, s (``inf`` if none)."""
         return self._q[0][0] if self._q else math.inf

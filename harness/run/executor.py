@@ -17,7 +17,9 @@ keeps, across jobs, what the process-wide caches hold, each keyed by what determ
   and parsed every trace there, so the workers start with them.
 
 Each job's config is composed in the worker from the sweep's config and the job's overrides
-(``ConfigLoader.load_sweep_config``, as Hydra's basic launcher does in its process), then run by Hydra's
+(``ConfigLoader.load_sweep_config``, as Hydra's basic launcher does in its process; Hydra's defaults list and
+merge memoised per set of config-group overrides, :class:`ComposeCache`, so a job that differs from an earlier
+one only in values -- a rate, a seed -- costs a deep copy and the value overrides), then run by Hydra's
 ``run_job`` (its run directory, ``.hydra/`` files, ``run.log``, the callbacks' ``on_job_start``/``end``).
 Nothing a run computes depends on which process ran it or on the jobs before it in that process: the caches
 above hold only values that are a function of their key (tests/test_executor.py checks a sweep's files
@@ -107,6 +109,135 @@ class ComposedConfigs:
         self._memo.clear()
 
 
+class ComposeCache:
+    """Hydra's ``ConfigLoaderImpl._load_configuration_impl`` (hydra-core 1.3's, checked by its source digest,
+    :data:`HYDRA_IMPL_SHA256`) with its costly middle memoised: the defaults list (``create_defaults_list``)
+    and the config it selects, merged (``_compose_config_from_defaults_list``), which depend only on the
+    primary config's name, the run mode and the overrides that select configs -- a config-group override
+    (``scheduler=wait``, ``+experiment/variant=x``, ``~group``), the rest being the value overrides
+    (``workload.rate_per_s=0.1``) Hydra applies to the merged config afterwards (its ``Overrides`` splits
+    them by the same test: a value that is a dict, or a key that names no config group). Every other step is
+    Hydra's own, in its order, on a deep copy of the memoised config: the parse, the sweep-override check,
+    the value overrides, the ``hydra.overrides`` / ``runtime`` / ``job`` fields. So a sweep of 6 variants x 8
+    rates x 10 seeds composes its 6 variants' configs once each instead of its 480 jobs' (the config files are
+    read on the first compose of a variant). Not used (Hydra's own path) for a command line that moves the
+    search path (``hydra.searchpath``); an error on the memoised path is raised again by Hydra's own compose,
+    so a bad override fails as Hydra fails it. ``tests/test_executor.py`` checks the configs against Hydra's
+    own compose over many kinds of overrides.
+
+    Attributes:
+        hits, misses, fallbacks: composes from the memo, composed and memoised, left to Hydra (counts).
+    """
+
+    def __init__(self, loader: Any, impl: Any):
+        self.loader, self._impl = loader, impl
+        self._memo: dict = {}
+        self.hits = self.misses = self.fallbacks = 0
+
+    def __call__(self, config_name: Optional[str], overrides: list, run_mode: Any, from_shell: bool = True,
+                 validate_sweep_overrides: bool = True) -> Any:
+        try:
+            cfg = self._compose(config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
+        except Exception:   # Hydra's own compose says what is wrong, as it says it without the memo
+            cfg = None
+        if cfg is None:
+            self.fallbacks += 1
+            return self._impl(config_name=config_name, overrides=overrides, run_mode=run_mode, from_shell=from_shell,
+                              validate_sweep_overrides=validate_sweep_overrides)
+        return cfg
+
+    def _compose(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides) -> Any:
+        """Hydra 1.3's ``_load_configuration_impl`` with the memo (None: left to Hydra)."""
+        import copy
+        from hydra import __version__, version
+        from hydra._internal.config_loader_impl import ConfigSourceInfo, get_overrides_dirname
+        from hydra._internal.defaults_list import create_defaults_list
+        from hydra.core.utils import JobRuntime
+        from hydra.types import RunMode
+        from omegaconf import OmegaConf, open_dict
+        loader = self.loader
+        loader.ensure_main_config_source_available()
+        parsed_overrides, caching_repo = loader._parse_overrides_and_create_caching_repo(config_name, overrides)
+        if validate_sweep_overrides:
+            loader.validate_sweep_overrides_legal(overrides=parsed_overrides, run_mode=run_mode, from_shell=from_shell)
+        if any(o.get_key_element() == "hydra.searchpath" or o.is_sweep_override() for o in parsed_overrides):
+            return None
+        # the value overrides, in order: hydra._internal.defaults_list.Overrides's test
+        config_overrides = [o for o in parsed_overrides
+                            if isinstance(o.value(), dict) or not caching_repo.group_exists(o.key_or_group)]
+        chosen = {id(o) for o in config_overrides}
+        key = (config_name, run_mode, tuple(o.input_line for o in parsed_overrides if id(o) not in chosen))
+        hit = self._memo.get(key)
+        if hit is None:
+            defaults_list = create_defaults_list(repo=caching_repo, config_name=config_name,
+                                                 overrides_list=parsed_overrides, prepend_hydra=True,
+                                                 skip_missing=run_mode == RunMode.MULTIRUN)
+            if [id(o) for o in defaults_list.config_overrides] != [id(o) for o in config_overrides]:
+                return None     # (Hydra split them otherwise: not memoised)
+            cfg = loader._compose_config_from_defaults_list(defaults=defaults_list.defaults, repo=caching_repo)
+            self._memo[key] = (dict(defaults_list.overrides.known_choices), copy.deepcopy(cfg))
+            known_choices = defaults_list.overrides.known_choices
+            self.misses += 1
+        else:
+            known_choices, cfg = hit[0], copy.deepcopy(hit[1])
+            self.hits += 1
+        # from here on, Hydra's _load_configuration_impl as it is
+        OmegaConf.set_struct(cfg, True)
+        OmegaConf.set_readonly(cfg.hydra, False)
+        type(loader)._apply_overrides_to_config(config_overrides, cfg)
+        app_overrides = []
+        for override in parsed_overrides:
+            if override.is_hydra_override():
+                cfg.hydra.overrides.hydra.append(override.input_line)
+            else:
+                cfg.hydra.overrides.task.append(override.input_line)
+                app_overrides.append(override)
+        with open_dict(cfg.hydra):
+            cfg.hydra.runtime.choices.update(known_choices)
+            for key in cfg.hydra.job.env_copy:
+                cfg.hydra.job.env_set[key] = os.environ[key]
+        cfg.hydra.runtime.version = __version__
+        cfg.hydra.runtime.version_base = version.getbase()
+        cfg.hydra.runtime.cwd = os.getcwd()
+        cfg.hydra.runtime.config_sources = [ConfigSourceInfo(path=x.path, schema=x.scheme(), provider=x.provider)
+                                            for x in caching_repo.get_sources()]
+        if "name" not in cfg.hydra.job:
+            cfg.hydra.job.name = JobRuntime().get("name")
+        cfg.hydra.job.override_dirname = get_overrides_dirname(
+            overrides=app_overrides, kv_sep=cfg.hydra.job.config.override_dirname.kv_sep,
+            item_sep=cfg.hydra.job.config.override_dirname.item_sep,
+            exclude_keys=cfg.hydra.job.config.override_dirname.exclude_keys)
+        cfg.hydra.job.config_name = config_name
+        return cfg
+
+
+# sha256 of inspect.getsource(ConfigLoaderImpl._load_configuration_impl) of hydra-core 1.3.8: the code
+# ComposeCache._compose repeats around its memo; a Hydra whose code differs composes without the memo
+HYDRA_IMPL_SHA256 = "f611c97e466f94db72ac0a127250fa439eb79a30fe164968e5d71f543bb960c2"
+
+
+def cache_compositions(loader: Any) -> Optional[ComposeCache]:
+    """Give Hydra's config loader ``loader`` (a ``ConfigLoaderImpl``) a :class:`ComposeCache` (its
+    ``_load_configuration_impl``, on this instance only), once; returns it, or None where the installed Hydra's
+    ``_load_configuration_impl`` is not the code the cache repeats (:data:`HYDRA_IMPL_SHA256`) or ``loader`` is
+    not Hydra's own loader (then nothing changes)."""
+    import hashlib
+    import inspect
+    cur = loader.__dict__.get("_load_configuration_impl") if hasattr(loader, "__dict__") else None
+    if isinstance(cur, ComposeCache):
+        return cur
+    impl = getattr(type(loader), "_load_configuration_impl", None)
+    try:
+        src = inspect.getsource(impl)
+    except (OSError, TypeError):
+        return None
+    if hashlib.sha256(src.encode()).hexdigest() != HYDRA_IMPL_SHA256:
+        return None
+    cache = ComposeCache(loader, getattr(loader, "_load_configuration_impl"))
+    loader._load_configuration_impl = cache
+    return cache
+
+
 _COMPOSED: dict = {}   # id(Hydra's config loader) -> its ComposedConfigs: one memo per loader in this process
 
 POOL_TARGET = "hydra_plugins.harness_launcher.pool_launcher.PoolLauncher"
@@ -117,11 +248,13 @@ MEMO_TARGETS = (POOL_TARGET, "hydra_plugins.harness_launcher.pool_launcher.Slurm
 
 
 def composed(loader: Any) -> ComposedConfigs:
-    """The memo (:class:`ComposedConfigs`) of Hydra's config loader ``loader``, made on first use."""
+    """The memo (:class:`ComposedConfigs`) of Hydra's config loader ``loader``, made on first use (and the
+    loader given its :class:`ComposeCache` then)."""
     if isinstance(loader, ComposedConfigs):
         return loader
     c = _COMPOSED.get(id(loader))
     if c is None or c._loader is not loader:
+        cache_compositions(loader)      # (the harness's validation composes first: ComposeCache from the start)
         c = _COMPOSED[id(loader)] = ComposedConfigs(loader)
     return c
 

@@ -57,6 +57,7 @@ class SimBackend(ClusterBase):
         self.step_log = StepLog() if record_steps else None
         for e in self.engines:
             e.step_log = self.step_log
+            e.horizon_s = max_sim_time_s    # a timeout-paced run ends no step past it (drive stops there)
             if link.model == "example_connector":
                 e.connector = link
         # the API front end per instance (HardwareConfig.api_frontend_s, s): a turn reaches the first engine it is
@@ -137,6 +138,7 @@ class SimBackend(ClusterBase):
         Returns ``""`` when ``done()``, else why it stopped: a stall, or a limit (``max_sim_time_s`` of
         virtual time, ``max_events`` events) naming the key. Exceptions propagate."""
         clock = self.clock
+        engines = self.engines
         start()
 
         def tick():
@@ -146,6 +148,10 @@ class SimBackend(ClusterBase):
             now = clock.now()
             t = now + tick_s
             nxt = clock.next_time()
+            for e in engines:   # a timeout-paced run's steps count as the events one event per step has
+                x = e.paced_event_after(now)
+                if x < nxt:
+                    nxt = x
             if nxt > t:  # idle until nxt: skip the grid points in between
                 t = now + tick_s * math.ceil((nxt - now) / tick_s)
             clock.call_at(t, tick, priority=Priority.TICK)

@@ -57,6 +57,24 @@ step's end runs inline (no event of its own) when nothing else is due at that in
 (``SimClock.nothing_due_now``), so the order of same-instant events is unchanged; so does the step a rule's
 timer starts. After a step run exactly as planned, a rule's stated empty next plan
 (``StepPlan.idle_after``: WAIT's timeout-only steps) is not computed: the engine arms its timer and idles.
+
+Timeout-paced runs. Where a rule also states that its plan after that timer is the same again
+(``StepPlan.idle_repeat_steps``: WAIT and Nested WAIT with every resident served by its timeout alone, the
+regime of an infeasible fluid plan, where decode advances one token per ``max_wait_s``), the engine simulates
+up to that many such steps -- each a decode step of the same requests, then ``max_wait_s`` idle -- as one run
+with one end event: step ``j`` begins at ``T_{j-1} + max_wait_s`` and ends at its begin plus its time (the
+step model's ``decode_run_total`` of one step and the after-idle term of the gap before it), the float
+additions of one event per step (``_plan_paced_run``). The run holds only while nothing reaches the engine:
+any ``wake`` (an arrival, a transfer, a release, a stale timer) or ``submit`` first brings it to that instant
+(``_cut_paced``): a step in flight becomes the run's last, and between two steps the steps ended so far are
+ended as their own end event would have ended them (the clock read as that end, ``SimClock.replay_at``), their
+timer armed, before the call goes on. Observers see the state step by step: ``used_blocks_now`` counts the
+steps begun, ``busy_energy_now`` the steps ended, and the observer tick (``SimBackend.drive``) takes the run's
+step begins and ends as events when it skips idle time (``paced_event_after``). Not with async scheduling, a
+step log (``logger.steps``), ``max_coalesce_s <= 0``, or a first token owed; a run ends by
+``SimBackend.max_sim_time_s`` (``horizon_s``) as one event per step would stop there. A run that stops at
+``backend.max_events`` stops at another point (fewer events). ``tests/test_wait_speed.py`` checks the frames
+against the runs with the statement left out.
 """
 
 from __future__ import annotations
@@ -232,6 +250,8 @@ class Engine:
         self._step_ending = False       # True only while an event calls wake() as its last act (a step's end,
         #                                 a rule's timer): the step it starts may run inline
         self._run_idle = None           # the rule's "idle after this step" (StepPlan.idle_after), while it holds
+        self._paced_begins: Optional[list[float]] = None  # a timeout-paced run in flight: its steps' begins, s
+        self.horizon_s = math.inf       # no step ends past this, s (the backend's max_sim_time_s; paced runs)
         self.plans_skipped = 0          # empty plans not computed: the rule stated them (StepPlan.idle_after)
         # the step run in flight
         self._version = 0
@@ -304,7 +324,10 @@ class Engine:
             return used
         ends = self._run_ends
         now = self.clock.now()
-        j = min(bisect_right(ends, now if self._run_exact else now - self._run_start), len(ends) - 1)
+        if self._paced_begins is not None:      # a timeout-paced run: the steps begun by now
+            j = bisect_right(self._paced_begins, now) - 1
+        else:
+            j = min(bisect_right(ends, now if self._run_exact else now - self._run_start), len(ends) - 1)
         key = (self._version, j, used)     # nothing else changes the answer inside one run
         if self._used_now_key == key:
             return self._used_now
@@ -346,6 +369,8 @@ class Engine:
 
     def submit(self, req: Request) -> None:
         """Queue a request (FCFS) and make sure a step will run."""
+        if self._paced_begins is not None:
+            self._cut_paced()
         need = -(-(req.prompt + req.out_target) // self.bs)
         if need > self.capacity_blocks - self.watermark_blocks:
             req.state = FAILED
@@ -362,6 +387,8 @@ class Engine:
 
     def remote_loaded(self, req: Request) -> None:
         """The KV transfer of a LOADING request finished: it joins the running batch."""
+        if self._paced_begins is not None:
+            self._cut_paced()
         self.loading -= 1
         req.computed = req.prompt
         req.state = RUNNING
@@ -372,6 +399,8 @@ class Engine:
 
     def release_held(self, req: Request) -> None:
         """Free a prefill-only request's blocks once its KV has been transferred."""
+        if self._paced_begins is not None:
+            self._cut_paced()
         self.held -= 1
         req.state = DONE
         self._release(req)
@@ -380,6 +409,8 @@ class Engine:
     def wake(self) -> None:
         """Something changed: start a step if idle, or cut a coalesced run at the next boundary (and drop
         the in-flight step's ``idle_after``: the plan at its end may differ)."""
+        if self._paced_begins is not None:
+            self._cut_paced()
         self._run_idle = None
         if not self.busy:
             self.busy = True
@@ -417,6 +448,41 @@ class Engine:
             self._run_ej -= self.perf.hw.idle_w * self._run_cut[j]
         self._version += 1
         self.clock.call_at(self._run_start + ends[j], self._step_end, self._version, priority=_ENGINE)
+
+    def _cut_paced(self) -> None:
+        """Bring a timeout-paced run in flight to now (the module docstring, "Timeout-paced runs"), before
+        anything reaches the engine: a step in flight becomes the run's last (its end event rescheduled);
+        between two steps, the steps ended so far end now as their end event would have ended them at the
+        last one's end (``SimClock.replay_at``: token times, counters, the rule's stated empty plan skipped and
+        its timer armed), and the engine is idle. ``_begin_s`` is the last step begun."""
+        begins, ends = self._paced_begins, self._run_ends
+        now = self.clock.now()
+        begun = bisect_right(begins, now)
+        ended = bisect_right(ends, now)
+        self._begin_s = begins[begun - 1]
+        if begun > ended or ended >= len(ends):     # a step in flight (or the last one ending now)
+            if begun < len(ends):
+                del ends[begun:], self._run_energy[begun:], self._run_durs[begun:], begins[begun:]
+                self._version += 1
+                self.clock.call_at(ends[-1], self._step_end, self._version, priority=_ENGINE)
+            return
+        del ends[ended:], self._run_energy[ended:], self._run_durs[ended:]     # (_step_end drops the begins)
+        self._version += 1
+        self.clock.replay_at(ends[-1], self._step_end, self._version)
+
+    def paced_event_after(self, now: float) -> float:
+        """The first time after ``now`` (s) at which one event per step would have an event of this engine in
+        the timeout-paced run in flight (a step's timer, i.e. its begin, or a step's end), s; ``inf`` outside
+        one. The observer tick skips idle time up to the next event (``SimBackend.drive``): with it, the
+        same ticks as one event per step."""
+        begins = self._paced_begins
+        if begins is None:
+            return math.inf
+        ends = self._run_ends
+        i, j = bisect_right(begins, now), bisect_right(ends, now)
+        b = begins[i] if i < len(begins) else math.inf
+        e = ends[j] if j < len(ends) else math.inf
+        return b if b < e else e
 
     def _hit_blocks(self, req: Request) -> int:
         """Prefix-cache hit of a waiting request now, blocks (0 without prefix caching)."""
@@ -688,6 +754,9 @@ class Engine:
             self._run_durs = []
             ends = self._plan_decode_run(decode, plan.repeat_steps, now)   # absolute end times
             exact = True
+        elif plan.idle_repeat_steps > 1 and not preempted and self._paceable(plan, decode):
+            # timeout-paced steps as one run (the after-idle term inside; never async: _paceable)
+            return self._plan_paced_run(decode, plan, now), True, 0
         else:
             ends = self._plan_decode_run(decode, 1 if preempted or not plan.repeatable else None)
             exact = False
@@ -715,10 +784,85 @@ class Engine:
         idle = plan.idle_after
         # the rule's "idle after this step" holds only for a single step run as planned: no preemption, every
         # admission admitted and running, every prefill chunk completing its prompt (_step_end checks the rest)
-        self._run_idle = idle if idle is not None and not preempted and len(ends) == 1 and p_samp == len(prefill) \
-            and n_admit == len(plan.admit) else None
+        self._run_idle = idle if idle is not None and not preempted and (len(ends) == 1 or self._paced_begins is not None) \
+            and p_samp == len(prefill) and n_admit == len(plan.admit) else None
         self._version += 1
         self.clock.call_at(ends[-1] if exact else now + ends[-1], self._step_end, self._version, priority=_ENGINE)
+
+    def _paceable(self, plan: StepPlan, decode: list[Request]) -> bool:
+        """Whether a decode-only step whose rule states ``idle_repeat_steps`` may start a timeout-paced run:
+        the statement's conditions as scheduled (``idle_after = (inf, d > 0)``, nothing admitted, every
+        ``run`` pair a decode that ran and every resident in it, nothing waiting) and the engine's (no async
+        scheduling, no step log, coalescing on, no timer of its own pending, nothing deferred)."""
+        idle = plan.idle_after
+        return (idle is not None and idle[0] == math.inf and idle[1] is not None and idle[1] > 0
+                and not plan.admit and len(decode) == len(plan.run) == len(self.running) and not self.waiting
+                and self.step_log is None and not self.async_scheduling and self.max_coalesce_s > 0
+                and self._timer_at is None and not self._deferred)
+
+    def _plan_paced_run(self, decode: list[Request], plan: StepPlan, now: float) -> list[float]:
+        """A timeout-paced run from ``now`` (s): up to ``plan.idle_repeat_steps`` steps of ``decode`` (one token
+        each), step ``j + 1`` beginning ``d = plan.idle_after[1]`` s after step ``j`` ends. Each step is priced as
+        one event per step prices it (``decode_run_total`` of one step at its summed context, plus
+        ``after_idle`` of the gap since the previous end); it stops at the first request to finish, at the
+        KV blocks available for the run's growth (:meth:`_fit_steps`), and before a step that would end
+        after ``horizon_s``. Sets ``_run_durs`` (s), ``_run_energy`` (J) and, for more than one step,
+        ``_paced_begins`` (s). Returns the steps' absolute end times, s."""
+        k = plan.idle_repeat_steps
+        b = len(decode)
+        ctx = 0
+        for req in decode:
+            ctx += req.computed
+            left = req.out_target - req.out_done
+            if left < k:
+                k = left
+            if req.out_done == 0:
+                k = 1
+        k = self._fit_steps(decode, k)
+        perf, limit, after, mw, horizon = self.perf, self.max_coalesce_s, self._after_idle, plan.idle_after[1], self.horizon_s
+        begins: list[float] = []
+        ends: list[float] = []
+        durs: list[float] = []
+        energy: list[float] = []
+        t, prev = now, self._end_s
+        for j in range(k):
+            e1, ej = perf.decode_run_total(b, ctx, 1, limit)
+            d = e1[0]
+            if after is not None:
+                extra = after(t - prev)
+                if extra:
+                    d = d + extra
+            end = t + d
+            if j and end > horizon:
+                break
+            begins.append(t)
+            ends.append(end)
+            durs.append(d)
+            energy.append(ej)
+            ctx += b
+            prev = end
+            t = end + mw
+        self._run_durs, self._run_energy = durs, energy
+        if len(ends) > 1:
+            self._paced_begins = begins
+        return ends
+
+    def _fit_steps(self, decode: list[Request], k: int) -> int:
+        """The number of steps, at most ``k``, for which every request of ``decode`` can grow by one token a
+        step within the KV blocks available now (halving ``k`` until it fits; step 1's blocks are allocated:
+        a request holds ``ceil((computed + 1) / bs)`` blocks, so it needs at most ``(k - 1) // bs + 1`` more;
+        when the batch's bound fits, no request is checked)."""
+        if k > 1 and len(decode) * ((k - 1) // self.bs + 1) > self.kv.available:
+            avail = self.kv.available
+            bs = self.bs
+            while True:
+                need = 0
+                for req in decode:
+                    need += -(-(req.computed + k) // bs) - req.kv.blocks
+                if need <= avail or k == 1:
+                    break
+                k = max(1, k // 2)
+        return k
 
     def _after_idle_ends(self, ends: list[float], now: float, exact: bool) -> list[float]:
         """The run's step ends with its first step lengthened by the after-idle term of the idle time since the
@@ -764,27 +908,14 @@ class Engine:
             self._run_durs, self._run_energy = durs, energy
         else:
             ends, self._run_ej = self.perf.decode_run_total(b, ctx, kmax, limit)
-        k = len(ends)
-        # blocks for k more tokens per request must be available (step 1's were allocated: a request holds
-        # ceil((computed + 1) / bs) blocks, so it needs at most ceil((k - 1) / bs) <= (k - 1) // bs + 1 more;
-        # when the batch's bound fits, the check below would pass at once)
-        if k > 1 and b * ((k - 1) // self.bs + 1) > self.kv.available:
-            avail = self.kv.available
-            bs = self.bs
-            while True:
-                need = 0
-                for req in decode:
-                    need += -(-(req.computed + k) // bs) - req.kv.blocks
-                if need <= avail or k == 1:
-                    break
-                k = max(1, k // 2)
-            if k < len(ends):
-                del ends[k:]
-                if energy is not None:
-                    del energy[k:]
-                    del self._run_durs[k:]
-                else:
-                    self._run_ej = self._decode_energy(k, b)
+        k = self._fit_steps(decode, len(ends))     # blocks for k more tokens per request
+        if k < len(ends):
+            del ends[k:]
+            if energy is not None:
+                del energy[k:]
+                del self._run_durs[k:]
+            else:
+                self._run_ej = self._decode_energy(k, b)
         return ends
 
     def _decode_energy(self, k: int, b: int) -> float:
@@ -816,6 +947,9 @@ class Engine:
                 ej += e
             self.busy_s, self.energy_busy_j = busy, ej
             self.paused_steps += self._run_paused * (k - 1)     # (counted once at the run's start)
+            if self._paced_begins is not None:      # a timeout-paced run: the stated empty plans after its
+                self._paced_begins = None           # steps but the last, not computed
+                self.plans_skipped += k - 1
         else:
             self.busy_s += self._run_ends[-1]
             self.energy_busy_j += self._run_ej
