@@ -206,11 +206,16 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def _load_yaml(text: str):
+    """``yaml.safe_load`` with libyaml's C loader where PyYAML has it (the same result, several times faster)."""
+    import yaml
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def _settings(path: Path) -> dict:
     """One override-only config file (a preset, a cell, a variant) as flat ``key: value`` settings: its
     ``override /scheduler|cluster|workload`` defaults as ``<group>.name`` and its keys (``hydra`` left out)."""
-    import yaml
-    y = yaml.safe_load(path.read_text()) or {}
+    y = _load_yaml(path.read_text()) or {}
     out = {}
     for d in y.get("defaults", []) or []:
         if isinstance(d, dict):
@@ -236,13 +241,12 @@ def preset_jobs(name: str, conf: Path = CONF) -> pd.DataFrame:
         FileNotFoundError: no such preset, cell or variant file."""
     import itertools
 
-    import yaml
     from hydra.core.override_parser.overrides_parser import OverridesParser
     path = conf / "experiment" / f"{name}.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such preset")
     preset = _settings(path)
-    hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra") or {}
+    hydra = (_load_yaml(path.read_text()) or {}).get("hydra") or {}
     params = (hydra.get("sweeper") or {}).get("params") or {}
     parser = OverridesParser.create()
     axes = []
@@ -259,10 +263,10 @@ def preset_jobs(name: str, conf: Path = CONF) -> pd.DataFrame:
             elif key in ("scheduler", "cluster", "workload"):
                 job[f"{key}.name"] = val
             else:
-                job[key] = yaml.safe_load(val)
+                job[key] = _load_yaml(val)
         wl = conf / "workload" / f"{job['workload.name']}.yaml"
         if wl.is_file():
-            w = yaml.safe_load(wl.read_text()) or {}
+            w = _load_yaml(wl.read_text()) or {}
             for k in ("arrival", "rate_per_s", "concurrency"):
                 job.setdefault(f"workload.{k}", w.get(k))
         rows.append(job)
