@@ -47,7 +47,7 @@ def test_levels_and_lack_of_fit_by_hand():
 def test_the_levels_figure_is_drawn(tmp_path):
     from harness.analysis.claims import robustness_levels_figure
     (p,) = robustness_levels_figure(sweep(), tmp_path)
-    assert p.name == "ampd_robustness_levels.png" and p.stat().st_size > 10_000
+    assert p.name == "ampd_robustness.png" and p.stat().st_size > 10_000
     assert robustness_levels_figure(sweep()[lambda d: d["scheduler.misroute_frac"] == 0], tmp_path / "none") == []
 
 
@@ -80,3 +80,50 @@ def test_ampd_threshold_arms_in_the_sensitivity_matrix():
     lm, overall = sensitivity_matrix({"C1": cells}, vals)
     row = next(x for x in lm if x.startswith("| C1 | ampd.ttft_slo_s (one seed) |"))
     assert "2 (serving, AMPD remote_default): " in row and "(cost)" not in row
+
+
+def test_c5_row_words_per_level_and_linear():
+    """The results page's C5 row (``harness.analysis.results.c5_row``) on the hand-made sweep: at 10 % first-turn
+    violations grow (+20 pp, reproduced) while visible violations and tokens/J do not move (no difference): the word
+    depends on the metric, at both levels; the line through (0, 0) and (0.5, 15 pp) misses the 10 % step (lack of
+    fit, above), so "linear" reads *not linear*; the row's cells are the 10 % level's, first-turn violations first."""
+    from harness.analysis.results import c5_row, linear_word
+    row = c5_row(sweep())
+    assert row.word == "depends on metric"
+    assert row.cells.startswith("0.09/s AMPD remote_default misroute 0.1 SLO violations first: +20.0 pp [")
+    assert "linear: not linear (seeds per cell: 3)" in row.cells
+    assert "| 0.1 | depends on metric | 3 / 3 | 3 |" in row.detail
+    assert any("**not linear** (lack of fit ×1, fits a line ×2 of 3 level cells)" in x for x in row.detail)
+    assert any("ampd_robustness.png" in x for x in row.detail)
+    assert c5_row(sweep()[lambda d: d["scheduler.misroute_frac"] == 0]) is None
+    assert linear_word([]) == "no data"
+    assert linear_word([{"verdict": "fits a line"}, {"verdict": "inconclusive"}]) == "inconclusive"
+    assert linear_word([{"verdict": "fits a line"}] * 2) == "fits a line"
+
+
+def test_shipped_c5_level_cell_by_hand():
+    """The shipped ampd_robustness table (docs/data/ampd_robustness/runs.csv): AMPD remote_default at 0.075 conv/s
+    with 10 % of its decisions misrouted, first-turn SLO violations against error-free AMPD on the same seed: per seed
+    100 x (attainment error-free - attainment misrouted) pp, their mean and the 95 % t-interval (t_{0.975, n-1} from
+    scipy), recomputed here with plain pandas; the results page's level cell equals it."""
+    from pathlib import Path
+
+    from scipy import stats
+
+    from harness.analysis.results import c5_row
+    p = Path(__file__).resolve().parents[1] / "docs/data/ampd_robustness/runs.csv"
+    if not p.is_file():
+        pytest.skip("no shipped ampd_robustness table")
+    runs = pd.read_csv(p)
+    rd = runs[(runs["scheduler.name"] == "ampd") & (runs["scheduler.mode"] == "remote_default")
+              & (runs["workload.rate_per_s"] == 0.075)]
+    zero = rd[rd["scheduler.misroute_frac"] == 0].set_index("workload.seed")["slo_attainment_first"]
+    ten = rd[rd["scheduler.misroute_frac"] == 0.1].set_index("workload.seed")["slo_attainment_first"]
+    seeds = sorted(set(zero.index) & set(ten.index))
+    d = 100 * (zero[seeds] - ten[seeds])
+    n = len(d)
+    half = stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / math.sqrt(n)
+    row = c5_row(runs)
+    want = (f"| 0.075 | AMPD remote_default | SLO violations first | {d.mean():+.1f} pp "
+            f"[{d.mean() - half:+.1f}, {d.mean() + half:+.1f}] (n={n}")
+    assert n >= 3 and any(x.startswith(want) for x in row.detail), want

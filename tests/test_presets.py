@@ -89,12 +89,12 @@ def test_one_point_of_each_preset_runs(name, tmp_path: Path):
 
 def test_ampd_robustness_asks_c5_on_both_rules_at_the_claim_rates():
     """ampd_robustness (issue 31): misroute 0 / 0.1 / 0.3 / 0.5 on AMPD remote_default and cost and ConServe
-    at 0.06 (5 seeds), 0.075 and 0.09 conv/s (10 seeds: near capacity), the predictor-error arms on
-    remote_default at 0.06 (5 seeds, error-free decisions); a sample of cells composes into that run."""
+    at 0.06, 0.075 and 0.09 conv/s, the predictor-error arms on remote_default at 0.06 (error-free decisions), 10
+    seeds everywhere (every rate within 0.8 of capacity, harness.analysis.seed_audit); a sample of cells composes."""
     import yaml
     cells = sweep_params("ampd_robustness")["+experiment/cell"]
-    # (2 rules x 4 misroute shares + ConServe) x (5 + 10 + 10 seeds) + 8 predictor arms x 5 seeds
-    assert len(cells) == len(set(cells)) == 9 * (5 + 10 + 10) + 8 * 5 == 265
+    # (2 rules x 4 misroute shares + ConServe) x 3 rates x 10 seeds + 8 predictor arms x 10 seeds
+    assert len(cells) == len(set(cells)) == 9 * 3 * 10 + 8 * 10 == 350
     grid, pred = {}, {}
     for c in cells:
         y = yaml.safe_load((CONF / "experiment" / "cell" / f"{c}.yaml").read_text())
@@ -110,14 +110,14 @@ def test_ampd_robustness_asks_c5_on_both_rules_at_the_claim_rates():
         key = (groups["scheduler"], sched.get("mode"), sched.get("misroute_frac"), w["rate_per_s"])
         grid.setdefault(key, set()).add(w["seed"])
     want = {}
-    for rate, seeds in ((0.06, set(range(5))), (0.075, set(range(10))), (0.09, set(range(10)))):
+    for rate, seeds in ((0.06, set(range(10))), (0.075, set(range(10))), (0.09, set(range(10)))):
         for mode in ("remote_default", "cost"):
             for f in (0.0, 0.1, 0.3, 0.5):
                 want[("ampd", mode, f, rate)] = seeds
         want[("conserve", None, None, rate)] = seeds
     assert grid == want
-    assert pred == {**{("lognormal", x): set(range(5)) for x in (0.25, 0.5, 1.0, 1.5, 2.0)},
-                    **{("rate", x): set(range(5)) for x in (0.1, 0.3, 0.5)}}
+    assert pred == {**{("lognormal", x): set(range(10)) for x in (0.25, 0.5, 1.0, 1.5, 2.0)},
+                    **{("rate", x): set(range(10)) for x in (0.1, 0.3, 0.5)}}
     run = compose_run(["+experiment/cell=ar_mis0p3_ampd_cost_r0p09_s7", "+experiment=ampd_robustness"])
     assert (run.scheduler_name, run.scheduler.mode, run.scheduler.misroute_frac) == ("ampd", "cost", 0.3)
     assert run.scheduler.predictor.sigma == 0.0 and run.cfg.workload.seed == 7 and run.cfg.seed == 0
@@ -155,10 +155,10 @@ def test_cells_near_capacity_have_ten_seeds():
 
 def test_cell_presets_cover_their_grids():
     """conserve_sensitivity: every variant x tier x rate on 3 seeds, 1-seed sensitivity arms, AMPD error
-    arms on 3 seeds; pd_split: only valid scheduler x cluster pairs. Cells compose (a sample is resolved)."""
+    arms on 10 seeds (0.06 conv/s is near capacity); pd_split: only valid scheduler x cluster pairs. Cells compose (a sample is resolved)."""
     import yaml
     cells = sweep_params("conserve_sensitivity")["+experiment/cell"]
-    assert len(cells) == len(set(cells)) == 203
+    assert len(cells) == len(set(cells)) == 252
     main = [c for c in cells if c.startswith("cs_main_")]
     # 3 variants x 2 tiers x (3 seeds at 0.03 + 10 seeds at 0.06 and at 0.09, near saturation)
     assert len(main) == 3 * 2 * (3 + 10 + 10)
@@ -168,7 +168,7 @@ def test_cell_presets_cover_their_grids():
         seeds_at.setdefault(y["workload"]["rate_per_s"], set()).add(y["workload"]["seed"])
     assert seeds_at == {0.03: {0, 1, 2}, 0.06: set(range(10)), 0.09: set(range(10))}
     assert len([c for c in cells if c.startswith("cs_sens_")]) == 6 * 3 * 2
-    assert len([c for c in cells if c.startswith("cs_err_")]) == 7 * 3
+    assert len([c for c in cells if c.startswith("cs_err_")]) == 7 * 10
     split = sweep_params("pd_split")["+experiment/cell"]
     for c in split:
         y = yaml.safe_load((CONF / "experiment" / "cell" / f"{c}.yaml").read_text())

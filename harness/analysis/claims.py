@@ -558,12 +558,12 @@ def claim_robustness_levels(r: pd.DataFrame, homo: str,
     return lines, levels, fits
 
 
-def robustness_levels_figure(runs: pd.DataFrame, out_dir: Any, name: str = "ampd_robustness_levels") -> list:
-    """The decision-error sweep of C5 as a figure (PNG only; ``out_dir/<name>.png``): one column per load, two rows
-    (the change of first-turn SLO violations in percentage points and of tokens/J in %), per AMPD rule the mean
-    change over seeds against the misroute share with its 95 % t-interval (:func:`claim_robustness_levels`' level
-    cells; 0 at 0 by construction), ConServe's flat 0 as a dashed line. Returns the paths written ([] without
-    decision-error arms)."""
+def robustness_levels_figure(runs: pd.DataFrame, out_dir: Any, name: str = "ampd_robustness") -> list:
+    """The decision-error sweep of C5 as a figure (PNG only; ``out_dir/<name>.png``): one column per load, three rows
+    (the change of SLO violations in percentage points, first-turn and visible reading, and of tokens/J in %), per
+    AMPD rule the mean change over seeds against the misroute share with its 95 % t-interval
+    (:func:`claim_robustness_levels`' level cells; 0 at 0 by construction), ConServe's flat 0 as a dashed line.
+    Returns the paths written ([] without decision-error arms)."""
     from pathlib import Path
 
     from harness.analysis.plotting import _plt, _save, figure_formats
@@ -574,8 +574,9 @@ def robustness_levels_figure(runs: pd.DataFrame, out_dir: Any, name: str = "ampd
         return []
     plt, _ = _plt()
     rates = sorted({c["rate"] for c in levels})
-    panels = (("SLO violations first", "SLO violations, first turn\n(change, pp)"), ("tokens/J", "tokens/J (change, %)"))
-    fig, axes = plt.subplots(len(panels), len(rates), figsize=(4.2 * len(rates), 6.4), squeeze=False)
+    panels = (("SLO violations first", "SLO violations, first turn\n(change, pp)"),
+              ("SLO violations visible", "SLO violations, visible turn\n(change, pp)"), ("tokens/J", "tokens/J (change, %)"))
+    fig, axes = plt.subplots(len(panels), len(rates), figsize=(4.2 * len(rates), 3.1 * len(panels)), squeeze=False)
     for j, rate in enumerate(rates):
         for i, (metric, lab) in enumerate(panels):
             ax = axes[i][j]

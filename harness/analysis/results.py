@@ -153,7 +153,7 @@ CONSERVE_CLAIMS = (
     ("C2", "zero SLO violations at the tested rates", "conserve_claims_vs_rate.png"),
     ("C3", f"tokens/J +{PAPER['C3']} % vs AMPD (homogeneous tier)", "conserve_claims_tokens_per_joule.png"),
     ("C4", f"a further +{PAPER['C4']} % tokens/J on the heterogeneous tier", "conserve_claims_tokens_per_joule.png"),
-    ("C5", "AMPD degrades with prediction error, ConServe flat", "conserve_claims_vs_error.png"),
+    ("C5", "AMPD degrades with prediction error, ConServe flat", "ampd_robustness.png"),
 )
 CONSERVE_SIM = ("simulator, Qwen3-0.6B on A40 P/D tiers", "python run.py -m +experiment=conserve_sensitivity")
 CONSERVE_SIM_C5 = ("simulator, AMPD error arms", "python run.py -m +experiment=ampd_robustness")
@@ -167,7 +167,7 @@ CAPACITY_CMD = "python scripts/conserve_capacity.py --out results/sweeps/conserv
 CAPACITY_SRC = "simulator, at 0.5 / 0.8 / 0.95 / 1.05 of ConServe's located capacity (a40_1p3d)"
 CLAIM_FACTORS = {"C1": ["reading", "mode", "rate"], "C2": ["reading", "rate"], "C3": ["mode", "rate"], "C4": ["rate"],
                  "C5": ["mode", "rate", "metric", "level"]}
-C5_FIGURE = "ampd_robustness_levels.png"   # drawn from the shipped C5 table (--figures)
+C5_FIGURE = "ampd_robustness.png"   # the decision-error sweep, drawn from the shipped C5 table (--figures)
 
 
 def _claim_label(claim: str):
@@ -217,21 +217,61 @@ def conserve_sim_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dic
             out[claim] = Row(claim, src, word, _cell_list(cells, _claim_label(claim), " pp" if claim == "C2" else " %"),
                              flips, detail)
     rob = _read(root, SIM_TABLES["ampd_robustness"])
-    if rob is not None:
-        r = classify(rob)
-        tiers = sorted(set(r._tier))
-        lines, levels, fits = claim_robustness_levels(r, tiers[0], margin)
-        slope_lines, _, _ = claim_robustness(r, tiers[0], margin)
-        if levels:
-            src = f"{CONSERVE_SIM_C5[0]} (`{SIM_TABLES['ampd_robustness']}`)"
-            f = CLAIM_FACTORS["C5"]
-            fit_words = sorted({c["verdict"] for c in fits})
-            detail = [*lines, "", f"Lack of fit of a line, over every rule, load and metric: {', '.join(fit_words) or 'n/a'}.",
-                      "", "The slopes (`harness.analysis.claims.claim_robustness`):", "", *slope_lines,
-                      "", f"Figure: [{C5_FIGURE}](../figures/{C5_FIGURE}) (`python -m harness.analysis.results --figures`)."]
-            out["C5"] = Row("C5", src, _word(levels, f), _cell_list(levels, _claim_label("C5")), _flip_text(levels, f),
-                            detail)
+    row = c5_row(rob, margin) if rob is not None else None
+    if row is not None:
+        out["C5"] = row
     return out
+
+
+def linear_word(fits: list[dict]) -> str:
+    """The word on "AMPD degrades linearly" from the lack-of-fit cells of
+    :func:`harness.analysis.claims.claim_robustness_levels` (one per rule, load, metric and interior level): *not
+    linear* when some cell shows a lack of fit, *fits a line* when every cell does, else *inconclusive*; ``no data``
+    without cells."""
+    words = [c["verdict"] for c in fits]
+    if not words:
+        return "no data"
+    if "lack of fit" in words:
+        return "not linear"
+    return "fits a line" if all(w == "fits a line" for w in words) else "inconclusive"
+
+
+def c5_row(rob: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) -> Optional[Row]:
+    """C5's simulator row from the shipped ``ampd_robustness`` table: the overall word over the per-level cells of
+    :func:`harness.analysis.claims.claim_robustness_levels` (AMPD with a share of its decisions misrouted against
+    AMPD error-free, per rule, load, metric and level), the 10 % level's cells (the paper's own example) as the
+    deciding cells, and in the detail the word per level, the lack-of-fit test for "linear" (:func:`linear_word`),
+    the per-level and lack-of-fit tables, the slopes (:func:`harness.analysis.claims.claim_robustness`) and the
+    figure (:data:`C5_FIGURE`). ``None`` without decision-error arms."""
+    r = classify(rob)
+    homo = tiers_of(r)[0]
+    lines, levels, fits = claim_robustness_levels(r, homo, margin)
+    if not levels:
+        return None
+    slope_lines, _, _ = claim_robustness(r, homo, margin)
+    f = CLAIM_FACTORS["C5"]
+    xs = sorted({c["level"] for c in levels})
+    seeds = sorted({c["n"] for c in levels})
+    per = ["| misroute share | word over AMPD rule, load and metric | decided cells / cells | seeds per cell |",
+           "|---|---|---|---|"]
+    for x in xs:
+        cs = [c for c in levels if c["level"] == x]
+        per.append(f"| {x:g} | {_word(cs, ['mode', 'rate', 'metric'])} | "
+                   f"{sum(c['verdict'] != 'inconclusive' for c in cs)} / {len(cs)} | "
+                   f"{', '.join(str(n) for n in sorted({c['n'] for c in cs}))} |")
+    counts = {w: sum(c["verdict"] == w for c in fits) for w in ("lack of fit", "fits a line", "inconclusive")}
+    lin = linear_word(fits)
+    detail = ["Per error level (`harness.analysis.claims.claim_robustness_levels`; the paper's own example is 10 % "
+              "error):", "", *per, "", *lines, "",
+              f"\"Linear\" (lack of fit of a line through (0, 0), over every rule, load and metric): **{lin}** "
+              f"({', '.join(f'{w} ×{k}' for w, k in counts.items() if k)} of {len(fits)} level cells).",
+              "", "The slopes (`harness.analysis.claims.claim_robustness`):", "", *slope_lines,
+              "", f"Figure: [{C5_FIGURE}](../figures/{C5_FIGURE}) (`python -m harness.analysis.results --figures`)."]
+    ten = [c for c in levels if c["level"] == xs[0]]
+    cells = (_cell_list(ten, _claim_label("C5"))
+             + f"; linear: {lin} (seeds per cell: {', '.join(map(str, seeds))})")
+    src = f"{CONSERVE_SIM_C5[0]} (`{SIM_TABLES['ampd_robustness']}`)"
+    return Row("C5", src, _word(levels, f), cells, _flip_text(levels, f), detail)
 
 
 def capacity_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[str, Row]:
@@ -825,7 +865,9 @@ def page(name: str, root: Path = PROJECT_ROOT, margin: float = EQUIVALENCE_MARGI
            "which). \"no shipped data\" means no table for that source ships in the repository (run the command "
            "named); \"no data\" means the metric does not exist on that side. A claim no shipped table decides says so and names the command that "
            f"produces it; the runs behind it, and what they printed, are in {recorded}. Figures are the ones drawn "
-           "from those recorded sweeps (`docs/figures/`), not from the tables here.", "",
+           "from those recorded sweeps (`docs/figures/`), not from the tables here" + (
+               f", but for C5's decision-error figure (`{C5_FIGURE}`: drawn from its shipped table by "
+               "`python -m harness.analysis.results --figures`)" if name == "conserve" else "") + ".", "",
            "| claim | paper | source | overall word | deciding cells | what flips it | figure |",
            "|---|---|---|---|---|---|---|"]
     text = {c: t for c, t, _ in claims}
