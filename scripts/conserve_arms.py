@@ -1,7 +1,7 @@
 """AMPD's baseline arms beside ConServe's claims (issue 53: AMPD's knobs decide C1/C3, so vary them):
 
     nice -n 10 python scripts/conserve_arms.py --out DIR [--arms tuned,layout] [--rates 0.06,0.09] [--seeds 0-9] \\
-        [--tuning-seeds 100-104] [--objective ttfet_first_p95_s] \\
+        [--tuning-seeds 100-104] [--grid shipped,step10ms,...] [--objective ttfet_first_p95_s] \\
         [--reuse docs/data/conserve_sensitivity/runs.csv] [--layout-variants ampd_rd,ampd_cost] [--jobs N]
 
 Both arms run in ``conserve_sensitivity``'s setting (``scripts/conserve_capacity.py``'s :data:`SETTING` without its
@@ -11,7 +11,7 @@ cluster), so the results page pairs them on the seed with ConServe's runs of the
 * ``tuned``: AMPD ``remote_default`` with its best thresholds per load, chosen on seeds the verdict does not use.
   At each rate every setting of :data:`TUNE_GRID` (the shipped thresholds and each one moved alone to the
   sensitivity matrix's ends: decode-step budget 10 / 30 ms, local TTFT 0.5 / 2 s, KV watermark 85 / 99 %; not the
-  full 27-point grid) runs on ``--tuning-seeds`` into ``<out>/tune/r<rate>/``; the setting with the lowest
+  full 27-point grid; ``--grid`` picks some of them) runs on ``--tuning-seeds`` into ``<out>/tune/r<rate>/``; the setting with the lowest
   geometric mean of ``--objective`` over them (``harness.analysis.claims.tuned_choice``) then runs on the verdict
   ``--seeds`` into ``<out>/tuned/r<rate>/``, unless it is the shipped setting and a ``--reuse`` table holds it on
   every verdict seed (the page then reads it there). ``<out>/tuned.json`` records each rate's scores and choice.
@@ -83,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tuning-seeds", type=cmdline.number_list(0, integer=True, ranges=True),
                     default=list(range(100, 105)), help="the seeds the tuned arm's thresholds are chosen on "
                     "(default 100-104; none of them a verdict seed)")
+    ap.add_argument("--grid", default=",".join(TUNE_GRID), help=f"the tuned arm's settings, from {', '.join(TUNE_GRID)} "
+                    "(default all; shipped always)")
     ap.add_argument("--objective", default="ttfet_first_p95_s",
                     help="the summary key the tuned arm minimises (geometric mean over the tuning seeds; default "
                          "ttfet_first_p95_s, the reading C1's reproduced cells are on)")
@@ -100,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lay = [x for x in a.layout_variants.split(",") if x]
     if "layout" in arms and (not lay or any(x not in LAYOUT_VARIANTS for x in lay)):
         ap.error(f"--layout-variants: from {', '.join(LAYOUT_VARIANTS)}; got {a.layout_variants!r}")
+    grid = ["shipped", *[g for g in a.grid.split(",") if g and g != "shipped"]]
+    if any(g not in TUNE_GRID for g in grid):
+        ap.error(f"--grid: from {', '.join(TUNE_GRID)}; got {a.grid!r}")
     if set(a.seeds) & set(a.tuning_seeds):
         ap.error(f"--tuning-seeds: must not share a seed with --seeds (the verdict's), got "
                  f"{sorted(set(a.seeds) & set(a.tuning_seeds))}")
@@ -113,15 +118,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     jobs = [] if a.jobs is None else [f"hydra.launcher.n_jobs={a.jobs}"]
     reuse = [classify(pd.read_csv(p)) for p in a.reuse]
     record: dict = {"objective": a.objective, "tuning_seeds": a.tuning_seeds, "seeds": a.seeds,
-                    "grid": TUNE_GRID, "rates": {}}
+                    "grid": {g: TUNE_GRID[g] for g in grid}, "rates": {}}
     try:
         for arm_name, rate in [(x, r) for x in arms for r in a.rates]:
             if arm_name == "tuned":
                 cells = {}
-                for name, ov in TUNE_GRID.items():
-                    arm = [*BASE, "cluster=a40_1p3d", *LAYOUT_VARIANTS["ampd_rd"], *ov, f"workload.rate_per_s={rate:g}"]
+                for name, ov in ((g, TUNE_GRID[g]) for g in grid):
+                    arm = [*LAYOUT_VARIANTS["ampd_rd"], *ov]   # names the runs (BASE, cluster and rate common)
                     cell = a.out / "tune" / f"r{rate:g}"
-                    run_arm(cell, arm, jobs, a.tuning_seeds)
+                    run_arm(cell, arm, [*jobs, *BASE, "cluster=a40_1p3d", f"workload.rate_per_s={rate:g}"],
+                            a.tuning_seeds)
                     cells[name] = cell / _label(arm)
                     print(f"tune r{rate:g} {name}: {len(a.tuning_seeds)} seeds done", flush=True)
                 choice = tuned_choice(pd.DataFrame(grid_rows(cells, rate, a.tuning_seeds, a.objective)), a.objective,
@@ -133,16 +139,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                               & (r._error_label == "none") & (abs(r._rate - rate) < 1e-9)]._seed) & set(a.seeds))
                     == len(a.seeds) for r in reuse)
                 if not shipped_there:
-                    run_arm(a.out / "tuned" / f"r{rate:g}", [*BASE, "cluster=a40_1p3d", *LAYOUT_VARIANTS["ampd_rd"],
-                                                            *moved, f"workload.rate_per_s={rate:g}"],
-                            jobs, a.seeds)
+                    run_arm(a.out / "tuned" / f"r{rate:g}", [*LAYOUT_VARIANTS["ampd_rd"], *moved],
+                            [*jobs, *BASE, "cluster=a40_1p3d", f"workload.rate_per_s={rate:g}"], a.seeds)
                 record["rates"][f"{rate:g}"] = {**choice, "verdict_runs": "a --reuse table" if shipped_there
                                                 else str(a.out / "tuned" / f"r{rate:g}")}
                 print(f"tuned r{rate:g}: {choice['label']} (scores {choice['scores']})", flush=True)
             if arm_name == "layout":
                 for v in lay:
-                    run_arm(a.out / "layout" / f"r{rate:g}", [*BASE, f"cluster={LAYOUT_CLUSTER}", *LAYOUT_VARIANTS[v],
-                                                             f"workload.rate_per_s={rate:g}"], jobs, a.seeds)
+                    run_arm(a.out / "layout" / f"r{rate:g}", LAYOUT_VARIANTS[v],
+                            [*jobs, *BASE, f"cluster={LAYOUT_CLUSTER}", f"workload.rate_per_s={rate:g}"], a.seeds)
                     print(f"layout r{rate:g} {v}: {len(a.seeds)} seeds done", flush=True)
     except RunFailed as e:
         print(f"conserve_arms: {e}", file=sys.stderr)

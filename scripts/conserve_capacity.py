@@ -128,6 +128,12 @@ def fraction_rates(cap_low: float, fractions: Sequence[float]) -> dict[str, floa
     return {f"f{f:g}": round(f * cap_low, 4) for f in fractions}
 
 
+def cell_arm(variant: str, rate: float) -> list[str]:
+    """The overrides that name a cell's runs (``<label>_seed<k>`` directories: :data:`SETTING`, common to all, is
+    passed apart so the names stay short): the variant's and the rate (conv/s)."""
+    return [*VARIANTS[variant], f"workload.rate_per_s={rate:g}"]
+
+
 def fraction_seeds(fractions: Sequence[float], near: float, seeds: int, far_seeds: int) -> dict[str, int]:
     """``{"f<f>": seeds}``: ``seeds`` for the fractions at or above ``near`` (near capacity), ``far_seeds`` below."""
     return {f"f{f:g}": seeds if f >= near else far_seeds for f in fractions}
@@ -194,8 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             probes.setdefault(variant, {})[f"{rate:g}"] = probe_record(*got)
             return got[0]
         cell = a.out / "cap" / f"{variant}_r{rate:g}"
-        arm = [*SETTING, *VARIANTS[variant], f"workload.rate_per_s={rate:g}"]
-        run_arm(cell, arm, jobs, a.cap_seeds)
+        arm = cell_arm(variant, rate)
+        run_arm(cell, arm, [*jobs, *SETTING], a.cap_seeds)
         g = [growth_of(cell / f"{_label(arm)}_seed{s}") for s in range(a.cap_seeds)]
         probes.setdefault(variant, {})[f"{rate:g}"] = probe_record(g, "run")
         return g
@@ -215,8 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 record["seeds"] = seeds_of
                 for tag, rate in record["rates"].items():
                     for w in variants:
-                        run_arm(a.out / "claims" / tag, [*SETTING, *VARIANTS[w], f"workload.rate_per_s={rate:g}"],
-                                jobs, seeds_of[tag])
+                        run_arm(a.out / "claims" / tag, cell_arm(w, rate),
+                                [*jobs, *SETTING], seeds_of[tag])
                     print(f"{tag} ({rate:g} conv/s): {', '.join(variants)} x {seeds_of[tag]} seeds done", flush=True)
     except RunFailed as e:
         print(f"conserve_capacity: {e}", file=sys.stderr)

@@ -161,3 +161,12 @@ def test_probe_lines_mark_a_probe_within_the_noise():
     assert lines[2] == ("| ConServe | [0.06, 0.075) | 0.06: 1.100 [1.000, 1.200] (n=10, "
                         "`docs/data/conserve_sensitivity/runs.csv`); 0.075: 1.300 [1.100, 1.400] ⚠ (n=10, run) | 1 of 2 |")
     assert lines[3] == "| AMPD remote_default | [0.06, 0.075) | 0.06: 1.200 | 0 of 1 |"
+
+
+def test_run_directory_names_stay_short():
+    """A run's directory is ``<label of the cell's own overrides>_seed<k>``: the common setting stays out of it (with
+    it the name passed the file system's 255 bytes and run.py failed on the first probe)."""
+    from harness.analysis.seeds import _label
+    for v in cc.VARIANTS:
+        assert len(_label(cc.cell_arm(v, 0.07125)) + "_seed104") < 100
+    assert not any(o in cc.cell_arm("conserve", 0.06) for o in cc.SETTING)
