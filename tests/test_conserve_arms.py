@@ -141,7 +141,7 @@ def test_gate_rows_show_held_conversations_and_ttfet_from_admission(tmp_path):
     got = results.gate_rows(tmp_path)
     text = "\n".join(got["C1"].detail)
     assert "| 0.06 | 15.0 | 20 | 40 | 50 / 2 | ConServe | 2 |" in text
-    assert "| 0.06 | 0.0 | 0 | nan | 100 / 100 | AMPD remote_default | 2 |" in text
+    assert "| 0.06 | 0.0 | 0 | — | 100 / 100 | AMPD remote_default | 2 |" in text
     assert "0.06/s first vs AMPD remote_default: -50.0 % [-50.0, -50.0] (n=2) reproduced" in got["C1"].cells
 
 

@@ -227,6 +227,12 @@ def conserve_sim_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dic
     return out
 
 
+def _secs(x: float) -> str:
+    """A time in s for a table: three significant digits below 1,000 s, whole seconds with a thousands comma from
+    there, ``—`` when there is none (NaN)."""
+    return "—" if not np.isfinite(x) else (f"{x:.3g}" if abs(x) < 999.5 else f"{x:,.0f}")
+
+
 def _admission_lines(r: pd.DataFrame, variants: tuple[str, ...] = ("conserve",), rate_label=None) -> list[str]:
     """Where an admission gate acts: per rate (``rate_label(rate)`` names it; default the rate) and variant of
     ``variants`` (classified runs), the mean over seeds of the held conversations (``admission_held_conversations``;
@@ -249,8 +255,8 @@ def _admission_lines(r: pd.DataFrame, variants: tuple[str, ...] = ("conserve",),
                 return float(getattr(x, how)()) if x.notna().any() else math.nan
             name = rate_label(rate) if rate_label else f"{rate:g}"
             out.append(f"| {name} | {m('admission_held_conversations'):.1f} | "
-                       f"{m('admission_held_conversations', 'max'):.0f} | {m('admission_hold_p95_s'):.3g} | "
-                       + " | ".join(f"{m(f'ttfet_{rd}_p95_s'):.3g} / {m(f'ttfet_{rd}_from_admission_p95_s'):.3g}"
+                       f"{m('admission_held_conversations', 'max'):.0f} | {_secs(m('admission_hold_p95_s'))} | "
+                       + " | ".join(f"{_secs(m(f'ttfet_{rd}_p95_s'))} / {_secs(m(f'ttfet_{rd}_from_admission_p95_s'))}"
                                     for rd in rds)
                        + f" | {MODE_LABEL.get(v, 'ConServe')} | {g._seed.nunique()} |")
     return head + out
