@@ -3,7 +3,8 @@
     nice -n 10 python scripts/conserve_capacity.py --out results/sweeps/conserve_capacity \\
         [--variants conserve,ampd_rd,ampd_cost] [--locate conserve,ampd_rd,ampd_cost] [--range 0.03,0.15] \\
         [--tol 0.01] [--cap-seeds 10] [--reuse docs/data/conserve_sensitivity/runs.csv] \\
-        [--fractions 0.5,0.8,0.95,1.05] [--seeds 10] [--near 0.9] [--far-seeds 10] [--jobs N]
+        [--fractions 0.5,0.8,0.95,1.05] [--seeds 10] [--near 0.9] [--far-seeds 10] [--locate-tol T] \\
+        [--skip-fractions] [--jobs N]
 
 1. Capacity per variant on the claims cluster (:data:`SETTING`: the setting of ``conserve_sensitivity`` on
    a40_1p3d): ``harness.analysis.capacity.bisect_capacity`` on the arrival rate
@@ -12,7 +13,8 @@
    (``harness.analysis.capacity.conversation_growth_ratio``) is at most ``GROWTH_BOUND`` (1.25). The capacity lies
    in ``[low, high)``; the run length (200 conversations) is part of the criterion (an overload too small to add
    a quarter within one run reads as bounded), as the capacity module states. ``--locate`` names the variants
-   bisected (ConServe always: its capacity places the claims' rates). ``--reuse`` takes a probe's growth ratios
+   bisected (ConServe always: its capacity places the claims' rates), ``--locate-tol`` their bracket width apart
+   from ConServe's. ``--reuse`` takes a probe's growth ratios
    from a compact runs table of the same setting (``scripts/conserve_tables.py``'s, e.g. the shipped
    ``docs/data/conserve_sensitivity/runs.csv``: its base runs on a40_1p3d, :func:`reused_ratios`) when the table
    holds every seed of that variant and rate, instead of running it again (the simulator is deterministic;
@@ -21,7 +23,8 @@
    variants, so the claims stay paired on the seed and rate): ``--seeds`` seeds at the fractions from ``--near``
    up (near capacity: 0.95 and 1.05 straddle ConServe's capacity), ``--far-seeds`` below it; the claims' cells,
    with ConServe's held conversations (``admission_held_conversations``: where its admission gate acts). Run in
-   the order of ``--variants`` for each fraction, nearest-capacity fractions first.
+   the order of ``--variants`` for each fraction, nearest-capacity fractions first, right after ConServe's
+   capacity (the other variants' are located after them); ``--skip-fractions`` locates and records only.
 
 Runs go to ``<out>/cap/<variant>_r<rate>/`` and ``<out>/claims/f<f>/`` through ``run.py -m`` (complete runs are
 skipped: a rerun resumes, e.g. with more ``--locate`` variants); ``<out>/capacity.json`` records each located
@@ -168,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the smallest fraction counted near capacity (default 0.9)")
     ap.add_argument("--far-seeds", type=cmdline.number(2, integer=True), default=None,
                     help="seeds per claim cell below --near (default: --seeds)")
+    ap.add_argument("--locate-tol", type=cmdline.number(0, lo_open=True), default=None,
+                    help="bracket width for the variants other than conserve, conv/s (default: --tol)")
+    ap.add_argument("--skip-fractions", action="store_true",
+                    help="locate and record only: no claim cell runs (the fraction rates are still recorded)")
     ap.add_argument("--jobs", type=cmdline.number(1, integer=True), default=None,
                     help="worker processes per run.py sweep (hydra.launcher.n_jobs; default: run.py's, the cores)")
     a = ap.parse_args(argv)
@@ -176,8 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bad or "conserve" not in variants:
         ap.error(f"--variants: from {', '.join(VARIANTS)}, conserve included; got {a.variants!r}")
     to_locate = variants if a.locate is None else [v for v in a.locate.split(",") if v]
-    if any(v not in variants for v in to_locate):
-        ap.error(f"--locate: from --variants ({', '.join(variants)}); got {a.locate!r}")
+    if any(v not in VARIANTS for v in to_locate):
+        ap.error(f"--locate: from {', '.join(VARIANTS)}; got {a.locate!r}")
     to_locate = ["conserve", *[v for v in to_locate if v != "conserve"]]
     lo, hi = a.range
     if not lo < hi:
@@ -205,11 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         g = [growth_of(cell / f"{_label(arm)}_seed{s}") for s in range(a.cap_seeds)]
         probes.setdefault(variant, {})[f"{rate:g}"] = probe_record(g, "run")
         return g
+    tol_of = {v: a.tol if v == "conserve" or a.locate_tol is None else a.locate_tol for v in to_locate}
     record: dict = {"growth_bound": GROWTH_BOUND, "range": [lo, hi], "tol": a.tol, "cap_seeds": a.cap_seeds,
-                    "capacity": {}, "probes": probes}
+                    "tol_per_variant": tol_of, "capacity": {}, "probes": probes}
     try:
         for v in to_locate:
-            record["capacity"][v] = locate(v, probe, lo, hi, a.tol)
+            record["capacity"][v] = locate(v, probe, lo, hi, tol_of[v])
             print(f"{v}: capacity in [{record['capacity'][v]['low']:g}, {record['capacity'][v]['high']:g}) conv/s",
                   flush=True)
             if v == "conserve":
@@ -219,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"error: {e}", file=sys.stderr)
                     return 1
                 record["seeds"] = seeds_of
-                for tag, rate in record["rates"].items():
+                for tag, rate in ([] if a.skip_fractions else record["rates"].items()):
                     for w in variants:
                         run_arm(a.out / "claims" / tag, cell_arm(w, rate),
                                 [*jobs, *SETTING], seeds_of[tag])

@@ -139,7 +139,7 @@ def test_fraction_seeds_and_order():
 
 
 def test_more_bad_arguments(tmp_path, capsys):
-    for bad, says in ((["--locate", "ampd_cost", "--variants", "conserve,ampd_rd"], "--locate"),
+    for bad, says in ((["--locate", "nope"], "--locate"),
                       (["--reuse", str(tmp_path / "none.csv")], "--reuse"), (["--far-seeds", "1"], "--far-seeds")):
         with pytest.raises(SystemExit) as e:
             cc.main(["--out", str(tmp_path / "out"), *bad])

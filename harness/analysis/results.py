@@ -311,9 +311,12 @@ def capacity_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[st
         f = frac.get(round(float(rate), 6))
         return f"{f} × cap = {rate:g}" if f else f"{rate:g}"
     seeds = ", ".join(f"{t[1:]} ×: {n}" for t, n in cap.get("seeds", {}).items())
+    tols = cap.get("tol_per_variant", {})
+    tol = (f"{cap['tol']:g}" if len(set(tols.values())) < 2
+           else ", ".join(f"{MODE_LABEL.get(v, 'ConServe')} {t:g}" for v, t in tols.items()))
     head = ["Capacity per variant (bisection on the rate; bounded: geometric-mean window growth ratio of the "
             f"conversations' serving time <= {cap['growth_bound']:g} over {cap['cap_seeds']} seeds; tolerance "
-            f"{cap['tol']:g} conv/s): " + "; ".join(f"{MODE_LABEL.get(v, 'ConServe')} [{c['low']:g}, {c['high']:g})"
+            f"{tol} conv/s): " + "; ".join(f"{MODE_LABEL.get(v, 'ConServe')} [{c['low']:g}, {c['high']:g})"
                                                     for v, c in cap["capacity"].items()) + " conv/s. Rates: "
             + ", ".join(f"{t[1:]} × = {x:g}" for t, x in cap["rates"].items()) + " conv/s"
             + (f" (seeds per fraction: {seeds})" if seeds else "") + ".", "", *_probe_lines(cap), ""]
