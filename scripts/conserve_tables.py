@@ -34,7 +34,7 @@ from harness.analysis.metrics import admission_readings  # noqa: E402
 CONFIG_COLUMNS = ("workload.name", "scheduler.name", "scheduler.mode", "scheduler.predictor.mode",
                   "scheduler.predictor.error_rate", "scheduler.predictor.sigma", "scheduler.misroute_frac",
                   "scheduler.tpot_slo_s", "scheduler.ttft_slo_s", "scheduler.kv_high_frac", "cluster.name",
-                  "workload.rate_per_s", "workload.seed", "workload.num_conversations")
+                  "workload.rate_per_s", "workload.seed", "workload.num_conversations", "engine.gpu_memory_utilization")
 READINGS = ("first", "visible", "serving")
 METRICS = ("num_conversations", "num_conversations_completed",
            *(f"ttfet_{r}_p{q}_s" for r in READINGS for q in (50, 95)),

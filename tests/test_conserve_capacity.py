@@ -106,4 +106,67 @@ def test_capacity_rows_on_a_hand_made_table(tmp_path):
     assert "0.0709/s serving vs AMPD remote_default: -50.0 % [-50.0, -50.0] (n=3) reproduced" in c1.cells
     text = "\n".join(c1.detail)
     assert "ConServe [0.0675, 0.075); AMPD remote_default [0.06, 0.0675) conv/s" in text
-    assert "| 0.0709 | 4.0 |" in text and "| 0.0338 | 0.0 |" in text
+    assert "| 1.05 × cap = 0.0709 | 4.0 |" in text and "| 0.5 × cap = 0.0338 | 0.0 |" in text
+
+
+def test_reused_ratios_take_a_probe_from_a_table_of_the_same_setting():
+    """A table with ConServe's base runs on a40_1p3d at 0.06 conv/s, seeds 0-2, growth 1.0 / 1.2 / 1.44: a probe of
+    3 seeds reads them (geometric mean 1.2, interval by hand below); 4 seeds: not all there -> run it; a moved
+    constant, another cluster or another conversation count is not the setting."""
+    def row(seed, g, **kw):
+        return {"scheduler.name": "conserve", "cluster.name": "a40_1p3d", "workload.rate_per_s": 0.06,
+                "workload.seed": seed, "workload.num_conversations": 200, "serving_growth_ratio": g, **kw}
+    t = pd.DataFrame([row(0, 1.0), row(1, 1.2), row(2, 1.44), row(3, 9.0, **{"cluster.name": "a40_2p2d"}),
+                      row(3, 9.0, **{"workload.num_conversations": 100}),
+                      row(3, 9.0, **{"hardware.a40.kv_memory_efficiency": 0.85}),
+                      row(0, 1.0, **{"hardware.a40.kv_memory_efficiency": 0.915}),
+                      row(1, 1.2, **{"hardware.a40.kv_memory_efficiency": 0.915}),
+                      row(2, 1.44, **{"hardware.a40.kv_memory_efficiency": 0.915})])
+    got = cc.reused_ratios([("t.csv", t)], "conserve", 0.06, 3)
+    assert got == (pytest.approx([1.0, 1.2, 1.44]), "t.csv")
+    assert cc.reused_ratios([("t.csv", t)], "conserve", 0.06, 4) is None
+    assert cc.reused_ratios([("t.csv", t)], "ampd_rd", 0.06, 3) is None
+    assert cc.reused_ratios([("t.csv", t)], "conserve", 0.0601, 3) is None
+    # logs 0, 0.18232, 0.36464: mean 0.18232 (gmean 1.2), sd 0.18232, half-width t(0.975, 2) 4.3027 x 0.18232 /
+    # sqrt(3) = 0.45291: interval exp(-0.27059) = 0.7629, exp(0.63523) = 1.8874
+    p = cc.probe_record([1.0, 1.2, 1.44], "t.csv")
+    assert p["gmean"] == pytest.approx(1.2) and p["interval"] == pytest.approx([0.7629, 1.8874], abs=1e-4)
+    assert math.isnan(cc.probe_record([math.nan, 1.0], "run")["gmean"])
+
+
+def test_fraction_seeds_and_order():
+    assert cc.fraction_seeds([1.05, 0.95, 0.8, 0.5], 0.9, 10, 5) == {"f1.05": 10, "f0.95": 10, "f0.8": 5, "f0.5": 5}
+
+
+def test_more_bad_arguments(tmp_path, capsys):
+    for bad, says in ((["--locate", "nope"], "--locate"),
+                      (["--reuse", str(tmp_path / "none.csv")], "--reuse"), (["--far-seeds", "1"], "--far-seeds")):
+        with pytest.raises(SystemExit) as e:
+            cc.main(["--out", str(tmp_path / "out"), *bad])
+        assert e.value.code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_probe_lines_mark_a_probe_within_the_noise():
+    """ConServe probed at 0.06 (reused, interval [1.0, 1.2]: below the 1.25 bound, decided) and 0.075 (run, [1.1,
+    1.4]: holds 1.25, marked); AMPD without per-probe records shows the geometric mean alone."""
+    from harness.analysis.results import _probe_lines
+    cap = {"growth_bound": 1.25, "capacity": {
+        "conserve": {"low": 0.06, "high": 0.075, "tried": {"0.06": 1.1, "0.075": 1.3}},
+        "ampd_rd": {"low": 0.06, "high": 0.075, "tried": {"0.06": 1.2}}},
+        "probes": {"conserve": {"0.06": {"ratios": [1.1] * 10, "gmean": 1.1, "interval": [1.0, 1.2],
+                                         "source": "docs/data/conserve_sensitivity/runs.csv"},
+                                "0.075": {"ratios": [1.3] * 10, "gmean": 1.3, "interval": [1.1, 1.4], "source": "run"}}}}
+    lines = _probe_lines(cap)
+    assert lines[2] == ("| ConServe | [0.06, 0.075) | 0.06: 1.100 [1.000, 1.200] (n=10, "
+                        "`docs/data/conserve_sensitivity/runs.csv`); 0.075: 1.300 [1.100, 1.400] ⚠ (n=10, run) | 1 of 2 |")
+    assert lines[3] == "| AMPD remote_default | [0.06, 0.075) | 0.06: 1.200 | 0 of 1 |"
+
+
+def test_run_directory_names_stay_short():
+    """A run's directory is ``<label of the cell's own overrides>_seed<k>``: the common setting stays out of it (with
+    it the name passed the file system's 255 bytes and run.py failed on the first probe)."""
+    from harness.analysis.seeds import _label
+    for v in cc.VARIANTS:
+        assert len(_label(cc.cell_arm(v, 0.07125)) + "_seed104") < 100
+    assert not any(o in cc.cell_arm("conserve", 0.06) for o in cc.SETTING)

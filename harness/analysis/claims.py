@@ -190,6 +190,81 @@ def tiers_of(r: pd.DataFrame) -> tuple[str, str | None]:
             next((t for t in tiers if t.endswith("_hetero")), None))
 
 
+# ---- AMPD's baseline arms: its thresholds tuned on seeds the verdict does not use, its P:D layout ---------------
+
+def threshold_setting(r: pd.DataFrame) -> list[tuple[float, float, float]]:
+    """Per run of ``r``, AMPD's thresholds ``(tpot_slo_s, ttft_slo_s, kv_high_frac)`` (s, s, fraction) from the
+    columns ``scheduler.<key>``, the shipped value (:data:`AMPD_KNOB_DEFAULTS`) where a column is missing or NaN."""
+    cols = []
+    for key, default in AMPD_KNOB_DEFAULTS.items():
+        v = pd.to_numeric(_col(r, f"scheduler.{key}"), errors="coerce").to_numpy(dtype=float)
+        cols.append(np.where(np.isfinite(v), v, default))
+    return [tuple(float(x) for x in t) for t in zip(*cols)]
+
+
+def setting_label(setting: tuple[float, float, float]) -> str:
+    """``shipped`` for AMPD's shipped thresholds, else the moved ones as ``key=value`` joined by ``, ``
+    (``tpot_slo_s=0.01``)."""
+    moved = [f"{k}={v:g}" for (k, d), v in zip(AMPD_KNOB_DEFAULTS.items(), setting) if not math.isclose(v, d)]
+    return ", ".join(moved) or "shipped"
+
+
+def tuned_choice(runs: pd.DataFrame, objective: str, tuning_seeds: Any) -> dict[float, dict]:
+    """AMPD ``remote_default``'s best thresholds per load, chosen on the tuning seeds only: per rate (conv/s), the
+    threshold setting (:func:`threshold_setting`) whose runs on every seed of ``tuning_seeds`` have a finite
+    positive ``objective`` (a summary key where lower is better, e.g. ``ttfet_first_p95_s``, s) with the lowest
+    geometric mean over those seeds. Runs of other seeds (the verdict's), other variants, predictor or decision
+    error arms and moved hardware constants are not read. Ties go to the shipped setting, then to the lower label.
+
+    Returns ``{rate: {"setting": (tpot_slo_s, ttft_slo_s, kv_high_frac), "label": setting_label, "score":
+    geometric mean, "scores": {label: geometric mean of every complete setting}}}``; a rate without a complete
+    setting is absent.
+
+    Raises:
+        KeyError: ``objective`` is not a column of ``runs``."""
+    if objective not in runs.columns:
+        raise KeyError(f"tuned_choice: no column {objective!r} in the runs")
+    r = classify(runs)
+    seeds = {float(s) for s in tuning_seeds}
+    r = r[(r._variant == "ampd_rd") & (r._error_label == "none") & r._seed.isin(seeds)
+          & ((r._sens == "base") | r._sens.str.startswith("ampd."))]
+    r = r.assign(_setting=threshold_setting(r))
+    out: dict[float, dict] = {}
+    for rate, g in r.groupby("_rate"):
+        scores: dict[tuple, float] = {}
+        for setting, h in g.groupby("_setting"):
+            x = pd.to_numeric(h[objective], errors="coerce").to_numpy(dtype=float)
+            if set(h._seed) != seeds or len(x) != len(seeds) or not np.all(np.isfinite(x)) or np.any(x <= 0):
+                continue
+            scores[setting] = float(np.exp(np.log(x).mean()))
+        if not scores:
+            continue
+        best = min(scores, key=lambda s: (scores[s], setting_label(s) != "shipped", setting_label(s)))
+        out[float(rate)] = {"setting": best, "label": setting_label(best), "score": scores[best],
+                            "scores": {setting_label(s): v for s, v in sorted(scores.items(),
+                                                                              key=lambda kv: setting_label(kv[0]))}}
+    return out
+
+
+def arm_cells(cs: pd.DataFrame, am: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[dict]:
+    """ConServe's runs ``cs`` against one AMPD arm's ``am`` (classified runs; any tiers and thresholds: the caller
+    picks them), paired on the seed per rate: C1 per TTFET reading (:data:`READINGS` both have; p95, paper
+    :data:`PAPER` C1) and C3 (tokens/J, paper C3), each with its verdict (:func:`harness.analysis.stats.verdict`,
+    equivalence ``margin`` in %). Each cell a dict (claim, rate, reading: ``None`` for C3, verdict, mean, ci, n, k)
+    as :func:`paired` gives them; a cell no seed pairs is left out."""
+    cells = []
+    for rate in sorted(set(cs._rate.dropna()) & set(am._rate.dropna())):
+        a, b = cs[cs._rate == rate], am[am._rate == rate]
+        keys = [("C1", rd, f"ttfet_{rd}_p95_s") for rd in READINGS] + [("C3", None, "tokens_per_joule")]
+        for claim, rd, key in keys:
+            mean, ci, n, k = paired(a, b, key)
+            if n == 0:
+                continue
+            cells.append({"claim": claim, "rate": float(rate), "reading": rd, "mean": mean, "ci": ci, "n": n, "k": k,
+                          "verdict": verdict(mean, ci, PAPER[claim], margin)})
+    return cells
+
+
 def claim_ttfet(r: pd.DataFrame, homo: str, margin: float = EQUIVALENCE_MARGIN_PCT) -> tuple[list[str], str, list[dict]]:
     """C1: paired p95 TTFET ratio ConServe / AMPD - 1 per reading (:data:`READINGS` the runs have), AMPD mode and
     rate (homogeneous tier), each with its verdict (:func:`harness.analysis.stats.verdict`, equivalence ``margin`` in %)."""

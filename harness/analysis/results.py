@@ -15,6 +15,11 @@ number copied from a page. The sources:
   (``harness.analysis.claims.sensitivity_matrix``: the word that holds across AMPD rule, rate, TTFET reading and
   the uncalibrated constants, else what flips it);
 - ``docs/data/ampd_robustness/runs.csv`` (``+experiment=ampd_robustness``, the same script): C5;
+- ``docs/data/conserve_capacity/`` (``scripts/conserve_capacity.py``): C1-C3 at fractions of each variant's located
+  capacity (:func:`capacity_rows`); ``docs/data/conserve_kvbound/`` (``+experiment=conserve_kvbound``): C1-C3 where
+  ConServe's admission gate acts, with TTFET from arrival and from admission (:func:`gate_rows`);
+  ``docs/data/conserve_arms/`` (``scripts/conserve_arms.py``): C1 and C3 against AMPD tuned per load on seeds the
+  verdict does not use and against AMPD on a 2P:2D layout (:func:`arms_rows`);
 - ``docs/data/twin_conserve/runs.csv`` (``+experiment=twin_conserve``): C1 and C3 on a real prefiller + decoder
   pair of vLLM CPU servers and on its simulated twin, each side judged alone (the lowest repeat of each cell,
   ``harness.analysis.twin.split_repeats``);
@@ -49,6 +54,7 @@ from harness.analysis.capacity import (GROWTH_BOUND, capacity_margin, capacity_s
 from harness.analysis.claims import (MODE_LABEL, PAPER, PAPER_WAIT, W2_METRIC, _depends, _flipping, claim_energy,
                                      claim_robustness, claim_robustness_levels, claim_slo, claim_ttfet, claim_wait,
                                      classify, fmt, sensitivity, sensitivity_matrix, tiers_of)
+from harness.analysis.claims import MODES, READINGS, arm_cells, setting_label, threshold_setting, tuned_choice  # arms
 from harness.analysis.stats import EQUIVALENCE_MARGIN_PCT, log_t_interval, mean_ci, ratio_interval, verdict
 from harness.analysis.twin import BACKEND_COL, split_repeats
 from harness.core.paths import PROJECT_ROOT
@@ -274,61 +280,261 @@ def c5_row(rob: pd.DataFrame, margin: float = EQUIVALENCE_MARGIN_PCT) -> Optiona
     return Row("C5", src, _word(levels, f), cells, _flip_text(levels, f), detail)
 
 
+def _secs(x: float) -> str:
+    """A time in s for a table: three significant digits below 1,000 s, whole seconds with a thousands comma from
+    there, ``—`` when there is none (NaN)."""
+    return "—" if not np.isfinite(x) else (f"{x:.3g}" if abs(x) < 999.5 else f"{x:,.0f}")
+
+
+def _admission_lines(r: pd.DataFrame, variants: tuple[str, ...] = ("conserve",), rate_label=None) -> list[str]:
+    """Where an admission gate acts: per rate (``rate_label(rate)`` names it; default the rate) and variant of
+    ``variants`` (classified runs), the mean over seeds of the held conversations (``admission_held_conversations``;
+    ConServe's gate holds new conversations, the others admit all), the largest over seeds, the mean hold p95
+    (``admission_hold_p95_s``, s) and p95 TTFET from arrival / from admission per reading (s, means over seeds;
+    ``harness.analysis.metrics.admission_readings``)."""
+    rds = [rd for rd in READINGS if f"ttfet_{rd}_p95_s" in r.columns]
+    head = ["| rate (conv/s) | held conversations (mean over seeds) | held, largest seed | hold p95 (s, mean) | "
+            + " | ".join(f"p95 TTFET {rd} from arrival / from admission (s, mean)" for rd in rds) + " | variant | seeds |",
+            "|---|---|---|---|" + "---|" * len(rds) + "---|---|"]
+    out = []
+    for rate, g0 in r.groupby("_rate"):
+        for v in variants:
+            g = g0[g0._variant == v]
+            if g.empty:
+                continue
+
+            def m(k, how="mean"):
+                x = pd.to_numeric(g[k], errors="coerce") if k in g else pd.Series(dtype=float)
+                return float(getattr(x, how)()) if x.notna().any() else math.nan
+            name = rate_label(rate) if rate_label else f"{rate:g}"
+            out.append(f"| {name} | {m('admission_held_conversations'):.1f} | "
+                       f"{m('admission_held_conversations', 'max'):.0f} | {_secs(m('admission_hold_p95_s'))} | "
+                       + " | ".join(f"{_secs(m(f'ttfet_{rd}_p95_s'))} / {_secs(m(f'ttfet_{rd}_from_admission_p95_s'))}"
+                                    for rd in rds)
+                       + f" | {MODE_LABEL.get(v, 'ConServe')} | {g._seed.nunique()} |")
+    return head + out
+
+
+def _probe_lines(cap: dict) -> list[str]:
+    """The capacity bisection of ``scripts/conserve_capacity.py``'s ``capacity.json``: per located variant its
+    bracket and every probe (rate: geometric-mean growth ratio [95 % t-interval] (seeds, where the ratios came
+    from)), a probe whose interval holds the bound marked ⚠ (its answer, bounded or not, is within the seeds'
+    noise: the bracket then rests on it) with the count in a last column; a record written before probes were kept
+    shows the geometric means alone."""
+    bound = cap["growth_bound"]
+    lines = ["| variant | capacity [low, high) (conv/s) | probes: rate (conv/s): geometric-mean growth ratio "
+             f"[95 % interval], bounded when <= {bound:g} | probes whose interval holds {bound:g} |", "|---|---|---|---|"]
+    for v, c in cap["capacity"].items():
+        probes = cap.get("probes", {}).get(v, {})
+        parts, noisy = [], 0
+        for rate, g in c.get("tried", {}).items():
+            p = probes.get(rate)
+            if p:
+                lo, hi = p["interval"]
+                src = "run" if p["source"] == "run" else f"`{Path(p['source']).as_posix()}`"
+                mark = " ⚠" if lo <= bound <= hi else ""
+                noisy += bool(mark)
+                parts.append(f"{rate}: {p['gmean']:.3f} [{lo:.3f}, {hi:.3f}]{mark} (n={len(p['ratios'])}, {src})")
+            else:
+                parts.append(f"{rate}: {g:.3f}")
+        lines.append(f"| {MODE_LABEL.get(v, 'ConServe')} | [{c['low']:g}, {c['high']:g}) | {'; '.join(parts)} | "
+                     f"{noisy} of {len(parts)} |")
+    return lines
+
+
 def capacity_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[str, Row]:
-    """C1 and C2 at fixed fractions of located capacity, from ``docs/data/conserve_capacity`` (made by
-    ``scripts/conserve_capacity.py`` and ``scripts/conserve_tables.py``): each variant's capacity bracket from
-    ``capacity.json`` in the detail, the claims' cells by rate (each rate a fraction of ConServe's capacity), and
-    per rate ConServe's held conversations (its admission gate acts where they are > 0) with TTFET from arrival
-    and from admission. Without the table: the command."""
+    """C1, C2 and C3 at fixed fractions of located capacity, from ``docs/data/conserve_capacity`` (made by
+    ``scripts/conserve_capacity.py`` and ``scripts/conserve_tables.py``): each located variant's capacity bracket and
+    bisection probes from ``capacity.json`` in the detail, the claims' cells by rate (each rate a fraction of
+    ConServe's capacity, named ``<f> x cap``), and per rate ConServe's held conversations (its admission gate acts
+    where they are > 0) with TTFET from arrival and from admission (:func:`_admission_lines`). Without the table:
+    the command."""
     import json
     runs = _read(root, SIM_TABLES["conserve_capacity"])
     cap_p = root / CAPACITY_JSON
     if runs is None or not cap_p.is_file():
         return {c: _no_data(c, CAPACITY_SRC, CAPACITY_CMD, "python scripts/conserve_tables.py results/sweeps/"
-                            "conserve_capacity/claims --out docs/data/conserve_capacity") for c in ("C1", "C2")}
+                            "conserve_capacity/claims --out docs/data/conserve_capacity") for c in ("C1", "C2", "C3")}
     cap = json.loads(cap_p.read_text())
     r = classify(runs)
     homo = sorted(set(r._tier))[0]
+    frac = {round(float(x), 6): t[1:] for t, x in cap.get("rates", {}).items()}
+
+    def rate_name(rate: float) -> str:
+        f = frac.get(round(float(rate), 6))
+        return f"{f} × cap = {rate:g}" if f else f"{rate:g}"
+    seeds = ", ".join(f"{t[1:]} ×: {n}" for t, n in cap.get("seeds", {}).items())
+    tols = cap.get("tol_per_variant", {})
+    tol = (f"{cap['tol']:g}" if len(set(tols.values())) < 2
+           else ", ".join(f"{MODE_LABEL.get(v, 'ConServe')} {t:g}" for v, t in tols.items()))
     head = ["Capacity per variant (bisection on the rate; bounded: geometric-mean window growth ratio of the "
             f"conversations' serving time <= {cap['growth_bound']:g} over {cap['cap_seeds']} seeds; tolerance "
-            f"{cap['tol']:g} conv/s): " + "; ".join(f"{MODE_LABEL.get(v, 'ConServe')} [{c['low']:g}, {c['high']:g})"
+            f"{tol} conv/s): " + "; ".join(f"{MODE_LABEL.get(v, 'ConServe')} [{c['low']:g}, {c['high']:g})"
                                                     for v, c in cap["capacity"].items()) + " conv/s. Rates: "
-            + ", ".join(f"{t[1:]} × = {x:g}" for t, x in cap["rates"].items()) + " conv/s.", ""]
-    cs = r[r._variant == "conserve"]
-    adm = ["| rate (conv/s) | ConServe held conversations (mean over seeds) | p95 TTFET first from arrival / from "
-           "admission (s, mean) | serving-only from arrival / from admission |", "|---|---|---|---|"]
-    for rate, g in cs.groupby("_rate"):
-        def m(k):
-            return float(pd.to_numeric(g[k], errors="coerce").mean()) if k in g else math.nan
-        adm.append(f"| {rate:g} | {m('admission_held_conversations'):.1f} | {m('ttfet_first_p95_s'):.3g} / "
-                   f"{m('ttfet_first_from_admission_p95_s'):.3g} | {m('ttfet_serving_p95_s'):.3g} / "
-                   f"{m('ttfet_serving_from_admission_p95_s'):.3g} |")
+            + ", ".join(f"{t[1:]} × = {x:g}" for t, x in cap["rates"].items()) + " conv/s"
+            + (f" (seeds per fraction: {seeds})" if seeds else "") + ".", "", *_probe_lines(cap), ""]
+    adm = _admission_lines(r, rate_label=rate_name)
     out = {}
     l1, _, c1 = claim_ttfet(r, homo, margin)
     l2, _, c2 = claim_slo(r, homo, margin)
+    l3, _, c3, _ = claim_energy(r, homo, None, margin)
     src = f"{CAPACITY_SRC} (`{SIM_TABLES['conserve_capacity']}`)"
-    for claim, lines, cells in (("C1", l1, c1), ("C2", l2, c2)):
+    labels = {"C1": lambda c: f"{rate_name(c['rate'])}/s {c['reading']} vs {MODE_LABEL[c['mode']]}",
+              "C2": lambda c: f"{rate_name(c['rate'])}/s {c['reading']}",
+              "C3": lambda c: f"{rate_name(c['rate'])}/s vs {MODE_LABEL[c['mode']]}"}
+    for claim, lines, cells in (("C1", l1, c1), ("C2", l2, c2), ("C3", l3, c3)):
+        cells = [c for c in cells if c["n"] > 0]
+        if cells:
+            f = CLAIM_FACTORS[claim]
+            out[claim] = Row(claim, src, _word(cells, f),
+                             _cell_list(cells, labels[claim], " pp" if claim == "C2" else " %"),
+                             _flip_text(cells, f), [*head, *lines, "", *adm])
+    return out
+
+
+# ---- ConServe where its admission gate acts (a KV-bound cluster) -----------------------------------------------
+
+KVBOUND = "docs/data/conserve_kvbound/runs.csv"
+KVBOUND_CMD = ("python run.py -m +experiment=conserve_kvbound '+experiment/cell=kv_conserve_homo_r0p06_s0,...,"
+               "kv_ampd_cost_homo_r0p06_s9'")
+KVBOUND_SRC = ("simulator, KV-bound a40_1p3d (engine.gpu_memory_utilization 0.3: 97,232 KV tokens per A40), where "
+               "ConServe's admission gate acts")
+
+
+def gate_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[str, Row]:
+    """C1-C3 in a cell where ConServe's admission gate holds conversations, from ``docs/data/conserve_kvbound``
+    (``+experiment=conserve_kvbound``'s homogeneous-tier cells, compacted by ``scripts/conserve_tables.py``): the
+    claims' functions on its runs, and in the detail each variant's held conversations with TTFET from arrival and
+    from admission (:func:`_admission_lines`). Without the table: the command."""
+    runs = _read(root, KVBOUND)
+    if runs is None:
+        return {c: _no_data(c, KVBOUND_SRC, KVBOUND_CMD, f"python scripts/conserve_tables.py <sweep> --out "
+                            f"{Path(KVBOUND).parent.as_posix()}") for c in ("C1", "C2", "C3")}
+    r = classify(runs)
+    homo, _ = tiers_of(r)
+    adm = ["Held conversations and TTFET from arrival and from admission (ConServe's gate holds new conversations "
+           "while the decoder pool's KV is over 0.9 of capacity or the prefiller's queue over 2 s; AMPD admits all):",
+           "", *_admission_lines(r[r._tier == homo], ("conserve", *MODES))]
+    l1, _, c1 = claim_ttfet(r, homo, margin)
+    l2, _, c2 = claim_slo(r, homo, margin)
+    l3, _, c3, _ = claim_energy(r, homo, None, margin)
+    src = f"{KVBOUND_SRC} (`{KVBOUND}`)"
+    out = {}
+    for claim, lines, cells in (("C1", l1, c1), ("C2", l2, c2), ("C3", l3, c3)):
         cells = [c for c in cells if c["n"] > 0]
         if cells:
             f = CLAIM_FACTORS[claim]
             out[claim] = Row(claim, src, _word(cells, f),
                              _cell_list(cells, _claim_label(claim), " pp" if claim == "C2" else " %"),
-                             _flip_text(cells, f), [*head, *lines, "", *adm])
+                             _flip_text(cells, f), [*lines, "", *adm])
+    return out
+
+
+# ---- AMPD's baseline arms: tuned thresholds, P:D layout ---------------------------------------------------------
+
+ARMS_TABLE = "docs/data/conserve_arms/runs.csv"
+ARMS_JSON = "docs/data/conserve_arms/tuned.json"      # scripts/conserve_arms.py's record (objective, seeds)
+ARMS_CMD = ("python scripts/conserve_arms.py --out results/sweeps/conserve_arms "
+            "--reuse docs/data/conserve_sensitivity/runs.csv")
+LAYOUT_TIER = "a40_2p2d"
+
+
+def arms_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> dict[str, list[Row]]:
+    """C1 and C3 against AMPD's baseline arms (``scripts/conserve_arms.py``, ``docs/data/conserve_arms``), ConServe's
+    side the shipped ``conserve_sensitivity`` runs on a40_1p3d (same setting, rates and seeds), paired on the seed
+    (:func:`harness.analysis.claims.arm_cells`):
+
+    * tuned: AMPD ``remote_default`` with the thresholds :func:`harness.analysis.claims.tuned_choice` picks per rate
+      on the tuning seeds (objective and seeds from ``tuned.json``), judged on the verdict seeds (its runs in
+      either table: the shipped setting's are ``conserve_sensitivity``'s);
+    * layout: AMPD (each rule it holds) on :data:`LAYOUT_TIER` (2 prefillers + 2 decoders on the same four A40s).
+
+    ``{claim: [Row, ...]}``; without the tables: the command."""
+    import json
+    arms, sens = _read(root, ARMS_TABLE), _read(root, SIM_TABLES["conserve_sensitivity"])
+    if arms is None or sens is None or not (root / ARMS_JSON).is_file():
+        return {c: [_no_data(c, "simulator, AMPD tuned per load and on a 2P:2D layout", ARMS_CMD,
+                             f"python scripts/conserve_tables.py results/sweeps/conserve_arms/tune "
+                             f"results/sweeps/conserve_arms/tuned results/sweeps/conserve_arms/layout --out "
+                             f"{Path(ARMS_TABLE).parent.as_posix()}")] for c in ("C1", "C3")}
+    rec = json.loads((root / ARMS_JSON).read_text())
+    a, s = classify(arms), classify(sens)
+    both = pd.concat([a, s], ignore_index=True, sort=False)
+    verdict_seeds = {float(x) for x in rec["seeds"]}
+    cs = s[(s._variant == "conserve") & (s._tier == "a40_1p3d") & (s._sens == "base") & (s._error_label == "none")
+           & s._seed.isin(verdict_seeds)]
+    out: dict[str, list[Row]] = {"C1": [], "C3": []}
+    # tuned
+    choice = tuned_choice(a, rec["objective"], rec["tuning_seeds"])
+    am = both[(both._variant == "ampd_rd") & (both._tier == "a40_1p3d") & (both._error_label == "none")
+              & ((both._sens == "base") | both._sens.str.startswith("ampd.")) & both._seed.isin(verdict_seeds)]
+    am = am.assign(_setting=[setting_label(t) for t in threshold_setting(am)])
+    picked = pd.concat([am[(am._rate == rate) & (am._setting == ch["label"])].drop_duplicates("_seed")
+                        for rate, ch in choice.items()] or [am.iloc[:0]], ignore_index=True)
+    tuned = arm_cells(cs, picked, margin)
+    tune_seeds = f"{min(rec['tuning_seeds'])}-{max(rec['tuning_seeds'])}"
+    choice_lines = [f"AMPD remote_default's thresholds chosen per rate on seeds {tune_seeds} (the verdict's: "
+                    f"{min(rec['seeds'])}-{max(rec['seeds'])}) by the lowest geometric mean of `{rec['objective']}` "
+                    f"(`harness.analysis.claims.tuned_choice`; the shipped thresholds and each moved alone to the "
+                    f"sensitivity matrix's ends):", "",
+                    "| rate (conv/s) | chosen | geometric mean of the objective per setting (s) |", "|---|---|---|",
+                    *[f"| {rate:g} | {ch['label']} | " + "; ".join(f"{k}: {v:.4g}" for k, v in ch["scores"].items())
+                      + " |" for rate, ch in sorted(choice.items())]]
+    # layout
+    lay = a[(a._tier == LAYOUT_TIER) & (a._sens == "base") & (a._error_label == "none") & a._seed.isin(verdict_seeds)]
+    layout = {m: arm_cells(cs, lay[lay._variant == m], margin) for m in MODES if (lay._variant == m).any()}
+    # the same cells against the shipped AMPD (a40_1p3d, shipped thresholds): the matrix's base level
+    ship = s[(s._tier == "a40_1p3d") & (s._sens == "base") & (s._error_label == "none") & s._seed.isin(verdict_seeds)]
+    base = {m: {(c["claim"], c["rate"], c["reading"]): c for c in arm_cells(cs, ship[ship._variant == m], margin)}
+            for m in MODES}
+    arms_def = (("tuned", "thresholds", ("shipped", "tuned per rate"), {"ampd_rd": tuned}, choice_lines,
+                 f"simulator, ConServe vs AMPD remote_default tuned per rate (`{ARMS_TABLE}`)"),
+                ("layout", "P:D layout", ("1P:3D", "2P:2D"), layout, [],
+                 f"simulator, ConServe on a40_1p3d vs AMPD on {LAYOUT_TIER} (2P:2D, the same four A40s) "
+                 f"(`{ARMS_TABLE}`)"))
+    for claim in ("C1", "C3"):
+        unit = "p95 TTFET" if claim == "C1" else "tokens/J"
+        for name, key, (lv0, lv1), by_mode, extra, src in arms_def:
+            cells = [dict(c, mode=m, **{key: lv1}) for m, cs_ in by_mode.items() for c in cs_ if c["claim"] == claim]
+            if not cells:
+                continue
+            factors = ["reading", "mode", "rate"] if claim == "C1" else ["mode", "rate"]
+            pairs = [(base[c["mode"]].get((claim, c["rate"], c["reading"])), c) for c in cells]
+            both_levels = cells + [dict(b, mode=c["mode"], **{key: lv0}) for b, c in pairs if b]
+
+            def label(c, lv=lv1):
+                rd = f" {c['reading']}" if c["reading"] else ""
+                return f"{c['rate']:g}/s{rd} vs {MODE_LABEL[c['mode']]} {lv}"
+            table = [f"| rate (conv/s) | reading | vs | ConServe / AMPD − 1 ({unit}), AMPD {lv0} | verdict | "
+                     f"ConServe / AMPD − 1, AMPD {lv1} | verdict |", "|---|---|---|---|---|---|---|",
+                     *[f"| {c['rate']:g} | {c['reading'] or '—'} | {MODE_LABEL[c['mode']]} | "
+                       + (f"{fmt(b['mean'], b['ci'], b['n'], b['k'])} | {b['verdict']}" if b else "n/a | —")
+                       + f" | {fmt(c['mean'], c['ci'], c['n'], c['k'])} | {c['verdict']} |" for b, c in pairs]]
+            flips = _flipping(both_levels, [*factors, key])
+            out[claim].append(Row(claim, src, _word(cells, factors), _cell_list(cells, label),
+                                  ", ".join(f"AMPD {key}" if f == key else FACTOR_NAMES.get(f, f) for f in flips)
+                                  or "nothing varied here flips it",
+                                  [*extra, *([""] if extra else []), f"Each cell beside the same cell against AMPD "
+                                   f"{lv0} (its verdict seeds in `{SIM_TABLES['conserve_sensitivity']}`); "
+                                   f"AMPD {key} flips a word where the two verdicts differ.", "", *table]))
     return out
 
 
 def conserve_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Row]:
     """Every ConServe claim's rows: the simulator presets (:func:`conserve_sim_rows`; a table not shipped: the
-    command), and C1 / C3 on each side of ``docs/data/twin_conserve`` (C2, C4, C5 have no twin: the command)."""
+    command), the claims at fractions of located capacity (:func:`capacity_rows`), where ConServe's admission gate
+    acts (:func:`gate_rows`), against AMPD's tuned and 2P:2D arms (:func:`arms_rows`), and C1 / C3 on each side of
+    ``docs/data/twin_conserve`` (C2, C4, C5 have no twin: the command)."""
     sides = _twin_sides(root, TWIN_CONSERVE)
     sim = conserve_sim_rows(root, margin)
     cap = capacity_rows(root, margin)
+    gate = gate_rows(root, margin)
+    arms = arms_rows(root, margin)
     rows: list[Row] = []
     for claim, _, _ in CONSERVE_CLAIMS:
         src, cmd = CONSERVE_SIM_C5 if claim == "C5" else CONSERVE_SIM
         rows.append(sim[claim] if claim in sim else _no_data(claim, src, cmd, RUN_REPORT))
-        if claim in cap:
-            rows.append(cap[claim])
+        rows += [x[claim] for x in (cap, gate) if claim in x] + arms.get(claim, [])
         if claim not in ("C1", "C3"):      # +experiment=twin_conserve runs C1 and C3 only
             continue
         for b, side_name in SIDES:

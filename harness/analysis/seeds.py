@@ -265,9 +265,10 @@ class RunFailed(RuntimeError):
         self.returncode, self.stderr = returncode, stderr
 
 
-def run_arm(cell_dir: Path, arm: Sequence[str], overrides: Sequence[str], seeds: int,
+def run_arm(cell_dir: Path, arm: Sequence[str], overrides: Sequence[str], seeds: int | Sequence[int],
             python: str = sys.executable) -> None:
-    """``python run.py -m`` of one arm over the seeds 0..seeds-1 into ``cell_dir/<arm>_seed<k>`` (complete
+    """``python run.py -m`` of one arm over the seeds 0..seeds-1 (``seeds`` an int; a sequence: those seeds, e.g.
+    tuning seeds apart from the verdict's) into ``cell_dir/<arm>_seed<k>`` (complete
     runs are skipped by run.py). The child is owned (``harness.core.children.run_owned``): a SIGTERM, SIGHUP
     or Ctrl-C to this process stops it (run.py marks the job partial and releases the sweep lock) before this
     process goes on to exit, and it gets SIGTERM if this process dies.
@@ -277,8 +278,9 @@ def run_arm(cell_dir: Path, arm: Sequence[str], overrides: Sequence[str], seeds:
         KeyboardInterrupt: Ctrl-C, or ``harness.core.children.Terminated`` (SIGTERM / SIGHUP), once the
             child is gone.
     """
+    seed_list = range(seeds) if isinstance(seeds, int) else seeds
     cmd = [python, str(PROJECT_ROOT / "run.py"), "-m", *overrides, *arm,
-           f"{SEED_KEY}={','.join(str(s) for s in range(seeds))}",
+           f"{SEED_KEY}={','.join(str(s) for s in seed_list)}",
            f"hydra.sweep.dir={cell_dir}", f"hydra.sweep.subdir={_label(arm)}_seed${{{SEED_KEY}}}"]
     p = run_owned(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT)   # stopped with this process
     if p.returncode != 0:
