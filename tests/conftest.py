@@ -216,10 +216,10 @@ def _private_cache_dir(tmp_path_factory):
 # ---- signal dispositions a test leaves behind --------------------------------------------------------------------
 # A test that runs code installing signal handlers in the worker (a pool initializer, a launcher, a run's interrupt
 # guard) and does not restore them would hand its handlers to every later test of that worker, and an ignored
-# SIGINT to every process those tests start (an ignored signal survives exec): a Ctrl-C test then sees no Ctrl-C
-# (README.md's suite run of 2026-12-06 lost one test so). Each test's SIGINT / SIGTERM / SIGHUP handlers are
-# restored after it, and a test that changed one is named in a warning (the OS-level ignore mask is read too, on
-# Linux, for a change made below Python).
+# SIGINT to every process those tests start (an ignored signal, like a blocked one, survives exec): a Ctrl-C test
+# then sees no Ctrl-C (README.md's suite run of 2026-12-06 lost one test so). Each test's SIGINT / SIGTERM / SIGHUP
+# handlers and their blocking in the main thread are restored after it, and a test that changed one is named in a
+# warning (the OS-level ignore mask is read too, on Linux, for a change made below Python).
 GUARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 
@@ -237,18 +237,24 @@ def _ignored_by_os() -> frozenset:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Restore the :data:`GUARDED_SIGNALS` handlers a test changed (setup, call, teardown) and warn naming it."""
+    """Restore the :data:`GUARDED_SIGNALS` handlers (and this thread's signal mask) a test changed (setup, call,
+    teardown) and warn naming it."""
     import signal
     import warnings
     sigs = [getattr(signal, n) for n in GUARDED_SIGNALS]
     before, os_before = {s: signal.getsignal(s) for s in sigs}, _ignored_by_os()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     yield
     changed = [s.name for s in map(signal.Signals, sigs) if signal.getsignal(s) is not before[s]]
     changed += sorted(_ignored_by_os() ^ os_before)
+    now_blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    changed += [f"{s.name} blocked" if s in now_blocked else f"{s.name} unblocked"
+                for s in map(signal.Signals, sigs) if (s in now_blocked) != (s in blocked)]
     if changed:
         for s, h in before.items():
             if h is not None:   # None: a handler not installed from Python, which cannot be put back
                 signal.signal(s, h)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         warnings.warn(f"{item.nodeid} left its signal handlers changed ({', '.join(dict.fromkeys(changed))}); "
                       f"restored", RuntimeWarning)
 

@@ -120,6 +120,18 @@ def test_signal_handlers_a_test_changes_are_restored_and_the_test_named():
             pass
     assert {s: signal.getsignal(s) for s in before} == before
     assert conftest._ignored_by_os() == os_before
+    # a SIGINT left blocked (inherited by every process started later, as an ignored one is) is named and unblocked
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if signal.SIGINT not in blocked:
+        wrapper = conftest.pytest_runtest_protocol(item, None)
+        next(wrapper)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        with pytest.warns(RuntimeWarning, match=r"changed \(SIGINT blocked\); restored"):
+            try:
+                wrapper.send(None)
+            except StopIteration:
+                pass
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == blocked
     quiet = conftest.pytest_runtest_protocol(item, None)
     next(quiet)
     with warnings.catch_warnings():
