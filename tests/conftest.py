@@ -183,6 +183,8 @@ SLOW: dict[str, tuple[float, str]] = {
         (20, "imports vLLM (torch) in the test process for its sweep plot"),
     "tests/test_cost.py::test_a_sweep_prints_its_expected_cost_first_and_marks_cost_and_flags_in_comparison_md":
         (16, "python run.py sweeps"),
+    "tests/test_launcher_guard.py::test_a_second_run_on_the_same_port_refuses_and_the_first_is_unharmed":
+        (15, "a python run.py with backend=vllm model=tiny (builds the tiny model where none is yet) refused"),
 }
 
 
