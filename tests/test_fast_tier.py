@@ -57,7 +57,7 @@ def test_the_guard_sees_an_unmarked_user():
 
 
 def test_every_slow_entry_names_a_test_of_its_file_with_its_cost():
-    """tests/conftest.py's ``SLOW`` table (the tests the fast tier leaves out, README.md): each key names a test
+    """tests/conftest.py's ``SLOW`` table (the tests the fast tier leaves out): each key names a test
     function that exists in its file (a renamed test would silently come back into the fast tier), each with a
     positive cost and a reason; the ``slow`` marker is registered."""
     from tests.conftest import SLOW
