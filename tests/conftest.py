@@ -137,8 +137,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 # ---- the fast tier: real servers and the slowest tests left out --------------------------------------------------
-# The fast tier: ``python -m pytest -n 2 -m "not real_server and not slow"`` (README.md's ``-m "not real_server"``
-# runs the slow tests too; its time there is measured with them). ``real_server`` marks the
+# The fast tier (README.md): ``python -m pytest -n 2 -m "not real_server and not slow"``. ``real_server`` marks the
 # tests that start ``vllm serve`` or a local Ray / Slurm cluster (in their files); ``slow`` is given here, at
 # collection, to the tests of this table: those that need no server but cost the most, each with its cost (s of
 # wall time of the test in the fast tier ``-m "not real_server"`` of main on 2026-12-06, -n 2, load 3-9, where the
