@@ -136,6 +136,71 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedServerScheduling(config, log)
 
 
+# ---- the fast tier: real servers and the slowest tests left out --------------------------------------------------
+# The fast tier (README.md): ``python -m pytest -n 2 -m "not real_server and not slow"``. ``real_server`` marks the
+# tests that start ``vllm serve`` or a local Ray / Slurm cluster (in their files); ``slow`` is given here, at
+# collection, to the tests of this table: those that need no server but cost the most, each with its cost (s of
+# wall time of the test in the fast tier ``-m "not real_server"`` of main on 2026-12-06, -n 2, load 3-9, where the
+# whole run's CPU was 1,279 s in 1,168 s of wall: about 0.55 CPU s per wall s) and what it pays for. The full
+# suite (``python -m pytest -n 2``, CI) runs them. A key ``file::test`` marks every parametrization of the test,
+# ``file::test[id]`` that one only, ``file`` every test of the file (a module fixture's cost falls on whichever runs
+# first).
+SLOW: dict[str, tuple[float, str]] = {
+    "tests/test_report_presets.py::test_report_on_a_reduced_sweep":
+        (215, "11 reduced preset sweeps (2-16 simulated jobs, one Hydra composition each) and their reports: "
+              "16-42 s each for 9 of them"),
+    "tests/test_sim_speed_benchmark.py::test_quick_with_a_base_prints_the_ratios":
+        (60, "benchmarks/sim_speed.py --quick against a git worktree of HEAD: 8 python processes"),
+    "tests/test_sim_speed_benchmark.py::test_quick_without_base_prints_every_part_and_every_target":
+        (51, "benchmarks/sim_speed.py --quick: 10 python processes (run.py and simulation workers)"),
+    "tests/test_install.py::test_the_wheel_installed_outside_the_checkout_runs_the_main_job":
+        (66, "builds the wheel, a venv, installs it, runs the whole main job from it"),
+    "tests/test_wait_speed.py::test_rotate_first_opening_equals_trying_every_offset":
+        (97, "3 Nested WAIT simulations, every plan's first opening checked by planning each offset"),
+    "tests/test_provenance.py::test_a_trace_rewritten_in_place_recomputes_the_job_and_says_why":
+        (52, "4 python run.py sweeps and 3 report processes"),
+    "tests/test_provenance.py::test_an_interrupt_during_a_sweep_jobs_baseline_stops_the_sweep_and_marks_the_job":
+        (30, "2 python run.py sweeps"),
+    "tests/test_provenance.py::test_a_sweep_with_an_emptied_workload_or_a_scheduler_cluster_mismatch_fails_before_any_job":
+        (18, "2 python run.py sweeps"),
+    "tests/test_presets.py::test_wait_paper_variants_are_the_papers_baselines":
+        (37, "21 Hydra compositions of the wait_paper preset"),
+    "tests/test_tiny_model_build.py::test_a_killed_build_leaves_nothing_trusted_and_of_two_concurrent_builds_one_wins":
+        (36, "imports torch / transformers, 3 tiny-model builds"),
+    "tests/test_seeds.py::test_run_arm_drives_run_py_into_one_sweep_dir_and_resumes":
+        (33, "2 python run.py sweeps"),
+    "tests/test_xdist_units.py::test_a_two_worker_run_keeps_a_unit_on_one_worker":
+        (31, "a pytest -n 2 run: 3 pytest processes collecting"),
+    "tests/test_step_times_scheduler.py":
+        (26, "imports vLLM and torch in the test process (the module's VllmConfig, set up by its first test)"),
+    "tests/test_secrets.py::test_a_sweep_given_credentials_writes_none_and_resumes":
+        (25, "2 python run.py sweeps"),
+    "tests/test_trust.py::test_a_sweep_rerun_skips_complete_jobs_and_an_invalid_job_stops_it_before_anything_runs":
+        (22, "python run.py sweeps"),
+    "tests/test_report.py::test_rate_sweep_figures":
+        (22, "renders every figure of a report to PNG and PDF"),
+    "tests/test_export.py::test_vllm_sweep_plot_reads_the_export":
+        (20, "imports vLLM (torch) in the test process for its sweep plot"),
+    "tests/test_cost.py::test_a_sweep_prints_its_expected_cost_first_and_marks_cost_and_flags_in_comparison_md":
+        (16, "python run.py sweeps"),
+    "tests/test_launcher_guard.py::test_a_second_run_on_the_same_port_refuses_and_the_first_is_unharmed":
+        (15, "a python run.py with backend=vllm model=tiny (builds the tiny model where none is yet) refused"),
+}
+
+
+def slow_cost(nodeid: str):
+    """The :data:`SLOW` entry (wall s, what it pays for) of test ``nodeid`` (``tests/x.py::test_y[p]``), else None."""
+    return SLOW.get(nodeid) or SLOW.get(nodeid.split("[", 1)[0]) or SLOW.get(nodeid.split("::", 1)[0])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the :data:`SLOW` tests ``slow`` before ``-m`` selects (tryfirst: the mark plugin's own hook runs after)."""
+    for item in items:
+        if slow_cost(item.nodeid) is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache_dir(tmp_path_factory):
     """The on-disk caches (``harness.run.slo_baseline.cache_root``) of the tests' runs go to a fresh directory, never
@@ -148,6 +213,52 @@ def _private_cache_dir(tmp_path_factory):
         os.environ.pop("HARNESS_CACHE_DIR", None)
     else:
         os.environ["HARNESS_CACHE_DIR"] = old
+
+
+# ---- signal dispositions a test leaves behind --------------------------------------------------------------------
+# A test that runs code installing signal handlers in the worker (a pool initializer, a launcher, a run's interrupt
+# guard) and does not restore them would hand its handlers to every later test of that worker, and an ignored
+# SIGINT to every process those tests start (an ignored signal, like a blocked one, survives exec): a Ctrl-C test
+# then sees no Ctrl-C (README.md's suite run of 2026-12-06 lost one test so). Each test's SIGINT / SIGTERM / SIGHUP
+# handlers and their blocking in the main thread are restored after it, and a test that changed one is named in a
+# warning (the OS-level ignore mask is read too, on Linux, for a change made below Python).
+GUARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def _ignored_by_os() -> frozenset:
+    """The :data:`GUARDED_SIGNALS` this process ignores, read from ``/proc/self/status``'s ``SigIgn`` mask (what a
+    process started now inherits); empty where there is no ``/proc``."""
+    import signal
+    try:
+        with open("/proc/self/status") as f:
+            mask = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigIgn:"))
+    except (OSError, StopIteration, ValueError):
+        return frozenset()
+    return frozenset(n for n in GUARDED_SIGNALS if mask >> (getattr(signal, n) - 1) & 1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Restore the :data:`GUARDED_SIGNALS` handlers (and this thread's signal mask) a test changed (setup, call,
+    teardown) and warn naming it."""
+    import signal
+    import warnings
+    sigs = [getattr(signal, n) for n in GUARDED_SIGNALS]
+    before, os_before = {s: signal.getsignal(s) for s in sigs}, _ignored_by_os()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    changed = [s.name for s in map(signal.Signals, sigs) if signal.getsignal(s) is not before[s]]
+    changed += sorted(_ignored_by_os() ^ os_before)
+    now_blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    changed += [f"{s.name} blocked" if s in now_blocked else f"{s.name} unblocked"
+                for s in map(signal.Signals, sigs) if (s in now_blocked) != (s in blocked)]
+    if changed:
+        for s, h in before.items():
+            if h is not None:   # None: a handler not installed from Python, which cannot be put back
+                signal.signal(s, h)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        warnings.warn(f"{item.nodeid} left its signal handlers changed ({', '.join(dict.fromkeys(changed))}); "
+                      f"restored", RuntimeWarning)
 
 
 def skip_without(module: str, reason: str) -> None:
@@ -256,3 +367,25 @@ def pd_pair(tmp_path_factory):
     specs, launcher = launched("cpu_1p1d", tmp_path_factory.mktemp("pd_pair"))
     with launcher:
         yield [s.url for s in specs], launcher
+
+
+@pytest.fixture
+def unrendered_figures(monkeypatch):
+    """Figures built (every plotting call runs) but not rendered: ``harness.analysis.report._save`` and
+    ``harness.analysis.plotting._save`` (the claims figures') close the figure and record its name, returning the
+    path a PNG would have had, and ``Figure.tight_layout`` does nothing (rendering and laying out text are most of
+    a report's time; tests/test_report.py's ``test_rate_sweep_figures`` renders them). Yields the list of the
+    figure names drawn, in order."""
+    import matplotlib.figure
+    import matplotlib.pyplot as plt
+    from harness.analysis import plotting, report
+    drawn: list[str] = []
+
+    def built(fig, out, figure_name):
+        plt.close(fig)
+        drawn.append(figure_name)
+        return [Path(out) / f"{figure_name}.png"]
+    monkeypatch.setattr(report, "_save", built)
+    monkeypatch.setattr(plotting, "_save", built)
+    monkeypatch.setattr(matplotlib.figure.Figure, "tight_layout", lambda self, *a, **k: None)
+    yield drawn

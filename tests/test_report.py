@@ -191,7 +191,8 @@ def test_rate_sweep_figures(rate_sweep: Path, tmp_path: Path):
     assert "![p95_ttfet_vs_rate](figures/p95_ttfet_vs_rate.png)" in (out / "report.md").read_text()
 
 
-def test_tier_and_prediction_error_figures(tmp_path: Path):
+def test_tier_and_prediction_error_figures(tmp_path: Path, unrendered_figures):
+    """Which figures a sweep gets (built, not rendered: tests/conftest.py ``unrendered_figures``)."""
     root = tmp_path / "sweep"
     i = 0
     for cluster, tpj in (("a40_1p3d", 60.0), ("a40_1p3d_hetero", 70.0)):

@@ -9,9 +9,9 @@ and last; a union of grids (a group under ``+experiment/``, e.g. the cells of ``
 up to four evenly spaced options, first and last included, fewer (down to two) while the sweep has more
 than ``UNION_BUDGET`` jobs. A preset added later is reduced the same way.
 
-The figures are built (every plotting call runs) but not rendered to files: ``harness.analysis.report._save``
-(and ``harness.analysis.plotting._save``, which the claims figures use) is replaced by one that closes the figure and records its name, and ``Figure.tight_layout`` does nothing
-(rendering and laying out text are most of the report's time and are covered by tests/test_report.py)."""
+The figures are built (every plotting call runs) but not rendered to files (tests/conftest.py
+``unrendered_figures``: rendering and laying out text are most of the report's time and are covered by
+tests/test_report.py)."""
 
 from __future__ import annotations
 
@@ -91,19 +91,8 @@ SWEEPS = [(name, None) for name in PRESETS if not name.startswith("twin_")] + [(
 
 
 @pytest.mark.parametrize("name,params", SWEEPS, ids=[s[0] for s in SWEEPS])
-def test_report_on_a_reduced_sweep(name, params, tmp_path: Path, monkeypatch):
-    drawn: list[str] = []
-
-    def built(fig, out, figure_name):
-        import matplotlib.pyplot as plt
-        plt.close(fig)
-        drawn.append(figure_name)
-        return [Path(out) / f"{figure_name}.png"]
-    monkeypatch.setattr(report, "_save", built)
-    from harness.analysis import plotting  # the claims figures save through harness.analysis.plotting._save
-    monkeypatch.setattr(plotting, "_save", built)
-    import matplotlib.figure
-    monkeypatch.setattr(matplotlib.figure.Figure, "tight_layout", lambda self, *a, **k: None)
+def test_report_on_a_reduced_sweep(name, params, tmp_path: Path, unrendered_figures):
+    drawn = unrendered_figures
     preset = None if params is not None else name
     params = params if params is not None else sweep_params(name)
     # the six-way sweep runs all six schedulers as the README does (only the seeds and workload are tiny)

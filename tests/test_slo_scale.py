@@ -100,8 +100,9 @@ def test_run_curve_matches_the_headline_at_its_multiple(tmp_path: Path):
         compose_run(base + ["slo.scale_reference=nonesuch"])
 
 
-def test_report_draws_attainment_vs_scale(tmp_path: Path):
+def test_report_draws_attainment_vs_scale(tmp_path: Path, request):
     pytest.importorskip("seaborn")
+    request.getfixturevalue("unrendered_figures")   # built, not rendered (after the skip: it imports matplotlib)
     from harness.analysis import report
     from tests.test_report import config, make_run
     root = tmp_path / "sweep"
