@@ -216,6 +216,21 @@ def _stamp_queued(arrived: list[Request], now: float) -> None:
     arrived.clear()
 
 
+
+def _run_bound(decode: list, kmax: int) -> tuple[int, int]:
+    """A decode-only run's batch: ``(ctx, k)`` with ``ctx`` the summed KV context of ``decode`` (tokens) and ``k`` the
+    most identical steps they can all take, at most ``kmax``: each request's outputs left, and 1 while one has not
+    decoded yet (its first decode is priced apart)."""
+    ctx = 0
+    for req in decode:
+        ctx += req.computed
+        left = req.out_target - req.out_done
+        if left < kmax:
+            kmax = left
+        if req.out_done == 0:
+            kmax = 1
+    return ctx, kmax
+
 class Engine:
     """A simulated vLLM instance.
 
@@ -808,16 +823,8 @@ class Engine:
         KV blocks available for the run's growth (:meth:`_fit_steps`), and before a step that would end
         after ``horizon_s``. Sets ``_run_durs`` (s), ``_run_energy`` (J) and, for more than one step,
         ``_paced_begins`` (s). Returns the steps' absolute end times, s."""
-        k = plan.idle_repeat_steps
         b = len(decode)
-        ctx = 0
-        for req in decode:
-            ctx += req.computed
-            left = req.out_target - req.out_done
-            if left < k:
-                k = left
-            if req.out_done == 0:
-                k = 1
+        ctx, k = _run_bound(decode, plan.idle_repeat_steps)
         k = self._fit_steps(decode, k)
         perf, limit, after, mw, horizon = self.perf, self.max_coalesce_s, self._after_idle, plan.idle_after[1], self.horizon_s
         begins: list[float] = []
@@ -889,15 +896,7 @@ class Engine:
         those events cut the run (``wake``).
         """
         b = len(decode)
-        ctx = 0
-        kmax = max_steps or 1 << 30
-        for req in decode:
-            ctx += req.computed
-            left = req.out_target - req.out_done
-            if left < kmax:
-                kmax = left
-            if req.out_done == 0:
-                kmax = 1
+        ctx, kmax = _run_bound(decode, max_steps or 1 << 30)
         limit = self.max_coalesce_s
         if limit <= 0:
             kmax = 1
