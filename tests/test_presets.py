@@ -185,10 +185,11 @@ def test_cell_presets_cover_their_grids():
 
 def test_kvbound_preset_asks_the_claims_with_ten_seeds_near_saturation():
     """conserve_kvbound: ConServe and AMPD in both modes on both tiers at 0.03 / 0.045 (3 seeds) and 0.06 conv/s
-    (10 seeds), AMPD error arms at 0.06; every cell runs with the KV pool cut to 0.3 of the GPU."""
+    (10 seeds), AMPD error arms (error rate 0.1 / 0.3 / 0.5) at 0.06 with 10 seeds each (near capacity:
+    harness.analysis.seed_audit); every cell runs with the KV pool cut to 0.3 of the GPU."""
     import yaml
     cells = sweep_params("conserve_kvbound")["+experiment/cell"]
-    assert len(cells) == len(set(cells)) == 3 * 2 * (3 + 3 + 10) + 9
+    assert len(cells) == len(set(cells)) == 3 * 2 * (3 + 3 + 10) + 3 * 10
     runs = {}
     for c in cells:
         y = yaml.safe_load((CONF / "experiment" / "cell" / f"{c}.yaml").read_text())

@@ -5,14 +5,14 @@
 In sample: a run's step log (``logs/<instance>.step_times.jsonl[.gz]``, ``harness.tools.steps``) is fitted per step on
 itself (:func:`harness.tools.steps.fit_steps`, objective ``sum`` by default: the summed step time preserved), the API
 front end net of the in-flight residual (:func:`harness.tools.steps.api_frontend`), and the run's own workload is
-replayed on the simulator with that profile (:func:`harness.tools.fidelity.simulate_run`). The figures, each
+replayed on the simulator with that profile (:func:`harness.tools.replay.simulate_run`). The figures, each
 ``sim / real - 1``:
 
 - ``busy``: the summed busy time (the simulated steps' durations against the logged ``wall_s``, plus the logged
   between-step gaps <= ``harness.tools.steps.BUSY_GAP_S`` when the profile has a between-step term);
 - ``steps``: the step count; ``batch``: the mean decode batch of the steps that decode;
 - ``engine_ttft``, ``engine_e2e``, ``engine_itl``: the engine-clock request means, both sides counted from vLLM's
-  ``queued_ts`` (:func:`harness.tools.fidelity.engine_request_rows`).
+  ``queued_ts`` (:func:`harness.tools.replay.engine_request_rows`).
 
 Bounds (issue 49): busy, steps and batch within 2 %, the engine means within 3 % (:data:`BOUNDS`).
 
@@ -73,10 +73,10 @@ def fit_in_sample(run_dir: Path, base: str = "cpu", objective: str = "sum", busy
 def replay_figures(run_dir: Path, steps: pd.DataFrame, hw: HardwareConfig, out_dir: Path) -> dict:
     """Replay ``run_dir``'s workload with ``hw`` into ``out_dir`` and return every figure of the module docstring
     (fractions, ``sim / real - 1``) and ``requests`` (the engine requests compared)."""
-    from harness.tools import fidelity as fd
-    sim = fd.simulate_run(Path(run_dir), hw, Path(out_dir))
+    from harness.tools.replay import engine_request_rows, simulate_run
+    sim = simulate_run(Path(run_dir), hw, Path(out_dir))
     out = busy_figures(steps, hw, sim)
-    rows = fd.engine_request_rows(Path(run_dir), sim)
+    rows = engine_request_rows(Path(run_dir), sim)
     for k, m in ENGINE_KEYS.items():
         out[k] = float(rows[m]["sim"] / rows[m]["real"] - 1) if m in rows else float("nan")
     out["requests"] = int(rows["engine_requests"]["real"]) if rows else 0

@@ -52,7 +52,7 @@ repeats. Verdicts:
 Deciding metrics (:data:`DECIDING`, the field's targets: mean E2E and mean ITL within 10 %, mean TTFT within 20 %;
 anchors ``harness.tools.fidelity.ANCHORS``): on the engine clock, per request from vLLM's spans
 (``engine_e2e_mean_s``: queue + prefill + decode, ``engine_ttft_mean_s``: queue + prefill, ``engine_itl_mean_s``:
-decode / (output - 1); ``harness.tools.fidelity.engine_request_rows``), and on the server clock, vLLM's histograms
+decode / (output - 1); ``harness.tools.replay.engine_request_rows``), and on the server clock, vLLM's histograms
 (``server_e2e_mean_s``, ``server_ttft_mean_s`` from the API server's arrival, ``server_itl_mean_s``). The client
 clock (``e2e_mean_s``, ``ttft_mean_s``, ``tpot_mean_s``, :data:`SHOWN`) is computed and shown with its verdict, and
 never decides: the client's legs (HTTP, streaming delivery) are in no step model and move with the machine.
