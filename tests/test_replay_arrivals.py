@@ -23,7 +23,7 @@ CAL = PROJECT_ROOT / "docs" / "data" / "twin_cpu" / "calibration"
 
 
 def replay(real_dir: Path, out: Path, profile) -> Path:
-    """``harness.tools.fidelity.sim_config`` of ``real_dir`` with ``profile`` (a ``HardwareConfig``) and
+    """``harness.tools.replay.sim_config`` (re-exported by ``harness.tools.fidelity``) of ``real_dir`` with ``profile`` (a ``HardwareConfig``) and
     ``workload.arrivals_from_run=real_dir``, executed into ``out/sim``."""
     import yaml
 

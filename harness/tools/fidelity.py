@@ -52,7 +52,7 @@ from harness.tools.calibrate import load_profile, load_run_config, partial_run, 
 from harness.core import evidence
 from harness.core.profiles import HardwareConfig
 from harness.tools import insample
-from harness.tools.replay import _resolve, engine_request_rows, sim_config, simulate_run  # noqa: F401 (re-exported)
+from harness.tools.replay import engine_request_rows, sim_config, simulate_run  # noqa: F401 (sim_config re-exported)
 from harness.tools import protocol as pr
 from harness.tools import steps as st
 
