@@ -27,7 +27,7 @@ import pytest
 from baselines.wait.fluid_admission import NestedWaitRule, WaitRule
 from harness.core.clock import SimClock
 from harness.sim.engine import DONE, Engine, Request
-from tests.test_batching import make_engine, resident
+from tests.test_batching import StubPerf, make_engine, resident
 
 
 def _old_timer_fire(self, t):
@@ -48,8 +48,8 @@ class Counted:
         self.plans += 1
         p = self.rule.plan(inp)
         if not self.state:
-            return dataclasses.replace(p, idle_after=None, idle_repeat_steps=0)
-        return p if self.paced else dataclasses.replace(p, idle_repeat_steps=0)
+            return dataclasses.replace(p, idle_after=None, idle_repeat_steps=0, timer_groups=None)
+        return p if self.paced else dataclasses.replace(p, idle_repeat_steps=0, timer_groups=None)
 
 
 def _tiny(monkeypatch, inline_timer: bool, state: bool, arrival_at=None, nested=False, paced=False, out=3,
@@ -220,7 +220,7 @@ def test_simulations_equal_with_timeout_paced_runs_off(monkeypatch, scheduler, e
 
             def plan(self, inp, orig=orig, on=on):
                 p = orig(self, inp)
-                return p if on else dataclasses.replace(p, idle_repeat_steps=0)
+                return p if on else dataclasses.replace(p, idle_repeat_steps=0, timer_groups=None)
             m.setattr(cls, "plan", plan)
             cfg = compose_run([f"scheduler={scheduler}", "engine.activation_reserve_bytes=268435456", *extra])
             convs, stats = workload(cfg, n=8, rate=0.05, max_turns=5, max_context=20000)
@@ -333,3 +333,99 @@ def test_rotate_first_opening_equals_trying_every_offset(monkeypatch, extra):
     res = simulate(session_input(run), convs, stats, "nested_wait", run.scheduler)
     assert len(res.turns) > 0
     assert seen["plans"] > 1000 and seen["moved"] > 100
+
+
+# ---- several timer groups with different phases (StepPlan.timer_groups) ----------------------------------
+
+def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capacity=1000):
+    """One engine (block size 1, 0.25-s steps whatever the batch), WAIT with three types (by the request's
+    first letter: A 0, B 1, C 2, D 0), n = 2 each, max_wait_s = 0.5, coalescing on. Residents at stage 1
+    (prompt 4, 4 tokens of KV): A (5 outputs) idle since 0, B (4) since 0.0625, C (6) since ``c_idle``; the engine
+    starts at 0.5. ``groups_on=False`` strips the rule's ``timer_groups`` (the runs of one group that main
+    had stay). Optionally D (prompt 4, 2 outputs) arrives at ``arrival_at``; at each time of ``looks`` an
+    observer reads (now, KV blocks in use, busy s, the next engine event: the clock's, observers' left out, or
+    the run's: ``Engine.paced_event_after``). ``capacity``: KV blocks (of 1 token)."""
+    eng = make_engine(capacity, StubPerf(0.25), max_coalesce_s=0.25)
+    types = {"A": 0, "B": 1, "C": 2, "D": 0}
+    rule = Counted(WaitRule([2, 2, 2], lambda r: types[r.conv[0]], 0.5), paced=True)
+    if not groups_on:
+        orig = rule.plan
+        rule.plan = lambda inp: dataclasses.replace(orig(inp), timer_groups=None)
+    eng.set_rule(rule)
+    res = {}
+    for name, out, idle in (("A", 5, 0.0), ("B", 4, 0.0625), ("C", 6, c_idle)):
+        r = res[name] = resident(eng, name, 4, 1, out_target=out)
+        r.idle_since_s = idle
+    if arrival_at is not None:
+        res["D"] = Request("D", 0, 4, 2, (0,), on_finish=lambda r: None, on_first_token=lambda r: None)
+        eng.clock.call_at(arrival_at, eng.submit, res["D"], priority=1)
+    seen = []
+
+    def look():
+        now = eng.clock.now()
+        nxt = min([e[0] for e in eng.clock._q if e[3] is not look] + [eng.paced_event_after(now)])
+        seen.append((now, eng.used_blocks_now(), eng.busy_energy_now()[0], nxt))
+    for t in looks:
+        eng.clock.call_at(t, look, priority=2)
+    eng.clock._now = 0.5
+    eng.wake()
+    eng.clock.run()
+    assert all(r.state == DONE for r in res.values())
+    return eng, rule, {k: (r.token_times.tolist(), r.finish_s) for k, r in res.items()}, seen
+
+
+def test_timer_groups_by_hand():
+    """Three timers with different phases, by hand (0.25-s steps, max_wait_s 0.5): at 0.5 A is ready (0 + 0.5),
+    B (0.5625) and C (0.625) not: A runs 0.5 -> 0.75; both B and C became ready during it: B and C run together
+    0.75 -> 1.0; nothing is ready at 1.0 (A at 1.25, B and C at 1.5): idle, A's timer at 1.25: A 1.25 -> 1.5;
+    B and C ready at 1.5 = the end: 1.5 -> 1.75; idle to 2.0: A 2.0 -> 2.25, B and C 2.25 -> 2.5 (B's third
+    token: B finishes). At 2.5 A is ready at 2.75, C at 3.0: A 2.75 -> 3.0 (A's fourth: finishes), C 3.0 -> 3.25,
+    idle to 3.75, C 3.75 -> 4.0 (its fifth: finishes). 9 steps, 2.25 s busy, 12 tokens; the steps' (batch,
+    context) are (1, 4), (2, 8), (1, 5), (2, 10), (1, 6), (2, 12), (1, 7), (1, 7), (1, 8).
+
+    Events with the timer groups: the step begin at 0.5 (one run of 6 steps to B's finish), the timer its plan
+    armed for B at 0.5625 (ignored inside the run), the run's end at 2.5, A's timer at 2.75 (its step: one
+    step, A finishes; its plan arms C's timer at 3.0, which fires just before that step's end), its end at
+    3.0, and the end at 4.0 of C's run of 2 steps: 7. Without them (one timer group at a time only, as main):
+    the same times and steps, more events."""
+    times = {"A": ([0.75, 1.5, 2.25, 3.0], 3.0), "B": ([1.0, 1.75, 2.5], 2.5), "C": ([1.0, 1.75, 2.5, 3.25, 4.0], 4.0)}
+    calls = [(1, 4), (2, 8), (1, 5), (2, 10), (1, 6), (2, 12), (1, 7), (1, 7), (1, 8)]
+    out = {}
+    for on in (True, False):
+        eng, rule, res, _ = _three_types(on)
+        assert res == times
+        assert [(c[2], c[3]) for c in eng.perf.calls] == calls
+        assert eng.steps == 9 and eng.busy_s == 2.25 and eng.decode_tokens == 12 and eng.preemptions == 0
+        assert eng._timer_at is None and eng.clock.pending() == 0 and not eng._paced_own_timers
+        out[on] = (eng.clock.events, rule.plans)
+    assert out[True][0] == 7 and out[False][0] > 7 and out[True][1] < out[False][1]
+
+
+@pytest.mark.parametrize("c_idle", [0.125, 0.3])
+@pytest.mark.parametrize("arrival_at", [1.1, 1.3, 1.5, 2.4, 0.5625])
+def test_an_arrival_cuts_a_timer_groups_run(arrival_at, c_idle):
+    """D (type 0, 2 outputs) arrives between two steps of the run (1.1: idle between 1.0 and A's timer at
+    1.25), inside one (1.3, 2.4), at a step's begin (1.5) and at the instant of a timer the run had armed
+    (0.5625): every token time, step, and what an observer reads at 0.1-s ticks (KV blocks in use, busy time,
+    the engine's next event) are those of the run without timer groups; no more events, fewer where the run got
+    past its first steps. With C idle since 0.3 its timer (0.8) falls inside B's step 0.75 -> 1.0, an event of its own that
+    the run's observers must see (``paced_event_after``)."""
+    looks = [round(0.55 + 0.1 * i, 2) for i in range(40)]
+    a = _three_types(True, arrival_at, looks, c_idle)
+    b = _three_types(False, arrival_at, looks, c_idle)
+    assert a[2] == b[2] and a[3] == b[3] and len(a[3]) == len(looks)
+    assert (a[0].steps, a[0].busy_s, a[0].decode_tokens) == (b[0].steps, b[0].busy_s, b[0].decode_tokens)
+    assert a[0].clock.events <= b[0].clock.events and (arrival_at < 1 or a[0].clock.events < b[0].clock.events)
+
+
+@pytest.mark.parametrize("capacity", [16, 18, 20])
+def test_a_timer_groups_run_stops_at_the_kv_blocks(capacity):
+    """The case of ``test_timer_groups_by_hand`` with 16-20 blocks of 1 token: the residents hold 12 and need 12
+    more for their tokens (A 4, B 3, C 5), so some step cannot get its blocks and preempts (the last admitted, C,
+    first); the run stops before the step whose growth exceeds the blocks available, and that step preempts as
+    one event per step does: the same token times, steps and preemptions as without timer groups."""
+    a = _three_types(True, capacity=capacity)
+    b = _three_types(False, capacity=capacity)
+    assert a[2] == b[2]
+    assert (a[0].steps, a[0].busy_s, a[0].preemptions) == (b[0].steps, b[0].busy_s, b[0].preemptions)
+    assert a[0].preemptions > 0 and a[0].clock.events <= b[0].clock.events

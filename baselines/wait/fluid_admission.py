@@ -589,12 +589,56 @@ class WaitRule:
                     idle = False                         # a stage-0 resident left out: stays at stage 0
         self._touched = serve if run else ()
         idle_after = (w, mw if all_served else None) if idle else None
+        # StepPlan.timer_groups: in the same regime with other types' timers pending (see _timer_groups)
+        groups = None
+        if idle and run and len(run) == n_dec and not admit and not waiting and all_served:
+            groups = self._timer_groups(tg, inp.token_budget)
+            if groups is not None:
+                # the engine may run the groups' steps without asking: the next plan regroups every type
+                self._touched = range(m)
         # StepPlan.idle_repeat_steps: after such a plan (every resident served, each stage group whole, nothing
         # at stage 0 or waiting: _paces), at T + max_wait_s every type's residents have the oldest T and nothing
         # at stage 0, so the same types are eligible by their timeout alone, each group whole again (a type's
         # cap is the same at every stage; the same tokens of budget): the same plan, with no horizon
-        return _plan(run, admit, inp.running, wake, None if repeat and len(run) == n_dec and run else 1,
+        plan = _plan(run, admit, inp.running, wake, None if repeat and len(run) == n_dec and run else 1,
                      idle_after, _UNTIL_EVENT if _paces(idle_after, run, n_dec, admit) else 0)
+        return plan if groups is None else replace(plan, timer_groups=groups)
+
+    def _timer_groups(self, tg: list, budget: int) -> Optional[tuple]:
+        """``StepPlan.timer_groups`` of a plan that serves types by their timeout alone (``idle_policy='wait'``,
+        every served type's residents all run, nothing waiting): one group per type holding residents, its
+        residents in the order a plan runs them (its stage groups in order), ready at its oldest
+        ``idle_since_s + max_wait_s`` (s), the float the plan compares with ``now``; ``None`` when the regime
+        does not hold: a resident at stage 0, a stage group above the type's cap ``n_j``, or more residents than
+        the step's token budget (tokens).
+
+        Why every later plan is the groups ready then (until anything arrives, finishes or is transferred):
+        nothing waits and nothing is at stage 0, so no type is eligible by its count (0 < n_j) and a type is
+        eligible exactly when its oldest resident has waited ``max_wait_s``; it then runs all its residents
+        (each stage group fits its cap, every group fits the budget together), one token each, so they all
+        have ``idle_since_s`` = the step's end ``T`` after it (ready at ``T + max_wait_s``) and move up one
+        stage together: its stage groups stay the same sets in the same order (a type's cap is the same at
+        every stage), nothing reaches stage 0. An empty plan's wake is the smallest ready time."""
+        mw = self.max_wait_s
+        out = []
+        total = 0
+        for j, g in enumerate(tg):
+            if g[0]:
+                return None
+            stages = g[1]
+            if not stages:
+                continue
+            cap = self.n[j]
+            reqs: list = []
+            for grp in stages.values():
+                if len(grp) > cap:
+                    return None
+                reqs.extend(grp)
+            total += len(reqs)
+            out.append((tuple(reqs), g[2] + mw))
+        if total > budget or not out:
+            return None
+        return tuple(out)
 
 STAGE_CAP_RULES = ("raised", "rotate")
 

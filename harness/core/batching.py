@@ -166,6 +166,18 @@ class StepPlan:
             runs"); exact: every time is the float sum one event per step computes. WAIT states it when
             its served types hold every resident and nothing waits (no horizon of its own), Nested WAIT
             (fixed caps) up to the step at which a stage group would exceed the cap of the stage it reaches.
+        timer_groups: with ``idle_after = (w, d)`` (``d`` not None) and a decode-only plan (every ``run`` pair a
+            decode of 1 token, nothing admitted, nothing waiting), the rule's statement of every plan it would
+            return until anything arrives, finishes, is transferred or wakes the engine: the residents fall
+            into timer groups ``((requests, ready_s), ...)`` (every resident in exactly one; each group's
+            requests in the order a plan runs them; ``ready_s``: when its timeout passes, s), and the plan at
+            any time ``t`` runs every group with ``ready_s <= t`` whole, one token each, in this order of
+            groups (this plan: the groups ready now), or is empty with ``wake_at_s`` the smallest ``ready_s``;
+            a group that runs in a step ending at ``T`` is ready again at the float ``T + d``. The engine then
+            simulates those steps -- several timers with different phases interleaved -- as one run
+            (``harness.sim.engine``, "Timeout-paced runs"). WAIT states it in its timeout-driven regime: every
+            type's residents past stage 0, each stage group within the type's cap, nothing waiting
+            (``WaitRule``). ``None``: no statement.
     """
 
     run: Sequence = ()
@@ -178,6 +190,7 @@ class StepPlan:
     repeat_steps: Optional[int] = None
     idle_after: Optional[tuple] = None
     idle_repeat_steps: int = 0
+    timer_groups: Optional[tuple] = None
 
 
 class UnselectedResidents(Sequence):

@@ -75,6 +75,22 @@ step log (``logger.steps``), ``max_coalesce_s <= 0``, or a first token owed; a r
 ``SimBackend.max_sim_time_s`` (``horizon_s``) as one event per step would stop there. A run that stops at
 ``backend.max_events`` stops at another point (fewer events). ``tests/test_wait_speed.py`` checks the frames
 against the runs with the statement left out.
+
+Several timers with different phases (``StepPlan.timer_groups``: WAIT as written, each type's residents on the
+timeout of its own oldest, interleaved). The rule states the residents' timer groups and when each is ready; the
+engine simulates the steps they give as one run (``_plan_paced_run``, up to ``PACED_GROUP_STEPS`` steps): after a
+step ending at ``T`` the next begins at ``T`` when a group is ready by then (the plan at the step's end), else
+at the smallest ready time (the rule's timer), and runs every group ready then, in the rule's order; a group
+that ran is ready at ``T + max_wait_s``. Each step is priced at its own batch and summed context, as above; the
+run stops at the step in which a request finishes, before a step whose KV growth (every request's blocks for
+its tokens so far) exceeds the blocks available, and at ``horizon_s``. Token times are the ends of the steps
+that ran each group. The rule's timers of those steps (a plan's ``wake_at_s``, a stated empty plan's) are not
+queued while the run holds (``_timer_fire`` ignores the clock's timer events meanwhile); at the run's end, or
+the replayed end of a cut, ``_paced_timer_state`` arms them as one event per step would have
+(``_arm_timer``'s rule, each firing at its time), leaving ``_timer_at`` and the timers still due as they would
+be; ``paced_event_after`` counts them too. A timer's wake while a step is in flight, or of a plan with
+nothing ready, changes nothing but the event count. ``tests/test_wait_speed.py`` checks a hand-worked case
+and cuts between, inside and at the start of steps against the run with ``timer_groups`` stripped.
 """
 
 from __future__ import annotations
@@ -94,6 +110,7 @@ from harness.sim.kvcache import KVLease, PrefixBlockPool
 from harness.sim.step_model import StepModel
 
 _ENGINE = int(Priority.ENGINE)  # step begin/end and timers: first at equal times (a module global: the hot path)
+PACED_GROUP_STEPS = 256         # the longest timeout-paced run of timer groups (steps; StepPlan.timer_groups)
 
 WAITING, LOADING, RUNNING, HELD, DONE, FAILED = range(6)
 
@@ -266,6 +283,19 @@ class Engine:
         #                                 a rule's timer): the step it starts may run inline
         self._run_idle = None           # the rule's "idle after this step" (StepPlan.idle_after), while it holds
         self._paced_begins: Optional[list[float]] = None  # a timeout-paced run in flight: its steps' begins, s
+        # and, while one is in flight: its timer groups (request lists), per step the groups it runs (indices),
+        # the rule's wake time at its plan (s; inf: none) and its batch size; per group the steps that run it;
+        # the groups' idle time max_wait_s (s); _timer_at after its first plan; whether its steps' timers are
+        # still simulated (_paced_timers, _timer_fire ignores the clock's timer events meanwhile)
+        self._paced_groups: Optional[list] = None
+        self._paced_served: list[tuple] = []
+        self._paced_wakes: list[float] = []
+        self._paced_sizes: list[int] = []
+        self._paced_steps_of: list[list[int]] = []
+        self._paced_mw = 0.0
+        self._paced_ta0: Optional[float] = None
+        self._paced_own_timers = False
+        self._paced_wake_sorted: Optional[list[float]] = None
         self.horizon_s = math.inf       # no step ends past this, s (the backend's max_sim_time_s; paced runs)
         self.plans_skipped = 0          # empty plans not computed: the rule stated them (StepPlan.idle_after)
         # the step run in flight
@@ -347,6 +377,16 @@ class Engine:
         if self._used_now_key == key:
             return self._used_now
         bs = self.bs
+        if self._paced_begins is not None:      # each timer group: the steps begun by now that run it
+            for reqs, steps in zip(self._paced_groups, self._paced_steps_of):
+                c = bisect_right(steps, j)
+                if c:
+                    for r in reqs:
+                        extra = -(-(r.computed + c) // bs) - r.kv.blocks
+                        if extra > 0:
+                            used += extra
+            self._used_now_key, self._used_now = key, used
+            return used
         for r in self._run_decode:
             extra = -(-(r.computed + j + 1) // bs) - r.kv.blocks
             if extra > 0:
@@ -478,10 +518,13 @@ class Engine:
         if begun > ended or ended >= len(ends):     # a step in flight (or the last one ending now)
             if begun < len(ends):
                 del ends[begun:], self._run_energy[begun:], self._run_durs[begun:], begins[begun:]
+                self._paced_truncate(begun)
                 self._version += 1
                 self.clock.call_at(ends[-1], self._step_end, self._version, priority=_ENGINE)
             return
         del ends[ended:], self._run_energy[ended:], self._run_durs[ended:]     # (_step_end drops the begins)
+        self._paced_truncate(ended)
+        self._run_idle = (self._paced_wakes[-1], self._paced_mw)   # the last ended step's statement
         self._version += 1
         self.clock.replay_at(ends[-1], self._step_end, self._version)
 
@@ -497,7 +540,59 @@ class Engine:
         i, j = bisect_right(begins, now), bisect_right(ends, now)
         b = begins[i] if i < len(begins) else math.inf
         e = ends[j] if j < len(ends) else math.inf
-        return b if b < e else e
+        if e < b:
+            b = e
+        ws = self._paced_wake_sorted      # the timers the steps' plans arm (a step's begin is one too)
+        if ws is None:
+            ws = self._paced_wake_sorted = sorted(self._paced_wakes)
+        k = bisect_right(ws, now)
+        return ws[k] if k < len(ws) and ws[k] < b else b
+
+    def _paced_truncate(self, n: int) -> None:
+        """Keep the first ``n`` steps of the timeout-paced run in flight (its per-step lists)."""
+        del self._paced_served[n:], self._paced_wakes[n:], self._paced_sizes[n:]
+        for steps in self._paced_steps_of:
+            del steps[bisect_left(steps, n):]
+        self._paced_wake_sorted = None
+
+    def _paced_timer_state(self, now: float) -> None:
+        """The rule's timers as one event per step leaves them at ``now`` (s), the end of the timeout-paced
+        run's last step kept (its end event, or that event replayed by :meth:`_cut_paced`): the run's steps
+        after its first arm timers where one event per step would (:meth:`_arm_timer`'s rule): at a step's
+        end when the next step waits for a timer (the stated empty plan's, at the next step's begin), and at
+        a step's plan (its ``wake_at_s``: the smallest ready time of the groups it leaves out); a timer fires
+        at its time (before a plan or an end at the same instant: it was queued first), clearing
+        ``_timer_at`` when it is the one armed last. Sets ``_timer_at`` and queues the timers still due after
+        ``now``, in the order they were armed; the run's own timer events were ignored (:meth:`_timer_fire`).
+        A timer's wake while a step is in flight or of an empty plan changes nothing but the event count."""
+        begins, ends, wakes = self._paced_begins, self._run_ends, self._paced_wakes
+        ta = self._paced_ta0
+        self._paced_own_timers = False
+        if ta is None and len(self._paced_groups) == 1:     # one group, no timer pending at its start: each
+            self._timer_at = None                           # stated empty plan's timer fired at the next begin
+            return
+        armed: list[float] = []
+        inf = math.inf
+        for k in range(1, len(ends)):         # (the steps kept: a cut between steps keeps the begins)
+            e, b = ends[k - 1], begins[k]
+            if b > e:                       # idle after step k - 1: the stated empty plan arms b
+                if ta is not None and ta <= e:
+                    ta = None
+                if not (ta is not None and e < ta <= b):
+                    ta = b
+                    armed.append(b)
+            if ta is not None and ta <= b:
+                ta = None
+            w = wakes[k]
+            if w != inf and not (ta is not None and b < ta <= w):
+                ta = w
+                armed.append(w)
+        if ta is not None and ta <= now:
+            ta = None
+        self._timer_at = ta
+        for t in armed:
+            if t > now:
+                self.clock.call_at(t, self._timer_fire, t, priority=_ENGINE)
 
     def _hit_blocks(self, req: Request) -> int:
         """Prefix-cache hit of a waiting request now, blocks (0 without prefix caching)."""
@@ -512,6 +607,8 @@ class Engine:
         self.clock.call_at(max(t, now), self._timer_fire, t, priority=_ENGINE)
 
     def _timer_fire(self, t: float) -> None:
+        if self._paced_own_timers:      # a timeout-paced run in flight simulates its timers itself
+            return
         if self._timer_at == t:
             self._timer_at = None
         self._step_ending = True        # wake() is this event's last act: its step may run inline
@@ -769,6 +866,9 @@ class Engine:
             self._run_durs = []
             ends = self._plan_decode_run(decode, plan.repeat_steps, now)   # absolute end times
             exact = True
+        elif plan.timer_groups is not None and not preempted and self._paceable_groups(plan, decode):
+            # timeout-paced steps of several timer groups as one run (the after-idle term inside; never async)
+            return self._plan_paced_run(decode, plan, now, plan.timer_groups), True, 0
         elif plan.idle_repeat_steps > 1 and not preempted and self._paceable(plan, decode):
             # timeout-paced steps as one run (the after-idle term inside; never async: _paceable)
             return self._plan_paced_run(decode, plan, now), True, 0
@@ -797,6 +897,8 @@ class Engine:
         self._run_coalesced = len(ends) > 1
         self._run_exact = exact
         idle = plan.idle_after
+        if self._paced_begins is not None:      # a timeout-paced run: its last step's statement
+            idle = (self._paced_wakes[-1], self._paced_mw)
         # the rule's "idle after this step" holds only for a single step run as planned: no preemption, every
         # admission admitted and running, every prefill chunk completing its prompt (_step_end checks the rest)
         self._run_idle = idle if idle is not None and not preempted and (len(ends) == 1 or self._paced_begins is not None) \
@@ -815,24 +917,150 @@ class Engine:
                 and self.step_log is None and not self.async_scheduling and self.max_coalesce_s > 0
                 and self._timer_at is None and not self._deferred)
 
-    def _plan_paced_run(self, decode: list[Request], plan: StepPlan, now: float) -> list[float]:
-        """A timeout-paced run from ``now`` (s): up to ``plan.idle_repeat_steps`` steps of ``decode`` (one token
-        each), step ``j + 1`` beginning ``d = plan.idle_after[1]`` s after step ``j`` ends. Each step is priced as
-        one event per step prices it (``decode_run_total`` of one step at its summed context, plus
-        ``after_idle`` of the gap since the previous end); it stops at the first request to finish, at the
-        KV blocks available for the run's growth (:meth:`_fit_steps`), and before a step that would end
-        after ``horizon_s``. Sets ``_run_durs`` (s), ``_run_energy`` (J) and, for more than one step,
-        ``_paced_begins`` (s). Returns the steps' absolute end times, s."""
-        b = len(decode)
-        ctx, k = _run_bound(decode, plan.idle_repeat_steps)
-        k = self._fit_steps(decode, k)
+    def _paceable_groups(self, plan: StepPlan, decode: list[Request]) -> bool:
+        """Whether a decode-only step whose rule states ``timer_groups`` may start a timeout-paced run of several
+        timer groups: the statement's conditions as scheduled (``idle_after = (w, d > 0)``, nothing admitted,
+        every ``run`` pair a decode that ran, the groups holding every resident, nothing waiting, the groups
+        ready now exactly the plan's requests) and the engine's (no async scheduling, no step log, coalescing
+        on, nothing deferred, no resident's first decode still to be priced apart)."""
+        idle = plan.idle_after
+        if not (idle is not None and idle[1] is not None and idle[1] > 0 and not plan.admit
+                and len(decode) == len(plan.run) and not self.waiting and self.step_log is None
+                and not self.async_scheduling and self.max_coalesce_s > 0 and not self._deferred):
+            return False
+        now = self.clock.now()
+        total = ready = 0
+        for reqs, r in plan.timer_groups:
+            total += len(reqs)
+            if r <= now:
+                ready += len(reqs)
+        return (total == len(self.running) and ready == len(decode)
+                and not (self._decode_start and _first_decodes(self.running)))
+
+    def _plan_paced_run(self, decode: list[Request], plan: StepPlan, now: float,
+                        groups: Optional[Sequence] = None) -> list[float]:
+        """A timeout-paced run from ``now`` (s), step ``j + 1`` beginning ``d = plan.idle_after[1]`` s after step
+        ``j`` ends, each step priced as one event per step prices it (``decode_run_total`` of one step at its
+        batch and summed context, plus ``after_idle`` of the gap since the previous end).
+
+        ``groups`` ``None``: up to ``plan.idle_repeat_steps`` steps of ``decode`` (one token each); it stops at
+        the first request to finish and at the KV blocks available for the run's growth (:meth:`_fit_steps`).
+        ``groups``: the rule's ``StepPlan.timer_groups`` ``((requests, ready_s), ...)``, up to
+        ``PACED_GROUP_STEPS`` steps: step ``j + 1`` begins at step ``j``'s end ``T`` when a group is ready by
+        then, else at the smallest ready time (the rule's timer), and runs every group ready then, in order
+        (a group that ran is ready at ``T + d``); it stops at the step in which a request finishes and before
+        a step whose KV growth (every request's blocks for its tokens so far) exceeds the blocks available.
+        Either stops before a step that would end after ``horizon_s``. Sets ``_run_durs`` (s), ``_run_energy``
+        (J) and, for more than one step, ``_paced_begins`` (s) with the groups' per-step state. Returns the
+        steps' absolute end times, s."""
         perf, limit, after, mw, horizon = self.perf, self.max_coalesce_s, self._after_idle, plan.idle_after[1], self.horizon_s
+        if groups is None:
+            ctx, k = _run_bound(decode, plan.idle_repeat_steps)
+            reqs_of, ready, ctxs, left = [decode], [now], [ctx], [self._fit_steps(decode, k)]
+            avail = -1                      # (bounded by _fit_steps)
+        else:
+            reqs_of, ready, ctxs, left = [], [], [], []
+            for reqs, r in groups:
+                ctx, k = _run_bound(reqs, PACED_GROUP_STEPS)
+                reqs_of.append(reqs)
+                ready.append(r)
+                ctxs.append(ctx)
+                left.append(k)
+            avail = self.kv.available
+        n = len(reqs_of)
+        sizes = [len(q) for q in reqs_of]
         begins: list[float] = []
         ends: list[float] = []
         durs: list[float] = []
         energy: list[float] = []
-        t, prev = now, self._end_s
-        for j in range(k):
+        t, prev, end = now, self._end_s, now
+        if n == 1 and avail < 0:            # one group: every step runs it, d after the previous end
+            b, ctx, k = sizes[0], ctxs[0], left[0]
+            for j in range(k):
+                e1, ej = perf.decode_run_total(b, ctx, 1, limit)
+                d = e1[0]
+                if after is not None:
+                    extra = after(t - prev)
+                    if extra:
+                        d = d + extra
+                end = t + d
+                if j and end > horizon:
+                    break
+                begins.append(t)
+                ends.append(end)
+                durs.append(d)
+                energy.append(ej)
+                ctx += b
+                prev = end
+                t = end + mw
+            k = len(ends)
+            served_l, wakes, size_l, steps_of = [(0,)] * k, [math.inf] * k, [b] * k, [list(range(k))]
+        else:
+            served_l, wakes, size_l, steps_of = self._paced_group_steps(
+                reqs_of, ready, ctxs, left, sizes, avail, mw, now, begins, ends, durs, energy)
+        self._run_durs, self._run_energy = durs, energy
+        if len(ends) > 1:
+            self._paced_begins = begins
+            self._paced_groups = [list(q) for q in reqs_of]
+            self._paced_served, self._paced_wakes, self._paced_sizes = served_l, wakes, size_l
+            self._paced_steps_of = steps_of
+            self._paced_mw = mw
+            self._paced_ta0 = self._timer_at
+            self._paced_own_timers = True
+            self._paced_wake_sorted = None
+        return ends
+
+    def _paced_group_steps(self, reqs_of: list, ready: list, ctxs: list, left: list, sizes: list, avail: int,
+                           mw: float, now: float, begins: list, ends: list, durs: list, energy: list) -> tuple:
+        """The steps of a timeout-paced run of timer groups from ``now`` (s; :meth:`_plan_paced_run`): appends
+        each step's begin, end (s), time (s) and energy (J) to the lists given; ``reqs_of``, ``ready`` (s),
+        ``ctxs`` (summed context, tokens), ``left`` (steps before a request finishes), ``sizes``: per group
+        (``ready``, ``ctxs`` updated in place); ``avail``: KV blocks available for the run's growth; ``mw``:
+        the idle time after a group's step, s. Returns per step the groups it runs, the rule's wake time at its
+        plan (s; inf: none) and its batch size, and per group the steps that run it."""
+        perf, limit, after, horizon, bs = self.perf, self.max_coalesce_s, self._after_idle, self.horizon_s, self.bs
+        n = len(reqs_of)
+        rng = range(n)
+        count = [0] * n                     # steps that ran each group
+        need = [0] * n                      # KV blocks each group's requests need beyond what they hold
+        total_need = 0
+        served_l: list[tuple] = []
+        wakes: list[float] = []
+        size_l: list[int] = []
+        steps_of: list[list[int]] = [[] for _ in rng]
+        inf = math.inf
+        # a request needs at most ceil(c / bs) blocks more for c more tokens: when the bound of the longest run
+        # fits, no step is checked
+        check = sum(sizes) * ((PACED_GROUP_STEPS - 1) // bs + 1) > avail
+        t, prev, end = now, self._end_s, now
+        for j in range(PACED_GROUP_STEPS):
+            if j:
+                m = min(ready)
+                t = end if m <= end else m
+            served = tuple([g for g in rng if ready[g] <= t])
+            grown = ()
+            if j and check:                 # the KV blocks of this step's tokens, every step before it counted
+                add = 0
+                grown = []
+                for g in served:
+                    c = count[g] + 1
+                    x = 0
+                    for req in reqs_of[g]:
+                        e = -(-(req.computed + c) // bs) - req.kv.blocks
+                        if e > 0:
+                            x += e
+                    grown.append(x)
+                    add += x - need[g]
+                if total_need + add > avail:
+                    break
+            b = ctx = 0
+            for g in served:
+                b += sizes[g]
+                ctx += ctxs[g]
+            w = inf
+            for r in ready:
+                if t < r < w:
+                    w = r
             e1, ej = perf.decode_run_total(b, ctx, 1, limit)
             d = e1[0]
             if after is not None:
@@ -842,17 +1070,29 @@ class Engine:
             end = t + d
             if j and end > horizon:
                 break
+            for g, x in zip(served, grown):
+                total_need += x - need[g]
+                need[g] = x
             begins.append(t)
             ends.append(end)
             durs.append(d)
             energy.append(ej)
-            ctx += b
+            served_l.append(served)
+            wakes.append(w)
+            size_l.append(b)
+            done = False
+            nxt = end + mw
+            for g in served:
+                count[g] += 1
+                ctxs[g] += sizes[g]
+                ready[g] = nxt
+                steps_of[g].append(j)
+                if count[g] >= left[g]:
+                    done = True
             prev = end
-            t = end + mw
-        self._run_durs, self._run_energy = durs, energy
-        if len(ends) > 1:
-            self._paced_begins = begins
-        return ends
+            if done:
+                break
+        return served_l, wakes, size_l, steps_of
 
     def _fit_steps(self, decode: list[Request], k: int) -> int:
         """The number of steps, at most ``k``, for which every request of ``decode`` can grow by one token a
@@ -938,6 +1178,7 @@ class Engine:
             self.step_log.record(self)
         self.steps += k
         exact = self._run_exact
+        paced = None
         if exact:                       # step by step, as one event per step adds them
             busy, ej = self.busy_s, self.energy_busy_j
             for d in self._run_durs:
@@ -945,10 +1186,18 @@ class Engine:
             for e in self._run_energy:
                 ej += e
             self.busy_s, self.energy_busy_j = busy, ej
-            self.paused_steps += self._run_paused * (k - 1)     # (counted once at the run's start)
             if self._paced_begins is not None:      # a timeout-paced run: the stated empty plans after its
-                self._paced_begins = None           # steps but the last, not computed
+                if self._paced_own_timers:          # steps but the last, not computed; its timers
+                    self._paced_timer_state(now)
+                paced = self._paced_groups if k > 1 else None
+                running = self._run_paused + self._paced_sizes[0]      # the residents at the run's start
+                for b in self._paced_sizes[1:]:
+                    self.paused_steps += running - b
+                self._paced_begins = self._paced_groups = None
+                self._paced_wake_sorted = None
                 self.plans_skipped += k - 1
+            else:
+                self.paused_steps += self._run_paused * (k - 1)     # (counted once at the run's start)
         else:
             self.busy_s += self._run_ends[-1]
             self.energy_busy_j += self._run_ej
@@ -979,6 +1228,31 @@ class Engine:
                 if req.out_done >= req.out_target:
                     finished.append(req)
             self.decode_tokens += len(decode)
+        elif paced is not None:
+            # a timeout-paced run: each timer group's token times are the ends of the steps that ran it (its
+            # requests advance by that many tokens, idle since the last); the groups in the rule's order, so a
+            # request that finishes (in the run's last step) is listed in that step's order
+            ends = self._run_ends
+            times = [array("d") for _ in paced]
+            for e, served in zip(ends, self._paced_served):
+                for g in served:
+                    times[g].append(e)
+            kv = self.kv
+            for reqs, tt in zip(paced, times):
+                c = len(tt)
+                if not c:
+                    continue
+                last = tt[-1]
+                for req in reqs:
+                    req.token_times.extend(tt)
+                    req.idle_since_s = last
+                    x = req.computed + c
+                    kv.grow(req.kv, -(-x // bs) - req.kv.blocks, x)
+                    req.computed = x
+                    req.out_done += c
+                    if req.out_done >= req.out_target:
+                        finished.append(req)
+                self.decode_tokens += c * len(reqs)
         elif decode:
             # a run's token times, shared by the batch: run start + step-end offsets (one vector addition
             # per run), or an exact run's absolute end times
