@@ -279,6 +279,7 @@ class Engine:
         self._timer_at: Optional[float] = None
         self._used_now_key: tuple = ()  # memo of used_blocks_now inside a coalesced run
         self._used_now = 0
+        self._busy_cum: list = [-1, [], []]   # busy_energy_now's running sums: [_version, busy s, energy J]
         self._step_ending = False       # True only while an event calls wake() as its last act (a step's end,
         #                                 a rule's timer): the step it starts may run inline
         self._run_idle = None           # the rule's "idle after this step" (StepPlan.idle_after), while it holds
@@ -397,14 +398,29 @@ class Engine:
     def busy_energy_now(self) -> tuple[float, float]:
         """``(busy_s, energy_busy_j)`` as step-by-step simulation shows them now (s, J): inside a run
         with a rule-declared horizon, the steps ended by now are added, one by one; otherwise (and for
-        other coalesced runs, which count at their end) the counters."""
+        other coalesced runs, which count at their end) the counters. The run's running sums (the same
+        additions in the same order, from the counters) are kept per run (``_version``) and extended as its
+        steps end, so a read costs the steps ended since the last one, not all of them."""
         busy, ej = self.busy_s, self.energy_busy_j
         if self._run_exact and self._run_coalesced:
             j = bisect_right(self._run_ends, self.clock.now())
-            for d in self._run_durs[:j]:
-                busy += d
-            for e in self._run_energy[:j]:
-                ej += e
+            if not j:
+                return busy, ej
+            cum = self._busy_cum
+            if cum[0] != self._version:
+                cum = self._busy_cum = [self._version, [], []]
+            cb, ce = cum[1], cum[2]
+            i = len(cb)
+            if j > i:
+                if i:
+                    busy, ej = cb[-1], ce[-1]
+                for d in self._run_durs[i:j]:
+                    busy += d
+                    cb.append(busy)
+                for e in self._run_energy[i:j]:
+                    ej += e
+                    ce.append(ej)
+            return cb[j - 1], ce[j - 1]
         return busy, ej
 
     # ---- KV blocks ------------------------------------------------------------------------------
