@@ -73,6 +73,20 @@ def workers_for(n_jobs: Optional[int], jobs: int) -> int:
     return max(1, min(n, max(1, jobs)))
 
 
+def fresh_copy(cfg: Any) -> Any:
+    """An independent copy of the OmegaConf config ``cfg`` (a root node: no parent), equal to
+    ``copy.deepcopy(cfg)`` -- values, node types, flags, the resolver cache -- made by a pickle round trip
+    (OmegaConf's ``__getstate__`` / ``__setstate__``; about half the CPU of its ``__deepcopy__``: 20 vs 40 ms for
+    a job's composed config on this machine, docs/speed.md); ``copy.deepcopy`` where a value cannot be
+    pickled."""
+    import pickle
+    try:
+        return pickle.loads(pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:   # noqa: BLE001 -- an unpicklable value: the deep copy handles what it can
+        import copy
+        return copy.deepcopy(cfg)
+
+
 class ComposedConfigs:
     """Hydra's config loader with a memo of composed job configs: ``load_sweep_config(master, overrides)`` is
     composed once per sweep (key: the sweep's primary config object -- its ``hydra.overrides.hydra``, config
@@ -94,15 +108,14 @@ class ComposedConfigs:
         return getattr(self._loader, name)
 
     def load_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
-        """Job ``sweep_overrides``'s config (Hydra's ``ConfigLoader.load_sweep_config``), a fresh deep copy
-        (callers set the job's id and number in it)."""
-        import copy
+        """Job ``sweep_overrides``'s config (Hydra's ``ConfigLoader.load_sweep_config``), a fresh copy
+        (:func:`fresh_copy`; callers set the job's id and number in it)."""
         key = (id(master_config), tuple(sweep_overrides))
         hit = self._memo.get(key)
         if hit is None:
             hit = self._memo[key] = (master_config, self._loader.load_sweep_config(master_config,
                                                                                    list(sweep_overrides)))
-        return copy.deepcopy(hit[1])
+        return fresh_copy(hit[1])
 
     def clear(self) -> None:
         """Drop the memo (the sweep is over)."""
@@ -117,10 +130,12 @@ class ComposeCache:
     (``scheduler=wait``, ``+experiment/variant=x``, ``~group``), the rest being the value overrides
     (``workload.rate_per_s=0.1``) Hydra applies to the merged config afterwards (its ``Overrides`` splits
     them by the same test: a value that is a dict, or a key that names no config group). Every other step is
-    Hydra's own, in its order, on a deep copy of the memoised config: the parse, the sweep-override check,
-    the value overrides, the ``hydra.overrides`` / ``runtime`` / ``job`` fields. So a sweep of 6 variants x 8
-    rates x 10 seeds composes its 6 variants' configs once each instead of its 480 jobs' (the config files are
-    read on the first compose of a variant). Not used (Hydra's own path) for a command line that moves the
+    Hydra's own, in its order, on a copy of the memoised config (:func:`fresh_copy`): the parse, the
+    sweep-override check, the value overrides, the ``hydra.overrides`` / ``runtime`` / ``job`` fields. So a sweep
+    of 6 variants x 8 rates x 10 seeds composes its 6 variants' configs once each instead of its 480 jobs'. Each
+    config file is read once per process and primary config (:meth:`_load_file`: a compose merges a copy of
+    it), and a memo hit makes no repository of its own (one per primary config serves its group look-ups and
+    its sources): in this process, a config file edited after its first read is not read again. Not used (Hydra's own path) for a command line that moves the
     search path (``hydra.searchpath``); an error on the memoised path is raised again by Hydra's own compose,
     so a bad override fails as Hydra fails it. ``tests/test_executor.py`` checks the configs against Hydra's
     own compose over many kinds of overrides.
@@ -132,6 +147,8 @@ class ComposeCache:
     def __init__(self, loader: Any, impl: Any):
         self.loader, self._impl = loader, impl
         self._memo: dict = {}
+        self._probes: dict = {}     # config name -> a caching repository: group look-ups and sources of a memo hit
+        self._files: dict = {}      # config name -> {config path: ConfigResult as read}: never handed out
         self.hits = self.misses = self.fallbacks = 0
 
     def __call__(self, config_name: Optional[str], overrides: list, run_mode: Any, from_shell: bool = True,
@@ -146,40 +163,76 @@ class ComposeCache:
                               validate_sweep_overrides=validate_sweep_overrides)
         return cfg
 
+    def _repo(self, config_name: Optional[str], parsed_overrides: list) -> Any:
+        """Hydra's ``_parse_overrides_and_create_caching_repo`` for parsed overrides that leave the search path
+        as the primary config sets it (no ``hydra.searchpath`` override): a ``CachingConfigRepository`` whose
+        config files come from this cache's copy of each file as first read (:meth:`_load_file`)."""
+        import functools
+        from hydra._internal.config_repository import CachingConfigRepository
+        repo = CachingConfigRepository(self.loader.repository)
+        repo.load_config = functools.partial(self._load_file, repo, self._files.setdefault(config_name, {}))
+        self.loader._process_config_searchpath(config_name, parsed_overrides, repo)
+        return repo
+
+    @staticmethod
+    def _load_file(repo: Any, files: dict, config_path: str) -> Any:
+        """``CachingConfigRepository.load_config`` with the files read once per process (per primary config
+        name: the search path is the same): each compose gets its own copy of a file's ``ConfigResult`` (its
+        config by :func:`fresh_copy`, its defaults list and header copied), since Hydra's merge moves a loaded
+        file's nodes into the config it composes and annotates its defaults list."""
+        import copy
+        key = f"config_path={config_path}"
+        if key not in repo.cache:
+            if key not in files:
+                files[key] = repo.delegate.load_config(config_path=config_path)
+            ret = files[key]
+            if ret is not None:
+                ret = copy.copy(ret)
+                ret.config = fresh_copy(ret.config)
+                ret.header = dict(ret.header)
+                ret.defaults_list = copy.deepcopy(ret.defaults_list)
+            repo.cache[key] = ret
+        return repo.cache[key]
+
     def _compose(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides) -> Any:
         """Hydra 1.3's ``_load_configuration_impl`` with the memo (None: left to Hydra)."""
-        import copy
         from hydra import __version__, version
         from hydra._internal.config_loader_impl import ConfigSourceInfo, get_overrides_dirname
         from hydra._internal.defaults_list import create_defaults_list
+        from hydra.core.override_parser.overrides_parser import OverridesParser
         from hydra.core.utils import JobRuntime
         from hydra.types import RunMode
         from omegaconf import OmegaConf, open_dict
         loader = self.loader
         loader.ensure_main_config_source_available()
-        parsed_overrides, caching_repo = loader._parse_overrides_and_create_caching_repo(config_name, overrides)
-        if validate_sweep_overrides:
-            loader.validate_sweep_overrides_legal(overrides=parsed_overrides, run_mode=run_mode, from_shell=from_shell)
+        parsed_overrides = OverridesParser.create().parse_overrides(overrides=overrides)
         if any(o.get_key_element() == "hydra.searchpath" or o.is_sweep_override() for o in parsed_overrides):
             return None
+        probe = self._probes.get(config_name)
+        if probe is None:   # (the primary config's own hydra.searchpath: the same for every compose of it)
+            probe = self._probes[config_name] = self._repo(config_name, [])
+        if validate_sweep_overrides:
+            loader.validate_sweep_overrides_legal(overrides=parsed_overrides, run_mode=run_mode, from_shell=from_shell)
         # the value overrides, in order: hydra._internal.defaults_list.Overrides's test
         config_overrides = [o for o in parsed_overrides
-                            if isinstance(o.value(), dict) or not caching_repo.group_exists(o.key_or_group)]
+                            if isinstance(o.value(), dict) or not probe.group_exists(o.key_or_group)]
         chosen = {id(o) for o in config_overrides}
         key = (config_name, run_mode, tuple(o.input_line for o in parsed_overrides if id(o) not in chosen))
         hit = self._memo.get(key)
+        caching_repo = probe
         if hit is None:
+            caching_repo = self._repo(config_name, parsed_overrides)
             defaults_list = create_defaults_list(repo=caching_repo, config_name=config_name,
                                                  overrides_list=parsed_overrides, prepend_hydra=True,
                                                  skip_missing=run_mode == RunMode.MULTIRUN)
             if [id(o) for o in defaults_list.config_overrides] != [id(o) for o in config_overrides]:
                 return None     # (Hydra split them otherwise: not memoised)
             cfg = loader._compose_config_from_defaults_list(defaults=defaults_list.defaults, repo=caching_repo)
-            self._memo[key] = (dict(defaults_list.overrides.known_choices), copy.deepcopy(cfg))
+            self._memo[key] = (dict(defaults_list.overrides.known_choices), fresh_copy(cfg))
             known_choices = defaults_list.overrides.known_choices
             self.misses += 1
         else:
-            known_choices, cfg = hit[0], copy.deepcopy(hit[1])
+            known_choices, cfg = hit[0], fresh_copy(hit[1])
             self.hits += 1
         # from here on, Hydra's _load_configuration_impl as it is
         OmegaConf.set_struct(cfg, True)
@@ -214,24 +267,41 @@ class ComposeCache:
 # sha256 of inspect.getsource(ConfigLoaderImpl._load_configuration_impl) of hydra-core 1.3.8: the code
 # ComposeCache._compose repeats around its memo; a Hydra whose code differs composes without the memo
 HYDRA_IMPL_SHA256 = "f611c97e466f94db72ac0a127250fa439eb79a30fe164968e5d71f543bb960c2"
+# the same for the code ComposeCache._repo / _load_file repeat (hydra-core 1.3.8): the repository a compose gets
+# (ConfigLoaderImpl._parse_overrides_and_create_caching_repo) and its file cache (CachingConfigRepository.load_config)
+HYDRA_REPO_SHA256 = {
+    "ConfigLoaderImpl._parse_overrides_and_create_caching_repo":
+        "64a9ff8144edc9f24527d1a3fabcccfa3783bad2c1cead6751036444d4d61dba",
+    "CachingConfigRepository.load_config": "76b44dcf45281952984499e2043a24675e38043481d89fd62876814e454da6a5",
+}
+
+
+def _hydra_is_known(loader: Any) -> bool:
+    """Whether the code of ``loader``'s Hydra that :class:`ComposeCache` repeats is the code it was written
+    from (:data:`HYDRA_IMPL_SHA256`, :data:`HYDRA_REPO_SHA256`: sha256 of each function's source)."""
+    import hashlib
+    import inspect
+    try:
+        from hydra._internal.config_repository import CachingConfigRepository
+        code = {"_load_configuration_impl": getattr(type(loader), "_load_configuration_impl", None),
+                "ConfigLoaderImpl._parse_overrides_and_create_caching_repo":
+                    getattr(type(loader), "_parse_overrides_and_create_caching_repo", None),
+                "CachingConfigRepository.load_config": CachingConfigRepository.load_config}
+        want = {"_load_configuration_impl": HYDRA_IMPL_SHA256, **HYDRA_REPO_SHA256}
+        return all(hashlib.sha256(inspect.getsource(f).encode()).hexdigest() == want[k] for k, f in code.items())
+    except (ImportError, OSError, TypeError):
+        return False
 
 
 def cache_compositions(loader: Any) -> Optional[ComposeCache]:
     """Give Hydra's config loader ``loader`` (a ``ConfigLoaderImpl``) a :class:`ComposeCache` (its
     ``_load_configuration_impl``, on this instance only), once; returns it, or None where the installed Hydra's
-    ``_load_configuration_impl`` is not the code the cache repeats (:data:`HYDRA_IMPL_SHA256`) or ``loader`` is
+    code the cache repeats is not the code it was written from (:func:`_hydra_is_known`) or ``loader`` is
     not Hydra's own loader (then nothing changes)."""
-    import hashlib
-    import inspect
     cur = loader.__dict__.get("_load_configuration_impl") if hasattr(loader, "__dict__") else None
     if isinstance(cur, ComposeCache):
         return cur
-    impl = getattr(type(loader), "_load_configuration_impl", None)
-    try:
-        src = inspect.getsource(impl)
-    except (OSError, TypeError):
-        return None
-    if hashlib.sha256(src.encode()).hexdigest() != HYDRA_IMPL_SHA256:
+    if not _hydra_is_known(loader):
         return None
     cache = ComposeCache(loader, getattr(loader, "_load_configuration_impl"))
     loader._load_configuration_impl = cache
