@@ -149,6 +149,8 @@ COMPOSE_CASES = [
     ["+experiment=conserve_rate_sweep", "+experiment/variant=wait_dr", "workload.rate_per_s=0.04"],
     ["+experiment=conserve_rate_sweep", "+experiment/variant=wait_dr", "workload.rate_per_s=0.08", "workload.seed=1"],
     ["scheduler=nope"],
+    ["scheduler=ampd", "workload.rate_per_s=0.1"],
+    ["slo=absolute", "scheduler=conserve", "workload.seed=2"],
 ]
 ERRORS = (3, 6)     # the cases Hydra refuses: an unknown key, an unknown option
 
@@ -158,7 +160,8 @@ def test_the_compose_cache_equals_hydras_own_compose_for_every_kind_of_override(
     ``_load_configuration_impl`` of the same overrides: the whole config with its ``hydra`` node (as YAML and as
     containers), the flags (struct; ``hydra`` writable) and each node's type; a case Hydra refuses is
     refused the same way (the same exception type and message). The memo composes once per set of config-group
-    overrides (the cases with the same groups share it) and is installed on this Hydra (its
+    overrides (the cases with the same groups share it), a case whose groups differ only from the scheduler on
+    merges onto the memoised config of the defaults before it, and the cache is installed on this Hydra (its
     ``_load_configuration_impl`` is the code the cache repeats)."""
     from hydra import initialize_config_dir
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -196,7 +199,10 @@ def test_the_compose_cache_equals_hydras_own_compose_for_every_kind_of_override(
                 assert outcome(cache, case) == want, case
             assert outcome(loader.load_configuration, case) == want, case   # (Hydra's entry point, through it)
         assert hydras is not cache
-    assert tuple(errors) == ERRORS and cache.hits >= len(COMPOSE_CASES) and cache.misses == 2
+    # the two last cases differ from the first in groups late in the defaults list: their configs are merged onto
+    # the memoised config of the defaults before the scheduler's
+    assert tuple(errors) == ERRORS and cache.hits >= len(COMPOSE_CASES) and cache.misses == 4
+    assert cache.prefix_hits == 2
 
 
 def test_fresh_copy_is_a_deep_copy_that_shares_nothing_with_its_source():

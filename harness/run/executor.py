@@ -134,14 +134,17 @@ class ComposeCache:
     sweep-override check, the value overrides, the ``hydra.overrides`` / ``runtime`` / ``job`` fields. So a sweep
     of 6 variants x 8 rates x 10 seeds composes its 6 variants' configs once each instead of its 480 jobs'. Each
     config file is read once per process and primary config (:meth:`_load_file`: a compose merges a copy of
-    it), and a memo hit makes no repository of its own (one per primary config serves its group look-ups and
-    its sources): in this process, a config file edited after its first read is not read again. Not used (Hydra's own path) for a command line that moves the
-    search path (``hydra.searchpath``); an error on the memoised path is raised again by Hydra's own compose,
-    so a bad override fails as Hydra fails it. ``tests/test_executor.py`` checks the configs against Hydra's
+    it), a memo hit makes no repository of its own (one per primary config serves its group look-ups and
+    its sources), and a miss merges onto the memoised config of the defaults before its first chosen group's
+    (:meth:`_merge`: the 6 variants of a rate sweep merge the hardware, model, cluster and workload configs once):
+    in this process, a config file edited after its first read is not read again. Not used (Hydra's own path)
+    for a command line that moves the search path (``hydra.searchpath``); an error on the memoised path is
+    raised again by Hydra's own compose, so a bad override fails as Hydra fails it. ``tests/test_executor.py`` checks the configs against Hydra's
     own compose over many kinds of overrides.
 
     Attributes:
         hits, misses, fallbacks: composes from the memo, composed and memoised, left to Hydra (counts).
+        prefix_hits: misses merged onto a memoised config of their first defaults (:meth:`_merge`; count).
     """
 
     def __init__(self, loader: Any, impl: Any):
@@ -149,7 +152,8 @@ class ComposeCache:
         self._memo: dict = {}
         self._probes: dict = {}     # config name -> a caching repository: group look-ups and sources of a memo hit
         self._files: dict = {}      # config name -> {config path: ConfigResult as read}: never handed out
-        self.hits = self.misses = self.fallbacks = 0
+        self._prefixes: dict = {}   # (config name, the first k defaults) -> the config they merge to (_merge)
+        self.hits = self.misses = self.fallbacks = self.prefix_hits = 0
 
     def __call__(self, config_name: Optional[str], overrides: list, run_mode: Any, from_shell: bool = True,
                  validate_sweep_overrides: bool = True) -> Any:
@@ -194,6 +198,51 @@ class ComposeCache:
             repo.cache[key] = ret
         return repo.cache[key]
 
+    def _merge(self, config_name: Optional[str], defaults: list, repo: Any, groups: set) -> Any:
+        """Hydra 1.3's ``_compose_config_from_defaults_list`` (each default's config merged in order, then the
+        defaults lists stripped) with the config merged from the defaults before the first one of a config
+        group the command line chose (``groups``: ``scheduler`` for ``scheduler=wait``) memoised, keyed by those
+        defaults (each one's config path, parent, package and flags; each file is read once per process, so they
+        determine it): variants that differ in a group late in the defaults list (``scheduler=a,b,c``) merge the
+        model, cluster, hardware and workload configs once. The memoised config is copied
+        (:func:`fresh_copy`) before the rest is merged into it."""
+        from hydra.errors import ConfigCompositionException
+        from omegaconf import DictConfig, OmegaConf, flag_override
+        from omegaconf.errors import OmegaConfBaseException
+        ids = [(d.config_path, d.parent, d.package, d.is_self, d.primary) for d in defaults]
+        split = next((i for i, d in enumerate(defaults) if d.config_path and "/" in d.config_path
+                      and d.config_path.rsplit("/", 1)[0] in groups), 0)
+        key = (config_name, tuple(ids[:split]))
+        memo = self._prefixes.get(key) if split else None
+        start = split if memo is not None else 0
+        cfg = fresh_copy(memo) if memo is not None else OmegaConf.create()
+        self.prefix_hits += memo is not None
+        with flag_override(cfg, "no_deepcopy_set_nodes", True):
+            for i in range(start, len(defaults)):
+                if i == split and split and memo is None:     # (the copy without this merge's flag)
+                    with flag_override(cfg, "no_deepcopy_set_nodes", None):
+                        self._prefixes[key] = fresh_copy(cfg)
+                loaded = self.loader._load_single_config(default=defaults[i], repo=repo)
+                try:
+                    cfg.merge_with(loaded.config)
+                except OmegaConfBaseException as e:
+                    raise ConfigCompositionException(
+                        f"In '{defaults[i].config_path}': {type(e).__name__} raised while composing config:\n{e}"
+                    ).with_traceback(sys.exc_info()[2])
+
+        def strip_defaults(cfg: Any) -> None:   # Hydra's: the defaults lists left in any node removed
+            if isinstance(cfg, DictConfig):
+                if cfg._is_missing() or cfg._is_none():
+                    return
+                with flag_override(cfg, ["readonly", "struct"], False):
+                    if cfg._get_flag("HYDRA_REMOVE_TOP_LEVEL_DEFAULTS"):
+                        cfg._set_flag("HYDRA_REMOVE_TOP_LEVEL_DEFAULTS", None)
+                        cfg.pop("defaults", None)
+                for _key, value in cfg.items_ex(resolve=False):
+                    strip_defaults(value)
+        strip_defaults(cfg)
+        return cfg
+
     def _compose(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides) -> Any:
         """Hydra 1.3's ``_load_configuration_impl`` with the memo (None: left to Hydra)."""
         from hydra import __version__, version
@@ -227,7 +276,8 @@ class ComposeCache:
                                                  skip_missing=run_mode == RunMode.MULTIRUN)
             if [id(o) for o in defaults_list.config_overrides] != [id(o) for o in config_overrides]:
                 return None     # (Hydra split them otherwise: not memoised)
-            cfg = loader._compose_config_from_defaults_list(defaults=defaults_list.defaults, repo=caching_repo)
+            groups = {o.key_or_group.lstrip("+~") for o in parsed_overrides if id(o) not in chosen}
+            cfg = self._merge(config_name, defaults_list.defaults, caching_repo, groups)
             self._memo[key] = (dict(defaults_list.overrides.known_choices), fresh_copy(cfg))
             known_choices = defaults_list.overrides.known_choices
             self.misses += 1
@@ -273,6 +323,8 @@ HYDRA_REPO_SHA256 = {
     "ConfigLoaderImpl._parse_overrides_and_create_caching_repo":
         "64a9ff8144edc9f24527d1a3fabcccfa3783bad2c1cead6751036444d4d61dba",
     "CachingConfigRepository.load_config": "76b44dcf45281952984499e2043a24675e38043481d89fd62876814e454da6a5",
+    "ConfigLoaderImpl._compose_config_from_defaults_list":
+        "136c76d6cb280db8f0644f528dffed4d6cf4850bb1193827e9a1dbda5d360fba",
 }
 
 
@@ -286,7 +338,9 @@ def _hydra_is_known(loader: Any) -> bool:
         code = {"_load_configuration_impl": getattr(type(loader), "_load_configuration_impl", None),
                 "ConfigLoaderImpl._parse_overrides_and_create_caching_repo":
                     getattr(type(loader), "_parse_overrides_and_create_caching_repo", None),
-                "CachingConfigRepository.load_config": CachingConfigRepository.load_config}
+                "CachingConfigRepository.load_config": CachingConfigRepository.load_config,
+                "ConfigLoaderImpl._compose_config_from_defaults_list":
+                    getattr(type(loader), "_compose_config_from_defaults_list", None)}
         want = {"_load_configuration_impl": HYDRA_IMPL_SHA256, **HYDRA_REPO_SHA256}
         return all(hashlib.sha256(inspect.getsource(f).encode()).hexdigest() == want[k] for k, f in code.items())
     except (ImportError, OSError, TypeError):
