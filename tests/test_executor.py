@@ -279,9 +279,44 @@ def test_the_compose_cache_reads_each_config_file_once_and_hands_each_compose_it
         assert value(cache, ["sched=a", "+opt=x"]) == (1, "a", 0.5, True)     # read once per process: not again
         assert value(cache, [], name="other") == (2, "b", 0.25, None)          # its own files
         assert reads.count("other") == 1 and reads.count("sched/b") == 2
+        # a sweep's primary config (a sweep override): Hydra's own compose, its files from the cache
+        sweep = cache(config_name="config", overrides=["sched=a,b", "top=3"], run_mode=RunMode.MULTIRUN)
+        assert (sweep.top, sweep.sched.name, sweep.sched.rate) == (3, "a", 0.5) and cache.fallbacks == 1
+        assert reads.count("config") == 1 and reads.count("sched/a") == 1
+        # no group chosen: the whole defaults list's merge is memoised, so a second run mode merges nothing
+        before = cache.prefix_hits
+        assert value(cache, ["top=4"]) == (4, "a", 0.5, None)
+        assert cache(config_name="config", overrides=["top=5"], run_mode=RunMode.MULTIRUN).top == 5
+        assert cache.prefix_hits == before + 1
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         fresh = cache_compositions(GlobalHydra.instance().config_loader())
         assert fresh is not cache
         assert value(fresh, ["sched=a", "+opt=x"]) == (1, "a", 0.125, True)   # a new process reads the edit
     GlobalHydra.instance().clear()
+
+
+def test_the_command_line_gives_hydras_loader_its_compose_cache_from_the_start():
+    """``harness.run.cli._compose_cache_from_the_start``: inside it, the Hydra the command line creates
+    (``Hydra.create_main_hydra2``) has a ``ComposeCache`` on its loader before its first compose; after it,
+    Hydra's own ``create_main_hydra2`` is back (a loader made then has none)."""
+    from hydra._internal.hydra import Hydra
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra._internal.utils import create_config_search_path
+
+    from harness.run.cli import _compose_cache_from_the_start
+    from harness.run.executor import ComposeCache
+
+    own = Hydra.__dict__["create_main_hydra2"]
+    search = create_config_search_path(str(PROJECT_ROOT / "conf"))
+    GlobalHydra.instance().clear()
+    try:
+        with _compose_cache_from_the_start():
+            made = Hydra.create_main_hydra2("t", search)
+            assert isinstance(made.config_loader.__dict__.get("_load_configuration_impl"), ComposeCache)
+        assert Hydra.__dict__["create_main_hydra2"] is own
+        GlobalHydra.instance().clear()
+        plain = Hydra.create_main_hydra2("t", search)
+        assert "_load_configuration_impl" not in plain.config_loader.__dict__
+    finally:
+        GlobalHydra.instance().clear()

@@ -19,8 +19,8 @@ keeps, across jobs, what the process-wide caches hold, each keyed by what determ
 Each job's config is composed in the worker from the sweep's config and the job's overrides
 (``ConfigLoader.load_sweep_config``, as Hydra's basic launcher does in its process; Hydra's defaults list and
 merge memoised per set of config-group overrides, :class:`ComposeCache`, so a job that differs from an earlier
-one only in values -- a rate, a seed -- costs a deep copy and the value overrides), then run by Hydra's
-``run_job`` (its run directory, ``.hydra/`` files, ``run.log``, the callbacks' ``on_job_start``/``end``).
+one only in values -- a rate, a seed -- costs a copy, :func:`fresh_copy`, and the value overrides), then run by
+Hydra's ``run_job`` (its run directory, ``.hydra/`` files, ``run.log``, the callbacks' ``on_job_start``/``end``).
 Nothing a run computes depends on which process ran it or on the jobs before it in that process: the caches
 above hold only values that are a function of their key (tests/test_executor.py checks a sweep's files
 against one process per run, byte for byte but the wall-clock and cost keys of ``summary.json``).
@@ -139,8 +139,8 @@ class ComposeCache:
     (:meth:`_merge`: the 6 variants of a rate sweep merge the hardware, model, cluster and workload configs once):
     in this process, a config file edited after its first read is not read again. Not used (Hydra's own path)
     for a command line that moves the search path (``hydra.searchpath``); an error on the memoised path is
-    raised again by Hydra's own compose, so a bad override fails as Hydra fails it. ``tests/test_executor.py`` checks the configs against Hydra's
-    own compose over many kinds of overrides.
+    raised again by Hydra's own compose, so a bad override fails as Hydra fails it. ``tests/test_executor.py``
+    checks the configs against Hydra's own compose over many kinds of overrides.
 
     Attributes:
         hits, misses, fallbacks: composes from the memo, composed and memoised, left to Hydra (counts).
@@ -161,11 +161,28 @@ class ComposeCache:
             cfg = self._compose(config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
         except Exception:   # Hydra's own compose says what is wrong, as it says it without the memo
             cfg = None
+        if cfg is _SWEEP:   # a sweep's primary config: Hydra's compose, its config files from this cache
+            self.fallbacks += 1
+            self.loader._parse_overrides_and_create_caching_repo = self._parse_and_repo
+            try:
+                return self._impl(config_name=config_name, overrides=overrides, run_mode=run_mode,
+                                  from_shell=from_shell, validate_sweep_overrides=validate_sweep_overrides)
+            finally:
+                del self.loader._parse_overrides_and_create_caching_repo
         if cfg is None:
             self.fallbacks += 1
             return self._impl(config_name=config_name, overrides=overrides, run_mode=run_mode, from_shell=from_shell,
                               validate_sweep_overrides=validate_sweep_overrides)
         return cfg
+
+    def _parse_and_repo(self, config_name: Optional[str], overrides: list) -> tuple:
+        """Hydra's ``_parse_overrides_and_create_caching_repo`` with the repository of :meth:`_repo` (the config
+        files read once per process), for overrides that leave the search path alone (else Hydra's own)."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+        if any(o.get_key_element() == "hydra.searchpath" for o in parsed):
+            return type(self.loader)._parse_overrides_and_create_caching_repo(self.loader, config_name, overrides)
+        return parsed, self._repo(config_name, parsed)
 
     def _repo(self, config_name: Optional[str], parsed_overrides: list) -> Any:
         """Hydra's ``_parse_overrides_and_create_caching_repo`` for parsed overrides that leave the search path
@@ -211,7 +228,7 @@ class ComposeCache:
         from omegaconf.errors import OmegaConfBaseException
         ids = [(d.config_path, d.parent, d.package, d.is_self, d.primary) for d in defaults]
         split = next((i for i, d in enumerate(defaults) if d.config_path and "/" in d.config_path
-                      and d.config_path.rsplit("/", 1)[0] in groups), 0)
+                      and d.config_path.rsplit("/", 1)[0] in groups), len(defaults))   # (none chosen: them all)
         key = (config_name, tuple(ids[:split]))
         memo = self._prefixes.get(key) if split else None
         start = split if memo is not None else 0
@@ -229,6 +246,9 @@ class ComposeCache:
                     raise ConfigCompositionException(
                         f"In '{defaults[i].config_path}': {type(e).__name__} raised while composing config:\n{e}"
                     ).with_traceback(sys.exc_info()[2])
+            if split == len(defaults) and split and memo is None:
+                with flag_override(cfg, "no_deepcopy_set_nodes", None):
+                    self._prefixes[key] = fresh_copy(cfg)
 
         def strip_defaults(cfg: Any) -> None:   # Hydra's: the defaults lists left in any node removed
             if isinstance(cfg, DictConfig):
@@ -255,8 +275,10 @@ class ComposeCache:
         loader = self.loader
         loader.ensure_main_config_source_available()
         parsed_overrides = OverridesParser.create().parse_overrides(overrides=overrides)
-        if any(o.get_key_element() == "hydra.searchpath" or o.is_sweep_override() for o in parsed_overrides):
+        if any(o.get_key_element() == "hydra.searchpath" for o in parsed_overrides):
             return None
+        if any(o.is_sweep_override() for o in parsed_overrides):
+            return _SWEEP
         probe = self._probes.get(config_name)
         if probe is None:   # (the primary config's own hydra.searchpath: the same for every compose of it)
             probe = self._probes[config_name] = self._repo(config_name, [])
@@ -314,11 +336,14 @@ class ComposeCache:
         return cfg
 
 
+_SWEEP = object()   # ComposeCache._compose: overrides that sweep (a sweep's primary config), composed by Hydra
+
 # sha256 of inspect.getsource(ConfigLoaderImpl._load_configuration_impl) of hydra-core 1.3.8: the code
 # ComposeCache._compose repeats around its memo; a Hydra whose code differs composes without the memo
 HYDRA_IMPL_SHA256 = "f611c97e466f94db72ac0a127250fa439eb79a30fe164968e5d71f543bb960c2"
-# the same for the code ComposeCache._repo / _load_file repeat (hydra-core 1.3.8): the repository a compose gets
-# (ConfigLoaderImpl._parse_overrides_and_create_caching_repo) and its file cache (CachingConfigRepository.load_config)
+# the same for the code ComposeCache._repo / _load_file / _merge repeat (hydra-core 1.3.8): the repository a compose
+# gets (ConfigLoaderImpl._parse_overrides_and_create_caching_repo), its file cache (CachingConfigRepository.load_config)
+# and the merge of the defaults list (ConfigLoaderImpl._compose_config_from_defaults_list)
 HYDRA_REPO_SHA256 = {
     "ConfigLoaderImpl._parse_overrides_and_create_caching_repo":
         "64a9ff8144edc9f24527d1a3fabcccfa3783bad2c1cead6751036444d4d61dba",
