@@ -149,6 +149,8 @@ COMPOSE_CASES = [
     ["+experiment=conserve_rate_sweep", "+experiment/variant=wait_dr", "workload.rate_per_s=0.04"],
     ["+experiment=conserve_rate_sweep", "+experiment/variant=wait_dr", "workload.rate_per_s=0.08", "workload.seed=1"],
     ["scheduler=nope"],
+    ["scheduler=ampd", "workload.rate_per_s=0.1"],
+    ["slo=absolute", "scheduler=conserve", "workload.seed=2"],
 ]
 ERRORS = (3, 6)     # the cases Hydra refuses: an unknown key, an unknown option
 
@@ -158,7 +160,8 @@ def test_the_compose_cache_equals_hydras_own_compose_for_every_kind_of_override(
     ``_load_configuration_impl`` of the same overrides: the whole config with its ``hydra`` node (as YAML and as
     containers), the flags (struct; ``hydra`` writable) and each node's type; a case Hydra refuses is
     refused the same way (the same exception type and message). The memo composes once per set of config-group
-    overrides (the cases with the same groups share it) and is installed on this Hydra (its
+    overrides (the cases with the same groups share it), a case whose groups differ only from the scheduler on
+    merges onto the memoised config of the defaults before it, and the cache is installed on this Hydra (its
     ``_load_configuration_impl`` is the code the cache repeats)."""
     from hydra import initialize_config_dir
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -196,4 +199,124 @@ def test_the_compose_cache_equals_hydras_own_compose_for_every_kind_of_override(
                 assert outcome(cache, case) == want, case
             assert outcome(loader.load_configuration, case) == want, case   # (Hydra's entry point, through it)
         assert hydras is not cache
-    assert tuple(errors) == ERRORS and cache.hits >= len(COMPOSE_CASES) and cache.misses == 2
+    # the two last cases differ from the first in groups late in the defaults list: their configs are merged onto
+    # the memoised config of the defaults before the scheduler's
+    assert tuple(errors) == ERRORS and cache.hits >= len(COMPOSE_CASES) and cache.misses == 4
+    assert cache.prefix_hits == 2
+
+
+def test_fresh_copy_is_a_deep_copy_that_shares_nothing_with_its_source():
+    """``fresh_copy`` (a pickle round trip): the copy has the source's values, interpolations, flags and node
+    types, resolves its interpolations inside itself, and a change to it leaves the source as it was; a value
+    pickle cannot take (a function, under ``allow_objects``) falls back to ``copy.deepcopy``."""
+    from omegaconf import OmegaConf, read_write
+
+    from harness.run.executor import fresh_copy
+
+    src = OmegaConf.create({"a": {"b": 1, "c": "${a.b}"}, "l": [1, 2]})
+    OmegaConf.set_struct(src, True)
+    OmegaConf.set_readonly(src.a, True)
+    c = fresh_copy(src)
+    assert c is not src and c.a is not src.a
+    assert OmegaConf.to_yaml(c) == "a:\n  b: 1\n  c: ${a.b}\nl:\n- 1\n- 2\n" == OmegaConf.to_yaml(src)
+    assert OmegaConf.is_struct(c) and OmegaConf.is_readonly(c.a) and not OmegaConf.is_readonly(c)
+    with read_write(c.a):
+        c.a.b = 5
+    c.l.append(3)
+    assert (c.a.c, list(c.l)) == (5, [1, 2, 3])          # the copy's interpolation reads the copy
+    assert (src.a.b, src.a.c, list(src.l)) == (1, 1, [1, 2])
+
+    def f():
+        return 0
+    odd = OmegaConf.create({"f": f}, flags={"allow_objects": True})
+    c = fresh_copy(odd)     # (a local function: pickle refuses it)
+    assert c is not odd and c.f is f
+
+
+def test_the_compose_cache_reads_each_config_file_once_and_hands_each_compose_its_own_copy(tmp_path, monkeypatch):
+    """``ComposeCache``'s file cache on a hand-written config tree: each file is read from disk once per primary
+    config name and process, every compose merges its own copy (a value override of one compose never shows in
+    another: the file's value comes back), an edit of a file after its first read is seen by a new cache (a new
+    process) and not by this one, and another primary config name reads its own files."""
+    from hydra import initialize_config_dir
+    from hydra._internal.config_repository import ConfigRepository
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from harness.run.executor import cache_compositions
+
+    conf = tmp_path / "conf"
+    (conf / "sched").mkdir(parents=True)
+    (conf / "opt").mkdir()
+    (conf / "config.yaml").write_text("defaults:\n  - sched: a\n  - _self_\ntop: 1\n")
+    (conf / "other.yaml").write_text("defaults:\n  - sched: b\n  - _self_\ntop: 2\n")
+    (conf / "sched" / "a.yaml").write_text("name: a\nrate: 0.5\n")
+    (conf / "sched" / "b.yaml").write_text("name: b\nrate: 0.25\n")
+    (conf / "opt" / "x.yaml").write_text("flag: true\n")
+    reads: list = []    # the configs read from their sources (Hydra's ConfigRepository, under every cache)
+    load = ConfigRepository.load_config
+
+    def counted(self, config_path):
+        reads.append(config_path)
+        return load(self, config_path)
+    monkeypatch.setattr(ConfigRepository, "load_config", counted)
+
+    def value(cache, overrides, name="config"):
+        cfg = cache(config_name=name, overrides=list(overrides), run_mode=RunMode.RUN)
+        return cfg.top, cfg.sched.name, cfg.sched.rate, cfg.get("opt", {}).get("flag")
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cache = cache_compositions(GlobalHydra.instance().config_loader())
+        assert value(cache, ["sched=a", "sched.rate=0.9"]) == (1, "a", 0.9, None)     # a miss
+        assert value(cache, ["sched=b", "sched.rate=0.7"]) == (1, "b", 0.7, None)     # a miss
+        assert value(cache, ["sched=a"]) == (1, "a", 0.5, None)                       # a hit: the file's value
+        assert value(cache, ["sched=b", "+opt=x"]) == (1, "b", 0.25, True)            # a miss: b's copy, fresh
+        assert (cache.misses, cache.hits, cache.fallbacks) == (3, 1, 0)
+        assert sorted(p for p in reads if p.startswith("sched/")) == ["sched/a", "sched/b"]
+        assert reads.count("config") == 1 and reads.count("opt/x") == 1
+        (conf / "sched" / "a.yaml").write_text("name: a\nrate: 0.125\n")
+        assert value(cache, ["sched=a", "+opt=x"]) == (1, "a", 0.5, True)     # read once per process: not again
+        assert value(cache, [], name="other") == (2, "b", 0.25, None)          # its own files
+        assert reads.count("other") == 1 and reads.count("sched/b") == 2
+        # a sweep's primary config (a sweep override): Hydra's own compose, its files from the cache
+        sweep = cache(config_name="config", overrides=["sched=a,b", "top=3"], run_mode=RunMode.MULTIRUN)
+        assert (sweep.top, sweep.sched.name, sweep.sched.rate) == (3, "a", 0.5) and cache.fallbacks == 1
+        assert reads.count("config") == 1 and reads.count("sched/a") == 1
+        # no group chosen: the whole defaults list's merge is memoised, so a second run mode merges nothing
+        before = cache.prefix_hits
+        assert value(cache, ["top=4"]) == (4, "a", 0.5, None)
+        assert cache(config_name="config", overrides=["top=5"], run_mode=RunMode.MULTIRUN).top == 5
+        assert cache.prefix_hits == before + 1
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        fresh = cache_compositions(GlobalHydra.instance().config_loader())
+        assert fresh is not cache
+        assert value(fresh, ["sched=a", "+opt=x"]) == (1, "a", 0.125, True)   # a new process reads the edit
+    GlobalHydra.instance().clear()
+
+
+def test_the_command_line_gives_hydras_loader_its_compose_cache_from_the_start():
+    """``harness.run.cli._compose_cache_from_the_start``: inside it, the Hydra the command line creates
+    (``Hydra.create_main_hydra2``) has a ``ComposeCache`` on its loader before its first compose; after it,
+    Hydra's own ``create_main_hydra2`` is back (a loader made then has none)."""
+    from hydra._internal.hydra import Hydra
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra._internal.utils import create_config_search_path
+
+    from harness.run.cli import _compose_cache_from_the_start
+    from harness.run.executor import ComposeCache
+
+    own = Hydra.__dict__["create_main_hydra2"]
+    search = create_config_search_path(str(PROJECT_ROOT / "conf"))
+    GlobalHydra.instance().clear()
+    try:
+        with _compose_cache_from_the_start():
+            made = Hydra.create_main_hydra2("t", search)
+            assert isinstance(made.config_loader.__dict__.get("_load_configuration_impl"), ComposeCache)
+        assert Hydra.__dict__["create_main_hydra2"] is own
+        GlobalHydra.instance().clear()
+        plain = Hydra.create_main_hydra2("t", search)
+        assert "_load_configuration_impl" not in plain.config_loader.__dict__
+    finally:
+        GlobalHydra.instance().clear()

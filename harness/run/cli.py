@@ -9,6 +9,7 @@ the working directory. See README.md and conf/README.md.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import signal
 import sys
@@ -255,7 +256,8 @@ def main() -> None:
     full disk, an unwritable directory), 130 interrupted (every results file written first; docs/outputs.md)."""
     gc.freeze()  # the modules imported so far stay out of the collections while Hydra composes (docs/speed.md)
     try:
-        hydra.main(config_path=config_path(), config_name="config", version_base="1.3")(_main)()
+        with _compose_cache_from_the_start():
+            hydra.main(config_path=config_path(), config_name="config", version_base="1.3")(_main)()
     except SystemExit as e:
         if e.code not in (0, None):
             hint = sweep_key_hint(sys.argv[1:])
@@ -269,6 +271,30 @@ def main() -> None:
         raise
     finally:
         _exit_without_gc_pass()
+
+
+@contextlib.contextmanager
+def _compose_cache_from_the_start():
+    """While it is open, the Hydra instance the command line creates (``Hydra.create_main_hydra2``) has its config
+    loader's ``harness.run.executor.ComposeCache`` from the start (``cache_compositions``: where the installed Hydra
+    is the code the cache repeats, else nothing changes). Hydra composes the primary config twice before anything
+    runs (once only to read ``hydra.mode``, then for the run or the sweep): with the cache the config files are
+    read once, and a run's second compose merges nothing again (the same defaults list); a sweep's jobs then
+    compose from the same files (docs/speed.md, "The sweep executor")."""
+    from hydra._internal.hydra import Hydra
+
+    from harness.run.executor import cache_compositions
+    create = Hydra.__dict__["create_main_hydra2"]
+
+    def create_with_cache(cls, task_name, config_search_path):
+        made = create.__func__(cls, task_name, config_search_path)
+        cache_compositions(made.config_loader)
+        return made
+    Hydra.create_main_hydra2 = classmethod(create_with_cache)
+    try:
+        yield
+    finally:
+        Hydra.create_main_hydra2 = create
 
 
 def sweep_key_hint(argv: list[str]) -> Optional[str]:

@@ -19,8 +19,8 @@ keeps, across jobs, what the process-wide caches hold, each keyed by what determ
 Each job's config is composed in the worker from the sweep's config and the job's overrides
 (``ConfigLoader.load_sweep_config``, as Hydra's basic launcher does in its process; Hydra's defaults list and
 merge memoised per set of config-group overrides, :class:`ComposeCache`, so a job that differs from an earlier
-one only in values -- a rate, a seed -- costs a deep copy and the value overrides), then run by Hydra's
-``run_job`` (its run directory, ``.hydra/`` files, ``run.log``, the callbacks' ``on_job_start``/``end``).
+one only in values -- a rate, a seed -- costs a copy, :func:`fresh_copy`, and the value overrides), then run by
+Hydra's ``run_job`` (its run directory, ``.hydra/`` files, ``run.log``, the callbacks' ``on_job_start``/``end``).
 Nothing a run computes depends on which process ran it or on the jobs before it in that process: the caches
 above hold only values that are a function of their key (tests/test_executor.py checks a sweep's files
 against one process per run, byte for byte but the wall-clock and cost keys of ``summary.json``).
@@ -73,6 +73,20 @@ def workers_for(n_jobs: Optional[int], jobs: int) -> int:
     return max(1, min(n, max(1, jobs)))
 
 
+def fresh_copy(cfg: Any) -> Any:
+    """An independent copy of the OmegaConf config ``cfg`` (a root node: no parent), equal to
+    ``copy.deepcopy(cfg)`` -- values, node types, flags, the resolver cache -- made by a pickle round trip
+    (OmegaConf's ``__getstate__`` / ``__setstate__``; about half the CPU of its ``__deepcopy__``: 20 vs 40 ms for
+    a job's composed config on this machine, docs/speed.md); ``copy.deepcopy`` where a value cannot be
+    pickled."""
+    import pickle
+    try:
+        return pickle.loads(pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:   # noqa: BLE001 -- an unpicklable value: the deep copy handles what it can
+        import copy
+        return copy.deepcopy(cfg)
+
+
 class ComposedConfigs:
     """Hydra's config loader with a memo of composed job configs: ``load_sweep_config(master, overrides)`` is
     composed once per sweep (key: the sweep's primary config object -- its ``hydra.overrides.hydra``, config
@@ -94,15 +108,14 @@ class ComposedConfigs:
         return getattr(self._loader, name)
 
     def load_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
-        """Job ``sweep_overrides``'s config (Hydra's ``ConfigLoader.load_sweep_config``), a fresh deep copy
-        (callers set the job's id and number in it)."""
-        import copy
+        """Job ``sweep_overrides``'s config (Hydra's ``ConfigLoader.load_sweep_config``), a fresh copy
+        (:func:`fresh_copy`; callers set the job's id and number in it)."""
         key = (id(master_config), tuple(sweep_overrides))
         hit = self._memo.get(key)
         if hit is None:
             hit = self._memo[key] = (master_config, self._loader.load_sweep_config(master_config,
                                                                                    list(sweep_overrides)))
-        return copy.deepcopy(hit[1])
+        return fresh_copy(hit[1])
 
     def clear(self) -> None:
         """Drop the memo (the sweep is over)."""
@@ -117,22 +130,30 @@ class ComposeCache:
     (``scheduler=wait``, ``+experiment/variant=x``, ``~group``), the rest being the value overrides
     (``workload.rate_per_s=0.1``) Hydra applies to the merged config afterwards (its ``Overrides`` splits
     them by the same test: a value that is a dict, or a key that names no config group). Every other step is
-    Hydra's own, in its order, on a deep copy of the memoised config: the parse, the sweep-override check,
-    the value overrides, the ``hydra.overrides`` / ``runtime`` / ``job`` fields. So a sweep of 6 variants x 8
-    rates x 10 seeds composes its 6 variants' configs once each instead of its 480 jobs' (the config files are
-    read on the first compose of a variant). Not used (Hydra's own path) for a command line that moves the
-    search path (``hydra.searchpath``); an error on the memoised path is raised again by Hydra's own compose,
-    so a bad override fails as Hydra fails it. ``tests/test_executor.py`` checks the configs against Hydra's
-    own compose over many kinds of overrides.
+    Hydra's own, in its order, on a copy of the memoised config (:func:`fresh_copy`): the parse, the
+    sweep-override check, the value overrides, the ``hydra.overrides`` / ``runtime`` / ``job`` fields. So a sweep
+    of 6 variants x 8 rates x 10 seeds composes its 6 variants' configs once each instead of its 480 jobs'. Each
+    config file is read once per process and primary config (:meth:`_load_file`: a compose merges a copy of
+    it), a memo hit makes no repository of its own (one per primary config serves its group look-ups and
+    its sources), and a miss merges onto the memoised config of the defaults before its first chosen group's
+    (:meth:`_merge`: the 6 variants of a rate sweep merge the hardware, model, cluster and workload configs once):
+    in this process, a config file edited after its first read is not read again. Not used (Hydra's own path)
+    for a command line that moves the search path (``hydra.searchpath``); an error on the memoised path is
+    raised again by Hydra's own compose, so a bad override fails as Hydra fails it. ``tests/test_executor.py``
+    checks the configs against Hydra's own compose over many kinds of overrides.
 
     Attributes:
         hits, misses, fallbacks: composes from the memo, composed and memoised, left to Hydra (counts).
+        prefix_hits: misses merged onto a memoised config of their first defaults (:meth:`_merge`; count).
     """
 
     def __init__(self, loader: Any, impl: Any):
         self.loader, self._impl = loader, impl
         self._memo: dict = {}
-        self.hits = self.misses = self.fallbacks = 0
+        self._probes: dict = {}     # config name -> a caching repository: group look-ups and sources of a memo hit
+        self._files: dict = {}      # config name -> {config path: ConfigResult as read}: never handed out
+        self._prefixes: dict = {}   # (config name, the first k defaults) -> the config they merge to (_merge)
+        self.hits = self.misses = self.fallbacks = self.prefix_hits = 0
 
     def __call__(self, config_name: Optional[str], overrides: list, run_mode: Any, from_shell: bool = True,
                  validate_sweep_overrides: bool = True) -> Any:
@@ -140,46 +161,150 @@ class ComposeCache:
             cfg = self._compose(config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
         except Exception:   # Hydra's own compose says what is wrong, as it says it without the memo
             cfg = None
+        if cfg is _SWEEP:   # a sweep's primary config: Hydra's compose, its config files from this cache
+            self.fallbacks += 1
+            self.loader._parse_overrides_and_create_caching_repo = self._parse_and_repo
+            try:
+                return self._impl(config_name=config_name, overrides=overrides, run_mode=run_mode,
+                                  from_shell=from_shell, validate_sweep_overrides=validate_sweep_overrides)
+            finally:
+                del self.loader._parse_overrides_and_create_caching_repo
         if cfg is None:
             self.fallbacks += 1
             return self._impl(config_name=config_name, overrides=overrides, run_mode=run_mode, from_shell=from_shell,
                               validate_sweep_overrides=validate_sweep_overrides)
         return cfg
 
+    def _parse_and_repo(self, config_name: Optional[str], overrides: list) -> tuple:
+        """Hydra's ``_parse_overrides_and_create_caching_repo`` with the repository of :meth:`_repo` (the config
+        files read once per process), for overrides that leave the search path alone (else Hydra's own)."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+        if any(o.get_key_element() == "hydra.searchpath" for o in parsed):
+            return type(self.loader)._parse_overrides_and_create_caching_repo(self.loader, config_name, overrides)
+        return parsed, self._repo(config_name, parsed)
+
+    def _repo(self, config_name: Optional[str], parsed_overrides: list) -> Any:
+        """Hydra's ``_parse_overrides_and_create_caching_repo`` for parsed overrides that leave the search path
+        as the primary config sets it (no ``hydra.searchpath`` override): a ``CachingConfigRepository`` whose
+        config files come from this cache's copy of each file as first read (:meth:`_load_file`)."""
+        import functools
+        from hydra._internal.config_repository import CachingConfigRepository
+        repo = CachingConfigRepository(self.loader.repository)
+        repo.load_config = functools.partial(self._load_file, repo, self._files.setdefault(config_name, {}))
+        self.loader._process_config_searchpath(config_name, parsed_overrides, repo)
+        return repo
+
+    @staticmethod
+    def _load_file(repo: Any, files: dict, config_path: str) -> Any:
+        """``CachingConfigRepository.load_config`` with the files read once per process (per primary config
+        name: the search path is the same): each compose gets its own copy of a file's ``ConfigResult`` (its
+        config by :func:`fresh_copy`, its defaults list and header copied), since Hydra's merge moves a loaded
+        file's nodes into the config it composes and annotates its defaults list."""
+        import copy
+        key = f"config_path={config_path}"
+        if key not in repo.cache:
+            if key not in files:
+                files[key] = repo.delegate.load_config(config_path=config_path)
+            ret = files[key]
+            if ret is not None:
+                ret = copy.copy(ret)
+                ret.config = fresh_copy(ret.config)
+                ret.header = dict(ret.header)
+                ret.defaults_list = copy.deepcopy(ret.defaults_list)
+            repo.cache[key] = ret
+        return repo.cache[key]
+
+    def _merge(self, config_name: Optional[str], defaults: list, repo: Any, groups: set) -> Any:
+        """Hydra 1.3's ``_compose_config_from_defaults_list`` (each default's config merged in order, then the
+        defaults lists stripped) with the config merged from the defaults before the first one of a config
+        group the command line chose (``groups``: ``scheduler`` for ``scheduler=wait``) memoised, keyed by those
+        defaults (each one's config path, parent, package and flags; each file is read once per process, so they
+        determine it): variants that differ in a group late in the defaults list (``scheduler=a,b,c``) merge the
+        model, cluster, hardware and workload configs once. The memoised config is copied
+        (:func:`fresh_copy`) before the rest is merged into it."""
+        from hydra.errors import ConfigCompositionException
+        from omegaconf import DictConfig, OmegaConf, flag_override
+        from omegaconf.errors import OmegaConfBaseException
+        ids = [(d.config_path, d.parent, d.package, d.is_self, d.primary) for d in defaults]
+        split = next((i for i, d in enumerate(defaults) if d.config_path and "/" in d.config_path
+                      and d.config_path.rsplit("/", 1)[0] in groups), len(defaults))   # (none chosen: them all)
+        key = (config_name, tuple(ids[:split]))
+        memo = self._prefixes.get(key) if split else None
+        start = split if memo is not None else 0
+        cfg = fresh_copy(memo) if memo is not None else OmegaConf.create()
+        self.prefix_hits += memo is not None
+        with flag_override(cfg, "no_deepcopy_set_nodes", True):
+            for i in range(start, len(defaults)):
+                if i == split and split and memo is None:     # (the copy without this merge's flag)
+                    with flag_override(cfg, "no_deepcopy_set_nodes", None):
+                        self._prefixes[key] = fresh_copy(cfg)
+                loaded = self.loader._load_single_config(default=defaults[i], repo=repo)
+                try:
+                    cfg.merge_with(loaded.config)
+                except OmegaConfBaseException as e:
+                    raise ConfigCompositionException(
+                        f"In '{defaults[i].config_path}': {type(e).__name__} raised while composing config:\n{e}"
+                    ).with_traceback(sys.exc_info()[2])
+            if split == len(defaults) and split and memo is None:
+                with flag_override(cfg, "no_deepcopy_set_nodes", None):
+                    self._prefixes[key] = fresh_copy(cfg)
+
+        def strip_defaults(cfg: Any) -> None:   # Hydra's: the defaults lists left in any node removed
+            if isinstance(cfg, DictConfig):
+                if cfg._is_missing() or cfg._is_none():
+                    return
+                with flag_override(cfg, ["readonly", "struct"], False):
+                    if cfg._get_flag("HYDRA_REMOVE_TOP_LEVEL_DEFAULTS"):
+                        cfg._set_flag("HYDRA_REMOVE_TOP_LEVEL_DEFAULTS", None)
+                        cfg.pop("defaults", None)
+                for _key, value in cfg.items_ex(resolve=False):
+                    strip_defaults(value)
+        strip_defaults(cfg)
+        return cfg
+
     def _compose(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides) -> Any:
         """Hydra 1.3's ``_load_configuration_impl`` with the memo (None: left to Hydra)."""
-        import copy
         from hydra import __version__, version
         from hydra._internal.config_loader_impl import ConfigSourceInfo, get_overrides_dirname
         from hydra._internal.defaults_list import create_defaults_list
+        from hydra.core.override_parser.overrides_parser import OverridesParser
         from hydra.core.utils import JobRuntime
         from hydra.types import RunMode
         from omegaconf import OmegaConf, open_dict
         loader = self.loader
         loader.ensure_main_config_source_available()
-        parsed_overrides, caching_repo = loader._parse_overrides_and_create_caching_repo(config_name, overrides)
+        parsed_overrides = OverridesParser.create().parse_overrides(overrides=overrides)
+        if any(o.get_key_element() == "hydra.searchpath" for o in parsed_overrides):
+            return None
+        if any(o.is_sweep_override() for o in parsed_overrides):
+            return _SWEEP
+        probe = self._probes.get(config_name)
+        if probe is None:   # (the primary config's own hydra.searchpath: the same for every compose of it)
+            probe = self._probes[config_name] = self._repo(config_name, [])
         if validate_sweep_overrides:
             loader.validate_sweep_overrides_legal(overrides=parsed_overrides, run_mode=run_mode, from_shell=from_shell)
-        if any(o.get_key_element() == "hydra.searchpath" or o.is_sweep_override() for o in parsed_overrides):
-            return None
         # the value overrides, in order: hydra._internal.defaults_list.Overrides's test
         config_overrides = [o for o in parsed_overrides
-                            if isinstance(o.value(), dict) or not caching_repo.group_exists(o.key_or_group)]
+                            if isinstance(o.value(), dict) or not probe.group_exists(o.key_or_group)]
         chosen = {id(o) for o in config_overrides}
         key = (config_name, run_mode, tuple(o.input_line for o in parsed_overrides if id(o) not in chosen))
         hit = self._memo.get(key)
+        caching_repo = probe
         if hit is None:
+            caching_repo = self._repo(config_name, parsed_overrides)
             defaults_list = create_defaults_list(repo=caching_repo, config_name=config_name,
                                                  overrides_list=parsed_overrides, prepend_hydra=True,
                                                  skip_missing=run_mode == RunMode.MULTIRUN)
             if [id(o) for o in defaults_list.config_overrides] != [id(o) for o in config_overrides]:
                 return None     # (Hydra split them otherwise: not memoised)
-            cfg = loader._compose_config_from_defaults_list(defaults=defaults_list.defaults, repo=caching_repo)
-            self._memo[key] = (dict(defaults_list.overrides.known_choices), copy.deepcopy(cfg))
+            groups = {o.key_or_group.lstrip("+~") for o in parsed_overrides if id(o) not in chosen}
+            cfg = self._merge(config_name, defaults_list.defaults, caching_repo, groups)
+            self._memo[key] = (dict(defaults_list.overrides.known_choices), fresh_copy(cfg))
             known_choices = defaults_list.overrides.known_choices
             self.misses += 1
         else:
-            known_choices, cfg = hit[0], copy.deepcopy(hit[1])
+            known_choices, cfg = hit[0], fresh_copy(hit[1])
             self.hits += 1
         # from here on, Hydra's _load_configuration_impl as it is
         OmegaConf.set_struct(cfg, True)
@@ -211,27 +336,51 @@ class ComposeCache:
         return cfg
 
 
+_SWEEP = object()   # ComposeCache._compose: overrides that sweep (a sweep's primary config), composed by Hydra
+
 # sha256 of inspect.getsource(ConfigLoaderImpl._load_configuration_impl) of hydra-core 1.3.8: the code
 # ComposeCache._compose repeats around its memo; a Hydra whose code differs composes without the memo
 HYDRA_IMPL_SHA256 = "f611c97e466f94db72ac0a127250fa439eb79a30fe164968e5d71f543bb960c2"
+# the same for the code ComposeCache._repo / _load_file / _merge repeat (hydra-core 1.3.8): the repository a compose
+# gets (ConfigLoaderImpl._parse_overrides_and_create_caching_repo), its file cache (CachingConfigRepository.load_config)
+# and the merge of the defaults list (ConfigLoaderImpl._compose_config_from_defaults_list)
+HYDRA_REPO_SHA256 = {
+    "ConfigLoaderImpl._parse_overrides_and_create_caching_repo":
+        "64a9ff8144edc9f24527d1a3fabcccfa3783bad2c1cead6751036444d4d61dba",
+    "CachingConfigRepository.load_config": "76b44dcf45281952984499e2043a24675e38043481d89fd62876814e454da6a5",
+    "ConfigLoaderImpl._compose_config_from_defaults_list":
+        "136c76d6cb280db8f0644f528dffed4d6cf4850bb1193827e9a1dbda5d360fba",
+}
+
+
+def _hydra_is_known(loader: Any) -> bool:
+    """Whether the code of ``loader``'s Hydra that :class:`ComposeCache` repeats is the code it was written
+    from (:data:`HYDRA_IMPL_SHA256`, :data:`HYDRA_REPO_SHA256`: sha256 of each function's source)."""
+    import hashlib
+    import inspect
+    try:
+        from hydra._internal.config_repository import CachingConfigRepository
+        code = {"_load_configuration_impl": getattr(type(loader), "_load_configuration_impl", None),
+                "ConfigLoaderImpl._parse_overrides_and_create_caching_repo":
+                    getattr(type(loader), "_parse_overrides_and_create_caching_repo", None),
+                "CachingConfigRepository.load_config": CachingConfigRepository.load_config,
+                "ConfigLoaderImpl._compose_config_from_defaults_list":
+                    getattr(type(loader), "_compose_config_from_defaults_list", None)}
+        want = {"_load_configuration_impl": HYDRA_IMPL_SHA256, **HYDRA_REPO_SHA256}
+        return all(hashlib.sha256(inspect.getsource(f).encode()).hexdigest() == want[k] for k, f in code.items())
+    except (ImportError, OSError, TypeError):
+        return False
 
 
 def cache_compositions(loader: Any) -> Optional[ComposeCache]:
     """Give Hydra's config loader ``loader`` (a ``ConfigLoaderImpl``) a :class:`ComposeCache` (its
     ``_load_configuration_impl``, on this instance only), once; returns it, or None where the installed Hydra's
-    ``_load_configuration_impl`` is not the code the cache repeats (:data:`HYDRA_IMPL_SHA256`) or ``loader`` is
+    code the cache repeats is not the code it was written from (:func:`_hydra_is_known`) or ``loader`` is
     not Hydra's own loader (then nothing changes)."""
-    import hashlib
-    import inspect
     cur = loader.__dict__.get("_load_configuration_impl") if hasattr(loader, "__dict__") else None
     if isinstance(cur, ComposeCache):
         return cur
-    impl = getattr(type(loader), "_load_configuration_impl", None)
-    try:
-        src = inspect.getsource(impl)
-    except (OSError, TypeError):
-        return None
-    if hashlib.sha256(src.encode()).hexdigest() != HYDRA_IMPL_SHA256:
+    if not _hydra_is_known(loader):
         return None
     cache = ComposeCache(loader, getattr(loader, "_load_configuration_impl"))
     loader._load_configuration_impl = cache
