@@ -137,3 +137,65 @@ def test_per_seed_capacity_and_its_margin():
     # a seed outside the bracket is named, not averaged
     out = capacity_summary({0: (21.25, 21.625), 1: (25.0, math.inf)})
     assert out["outside"] == [1] and out["n"] == 1
+
+
+def _wait_memory_script():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "wait_memory.py"
+    spec = importlib.util.spec_from_file_location("wait_memory_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _probe(arm, rate, seed, ratio):
+    return {"workload": "wait_long", "arm": arm, "memory": 0.99, "rate": rate, "seed": seed, "n": 2000,
+            "growth_ratio": ratio}
+
+
+def test_w6_capacity_bisection_on_stored_probes(tmp_path):
+    """W6's capacity (scripts/wait_memory.py --capacity 1.5,2.5 --cap-tol 0.125) replayed on hand-made probes: a seed
+    whose window grows (ratio 2.0 > 1.25) from 2.05 prompts/s up tries 1.5, 2.5, 2.0, 2.25, 2.125 -> [2.0, 2.125),
+    midpoint 2.0625; one unbounded from 1.8 up tries 1.5, 2.5, 2.0, 1.75, 1.875 -> [1.75, 1.875), midpoint 1.8125.
+    The script's bisection (run=False: only stored probes) and the results page's replay of capacity.csv give these
+    brackets; the page's W6 load of 1.56 prompts/s is 1.56 / 2.0625 and 1.56 / 1.8125 averaged (0.8085)."""
+    import pandas as pd
+
+    from harness.analysis import results
+    wm = _wait_memory_script()
+    cap = {0: 2.05, 1: 1.8}
+    rows = [_probe("sarathi", r, s, 2.0 if r >= cap[s] else 1.0)
+            for s in cap for r in (1.5, 2.5, 2.0, 2.25, 2.125, 1.75, 1.875)]
+    store = wm._Rows(tmp_path / "capacity.csv")
+    for r in rows:
+        store.done[wm._key(r)] = r
+    got = wm.capacities(store, "wait_long", 0.99, ["sarathi"], [0, 1], 1.5, 2.5, 0.125, 2000, run=False)
+    assert got == {"sarathi": {0: (2.0, 2.125), 1: (1.75, 1.875)}}
+    # an incomplete bisection (a probe missing) is left out, not guessed
+    del store.done[wm._key(_probe("sarathi", 2.125, 0, 1.0))]
+    assert wm.capacities(store, "wait_long", 0.99, ["sarathi"], [0, 1], 1.5, 2.5, 0.125, 2000,
+                         run=False) == {"sarathi": {1: (1.75, 1.875)}}
+    caps = results.wait_memory_capacity(pd.DataFrame(rows))
+    assert caps == {(0.99, "sarathi"): {0: (2.0, 2.125), 1: (1.75, 1.875)}}
+    cells = pd.DataFrame([{**_probe(arm, 1.56, s, 1.0), "e2e_central_mean_s": e2e, "restart_rate_pct": 0.0,
+                           "preemptions": 0} for s in (0, 1) for arm, e2e in (("sarathi", 30.0), ("wait_cp_long", 27.0))])
+    got = results.wait_memory_cells(cells, results.W6, caps=caps)
+    assert got and all(c["load"][0] == pytest.approx((1.56 / 2.0625 + 1.56 / 1.8125) / 2) for c in got)
+
+
+def test_an_older_runs_csv_gains_the_growth_ratio_column(tmp_path):
+    """A runs.csv written before the growth_ratio column keeps its rows (the new column empty) and is rewritten with
+    the script's columns, so rows appended after it line up."""
+    wm = _wait_memory_script()
+    p = tmp_path / "runs.csv"
+    old = [f for f in wm.FIELDS if f != "growth_ratio"]
+    p.write_text(",".join(old) + "\n" + ",".join("wait_long" if f == "workload" else "sarathi" if f == "arm" else "1"
+                                                 for f in old) + "\n")
+    store = wm._Rows(p)
+    assert len(store.done) == 1
+    store.add({**{f: 2 for f in wm.FIELDS}, "workload": "wait_long", "arm": "vllm"})
+    store.close()
+    lines = p.read_text().splitlines()
+    assert lines[0] == ",".join(wm.FIELDS) and len(lines) == 3
+    assert all(len(x.split(",")) == len(wm.FIELDS) for x in lines)

@@ -29,7 +29,8 @@ number copied from a page. The sources:
   write); ``docs/data/wait_capacity/runs.csv`` (the same script, ``--no-table``): W1, each arm's capacity per seed
   (one bisection per seed), with its spread, beside every W2 ratio;
 - ``docs/data/wait_memory/runs.csv`` (``scripts/wait_memory.py``): W6 and W7, the memory-bound cells (512/1000 on
-  Llama-2-7B with the paper's KV capacity and Figure F's); ``docs/data/wait_buffer/runs.csv`` (the same script):
+  Llama-2-7B with the paper's KV capacity and Figure F's), and ``docs/data/wait_memory/capacity.csv`` (the same
+  script, ``--capacity``): this simulator's own capacity in W6's setting per seed, each W6 rate beside it; ``docs/data/wait_buffer/runs.csv`` (the same script):
   W3 on Llama-2-7B, Nested WAIT with its safety buffer off and reserved.
 
 The overall word of a claim in one source is :func:`harness.analysis.claims._depends`'s: the one word every cell
@@ -67,6 +68,7 @@ WAIT_TABLE = "docs/data/wait_table/runs.csv"
 WAIT_TABLE_KV_WRITE = "docs/data/wait_table_kv_write/runs.csv"   # W2 under vidur_profile_per_request
 WAIT_CAPACITY = "docs/data/wait_capacity/runs.csv"               # W1: the per-seed capacity bisections
 WAIT_MEMORY = "docs/data/wait_memory/runs.csv"                   # W6, W7: the memory-bound cells
+WAIT_MEMORY_CAPACITY = "docs/data/wait_memory/capacity.csv"      # W6: the per-seed capacity bisections there
 WAIT_BUFFER = "docs/data/wait_buffer/runs.csv"                   # W3: Nested WAIT, safety buffer off / reserve
 # scripts/wait_table.py's arms and the WAIT paper's rate for "over 70 %" (docs/notebook/2026-12-01_wait_measurements.md,
 # "The WAIT table under both step models"); the step models of the table: the roofline, Vidur's profile with its
@@ -81,6 +83,10 @@ W2_PAPER_RATE = 23.0
 WT_CAP_SEEDS = (0, 1, 2, 3, 4)
 WT_CAP_RANGE = (19.0, 25.0)
 WT_CAP_TOL = 0.375
+# the capacity bisections as run for docs/data/wait_memory/capacity.csv (its SOURCE.md: scripts/wait_memory.py
+# --capacity 1.5,2.5 --cap-tol 0.125, one bisection per seed at the paper's 1 % margin, 512/1000, n = 2,000)
+WM_CAP_RANGE = (1.5, 2.5)
+WM_CAP_TOL = 0.125
 # the paper's stability limits on 512/20 (docs/wait.md, "What the arms do not reproduce": vLLM ~19, Sarathi
 # ~22, WAIT ~23 prompts/s): WAIT's margin over Sarathi, %
 W1_PAPER_PCT = (23.0 / 22.0 - 1) * 100
@@ -800,20 +806,44 @@ def wait_capacity(rows: pd.DataFrame) -> dict[tuple[str, str], dict[int, tuple[f
     out = {}
     for m in WT_MODELS:
         for arm in WT_ARMS:
-            g = rows[(rows.model == m) & (rows.arm == arm)].set_index(["rate", "seed"]).growth_ratio
-
-            def bounded_at(rate: float, seed: int) -> bool:
-                if (rate, seed) not in g.index:
-                    raise LookupError(rate)
-                return float(np.min(g.loc[(rate, seed)])) <= GROWTH_BOUND
-            got = {}
-            for seed in sorted(set(g.index.get_level_values("seed"))):
-                try:
-                    got.update(seed_capacities(bounded_at, [seed], *WT_CAP_RANGE, WT_CAP_TOL))
-                except LookupError:     # that seed's bisection is not complete in the file
-                    continue
+            got = _replay_bisections(rows[(rows.model == m) & (rows.arm == arm)], WT_CAP_RANGE, WT_CAP_TOL)
             if len(got) >= 2:
                 out[(m, arm)] = got
+    return out
+
+
+def _replay_bisections(rows: pd.DataFrame, rng: tuple[float, float], tol: float) -> dict[int, tuple[float, float]]:
+    """The per-seed capacity brackets of one arm (:func:`harness.analysis.capacity.seed_capacities` on ``rng``
+    prompts/s to width ``tol``) replayed on its stored probes (``rows``: rate, seed, growth_ratio; a rate bounded
+    when the ratio is at most :data:`harness.analysis.capacity.GROWTH_BOUND`). A seed whose probes are not all
+    stored is left out."""
+    g = rows.dropna(subset=["growth_ratio"]).set_index(["rate", "seed"]).growth_ratio
+
+    def bounded_at(rate: float, seed: int) -> bool:
+        if (rate, seed) not in g.index:
+            raise LookupError(rate)
+        return float(np.min(g.loc[(rate, seed)])) <= GROWTH_BOUND
+    got = {}
+    for seed in sorted(set(g.index.get_level_values("seed"))):
+        try:
+            got.update(seed_capacities(bounded_at, [seed], *rng, tol))
+        except LookupError:     # that seed's bisection is not complete in the file
+            continue
+    return got
+
+
+def wait_memory_capacity(rows: pd.DataFrame) -> dict[tuple[float, str], dict[int, tuple[float, float]]]:
+    """W6's capacities from ``scripts/wait_memory.py --capacity``'s ``capacity.csv``: per (memory, arm) the capacity
+    bracket ``[low, high)`` prompts/s of every seed whose bisection (:data:`WM_CAP_RANGE`, width
+    :data:`WM_CAP_TOL`) is complete in the file (:func:`_replay_bisections`); a (memory, arm) with fewer than two such
+    seeds is left out."""
+    out = {}
+    r = rows.copy()
+    r["memory"] = r.memory.astype(float).round(4)
+    for (mem, arm), g in r.groupby(["memory", "arm"], sort=True):
+        got = _replay_bisections(g, WM_CAP_RANGE, WM_CAP_TOL)
+        if len(got) >= 2:
+            out[(float(mem), arm)] = got
     return out
 
 
@@ -838,7 +868,8 @@ def _memory_rows(rows: pd.DataFrame) -> pd.DataFrame:
     return r
 
 
-def wait_memory_cells(rows: pd.DataFrame, claim: dict, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[dict]:
+def wait_memory_cells(rows: pd.DataFrame, claim: dict, margin: float = EQUIVALENCE_MARGIN_PCT,
+                      caps: Optional[dict] = None) -> list[dict]:
     """W6 or W7 (``claim``: :data:`W6` or :data:`W7`) from ``scripts/wait_memory.py``'s ``runs.csv``: at each rate
     run with each of the claim's memory settings (the paper's 4 prompts/s, and the rates near this simulator's own
     512/1000 capacity), (a) per arm the paper names, its restart rate (% of prompts: the central
@@ -847,10 +878,14 @@ def wait_memory_cells(rows: pd.DataFrame, claim: dict, margin: float = EQUIVALEN
     equivalence margin (a claimed 0 % is *reproduced* only when every seed restarts nothing; a claimed rate above 0
     reads *no difference* when every seed restarts nothing: no memory pressure); (b) each arm's mean E2E
     (``e2e_central_mean_s``) over Sarathi-like's, paired on the seed, against the paper's ratio of its means
-    (equivalence ``margin`` in %). Each cell a dict (memory, rate, part, arm, verdict, mean, ci, n, unit)."""
+    (equivalence ``margin`` in %). ``caps``: :func:`wait_memory_capacity`; with Sarathi-like's at a memory setting,
+    each of its cells carries ``load`` = ``(mean, half, n)`` of the rate over that arm's per-seed capacity. Each cell
+    a dict (memory, rate, part, arm, verdict, mean, ci, n, unit, load)."""
     r = _memory_rows(rows)
     cells = []
     for (mem, rate), g in r[r.memory.isin(claim["memory"])].groupby(["memory", "rate"], sort=True):
+        base_cap = (caps or {}).get((float(mem), "sarathi"))
+        load = mean_ci([rate / c for c in capacity_summary(base_cap)["points"].values()]) if base_cap else None
         for arm, paper in claim["restarts"].items():
             x = g[g.arm == arm][claim["restart_col"]].to_numpy(dtype=float)
             if len(x) < 2:
@@ -858,7 +893,8 @@ def wait_memory_cells(rows: pd.DataFrame, claim: dict, margin: float = EQUIVALEN
             m, h, n = mean_ci(x)
             ci = (m - h, m + h) if np.isfinite(h) else (math.nan, math.nan)
             cells.append({"memory": mem, "rate": float(rate), "part": "restarts", "arm": arm, "mean": m, "ci": ci,
-                          "n": n, "unit": "pp", "verdict": verdict(m, ci, paper, margin=0.0), "paper": paper})
+                          "n": n, "unit": "pp", "verdict": verdict(m, ci, paper, margin=0.0), "paper": paper,
+                          "load": load})
         base = g[g.arm == "sarathi"].set_index("seed")[W2_METRIC]
         for arm, paper_s in claim["e2e_s"].items():
             if arm == "sarathi":
@@ -871,7 +907,7 @@ def wait_memory_cells(rows: pd.DataFrame, claim: dict, margin: float = EQUIVALEN
             paper = (paper_s / claim["e2e_s"]["sarathi"] - 1) * 100
             cells.append({"memory": mem, "rate": float(rate), "part": "E2E vs Sarathi-like", "arm": arm, "mean": mean,
                           "ci": ci, "n": n, "k": k, "unit": "pct", "verdict": verdict(mean, ci, paper, margin),
-                          "paper": paper})
+                          "paper": paper, "load": load})
     return cells
 
 
@@ -904,7 +940,8 @@ def wait_memory_lines(rows: pd.DataFrame) -> list[str]:
 
 def _memory_label(c: dict) -> str:
     what = "restarts" if c["part"] == "restarts" else "E2E / Sarathi-like − 1"
-    return (f"{WM_MEMORY.get(c['memory'], c['memory'])}, {c['rate']:g}/s, {WM_ARMS.get(c['arm'], c['arm'])} {what} "
+    load = f" ({c['load'][0]:.2f} x capacity)" if c.get("load") and np.isfinite(c["load"][0]) else ""
+    return (f"{WM_MEMORY.get(c['memory'], c['memory'])}, {c['rate']:g}/s{load}, {WM_ARMS.get(c['arm'], c['arm'])} {what} "
             f"(paper {_paper_text(c)})")
 
 
@@ -961,6 +998,17 @@ def wait_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Row]:
             lines.append(f"| {m} | " + " | ".join(capacity_text(capacity_summary(caps[(m, a)])) if (m, a) in caps
                                                   else "not run" for a in WT_ARMS)
                          + f" | {fmt(est, ci, n, k)} | {word} |")
+        ctl = [m for m in models if all((m, a) in caps for a in ("budget_control", "chunk_cap_control"))]
+        if ctl:
+            lines += ["", "Where the margin comes from (no paper value: the controls are not in the paper), paired on the "
+                      "seed: WAIT-CP against the same-budget control (Sarathi-like with WAIT-CP's budget 508 and its "
+                      "21 KV holders) and the chunk cap alone (chunk-cap control / same-budget control):", "",
+                      "| step model | WAIT-CP / same-budget control − 1 | chunk-cap control / same-budget control − 1 |",
+                      "|---|---|---|"]
+            for m in ctl:
+                a = capacity_margin(caps[(m, "wait_cp")], caps[(m, "budget_control")], 0.0)
+                b = capacity_margin(caps[(m, "chunk_cap_control")], caps[(m, "budget_control")], 0.0)
+                lines.append(f"| {m} | {fmt(*a[:4])} | {fmt(*b[:4])} |")
         rows.append(Row("W1", src_cap, _word(cells, ["model"]),
                         _cell_list(cells, lambda c: f"{c['model']} WAIT-CP / Sarathi-like capacity"),
                         _flip_text(cells, ["model"]), lines))
@@ -1011,15 +1059,34 @@ def wait_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Row]:
     rows.append(_no_data("W4", "simulator, the authors' Llama-3-8B setting", W4_CMD, RUN_REPORT))
     # W6, W7: the memory-bound cells
     wm = _read(root, WAIT_MEMORY)
+    wmc = _read(root, WAIT_MEMORY_CAPACITY)
+    mcaps = wait_memory_capacity(wmc) if wmc is not None else {}
     src_wm = f"simulator, Llama-2-7B on one A100, 512/1000 (`{WAIT_MEMORY}`)"
     for name, claim in (("W6", W6), ("W7", W7)):
-        cells = wait_memory_cells(wm, claim, margin) if wm is not None else []
+        cells = wait_memory_cells(wm, claim, margin, mcaps) if wm is not None else []
         if not cells:
             rows.append(_no_data(name, src_wm, WM_CMD))
             continue
-        lines = ["| KV memory | prompts/s | claim part | arm | measured | paper | verdict |",
-                 "|---|---|---|---|---|---|---|"]
-        lines += [f"| {WM_MEMORY.get(c['memory'], c['memory'])} | {c['rate']:g} | {c['part']} | {WM_ARMS[c['arm']]} | "
+        lines = []
+        here = [k for k in mcaps if k[0] in claim["memory"]]
+        if here:
+            lines += [f"This simulator's own capacity in the setting (`{WAIT_MEMORY_CAPACITY}`): per seed the highest "
+                      f"rate whose central window stays bounded (window growth ratio <= {GROWTH_BOUND}), one bisection "
+                      f"per seed on [{WM_CAP_RANGE[0]:g}, {WM_CAP_RANGE[1]:g}] prompts/s to {WM_CAP_TOL:g}, n = 2,000; "
+                      "mean [95 % t-interval] (min-max, seeds) prompts/s:", "",
+                      "| KV memory | arm | capacity (prompts/s) |", "|---|---|---|"]
+            lines += [f"| {WM_MEMORY.get(m, m)} | {WM_ARMS.get(arm, arm)} | "
+                      f"{capacity_text(capacity_summary(mcaps[(m, arm)]))} |" for m, arm in sorted(here)]
+            for m in sorted({k[0] for k in here}):
+                if (m, "sarathi") in mcaps and (m, "wait_cp_long") in mcaps:
+                    est, ci, n, k, _ = capacity_margin(mcaps[(m, "wait_cp_long")], mcaps[(m, "sarathi")], 0.0)
+                    lines += ["", f"{WM_MEMORY.get(m, m)}: WAIT-CP / Sarathi-like capacity − 1 {fmt(est, ci, n, k)} "
+                                  "(paired on the seed; the paper states no capacity in this setting)."]
+            lines += [""]
+        lines += ["| KV memory | prompts/s | rate / Sarathi-like capacity | claim part | arm | measured | paper | "
+                  "verdict |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {WM_MEMORY.get(c['memory'], c['memory'])} | {c['rate']:g} | {_load_text(c.get('load'))} | "
+                  f"{c['part']} | {WM_ARMS[c['arm']]} | "
                   f"{fmt(c['mean'], c['ci'], c['n'], unit=' pp' if c['unit'] == 'pp' else ' %')} | "
                   f"{_paper_text(c)} | {c['verdict']} |"
                   for c in cells]
