@@ -234,20 +234,21 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ---- compiled test modules kept where PYTHONDONTWRITEBYTECODE is set --------------------------------------------------
-# pytest compiles each test module with its asserts rewritten; it keeps the result in __pycache__ unless Python
-# writes no bytecode (PYTHONDONTWRITEBYTECODE, set on the dev and CI machines), and then compiles every test
-# module again in every process: 12.0 of the 12.3 CPU s of the fast tier's collection on one process, against
-# 4.1 s with the compiled modules kept (2026-12-06, load ~10; each xdist worker collects every module).
+# pytest compiles each test module with its asserts rewritten and keeps the result in __pycache__, unless Python
+# writes no bytecode (PYTHONDONTWRITEBYTECODE, set on the dev and CI machines): then every process compiles every test
+# module again (each xdist worker collects all of them). The fast tier's collection on one process (``--collect-only``,
+# 2026-12-06, load ~10): 12.0-13.7 CPU s compiling them, 3.6-3.9 s with them kept. (A ``sys.pycache_prefix``
+# outside the tree was tried first: it also moves where Python looks for the site-packages' bytecode, so vLLM
+# and torch were compiled again on the first run.)
 def pytest_configure(config):
-    """Where Python writes no bytecode (``sys.dont_write_bytecode``) and pytest keeps its cache (the cacheprovider
-    plugin, ``.pytest_cache``): the modules imported from here on (the test modules, as pytest compiles them)
-    are compiled to ``.pytest_cache/d/pycache`` (``sys.pycache_prefix``), not beside their sources; pytest's
-    ``-p no:cacheprovider`` keeps Python's setting. The processes the tests start keep their environment."""
+    """Where Python writes no bytecode (``sys.dont_write_bytecode``: PYTHONDONTWRITEBYTECODE) and pytest keeps its
+    cache (the cacheprovider plugin: ``.pytest_cache``), this pytest process writes bytecode as Python does by
+    default: the test modules pytest compiles (asserts rewritten) and the modules imported after this hook keep
+    theirs in ``__pycache__`` beside their sources (ignored by git); ``-p no:cacheprovider`` keeps Python's
+    setting. The processes the tests start keep their environment."""
     import sys
-    if not sys.dont_write_bytecode or getattr(config, "cache", None) is None:
-        return
-    sys.pycache_prefix = str(config.cache.mkdir("pycache"))
-    sys.dont_write_bytecode = False
+    if sys.dont_write_bytecode and config.pluginmanager.hasplugin("cacheprovider"):
+        sys.dont_write_bytecode = False
 
 
 @pytest.fixture(autouse=True, scope="session")
