@@ -201,7 +201,7 @@ def test_every_registered_scheduler_is_an_option_with_a_docs_row_and_a_cluster()
     its config dataclass's defaults), ``docs/schedulers.md`` has its row, a shipped cluster supports it."""
     rows = (PROJECT_ROOT / "docs" / "schedulers.md").read_text()
     for name in registered():
-        run = compose_run([f"scheduler={name}"] + ([] if supports(name, "a40_1p3d") else ["cluster=a40_4x"]))
+        run = composed(f"scheduler={name}", *([] if supports(name, "a40_1p3d") else ["cluster=a40_4x"]))
         assert run.scheduler == get_spec(name).config_cls(), name
         assert f"| `{name}` |" in rows, f"docs/schedulers.md has no row for {name}"
         row = next(ln for ln in rows.splitlines() if ln.startswith(f"| `{name}` |"))

@@ -9,23 +9,19 @@ import itertools
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from harness.run.config import PROJECT_ROOT, register_configs
+from harness.run.config import PROJECT_ROOT
 from harness.run.runner import execute
-from tests.conftest import compose_run
+from tests.conftest import compose_cfg, compose_run
 
 CONF = PROJECT_ROOT / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
 def compose_with_hydra(overrides):
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    """The config composed with ``overrides`` and its ``hydra`` node (tests/conftest.py ``compose_cfg``)."""
+    return compose_cfg(overrides, return_hydra_config=True)
 
 
 def sweep_params(name: str) -> dict[str, list[str]]:

@@ -21,16 +21,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from tests.conftest import skip_without  # noqa: E402
+from tests.conftest import hydra_compose, skip_without  # noqa: E402
 
 skip_without("seaborn", "seaborn not installed")   # without importing it (matplotlib, scipy) at collection
 
 from harness.analysis import report  # noqa: E402
-from harness.run.config import PROJECT_ROOT, register_configs, resolve  # noqa: E402
+from harness.run.config import resolve  # noqa: E402
 from harness.run.runner import execute  # noqa: E402
 from harness.analysis.stats import is_count, is_proportion  # noqa: E402
 from tests.test_presets import PRESETS, sweep_params  # noqa: E402
@@ -76,13 +74,10 @@ def reduced_jobs(params: dict[str, list[str]], preset: str | None) -> list[list[
 
 
 def run_sweep(jobs: list[list[str]], root: Path) -> None:
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        for i, ov in enumerate(jobs):
-            cfg = compose(config_name="config", overrides=ov)
-            run = resolve(cfg)
-            execute(run, root / f"{i}_{run.scheduler_name}", OmegaConf.to_yaml(cfg))
+    for i, ov in enumerate(jobs):    # (composed through the memo of tests/conftest.py hydra_compose, as a sweep is)
+        cfg = hydra_compose(ov)
+        run = resolve(cfg)
+        execute(run, root / f"{i}_{run.scheduler_name}", OmegaConf.to_yaml(cfg))
 
 
 # the twin presets run half their cells on launched real vLLM servers: their reduced sweep, and the report's

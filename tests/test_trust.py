@@ -62,13 +62,8 @@ def test_a_tool_time_that_is_an_epoch_timestamp_stops_the_run_naming_the_limit(t
 # ---- run directories: unique, never overwritten, resumable -----------------------------------------------
 
 def test_two_runs_in_the_same_second_get_different_directories():
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from harness.run.config import register_configs
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", return_hydra_config=True)
+    from tests.conftest import compose_cfg
+    cfg = compose_cfg(return_hydra_config=True)
     # the run directory holds this process's id besides the time (to the second)
     assert str(os.getpid()) in str(cfg.hydra.run.dir) and str(os.getpid()) in str(cfg.hydra.sweep.dir)
 
