@@ -73,6 +73,15 @@ def test_audit_fires_where_near_capacity_or_collapsing_with_fewer_than_ten_seeds
         audit(table().drop(columns="workload.seed"))
 
 
+def test_capacity_below_the_lowest_load_is_named_so():
+    """AMPD unbounded already at the table's lowest load (1.5 on 10 seeds at 0.075 conv/s): its bracket is
+    (-inf, 0.075), the cell needs 10 seeds and the reason reads "capacity below 0.075", not "in [-inf, ...)"."""
+    t = pd.DataFrame(rows("ampd_rd", 0.075, range(3), [1.5] * 3))
+    assert capacity_brackets(t) == {("swebench", "think", "a40_1p3d", "ampd_rd"): (-math.inf, 0.075)}
+    c = audit(t).set_index(["load", "variant", "arm"]).loc[(0.075, "ampd_rd", "base")]
+    assert c.fires and c.near == "ampd_rd: 0.075, capacity below 0.075 (unbounded at the table's lowest load)"
+
+
 def test_shipped_sensitivity_table():
     """docs/data/conserve_sensitivity/runs.csv: ConServe on a40_1p3d bounded at 0.06 (the growth ratios' logs sum to
     1.931 over 10 seeds: geometric mean e^0.193 = 1.213) and not at 0.09 (2.299: e^0.230 = 1.258 > 1.25), so near

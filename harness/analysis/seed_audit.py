@@ -158,7 +158,9 @@ def audit(runs: pd.DataFrame, capacity: Optional[dict[tuple[str, str], tuple[flo
             if br is None:
                 near.append(f"{variant}: not located")
             elif load >= near_frac * br[0]:
-                near.append(f"{variant}: {load:g} >= {near_frac:g} x {br[0]:g} (capacity in [{br[0]:g}, {br[1]:g}))")
+                near.append(f"{variant}: {load:g} >= {near_frac:g} x {br[0]:g} (capacity in [{br[0]:g}, {br[1]:g}))"
+                            if math.isfinite(br[0]) else   # the table's lowest load is already past capacity
+                            f"{variant}: {load:g}, capacity below {br[1]:g} (unbounded at the table's lowest load)")
         near_hit = [x for x in near if "not located" not in x]
         for ckey, c in g.groupby(CELL_KEYS[5:], sort=True, dropna=False):
             n = int(c._seed.nunique())
