@@ -969,7 +969,7 @@ class Engine:
         Either stops before a step that would end after ``horizon_s``. Sets ``_run_durs`` (s), ``_run_energy``
         (J) and, for more than one step, ``_paced_begins`` (s) with the groups' per-step state. Returns the
         steps' absolute end times, s."""
-        perf, limit, after, mw, horizon = self.perf, self.max_coalesce_s, self._after_idle, plan.idle_after[1], self.horizon_s
+        mw, horizon = plan.idle_after[1], self.horizon_s
         if groups is None:
             ctx, k = _run_bound(decode, plan.idle_repeat_steps)
             reqs_of, ready, ctxs, left = [decode], [now], [ctx], [self._fit_steps(decode, k)]
@@ -990,15 +990,11 @@ class Engine:
         durs: list[float] = []
         energy: list[float] = []
         t, prev, end = now, self._end_s, now
+        price = self._price_paced_step
         if n == 1 and avail < 0:            # one group: every step runs it, d after the previous end
             b, ctx, k = sizes[0], ctxs[0], left[0]
             for j in range(k):
-                e1, ej = perf.decode_run_total(b, ctx, 1, limit)
-                d = e1[0]
-                if after is not None:
-                    extra = after(t - prev)
-                    if extra:
-                        d = d + extra
+                d, ej = price(b, ctx, t - prev)
                 end = t + d
                 if j and end > horizon:
                     break
@@ -1026,6 +1022,19 @@ class Engine:
             self._paced_wake_sorted = None
         return ends
 
+    def _price_paced_step(self, b: int, ctx: int, gap: float) -> tuple[float, float]:
+        """One decode step of a timeout-paced run priced as one event per step prices it: ``b`` requests at summed
+        context ``ctx`` (tokens), ``gap`` s after the previous step's end (``after_idle``'s extra time). Returns
+        (the step's time, s; its energy, J)."""
+        e1, ej = self.perf.decode_run_total(b, ctx, 1, self.max_coalesce_s)
+        d = e1[0]
+        after = self._after_idle
+        if after is not None:
+            extra = after(gap)
+            if extra:
+                d = d + extra
+        return d, ej
+
     def _paced_group_steps(self, reqs_of: list, ready: list, ctxs: list, left: list, sizes: list, avail: int,
                            mw: float, now: float, begins: list, ends: list, durs: list, energy: list) -> tuple:
         """The steps of a timeout-paced run of timer groups from ``now`` (s; :meth:`_plan_paced_run`): appends
@@ -1034,7 +1043,7 @@ class Engine:
         (``ready``, ``ctxs`` updated in place); ``avail``: KV blocks available for the run's growth; ``mw``:
         the idle time after a group's step, s. Returns per step the groups it runs, the rule's wake time at its
         plan (s; inf: none) and its batch size, and per group the steps that run it."""
-        perf, limit, after, horizon, bs = self.perf, self.max_coalesce_s, self._after_idle, self.horizon_s, self.bs
+        horizon, bs = self.horizon_s, self.bs
         n = len(reqs_of)
         rng = range(n)
         count = [0] * n                     # steps that ran each group
@@ -1077,12 +1086,7 @@ class Engine:
             for r in ready:
                 if t < r < w:
                     w = r
-            e1, ej = perf.decode_run_total(b, ctx, 1, limit)
-            d = e1[0]
-            if after is not None:
-                extra = after(t - prev)
-                if extra:
-                    d = d + extra
+            d, ej = self._price_paced_step(b, ctx, t - prev)
             end = t + d
             if j and end > horizon:
                 break
