@@ -1022,6 +1022,24 @@ class Engine:
             self._paced_wake_sorted = None
         return ends
 
+    def _advance_decoded(self, reqs: Sequence[Request], times: array, idle_since: float,
+                         finished: list) -> None:
+        """Credit each of ``reqs`` with one decoded token per entry of ``times`` (the run's token times, s; the
+        same for the whole batch): token times appended, ``idle_since_s`` set to ``idle_since`` (s), KV grown to
+        the new computed length (blocks of ``bs`` tokens), output counted; a request whose output reaches its
+        target is appended to ``finished``. Adds ``len(times) * len(reqs)`` to ``decode_tokens``."""
+        c, kv, bs = len(times), self.kv, self.bs
+        for req in reqs:
+            req.token_times.extend(times)
+            req.idle_since_s = idle_since
+            x = req.computed + c
+            kv.grow(req.kv, -(-x // bs) - req.kv.blocks, x)
+            req.computed = x
+            req.out_done += c
+            if req.out_done >= req.out_target:
+                finished.append(req)
+        self.decode_tokens += c * len(reqs)
+
     def _price_paced_step(self, b: int, ctx: int, gap: float) -> tuple[float, float]:
         """One decode step of a timeout-paced run priced as one event per step prices it: ``b`` requests at summed
         context ``ctx`` (tokens), ``gap`` s after the previous step's end (``after_idle``'s extra time). Returns
@@ -1221,7 +1239,6 @@ class Engine:
         else:
             self.busy_s += self._run_ends[-1]
             self.energy_busy_j += self._run_ej
-        bs = self.bs
         finished: list[Request] = []
         for req, n in self._run_prefill:
             req.idle_since_s = now
@@ -1257,38 +1274,15 @@ class Engine:
             for e, served in zip(ends, self._paced_served):
                 for g in served:
                     times[g].append(e)
-            kv = self.kv
             for reqs, tt in zip(paced, times):
-                c = len(tt)
-                if not c:
-                    continue
-                last = tt[-1]
-                for req in reqs:
-                    req.token_times.extend(tt)
-                    req.idle_since_s = last
-                    x = req.computed + c
-                    kv.grow(req.kv, -(-x // bs) - req.kv.blocks, x)
-                    req.computed = x
-                    req.out_done += c
-                    if req.out_done >= req.out_target:
-                        finished.append(req)
-                self.decode_tokens += c * len(reqs)
+                if tt:
+                    self._advance_decoded(reqs, tt, tt[-1], finished)
         elif decode:
             # a run's token times, shared by the batch: run start + step-end offsets (one vector addition
             # per run), or an exact run's absolute end times
             t0 = self._run_start
             times = array("d", self._run_ends if exact else [e + t0 for e in self._run_ends])
-            kv = self.kv
-            for req in decode:          # (no request in a run owes its first token: _plan_decode_run)
-                req.token_times.extend(times)
-                req.idle_since_s = now
-                c = req.computed + k
-                kv.grow(req.kv, -(-c // bs) - req.kv.blocks, c)
-                req.computed = c
-                req.out_done += k
-                if req.out_done >= req.out_target:
-                    finished.append(req)
-            self.decode_tokens += k * len(decode)
+            self._advance_decoded(decode, times, now, finished)   # (no request in a run owes its first token)
         self._run_prefill = self._run_decode = ()      # (step_begin builds the next run's lists)
         if k > 1:
             used = self.capacity_blocks - self.kv.free - self.kv.cached
