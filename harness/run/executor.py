@@ -38,6 +38,7 @@ its jobs (Hydra's submitit and Ray launchers, ``slurm`` / ``ray``, run one job p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -87,6 +88,130 @@ def fresh_copy(cfg: Any) -> Any:
         return copy.deepcopy(cfg)
 
 
+def to_yaml(cfg: Any) -> str:
+    """``OmegaConf.to_yaml(cfg)`` (Hydra's ``_save_config`` text of ``.hydra/config.yaml``, ``hydra.yaml``,
+    ``overrides.yaml``), the same text to the byte, with the YAML of each entry of the root mapping and of each
+    entry one level below it kept in a process-wide memo keyed by the entry's key and value (``repr`` of the
+    plain container ``OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)`` gives: str, int, float,
+    bool, None, lists and dicts of them, each written distinctly): the jobs of a sweep dump the same ``hydra.help``
+    text, logging configs and model tables again and again, and PyYAML's pure-Python emitter spends ~25 ms a job
+    on them. Block YAML of a mapping is the concatenation of its entries' texts (each entry written alone, as
+    ``{key: value}`` or ``{key: {key2: value2}}`` less its first line ``key:``): the emitter ends every entry, and
+    the document, with the same line break. Where a key is not written as one plain line ``key:`` (a long or
+    multi-line key, PyYAML's ``? key`` form) that entry is dumped whole. ``tests/test_executor.py`` checks the
+    text against ``OmegaConf.to_yaml`` on composed configs and on edge cases (empty nodes, multi-line and long
+    strings, quoted keys, lists of mappings)."""
+    from omegaconf import OmegaConf
+    container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+    if not isinstance(container, dict) or not container:
+        return _yaml_dump(container)
+    if len(_YAML_SEGMENTS) > 20000:   # (a bound on the memo; a long-lived process starts it again)
+        _YAML_SEGMENTS.clear()
+    return "".join(_yaml_entry(k, v) for k, v in container.items())
+
+
+_YAML_SEGMENTS: dict = {}   # to_yaml's memo: (repr of the key path, repr of the value) -> its YAML text
+
+
+def _yaml_dump(obj: Any) -> str:
+    """``OmegaConf.to_yaml``'s call of PyYAML on a plain container (its dumper, flags and key order)."""
+    import yaml
+    from omegaconf._utils import get_omega_conf_dumper
+    return yaml.dump(obj, default_flow_style=False, allow_unicode=True, sort_keys=False,
+                     Dumper=get_omega_conf_dumper())
+
+
+def _yaml_segment(path: tuple, value: Any) -> str:
+    """The YAML of the one-entry document ``{path[0]: value}`` (``{path[0]: {path[1]: value}}`` for a path of two
+    keys), memoised by the keys' and the value's ``repr``."""
+    key = (tuple(repr(k) for k in path), repr(value))
+    text = _YAML_SEGMENTS.get(key)
+    if text is None:
+        doc = {path[-1]: value}
+        for k in reversed(path[:-1]):
+            doc = {k: doc}
+        text = _YAML_SEGMENTS[key] = _yaml_dump(doc)
+    return text
+
+
+def _yaml_entry(k: Any, v: Any) -> str:
+    """The YAML text of the root mapping's entry ``k: v``: a non-empty mapping ``v`` as its head line ``k:`` and
+    the text of each of its entries (:func:`_yaml_segment` less its head line), anything else whole."""
+    if not isinstance(v, dict) or not v:
+        return _yaml_segment((k,), v)
+    head = _yaml_segment((k,), {}).rstrip("\n")   # "k: {}": the key as PyYAML writes it, then " {}"
+    if "\n" in head or not head.endswith(": {}"):
+        return _yaml_segment((k,), v)
+    head = head[:-3]
+    parts = [head, "\n"]
+    for k2, v2 in v.items():
+        first, _, rest = _yaml_segment((k, k2), v2).partition("\n")
+        if first != head:   # (a key PyYAML writes otherwise here: the entry whole)
+            return _yaml_segment((k,), v)
+        parts.append(rest)
+    return "".join(parts)
+
+
+def save_config(cfg: Any, filename: str, output_dir: Path) -> None:
+    """Hydra's ``hydra.core.utils._save_config`` (``output_dir/filename`` created, UTF-8, the config's YAML) with
+    the text of :func:`to_yaml` (the same bytes as ``OmegaConf.to_yaml``)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with open(str(output_dir / filename), "w", encoding="utf-8") as file:
+        file.write(to_yaml(cfg))
+
+
+# sha256 of inspect.getsource of hydra-core 1.3.8's hydra.core.utils.run_job and _save_config: the code run_job
+# runs with two of its names bound otherwise (a Hydra whose code differs runs its own run_job)
+HYDRA_RUN_JOB_SHA256 = {"run_job": "398b33286c017043f1461d40578429260e9130f35fb9a30ae94be718c1c14b63",
+                        "_save_config": "90a9ee51dd09490bbc75096d14d90e9a437e0e43e8dbe51113f7b652ff14ed2f"}
+
+
+class _PickleCopy:
+    """The ``copy`` module as :func:`run_job` sees it: ``deepcopy`` is :func:`fresh_copy` (the same copy, by a
+    pickle round trip)."""
+    deepcopy = staticmethod(fresh_copy)
+
+
+def run_job(**kwargs: Any) -> Any:
+    """Hydra's ``hydra.core.utils.run_job`` (keyword arguments as Hydra's), its own code run with two names bound
+    otherwise: ``copy.deepcopy`` of the job's config and of its Hydra config is :func:`fresh_copy` (the same copy,
+    half the CPU) and ``_save_config`` is :func:`save_config` (the same ``.hydra/*.yaml`` bytes through the memo of
+    :func:`to_yaml`); used only where the installed Hydra's ``run_job`` and ``_save_config`` are the code they
+    were written from (:data:`HYDRA_RUN_JOB_SHA256`), else Hydra's own ``run_job``. The function is made for each
+    call from the module's current globals, so nothing of Hydra is changed for other callers."""
+    import types
+
+    import hydra.core.utils as hu
+    if not _known_source({"run_job": hu.run_job, "_save_config": hu._save_config}, HYDRA_RUN_JOB_SHA256):
+        return hu.run_job(**kwargs)
+    f = hu.run_job
+    fast = types.FunctionType(f.__code__, {**vars(hu), "copy": _PickleCopy, "_save_config": save_config},
+                              f.__name__, f.__defaults__, f.__closure__)
+    fast.__kwdefaults__ = f.__kwdefaults__
+    return fast(**kwargs)
+
+
+_SOURCE_OK: dict = {}   # (function, wanted digest) -> whether its source has that digest (checked once)
+
+
+def _known_source(code: dict, want: dict) -> bool:
+    """Whether each function of ``code`` (name -> function) has the source digest ``want[name]`` (sha256 of
+    ``inspect.getsource``), memoised per function object."""
+    import hashlib
+    import inspect
+    for k, f in code.items():
+        ok = _SOURCE_OK.get((f, want[k]))
+        if ok is None:
+            try:
+                ok = hashlib.sha256(inspect.getsource(f).encode()).hexdigest() == want[k]
+            except (OSError, TypeError):
+                ok = False
+            _SOURCE_OK[(f, want[k])] = ok
+        if not ok:
+            return False
+    return True
+
+
 class ComposedConfigs:
     """Hydra's config loader with a memo of composed job configs: ``load_sweep_config(master, overrides)`` is
     composed once per sweep (key: the sweep's primary config object -- its ``hydra.overrides.hydra``, config
@@ -116,6 +241,15 @@ class ComposedConfigs:
             hit = self._memo[key] = (master_config, self._loader.load_sweep_config(master_config,
                                                                                    list(sweep_overrides)))
         return fresh_copy(hit[1])
+
+    def take_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
+        """:meth:`load_sweep_config` for the launch of the job, the memo's last use of it: the memoised config
+        itself, taken out of the memo (no copy: nothing else holds it), else composed as there. A job whose
+        overrides another job of the sweep has too (``seed=0,0``) composes anew."""
+        hit = self._memo.pop((id(master_config), tuple(sweep_overrides)), None)
+        if hit is not None and hit[0] is master_config:
+            return hit[1]
+        return fresh_copy(self._loader.load_sweep_config(master_config, list(sweep_overrides)))
 
     def clear(self) -> None:
         """Drop the memo (the sweep is over)."""
@@ -153,6 +287,7 @@ class ComposeCache:
         self._probes: dict = {}     # config name -> a caching repository: group look-ups and sources of a memo hit
         self._files: dict = {}      # config name -> {config path: ConfigResult as read}: never handed out
         self._prefixes: dict = {}   # (config name, the first k defaults) -> the config they merge to (_merge)
+        self._delegates: dict = {}  # config name -> (the loader's repository as copied, its copy): _repo
         self.hits = self.misses = self.fallbacks = self.prefix_hits = 0
 
     def __call__(self, config_name: Optional[str], overrides: list, run_mode: Any, from_shell: bool = True,
@@ -165,7 +300,8 @@ class ComposeCache:
             self.fallbacks += 1
             self.loader._parse_overrides_and_create_caching_repo = self._parse_and_repo
             try:
-                return self._impl(config_name=config_name, overrides=overrides, run_mode=run_mode,
+                with interpolation_map_when_used():
+                    return self._impl(config_name=config_name, overrides=overrides, run_mode=run_mode,
                                   from_shell=from_shell, validate_sweep_overrides=validate_sweep_overrides)
             finally:
                 del self.loader._parse_overrides_and_create_caching_repo
@@ -188,9 +324,22 @@ class ComposeCache:
         """Hydra's ``_parse_overrides_and_create_caching_repo`` for parsed overrides that leave the search path
         as the primary config sets it (no ``hydra.searchpath`` override): a ``CachingConfigRepository`` whose
         config files come from this cache's copy of each file as first read (:meth:`_load_file`)."""
+        import copy
         import functools
         from hydra._internal.config_repository import CachingConfigRepository
-        repo = CachingConfigRepository(self.loader.repository)
+        # Hydra's CachingConfigRepository(self.loader.repository) deep-copies the loader's repository (its config
+        # sources) for each compose, ~0.1 s of a new variant's ~0.2 s, so that the primary config's
+        # hydra.searchpath (_process_config_searchpath: initialize_sources) never changes the loader's own; here one
+        # copy per primary config name serves its composes: that config (read once per process) sets the same
+        # search path on it each time, and the loader's repository is copied again if it is replaced or its
+        # sources are
+        src = self.loader.repository
+        stamp = (id(src), tuple(id(x) for x in getattr(src, "sources", ())))
+        held = self._delegates.get(config_name)
+        if held is None or held[0] != stamp:
+            held = self._delegates[config_name] = (stamp, copy.deepcopy(src))
+        repo = CachingConfigRepository.__new__(CachingConfigRepository)
+        repo.delegate, repo.cache = held[1], {}
         repo.load_config = functools.partial(self._load_file, repo, self._files.setdefault(config_name, {}))
         self.loader._process_config_searchpath(config_name, parsed_overrides, repo)
         return repo
@@ -293,9 +442,10 @@ class ComposeCache:
         caching_repo = probe
         if hit is None:
             caching_repo = self._repo(config_name, parsed_overrides)
-            defaults_list = create_defaults_list(repo=caching_repo, config_name=config_name,
-                                                 overrides_list=parsed_overrides, prepend_hydra=True,
-                                                 skip_missing=run_mode == RunMode.MULTIRUN)
+            with interpolation_map_when_used():
+                defaults_list = create_defaults_list(repo=caching_repo, config_name=config_name,
+                                                     overrides_list=parsed_overrides, prepend_hydra=True,
+                                                     skip_missing=run_mode == RunMode.MULTIRUN)
             if [id(o) for o in defaults_list.config_overrides] != [id(o) for o in config_overrides]:
                 return None     # (Hydra split them otherwise: not memoised)
             groups = {o.key_or_group.lstrip("+~") for o in parsed_overrides if id(o) not in chosen}
@@ -336,18 +486,64 @@ class ComposeCache:
         return cfg
 
 
+# sha256 of inspect.getsource of hydra-core 1.3.8's defaults-tree code (hydra._internal.defaults_list): the
+# function interpolation_map_when_used stands in for, and its only caller
+HYDRA_DEFAULTS_SHA256 = {
+    "_create_interpolation_map": "d80e4eeacb7434e08539617ea0f361b1b2f9fe49c37b2a2178decb12be2c4868",
+    "_create_defaults_tree_impl": "d3ba5bb22c8018d946fa0d2fa88c1c2bca93ae14ef57acdfc6930f6e677808d5",
+}
+
+
+@contextlib.contextmanager
+def interpolation_map_when_used():
+    """While open, Hydra's defaults tree (``hydra._internal.defaults_list._create_defaults_tree_impl``) builds the
+    map of known choices that resolves an interpolated default (``_create_interpolation_map``: an OmegaConf
+    config of every choice so far and the node's defaults) only for a node whose defaults list has an interpolated
+    entry (``${...}`` in a path or an option), the only case its caller reads it in: the caller resolves the
+    node's interpolated children with it, and these are entries of that list. Elsewhere the map is None, unread.
+    Each node otherwise built one (~60 % of a defaults tree's CPU: ~70 ms of a new variant's compose at a load of
+    ~11). The entries' accessors Hydra's map reads (``get_config_path``, ``get_override_key``, with their checks)
+    are called as there. Only where the installed Hydra's code is the one this was written from
+    (:data:`HYDRA_DEFAULTS_SHA256`), else nothing changes; the module attribute is restored on exit."""
+    import hydra._internal.defaults_list as dl
+    original = dl._create_interpolation_map
+    if not _known_source({"_create_interpolation_map": original,
+                          "_create_defaults_tree_impl": dl._create_defaults_tree_impl}, HYDRA_DEFAULTS_SHA256):
+        yield
+        return
+
+    def when_used(overrides: Any, defaults_list: list, self_added: bool) -> Any:
+        for d in defaults_list:   # Hydra's loop over the entries, without the config it fills
+            if self_added and d.is_self():
+                continue
+            if isinstance(d, dl.ConfigDefault):
+                d.get_config_path()
+            elif isinstance(d, dl.GroupDefault):
+                d.get_override_key()
+        if any(d.is_interpolation() for d in defaults_list):
+            return original(overrides, defaults_list, self_added)
+        return None
+    dl._create_interpolation_map = when_used
+    try:
+        yield
+    finally:
+        dl._create_interpolation_map = original
+
+
 _SWEEP = object()   # ComposeCache._compose: overrides that sweep (a sweep's primary config), composed by Hydra
 
 # sha256 of inspect.getsource(ConfigLoaderImpl._load_configuration_impl) of hydra-core 1.3.8: the code
 # ComposeCache._compose repeats around its memo; a Hydra whose code differs composes without the memo
 HYDRA_IMPL_SHA256 = "f611c97e466f94db72ac0a127250fa439eb79a30fe164968e5d71f543bb960c2"
 # the same for the code ComposeCache._repo / _load_file / _merge repeat (hydra-core 1.3.8): the repository a compose
-# gets (ConfigLoaderImpl._parse_overrides_and_create_caching_repo), its file cache (CachingConfigRepository.load_config)
+# gets (ConfigLoaderImpl._parse_overrides_and_create_caching_repo, CachingConfigRepository.__init__), its file cache
+# (CachingConfigRepository.load_config)
 # and the merge of the defaults list (ConfigLoaderImpl._compose_config_from_defaults_list)
 HYDRA_REPO_SHA256 = {
     "ConfigLoaderImpl._parse_overrides_and_create_caching_repo":
         "64a9ff8144edc9f24527d1a3fabcccfa3783bad2c1cead6751036444d4d61dba",
     "CachingConfigRepository.load_config": "76b44dcf45281952984499e2043a24675e38043481d89fd62876814e454da6a5",
+    "CachingConfigRepository.__init__": "d2b1c125731574fe7de0b14a17d17fde84fa942ce5f1f5a645cc860edbae1332",
     "ConfigLoaderImpl._compose_config_from_defaults_list":
         "136c76d6cb280db8f0644f528dffed4d6cf4850bb1193827e9a1dbda5d360fba",
 }
@@ -364,6 +560,7 @@ def _hydra_is_known(loader: Any) -> bool:
                 "ConfigLoaderImpl._parse_overrides_and_create_caching_repo":
                     getattr(type(loader), "_parse_overrides_and_create_caching_repo", None),
                 "CachingConfigRepository.load_config": CachingConfigRepository.load_config,
+                "CachingConfigRepository.__init__": CachingConfigRepository.__init__,
                 "ConfigLoaderImpl._compose_config_from_defaults_list":
                     getattr(type(loader), "_compose_config_from_defaults_list", None)}
         want = {"_load_configuration_impl": HYDRA_IMPL_SHA256, **HYDRA_REPO_SHA256}
@@ -455,11 +652,11 @@ def _run_job(idx: int, overrides: Sequence[str], sweep_config: Any = None) -> An
     config composed elsewhere with its number set, is given: ``harness.run.cluster_sweep``) and run it (Hydra's
     ``run_job``, the sweep's directory and subdirectory keys); returns its ``JobReturn``. A job's ``sys.exit`` (a
     config error, an interrupt) is raised to the caller as ``SystemExit``."""
-    from hydra.core.utils import run_job
     from omegaconf import open_dict
     ctx, config = _WORKER["hydra_context"], _WORKER["config"]
     if sweep_config is None:
-        sweep_config = ctx.config_loader.load_sweep_config(config, list(overrides))
+        load = getattr(ctx.config_loader, "take_sweep_config", None) or ctx.config_loader.load_sweep_config
+        sweep_config = load(config, list(overrides))
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = idx
             sweep_config.hydra.job.num = idx
