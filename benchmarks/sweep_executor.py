@@ -25,7 +25,11 @@ validation, trace and workload, frames, files, pickling between processes, exit.
 ran one after another in one process (base's basic launcher; this checkout with ``--n-jobs 1``), is the median
 over consecutive jobs of ``cost_process_cpu_s`` since the previous job's less the job's ``cost_loop_cpu_s``: what
 one more run costs outside its loop once the process is warm (Hydra's compose and ``run_job``, the run's
-start-up, frames, files, the printed table). Extrapolated: the 480-run
+start-up, frames, files, the printed table). The slice's fixed CPU is split (:func:`one_off_split`) into a
+one-off part (fixed - jobs x marginal: imports, the primary composes, each variant's first compose, exit) and the
+marginal, and the fixed cost per run of the 480-run sweep extrapolated as one-off / 480 + marginal (a lower
+bound: a job's validation before the launch, its compose from the memo and its checks, counts as one-off
+here). Extrapolated: the 480-run
 sweep's CPU-hours (the slice's mean CPU per job x 480: the slice stands for the sweep's rates and sizes) and the
 wall at the command's measured parallelism (CPU / wall of the slice). The ratio base / this is printed for CPU and
 for wall, with the load average before and after (``os.getloadavg``) and the cores this process may use.
@@ -90,6 +94,19 @@ def sweep(root: Path, args: list[str], out: Path, cache: str) -> dict:
     return {"cpu_s": r["cpu_s"], "wall_s": r["wall_s"], "loop_s": loop, "jobs": jobs, "per_job": per_job,
             "start_line": start,
             "marginal_s": statistics.median(marginal) if marginal else float("nan")}
+
+
+def one_off_split(cpu_s: float, loop_s: float, marginal_s: float, jobs: int) -> tuple[float, float]:
+    """The slice's fixed CPU (``cpu_s - loop_s``, s) split into its one-off part (imports, the primary composes,
+    each variant's first compose, exit: what a sweep pays once however many jobs it has) and the per-run part
+    ``marginal_s``: returns (one-off s = fixed - jobs x marginal, the fixed cost per run of the 480-run sweep
+    extrapolated = one-off / 480 + marginal, s). A lower bound of the latter: the marginal is measured between
+    jobs in the launching process, so a job's validation before the launch (its compose from the memo, the
+    check of its config, trace and workload: per job, in a sweep of any size) is counted as one-off here. NaN
+    without a marginal (the jobs ran on several workers)."""
+    fixed = cpu_s - loop_s
+    one_off = fixed - jobs * marginal_s
+    return one_off, one_off / SWEEP_RUNS + marginal_s
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -173,13 +190,16 @@ def main(argv: Optional[list] = None) -> int:
                for k, v in res.items()}
         print(f"\n## The slice ({n} jobs, median of {args.repeat}) and the 480-run sweep extrapolated\n")
         print("| checkout | CPU s | wall s | parallelism (CPU / wall) | loop CPU s | fixed per run, CPU s | marginal "
-              "fixed per run (one process), CPU s | 480 runs: CPU-hours | 480 runs: wall h at this parallelism |\n"
-              "|---|---|---|---|---|---|---|---|---|")
+              "fixed per run (one process), CPU s | one-off CPU s | fixed per run over 480 runs, CPU s | "
+              "480 runs: CPU-hours | 480 runs: wall h at this parallelism |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|")
         for k, m in med.items():
             par = m["cpu_s"] / m["wall_s"]
             cpu480 = m["cpu_s"] / n * SWEEP_RUNS
+            one_off, per480 = one_off_split(m["cpu_s"], m["loop_s"], m["marginal_s"], n)
             print(f"| {k} | {m['cpu_s']:.1f} | {m['wall_s']:.1f} | {par:.2f} | {m['loop_s']:.1f} | "
-                  f"{(m['cpu_s'] - m['loop_s']) / n:.3f} | {m['marginal_s']:.3f} | {cpu480 / 3600:.2f} | {cpu480 / par / 3600:.2f} |")
+                  f"{(m['cpu_s'] - m['loop_s']) / n:.3f} | {m['marginal_s']:.3f} | {one_off:.1f} | {per480:.3f} | "
+                  f"{cpu480 / 3600:.2f} | {cpu480 / par / 3600:.2f} |")
         print(f"\nratio base / this: CPU {med['base']['cpu_s'] / med['this']['cpu_s']:.3f}x, wall "
               f"{med['base']['wall_s'] / med['this']['wall_s']:.3f}x; load average before {load0[0]:.2f} {load0[1]:.2f} "
               f"{load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}; {cores} cores")
