@@ -20,7 +20,9 @@ Each job's config is composed in the worker from the sweep's config and the job'
 (``ConfigLoader.load_sweep_config``, as Hydra's basic launcher does in its process; Hydra's defaults list and
 merge memoised per set of config-group overrides, :class:`ComposeCache`, so a job that differs from an earlier
 one only in values -- a rate, a seed -- costs a copy, :func:`fresh_copy`, and the value overrides), then run by
-Hydra's ``run_job`` (its run directory, ``.hydra/`` files, ``run.log``, the callbacks' ``on_job_start``/``end``).
+Hydra's ``run_job`` (its run directory, ``.hydra/`` files, ``run.log``, the callbacks' ``on_job_start``/``end``;
+:func:`run_job`: Hydra's code with its copies by :func:`fresh_copy` and its ``.hydra/*.yaml`` by :func:`to_yaml`,
+the same bytes).
 Nothing a run computes depends on which process ran it or on the jobs before it in that process: the caches
 above hold only values that are a function of their key (tests/test_executor.py checks a sweep's files
 against one process per run, byte for byte but the wall-clock and cost keys of ``summary.json``).
@@ -105,7 +107,7 @@ def to_yaml(cfg: Any) -> str:
     container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
     if not isinstance(container, dict) or not container:
         return _yaml_dump(container)
-    if len(_YAML_SEGMENTS) > 20000:   # (a bound on the memo; a long-lived process starts it again)
+    if len(_YAML_SEGMENTS) > 4096:   # (a bound on the memo's size: a 480-run sweep adds ~5 entries a job)
         _YAML_SEGMENTS.clear()
     return "".join(_yaml_entry(k, v) for k, v in container.items())
 
