@@ -27,7 +27,7 @@ EDGE = {
 
 
 def _composed(overrides: list) -> object:
-    from conftest import hydra_compose
+    from tests.conftest import hydra_compose
     return hydra_compose(overrides, return_hydra_config=True)
 
 
