@@ -160,3 +160,60 @@ def test_column_store_an_int_beyond_int64_on_the_fast_path():
     want = pd.DataFrame([dict(zip(cols, r)) for r in rows], columns=cols)
     pd.testing.assert_frame_equal(store.frame(), want)
     assert store.column("a") == [1, 2 ** 64, 3] and store.column("b") == [0.5, 1.5, 2.5]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7])
+def test_column_store_extend_is_append_row_by_row(chunk):
+    """``ColumnStore.extend`` (the buffered instance samples' path) gives the frame of the row dicts (pandas'
+    own inference, the independent oracle) and the store ``append`` gives, whatever the chunks: typed columns
+    stay typed across chunks; a column meeting another type (an int in a float column, a None, a numpy float, a
+    bool in an int column) turns into a list from that row on; an int beyond int64 falls back row by row."""
+    cols = ["f", "i", "f_then_int", "i_then_none", "s", "npf", "i_then_bool", "big"]
+    rows = [(0.5 * k, k, 1.0 * k, k, f"s{k}", float(k), k, k) for k in range(6)]
+    rows += [(3.5, 6, 7, None, "x", np.float64(7.5), True, 2 ** 70), (4.5, 7, 8.0, 9, "y", 8.5, 8, 9)]
+    want = pd.DataFrame([dict(zip(cols, r)) for r in rows], columns=cols)
+    one = ColumnStore(cols)
+    for r in rows:
+        one.append(r)
+    got = ColumnStore(cols)
+    for k in range(0, len(rows), chunk):
+        got.extend(rows[k:k + chunk])
+    got.extend([])
+    assert len(got) == len(rows) == 8
+    pd.testing.assert_frame_equal(got.frame(), want)
+    pd.testing.assert_frame_equal(got.frame(), one.frame())
+    assert got.frame()["f"].dtype == np.float64 and got.frame()["i"].dtype == np.int64
+    assert type(got.column("f_then_int")[6]) is int and got.column("big")[6] == 2 ** 70   # kept as given
+    plain = ["f", "i", "s"]
+    assert _parquet(got.frame()[plain]) == _parquet(want[plain])
+    # typed all the way in one chunk of three: one C-level extend per column, the same values
+    typed = ColumnStore(["t", "n"])
+    typed.extend([(0.25, 1), (0.5, 2), (0.75, 3)])
+    assert typed.column("t") == [0.25, 0.5, 0.75] and typed.column("n") == [1, 2, 3]
+    assert typed.frame()["n"].dtype == np.int64
+
+
+def test_recorder_samples_buffered_across_a_flush(monkeypatch):
+    """``Recorder.sample`` buffers its rows and moves them into the store ``SAMPLE_BATCH`` at a time: with a batch
+    of 3 rows, 2 instances and 4 ticks (8 rows: moved at 4 and at 8 rows), the frame has the 8 rows in tick
+    order with the values ``instance_values`` gives each (worked by hand: KV 10 * tick of a 100-token instance
+    -> kv_used_frac 0.1 * tick); a read between flushes sees every row sampled so far."""
+    from harness.core import recorder as R
+    from harness.core.backend import InstanceInfo, InstanceState
+    monkeypatch.setattr(R, "SAMPLE_BATCH", 3)
+    rec = R.Recorder(lambda c, k: True)
+    infos = (InstanceInfo(0, "p0", "prefill", "a40", 100), InstanceInfo(1, "d0", "decode", "a40", 200))
+    rec.bind(["p0", "d0"])
+    for k in range(4):
+        rec.sample(float(k), infos, (InstanceState(10 * k, k, 0, 1.5 * k), InstanceState(20 * k, 1, k, 2.5 * k)),
+                   [math.nan, math.nan])
+        assert len(rec._samples) == (0, 4, 4, 8)[k]        # moved in batches of >= 3 rows
+    assert len(rec.samples) == 8
+    rec.sample(4.0, infos, (InstanceState(0, 0, 0, 6.0), InstanceState(0, 0, 0, 10.0)), [math.nan, math.nan])
+    assert len(rec._samples) == 8 and len(rec.samples) == 10 and rec.samples[-1]["energy_j"] == 10.0
+    df = rec.instances_frame().iloc[:8]
+    assert list(df.t_s) == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+    assert list(df.instance) == ["p0", "d0"] * 4 and list(df.kv_used_tokens) == [0, 0, 10, 20, 20, 40, 30, 60]
+    assert list(df.kv_used_frac) == [0.0, 0.0, 0.1, 0.1, 0.2, 0.2, 0.3, 0.3]
+    assert list(df.energy_j) == [0.0, 0.0, 1.5, 2.5, 3.0, 5.0, 4.5, 7.5] and df.kv_used_frac.dtype == np.float64
+    assert list(df.num_waiting) == [0, 0, 0, 1, 0, 2, 0, 3] and df.power_w.isna().all()

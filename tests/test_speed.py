@@ -124,6 +124,25 @@ def test_decode_run_total_with_and_without_the_power_cap(a40, llama, cap_w, mpf)
         assert_same_run(perf, b, ctx, max_steps, limit_s)
 
 
+@pytest.mark.parametrize("cap_w", [None, 150.0])
+def test_decode_one_is_a_run_of_one_step(a40, llama, cap_w):
+    """``PerfModel.decode_one`` (a timeout-paced run's price per step) is ``decode_run_total`` of one step bit for
+    bit, with the cap free (its inline plain step) and binding (150 W under the A40's 300 W TDP: the general loop);
+    and by hand where plain: time ``base_s + kv_s * (ctx + b)``, energy ``idle_w * time + (tdp - idle) * busy`` with
+    ``busy = busy0 + memory_power_frac * kv_s * (ctx + b)`` (``PerfModel._run_terms``)."""
+    perf = PerfModel(dataclasses.replace(a40, power_cap_w=cap_w), llama)
+    for b, ctx in [(1, 0), (1, 10), (3, 4000), (64, 123_457)]:
+        ends, energy = perf.decode_run_total(b, ctx, 1, math.inf)
+        assert perf.decode_one(b, ctx) == (ends[0], energy)
+        assert perf.decode_one(b, ctx) == (perf.decode_run_total(b, ctx, 1, 0.0)[0][0], energy)   # any limit
+        if cap_w is None:
+            _, base_s, busy0, plain = perf._run_terms(b)
+            kv_m = perf._kv_s_per_token * (ctx + b)
+            hw = perf.hw
+            dyn_j = (hw.tdp_w - hw.idle_w) * (busy0 + hw.memory_power_frac * kv_m)
+            assert plain and perf.decode_one(b, ctx) == (base_s + kv_m, hw.idle_w * (base_s + kv_m) + dyn_j)
+
+
 # ---- the unloaded-TTFET baseline on disk ---------------------------------------------------------------
 
 def _tiny():

@@ -337,14 +337,15 @@ def test_rotate_first_opening_equals_trying_every_offset(monkeypatch, extra):
 
 # ---- several timer groups with different phases (StepPlan.timer_groups) ----------------------------------
 
-def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capacity=1000):
+def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capacity=1000, only="ABC"):
     """One engine (block size 1, 0.25-s steps whatever the batch), WAIT with three types (by the request's
     first letter: A 0, B 1, C 2, D 0), n = 2 each, max_wait_s = 0.5, coalescing on. Residents at stage 1
     (prompt 4, 4 tokens of KV): A (5 outputs) idle since 0, B (4) since 0.0625, C (6) since ``c_idle``; the engine
     starts at 0.5. ``groups_on=False`` strips the rule's ``timer_groups`` (the runs of one group that main
     had stay). Optionally D (prompt 4, 2 outputs) arrives at ``arrival_at``; at each time of ``looks`` an
     observer reads (now, KV blocks in use, busy s, the next engine event: the clock's, observers' left out, or
-    the run's: ``Engine.paced_event_after``). ``capacity``: KV blocks (of 1 token)."""
+    the run's: ``Engine.paced_event_after``). ``capacity``: KV blocks (of 1 token). ``only``: the residents
+    placed (a subset of A, B, C)."""
     eng = make_engine(capacity, StubPerf(0.25), max_coalesce_s=0.25)
     types = {"A": 0, "B": 1, "C": 2, "D": 0}
     rule = Counted(WaitRule([2, 2, 2], lambda r: types[r.conv[0]], 0.5), paced=True)
@@ -354,6 +355,8 @@ def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capac
     eng.set_rule(rule)
     res = {}
     for name, out, idle in (("A", 5, 0.0), ("B", 4, 0.0625), ("C", 6, c_idle)):
+        if name not in only:
+            continue
         r = res[name] = resident(eng, name, 4, 1, out_target=out)
         r.idle_since_s = idle
     if arrival_at is not None:
@@ -429,3 +432,32 @@ def test_a_timer_groups_run_stops_at_the_kv_blocks(capacity):
     assert a[2] == b[2]
     assert (a[0].steps, a[0].busy_s, a[0].preemptions) == (b[0].steps, b[0].busy_s, b[0].preemptions)
     assert a[0].preemptions > 0 and a[0].clock.events <= b[0].clock.events
+
+
+@pytest.mark.parametrize("capacity", [1000, 8])
+def test_one_timer_group_by_hand(monkeypatch, capacity):
+    """One type's residents only (A: 5 outputs, idle since 0; 0.25-s steps, max_wait_s 0.5): the rule states one
+    timer group; A runs 0.5 -> 0.75, then every 0.75 s (0.5 idle + the step): 1.25 -> 1.5, 2.0 -> 2.25, 2.75 -> 3.0
+    (its fourth token: finishes). With 1000 blocks of 1 token the run's growth (at most 256 tokens) fits whatever
+    the steps: the engine runs the group as its one-group loop (no KV check, ``_paced_group_steps`` not called);
+    with 8 blocks (4 held, 4 available, exactly A's 4 tokens) it checks each step's blocks
+    (``_paced_group_steps``). Either way the same steps, and observers at 1.0, 2.0, 2.5 and 3.0 (after the
+    engine's events at that instant) read, by hand, (KV blocks = 4 + steps begun, busy s = 0.25 x steps ended):
+    (5, 0.25), (7, 0.5) (the step beginning at 2.0 counted), (7, 0.75), (0, 1.0) (A finished at 3.0, its
+    blocks freed); and the same as the run without timer groups."""
+    from harness.sim.engine import Engine
+    grouped = []
+    orig = Engine._paced_group_steps
+
+    def spy(self, *a):
+        grouped.append(1)
+        return orig(self, *a)
+    monkeypatch.setattr(Engine, "_paced_group_steps", spy)
+    looks = [1.0, 2.0, 2.5, 3.0]
+    eng, _, res, seen = _three_types(True, looks=looks, capacity=capacity, only="A")
+    assert res == {"A": ([0.75, 1.5, 2.25, 3.0], 3.0)}
+    assert [(now, kv, busy) for now, kv, busy, _ in seen] == [(1.0, 5, 0.25), (2.0, 7, 0.5), (2.5, 7, 0.75),
+                                                            (3.0, 0, 1.0)]
+    assert eng.steps == 4 and eng.busy_s == 1.0 and eng.decode_tokens == 4 and bool(grouped) == (capacity == 8)
+    off = _three_types(False, looks=looks, capacity=capacity, only="A")
+    assert off[2] == res and off[3] == seen

@@ -114,7 +114,8 @@ class SimBackend(ClusterBase):
     def observe(self) -> tuple[InstanceState, ...]:
         """KV used (tokens), running, waiting and cumulative energy (J) of each engine, now."""
         now = self.clock.now()
-        return tuple(InstanceState(*load, self.instance_energy_j(i, now)) for i, load in enumerate(self.observe_load()))
+        return tuple([InstanceState(e.used_blocks_now() * e.bs, len(e.running), len(e.waiting) + e.loading,
+                                    self._energy_j(e, now)) for e in self.engines])
 
     def observe_load(self) -> tuple[tuple[int, int, int], ...]:
         """``(kv_used_tokens, num_running, num_waiting)`` of each engine now: ``observe`` without the
@@ -148,10 +149,13 @@ class SimBackend(ClusterBase):
             now = clock.now()
             t = now + tick_s
             nxt = clock.next_time()
-            for e in engines:   # a timeout-paced run's steps count as the events one event per step has
-                x = e.paced_event_after(now)
-                if x < nxt:
-                    nxt = x
+            if nxt > t:
+                for e in engines:   # a timeout-paced run's steps count as the events one event per step has
+                    x = e.paced_event_after(now)
+                    if x < nxt:
+                        nxt = x
+                        if nxt <= t:    # an event by the next grid point: no skip, whatever the others
+                            break
             if nxt > t:  # idle until nxt: skip the grid points in between
                 t = now + tick_s * math.ceil((nxt - now) / tick_s)
             clock.call_at(t, tick, priority=Priority.TICK)
@@ -192,7 +196,11 @@ class SimBackend(ClusterBase):
         A step in flight is counted when it ends, so mid-run values lag by at most one step run (by one
         step inside a run with a rule-declared horizon: ``Engine.busy_energy_now``).
         """
-        e = self.engines[i]
+        return self._energy_j(self.engines[i], until_s)
+
+    @staticmethod
+    def _energy_j(e: Engine, until_s: float) -> float:
+        """:meth:`instance_energy_j` of engine ``e``, J."""
         busy_s, busy_j = e.busy_energy_now()
         idle_s = max(0.0, until_s - busy_s)
         return busy_j + e.perf.hw.idle_w * idle_s

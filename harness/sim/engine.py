@@ -289,7 +289,7 @@ class Engine:
         # the groups' idle time max_wait_s (s); _timer_at after its first plan; whether its steps' timers are
         # still simulated (_paced_timers, _timer_fire ignores the clock's timer events meanwhile)
         self._paced_groups: Optional[list] = None
-        self._paced_served: list[tuple] = []
+        self._paced_served: list[Sequence[int]] = []
         self._paced_wakes: list[float] = []
         self._paced_sizes: list[int] = []
         self._paced_steps_of: list[list[int]] = []
@@ -318,6 +318,7 @@ class Engine:
         self._end_s = -math.inf         # when the last step ended, s (after-idle term, async overlap)
         # the after-idle term (HardwareConfig.after_idle_s, harness.sim.perf.PerfModel.after_idle), where priced
         self._after_idle = perf.after_idle if any(perf.after_idle_s) else None
+        self._decode_one = perf.decode_one      # a paced step's price: decode_run_total of one step, in one call
         # async scheduling (engine.async_scheduling, "Async scheduling" in the module docstring)
         hw = perf.hw    # (a stand-in step model may have no profile, StepModel.hw None: then the knob alone)
         self.async_scheduling = cfg.runs_async(hw) if hw is not None else bool(cfg.async_scheduling)
@@ -965,8 +966,10 @@ class Engine:
         ``PACED_GROUP_STEPS`` steps: step ``j + 1`` begins at step ``j``'s end ``T`` when a group is ready by
         then, else at the smallest ready time (the rule's timer), and runs every group ready then, in order
         (a group that ran is ready at ``T + d``); it stops at the step in which a request finishes and before
-        a step whose KV growth (every request's blocks for its tokens so far) exceeds the blocks available.
-        Either stops before a step that would end after ``horizon_s``. Sets ``_run_durs`` (s), ``_run_energy``
+        a step whose KV growth (every request's blocks for its tokens so far) exceeds the blocks available
+        (one group whose growth over ``PACED_GROUP_STEPS`` steps fits whatever the steps runs as the first case:
+        the same steps, without the per-step bookkeeping of several groups). Either stops before a step that
+        would end after ``horizon_s``. Sets ``_run_durs`` (s), ``_run_energy``
         (J) and, for more than one step, ``_paced_begins`` (s) with the groups' per-step state. Returns the
         steps' absolute end times, s."""
         mw, horizon = plan.idle_after[1], self.horizon_s
@@ -991,7 +994,9 @@ class Engine:
         energy: list[float] = []
         t, prev, end = now, self._end_s, now
         price = self._price_paced_step
-        if n == 1 and avail < 0:            # one group: every step runs it, d after the previous end
+        if n == 1 and (avail < 0 or self._paced_growth_fits(sizes[0], avail)):
+            # one group (no KV check due): every step runs it, d after the previous end (the steps
+            # _paced_group_steps gives one group: it is ready at each previous end + d, the next ready time inf)
             b, ctx, k = sizes[0], ctxs[0], left[0]
             for j in range(k):
                 d, ej = price(b, ctx, t - prev)
@@ -1041,17 +1046,24 @@ class Engine:
         self.decode_tokens += c * len(reqs)
 
     def _price_paced_step(self, b: int, ctx: int, gap: float) -> tuple[float, float]:
-        """One decode step of a timeout-paced run priced as one event per step prices it: ``b`` requests at summed
-        context ``ctx`` (tokens), ``gap`` s after the previous step's end (``after_idle``'s extra time). Returns
-        (the step's time, s; its energy, J)."""
-        e1, ej = self.perf.decode_run_total(b, ctx, 1, self.max_coalesce_s)
-        d = e1[0]
+        """One decode step of a timeout-paced run priced as one event per step prices it (``decode_run_total`` of
+        one step, through the step model's ``decode_one``): ``b`` requests at summed context ``ctx`` (tokens),
+        ``gap`` s after the previous step's end (``after_idle``'s extra time). Returns (the step's time, s; its
+        energy, J)."""
+        d, ej = self._decode_one(b, ctx)
         after = self._after_idle
         if after is not None:
             extra = after(gap)
             if extra:
                 d = d + extra
         return d, ej
+
+    def _paced_growth_fits(self, requests: int, avail: int) -> bool:
+        """Whether ``requests`` requests' KV growth over the longest timeout-paced run of timer groups fits the
+        ``avail`` blocks available, whatever the steps (then no step of the run is checked): a request needs at
+        most ``ceil(c / bs)`` blocks more for ``c`` more tokens, and a run gives each at most
+        ``PACED_GROUP_STEPS`` tokens (``ceil(P / bs) = (P - 1) // bs + 1``)."""
+        return requests * ((PACED_GROUP_STEPS - 1) // self.bs + 1) <= avail
 
     def _paced_group_steps(self, reqs_of: list, ready: list, ctxs: list, left: list, sizes: list, avail: int,
                            mw: float, now: float, begins: list, ends: list, durs: list, energy: list) -> tuple:
@@ -1067,20 +1079,30 @@ class Engine:
         count = [0] * n                     # steps that ran each group
         need = [0] * n                      # KV blocks each group's requests need beyond what they hold
         total_need = 0
-        served_l: list[tuple] = []
+        served_l: list[Sequence[int]] = []
         wakes: list[float] = []
         size_l: list[int] = []
         steps_of: list[list[int]] = [[] for _ in rng]
         inf = math.inf
-        # a request needs at most ceil(c / bs) blocks more for c more tokens: when the bound of the longest run
-        # fits, no step is checked
-        check = sum(sizes) * ((PACED_GROUP_STEPS - 1) // bs + 1) > avail
+        check = not self._paced_growth_fits(sum(sizes), avail)
         t, prev, end = now, self._end_s, now
+        price = self._price_paced_step
         for j in range(PACED_GROUP_STEPS):
             if j:
                 m = min(ready)
                 t = end if m <= end else m
-            served = tuple([g for g in rng if ready[g] <= t])
+            # the groups ready at t (in order), their batch and summed context, and the next ready time after t
+            served = []
+            b = ctx = 0
+            w = inf
+            for g in rng:
+                r = ready[g]
+                if r <= t:
+                    served.append(g)
+                    b += sizes[g]
+                    ctx += ctxs[g]
+                elif r < w:
+                    w = r
             grown = ()
             if j and check:                 # the KV blocks of this step's tokens, every step before it counted
                 add = 0
@@ -1096,21 +1118,14 @@ class Engine:
                     add += x - need[g]
                 if total_need + add > avail:
                     break
-            b = ctx = 0
-            for g in served:
-                b += sizes[g]
-                ctx += ctxs[g]
-            w = inf
-            for r in ready:
-                if t < r < w:
-                    w = r
-            d, ej = self._price_paced_step(b, ctx, t - prev)
+            d, ej = price(b, ctx, t - prev)
             end = t + d
             if j and end > horizon:
                 break
-            for g, x in zip(served, grown):
-                total_need += x - need[g]
-                need[g] = x
+            if grown:
+                for g, x in zip(served, grown):
+                    total_need += x - need[g]
+                    need[g] = x
             begins.append(t)
             ends.append(end)
             durs.append(d)

@@ -229,6 +229,23 @@ class PerfModel(StepModel):
         ends, ej, k = self._decode_run_long(b, lin_c, base_s, ctx_tokens, n, max_steps, limit_s)
         return ends, float(np.cumsum(ej[:k])[-1])
 
+    def decode_one(self, decode_seqs: int, ctx_tokens: int) -> tuple[float, float]:
+        """One decode-only step as a run of one step: ``(time s, energy J)``, bit for bit ``(ends[0], energy)`` of
+        ``decode_run_total(decode_seqs, ctx_tokens, 1, limit)`` (``StepModel.decode_one``) at the cost of one call:
+        where the batch's run is plain (``_run_terms``), :meth:`_decode_run_plain`'s float operations for its one
+        step, inline (``0.0 + step`` and ``0.0 + energy``: its sums from 0); otherwise ``decode_run_total``."""
+        b = decode_seqs
+        terms = self._batch_memo.get(b)
+        if terms is None:
+            terms = self._batch_memo[b] = self._run_terms(b)
+        if not terms[3]:
+            ends, energy = self.decode_run_total(b, ctx_tokens, 1, math.inf)
+            return ends[0], energy
+        kv_m = self._kv_s_per_token * (ctx_tokens + b)
+        step_s = terms[1] + kv_m
+        hw = self.hw
+        return 0.0 + step_s, 0.0 + (hw.idle_w * step_s + self._dyn_w * (terms[2] + hw.memory_power_frac * kv_m))
+
     def _run_terms(self, b: int) -> tuple[float, float, float, bool]:
         """A decode run's terms that depend on its batch ``b`` alone (memoised per ``b`` in ``_batch_memo``):
         ``(lin_c, base_s, busy0, plain)``: ``_decode_batch_terms``, the busy time without the KV term (s;

@@ -12,6 +12,7 @@ price nothing unless a model declares them (the class attributes below). The bui
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -136,6 +137,14 @@ class StepModel:
         """:meth:`decode_run` with the run's total energy only: ``(cumulative end times s, energy J)``."""
         ends, energy = self.decode_run(decode_seqs, ctx_tokens, max_steps, limit_s)
         return ends, energy[-1]
+
+    def decode_one(self, decode_seqs: int, ctx_tokens: int) -> tuple[float, float]:
+        """One decode-only step of ``decode_seqs`` sequences at summed context ``ctx_tokens`` (tokens) as a run of
+        one step: ``(time s, energy J)``, i.e. ``(ends[0], energy)`` of ``decode_run_total(decode_seqs, ctx_tokens,
+        1, limit)`` bit for bit (any ``limit``: a run of one step ends after its step). The engine's timeout-paced
+        runs price each step with it. Default: :meth:`decode_run_total`."""
+        ends, energy = self.decode_run_total(decode_seqs, ctx_tokens, 1, math.inf)
+        return ends[0], energy
 
     def decode_steps(self, decode_seqs: int, ctx_tokens: int, max_steps: int, start_s: float, limit_s: float
                      ) -> tuple[list[float], list[float], list[float]]:
