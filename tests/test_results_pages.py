@@ -16,15 +16,28 @@ from harness.analysis import results
 from harness.core.paths import PROJECT_ROOT
 
 DATA = PROJECT_ROOT / "docs" / "data"
+_PAGES: dict = {}
+_page = results.page
+
+
+def made_page(name, root=PROJECT_ROOT, margin=results.EQUIVALENCE_MARGIN_PCT):
+    """``results.page``, made once per process for each argument set: the shipped data does not change during a
+    test session, and the conserve page costs ~13 CPU s to make (measured 2026-12-06), which the shipped-page test
+    and the check-mode test (which makes every page three times) would otherwise pay four times."""
+    key = (name, str(root), margin)
+    if key not in _PAGES:
+        _PAGES[key] = _page(name, root, margin)
+    return _PAGES[key]
 
 
 @pytest.mark.parametrize("name", results.PAGES)
 def test_the_shipped_page_is_the_generators_output(name):
     shipped = (PROJECT_ROOT / "docs" / "results" / f"{name}.md").read_text()
-    assert shipped == results.page(name), f"docs/results/{name}.md is stale: run python -m harness.analysis.results"
+    assert shipped == made_page(name), f"docs/results/{name}.md is stale: run python -m harness.analysis.results"
 
 
-def test_check_mode_exits_1_on_a_stale_page_and_0_on_fresh_ones(tmp_path, capsys):
+def test_check_mode_exits_1_on_a_stale_page_and_0_on_fresh_ones(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(results, "page", made_page)   # write_pages and main's --check make the pages through it
     results.write_pages(tmp_path)
     assert results.main(["--check", "--out", str(tmp_path)]) == 0
     (tmp_path / "wait.md").write_text("edited by hand\n")
@@ -79,7 +92,7 @@ def test_w2_per_request_step_model_is_on_the_page():
     a = g[g.arm == "wait_cp"].sort_values("seed").e2e_central_mean_s.to_numpy()
     b = g[g.arm == "sarathi"].sort_values("seed").e2e_central_mean_s.to_numpy()
     est = np.exp(np.log(a / b).mean()) * 100 - 100
-    page = results.page("wait")
+    page = made_page("wait")
     assert re.search(rf"^\| vidur_profile_per_request \| 23 \| [^|]+ \| {est:+.1f} % \[", page, re.M)
 
 
@@ -95,7 +108,7 @@ def test_one_w2_cell_by_hand():
     half = 2.262 * x.std(ddof=1) / np.sqrt(len(x))
     est, lo, hi = (np.exp(v) * 100 - 100 for v in (x.mean(), x.mean() - half, x.mean() + half))
     assert lo < -35 and hi < 0
-    page = results.page("wait")
+    page = made_page("wait")
     assert re.search(rf"\| vidur_profile \| 23 \| [^|]+ \| {re.escape(f'{est:+.1f} % [{lo:+.1f}, {hi:+.1f}] (n=10)')} \| "
                      r"10 \(10 of 10\) \| reproduced \|", page)
 
@@ -106,7 +119,7 @@ def test_w2_twin_rows_equal_the_twin_report():
     rows = re.findall(r"^\| W2 [^|]+\| [^|]+\| (\d+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|",
                       twin, re.M)
     assert len(rows) == 6
-    page = results.page("wait")
+    page = made_page("wait")
     for rate, vs, real_est, real_word, sim_est, sim_word in rows:
         for est, word in ((real_est, real_word), (sim_est, sim_word)):
             est = est.strip().replace(")", "")   # twin.md: "(n=5)"; the page's table adds the sign count
