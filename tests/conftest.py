@@ -109,7 +109,10 @@ SHARED_SERVER_UNITS = {
 # while the other is idle: the real-server units, then the fast tier's slowest files (their wall times in one
 # serial run beside other jobs, load ~20, 2026-12-06: sim_speed benchmark 612 s, the wheel install 290 s, the
 # step-time scheduler on vLLM's classes 170 s, the tiny model's builds 166 s, the launcher guard 140 s, the
-# ExampleConnector in-process 137 s, the nested two-worker run 113 s); every other unit follows, most tests
+# ExampleConnector in-process 137 s, the nested two-worker run 113 s), with the two files of the costliest
+# ``slow`` tests (:data:`SLOW`, costs from a lighter load) placed among them by cost: the reduced preset sweeps
+# (215 s, the dearest unit after the real servers, and 11 tests, so 50th of the suite's 101 units in the
+# most-tests order below) and the sweeps of test_provenance.py (100 s; 40th); every other unit follows, most tests
 # first (xdist's --loadscope-reorder order; a tie keeps the collection order). A unit not collected
 # (``-m "not real_server"``, a file selection) is skipped.
 FIRST_UNITS = (
@@ -118,7 +121,9 @@ FIRST_UNITS = (
     "tests/test_calibrate_real.py",
     "tests/test_vllm_wait_real.py",
     "tests/test_vllm_wait_cp_real.py",
+    "tests/test_report_presets.py",
     "tests/test_sim_speed_benchmark.py",
+    "tests/test_provenance.py",
     "tests/test_install.py",
     "tests/test_step_times_scheduler.py",
     "tests/test_tiny_model_build.py",
@@ -188,7 +193,7 @@ SLOW: dict[str, tuple[float, str]] = {
     "tests/test_install.py::test_the_wheel_installed_outside_the_checkout_runs_the_main_job":
         (66, "builds the wheel, a venv, installs it, runs the whole main job from it"),
     "tests/test_wait_speed.py::test_rotate_first_opening_equals_trying_every_offset":
-        (97, "3 Nested WAIT simulations, every plan's first opening checked by planning each offset"),
+        (55, "2 Nested WAIT simulations, every plan's first opening checked by planning each offset"),
     "tests/test_provenance.py::test_a_trace_rewritten_in_place_recomputes_the_job_and_says_why":
         (52, "4 python run.py sweeps and 3 report processes"),
     "tests/test_provenance.py::test_an_interrupt_during_a_sweep_jobs_baseline_stops_the_sweep_and_marks_the_job":

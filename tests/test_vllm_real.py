@@ -95,11 +95,13 @@ def test_collocated_replay_of_real_conversations(collocated_server, tmp_path):
 
 # ---- load shapes on a real server (harness.core.controller's concurrency gate and duration stop) ---------------
 # 12 conversations of <= 4 turns of the shipped SWE-bench trace (seed 1, tokens x 0.1): their tool times sum to
-# 151.8 s, so 2 agents cannot finish them in 15 s whatever the service (>= 151.8 / 2 = 75.9 s): the stop
-# must cut the run. The second conversation in sampling order has 55.7 s of tool time: it starts at 0 (one of
-# the two first) and is still in its tools at the stop, so at least one conversation ends *stopped*.
+# 151.8 s, so 2 agents cannot finish them in 8 s whatever the service (>= 151.8 / 2 = 75.9 s): the stop
+# must cut the run. The second conversation in sampling order has 55.7 s of tool time, 29.5 s of it after its
+# first turn: it starts at 0 (one of the two first) and is still in its tools at the stop, so at least one
+# conversation ends *stopped*. (The stop was 15 s until 2026-12-06; each of the two runs lasts about as long
+# as its stop, and every check below holds for any stop between the 3rd Poisson arrival at 0.38 s and 29.5 s.)
 SHAPE = ["cluster=cpu_1x", "scheduler=collocated", "backend.launch=false", "workload.num_conversations=12",
-         "workload.max_turns=4", "workload.token_scale=0.1", "workload.seed=1", "workload.duration_s=15"]
+         "workload.max_turns=4", "workload.token_scale=0.1", "workload.seed=1", "workload.duration_s=8"]
 LATE = 0.5   # s: how late the duration stop's wall-clock timer may fire on a loaded machine
 
 
@@ -123,11 +125,11 @@ def _max_overlap(conv: pd.DataFrame) -> int:
                                    ["workload.arrival=poisson", "workload.rate_per_s=1", "workload.max_concurrency=2"]],
                          ids=["closed2", "poisson_cap2"])
 def test_load_shapes_on_a_real_server(collocated_server, tmp_path, shape):
-    """A closed population of 2 agents, and a cap of 2 on Poisson arrivals at 1 conv/s, each with a 15 s
+    """A closed population of 2 agents, and a cap of 2 on Poisson arrivals at 1 conv/s, each with an 8 s
     duration stop, on the real server (no ``backend.max_run_s`` by hand: the derived limit is
     ``duration_s + max_run_margin_s``). From the turns and conversations tables alone: never more than 2
     conversations active; every turn lies inside its conversation's lifetime; no turn is submitted after
-    15 s and the run ends when the turns in flight at the stop finish; every sampled conversation is
+    8 s and the run ends when the turns in flight at the stop finish; every sampled conversation is
     accounted for (completed + stopped + failed = started, started + not started = 12), a stopped one kept
     with the turns it did. Poisson + cap: each conversation starts at its own Poisson arrival (the same seed's
     draw as without the cap) unless 2 were active then, and then when one ends, in arrival order."""
@@ -138,7 +140,7 @@ def test_load_shapes_on_a_real_server(collocated_server, tmp_path, shape):
     s = execute(run, tmp_path)
     conv = pd.read_parquet(tmp_path / "conversations.parquet")
     t = pd.read_parquet(tmp_path / "turns.parquet")
-    stop, n = 15.0, 12
+    stop, n = 8.0, 12
     assert not s["partial"], s["error"]
     assert s["max_run_s"] == pytest.approx(stop + run.cfg.backend.max_run_margin_s)
     # at most N active, from the tables (an agent's next conversation starts when one ends: exactly 2 at 0)
@@ -148,7 +150,7 @@ def test_load_shapes_on_a_real_server(collocated_server, tmp_path, shape):
     assert (t.finish_s.to_numpy() <= life.finish_s.loc[t.conversation_id].to_numpy() + 1e-9).all()
     # the stop: nothing submitted after it; the run ends with the last turn in flight at it (or at it)
     assert (t.submit_s <= stop + 1e-6).all() and (t.status == "ok").all()
-    # (the stop is an asyncio timer on the wall clock: it fires at most LATE s after 15 s on a loaded machine)
+    # (the stop is an asyncio timer on the wall clock: it fires at most LATE s after 8 s on a loaded machine)
     assert s["window_s"] == pytest.approx(conv.finish_s.max(), abs=1e-6)
     # (a conversation ends when the client has processed its last turn's [DONE], a few ms after that turn's
     # finish_s, the arrival of its last token chunk)
@@ -156,7 +158,7 @@ def test_load_shapes_on_a_real_server(collocated_server, tmp_path, shape):
     # the partial conversations: counted, kept, with their turns
     started = s["num_conversations_started"]
     assert started == len(conv) and started + s["num_conversations_not_started"] == n
-    assert s["num_conversations_not_started"] >= 1                  # 75.9 s of tools cannot fit in 15 s
+    assert s["num_conversations_not_started"] >= 1                  # 75.9 s of tools cannot fit in 8 s
     stopped = conv[~conv.completed & ~conv.failed]
     assert len(stopped) == s["num_conversations_stopped"] >= 1 and not conv.failed.any()
     assert s["num_conversations_completed"] + len(stopped) == started

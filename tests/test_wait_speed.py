@@ -307,14 +307,17 @@ def test_rotate_first_opening_by_hand():
     assert not p.run and not p.admit and p.wake_at_s is None
 
 
-@pytest.mark.parametrize("extra", [["engine.gpu_memory_utilization=0.1", "engine.activation_reserve_bytes=268435456"],
-                                   ["engine.gpu_memory_utilization=0.1", "engine.activation_reserve_bytes=268435456",
+@pytest.mark.parametrize("extra", [["engine.gpu_memory_utilization=0.1", "engine.activation_reserve_bytes=268435456",
                                     "scheduler.idle_policy=decode_residents"],
                                    []])
 def test_rotate_first_opening_equals_trying_every_offset(monkeypatch, extra):
-    """At every plan of Nested WAIT rotate simulations (real trace conversations; tight memory, both idle
-    policies, the default memory), the direct first opening equals the offset found by planning each
-    offset in turn, and the plans move the rotation on often (so the search is exercised)."""
+    """At every plan of Nested WAIT rotate simulations (real trace conversations; both idle policies), the
+    direct first opening equals the offset found by planning each offset in turn, and the plans move the
+    rotation on often (so the search is exercised). (A third case, 0.1 of the GPU memory with 256 MiB reserved
+    and the default idle policy, was dropped on 2026-12-06: the memory does not bind at these 5 conversations,
+    and its run was the default memory's to the bit -- the same 11,995 plans, 2,618 of them moving the rotation,
+    the same sequence of (time, step, opening) and the same turn finish times -- at ~20 CPU s a case, 17 s of
+    them the linear search.)"""
     from harness.run.session import session_input, simulate
     from tests.conftest import compose_run
     from tests.test_invariants import workload
