@@ -142,3 +142,37 @@ def test_without_shipped_data_every_claim_names_its_command(tmp_path):
 def test_readme_links_the_results_pages():
     readme = (PROJECT_ROOT / "README.md").read_text()
     assert "docs/results/conserve.md" in readme and "docs/results/wait.md" in readme
+
+
+def _flag(cmd: str, name: str) -> str | None:
+    m = re.search(rf"--{name} (\S+)", cmd)
+    return m.group(1) if m else None
+
+
+def _seeds(spec: str) -> list[int]:
+    lo, _, hi = spec.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def test_the_wait_memory_command_is_what_the_shipped_table_holds():
+    """W6/W7's command (``results.WM_CMD``, printed where no table ships) names the grid ``docs/data/wait_memory``
+    holds: every (memory, rate, arm, seed) its commands ask for is a row of ``runs.csv``, the ``--fractions`` rates
+    worked out here from the shipped ``capacity.csv`` (f x the mean over seeds of Sarathi-like's bracket midpoints at
+    the first memory, rounded to 0.01 prompts/s, as ``scripts/wait_memory.py``'s docstring states), and no shipped
+    (memory, rate) lies outside them (a rate named but never run, e.g. 2.5 /s, fails)."""
+    runs = pd.read_csv(DATA / "wait_memory" / "runs.csv")
+    have = {(round(m, 4), round(r, 4), a, int(s)) for m, r, a, s in zip(runs.memory, runs.rate, runs.arm, runs.seed)}
+    asked = set()
+    for cmd in results.WM_CMD:
+        mems = [float(x) for x in _flag(cmd, "memory").split(",")]
+        arms = _flag(cmd, "arms").split(",")
+        seeds = _seeds(_flag(cmd, "seeds"))
+        rates = [float(x) for x in _flag(cmd, "rates").split(",")] if _flag(cmd, "rates") else []
+        if _flag(cmd, "fractions"):
+            caps = results.wait_memory_capacity(pd.read_csv(DATA / "wait_memory" / "capacity.csv"))
+            first_arm = _flag(cmd, "cap-arms").split(",")[0]
+            mids = [(lo + hi) / 2 for lo, hi in caps[(mems[0], first_arm)].values()]
+            rates += [round(float(f) * float(np.mean(mids)), 2) for f in _flag(cmd, "fractions").split(",")]
+        asked |= {(round(m, 4), round(r, 4), a, s) for m in mems for r in rates for a in arms for s in seeds}
+    assert asked <= have, sorted(asked - have)[:5]
+    assert {k[:2] for k in have} == {k[:2] for k in asked}

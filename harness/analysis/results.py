@@ -734,8 +734,15 @@ WT_CMD = ("python scripts/wait_table.py --rates 23,22,24,20,12 --seeds 0-9 --n 3
           "--out <dir>")  # as run for docs/data/wait_table (wait_table.out's header)
 WT_CAP_CMD = ("python scripts/wait_table.py --no-table --models roofline,vidur_profile,vidur_profile_per_request "
               "--n 3000 --cap-seeds 0-4 --cap-range 19,25 --cap-tol 0.375 --out <dir>")
-WM_CMD = ("python scripts/wait_memory.py --workload wait_long --rates 4,3,2.5 --seeds 0-4 --n 2000 "
-          "--memory 0.99,0.4,0.6 --arms vllm,sarathi,wait_cp_long,wait --out <dir>")
+# as run for docs/data/wait_memory (its SOURCE.md): W6 and W7 at 4 and 3 prompts/s, then W6 at fractions of this
+# simulator's located capacity (one --out: each command skips the rows already in its runs.csv)
+WM_CMD = ("python scripts/wait_memory.py --workload wait_long --rates 4 --seeds 0-9 --n 2000 --memory 0.99,0.4,0.6 "
+          "--arms vllm,sarathi,wait_cp_long,wait --out <dir>",
+          "python scripts/wait_memory.py --workload wait_long --rates 3 --seeds 0-9 --n 2000 --memory 0.99,0.4 "
+          "--arms sarathi,wait_cp_long,vllm --out <dir>",
+          "python scripts/wait_memory.py --workload wait_long --memory 0.99 --capacity 1.5,2.5 --cap-tol 0.125 "
+          "--cap-seeds 0-4 --cap-arms sarathi,wait_cp_long --fractions 0.8,0.95 --seeds 0-9 "
+          "--arms vllm,sarathi,wait_cp_long --out <dir>")
 WB_CMD = ("python scripts/wait_memory.py --workload wait_two_types --rates 16,20 --seeds 0-4 --n 2000 "
           "--memory 0.99,0.4 --arms sarathi,nested,nested_reserve --out <dir>")
 WT_FACTORS = {**FACTOR_NAMES, "memory": "KV memory", "part": "claim part", "buffer": "safety buffer"}
@@ -1065,7 +1072,7 @@ def wait_rows(root: Path, margin: float = EQUIVALENCE_MARGIN_PCT) -> list[Row]:
     for name, claim in (("W6", W6), ("W7", W7)):
         cells = wait_memory_cells(wm, claim, margin, mcaps) if wm is not None else []
         if not cells:
-            rows.append(_no_data(name, src_wm, WM_CMD))
+            rows.append(_no_data(name, src_wm, *WM_CMD))
             continue
         lines = []
         here = [k for k in mcaps if k[0] in claim["memory"]]
