@@ -296,6 +296,46 @@ def test_the_compose_cache_reads_each_config_file_once_and_hands_each_compose_it
     GlobalHydra.instance().clear()
 
 
+def test_the_compose_cache_lists_a_groups_options_as_hydra_does(tmp_path):
+    """``ComposeCache.group_options`` (the loader's ``get_group_options`` once the cache is installed: ``--help``
+    lists every group through it) on a hand-written config tree: group ``sched`` has the configs a and b, ``opt``
+    has x and the sub-group ``deep`` with y; each answer equals Hydra's own ``get_group_options`` for the same
+    group, filter and primary config, and a config file added to a group after the first listing is listed (the
+    directory is read on each call, as Hydra reads it)."""
+    from hydra import initialize_config_dir
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    from harness.run.executor import cache_compositions
+
+    conf = tmp_path / "conf"
+    (conf / "sched").mkdir(parents=True)
+    (conf / "opt" / "deep").mkdir(parents=True)
+    (conf / "config.yaml").write_text("defaults:\n  - sched: a\n  - _self_\ntop: 1\n")
+    for path in ("sched/a", "sched/b", "opt/x", "opt/deep/y"):
+        (conf / f"{path}.yaml").write_text("v: 1\n")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        cache = cache_compositions(loader)
+        assert loader.get_group_options == cache.group_options
+
+        def hydras(*a, **k):
+            return ConfigLoaderImpl.get_group_options(loader, *a, **k)
+        want = {("sched", ObjectType.CONFIG): ["a", "b"], ("opt", ObjectType.CONFIG): ["x"],
+                ("opt", ObjectType.GROUP): ["deep"], ("opt", None): ["deep", "x"], ("opt/deep", ObjectType.CONFIG): ["y"]}
+        for (group, kind), options in want.items():
+            for name in (None, "config"):
+                assert sorted(loader.get_group_options(group, kind, config_name=name)) == options
+                assert sorted(hydras(group, kind, config_name=name)) == options
+        assert sorted(loader.get_group_options("sched")) == ["a", "b"]          # the default filter: configs
+        assert sorted(loader.get_group_options("", ObjectType.GROUP)) == sorted(hydras("", ObjectType.GROUP))
+        (conf / "sched" / "c.yaml").write_text("v: 2\n")
+        assert sorted(loader.get_group_options("sched")) == ["a", "b", "c"] == sorted(hydras("sched"))
+    GlobalHydra.instance().clear()
+
+
 def test_the_command_line_gives_hydras_loader_its_compose_cache_from_the_start():
     """``harness.run.cli._compose_cache_from_the_start``: inside it, the Hydra the command line creates
     (``Hydra.create_main_hydra2``) has a ``ComposeCache`` on its loader before its first compose; after it,

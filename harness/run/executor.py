@@ -258,6 +258,9 @@ class ComposedConfigs:
         self._memo.clear()
 
 
+_CONFIGS = object()    # ComposeCache.group_options's default filter: Hydra's ObjectType.CONFIG (imported on use)
+
+
 class ComposeCache:
     """Hydra's ``ConfigLoaderImpl._load_configuration_impl`` (hydra-core 1.3's, checked by its source digest,
     :data:`HYDRA_IMPL_SHA256`) with its costly middle memoised: the defaults list (``create_defaults_list``)
@@ -312,6 +315,20 @@ class ComposeCache:
             return self._impl(config_name=config_name, overrides=overrides, run_mode=run_mode, from_shell=from_shell,
                               validate_sweep_overrides=validate_sweep_overrides)
         return cfg
+
+    def group_options(self, group_name: str, results_filter: Any = _CONFIGS, config_name: Optional[str] = None,
+                      overrides: Optional[list] = None) -> list:
+        """Hydra's ``ConfigLoaderImpl.get_group_options`` (its source checked, :data:`HYDRA_REPO_SHA256`) with the
+        repository of :meth:`_parse_and_repo`: the options (config names) of config group ``group_name`` of the
+        search path ``config_name`` and ``overrides`` set. ``results_filter``: Hydra's ``ObjectType`` (``CONFIG``,
+        the default: the configs of the group; ``GROUP``: its sub-groups; None: both). Hydra's own copies the
+        loader's repository for each call; ``--help`` lists every group's options twice (121 calls on this
+        repository's configs, ~6 CPU s), so here one copy per primary config serves them all."""
+        from hydra.core.object_type import ObjectType
+        if results_filter is _CONFIGS:
+            results_filter = ObjectType.CONFIG
+        _, repo = self._parse_and_repo(config_name, [] if overrides is None else overrides)
+        return repo.get_group_options(group_name, results_filter)
 
     def _parse_and_repo(self, config_name: Optional[str], overrides: list) -> tuple:
         """Hydra's ``_parse_overrides_and_create_caching_repo`` with the repository of :meth:`_repo` (the config
@@ -539,8 +556,8 @@ _SWEEP = object()   # ComposeCache._compose: overrides that sweep (a sweep's pri
 HYDRA_IMPL_SHA256 = "f611c97e466f94db72ac0a127250fa439eb79a30fe164968e5d71f543bb960c2"
 # the same for the code ComposeCache._repo / _load_file / _merge repeat (hydra-core 1.3.8): the repository a compose
 # gets (ConfigLoaderImpl._parse_overrides_and_create_caching_repo, CachingConfigRepository.__init__), its file cache
-# (CachingConfigRepository.load_config)
-# and the merge of the defaults list (ConfigLoaderImpl._compose_config_from_defaults_list)
+# (CachingConfigRepository.load_config), the merge of the defaults list (ConfigLoaderImpl._compose_config_from_defaults_list)
+# and a group's options (ConfigLoaderImpl.get_group_options: ComposeCache.group_options)
 HYDRA_REPO_SHA256 = {
     "ConfigLoaderImpl._parse_overrides_and_create_caching_repo":
         "64a9ff8144edc9f24527d1a3fabcccfa3783bad2c1cead6751036444d4d61dba",
@@ -548,6 +565,7 @@ HYDRA_REPO_SHA256 = {
     "CachingConfigRepository.__init__": "d2b1c125731574fe7de0b14a17d17fde84fa942ce5f1f5a645cc860edbae1332",
     "ConfigLoaderImpl._compose_config_from_defaults_list":
         "136c76d6cb280db8f0644f528dffed4d6cf4850bb1193827e9a1dbda5d360fba",
+    "ConfigLoaderImpl.get_group_options": "540fb02d260af47d9272d7ba397126a7619b999e6e1ee354e46c1eecddd455b5",
 }
 
 
@@ -564,7 +582,8 @@ def _hydra_is_known(loader: Any) -> bool:
                 "CachingConfigRepository.load_config": CachingConfigRepository.load_config,
                 "CachingConfigRepository.__init__": CachingConfigRepository.__init__,
                 "ConfigLoaderImpl._compose_config_from_defaults_list":
-                    getattr(type(loader), "_compose_config_from_defaults_list", None)}
+                    getattr(type(loader), "_compose_config_from_defaults_list", None),
+                "ConfigLoaderImpl.get_group_options": getattr(type(loader), "get_group_options", None)}
         want = {"_load_configuration_impl": HYDRA_IMPL_SHA256, **HYDRA_REPO_SHA256}
         return all(hashlib.sha256(inspect.getsource(f).encode()).hexdigest() == want[k] for k, f in code.items())
     except (ImportError, OSError, TypeError):
@@ -583,6 +602,7 @@ def cache_compositions(loader: Any) -> Optional[ComposeCache]:
         return None
     cache = ComposeCache(loader, getattr(loader, "_load_configuration_impl"))
     loader._load_configuration_impl = cache
+    loader.get_group_options = cache.group_options
     return cache
 
 
