@@ -8,7 +8,7 @@ Usage::
 
     python benchmarks/sweep_executor.py --base-dir /tmp/main [--rates 0.02,0.1] [--seeds 0]
         [--num-conversations 100] [--schedulers conserve,ampd,collocated,disaggregated,wait,nested_wait]
-        [--n-jobs N] [--repeat 1] [--out DIR]
+        [--n-jobs N] [--repeat 1] [--slope] [--out DIR]
 
 The slice (default): the six variants at two rates (0.02 and 0.1 conv/s, the ends of the sweep's rates) x one
 seed, ``workload.num_conversations=100`` (state it with the numbers): 12 jobs per checkout, the config of the
@@ -36,6 +36,10 @@ for wall, with the load average before and after (``os.getloadavg``) and the cor
 
 Per job (first repeat): events per LLM call (``cost_events_per_call``) and loop CPU s of both checkouts, side by
 side (WAIT's timeout-paced runs show there).
+
+With ``--slope``, each checkout also runs the slice once with twice the seeds (the next ones), and the fixed cost
+per run is the slope between the two sizes (:func:`slope_split`): everything a job costs outside its loop, its
+validation included, which the marginal above leaves in the one-off part.
 
 Identical results: each job of the two sweeps (matched by variant, rate and seed) is compared with
 ``benchmarks/check_identical.py``'s ``compare`` (every parquet frame cell for cell; ``summary.json`` but the
@@ -109,6 +113,18 @@ def one_off_split(cpu_s: float, loop_s: float, marginal_s: float, jobs: int) -> 
     return one_off, one_off / SWEEP_RUNS + marginal_s
 
 
+def slope_split(fixed_n: float, fixed_2n: float, n: int) -> tuple[float, float, float]:
+    """The fixed CPU (process CPU less the summed loop CPU, s) of the slice at ``n`` jobs and of the same slice with
+    twice the seeds (``2n`` jobs: the same variants and rates, so the same one-off part), on the linear model
+    ``fixed(jobs) = one-off + jobs x per-run``: returns (one-off s = 2 fixed_n - fixed_2n, per-run s =
+    (fixed_2n - fixed_n) / n, the fixed cost per run of the 480-run sweep = one-off / 480 + per-run). Unlike
+    :func:`one_off_split` the per-run part holds everything a job costs outside its loop, its validation
+    included; it is a difference of two measurements, so noisier (run it on a quiet machine)."""
+    per_run = (fixed_2n - fixed_n) / n
+    one_off = fixed_n - n * per_run
+    return one_off, per_run, one_off / SWEEP_RUNS + per_run
+
+
 def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base-dir", type=Path, required=True, help="a checkout of the base commit (git archive/worktree)")
@@ -120,6 +136,9 @@ def main(argv: Optional[list] = None) -> int:
                                                    "where it has the pool launcher (default: null, every core this "
                                                    "process may use)")
     ap.add_argument("--repeat", type=int, default=1, help="alternating repeats of the pair of sweeps")
+    ap.add_argument("--slope", action="store_true",
+                    help="also run each checkout's slice with twice the seeds (the next seeds) once, and print the "
+                         "fixed cost per run as the slope between the two sizes (validation included)")
     ap.add_argument("--cold", action="store_true", help="no disk cache of SLO baselines (each sweep replays them)")
     ap.add_argument("--out", type=Path, default=None, help="keep the sweeps here (default: a temporary directory)")
     args = ap.parse_args(argv)
@@ -130,6 +149,7 @@ def main(argv: Optional[list] = None) -> int:
         ap.error("--rates, --seeds, --schedulers must be non-empty, --num-conversations and --repeat >= 1")
     if not (args.base_dir / "run.py").is_file():
         ap.error(f"--base-dir {args.base_dir}: no run.py there")
+    more = [str(int(max(seeds, key=int)) + 1 + i) for i in range(len(seeds))] if args.slope else []
     tmp = Path(tempfile.mkdtemp(prefix="sweep_executor_"))
     out = args.out or tmp
     grid = [f"scheduler={','.join(scheds)}", f"workload.rate_per_s={','.join(rates)}",
@@ -152,8 +172,9 @@ def main(argv: Optional[list] = None) -> int:
         if not args.cold:   # fill each checkout's disk cache of SLO baselines (untimed)
             for k, root in checkouts.items():
                 sweep(root, [f"scheduler={scheds[0]}", f"workload.rate_per_s={rates[0]}",
-                             f"workload.seed={','.join(seeds)}", f"workload.num_conversations={args.num_conversations}",
-                             *PRESET, *extra[k]], tmp / f"warm_{k}", caches[k])
+                             f"workload.seed={','.join(seeds + more)}",
+                             f"workload.num_conversations={args.num_conversations}", *PRESET, *extra[k]],
+                      tmp / f"warm_{k}", caches[k])
         res: dict = {k: [] for k in checkouts}
         for i in range(args.repeat):
             for k in (("base", "this") if i % 2 == 0 else ("this", "base")):
@@ -162,6 +183,13 @@ def main(argv: Optional[list] = None) -> int:
                 print(f"repeat {i} {k}: CPU {m['cpu_s']:.1f} s, wall {m['wall_s']:.1f} s, loop CPU {m['loop_s']:.1f} s, "
                       f"fixed per run {(m['cpu_s'] - m['loop_s']) / n:.3f} s CPU (marginal, jobs in one process: "
                       f"median {m['marginal_s']:.3f} s); {m['start_line'] or 'basic launcher'}",
+                      flush=True)
+        twice: dict = {}
+        if more:    # the same slice with twice the seeds: the same variants and rates, so the same one-off part
+            grid2 = [x if not x.startswith("workload.seed=") else f"workload.seed={','.join(seeds + more)}" for x in grid]
+            for k in checkouts:
+                twice[k] = sweep(checkouts[k], [*grid2, *extra[k]], out / f"{k}_twice", caches[k])
+                print(f"{k}, {2 * n} jobs: CPU {twice[k]['cpu_s']:.1f} s, loop CPU {twice[k]['loop_s']:.1f} s",
                       flush=True)
         load1 = os.getloadavg()
         bad = 0
@@ -200,6 +228,14 @@ def main(argv: Optional[list] = None) -> int:
             print(f"| {k} | {m['cpu_s']:.1f} | {m['wall_s']:.1f} | {par:.2f} | {m['loop_s']:.1f} | "
                   f"{(m['cpu_s'] - m['loop_s']) / n:.3f} | {m['marginal_s']:.3f} | {one_off:.1f} | {per480:.3f} | "
                   f"{cpu480 / 3600:.2f} | {cpu480 / par / 3600:.2f} |")
+        if twice:
+            print(f"\n## The fixed cost per run as the slope between {n} and {2 * n} jobs (validation included)\n")
+            print("| checkout | fixed CPU s, n jobs (median) | fixed CPU s, 2n jobs | per run (slope), CPU s | one-off, "
+                  "CPU s | fixed per run over 480 runs, CPU s |\n|---|---|---|---|---|---|")
+            for k, m in med.items():
+                one_off, slope, per480 = slope_split(m["cpu_s"] - m["loop_s"], twice[k]["cpu_s"] - twice[k]["loop_s"], n)
+                print(f"| {k} | {m['cpu_s'] - m['loop_s']:.2f} | {twice[k]['cpu_s'] - twice[k]['loop_s']:.2f} | "
+                      f"{slope:.3f} | {one_off:.2f} | {per480:.3f} |")
         print(f"\nratio base / this: CPU {med['base']['cpu_s'] / med['this']['cpu_s']:.3f}x, wall "
               f"{med['base']['wall_s'] / med['this']['wall_s']:.3f}x; load average before {load0[0]:.2f} {load0[1]:.2f} "
               f"{load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}; {cores} cores")

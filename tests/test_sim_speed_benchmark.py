@@ -69,3 +69,18 @@ def test_quick_with_a_base_prints_the_ratios():
     assert by["LLM calls per CPU-second >= 2x base: conserve"] in ("met", "missed")
     assert by["python run.py whole process >= 1.7x faster warm than base (CPU s)"] in ("met", "missed")
     assert by["LLM calls per CPU-second >= 4x base: wait"] == "n/a"      # not measured here
+
+
+def test_the_sweep_benchmarks_split_of_the_fixed_cost_by_hand():
+    """``benchmarks/sweep_executor.py``: a slice of 12 jobs whose fixed CPU is a one-off 6 s plus 0.4 s a job
+    (10.8 s) and, with twice the seeds, 6 + 24 x 0.4 = 15.6 s: the slope gives 0.4 s a job and the one-off 6 s,
+    so the 480-run sweep's fixed cost per run is 6 / 480 + 0.4 = 0.4125 s; the marginal split of the same slice
+    (process CPU 40.8 s, loop 30 s, marginal 0.3 s: 10.8 - 12 x 0.3 = 7.2 s one-off) gives 7.2 / 480 + 0.3 = 0.315 s."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import sweep_executor as se
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    one_off, per_run, per480 = se.slope_split(10.8, 15.6, 12)
+    assert (one_off, per_run, per480) == pytest.approx((6.0, 0.4, 0.4125))
+    assert se.one_off_split(40.8, 30.0, 0.3, 12) == pytest.approx((7.2, 0.315))
