@@ -1,7 +1,7 @@
 """AMPD's baseline arms beside ConServe's claims (issue 53: AMPD's knobs decide C1/C3, so vary them):
 
     nice -n 10 python scripts/conserve_arms.py --out DIR [--arms tuned,layout] [--rates 0.06,0.09] [--seeds 0-9] \\
-        [--tuning-seeds 100-104] [--grid shipped,step10ms,...] [--objective ttfet_first_p95_s] \\
+        [--tuning-seeds 100-109] [--grid shipped,step10ms,...] [--objective ttfet_first_p95_s] \\
         [--reuse docs/data/conserve_sensitivity/runs.csv] [--layout-variants ampd_rd,ampd_cost] [--jobs N]
 
 Both arms run in ``conserve_sensitivity``'s setting (``scripts/conserve_capacity.py``'s :data:`SETTING` without its
@@ -81,8 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seeds", type=cmdline.number_list(0, integer=True, ranges=True), default=list(range(10)),
                     help="the verdict's seeds (default 0-9)")
     ap.add_argument("--tuning-seeds", type=cmdline.number_list(0, integer=True, ranges=True),
-                    default=list(range(100, 105)), help="the seeds the tuned arm's thresholds are chosen on "
-                    "(default 100-104; none of them a verdict seed)")
+                    default=list(range(100, 110)), help="the seeds the tuned arm's thresholds are chosen on "
+                    "(default 100-109: the 10 seeds harness.analysis.seed_audit asks of a near-capacity cell; none "
+                    "of them a verdict seed)")
     ap.add_argument("--grid", default=",".join(TUNE_GRID), help=f"the tuned arm's settings, from {', '.join(TUNE_GRID)} "
                     "(default all; shipped always)")
     ap.add_argument("--objective", default="ttfet_first_p95_s",
