@@ -100,7 +100,7 @@ def to_yaml(cfg: Any) -> str:
     on them. Block YAML of a mapping is the concatenation of its entries' texts (each entry written alone, as
     ``{key: value}`` or ``{key: {key2: value2}}`` less its first line ``key:``): the emitter ends every entry, and
     the document, with the same line break. Where a key is not written as one plain line ``key:`` (a long or
-    multi-line key, PyYAML's ``? key`` form) that entry is dumped whole. ``tests/test_executor.py`` checks the
+    multi-line key, PyYAML's ``? key`` form) that entry is dumped whole. ``tests/test_hydra_files.py`` checks the
     text against ``OmegaConf.to_yaml`` on composed configs and on edge cases (empty nodes, multi-line and long
     strings, quoted keys, lists of mappings)."""
     from omegaconf import OmegaConf
