@@ -437,16 +437,15 @@ def slo_scale_curve(conv: pd.DataFrame, slo: SloConfig, unloaded: Optional[dict]
             if unloaded is None:
                 raise ValueError(f"the SLO-scale curve of the {r!r} reading needs the unloaded TTFETs")
             base = conv.conversation_id.map(lambda cid: unloaded.get(cid, {}).get(r, math.nan)).astype(float)
-        ok = (conv.completed & tbt_ok) if n else conv.completed
-        ttfet = conv[f"ttfet_{r}_s"]
-        if n and ok.dtype == bool and ttfet.dtype == np.float64:   # as below, on the arrays (~20x less CPU)
-            ok_a, t_a, b_a = ok.to_numpy(), ttfet.to_numpy(), base.to_numpy(dtype=np.float64)
-            for x in scales:
-                out[scale_key(r, x)] = np.count_nonzero(ok_a & (t_a <= x * b_a)) / n
+        if not n:
+            out.update({scale_key(r, x): math.nan for x in scales})
             continue
+        # on the arrays (~20x less CPU than the Series): a missing completed flag or TTFET never meets it
+        ok = (conv.completed & tbt_ok).to_numpy(dtype=bool, na_value=False)
+        ttfet = conv[f"ttfet_{r}_s"].to_numpy(dtype=np.float64, na_value=np.nan)
+        base_s = base.to_numpy(dtype=np.float64, na_value=np.nan)
         for x in scales:
-            met = ok & (ttfet <= x * base)
-            out[scale_key(r, x)] = float(met.sum() / n) if n else math.nan
+            out[scale_key(r, x)] = np.count_nonzero(ok & (ttfet <= x * base_s)) / n
     return out
 
 
