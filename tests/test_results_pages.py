@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from harness.analysis import results
+from harness.core.cmdline import number_list
 from harness.core.paths import PROJECT_ROOT
 
 DATA = PROJECT_ROOT / "docs" / "data"
@@ -149,11 +150,6 @@ def _flag(cmd: str, name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _seeds(spec: str) -> list[int]:
-    lo, _, hi = spec.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
-
-
 def test_the_wait_memory_command_is_what_the_shipped_table_holds():
     """W6/W7's command (``results.WM_CMD``, printed where no table ships) names the grid ``docs/data/wait_memory``
     holds: every (memory, rate, arm, seed) its commands ask for is a row of ``runs.csv``, the ``--fractions`` rates
@@ -166,7 +162,7 @@ def test_the_wait_memory_command_is_what_the_shipped_table_holds():
     for cmd in results.WM_CMD:
         mems = [float(x) for x in _flag(cmd, "memory").split(",")]
         arms = _flag(cmd, "arms").split(",")
-        seeds = _seeds(_flag(cmd, "seeds"))
+        seeds = number_list(0, integer=True, ranges=True)(_flag(cmd, "seeds"))   # the scripts' own parser
         rates = [float(x) for x in _flag(cmd, "rates").split(",")] if _flag(cmd, "rates") else []
         if _flag(cmd, "fractions"):
             caps = results.wait_memory_capacity(pd.read_csv(DATA / "wait_memory" / "capacity.csv"))
