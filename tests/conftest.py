@@ -228,6 +228,9 @@ SLOW: dict[str, tuple[float, str]] = {
         (33, "2 python run.py sweeps"),
     "tests/test_xdist_units.py::test_a_two_worker_run_keeps_a_unit_on_one_worker":
         (31, "a pytest -n 2 run: 3 pytest processes collecting"),
+    "tests/test_kv_connector.py":
+        (17, "imports vLLM and torch in the test process (14 CPU s in a serial run, 2026-12-06) for 3 tests of "
+             "harness.vllm.kv_connector's store filter on vLLM's own ReqMeta; the real P/D tests run the connector"),
     "tests/test_step_times_scheduler.py":
         (26, "imports vLLM and torch in the test process (the module's VllmConfig, set up by its first test)"),
     "tests/test_secrets.py::test_a_sweep_given_credentials_writes_none_and_resumes":
