@@ -36,10 +36,15 @@ def run_cli(*args, **env):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The same run, not interrupted: its turns."""
+    """The same run, not interrupted: its turns. Run in this process (``harness.run.runner.execute`` of the same
+    composed config, as ``run.py``'s job runs it; the simulator is deterministic, and the turns of a run do not depend
+    on the process: tests/test_executor.py), not through a third ``run.py`` start-up (~2.7 CPU s); the test
+    that a complete run's rerun is skipped starts ``run.py`` itself."""
+    from harness.run.runner import execute
+    from tests.conftest import compose_run
     out = tmp_path_factory.mktemp("reference") / "run"
-    r = run_cli(f"hydra.run.dir={out}")
-    assert r.returncode == 0, r.stderr[-2000:]
+    s = execute(compose_run(TINY), out)
+    assert not s["partial"], s["error"]
     return pd.read_parquet(out / "turns.parquet").sort_values(KEY).reset_index(drop=True)
 
 
