@@ -131,7 +131,7 @@ SHARED_SERVER_UNITS = {
 # step-time scheduler on vLLM's classes 170 s, the tiny model's builds 166 s, the launcher guard 140 s, the
 # ExampleConnector in-process 137 s, the nested two-worker run 113 s), with the two files of the costliest
 # ``slow`` tests (:data:`SLOW`, costs from a lighter load) placed among them by cost: the reduced preset sweeps
-# (215 s, the dearest unit after the real servers, and 11 tests, so 50th of the suite's 101 units in the
+# (171 s, the dearest unit after the real servers, and 11 tests, so 50th of the suite's 101 units in the
 # most-tests order below) and the sweeps of test_provenance.py (100 s; 40th); every other unit follows, most tests
 # first (xdist's --loadscope-reorder order; a tie keeps the collection order). A unit not collected
 # (``-m "not real_server"``, a file selection) is skipped.
@@ -215,8 +215,9 @@ def pytest_xdist_make_scheduler(config, log):
 # first).
 SLOW: dict[str, tuple[float, str]] = {
     "tests/test_report_presets.py::test_report_on_a_reduced_sweep":
-        (215, "11 reduced preset sweeps (2-16 simulated jobs, one Hydra composition each) and their reports: "
-              "16-42 s each for 9 of them"),
+        (171, "11 reduced preset sweeps (2-16 simulated jobs, one Hydra composition each) and their reports: "
+              "16-42 s each for 9 of them (215 s until 2026-12-06, scaled by its CPU: 79.0 -> 62.8 s, -n 0, "
+              "the file alone)"),
     "tests/test_sim_speed_benchmark.py::test_quick_with_a_base_prints_the_ratios":
         (60, "benchmarks/sim_speed.py --quick against a git worktree of HEAD: 8 python processes"),
     "tests/test_sim_speed_benchmark.py::test_quick_without_base_prints_every_part_and_every_target":
@@ -224,7 +225,8 @@ SLOW: dict[str, tuple[float, str]] = {
     "tests/test_install.py::test_the_wheel_installed_outside_the_checkout_runs_the_main_job":
         (66, "builds the wheel, a venv, installs it, runs the whole main job from it"),
     "tests/test_wait_speed.py::test_rotate_first_opening_equals_trying_every_offset":
-        (55, "2 Nested WAIT simulations, every plan's first opening checked by planning each offset"),
+        (33, "2 Nested WAIT simulations, every plan's first opening checked by planning each offset (55 s until "
+             "2026-12-06, 8 turns a conversation; scaled by its CPU: 23.8 -> 14.3 s, -n 0)"),
     "tests/test_provenance.py::test_a_trace_rewritten_in_place_recomputes_the_job_and_says_why":
         (52, "4 python run.py sweeps and 3 report processes"),
     "tests/test_provenance.py::test_an_interrupt_during_a_sweep_jobs_baseline_stops_the_sweep_and_marks_the_job":

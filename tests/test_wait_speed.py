@@ -317,7 +317,12 @@ def test_rotate_first_opening_equals_trying_every_offset(monkeypatch, extra):
     and the default idle policy, was dropped on 2026-12-06: the memory does not bind at these 5 conversations,
     and its run was the default memory's to the bit -- the same 11,995 plans, 2,618 of them moving the rotation,
     the same sequence of (time, step, opening) and the same turn finish times -- at ~20 CPU s a case, 17 s of
-    them the linear search.)"""
+    them the linear search.) The conversations' first 4 turns (8 until 2026-12-06): 3,793 and 6,731 plans,
+    1,384 and 1,459 of them moving the rotation (7,437 / 2,919 and 11,995 / 2,618 with 8 turns), 14.5 CPU s for
+    both cases instead of 25.6 s, the linear search most of it; each of three one-character errors of
+    ``_first_opening`` (``<=`` for ``<`` in stage 0's raised-cap offsets, ``>`` for ``>=`` in its entry gate,
+    ``<`` for ``<=`` in its timeout) fails the test, as with 8 turns (3 conversations of 4 turns missed the
+    first)."""
     from harness.run.session import session_input, simulate
     from tests.conftest import compose_run
     from tests.test_invariants import workload
@@ -332,7 +337,7 @@ def test_rotate_first_opening_equals_trying_every_offset(monkeypatch, extra):
         return a
     monkeypatch.setattr(NestedWaitRule, "_first_opening", checked)
     run = compose_run(["scheduler=nested_wait", "scheduler.stage_caps=rotate", *extra])
-    convs, stats = workload(run, n=5, rate=1.0, max_turns=8, max_context=20000)
+    convs, stats = workload(run, n=5, rate=1.0, max_turns=4, max_context=20000)
     res = simulate(session_input(run), convs, stats, "nested_wait", run.scheduler)
     assert len(res.turns) > 0
     assert seen["plans"] > 1000 and seen["moved"] > 100
