@@ -114,8 +114,8 @@ def _read_run(run_dir: Path) -> tuple[dict, pd.DataFrame, Optional[pd.DataFrame]
     config = {}
     c_p = run_dir / "config.yaml"
     if c_p.is_file():
-        from omegaconf import OmegaConf
-        config = OmegaConf.to_container(OmegaConf.load(c_p), resolve=False)
+        from harness.core.yamlfile import read_yaml_container
+        config = read_yaml_container(c_p, resolve=False)
     return summary, turns.reset_index(drop=True), tokens, config
 
 

@@ -14,42 +14,19 @@ HW_FIELDS = [f.name for f in dataclasses.fields(HardwareConfig)]
 """The fields of a hardware profile (``harness.core.profiles.HardwareConfig``)."""
 
 
-_RUN_CONFIGS: dict = {}
-RUN_CONFIGS_KEPT = 32
-"""How many parsed ``config.yaml`` texts :func:`load_run_config` keeps per process (the oldest dropped first)."""
-
-
 def load_run_config(run_dir: Path) -> dict:
-    """The run's resolved ``config.yaml`` as a plain dict (the caller's own copy).
-
-    OmegaConf's pure-Python YAML parse and resolution cost ~0.15 s of CPU for a run's config (measured 2026-12-06),
-    and one in-sample replay reads the same file three times (the fit, :func:`harness.tools.replay.sim_config`, the
-    slow-period figure), a noise floor nine times: the dict is kept per file path and content (the bytes read; a
-    rewritten file is parsed again) unless the text calls a resolver (``${name:...}``, e.g. ``oc.env``: its value
-    may differ between calls); interpolations of other keys (``${seed}``) resolve the same every time.
+    """The run's resolved ``config.yaml`` as a plain dict (``harness.core.yamlfile.read_yaml_container``: OmegaConf's
+    reading, without its tree where the text has no interpolation).
 
     Raises:
         FileNotFoundError: no ``config.yaml`` in the run directory.
+        omegaconf.errors.OmegaConfBaseException: an interpolation that cannot be resolved.
     """
-    import copy
-    import hashlib
-    import io
-    import re
-
-    from omegaconf import OmegaConf
+    from harness.core.yamlfile import read_yaml_container
     p = Path(run_dir) / "config.yaml"
     if not p.is_file():
         raise FileNotFoundError(f"{p}: not a run directory (no config.yaml)")
-    raw = p.read_bytes()
-    key = (str(p.resolve()), hashlib.sha256(raw).digest())
-    if key in _RUN_CONFIGS:
-        return copy.deepcopy(_RUN_CONFIGS[key])
-    cfg = OmegaConf.to_container(OmegaConf.load(io.StringIO(raw.decode("utf-8"))), resolve=True)
-    if not re.search(rb"\$\{\s*[\w.-]+\s*:", raw):
-        _RUN_CONFIGS[key] = copy.deepcopy(cfg)
-        while len(_RUN_CONFIGS) > RUN_CONFIGS_KEPT:
-            _RUN_CONFIGS.pop(next(iter(_RUN_CONFIGS)))
-    return cfg
+    return read_yaml_container(p, strict=True)
 
 
 def load_profile(path_or_name: str) -> HardwareConfig:

@@ -1,4 +1,4 @@
-"""``harness.analysis.report.read_yaml_container``: a run's ``config.yaml`` read as
+"""``harness.core.yamlfile.read_yaml_container``: a run's ``config.yaml`` read as
 ``OmegaConf.to_container(OmegaConf.load(path))`` reads it, without an OmegaConf tree where the text has no
 interpolation. The expected values are written by hand from OmegaConf's YAML rules (its loader,
 ``omegaconf._utils.get_yaml_loader``: ``1e3`` is a float, which plain YAML 1.1 reads as a string; no timestamps;
@@ -12,8 +12,9 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from harness.analysis import report
-from harness.analysis.report import load_config, read_yaml_container
+from harness.analysis.report import load_config
+from harness.core import yamlfile
+from harness.core.yamlfile import read_yaml_container
 from tests.conftest import compose_cfg
 
 TEXT = """\
@@ -67,6 +68,8 @@ def test_a_repeated_key_is_refused_and_interpolations_go_through_omegaconf(tmp_p
     ip.write_text("a: 2\nb: ${a}\nc: ${hydra:runtime.cwd}\n")
     # resolved where it can be; an interpolation that needs Hydra keeps the whole file unresolved
     assert read_yaml_container(ip) == omegaconf_reads(ip) == {"a": 2, "b": "${a}", "c": "${hydra:runtime.cwd}"}
+    with pytest.raises(Exception, match="(?i)hydra"):   # strict (the calibration tools' load_run_config): OmegaConf's error
+        read_yaml_container(ip, strict=True)
     ip.write_text("a: 2\nb: ${a}\n")
     assert read_yaml_container(ip) == {"a": 2, "b": 2} and read_yaml_container(ip, resolve=False) == {"a": 2, "b": "${a}"}
 
@@ -86,7 +89,7 @@ def test_a_composed_run_config_reads_as_omegaconf_reads_it(tmp_path):
 def test_without_libyaml_omegaconfs_own_loader_reads_it(tmp_path, monkeypatch):
     p = tmp_path / "config.yaml"
     p.write_text(TEXT)
-    monkeypatch.setattr(report, "_YAML_LOADER", [])
+    monkeypatch.setattr(yamlfile, "_YAML_LOADER", [])
     monkeypatch.delattr(yaml.cyaml, "CParser")
     assert repr(read_yaml_container(p)) == repr(BY_HAND)
-    assert report._YAML_LOADER[0].__module__.startswith("omegaconf")
+    assert yamlfile._YAML_LOADER[0].__module__.startswith("omegaconf")
