@@ -41,6 +41,7 @@ its jobs (Hydra's submitit and Ray launchers, ``slurm`` / ``ray``, run one job p
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -268,7 +269,10 @@ class ComposeCache:
     primary config's name, the run mode and the overrides that select configs -- a config-group override
     (``scheduler=wait``, ``+experiment/variant=x``, ``~group``), the rest being the value overrides
     (``workload.rate_per_s=0.1``) Hydra applies to the merged config afterwards (its ``Overrides`` splits
-    them by the same test: a value that is a dict, or a key that names no config group). Every other step is
+    them by the same test: a value that is a dict, or a key that names no config group); a config composed in
+    one run mode serves the other where its defaults tree names no missing (``???``) config (:func:`_mode_free`:
+    the mode enters only there), so the two composes Hydra makes before a run (``get_mode``'s, ``MULTIRUN``, and
+    the run's) merge once. Every other step is
     Hydra's own, in its order, on a copy of the memoised config (:func:`fresh_copy`): the parse, the
     sweep-override check, the value overrides, the ``hydra.overrides`` / ``runtime`` / ``job`` fields. So a sweep
     of 6 variants x 8 rates x 10 seeds composes its 6 variants' configs once each instead of its 480 jobs'. Each
@@ -278,7 +282,8 @@ class ComposeCache:
     (:meth:`_merge`: the 6 variants of a rate sweep merge the hardware, model, cluster and workload configs once):
     in this process, a config file edited after its first read is not read again. Not used (Hydra's own path)
     for a command line that moves the search path (``hydra.searchpath``); an error on the memoised path is
-    raised again by Hydra's own compose, so a bad override fails as Hydra fails it. ``tests/test_executor.py``
+    raised again by Hydra's own compose (its config files from this cache), so a bad override fails as Hydra
+    fails it. ``tests/test_executor.py``
     checks the configs against Hydra's own compose over many kinds of overrides.
 
     Attributes:
@@ -301,19 +306,21 @@ class ComposeCache:
             cfg = self._compose(config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
         except Exception:   # Hydra's own compose says what is wrong, as it says it without the memo
             cfg = None
-        if cfg is _SWEEP:   # a sweep's primary config: Hydra's compose, its config files from this cache
+        if cfg is _SWEEP or cfg is None:
+            # a sweep's primary config, a compose the memo leaves to Hydra, or one that failed on it (a bad override:
+            # Hydra's own compose raises its own error): Hydra's compose, its config files from this cache
+            # (_parse_and_repo: Hydra's own repository where the command line moves the search path) and the
+            # merge of its defaults list memoised (_merge, on this cache's files only)
             self.fallbacks += 1
             self.loader._parse_overrides_and_create_caching_repo = self._parse_and_repo
+            self.loader._compose_config_from_defaults_list = functools.partial(self._merge_files, config_name)
             try:
                 with interpolation_map_when_used():
                     return self._impl(config_name=config_name, overrides=overrides, run_mode=run_mode,
-                                  from_shell=from_shell, validate_sweep_overrides=validate_sweep_overrides)
+                                      from_shell=from_shell, validate_sweep_overrides=validate_sweep_overrides)
             finally:
                 del self.loader._parse_overrides_and_create_caching_repo
-        if cfg is None:
-            self.fallbacks += 1
-            return self._impl(config_name=config_name, overrides=overrides, run_mode=run_mode, from_shell=from_shell,
-                              validate_sweep_overrides=validate_sweep_overrides)
+                del self.loader._compose_config_from_defaults_list
         return cfg
 
     def group_options(self, group_name: str, results_filter: Any = _CONFIGS, config_name: Optional[str] = None,
@@ -383,14 +390,25 @@ class ComposeCache:
             repo.cache[key] = ret
         return repo.cache[key]
 
-    def _merge(self, config_name: Optional[str], defaults: list, repo: Any, groups: set) -> Any:
+    def _merge_files(self, config_name: Optional[str], defaults: list, repo: Any) -> Any:
+        """Hydra's ``_compose_config_from_defaults_list(defaults, repo)`` as :meth:`_merge` (the whole list's merge
+        memoised) where ``repo`` is this cache's (:meth:`_repo`: the files its memo is keyed by), else Hydra's own."""
+        load = getattr(repo, "load_config", None)
+        args = getattr(load, "args", ())
+        if getattr(load, "func", None) is ComposeCache._load_file and len(args) == 2 and args[0] is repo \
+                and args[1] is self._files.get(config_name):
+            return self._merge(config_name, defaults, repo, set(), counted=False)
+        return type(self.loader)._compose_config_from_defaults_list(self.loader, defaults, repo)
+
+    def _merge(self, config_name: Optional[str], defaults: list, repo: Any, groups: set, counted: bool = True) -> Any:
         """Hydra 1.3's ``_compose_config_from_defaults_list`` (each default's config merged in order, then the
         defaults lists stripped) with the config merged from the defaults before the first one of a config
         group the command line chose (``groups``: ``scheduler`` for ``scheduler=wait``) memoised, keyed by those
         defaults (each one's config path, parent, package and flags; each file is read once per process, so they
         determine it): variants that differ in a group late in the defaults list (``scheduler=a,b,c``) merge the
         model, cluster, hardware and workload configs once. The memoised config is copied
-        (:func:`fresh_copy`) before the rest is merged into it."""
+        (:func:`fresh_copy`) before the rest is merged into it. ``counted``: a memo hit counts in
+        ``prefix_hits`` (False for a fallback's merge, :meth:`_merge_files`)."""
         from hydra.errors import ConfigCompositionException
         from omegaconf import DictConfig, OmegaConf, flag_override
         from omegaconf.errors import OmegaConfBaseException
@@ -401,7 +419,7 @@ class ComposeCache:
         memo = self._prefixes.get(key) if split else None
         start = split if memo is not None else 0
         cfg = fresh_copy(memo) if memo is not None else OmegaConf.create()
-        self.prefix_hits += memo is not None
+        self.prefix_hits += counted and memo is not None
         with flag_override(cfg, "no_deepcopy_set_nodes", True):
             for i in range(start, len(defaults)):
                 if i == split and split and memo is None:     # (the copy without this merge's flag)
@@ -456,8 +474,10 @@ class ComposeCache:
         config_overrides = [o for o in parsed_overrides
                             if isinstance(o.value(), dict) or not probe.group_exists(o.key_or_group)]
         chosen = {id(o) for o in config_overrides}
-        key = (config_name, run_mode, tuple(o.input_line for o in parsed_overrides if id(o) not in chosen))
+        key = (config_name, tuple(o.input_line for o in parsed_overrides if id(o) not in chosen))
         hit = self._memo.get(key)
+        if hit is not None and hit[0] != run_mode and not (hit[1] and _modes_alike()):
+            hit = None      # (composed in the other run mode, where a '???' default made the mode matter)
         caching_repo = probe
         if hit is None:
             caching_repo = self._repo(config_name, parsed_overrides)
@@ -469,11 +489,12 @@ class ComposeCache:
                 return None     # (Hydra split them otherwise: not memoised)
             groups = {o.key_or_group.lstrip("+~") for o in parsed_overrides if id(o) not in chosen}
             cfg = self._merge(config_name, defaults_list.defaults, caching_repo, groups)
-            self._memo[key] = (dict(defaults_list.overrides.known_choices), fresh_copy(cfg))
+            self._memo[key] = (run_mode, _mode_free(defaults_list.defaults_tree),
+                               dict(defaults_list.overrides.known_choices), fresh_copy(cfg))
             known_choices = defaults_list.overrides.known_choices
             self.misses += 1
         else:
-            known_choices, cfg = hit[0], fresh_copy(hit[1])
+            known_choices, cfg = hit[2], fresh_copy(hit[3])
             self.hits += 1
         # from here on, Hydra's _load_configuration_impl as it is
         OmegaConf.set_struct(cfg, True)
@@ -503,6 +524,52 @@ class ComposeCache:
             exclude_keys=cfg.hydra.job.config.override_dirname.exclude_keys)
         cfg.hydra.job.config_name = config_name
         return cfg
+
+
+# sha256 of inspect.getsource of hydra-core 1.3.8's functions (hydra._internal.defaults_list) that carry the run
+# mode into the defaults tree (skip_missing) and the one that reads it: what _mode_free's reasoning rests on
+HYDRA_MODE_SHA256 = {
+    "_check_not_missing": "603027ef7bbac97dab9a80de103fad87af033748f571f71c9113334dfbab8bfc",
+    "_expand_virtual_root": "9db59b55c75fcab47801ea365065acc7f607a1e7e0480f91355921cbb62941ce",
+    "_create_defaults_tree": "51641ba15337c94c21dd3ab2b337444606f287b2e9fa1609b87f6f3b87a6dec8",
+    "_create_defaults_tree_impl": "d3ba5bb22c8018d946fa0d2fa88c1c2bca93ae14ef57acdfc6930f6e677808d5",
+    "_create_defaults_list": "7829a14ac6b3598802a388d51b449449ce32ac7491171d300efc885208198150",
+    "create_defaults_list": "f0dd0ad31a342543a481e620268f953fe6851f2fc8d3db986b49d66046846a0a",
+}
+
+
+def _modes_alike() -> bool:
+    """Whether the installed Hydra's defaults-tree code is the code :func:`_mode_free` was written from
+    (:data:`HYDRA_MODE_SHA256`); else a config composed in one run mode is never reused for the other."""
+    import hydra._internal.defaults_list as dl
+    return _known_source({k: getattr(dl, k, None) for k in HYDRA_MODE_SHA256}, HYDRA_MODE_SHA256)
+
+
+def _mode_free(tree: Any) -> bool:
+    """Whether Hydra's defaults tree ``tree`` (``DefaultsList.defaults_tree``) is the one both run modes build:
+    no node of it names a missing config (``???``, or a name ending so). The run mode enters the tree only as
+    ``create_defaults_list``'s ``skip_missing`` (``MULTIRUN``), read in one place (hydra-core 1.3.8's
+    ``_check_not_missing``: a node whose config path ends with ``???`` is skipped, else refused), so a tree without
+    such a node is built alike in ``RUN`` and ``MULTIRUN``: Hydra composes the primary config in both before a run
+    (``Hydra.get_mode``: ``MULTIRUN``; ``Hydra.run``: ``RUN``), and :class:`ComposeCache` then merges it once. A node
+    it cannot read counts as missing (False)."""
+    from hydra.core.default_element import InputDefault
+    stack = [tree]
+    try:
+        while stack:
+            t = stack.pop()
+            if isinstance(t, InputDefault):
+                node, children = t, ()
+            else:
+                node, children = t.node, t.children or ()
+            if not node.is_virtual():
+                name = node.get_name()
+                if name is not None and (not isinstance(name, str) or name.endswith("???")):
+                    return False
+            stack.extend(children)
+    except Exception:   # noqa: BLE001 -- a node of another shape: not shared between the modes
+        return False
+    return True
 
 
 # sha256 of inspect.getsource of hydra-core 1.3.8's defaults-tree code (hydra._internal.defaults_list): the

@@ -1,0 +1,143 @@
+"""The fixed cost of one ``python run.py`` process before its run starts (issue 54): Hydra composes the primary
+config twice before a run (``Hydra.get_mode`` in ``MULTIRUN`` mode, then ``Hydra.run`` in ``RUN`` mode with
+``hydra.mode=RUN`` added); ``harness.run.executor.ComposeCache`` merges it once, and a compose Hydra refuses is
+refused by Hydra's own code with its config files from the cache. Each check compares with Hydra's own
+``ConfigLoaderImpl._load_configuration_impl`` (no cache), never with the cache's own output."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.run.config import PROJECT_ROOT
+
+
+def _shown(cfg):
+    """What a composed config is: its YAML, its containers, its flags and its nodes' types."""
+    from omegaconf import OmegaConf
+    return (OmegaConf.to_yaml(cfg), OmegaConf.to_container(cfg), OmegaConf.is_struct(cfg),
+            OmegaConf.is_readonly(cfg.hydra), {k: str(OmegaConf.get_type(cfg, k)) for k in cfg})
+
+
+def _outcome(fn, overrides, mode):
+    try:
+        return _shown(fn(config_name="config", overrides=list(overrides), run_mode=mode))
+    except Exception as e:      # noqa: BLE001 -- compared, never swallowed
+        return (type(e).__name__, str(e))
+
+
+def test_the_run_composes_once_where_hydra_composes_twice_with_the_same_overrides():
+    """The command line's two composes (``get_mode``: ``MULTIRUN``, validation of sweep overrides off; the run:
+    ``RUN`` with ``hydra.mode=RUN``) on the project's configs: the second is a memo hit (no defaults tree, no
+    merge) and both equal Hydra's own compose of the same arguments; a typo (an unknown key) is refused in both
+    with Hydra's own exception and message, and the second refusal merges nothing again."""
+    from hydra import initialize_config_dir
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from harness.run.config import register_configs
+    from harness.run.executor import cache_compositions
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+            loader = GlobalHydra.instance().config_loader()
+
+            def hydras(**k):
+                return ConfigLoaderImpl._load_configuration_impl(loader, **k)
+            cache = cache_compositions(loader)
+            for args in (["workload.num_conversations=5"], ["scheduler=wait", "workload.rate_per_s=0.1"]):
+                before = (cache.misses, cache.hits, cache.prefix_hits)
+                first = cache(config_name="config", overrides=list(args), run_mode=RunMode.MULTIRUN,
+                              validate_sweep_overrides=False)
+                assert _shown(first) == _shown(hydras(config_name="config", overrides=list(args),
+                                                      run_mode=RunMode.MULTIRUN, validate_sweep_overrides=False))
+                assert first.hydra.mode is None     # so Hydra's run adds hydra.mode=RUN
+                run = args + ["hydra.mode=RUN"]
+                assert _outcome(cache, run, RunMode.RUN) == _outcome(hydras, run, RunMode.RUN)
+                assert (cache.misses, cache.hits) == (before[0] + 1, before[1] + 1), args
+                assert cache.prefix_hits == before[2]   # the second merged nothing
+            typo = ["workload.rate=-1"]
+            want = _outcome(hydras, typo, RunMode.RUN)
+            assert want[0] == "ConfigCompositionException" and "Could not override 'workload.rate'" in want[1]
+            fallbacks = cache.fallbacks
+            assert _outcome(cache, typo, RunMode.MULTIRUN) == _outcome(hydras, typo, RunMode.MULTIRUN)
+            assert _outcome(cache, typo + ["hydra.mode=RUN"], RunMode.RUN) == \
+                _outcome(hydras, typo + ["hydra.mode=RUN"], RunMode.RUN)
+            assert cache.fallbacks == fallbacks + 2     # each refused by Hydra's own compose
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def test_a_missing_default_keeps_the_two_run_modes_apart(tmp_path):
+    """A config whose defaults list has a mandatory group (``sched: ???``): ``MULTIRUN`` skips it (Hydra's
+    ``skip_missing``), ``RUN`` refuses it ("You must specify 'sched'"); the memo never hands one mode's config
+    to the other there, and each equals Hydra's own. Without the missing default the two modes share one merge,
+    and the config equals Hydra's in both."""
+    from hydra import initialize_config_dir
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from harness.run.executor import _mode_free, _modes_alike, cache_compositions
+
+    assert _modes_alike()   # (hydra-core 1.3.8: the code the sharing was written from)
+    conf = tmp_path / "conf"
+    (conf / "sched").mkdir(parents=True)
+    (conf / "config.yaml").write_text("defaults:\n  - sched: ???\n  - _self_\ntop: 1\n")
+    (conf / "plain.yaml").write_text("defaults:\n  - sched: a\n  - _self_\ntop: 2\n")
+    (conf / "sched" / "a.yaml").write_text("name: a\n")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            loader = GlobalHydra.instance().config_loader()
+
+            def hydras(**k):
+                return ConfigLoaderImpl._load_configuration_impl(loader, **k)
+            cache = cache_compositions(loader)
+            for mode in (RunMode.MULTIRUN, RunMode.RUN, RunMode.MULTIRUN):
+                got, want = _outcome(cache, ["top=3"], mode), _outcome(hydras, ["top=3"], mode)
+                assert got == want, mode
+            assert "You must specify 'sched'" in _outcome(cache, ["top=3"], RunMode.RUN)[1]
+            assert "sched" not in _outcome(cache, ["top=3"], RunMode.MULTIRUN)[1]   # skipped: no sched node
+            assert cache.hits == 2 and cache.misses == 1    # MULTIRUN's later composes only
+
+            def plain(mode):
+                return _shown(cache(config_name="plain", overrides=["top=4"], run_mode=mode))
+
+            def plain_hydras(mode):
+                return _shown(hydras(config_name="plain", overrides=["top=4"], run_mode=mode))
+            assert plain(RunMode.MULTIRUN) == plain_hydras(RunMode.MULTIRUN)
+            assert plain(RunMode.RUN) == plain_hydras(RunMode.RUN)
+            assert cache.misses == 2 and cache.hits == 3    # the RUN compose of plain: from MULTIRUN's merge
+    finally:
+        GlobalHydra.instance().clear()
+    # the predicate itself on hand-built trees (Hydra's node classes)
+    from hydra.core.default_element import ConfigDefault, DefaultsTreeNode, GroupDefault, VirtualRoot
+    ok = DefaultsTreeNode(node=VirtualRoot(), children=[ConfigDefault(path="config"), GroupDefault(group="g", value="a")])
+    assert _mode_free(ok)
+    bad = DefaultsTreeNode(node=VirtualRoot(), children=[DefaultsTreeNode(
+        node=ConfigDefault(path="config"), children=[GroupDefault(group="g", value="???")])])
+    assert not _mode_free(bad)
+
+
+@pytest.mark.parametrize("argv", [["workload.rate=-1"], ["scheduler=nope"]])
+def test_a_refused_command_line_says_what_hydras_own_compose_says(argv, monkeypatch, capsys):
+    """``python run.py`` with a typo or an unknown option, in this process: exit status 2 and the same stderr as
+    with Hydra's own composes (``cache_compositions`` turned off: no memo, no file cache)."""
+    import sys
+
+    import harness.run.cli as cli
+    import harness.run.executor as executor
+
+    def run():
+        monkeypatch.setattr(sys, "argv", ["run.py", *argv])
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+        return e.value.code, capsys.readouterr().err
+    ours = run()
+    monkeypatch.setattr(executor, "cache_compositions", lambda loader: None)
+    hydras = run()
+    assert ours == hydras and ours[0] == 2
+    assert ("rate" if argv[0].startswith("workload") else "nope") in ours[1]
