@@ -141,3 +141,66 @@ def test_a_refused_command_line_says_what_hydras_own_compose_says(argv, monkeypa
     hydras = run()
     assert ours == hydras and ours[0] == 2
     assert ("rate" if argv[0].startswith("workload") else "nope") in ours[1]
+
+
+def test_a_lazy_module_imports_on_first_use_and_then_leaves_its_place_to_the_module():
+    """``harness.LazyModule`` with a namespace and key: nothing imported until an attribute is read; the first read
+    returns the module's attribute and puts the module itself under the key (so later reads are the module's own);
+    without a namespace it stays a proxy; a namespace without a key (or the reverse) is refused."""
+    import sys
+    import types
+
+    from harness import LazyModule
+
+    name = "harness_test_lazy_target"
+    made = types.ModuleType(name)
+    made.VALUE = 42
+    ns: dict = {}
+    ns["m"] = lazy = LazyModule(name, ns, "m")
+    sys.modules.pop(name, None)
+    try:
+        with pytest.raises(ModuleNotFoundError):    # (not importable yet: proves nothing was imported at creation)
+            lazy.VALUE
+        assert ns["m"] is lazy
+        sys.modules[name] = made
+        assert lazy.VALUE == 42 and ns["m"] is made
+        plain = LazyModule(name)
+        assert plain.VALUE == 42 and isinstance(plain, LazyModule)
+    finally:
+        sys.modules.pop(name, None)
+    with pytest.raises(TypeError, match="both"):
+        LazyModule(name, {})
+    with pytest.raises(TypeError, match="both"):
+        LazyModule(name, key="m")
+
+
+def test_help_and_a_config_typo_import_neither_numpy_nor_pandas_nor_the_simulator():
+    """``run.py --help`` then ``run.py workload.bogus=1`` in one fresh interpreter (status 0, then 2): afterwards
+    neither numpy, pandas, pyarrow nor the simulator's engine (``harness.sim.engine``, ``harness.sim.backend``) is
+    in ``sys.modules``; the scheduler registry is (the help lists its names), and a module that binds numpy lazily
+    still holds its ``LazyModule``."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "import harness.run.cli as cli\n"
+        "codes = []\n"
+        "for argv in (['--help'], ['workload.bogus=1']):\n"
+        "    sys.argv = ['run.py', *argv]\n"
+        "    try:\n"
+        "        cli.main()\n"
+        "    except SystemExit as e:\n"
+        "        codes.append(e.code)\n"
+        "import harness.core.policy as p\n"
+        "print(json.dumps({'codes': codes, 'modules': sorted(sys.modules), 'np': type(p.np).__name__}))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["codes"] == [0, 2], r.stderr[-2000:]
+    assert "scheduler: " in r.stdout and "conserve" in r.stdout     # the help's list of config groups
+    modules = set(got["modules"])
+    assert {"hydra", "harness.core.schedulers", "baselines.wait.fluid_admission"} <= modules
+    assert not {"numpy", "pandas", "pyarrow", "scipy", "harness.sim.engine", "harness.sim.backend"} & modules
+    assert got["np"] == "LazyModule"
