@@ -204,3 +204,57 @@ def test_help_and_a_config_typo_import_neither_numpy_nor_pandas_nor_the_simulato
     assert {"hydra", "harness.core.schedulers", "baselines.wait.fluid_admission"} <= modules
     assert not {"numpy", "pandas", "pyarrow", "scipy", "harness.sim.engine", "harness.sim.backend"} & modules
     assert got["np"] == "LazyModule"
+
+
+def test_hydras_sweeper_validation_composes_into_the_memo_without_a_copy(monkeypatch):
+    """``harness.run.executor.install`` puts ``validate_batch_is_legal`` on Hydra's ``Sweeper``: a sweeper whose
+    context's loader is the memo (``ComposedConfigs``) composes each job of the batch once and copies nothing
+    (``fresh_copy`` never called); the launch then takes that very config (no compose again); a job already
+    composed by the harness's validation is not composed again; a loader's refusal is raised as it is; a sweeper
+    with Hydra's own loader runs Hydra's code (one ``load_sweep_config`` per job)."""
+    from hydra.plugins.sweeper import Sweeper
+    from hydra.types import HydraContext
+    from omegaconf import OmegaConf
+
+    import harness.run.executor as executor
+
+    class Loader:
+        def __init__(self):
+            self.calls = []
+
+        def load_sweep_config(self, master_config, sweep_overrides):
+            self.calls.append(list(sweep_overrides))
+            if "bad=1" in sweep_overrides:
+                raise ValueError("refused: bad")
+            return OmegaConf.create({"overrides": list(sweep_overrides), "master": master_config.tag})
+
+    class Sweeping(Sweeper):    # Hydra's Sweeper interface; validate_batch_is_legal is the base class's
+        def setup(self, *, hydra_context, task_function, config):
+            self.hydra_context, self.config = hydra_context, config
+
+        def sweep(self, arguments):
+            raise NotImplementedError
+
+    copies = []
+    real_copy = executor.fresh_copy
+    monkeypatch.setattr(executor, "fresh_copy", lambda cfg: copies.append(1) or real_copy(cfg))
+    loader = Loader()
+    ctx = HydraContext(config_loader=loader, callbacks=None)
+    memo = executor.install(ctx)
+    assert Sweeper.validate_batch_is_legal is executor.validate_batch_is_legal and ctx.config_loader is memo
+    master = OmegaConf.create({"tag": "a"})
+    memo.load_sweep_config(master, ["x=0"])             # the harness's validation: composed, a copy handed out
+    copies.clear()
+    s = Sweeping()
+    s.setup(hydra_context=ctx, task_function=None, config=master)
+    s.validate_batch_is_legal([["x=0"], ["x=1"], ["x=2"]])
+    assert loader.calls == [["x=0"], ["x=1"], ["x=2"]] and copies == []
+    taken = memo.take_sweep_config(master, ["x=1"])
+    assert list(taken.overrides) == ["x=1"] and loader.calls[-1] == ["x=2"] and copies == []
+    with pytest.raises(ValueError, match="refused: bad"):
+        s.validate_batch_is_legal([["bad=1"]])
+    memo.clear()
+    plain = Loader()    # Hydra's own code for another loader: its load_sweep_config per job
+    s.setup(hydra_context=HydraContext(config_loader=plain, callbacks=None), task_function=None, config=master)
+    s.validate_batch_is_legal([["y=0"], ["y=1"]])
+    assert plain.calls == [["y=0"], ["y=1"]]

@@ -245,6 +245,14 @@ class ComposedConfigs:
                                                                                    list(sweep_overrides)))
         return fresh_copy(hit[1])
 
+    def check_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> None:
+        """Compose job ``sweep_overrides``'s config into the memo (as :meth:`load_sweep_config`, the same error
+        where Hydra refuses it) without handing out a copy: Hydra's sweeper validation
+        (:func:`validate_batch_is_legal`) composes each job only to see that it composes, and drops the config."""
+        key = (id(master_config), tuple(sweep_overrides))
+        if key not in self._memo:
+            self._memo[key] = (master_config, self._loader.load_sweep_config(master_config, list(sweep_overrides)))
+
     def take_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
         """:meth:`load_sweep_config` for the launch of the job, the memo's last use of it: the memoised config
         itself, taken out of the memo (no copy: nothing else holds it), else composed as there. A job whose
@@ -694,10 +702,40 @@ def composed(loader: Any) -> ComposedConfigs:
     return c
 
 
+# sha256 of inspect.getsource of hydra-core 1.3.8's hydra.plugins.sweeper.Sweeper.validate_batch_is_legal: the code
+# validate_batch_is_legal repeats (a Hydra whose code differs keeps its own)
+HYDRA_SWEEPER_SHA256 = {"validate_batch_is_legal": "7033ddd3b22e2c8f1fd5f5df733b443082fe8fbcb6f1143aac243d0b1cd91bb3"}
+_SWEEPER_OWN: list = []   # Hydra's Sweeper.validate_batch_is_legal, once replaced by validate_batch_is_legal
+
+
+def validate_batch_is_legal(self: Any, batch: Sequence[Sequence[str]]) -> None:
+    """Hydra's ``Sweeper.validate_batch_is_legal`` (each job of ``batch`` composed before the launch, so that a
+    job Hydra refuses fails the sweep before any runs), with a sweeper whose config loader is a
+    :class:`ComposedConfigs` composing into the memo without a copy (:meth:`ComposedConfigs.check_sweep_config`:
+    Hydra's composes a job's config, ~0.02 s of copying a job, and drops it); any other loader runs Hydra's own
+    code. Installed on Hydra's ``Sweeper`` by :func:`install` where its source is the code this repeats
+    (:data:`HYDRA_SWEEPER_SHA256`)."""
+    config_loader = (self.hydra_context.config_loader if hasattr(self, "hydra_context")
+                     and self.hydra_context is not None else self.config_loader)
+    if not isinstance(config_loader, ComposedConfigs):
+        return _SWEEPER_OWN[0](self, batch)
+    assert self.config is not None
+    for overrides in batch:
+        config_loader.check_sweep_config(self.config, list(overrides))
+
+
 def install(hydra_context: Any) -> ComposedConfigs:
     """Route ``hydra_context``'s config loader through its memo (:func:`composed`); returns the memo. The
-    sweeper holds the same context, so its validation composes through the memo too, and the harness's
-    validation (:func:`job_config`) reaches the same memo through the global Hydra instance's loader."""
+    sweeper holds the same context, so its validation composes through the memo too (without a copy:
+    :func:`validate_batch_is_legal`, put on Hydra's ``Sweeper`` here once, where its code is the one that
+    repeats), and the harness's validation (:func:`job_config`) reaches the same memo through the global Hydra
+    instance's loader."""
+    from hydra.plugins.sweeper import Sweeper
+    own = Sweeper.__dict__.get("validate_batch_is_legal")
+    if own is not validate_batch_is_legal and not _SWEEPER_OWN and \
+            _known_source({"validate_batch_is_legal": own}, HYDRA_SWEEPER_SHA256):
+        _SWEEPER_OWN.append(own)
+        Sweeper.validate_batch_is_legal = validate_batch_is_legal
     hydra_context.config_loader = composed(hydra_context.config_loader)
     return hydra_context.config_loader
 
