@@ -258,3 +258,33 @@ def test_hydras_sweeper_validation_composes_into_the_memo_without_a_copy(monkeyp
     s.setup(hydra_context=HydraContext(config_loader=plain, callbacks=None), task_function=None, config=master)
     s.validate_batch_is_legal([["y=0"], ["y=1"]])
     assert plain.calls == [["y=0"], ["y=1"]]
+
+
+def test_a_plugin_config_built_on_the_memoised_schema_equals_one_built_on_a_fresh_schema():
+    """``harness.run.config._plugin_config`` merges onto one ``OmegaConf.structured(cls)`` per class
+    (``_schema``): each scheduler's and backend's config object equals the one a fresh ``OmegaConf.structured``
+    gives, with and without overrides; a merge with overrides leaves the next config at the class's defaults;
+    two objects share no mutable value; a bad value is refused with the key named, as before."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from harness.core.backend import backends
+    from harness.core.schedulers import get_spec, registered
+    from harness.run.config import ConfigError, _plugin_config
+
+    classes = [get_spec(n).config_cls for n in registered()] + [s.config_cls for s in backends().values()]
+    for cls in classes:
+        fresh = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), {}))
+        assert _plugin_config(cls, {}, "x.") == fresh == _plugin_config(cls, {}, "x.")
+    wait = get_spec("wait").config_cls
+    a = _plugin_config(wait, {"name": "wait", "output_bins": [8, 16]}, "scheduler.")
+    assert list(a.output_bins) == [8, 16]
+    b = _plugin_config(wait, {"name": "wait"}, "scheduler.")
+    assert list(b.output_bins) == [64, 256, 1024]   # WaitConfig's default (baselines/wait/wait.py)
+    b.output_bins.append(4096)
+    assert list(_plugin_config(wait, {"name": "wait"}, "scheduler.").output_bins) == [64, 256, 1024]
+    assert all(not isinstance(getattr(b, f.name), (list, dict)) or getattr(b, f.name) is not
+               getattr(_plugin_config(wait, {}, "s."), f.name) for f in dataclasses.fields(b))
+    with pytest.raises(ConfigError, match="scheduler.output_bins"):
+        _plugin_config(wait, {"output_bins": "many"}, "scheduler.")
