@@ -18,7 +18,8 @@ The wings (each imports only the wings above it in this list; ``tests/test_pipel
 * ``tools/`` -- calibration, fidelity, trace statistics (stand-alone commands).
 
 The scheduler variants are in ``baselines/`` (one module each; WAIT's fluid model, rules and variants in
-``baselines/wait/``); they import only ``core.policy``, ``core.batching`` and ``core.registry``.
+``baselines/wait/``); they import only ``core.policy``, ``core.batching``, ``core.registry`` and
+:class:`LazyModule` from here.
 Documents the code relies on are in ``docs/``; how to add a scheduler, a batch rule, a backend or a metric:
 ``docs/extending.md``.
 """
