@@ -288,3 +288,34 @@ def test_a_plugin_config_built_on_the_memoised_schema_equals_one_built_on_a_fres
                getattr(_plugin_config(wait, {}, "s."), f.name) for f in dataclasses.fields(b))
     with pytest.raises(ConfigError, match="scheduler.output_bins"):
         _plugin_config(wait, {"output_bins": "many"}, "scheduler.")
+
+
+def test_help_lists_the_config_groups_only_where_its_template_asks_and_prints_hydras_text(monkeypatch, capsys):
+    """``run.py --help`` and ``--hydra-help`` in this process print the same text as with Hydra's own ``get_help``
+    (``help_on_demand`` turned off); ``--help``'s template (``hydra.help.template``: ``${harness_config_groups:}``,
+    no ``$APP_CONFIG_GROUPS``) makes no Hydra group listing, ``--hydra-help``'s (Hydra's ``hydra_help/default``:
+    ``$HYDRA_CONFIG_GROUPS`` only) the one it shows; Hydra's own makes both for each."""
+    import sys
+
+    from hydra._internal.hydra import Hydra
+
+    import harness.run.cli as cli
+    import harness.run.executor as executor
+
+    listings = []
+    own = Hydra.format_config_groups
+    monkeypatch.setattr(Hydra, "format_config_groups", lambda self, *a, **k: listings.append(1) or own(self, *a, **k))
+
+    def text(flag):
+        monkeypatch.setattr(sys, "argv", ["run.py", flag])
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+        assert e.value.code == 0
+        return capsys.readouterr().out
+    ours = {flag: text(flag) for flag in ("--help", "--hydra-help")}
+    assert len(listings) == 1    # --hydra-help's $HYDRA_CONFIG_GROUPS
+    monkeypatch.setattr(executor, "help_on_demand", lambda h: False)
+    listings.clear()
+    hydras = {flag: text(flag) for flag in ("--help", "--hydra-help")}
+    assert len(listings) == 4 and ours == hydras
+    assert "scheduler: " in ours["--help"] and "hydra/launcher: " in ours["--hydra-help"]

@@ -681,6 +681,60 @@ def cache_compositions(loader: Any) -> Optional[ComposeCache]:
     return cache
 
 
+# sha256 of inspect.getsource of hydra-core 1.3.8's hydra._internal.hydra.Hydra.get_help: the code help_on_demand repeats
+HYDRA_HELP_SHA256 = {"get_help": "e6f95066c04de9087a8e283fc282b85ef1632dd48353c570a4865d3aec531e6f"}
+
+
+class _OnDemand(dict):
+    """The substitutions of a help template, each made when the template reads it (``string.Template`` reads a
+    mapping only at the ``$NAME`` placeholders its text has) and kept."""
+
+    def __init__(self, makers: dict):
+        super().__init__()
+        self._makers = makers
+
+    def __missing__(self, key: str) -> str:
+        if key not in self._makers:
+            raise KeyError(key)
+        value = self[key] = self._makers[key]()
+        return value
+
+
+def _get_help_on_demand(self: Any, help_cfg: Any, cfg: Any, args_parser: Any, resolve: bool) -> str:
+    """Hydra's ``Hydra.get_help`` (the help text: its template with ``$FLAGS_HELP``, ``$HYDRA_CONFIG_GROUPS``,
+    ``$APP_CONFIG_GROUPS`` and ``$CONFIG`` substituted) with the two config-group listings made only where the
+    template has their placeholder: each lists every group's options (``format_config_groups``: 121
+    ``get_group_options`` calls on this repository's configs, ~40 % of ``run.py --help``'s CPU), and the harness's
+    template (``conf/config.yaml`` ``hydra.help.template``) has neither; ``--hydra-help``'s has both, made as
+    Hydra makes them. The flags' help and the config's YAML (which may fail on an interpolation with
+    ``--resolve``) are made first, as Hydra makes every substitution before the template is filled."""
+    import string
+
+    from omegaconf import OmegaConf
+
+    def is_hydra_group(x: str) -> bool:
+        return x.startswith("hydra/") or x == "hydra"
+
+    values = _OnDemand({"HYDRA_CONFIG_GROUPS": lambda: self.format_config_groups(is_hydra_group),
+                        "APP_CONFIG_GROUPS": lambda: self.format_config_groups(lambda x: not is_hydra_group(x))})
+    values["FLAGS_HELP"] = self.format_args_help(args_parser)
+    values["CONFIG"] = OmegaConf.to_yaml(cfg, resolve=resolve)
+    return string.Template(help_cfg.template).substitute(values)
+
+
+def help_on_demand(hydra_obj: Any) -> bool:
+    """Give the Hydra instance ``hydra_obj`` (``hydra._internal.hydra.Hydra``) :func:`_get_help_on_demand` as its
+    ``get_help`` (on this instance only), where the installed Hydra's ``get_help`` is the code it repeats
+    (:data:`HYDRA_HELP_SHA256`); returns whether it did (else nothing changes). ``--help`` prints the same text."""
+    import types
+
+    from hydra._internal.hydra import Hydra
+    if not _known_source({"get_help": Hydra.__dict__.get("get_help")}, HYDRA_HELP_SHA256):
+        return False
+    hydra_obj.get_help = types.MethodType(_get_help_on_demand, hydra_obj)
+    return True
+
+
 _COMPOSED: dict = {}   # id(Hydra's config loader) -> its ComposedConfigs: one memo per loader in this process
 
 POOL_TARGET = "hydra_plugins.harness_launcher.pool_launcher.PoolLauncher"
