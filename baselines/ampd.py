@@ -59,10 +59,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
+from harness import LazyModule
 
 from harness.core.policy import (AdmitAll, ClusterView, InstanceHints, InstanceView, Placement, PolicyContext, Predictor,
                             PredictorConfig, TurnView, least_loaded, occupancy, register)
+
+np = LazyModule("numpy", globals(), "np")   # imported on first use (a config error, --help: never), then bound here
 
 MODES = ("remote_default", "cost")
 TURN0 = ("observed", "predicted_demand")

@@ -31,12 +31,14 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
 
-import numpy as np
+from harness import LazyModule
 
 from harness.core.batching import RequestState, StepInput, StepPlan, UnselectedResidents, prefill_chunk
 from baselines.wait.fluid import PromptType
 from harness.core.policy import PolicyContext, Predictor
 from harness.core.registry import register_rule
+
+np = LazyModule("numpy", globals(), "np")   # imported on first use (a config error, --help: never), then bound here
 
 THRESHOLD_SOURCES = ("fluid", "tl")
 IDLE_POLICIES = ("wait", "decode_residents")

@@ -40,11 +40,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-import numpy as np
-
 from harness import LazyModule
 
 pd = LazyModule("pandas")   # imported on first use: harness.run.config imports this module for SloConfig
+np = LazyModule("numpy", globals(), "np")   # imported on first use, then bound here (harness.LazyModule)
 
 
 READINGS = ("first", "visible", "serving")

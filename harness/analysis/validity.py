@@ -37,7 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-import numpy as np
+from harness import LazyModule
+
+np = LazyModule("numpy", globals(), "np")   # imported on first use (a config error, --help: never), then bound here
 
 if TYPE_CHECKING:   # harness.run.config imports this module for ValidityConfig: pandas only when a table is read
     import pandas as pd

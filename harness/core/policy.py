@@ -20,10 +20,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
-import numpy as np
+from harness import LazyModule
 
 from harness.core.profiles import kv_transfer_s
 from harness.core.registry import Registry, SchedulerSpec
+
+np = LazyModule("numpy", globals(), "np")   # imported on first use (a config error, --help: never), then bound here
 
 ROLES = ("prefiller", "decoder", "collocated")
 

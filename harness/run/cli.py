@@ -280,15 +280,17 @@ def _compose_cache_from_the_start():
     is the code the cache repeats, else nothing changes). Hydra composes the primary config twice before anything
     runs (once only to read ``hydra.mode``, then for the run or the sweep): with the cache the config files are
     read once, and a run's second compose merges nothing again (the same defaults list); a sweep's jobs then
-    compose from the same files (docs/speed.md, "The sweep executor")."""
+    compose from the same files (docs/speed.md, "The sweep executor"). Its help text lists the config groups only
+    where the help template asks for them (``harness.run.executor.help_on_demand``: the same text)."""
     from hydra._internal.hydra import Hydra
 
-    from harness.run.executor import cache_compositions
+    from harness.run.executor import cache_compositions, help_on_demand
     create = Hydra.__dict__["create_main_hydra2"]
 
     def create_with_cache(cls, task_name, config_search_path):
         made = create.__func__(cls, task_name, config_search_path)
         cache_compositions(made.config_loader)
+        help_on_demand(made)
         return made
     Hydra.create_main_hydra2 = classmethod(create_with_cache)
     try:

@@ -223,9 +223,24 @@ def _plugin_config(cls: type, node: Any, prefix: str) -> Any:
     try:
         if isinstance(node, DictConfig):
             node = OmegaConf.to_container(node, resolve=True)
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), node))
+        return OmegaConf.to_object(OmegaConf.merge(_schema(cls), node))
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e, prefix)) from None
+
+
+_SCHEMAS: dict = {}   # _schema's memo: config dataclass -> OmegaConf.structured(cls)
+
+
+def _schema(cls: type) -> DictConfig:
+    """``OmegaConf.structured(cls)`` of a plug-in's config dataclass, made once per class and process (~5 ms each;
+    :func:`resolve` builds four a run -- the scheduler, the backend, the SLO's reference schedulers -- and a sweep
+    resolves each job twice, in its validation and in the job). Never handed out: ``OmegaConf.merge`` deep-copies
+    its first argument, so each merge starts from the class's defaults (the registered classes' default factories
+    make constant values)."""
+    s = _SCHEMAS.get(cls)
+    if s is None:
+        s = _SCHEMAS[cls] = OmegaConf.structured(cls)
+    return s
 
 
 def _omegaconf_message(e: OmegaConfBaseException, prefix: str = "") -> str:

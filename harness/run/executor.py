@@ -41,6 +41,7 @@ its jobs (Hydra's submitit and Ray launchers, ``slurm`` / ``ray``, run one job p
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -244,6 +245,14 @@ class ComposedConfigs:
                                                                                    list(sweep_overrides)))
         return fresh_copy(hit[1])
 
+    def check_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> None:
+        """Compose job ``sweep_overrides``'s config into the memo (as :meth:`load_sweep_config`, the same error
+        where Hydra refuses it) without handing out a copy: Hydra's sweeper validation
+        (:func:`validate_batch_is_legal`) composes each job only to see that it composes, and drops the config."""
+        key = (id(master_config), tuple(sweep_overrides))
+        if key not in self._memo:
+            self._memo[key] = (master_config, self._loader.load_sweep_config(master_config, list(sweep_overrides)))
+
     def take_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
         """:meth:`load_sweep_config` for the launch of the job, the memo's last use of it: the memoised config
         itself, taken out of the memo (no copy: nothing else holds it), else composed as there. A job whose
@@ -268,7 +277,10 @@ class ComposeCache:
     primary config's name, the run mode and the overrides that select configs -- a config-group override
     (``scheduler=wait``, ``+experiment/variant=x``, ``~group``), the rest being the value overrides
     (``workload.rate_per_s=0.1``) Hydra applies to the merged config afterwards (its ``Overrides`` splits
-    them by the same test: a value that is a dict, or a key that names no config group). Every other step is
+    them by the same test: a value that is a dict, or a key that names no config group); a config composed in
+    one run mode serves the other where its defaults tree names no missing (``???``) config (:func:`_mode_free`:
+    the mode enters only there), so the two composes Hydra makes before a run (``get_mode``'s, ``MULTIRUN``, and
+    the run's) merge once. Every other step is
     Hydra's own, in its order, on a copy of the memoised config (:func:`fresh_copy`): the parse, the
     sweep-override check, the value overrides, the ``hydra.overrides`` / ``runtime`` / ``job`` fields. So a sweep
     of 6 variants x 8 rates x 10 seeds composes its 6 variants' configs once each instead of its 480 jobs'. Each
@@ -278,7 +290,8 @@ class ComposeCache:
     (:meth:`_merge`: the 6 variants of a rate sweep merge the hardware, model, cluster and workload configs once):
     in this process, a config file edited after its first read is not read again. Not used (Hydra's own path)
     for a command line that moves the search path (``hydra.searchpath``); an error on the memoised path is
-    raised again by Hydra's own compose, so a bad override fails as Hydra fails it. ``tests/test_executor.py``
+    raised again by Hydra's own compose (its config files from this cache), so a bad override fails as Hydra
+    fails it. ``tests/test_executor.py``
     checks the configs against Hydra's own compose over many kinds of overrides.
 
     Attributes:
@@ -301,19 +314,21 @@ class ComposeCache:
             cfg = self._compose(config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
         except Exception:   # Hydra's own compose says what is wrong, as it says it without the memo
             cfg = None
-        if cfg is _SWEEP:   # a sweep's primary config: Hydra's compose, its config files from this cache
+        if cfg is _SWEEP or cfg is None:
+            # a sweep's primary config, a compose the memo leaves to Hydra, or one that failed on it (a bad override:
+            # Hydra's own compose raises its own error): Hydra's compose, its config files from this cache
+            # (_parse_and_repo: Hydra's own repository where the command line moves the search path) and the
+            # merge of its defaults list memoised (_merge, on this cache's files only)
             self.fallbacks += 1
             self.loader._parse_overrides_and_create_caching_repo = self._parse_and_repo
+            self.loader._compose_config_from_defaults_list = functools.partial(self._merge_files, config_name)
             try:
                 with interpolation_map_when_used():
                     return self._impl(config_name=config_name, overrides=overrides, run_mode=run_mode,
-                                  from_shell=from_shell, validate_sweep_overrides=validate_sweep_overrides)
+                                      from_shell=from_shell, validate_sweep_overrides=validate_sweep_overrides)
             finally:
                 del self.loader._parse_overrides_and_create_caching_repo
-        if cfg is None:
-            self.fallbacks += 1
-            return self._impl(config_name=config_name, overrides=overrides, run_mode=run_mode, from_shell=from_shell,
-                              validate_sweep_overrides=validate_sweep_overrides)
+                del self.loader._compose_config_from_defaults_list
         return cfg
 
     def group_options(self, group_name: str, results_filter: Any = _CONFIGS, config_name: Optional[str] = None,
@@ -383,14 +398,25 @@ class ComposeCache:
             repo.cache[key] = ret
         return repo.cache[key]
 
-    def _merge(self, config_name: Optional[str], defaults: list, repo: Any, groups: set) -> Any:
+    def _merge_files(self, config_name: Optional[str], defaults: list, repo: Any) -> Any:
+        """Hydra's ``_compose_config_from_defaults_list(defaults, repo)`` as :meth:`_merge` (the whole list's merge
+        memoised) where ``repo`` is this cache's (:meth:`_repo`: the files its memo is keyed by), else Hydra's own."""
+        load = getattr(repo, "load_config", None)
+        args = getattr(load, "args", ())
+        if getattr(load, "func", None) is ComposeCache._load_file and len(args) == 2 and args[0] is repo \
+                and args[1] is self._files.get(config_name):
+            return self._merge(config_name, defaults, repo, set(), counted=False)
+        return type(self.loader)._compose_config_from_defaults_list(self.loader, defaults, repo)
+
+    def _merge(self, config_name: Optional[str], defaults: list, repo: Any, groups: set, counted: bool = True) -> Any:
         """Hydra 1.3's ``_compose_config_from_defaults_list`` (each default's config merged in order, then the
         defaults lists stripped) with the config merged from the defaults before the first one of a config
         group the command line chose (``groups``: ``scheduler`` for ``scheduler=wait``) memoised, keyed by those
         defaults (each one's config path, parent, package and flags; each file is read once per process, so they
         determine it): variants that differ in a group late in the defaults list (``scheduler=a,b,c``) merge the
         model, cluster, hardware and workload configs once. The memoised config is copied
-        (:func:`fresh_copy`) before the rest is merged into it."""
+        (:func:`fresh_copy`) before the rest is merged into it. ``counted``: a memo hit counts in
+        ``prefix_hits`` (False for a fallback's merge, :meth:`_merge_files`)."""
         from hydra.errors import ConfigCompositionException
         from omegaconf import DictConfig, OmegaConf, flag_override
         from omegaconf.errors import OmegaConfBaseException
@@ -401,7 +427,7 @@ class ComposeCache:
         memo = self._prefixes.get(key) if split else None
         start = split if memo is not None else 0
         cfg = fresh_copy(memo) if memo is not None else OmegaConf.create()
-        self.prefix_hits += memo is not None
+        self.prefix_hits += counted and memo is not None
         with flag_override(cfg, "no_deepcopy_set_nodes", True):
             for i in range(start, len(defaults)):
                 if i == split and split and memo is None:     # (the copy without this merge's flag)
@@ -456,8 +482,10 @@ class ComposeCache:
         config_overrides = [o for o in parsed_overrides
                             if isinstance(o.value(), dict) or not probe.group_exists(o.key_or_group)]
         chosen = {id(o) for o in config_overrides}
-        key = (config_name, run_mode, tuple(o.input_line for o in parsed_overrides if id(o) not in chosen))
+        key = (config_name, tuple(o.input_line for o in parsed_overrides if id(o) not in chosen))
         hit = self._memo.get(key)
+        if hit is not None and hit[0] != run_mode and not (hit[1] and _modes_alike()):
+            hit = None      # (composed in the other run mode, where a '???' default made the mode matter)
         caching_repo = probe
         if hit is None:
             caching_repo = self._repo(config_name, parsed_overrides)
@@ -469,11 +497,12 @@ class ComposeCache:
                 return None     # (Hydra split them otherwise: not memoised)
             groups = {o.key_or_group.lstrip("+~") for o in parsed_overrides if id(o) not in chosen}
             cfg = self._merge(config_name, defaults_list.defaults, caching_repo, groups)
-            self._memo[key] = (dict(defaults_list.overrides.known_choices), fresh_copy(cfg))
+            self._memo[key] = (run_mode, _mode_free(defaults_list.defaults_tree),
+                               dict(defaults_list.overrides.known_choices), fresh_copy(cfg))
             known_choices = defaults_list.overrides.known_choices
             self.misses += 1
         else:
-            known_choices, cfg = hit[0], fresh_copy(hit[1])
+            known_choices, cfg = hit[2], fresh_copy(hit[3])
             self.hits += 1
         # from here on, Hydra's _load_configuration_impl as it is
         OmegaConf.set_struct(cfg, True)
@@ -503,6 +532,52 @@ class ComposeCache:
             exclude_keys=cfg.hydra.job.config.override_dirname.exclude_keys)
         cfg.hydra.job.config_name = config_name
         return cfg
+
+
+# sha256 of inspect.getsource of hydra-core 1.3.8's functions (hydra._internal.defaults_list) that carry the run
+# mode into the defaults tree (skip_missing) and the one that reads it: what _mode_free's reasoning rests on
+HYDRA_MODE_SHA256 = {
+    "_check_not_missing": "603027ef7bbac97dab9a80de103fad87af033748f571f71c9113334dfbab8bfc",
+    "_expand_virtual_root": "9db59b55c75fcab47801ea365065acc7f607a1e7e0480f91355921cbb62941ce",
+    "_create_defaults_tree": "51641ba15337c94c21dd3ab2b337444606f287b2e9fa1609b87f6f3b87a6dec8",
+    "_create_defaults_tree_impl": "d3ba5bb22c8018d946fa0d2fa88c1c2bca93ae14ef57acdfc6930f6e677808d5",
+    "_create_defaults_list": "7829a14ac6b3598802a388d51b449449ce32ac7491171d300efc885208198150",
+    "create_defaults_list": "f0dd0ad31a342543a481e620268f953fe6851f2fc8d3db986b49d66046846a0a",
+}
+
+
+def _modes_alike() -> bool:
+    """Whether the installed Hydra's defaults-tree code is the code :func:`_mode_free` was written from
+    (:data:`HYDRA_MODE_SHA256`); else a config composed in one run mode is never reused for the other."""
+    import hydra._internal.defaults_list as dl
+    return _known_source({k: getattr(dl, k, None) for k in HYDRA_MODE_SHA256}, HYDRA_MODE_SHA256)
+
+
+def _mode_free(tree: Any) -> bool:
+    """Whether Hydra's defaults tree ``tree`` (``DefaultsList.defaults_tree``) is the one both run modes build:
+    no node of it names a missing config (``???``, or a name ending so). The run mode enters the tree only as
+    ``create_defaults_list``'s ``skip_missing`` (``MULTIRUN``), read in one place (hydra-core 1.3.8's
+    ``_check_not_missing``: a node whose config path ends with ``???`` is skipped, else refused), so a tree without
+    such a node is built alike in ``RUN`` and ``MULTIRUN``: Hydra composes the primary config in both before a run
+    (``Hydra.get_mode``: ``MULTIRUN``; ``Hydra.run``: ``RUN``), and :class:`ComposeCache` then merges it once. A node
+    it cannot read counts as missing (False)."""
+    from hydra.core.default_element import InputDefault
+    stack = [tree]
+    try:
+        while stack:
+            t = stack.pop()
+            if isinstance(t, InputDefault):
+                node, children = t, ()
+            else:
+                node, children = t.node, t.children or ()
+            if not node.is_virtual():
+                name = node.get_name()
+                if name is not None and (not isinstance(name, str) or name.endswith("???")):
+                    return False
+            stack.extend(children)
+    except Exception:   # noqa: BLE001 -- a node of another shape: not shared between the modes
+        return False
+    return True
 
 
 # sha256 of inspect.getsource of hydra-core 1.3.8's defaults-tree code (hydra._internal.defaults_list): the
@@ -606,6 +681,60 @@ def cache_compositions(loader: Any) -> Optional[ComposeCache]:
     return cache
 
 
+# sha256 of inspect.getsource of hydra-core 1.3.8's hydra._internal.hydra.Hydra.get_help: the code help_on_demand repeats
+HYDRA_HELP_SHA256 = {"get_help": "e6f95066c04de9087a8e283fc282b85ef1632dd48353c570a4865d3aec531e6f"}
+
+
+class _OnDemand(dict):
+    """The substitutions of a help template, each made when the template reads it (``string.Template`` reads a
+    mapping only at the ``$NAME`` placeholders its text has) and kept."""
+
+    def __init__(self, makers: dict):
+        super().__init__()
+        self._makers = makers
+
+    def __missing__(self, key: str) -> str:
+        if key not in self._makers:
+            raise KeyError(key)
+        value = self[key] = self._makers[key]()
+        return value
+
+
+def _get_help_on_demand(self: Any, help_cfg: Any, cfg: Any, args_parser: Any, resolve: bool) -> str:
+    """Hydra's ``Hydra.get_help`` (the help text: its template with ``$FLAGS_HELP``, ``$HYDRA_CONFIG_GROUPS``,
+    ``$APP_CONFIG_GROUPS`` and ``$CONFIG`` substituted) with the two config-group listings made only where the
+    template has their placeholder: each lists every group's options (``format_config_groups``: 121
+    ``get_group_options`` calls on this repository's configs, ~40 % of ``run.py --help``'s CPU), and the harness's
+    template (``conf/config.yaml`` ``hydra.help.template``) has neither; ``--hydra-help``'s has both, made as
+    Hydra makes them. The flags' help and the config's YAML (which may fail on an interpolation with
+    ``--resolve``) are made first, as Hydra makes every substitution before the template is filled."""
+    import string
+
+    from omegaconf import OmegaConf
+
+    def is_hydra_group(x: str) -> bool:
+        return x.startswith("hydra/") or x == "hydra"
+
+    values = _OnDemand({"HYDRA_CONFIG_GROUPS": lambda: self.format_config_groups(is_hydra_group),
+                        "APP_CONFIG_GROUPS": lambda: self.format_config_groups(lambda x: not is_hydra_group(x))})
+    values["FLAGS_HELP"] = self.format_args_help(args_parser)
+    values["CONFIG"] = OmegaConf.to_yaml(cfg, resolve=resolve)
+    return string.Template(help_cfg.template).substitute(values)
+
+
+def help_on_demand(hydra_obj: Any) -> bool:
+    """Give the Hydra instance ``hydra_obj`` (``hydra._internal.hydra.Hydra``) :func:`_get_help_on_demand` as its
+    ``get_help`` (on this instance only), where the installed Hydra's ``get_help`` is the code it repeats
+    (:data:`HYDRA_HELP_SHA256`); returns whether it did (else nothing changes). ``--help`` prints the same text."""
+    import types
+
+    from hydra._internal.hydra import Hydra
+    if not _known_source({"get_help": Hydra.__dict__.get("get_help")}, HYDRA_HELP_SHA256):
+        return False
+    hydra_obj.get_help = types.MethodType(_get_help_on_demand, hydra_obj)
+    return True
+
+
 _COMPOSED: dict = {}   # id(Hydra's config loader) -> its ComposedConfigs: one memo per loader in this process
 
 POOL_TARGET = "hydra_plugins.harness_launcher.pool_launcher.PoolLauncher"
@@ -627,10 +756,40 @@ def composed(loader: Any) -> ComposedConfigs:
     return c
 
 
+# sha256 of inspect.getsource of hydra-core 1.3.8's hydra.plugins.sweeper.Sweeper.validate_batch_is_legal: the code
+# validate_batch_is_legal repeats (a Hydra whose code differs keeps its own)
+HYDRA_SWEEPER_SHA256 = {"validate_batch_is_legal": "7033ddd3b22e2c8f1fd5f5df733b443082fe8fbcb6f1143aac243d0b1cd91bb3"}
+_SWEEPER_OWN: list = []   # Hydra's Sweeper.validate_batch_is_legal, once replaced by validate_batch_is_legal
+
+
+def validate_batch_is_legal(self: Any, batch: Sequence[Sequence[str]]) -> None:
+    """Hydra's ``Sweeper.validate_batch_is_legal`` (each job of ``batch`` composed before the launch, so that a
+    job Hydra refuses fails the sweep before any runs), with a sweeper whose config loader is a
+    :class:`ComposedConfigs` composing into the memo without a copy (:meth:`ComposedConfigs.check_sweep_config`:
+    Hydra's composes a job's config, ~0.02 s of copying a job, and drops it); any other loader runs Hydra's own
+    code. Installed on Hydra's ``Sweeper`` by :func:`install` where its source is the code this repeats
+    (:data:`HYDRA_SWEEPER_SHA256`)."""
+    config_loader = (self.hydra_context.config_loader if hasattr(self, "hydra_context")
+                     and self.hydra_context is not None else self.config_loader)
+    if not isinstance(config_loader, ComposedConfigs):
+        return _SWEEPER_OWN[0](self, batch)
+    assert self.config is not None
+    for overrides in batch:
+        config_loader.check_sweep_config(self.config, list(overrides))
+
+
 def install(hydra_context: Any) -> ComposedConfigs:
     """Route ``hydra_context``'s config loader through its memo (:func:`composed`); returns the memo. The
-    sweeper holds the same context, so its validation composes through the memo too, and the harness's
-    validation (:func:`job_config`) reaches the same memo through the global Hydra instance's loader."""
+    sweeper holds the same context, so its validation composes through the memo too (without a copy:
+    :func:`validate_batch_is_legal`, put on Hydra's ``Sweeper`` here once, where its code is the one that
+    repeats), and the harness's validation (:func:`job_config`) reaches the same memo through the global Hydra
+    instance's loader."""
+    from hydra.plugins.sweeper import Sweeper
+    own = Sweeper.__dict__.get("validate_batch_is_legal")
+    if own is not validate_batch_is_legal and not _SWEEPER_OWN and \
+            _known_source({"validate_batch_is_legal": own}, HYDRA_SWEEPER_SHA256):
+        _SWEEPER_OWN.append(own)
+        Sweeper.validate_batch_is_legal = validate_batch_is_legal
     hydra_context.config_loader = composed(hydra_context.config_loader)
     return hydra_context.config_loader
 

@@ -63,10 +63,12 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Dict, Optional, Sequence
 
-import numpy as np
+from harness import LazyModule
 
 from harness.core.policy import TurnTruth
 from harness.core.trace import TIMINGS, ConversationRecord, TurnRecord
+
+np = LazyModule("numpy", globals(), "np")   # imported on first use (a config error, --help: never), then bound here
 
 _STREAM_SAMPLE, _STREAM_ARRIVAL, _STREAM_SYNTHETIC = 1, 2, 3
 KINDS = ("trace", "synthetic")
