@@ -345,7 +345,7 @@ def test_rotate_first_opening_equals_trying_every_offset(monkeypatch, extra):
 
 # ---- several timer groups with different phases (StepPlan.timer_groups) ----------------------------------
 
-def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capacity=1000, only="ABC"):
+def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capacity=1000, only="ABC", arrival_priority=1):
     """One engine (block size 1, 0.25-s steps whatever the batch), WAIT with three types (by the request's
     first letter: A 0, B 1, C 2, D 0), n = 2 each, max_wait_s = 0.5, coalescing on. Residents at stage 1
     (prompt 4, 4 tokens of KV): A (5 outputs) idle since 0, B (4) since 0.0625, C (6) since ``c_idle``; the engine
@@ -353,7 +353,8 @@ def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capac
     had stay). Optionally D (prompt 4, 2 outputs) arrives at ``arrival_at``; at each time of ``looks`` an
     observer reads (now, KV blocks in use, busy s, the next engine event: the clock's, observers' left out, or
     the run's: ``Engine.paced_event_after``). ``capacity``: KV blocks (of 1 token). ``only``: the residents
-    placed (a subset of A, B, C)."""
+    placed (a subset of A, B, C). ``arrival_priority``: D's submit event's (0: before the engine's own events at
+    that instant, queued first)."""
     eng = make_engine(capacity, StubPerf(0.25), max_coalesce_s=0.25)
     types = {"A": 0, "B": 1, "C": 2, "D": 0}
     rule = Counted(WaitRule([2, 2, 2], lambda r: types[r.conv[0]], 0.5), paced=True)
@@ -369,7 +370,7 @@ def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capac
         r.idle_since_s = idle
     if arrival_at is not None:
         res["D"] = Request("D", 0, 4, 2, (0,), on_finish=lambda r: None, on_first_token=lambda r: None)
-        eng.clock.call_at(arrival_at, eng.submit, res["D"], priority=1)
+        eng.clock.call_at(arrival_at, eng.submit, res["D"], priority=arrival_priority)
     seen = []
 
     def look():
