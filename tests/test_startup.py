@@ -306,10 +306,17 @@ def test_help_lists_the_config_groups_only_where_its_template_asks_and_prints_hy
     own = Hydra.format_config_groups
     monkeypatch.setattr(Hydra, "format_config_groups", lambda self, *a, **k: listings.append(1) or own(self, *a, **k))
 
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
     def text(flag):
         monkeypatch.setattr(sys, "argv", ["run.py", flag])
-        with pytest.raises(SystemExit) as e:
-            cli.main()
+        try:
+            with pytest.raises(SystemExit) as e:
+                cli.main()
+        finally:   # Hydra's global state as before (a later test reading ${hydra:...} must not see this run's)
+            HydraConfig.instance().cfg = None
+            GlobalHydra.instance().clear()
         assert e.value.code == 0
         return capsys.readouterr().out
     ours = {flag: text(flag) for flag in ("--help", "--hydra-help")}
