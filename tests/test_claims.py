@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from harness.analysis.claims import claims_markdown, classify, fmt, paired
+from harness.analysis.claims import claims_markdown, classify, fmt, on_seed, paired
 from harness.analysis.stats import verdict
 
 
@@ -410,3 +410,27 @@ def test_the_twins_pd_legs_by_hand(tmp_path):
     assert "| real | ampd_rd | 8 | 3 | 100.0 ms | 20.0 ms | 120.0 ms | 100.0% | 90.0 ms | n/a |" in text
     assert "- real, 8, vs AMPD remote_default: -50.0 % [-50.0, -50.0] (n=3, 3 of 3)" in text
     assert "- sim, 8, vs AMPD remote_default: +0.0 % [+0.0, +0.0] (n=3, 0 of 3)" in text
+
+
+def test_on_seed_pairs_runs_as_the_merge_does():
+    """``claims.on_seed``: the runs of both sides with the same seed, in the left side's order, by hand; on unique seeds
+    (the fast path) and on a repeated or NaN seed (the merge: every pairing, NaN matching NaN) the same rows, order,
+    names and dtypes as ``pandas.merge(on="_seed")``."""
+    import numpy as np
+
+    a = pd.DataFrame({"_seed": [5, 1, 3, 9], "m": [50.0, 10.0, 30.0, 90.0]}, index=[7, 8, 9, 10])
+    b = pd.DataFrame({"_seed": [3, 4, 5, 1], "m": [3.0, 4.0, 5.0, 1.0]})
+    seeds, xa, xb = on_seed(a, b, "m")
+    assert seeds.tolist() == [5, 1, 3] and xa.tolist() == [50.0, 10.0, 30.0] and xb.tolist() == [5.0, 1.0, 3.0]
+    assert (xa.name, xb.name) == ("m_a", "m_b") and xa.index.tolist() == [0, 1, 2]
+    cases = [(a, b), (a.iloc[:0], b), (a, b.iloc[:0]),
+             (a.assign(_seed=[5.0, 1.0, 5.0, 9.0]), b.assign(_seed=[5.0, 4.0, 5.0, 1.0])),   # repeated seeds
+             (a.assign(_seed=[5.0, np.nan, 3.0, 9.0]), b.assign(_seed=[np.nan, 4.0, 5.0, 3.0])),   # NaN seeds
+             (a, b.assign(_seed=b._seed.astype(float)))]   # int against float seeds
+    for left, right in cases:
+        m = left[["_seed", "m"]].merge(right[["_seed", "m"]], on="_seed", suffixes=("_a", "_b"))
+        seeds, xa, xb = on_seed(left, right, "m")
+        np.testing.assert_array_equal(seeds, m["_seed"].to_numpy())
+        assert seeds.dtype == m["_seed"].dtype
+        pd.testing.assert_series_equal(xa, m["m_a"])
+        pd.testing.assert_series_equal(xb, m["m_b"])

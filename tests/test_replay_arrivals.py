@@ -105,3 +105,33 @@ def test_bad_run_dir_names_the_key(tmp_path):
     from harness.workload.replay import pinned_turns
     with pytest.raises(ValueError, match="workload.arrivals_from_run"):
         pinned_turns(tmp_path)
+
+
+@pytest.mark.skipif(not (CAL / "config.yaml").is_file(), reason="the shipped calibration run is not here")
+def test_replayed_context_is_the_servers_max_model_len():
+    """``sim_config`` sets ``model.max_model_len`` to the real run's context (``replay._context_limit``, which reads only
+    the run's model and backend sections): the shipped run's ``config.yaml`` says ``model.max_model_len: 4096`` and its
+    servers' ``extra_args: [--max-model-len, '2048', ...]``, so the context is 2048 (the shorter); a model context of
+    1000 is shorter than the servers' and wins; a sim backend with no model context has none."""
+    import copy
+
+    from harness.core.profiles import HardwareConfig
+    from harness.run.config import ConfigError
+    from harness.tools import replay
+    from harness.tools.calibrate import load_run_config
+
+    d = load_run_config(CAL)
+    assert replay._context_limit(copy.deepcopy(d)) == 2048
+    short = copy.deepcopy(d)
+    short["model"]["max_model_len"] = 1000
+    assert replay._context_limit(short) == 1000
+    sim = copy.deepcopy(d)
+    sim["model"]["max_model_len"] = 0
+    sim["backend"] = {"name": "sim"}
+    assert replay._context_limit(sim) is None
+    bad = copy.deepcopy(d)
+    bad["backend"] = {"name": "no_such_backend"}
+    with pytest.raises(ConfigError, match="backend.name"):
+        replay._context_limit(bad)
+    run, text = replay.sim_config(CAL, HardwareConfig(**{**d["hardware"][d["cluster"]["instances"][0]["hardware"]]}))
+    assert run.cfg.model.max_model_len == 2048 and run.backend_name == "sim"

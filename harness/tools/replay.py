@@ -78,12 +78,11 @@ def sim_config(real_dir: Path, profile: HardwareConfig, keys: Optional[Sequence[
     the same turns): ``(Resolved, resolved yaml)``.
 
     Raises:
-        harness.run.config.ConfigError: the resulting config is invalid.
+        harness.run.config.ConfigError: the resulting config is invalid, or the real run's model or backend section
+            (the parts its context is read from, :func:`_context_limit`; the rest of the real run is not resolved).
     """
-    from harness.run.session import context_limit
     d = load_run_config(real_dir)
-    real, _ = _resolve(d)
-    limit = context_limit(real)      # the servers' context (--max-model-len): the same turns fit on both sides
+    limit = _context_limit(d)        # the servers' context (--max-model-len): the same turns fit on both sides
     d["backend"] = {"name": "sim"}
     if limit:
         d["model"]["max_model_len"] = int(limit)
@@ -109,6 +108,29 @@ def sim_config(real_dir: Path, profile: HardwareConfig, keys: Optional[Sequence[
                                   "name": key}
             g["hardware"] = key
     return _resolve(d)
+
+
+def _context_limit(d: dict) -> Optional[int]:
+    """The context of the run whose plain config dict is ``d``, tokens: ``harness.run.config.context_limit`` of its
+    model section (``ModelConfig``'s schema) and its backend plug-in's config, the only two parts it reads; the
+    whole run is not resolved for it (issue 54: that cost ~0.4 CPU s per replay, and the replayed config is resolved
+    anyway, :func:`_resolve`).
+
+    Raises:
+        harness.run.config.ConfigError: the model or backend section is invalid (naming the key).
+    """
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from harness.run.config import ConfigError, _omegaconf_message, _plugin_choice, backend_config, context_limit
+    try:
+        model = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), d.get("model") or {}))
+    except OmegaConfBaseException as e:
+        raise ConfigError(_omegaconf_message(e, "model.")) from None
+    _, backend = _plugin_choice(d.get("backend"), "backend", backend_config)
+    return context_limit(SimpleNamespace(cfg=SimpleNamespace(model=model), backend=backend))
 
 
 def _resolve(d: dict) -> tuple:
