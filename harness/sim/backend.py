@@ -113,13 +113,13 @@ class SimBackend(ClusterBase):
 
     def observe(self) -> tuple[InstanceState, ...]:
         """KV used (tokens), running, waiting and cumulative energy (J) of each engine, now."""
-        now = self.clock.now()
-        return tuple([InstanceState(*load, self._energy_j(e, now))
-                      for e, load in zip(self.engines, self.observe_load())])
+        now, energy = self.clock.now(), self._energy_j
+        return tuple([InstanceState(e.used_blocks_now() * e.bs, len(e.running), len(e.waiting) + e.loading,
+                                    energy(e, now)) for e in self.engines])
 
     def observe_load(self) -> tuple[tuple[int, int, int], ...]:
         """``(kv_used_tokens, num_running, num_waiting)`` of each engine now: ``observe`` without the
-        energy (what the controller's view reads, once per decision)."""
+        energy (what the controller's view reads, once per decision; ``observe`` reads the same three)."""
         return tuple([(e.used_blocks_now() * e.bs, len(e.running), len(e.waiting) + e.loading)
                       for e in self.engines])
 
