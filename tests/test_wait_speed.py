@@ -470,3 +470,29 @@ def test_one_timer_group_by_hand(monkeypatch, capacity):
     assert eng.steps == 4 and eng.busy_s == 1.0 and eng.decode_tokens == 4 and bool(grouped) == (capacity == 8)
     off = _three_types(False, looks=looks, capacity=capacity, only="A")
     assert off[2] == res and off[3] == seen
+
+
+def test_a_sample_reads_the_loads_the_controller_reads_and_the_energy_to_its_instant(monkeypatch):
+    """``SimBackend.observe`` (the 1-s samples; it reads each engine in one pass) gives, at every tick of a WAIT run
+    in the timeout-paced regime, the ``(kv_used_tokens, num_running, num_waiting)`` that ``observe_load`` (the
+    controller's view) gives at the same instant and ``instance_energy_j`` up to that instant."""
+    from harness.run.session import session_input, simulate
+    from harness.sim.backend import SimBackend
+    from tests.conftest import compose_run
+    from tests.test_invariants import workload
+    own = SimBackend.observe
+    seen = []
+
+    def observe(self):
+        states = own(self)
+        now = self.clock.now()
+        loads = [(s.kv_used_tokens, s.num_running, s.num_waiting) for s in states]
+        assert loads == list(map(tuple, self.observe_load()))
+        assert [s.energy_j for s in states] == [self.instance_energy_j(i, now) for i in range(len(states))]
+        seen.append(sum(s.num_running for s in states))
+        return states
+    monkeypatch.setattr(SimBackend, "observe", observe)
+    cfg = compose_run(["scheduler=wait", "engine.activation_reserve_bytes=268435456"])
+    convs, stats = workload(cfg, n=8, rate=0.05, max_turns=5, max_context=20000)
+    res = simulate(session_input(cfg), convs, stats, "wait", cfg.scheduler, sample_interval_s=1.0)
+    assert not res.error and len(seen) > 100 and max(seen) > 0    # ticks inside runs, with requests running
