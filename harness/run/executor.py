@@ -238,20 +238,23 @@ class ComposedConfigs:
     def load_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
         """Job ``sweep_overrides``'s config (Hydra's ``ConfigLoader.load_sweep_config``), a fresh copy
         (:func:`fresh_copy`; callers set the job's id and number in it)."""
-        key = (id(master_config), tuple(sweep_overrides))
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = self._memo[key] = (master_config, self._loader.load_sweep_config(master_config,
-                                                                                   list(sweep_overrides)))
-        return fresh_copy(hit[1])
+        return fresh_copy(self._memoised(master_config, sweep_overrides))
 
     def check_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> None:
         """Compose job ``sweep_overrides``'s config into the memo (as :meth:`load_sweep_config`, the same error
         where Hydra refuses it) without handing out a copy: Hydra's sweeper validation
         (:func:`validate_batch_is_legal`) composes each job only to see that it composes, and drops the config."""
+        self._memoised(master_config, sweep_overrides)
+
+    def _memoised(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
+        """The memo's config of job ``sweep_overrides`` (not a copy), composed by Hydra's loader on first use
+        (its error where Hydra refuses it)."""
         key = (id(master_config), tuple(sweep_overrides))
-        if key not in self._memo:
-            self._memo[key] = (master_config, self._loader.load_sweep_config(master_config, list(sweep_overrides)))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = (master_config, self._loader.load_sweep_config(master_config,
+                                                                                   list(sweep_overrides)))
+        return hit[1]
 
     def take_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
         """:meth:`load_sweep_config` for the launch of the job, the memo's last use of it: the memoised config
