@@ -15,6 +15,12 @@ from harness.sim.perf import make_step_model
 from harness.sim.steps import StepLog
 
 
+def _load(e: Engine) -> tuple[int, int, int]:
+    """``(kv_used_tokens, num_running, num_waiting)`` of engine ``e`` now: KV blocks in use x block size (tokens),
+    its running requests, its waiting ones and those whose KV is still loading."""
+    return e.used_blocks_now() * e.bs, len(e.running), len(e.waiting) + e.loading
+
+
 class SimBackend(ClusterBase):
     """A cluster of simulated vLLM engines sharing one :class:`SimClock` (implements
     ``harness.core.backend.Cluster``).
@@ -112,16 +118,15 @@ class SimBackend(ClusterBase):
         return block_ranges(segs, self._bs)
 
     def observe(self) -> tuple[InstanceState, ...]:
-        """KV used (tokens), running, waiting and cumulative energy (J) of each engine, now."""
+        """KV used (tokens), running, waiting and cumulative energy (J) of each engine, now (each engine read in
+        one pass: the session's sample every ``tick_s``)."""
         now, energy = self.clock.now(), self._energy_j
-        return tuple([InstanceState(e.used_blocks_now() * e.bs, len(e.running), len(e.waiting) + e.loading,
-                                    energy(e, now)) for e in self.engines])
+        return tuple([InstanceState(*_load(e), energy(e, now)) for e in self.engines])
 
     def observe_load(self) -> tuple[tuple[int, int, int], ...]:
         """``(kv_used_tokens, num_running, num_waiting)`` of each engine now: ``observe`` without the
-        energy (what the controller's view reads, once per decision; ``observe`` reads the same three)."""
-        return tuple([(e.used_blocks_now() * e.bs, len(e.running), len(e.waiting) + e.loading)
-                      for e in self.engines])
+        energy (what the controller's view reads, once per decision)."""
+        return tuple([_load(e) for e in self.engines])
 
     def power_w(self) -> list[float]:
         """Not sampled on the simulator (NaN per instance): its energy model is integrated per step
