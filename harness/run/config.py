@@ -422,9 +422,13 @@ def context_limit(run: Resolved) -> Optional[int]:
     and on a backend that serves with a shorter one (``BackendConfig.context_limit``, e.g. vLLM's
     ``--max-model-len``), that. ``None`` when neither says. (A session reads it as
     ``SessionInput.context_limit_tokens``.)"""
-    limits = [run.cfg.model.max_model_len or None]
-    limits.append(run.backend.context_limit())
-    limits = [x for x in limits if x]
+    return served_context(run.cfg.model, run.backend)
+
+
+def served_context(model: ModelConfig, backend: Any) -> Optional[int]:
+    """:func:`context_limit` of a model config and a backend plug-in's config (``BackendConfig``), tokens: the
+    shorter of ``model.max_model_len`` and ``backend.context_limit()``; ``None`` when neither says."""
+    limits = [x for x in (model.max_model_len or None, backend.context_limit()) if x]
     return min(limits) if limits else None
 
 

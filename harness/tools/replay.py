@@ -111,7 +111,7 @@ def sim_config(real_dir: Path, profile: HardwareConfig, keys: Optional[Sequence[
 
 
 def _context_limit(d: dict) -> Optional[int]:
-    """The context of the run whose plain config dict is ``d``, tokens: ``harness.run.config.context_limit`` of its
+    """The context of the run whose plain config dict is ``d``, tokens: ``harness.run.config.served_context`` of its
     model section (``ModelConfig``'s schema) and its backend plug-in's config, the only two parts it reads; the
     whole run is not resolved for it (issue 54: that cost ~0.4 CPU s per replay, and the replayed config is resolved
     anyway, :func:`_resolve`).
@@ -119,18 +119,16 @@ def _context_limit(d: dict) -> Optional[int]:
     Raises:
         harness.run.config.ConfigError: the model or backend section is invalid (naming the key).
     """
-    from types import SimpleNamespace
-
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from harness.run.config import ConfigError, _omegaconf_message, _plugin_choice, backend_config, context_limit
+    from harness.run.config import ConfigError, _omegaconf_message, _plugin_choice, backend_config, served_context
     try:
         model = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), d.get("model") or {}))
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e, "model.")) from None
     _, backend = _plugin_choice(d.get("backend"), "backend", backend_config)
-    return context_limit(SimpleNamespace(cfg=SimpleNamespace(model=model), backend=backend))
+    return served_context(model, backend)
 
 
 def _resolve(d: dict) -> tuple:
