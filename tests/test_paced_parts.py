@@ -39,17 +39,18 @@ def test_a_run_priced_in_parts_by_hand(monkeypatch):
 
 
 @pytest.mark.parametrize(("arrival_at", "arrival_priority"), [
-    (0.6, 1), (0.75, 0), (0.75, 1), (1.1, 1), (1.5, 0), (1.5, 1), (1.6, 1), (2.0, 1), (2.25, 1)])
+    (0.6, 1), (0.75, 0), (0.75, 1), (1.1, 1), (1.5, 0), (1.5, 1), (1.6, 1), (2.0, 0), (2.0, 1), (2.25, 1)])
 def test_an_arrival_cuts_a_run_priced_in_parts(monkeypatch, arrival_at, arrival_priority):
     """D (type 0, 2 outputs) arrives inside the first part (0.6), at the instants of the extensions (0.75, 1.5:
     with priority 0 queued before them, so the cut comes first and nothing more is priced; with priority 1
-    after them), between steps (1.1), at A's timer (2.0) and inside a step of the second and third part (1.6,
+    after them), between steps (1.1), at A's timer (2.0: with priority 0 before the step it begins,
+    ``tests/test_wait_speed.py::test_an_engine_event_before_a_timer_step_of_the_run``; with 1 after it) and inside
+    a step of the second and third part (1.6,
     2.25): token
     times, steps, busy time and what observers read at 0.1-s ticks equal the run without timer groups; the
     run priced whole prices at least as many steps. By hand at 1.1 (between B+C's step ending at 1.0 and A's
     timer at 1.25; the run's first two steps kept): priced whole, its 6 steps were priced (4 in vain); in
-    parts, 4 (2 in vain: the part priced at 0.75): 2 steps fewer. (At 2.0 with priority 0, before A's timer at
-    that instant, the runs with and without timer groups differ already where runs are priced whole: left out.)"""
+    parts, 4 (2 in vain: the part priced at 0.75): 2 steps fewer."""
     looks = [round(0.55 + 0.1 * i, 2) for i in range(40)]
     whole = _three_types(True, arrival_at, looks, arrival_priority=arrival_priority)
     monkeypatch.setattr(engine_mod, "PACED_FIRST_STEPS", 2)

@@ -345,7 +345,8 @@ def test_rotate_first_opening_equals_trying_every_offset(monkeypatch, extra):
 
 # ---- several timer groups with different phases (StepPlan.timer_groups) ----------------------------------
 
-def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capacity=1000, only="ABC", arrival_priority=1):
+def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capacity=1000, only="ABC",
+                 arrival_priority=1, look_priority=2):
     """One engine (block size 1, 0.25-s steps whatever the batch), WAIT with three types (by the request's
     first letter: A 0, B 1, C 2, D 0), n = 2 each, max_wait_s = 0.5, coalescing on. Residents at stage 1
     (prompt 4, 4 tokens of KV): A (5 outputs) idle since 0, B (4) since 0.0625, C (6) since ``c_idle``; the engine
@@ -353,8 +354,9 @@ def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capac
     had stay). Optionally D (prompt 4, 2 outputs) arrives at ``arrival_at``; at each time of ``looks`` an
     observer reads (now, KV blocks in use, busy s, the next engine event: the clock's, observers' left out, or
     the run's: ``Engine.paced_event_after``). ``capacity``: KV blocks (of 1 token). ``only``: the residents
-    placed (a subset of A, B, C). ``arrival_priority``: D's submit event's (0: before the engine's own events at
-    that instant, queued first)."""
+    placed (a subset of A, B, C). ``arrival_priority``: D's submit event's (0: ``Priority.ENGINE``, queued at the
+    start, before the engine's own events at that instant). ``look_priority``: the observers' events' (2: ``TICK``,
+    after every other event at their instant; 0: queued at the start, before the engine's own)."""
     eng = make_engine(capacity, StubPerf(0.25), max_coalesce_s=0.25)
     types = {"A": 0, "B": 1, "C": 2, "D": 0}
     rule = Counted(WaitRule([2, 2, 2], lambda r: types[r.conv[0]], 0.5), paced=True)
@@ -378,7 +380,7 @@ def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capac
         nxt = min([e[0] for e in eng.clock._q if e[3] is not look] + [eng.paced_event_after(now)])
         seen.append((now, eng.used_blocks_now(), eng.busy_energy_now()[0], nxt))
     for t in looks:
-        eng.clock.call_at(t, look, priority=2)
+        eng.clock.call_at(t, look, priority=look_priority)
     eng.clock._now = 0.5
     eng.wake()
     eng.clock.run()
@@ -428,6 +430,40 @@ def test_an_arrival_cuts_a_timer_groups_run(arrival_at, c_idle):
     assert a[2] == b[2] and a[3] == b[3] and len(a[3]) == len(looks)
     assert (a[0].steps, a[0].busy_s, a[0].decode_tokens) == (b[0].steps, b[0].busy_s, b[0].decode_tokens)
     assert a[0].clock.events <= b[0].clock.events and (arrival_at < 1 or a[0].clock.events < b[0].clock.events)
+
+
+def test_an_engine_event_before_a_timer_step_of_the_run():
+    """An ``ENGINE``-priority event (a KV transfer landing, another engine's step end) due at the instant one of
+    the run's steps begins, queued before: one event per step runs it before that step begins, whichever of it
+    and the engine's timer was queued first (a timer or step end with an ``ENGINE`` event due at its instant
+    queues the step's begin after it instead of running it inline), so the run treats that step as not begun.
+
+    D (type 0, prompt 4, 2 outputs) arrives at 2.0 by such an event, queued at the start (before A's timer at
+    2.0, which the step ending at 1.75 armed). By hand (``test_timer_groups_by_hand``'s steps up to B+C
+    1.5 -> 1.75): at 2.0 D is submitted to the idle engine, then A's timer fires, then the step begins: type 0 is
+    eligible by A's timeout (idle since 1.5), so A decodes and D's prefill runs, 2.0 -> 2.25 (A's third token,
+    D's first); B and C are ready at 1.75 + 0.5 = 2.25: 2.25 -> 2.5 (B's third: finishes); A and D ready at
+    2.75, C at 3.0: A+D 2.75 -> 3.0 (both finish), C 3.0 -> 3.25, idle, 3.75 -> 4.0 (C finishes). 9 steps,
+    2.25 s busy, 14 tokens sampled. (With D's submit after A's timer, priority 1, A's step 2.0 -> 2.25 runs alone
+    and D's first token waits for 2.75: A finishes at 2.75; the run treated this case so before, whatever the
+    priority.)
+
+    Observers of the same priority, queued at the start, read at 2.0 the KV blocks of the steps begun before
+    that step -- 12 held + A's 2 tokens (steps from 0.5, 1.25) + B's and C's 2 each (0.75, 1.5) = 18 -- and at
+    1.5, where A's step ends and B and C's begins, 12 + 2 (A: 0.5, 1.25) + 2 (B, C: 0.75) = 16, whichever of
+    them and the end event runs first (after it, the end queues the next begin instead of running it
+    inline); at priority 2 (after the engine's events) the steps beginning at their instant counted too:
+    16 + 2 (B and C from 1.5) = 18 and 18 + 1 (A from 2.0) = 19. Each the same with and without timer groups."""
+    times = {"A": ([0.75, 1.5, 2.25, 3.0], 3.0), "B": ([1.0, 1.75, 2.5], 2.5),
+             "C": ([1.0, 1.75, 2.5, 3.25, 4.0], 4.0), "D": ([2.25, 3.0], 3.0)}
+    for on in (True, False):
+        eng, _, res, _ = _three_types(on, 2.0, arrival_priority=0)
+        assert res == times
+        assert eng.steps == 9 and eng.busy_s == 2.25 and eng.decode_tokens == 14
+    for prio, kv in ((0, [16, 18]), (2, [18, 19])):
+        for on in (True, False):
+            seen = _three_types(on, looks=[1.5, 2.0], look_priority=prio)[3]
+            assert [k for _, k, _, _ in seen] == kv
 
 
 @pytest.mark.parametrize("capacity", [16, 18, 20])

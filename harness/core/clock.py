@@ -44,12 +44,13 @@ class SimClock:
     finishing at t is recorded before a new turn that becomes ready at t.
     """
 
-    __slots__ = ("_q", "_seq", "_now", "events")
+    __slots__ = ("_q", "_seq", "_now", "_prio", "events")
 
     def __init__(self) -> None:
         self._q: list[tuple[float, int, int, Callable[..., Any], tuple]] = []
         self._seq = 0
         self._now = 0.0
+        self._prio = int(Priority.CONTROL)    # the priority of the event being processed (CONTROL outside run)
         self.events = 0
 
     def now(self) -> float:
@@ -67,6 +68,14 @@ class SimClock:
             raise ValueError(f"call_at: time {t!r} is before now ({self._now}) or not finite")
         self._seq += 1
         heapq.heappush(self._q, (t, priority, self._seq, fn, args))
+
+    def priority_now(self) -> int:
+        """The priority (:class:`Priority`) of the event being processed (``CONTROL`` outside :meth:`run`, e.g.
+        for calls made before it starts). An engine whose timeout-paced run simulates its own step begins
+        (``harness.sim.engine``, "Timeout-paced runs") reads it to place a call at the instant of one of those
+        begins where one event per step places it: an ``ENGINE`` event due then, queued before, runs before that
+        step begins; a later priority after."""
+        return self._prio
 
     def pending(self) -> int:
         """Number of scheduled events not yet processed."""
@@ -108,11 +117,13 @@ class SimClock:
         pop = heapq.heappop
         n = self.events
         while q and q[0][0] <= until and n < max_events:
-            t, _, _, fn, args = pop(q)
+            t, p, _, fn, args = pop(q)
             self._now = t
+            self._prio = p
             fn(*args)
             n += 1
         self.events = n
+        self._prio = int(Priority.CONTROL)
 
 
 class AsyncioClock:

@@ -68,10 +68,13 @@ additions of one event per step (``_plan_paced_run``). The run holds only while 
 any ``wake`` (an arrival, a transfer, a release, a stale timer) or ``submit`` first brings it to that instant
 (``_cut_paced``): a step in flight becomes the run's last, and between two steps the steps ended so far are
 ended as their own end event would have ended them (the clock read as that end, ``SimClock.replay_at``), their
-timer armed, before the call goes on. Observers see the state step by step: ``used_blocks_now`` counts the
-steps begun, ``busy_energy_now`` the steps ended, and the observer tick (``SimBackend.drive``) takes the run's
-step begins and ends as events when it skips idle time (``paced_event_after``). Not with async scheduling, a
-step log (``logger.steps``), ``max_coalesce_s <= 0``, or a first token owed; a run ends by
+timer armed, before the call goes on. At the instant a step of the run begins, a call from an ``ENGINE``-priority
+event (a transfer landing, another engine's step end; ``SimClock.priority_now``) comes before that step, a later
+priority's after it, as one event per step orders them (``_paced_begun``). Observers see the state step by step:
+``used_blocks_now`` counts the steps begun, ``busy_energy_now`` the steps ended, and the observer tick
+(``SimBackend.drive``) takes the run's step begins and ends as events when it skips idle time
+(``paced_event_after``). Not with async scheduling, a step log (``logger.steps``), ``max_coalesce_s <= 0``, or a
+first token owed; a run ends by
 ``SimBackend.max_sim_time_s`` (``horizon_s``) as one event per step would stop there. A run that stops at
 ``backend.max_events`` stops at another point (fewer events). ``tests/test_wait_speed.py`` checks the frames
 against the runs with the statement left out.
@@ -381,8 +384,8 @@ class Engine:
             return used
         ends = self._run_ends
         now = self.clock.now()
-        if self._paced_begins is not None:      # a timeout-paced run: the steps begun by now
-            j = bisect_right(self._paced_begins, now) - 1
+        if self._paced_begins is not None:      # a timeout-paced run: the steps begun by now (_paced_begun)
+            j = self._paced_begun(now) - 1
         else:
             j = min(bisect_right(ends, now if self._run_exact else now - self._run_start), len(ends) - 1)
         key = (self._version, j, used)     # nothing else changes the answer inside one run
@@ -540,8 +543,9 @@ class Engine:
         self._paced_more = None         # nothing is priced beyond the cut
         begins, ends = self._paced_begins, self._run_ends
         now = self.clock.now()
-        begun = bisect_right(begins, now)
-        ended = bisect_right(ends, now)
+        begun = self._paced_begun(now)
+        # an ENGINE event before the run's end at now (either order ends that step alike); a later one after it
+        ended = (bisect_right if self.clock.priority_now() > _ENGINE else bisect_left)(ends, now)
         self._begin_s = begins[begun - 1]
         if begun > ended or ended >= len(ends):     # a step in flight (or the last one ending now)
             if begun < len(ends):
@@ -555,6 +559,20 @@ class Engine:
         self._run_idle = (self._paced_wakes[-1], self._paced_mw)   # the last ended step's statement
         self._version += 1
         self.clock.replay_at(ends[-1], self._step_end, self._version)
+
+    def _paced_begun(self, now: float) -> int:
+        """The steps of the timeout-paced run in flight that have begun for the event being processed at ``now``
+        (s), as one event per step orders them: a step beginning at ``now`` (at its timer's event, or inline at
+        the previous step's end) has begun for a later priority than ``ENGINE`` (``SimClock.priority_now``), and
+        not yet for an ``ENGINE`` event (a transfer landing, another engine's step end): one queued before
+        ``now`` is due when the timer or end event runs, so that event queues the step's begin (a new event,
+        after it) instead of running it inline (``SimClock.nothing_due_now``), whichever of the two was queued
+        first. The run's first step has begun (its begin was a real event). Not decided exactly: an ``ENGINE``
+        event queued at ``now`` itself (a zero-delay hand-off), which one event per step orders by the events
+        that queued it; counted as queued before."""
+        if self.clock.priority_now() > _ENGINE:
+            return bisect_right(self._paced_begins, now)
+        return bisect_left(self._paced_begins, now) or 1
 
     def paced_event_after(self, now: float) -> float:
         """The first time after ``now`` (s) at which one event per step would have an event of this engine in
