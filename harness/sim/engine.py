@@ -540,6 +540,7 @@ class Engine:
         between two steps, the steps ended so far end now as their end event would have ended them at the
         last one's end (``SimClock.replay_at``: token times, counters, the rule's stated empty plan skipped and
         its timer armed), and the engine is idle. ``_begin_s`` is the last step begun."""
+        unqueued = self._paced_more is not None     # priced in part: no end event queued yet
         self._paced_more = None         # nothing is priced beyond the cut
         begins, ends = self._paced_begins, self._run_ends
         now = self.clock.now()
@@ -552,6 +553,8 @@ class Engine:
                 del ends[begun:], self._run_energy[begun:], self._run_durs[begun:], begins[begun:]
                 self._paced_truncate(begun)
                 self._version += 1
+                self.clock.call_at(ends[-1], self._step_end, self._version, priority=_ENGINE)
+            elif unqueued:                  # the last priced step in flight: the run ends with it
                 self.clock.call_at(ends[-1], self._step_end, self._version, priority=_ENGINE)
             return
         del ends[ended:], self._run_energy[ended:], self._run_durs[ended:]     # (_step_end drops the begins)
@@ -950,9 +953,11 @@ class Engine:
         self._run_idle = idle if idle is not None and not preempted and (len(ends) == 1 or self._paced_begins is not None) \
             and p_samp == len(prefill) and n_admit == len(plan.admit) else None
         self._version += 1
-        self.clock.call_at(ends[-1] if exact else now + ends[-1], self._step_end, self._version, priority=_ENGINE)
         if self._paced_more is not None:    # a timeout-paced run priced in part: more at its last priced begin
+            # (its end event is queued once its last step is known: _paced_extend, or a cut)
             self.clock.call_at(self._paced_begins[-1], self._paced_extend, self._version, priority=_ENGINE)
+            return
+        self.clock.call_at(ends[-1] if exact else now + ends[-1], self._step_end, self._version, priority=_ENGINE)
 
     def _paceable(self, plan: StepPlan, decode: list[Request]) -> bool:
         """Whether a decode-only step whose rule states ``idle_repeat_steps`` may start a timeout-paced run:
@@ -1104,17 +1109,14 @@ class Engine:
             break
         else:
             self._paced_more = None
-        if len(ends) == n0:
-            return
-        self._paced_wake_sorted = None
-        if self._run_idle is not None:
-            self._run_idle = (self._paced_wakes[-1], self._paced_mw)
-        self._version += 1
-        if self._busy_cum[0] == version:    # busy_energy_now's running sums so far hold (the steps before stay)
-            self._busy_cum[0] = self._version
-        self.clock.call_at(ends[-1], self._step_end, self._version, priority=_ENGINE)
+        if len(ends) > n0:
+            self._paced_wake_sorted = None
+            if self._run_idle is not None:
+                self._run_idle = (self._paced_wakes[-1], self._paced_mw)
         if self._paced_more is not None:
-            self.clock.call_at(self._paced_begins[-1], self._paced_extend, self._version, priority=_ENGINE)
+            self.clock.call_at(self._paced_begins[-1], self._paced_extend, version, priority=_ENGINE)
+        else:                               # its last step known: the run's one end event
+            self.clock.call_at(ends[-1], self._step_end, version, priority=_ENGINE)
 
     def _advance_decoded(self, reqs: Sequence[Request], times: array, idle_since: float,
                          finished: list) -> None:
@@ -1233,7 +1235,7 @@ class Engine:
             prev = end
             if done:
                 return
-            if j + 1 >= lim[0]:
+            if j + 1 >= lim[0] and j + 1 < PACED_GROUP_STEPS:
                 yield
 
     def _fit_steps(self, decode: list[Request], k: int) -> int:
