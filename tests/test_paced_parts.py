@@ -21,9 +21,9 @@ def test_a_run_priced_in_parts_by_hand(monkeypatch):
     at 0.75 (the begin of the last priced step) 2 more (the part doubles to 4 steps); at 1.5 the last 2 (the
     loop stops at B's finish, before 8), where the run's end event (2.5) is queued, its last step known. Two
     events more than priced whole (7 -> 9: the two extensions), the same 9 steps priced (none in vain: nothing
-    cuts the run), the same token times, and observers at 0.6, 0.8, 1.2, 1.5, 2.4 (after the engine's events there) read the same (KV blocks 12 + the tokens of the steps
-    begun, busy 0.25 s a step ended): (13, 0), (15, 0.25), (15, 0.5), (18, 0.75) -- A's step from 1.25 and
-    B and C's from 1.5 begun --, (21, 1.25)."""
+    cuts the run), the same token times, and observers at 0.6, 0.8, 1.2, 1.5, 2.4 (after the engine's events
+    there) read the same (KV blocks 12 + the tokens of the steps begun, busy 0.25 s a step ended): (13, 0),
+    (15, 0.25), (15, 0.5), (18, 0.75) -- A's step from 1.25 and B and C's from 1.5 begun --, (21, 1.25)."""
     looks = [0.6, 0.8, 1.2, 1.5, 2.4]
     whole = _three_types(True, looks=looks)
     monkeypatch.setattr(engine_mod, "PACED_FIRST_STEPS", 2)

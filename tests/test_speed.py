@@ -224,6 +224,20 @@ def test_nothing_due_now_follows_the_heap_order():
     assert not c.nothing_due_now(0)
 
 
+def test_priority_now_is_the_running_events():
+    """``SimClock.priority_now``: inside an event, that event's priority; outside ``run`` (before it, after it),
+    ``CONTROL`` (1)."""
+    from harness.core.clock import SimClock
+    c = SimClock()
+    seen = []
+    for p in (2, 0, 1):
+        c.call_at(1.0, lambda: seen.append(c.priority_now()), priority=p)
+    c.call_at(0.5, lambda: seen.append(c.priority_now()), priority=2)
+    assert c.priority_now() == 1
+    c.run()
+    assert seen == [2, 0, 1, 2] and c.priority_now() == 1
+
+
 def test_inline_steps_keep_results_and_save_events():
     """One engine, two requests submitted at t = 0 (each with its own 100-token prompt, 5 output tokens):
     the run's token times equal a run where every step is its own event (max_coalesce_s = 0 and the

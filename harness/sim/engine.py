@@ -97,10 +97,11 @@ and cuts between, inside and at the start of steps against the run with ``timer_
 
 A paced run is priced in parts: its first ``PACED_FIRST_STEPS`` steps at its start, then, at the begin of its last
 priced step (``_paced_extend``, an event), twice as many as it holds (the run's step loop is a generator that
-pauses; the same steps as one plan of the whole run). An observer at ``now`` reads the steps begun by ``now`` and
-the next begin or end after it, all priced while ``now`` is at most the last priced begin; a cut ends the pricing.
-So a run that an arrival cuts leaves fewer steps priced in vain (WAIT at 20 conversations: 173k steps priced
-for 96k kept when priced whole, 110k in parts). ``tests/test_paced_parts.py`` checks it by hand.
+pauses; the same steps as one plan of the whole run; the run's end event is queued once its last step is known).
+An observer at ``now`` reads the steps begun by ``now`` and the next begin or end after it, all priced while ``now``
+is at most the last priced begin; a cut ends the pricing. So a run that an arrival cuts leaves fewer steps priced
+in vain (WAIT at 20 conversations: 173k steps priced for 96k kept when priced whole, 110k in parts).
+``tests/test_paced_parts.py`` checks it by hand.
 """
 
 from __future__ import annotations
@@ -939,7 +940,8 @@ class Engine:
         ``ends`` (s, absolute when ``exact``), its prefill chunks and decodes, whether it is coalesced --, keep
         the rule's ``idle_after`` only for a single step run exactly as planned (no preemption, every admission
         running, every prefill chunk completing its prompt: ``p_samp`` of them, ``n_admit`` admitted;
-        :meth:`_step_end` checks the rest), and queue the run's end event (:meth:`_step_end`)."""
+        :meth:`_step_end` checks the rest), and queue the run's end event (:meth:`_step_end`; a timeout-paced
+        run priced in part queues its first extension instead, :meth:`_paced_extend`)."""
         self._run_start = now
         self._run_ends = ends
         self._run_prefill, self._run_decode = prefill, decode
@@ -1097,8 +1099,9 @@ class Engine:
         priced step's begin: a run is priced only as far as it can be observed (an observer at ``now`` reads the
         steps begun by ``now`` and the next begin or end after it, both priced while ``now`` is at most the last
         priced begin), so a cut leaves fewer steps priced in vain. The steps are those one plan of the whole
-        run gives (the same loop, paused); the run's end event moves to its new last end (a new ``_version``),
-        and its last step's statement (``_run_idle``) to the new last step."""
+        run gives (the same loop, paused); its last step's statement (``_run_idle``) moves to the new last step.
+        Then the next extension is queued at the new last priced begin, or, the run's last step known, the run's
+        one end event (none is queued before: ``_start_run``; a cut of the last priced step queues it)."""
         gen = self._paced_more
         if version != self._version or gen is None:
             return
