@@ -555,7 +555,8 @@ class Engine:
                 self._paced_truncate(begun)
                 self._version += 1
                 self.clock.call_at(ends[-1], self._step_end, self._version, priority=_ENGINE)
-            elif unqueued:                  # the last priced step in flight: the run ends with it
+            elif unqueued:      # the last priced step in flight, its extension not run: the run ends with it (an
+                                # ENGINE call at that begin lands before the step, so none reaches here; kept safe)
                 self.clock.call_at(ends[-1], self._step_end, self._version, priority=_ENGINE)
             return
         del ends[ended:], self._run_energy[ended:], self._run_durs[ended:]     # (_step_end drops the begins)
