@@ -78,7 +78,7 @@ def _grid_run(fold: bool, until: float = math.inf):
 def test_the_drive_folds_the_ticks_before_the_next_event_by_hand(until):
     """By hand: the tick at 0 takes 1 and 2 (before the event at 3.0), not 3 (the event's instant: the tick
     there runs after it, state 1); the one at 3 takes 4 (before 4.5), not 5; the one at 5 takes nothing more (6
-    is the next event's instant); the one at 6, after it, sees the run done and samples alone. Samples (t,
+    is the next event's instant: it samples alone); the one at 6, after it, sees the run done and samples alone. Samples (t,
     state): (0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 2), (6, 3); the idle energy idle_w x t. 10 events (3 of
     the controller, 7 ticks) counted either way; folded, 4 ``on_tick`` calls. With ``max_sim_time_s`` 4.5 the
     ticks stop at 4 (the one at 5 is past it; the event at 4.5 runs), and the drive says so; with 1.5 the tick at
@@ -96,7 +96,7 @@ def test_the_drive_folds_the_ticks_before_the_next_event_by_hand(until):
         assert sizes == [2] and events == 2
     else:
         assert reason == ""
-        assert sizes == [3, 2, 1, 0] and events == 10
+        assert sizes == [3, 2, 0, 0] and events == 10    # (a tick that folds nothing samples through observe)
     assert [(t, s) for t, s, _ in folded] == expect and [e for _, _, e in folded] == [idle_w * t for t, _ in expect]
     assert folded == flat and (events, reason) == (events0, reason0) and set(sizes0) == {0}
 

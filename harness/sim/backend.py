@@ -207,13 +207,11 @@ class SimBackend(ClusterBase):
                     times = [now]
                 times.append(t)
                 now = t
-            if times is not None:
+            if times is None:
+                on_tick()
+            else:
                 on_tick(times)
                 clock.fold(len(times) - 1)
-            elif fold:
-                on_tick([now])
-            else:
-                on_tick()
             clock.call_at(t, tick, priority=Priority.TICK)
 
         if tick_s:
