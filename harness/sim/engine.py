@@ -70,7 +70,9 @@ any ``wake`` (an arrival, a transfer, a release, a stale timer) or ``submit`` fi
 ended as their own end event would have ended them (the clock read as that end, ``SimClock.replay_at``), their
 timer armed, before the call goes on. Observers see the state step by step: ``used_blocks_now`` counts the
 steps begun, ``busy_energy_now`` the steps ended, and the observer tick (``SimBackend.drive``) takes the run's
-step begins and ends as events when it skips idle time (``paced_event_after``). Not with async scheduling, a
+step begins and ends as events when it skips idle time (``paced_event_after``). Both reads also take a later
+instant where no event of the clock comes before it, and ``observe_at`` reads several at once (the observer's
+ticks before the next event, folded into one: ``SimBackend.drive``). Not with async scheduling, a
 step log (``logger.steps``), ``max_coalesce_s <= 0``, or a first token owed; a run ends by
 ``SimBackend.max_sim_time_s`` (``horizon_s``) as one event per step would stop there. A run that stops at
 ``backend.max_events`` stops at another point (fewer events). ``tests/test_wait_speed.py`` checks the frames
