@@ -346,7 +346,7 @@ def test_rotate_first_opening_equals_trying_every_offset(monkeypatch, extra):
 # ---- several timer groups with different phases (StepPlan.timer_groups) ----------------------------------
 
 def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capacity=1000, only="ABC",
-                 arrival_priority=1, look_priority=2):
+                 arrival_priority=1, look_priority=2, calls=()):
     """One engine (block size 1, 0.25-s steps whatever the batch), WAIT with three types (by the request's
     first letter: A 0, B 1, C 2, D 0), n = 2 each, max_wait_s = 0.5, coalescing on. Residents at stage 1
     (prompt 4, 4 tokens of KV): A (5 outputs) idle since 0, B (4) since 0.0625, C (6) since ``c_idle``; the engine
@@ -356,7 +356,8 @@ def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capac
     the run's: ``Engine.paced_event_after``). ``capacity``: KV blocks (of 1 token). ``only``: the residents
     placed (a subset of A, B, C). ``arrival_priority``: D's submit event's (0: ``Priority.ENGINE``, queued at the
     start, before the engine's own events at that instant). ``look_priority``: the observers' events' (2: ``TICK``,
-    after every other event at their instant; 0: queued at the start, before the engine's own)."""
+    after every other event at their instant; 0: queued at the start, before the engine's own). ``calls``: ``(t, fn)``
+    pairs, ``fn(engine)`` called by an event at ``t`` (s) of the observers' priority."""
     eng = make_engine(capacity, StubPerf(0.25), max_coalesce_s=0.25)
     types = {"A": 0, "B": 1, "C": 2, "D": 0}
     rule = Counted(WaitRule([2, 2, 2], lambda r: types[r.conv[0]], 0.5), paced=True)
@@ -381,6 +382,8 @@ def _three_types(groups_on: bool, arrival_at=None, looks=(), c_idle=0.125, capac
         seen.append((now, eng.used_blocks_now(), eng.busy_energy_now()[0], nxt))
     for t in looks:
         eng.clock.call_at(t, look, priority=look_priority)
+    for t, fn in calls:
+        eng.clock.call_at(t, fn, eng, priority=look_priority)
     eng.clock._now = 0.5
     eng.wake()
     eng.clock.run()
@@ -508,26 +511,40 @@ def test_one_timer_group_by_hand(monkeypatch, capacity):
     assert off[2] == res and off[3] == seen
 
 
-def test_a_sample_reads_the_loads_the_controller_reads_and_the_energy_to_its_instant(monkeypatch):
-    """``SimBackend.observe`` (the 1-s samples; it reads each engine in one pass) gives, at every tick of a WAIT run
-    in the timeout-paced regime, the ``(kv_used_tokens, num_running, num_waiting)`` that ``observe_load`` (the
-    controller's view) gives at the same instant and ``instance_energy_j`` up to that instant."""
+@pytest.mark.parametrize("fold", [False, True])
+def test_a_sample_reads_the_loads_the_controller_reads_and_the_energy_to_its_instant(monkeypatch, fold):
+    """``SimBackend.observe`` (the 1-s samples one event per tick; it reads each engine in one pass) and, with the
+    ticks folded, ``SimBackend.observe_at`` at a tick's own instant give, at every tick of a WAIT run in the
+    timeout-paced regime, the ``(kv_used_tokens, num_running, num_waiting)`` that ``observe_load`` (the
+    controller's view) gives at the same instant and ``instance_energy_j`` up to that instant. (The folded grid
+    points after it: ``tests/test_fold_ticks.py``.)"""
     from harness.run.session import session_input, simulate
     from harness.sim.backend import SimBackend
     from tests.conftest import compose_run
     from tests.test_invariants import workload
-    own = SimBackend.observe
+    own, own_at = SimBackend.observe, SimBackend.observe_at
     seen = []
+
+    def check(self, states):
+        now = self.clock.now()
+        loads = [tuple(s[:3]) for s in states]
+        assert loads == list(map(tuple, self.observe_load()))
+        assert [s[3] for s in states] == [self.instance_energy_j(i, now) for i in range(len(states))]
+        seen.append(sum(s[1] for s in states))
 
     def observe(self):
         states = own(self)
-        now = self.clock.now()
-        loads = [(s.kv_used_tokens, s.num_running, s.num_waiting) for s in states]
-        assert loads == list(map(tuple, self.observe_load()))
-        assert [s.energy_j for s in states] == [self.instance_energy_j(i, now) for i in range(len(states))]
-        seen.append(sum(s.num_running for s in states))
+        check(self, [(s.kv_used_tokens, s.num_running, s.num_waiting, s.energy_j) for s in states])
         return states
+
+    def observe_at(self, times):
+        values = own_at(self, times)
+        assert times[0] == self.clock.now()
+        check(self, values[0])
+        return values
     monkeypatch.setattr(SimBackend, "observe", observe)
+    monkeypatch.setattr(SimBackend, "observe_at", observe_at)
+    monkeypatch.setattr(SimBackend, "fold_ticks", fold)
     cfg = compose_run(["scheduler=wait", "engine.activation_reserve_bytes=268435456"])
     convs, stats = workload(cfg, n=8, rate=0.05, max_turns=5, max_context=20000)
     res = simulate(session_input(cfg), convs, stats, "wait", cfg.scheduler, sample_interval_s=1.0)

@@ -111,7 +111,7 @@ class ClusterBase:
     Required (no default; a backend defines them): ``infos`` (a :class:`InstanceInfo` per instance, in
     index order), ``clock`` (``now()`` s and ``call_at(t, fn, *args)``; virtual time on the simulator, wall
     time since the measured window began on a real backend; ``harness.core.clock``), :meth:`start_turn`,
-    :meth:`observe`, :meth:`drive`. Optional, with the default body stated: :meth:`observe_load`,
+    :meth:`observe`, :meth:`drive`. Optional, with the default body stated: :meth:`observe_at`, :meth:`observe_load`,
     :meth:`set_batch_rule`, :meth:`progress`, :meth:`power_w`, :meth:`energy_j`, :meth:`preemptions`,
     :meth:`measured`.
     """
@@ -139,14 +139,26 @@ class ClusterBase:
               tick_s: Optional[float]) -> str:
         """Set t = 0, call ``start()`` (the controller schedules its arrivals), then run the clock until
         ``done()`` or a limit, calling ``on_tick()`` every ``tick_s`` s of clock time (None: never; a real
-        backend ticks after each ``/metrics`` scrape). Returns ``""`` when done, else why it stopped (a
-        stall, a time limit).
+        backend ticks after each ``/metrics`` scrape). A backend that can read its state ahead (the simulator,
+        between two events: ``harness.sim.backend.SimBackend.drive``) may instead call ``on_tick(times)`` once
+        for several ticks (``times``: s, ascending, the first now), where the session samples
+        :meth:`observe_at` of them. Returns ``""`` when done, else why it stopped (a stall, a time limit).
 
         Raises:
             Exception: whatever the controller or a policy raised, at once (the run then ends).
             NotImplementedError: a backend that does not define it.
         """
         raise NotImplementedError(f"{type(self).__name__}.drive")
+
+    def observe_at(self, times: Sequence[float]) -> Sequence[tuple]:
+        """Per time of ``times`` (s, ascending, none before now), per instance ``(kv_used_tokens, num_running,
+        num_waiting, energy_j)`` as :meth:`observe` would give them then: only a backend whose :meth:`drive` calls
+        ``on_tick(times)`` needs it.
+
+        Raises:
+            NotImplementedError: by default (a backend that never calls ``on_tick(times)``).
+        """
+        raise NotImplementedError(f"{type(self).__name__}.observe_at")
 
     def observe_load(self) -> tuple[tuple[int, int, int], ...]:
         """Per instance ``(kv_used_tokens, num_running, num_waiting)`` as :meth:`observe` gives them, without

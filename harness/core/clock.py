@@ -44,14 +44,15 @@ class SimClock:
     finishing at t is recorded before a new turn that becomes ready at t.
     """
 
-    __slots__ = ("_q", "_seq", "_now", "_prio", "events")
+    __slots__ = ("_q", "_seq", "_now", "_prio", "events", "_folded")
 
     def __init__(self) -> None:
         self._q: list[tuple[float, int, int, Callable[..., Any], tuple]] = []
         self._seq = 0
         self._now = 0.0
         self._prio = int(Priority.CONTROL)    # the priority of the event being processed (CONTROL outside run)
-        self.events = 0
+        self.events = 0     # events processed (each folded one counted: :meth:`fold`), at the end of each ``run``
+        self._folded = 0
 
     def now(self) -> float:
         """Current virtual time, s."""
@@ -106,6 +107,13 @@ class SimClock:
         finally:
             self._now = now
 
+    def fold(self, k: int) -> None:
+        """Count ``k`` events that one event ran inline (the observer's ticks before the next event:
+        ``harness.sim.backend.SimBackend.drive``), as if each had been its own: they are added to ``events``
+        when ``run`` returns (so the count is that of one event each; ``max_events`` is checked against the
+        events processed, so a run that reaches it stops later than with one event each)."""
+        self._folded += k
+
     def next_time(self) -> float:
         """Time of the earliest scheduled event, s (``inf`` if none)."""
         return self._q[0][0] if self._q else math.inf
@@ -122,7 +130,8 @@ class SimClock:
             self._prio = p
             fn(*args)
             n += 1
-        self.events = n
+        self.events = n + self._folded
+        self._folded = 0
         self._prio = int(Priority.CONTROL)
 
 

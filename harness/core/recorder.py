@@ -292,9 +292,15 @@ def instance_values(now_s: float, info, state, power_w: float = math.nan) -> tup
     """One ``instances.parquet`` row (``INSTANCE_COLUMNS`` order): instance ``info`` (``InstanceInfo``) in
     ``state`` (``InstanceState``) at ``now_s`` (s); KV in tokens and as a fraction of capacity, cumulative
     energy in J, power in W (NaN where the backend does not observe it)."""
-    return (now_s, info.name, info.role, info.hardware, state.kv_used_tokens, info.kv_capacity_tokens,
-            state.kv_used_tokens / info.kv_capacity_tokens, state.num_running, state.num_waiting, state.energy_j,
-            power_w)
+    return _instance_values(now_s, info, state.kv_used_tokens, state.num_running, state.num_waiting, state.energy_j,
+                            power_w)
+
+
+def _instance_values(now_s: float, info, kv_used_tokens: int, num_running: int, num_waiting: int, energy_j: float,
+                     power_w: float) -> tuple:
+    """:func:`instance_values` of the state's values (tokens, requests, requests, J; W)."""
+    return (now_s, info.name, info.role, info.hardware, kv_used_tokens, info.kv_capacity_tokens,
+            kv_used_tokens / info.kv_capacity_tokens, num_running, num_waiting, energy_j, power_w)
 
 
 def instance_row(now_s: float, info, state, power_w: float = math.nan) -> dict:
@@ -504,6 +510,23 @@ class Recorder:
         rows = self._sample_rows
         for info, st, p in zip(infos, states, power_w):
             rows.append(instance_values(now_s, info, st, p))
+        if len(rows) >= SAMPLE_BATCH:
+            self._flush_samples()
+
+    def sample_at(self, times: Sequence[float], infos, values, power_w: Sequence[float]) -> None:
+        """:meth:`sample` at each of ``times`` (s, in order): ``values[k]`` holds per instance
+        ``(kv_used_tokens, num_running, num_waiting, energy_j)`` at ``times[k]`` (tokens, requests, requests, J;
+        ``harness.sim.backend.SimBackend.observe_at``), ``power_w`` per instance (W) at every one of them. The
+        same rows as one :meth:`sample` per time with those values.
+
+        Raises:
+            ValueError: ``values`` does not hold one entry per time."""
+        if len(values) != len(times):
+            raise ValueError(f"sample_at: {len(values)} observations for {len(times)} times")
+        rows = self._sample_rows
+        for t, vals in zip(times, values):
+            for info, v, p in zip(infos, vals, power_w):
+                rows.append(_instance_values(t, info, *v, p))
         if len(rows) >= SAMPLE_BATCH:
             self._flush_samples()
 

@@ -142,8 +142,11 @@ def run_session(cluster: Cluster, inp: SessionInput, conversations: Sequence[tup
                             max_context_tokens=inp.context_limit_tokens, max_active=max_active, stop_s=stop_s,
                             pinned=pinned, timing=timing, routes=inp.routes)
 
-    def tick():
-        recorder.sample(cluster.clock.now(), cluster.infos, cluster.observe(), cluster.power_w())
+    def tick(times=None):
+        if times is None:
+            recorder.sample(cluster.clock.now(), cluster.infos, cluster.observe(), cluster.power_w())
+        else:   # the simulator's folded ticks (harness.sim.backend.SimBackend.drive): the samples at each of times
+            recorder.sample_at(times, cluster.infos, cluster.observe_at(times), cluster.power_w())
 
     t0, c0 = time.perf_counter(), time.process_time()
     error = tb = ""

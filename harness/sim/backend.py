@@ -21,6 +21,12 @@ def _load(e: Engine) -> tuple[int, int, int]:
     return e.used_blocks_now() * e.bs, len(e.running), len(e.waiting) + e.loading
 
 
+def _energy(busy_s: float, busy_j: float, idle_w: float, until_s: float) -> float:
+    """An engine's energy from t=0 to ``until_s`` (s), J: ``busy_j`` (J) of its steps ended, busy ``busy_s`` s,
+    and idle power ``idle_w`` (W) the rest of the time (``HardwareConfig.idle_w``)."""
+    return busy_j + idle_w * max(0.0, until_s - busy_s)
+
+
 class SimBackend(ClusterBase):
     """A cluster of simulated vLLM engines sharing one :class:`SimClock` (implements
     ``harness.core.backend.Cluster``).
@@ -41,7 +47,13 @@ class SimBackend(ClusterBase):
     :func:`harness.core.profiles.kv_transfer_s`. ``link.model=example_connector``: the connector's save and load
     run inside the engines' steps (``harness.sim.engine``, "KV connector"), the prefiller frees its blocks at
     once, and the decoder request arrives ``link.frontend_s`` after the prefiller's finish.
+
+    ``fold_ticks`` (class attribute, default True): the observer's ticks before the clock's next event are
+    sampled in one call (:meth:`drive`, :meth:`observe_at`); False: one event per tick (the same samples; the
+    tests compare the two).
     """
+
+    fold_ticks = True
 
     def __init__(self, instances: Sequence[tuple[str, str, HardwareConfig]], model: ModelConfig,
                  engine: EngineConfig, link: LinkConfig, clock: SimClock | None = None,
@@ -123,6 +135,20 @@ class SimBackend(ClusterBase):
         now, energy = self.clock.now(), self._energy_j
         return tuple([InstanceState(*_load(e), energy(e, now)) for e in self.engines])
 
+    def observe_at(self, times: Sequence[float]) -> list[tuple[tuple[int, int, int, float], ...]]:
+        """What :meth:`observe` would give at each of ``times`` (s, ascending, none before now and each before
+        the clock's next event: nothing can change an engine by then but its own run, read at that instant),
+        without moving the clock: per time, per engine ``(kv_used_tokens, num_running, num_waiting, energy_j)``
+        (tokens, requests, requests, J; the values and float operations of an ``InstanceState`` of
+        :meth:`observe` there). ``drive`` calls it for the samples of the grid points before the next event
+        (``fold_ticks``)."""
+        cols = []
+        for e in self.engines:
+            bs, running, waiting, idle_w = e.bs, len(e.running), len(e.waiting) + e.loading, e.perf.hw.idle_w
+            cols.append([(u * bs, running, waiting, _energy(busy_s, busy_j, idle_w, t))
+                         for t, (u, busy_s, busy_j) in zip(times, e.observe_at(times))])
+        return list(zip(*cols))
+
     def observe_load(self) -> tuple[tuple[int, int, int], ...]:
         """``(kv_used_tokens, num_running, num_waiting)`` of each engine now: ``observe`` without the
         energy (what the controller's view reads, once per decision)."""
@@ -133,7 +159,7 @@ class SimBackend(ClusterBase):
         (``energy_j``), not read as a power signal."""
         return [math.nan] * len(self.engines)
 
-    def drive(self, start: Callable[[], None], done: Callable[[], bool], on_tick: Callable[[], None],
+    def drive(self, start: Callable[[], None], done: Callable[[], bool], on_tick: Callable[..., None],
               tick_s: Optional[float]) -> str:
         """Call ``start()``, then process events until none are left, ticking every ``tick_s`` s of virtual
         time while work remains (ticks run after engine and controller events at the same instant). An
@@ -141,28 +167,51 @@ class SimBackend(ClusterBase):
         there, so the next tick is the first grid point at or after the next event, and the number of
         samples is bounded by the events, whatever the arrival rate or tool times.
 
+        Ticks folded (``fold_ticks``, on by default): a tick at ``t`` also takes the grid points after it that
+        come before the clock's next event (strictly, and not past ``max_sim_time_s``): nothing can change an
+        engine by then but its own run (a timeout-paced run's steps, a coalesced run's), so the state at each
+        is :meth:`observe_at` of it, and one call ``on_tick(times)`` (``times``: ``t`` and those grid points,
+        s, ascending) samples them all; otherwise ``on_tick()`` samples now. The same grid points as one event
+        per tick (the next one found the same way from each, with the same float additions), and the clock
+        counts each folded tick as an event (``SimClock.fold``). Off: one event and ``on_tick()`` per tick.
+
         Returns ``""`` when ``done()``, else why it stopped: a stall, or a limit (``max_sim_time_s`` of
         virtual time, ``max_events`` events) naming the key. Exceptions propagate."""
         clock = self.clock
         engines = self.engines
+        fold, until = self.fold_ticks, self.max_sim_time_s
         start()
 
         def tick():
-            on_tick()
-            if done() or not clock.pending():  # nothing else queued: a stall, not a wait
-                return
             now = clock.now()
-            t = now + tick_s
-            nxt = clock.next_time()
-            if nxt > t:
-                for e in engines:   # a timeout-paced run's steps count as the events one event per step has
-                    x = e.paced_event_after(now)
-                    if x < nxt:
-                        nxt = x
-                        if nxt <= t:    # an event by the next grid point: no skip, whatever the others
-                            break
-            if nxt > t:  # idle until nxt: skip the grid points in between
-                t = now + tick_s * math.ceil((nxt - now) / tick_s)
+            if done() or not clock.pending():  # nothing else queued: a stall, not a wait
+                on_tick()
+                return
+            nxt_q = clock.next_time()   # nothing runs before the grid points folded in: the clock's next stays
+            times = None
+            while True:
+                t = now + tick_s
+                nxt = nxt_q
+                if nxt > t:
+                    for e in engines:   # a timeout-paced run's steps count as the events one event per step has
+                        x = e.paced_event_after(now)
+                        if x < nxt:
+                            nxt = x
+                            if nxt <= t:    # an event by the next grid point: no skip, whatever the others
+                                break
+                if nxt > t:  # idle until nxt: skip the grid points in between
+                    t = now + tick_s * math.ceil((nxt - now) / tick_s)
+                if not (fold and t < nxt_q and t <= until):
+                    break
+                if times is None:
+                    times = [now]
+                times.append(t)
+                now = t
+            if times is None:
+                on_tick()
+            else:
+                on_tick(times)
+                clock.fold(len(times) - 1)
             clock.call_at(t, tick, priority=Priority.TICK)
 
         if tick_s:
@@ -206,9 +255,7 @@ class SimBackend(ClusterBase):
     @staticmethod
     def _energy_j(e: Engine, until_s: float) -> float:
         """:meth:`instance_energy_j` of engine ``e``, J."""
-        busy_s, busy_j = e.busy_energy_now()
-        idle_s = max(0.0, until_s - busy_s)
-        return busy_j + e.perf.hw.idle_w * idle_s
+        return _energy(*e.busy_energy_now(), e.perf.hw.idle_w, until_s)
 
     # ---- callbacks ------------------------------------------------------------------------------
     def _local_first_token(self, job: TurnJob, req: Request) -> None:
