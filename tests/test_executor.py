@@ -151,6 +151,11 @@ COMPOSE_CASES = [
     ["scheduler=nope"],
     ["scheduler=ampd", "workload.rate_per_s=0.1"],
     ["slo=absolute", "scheduler=conserve", "workload.seed=2"],
+    # a preset that sets the model (its defaults list leaves the last one merged at the model: the config merged up to
+    # there, Hydra's own and the hardware profiles, is memoised), then a model chosen on the command line, which
+    # merges onto that config
+    ["+experiment=wait_paper", "workload.seed=4"],
+    ["model=llama2_7b", "cluster=a40_4x"],
 ]
 ERRORS = (3, 6)     # the cases Hydra refuses: an unknown key, an unknown option
 
@@ -206,11 +211,12 @@ def test_the_compose_cache_equals_hydras_own_compose_for_every_kind_of_override(
                 assert outcome(cache, case) == want, case
             assert outcome(loader.load_configuration, case) == want, case   # (Hydra's entry point, through it)
         assert hydras is not cache
-    # the two last cases differ from the first in groups late in the defaults list: their configs are merged onto
+    # the ampd and slo cases differ from the first in groups late in the defaults list: their configs are merged onto
     # the memoised config of the defaults before the scheduler's; the experiment case's onto the defaults list the
-    # unknown key's refused compose merged (Hydra's own compose, its merge through the same memo)
-    assert tuple(errors) == ERRORS and cache.hits >= len(COMPOSE_CASES) and cache.misses == 4
-    assert cache.prefix_hits == 3
+    # unknown key's refused compose merged (Hydra's own compose, its merge through the same memo); the model case's
+    # onto the config memoised where wait_paper's list forked
+    assert tuple(errors) == ERRORS and cache.hits >= len(COMPOSE_CASES) and cache.misses == 6
+    assert cache.prefix_hits == 4
 
 
 def test_fresh_copy_is_a_deep_copy_that_shares_nothing_with_its_source():

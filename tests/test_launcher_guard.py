@@ -30,11 +30,17 @@ from harness.vllm import launcher as L
 from tests.conftest import free_port_base, pid_alive
 
 FAKE = Path(__file__).with_name("fake_server.py")
+# the guards' grace between SIGTERM and SIGKILL (harness.vllm.launcher.GUARD_GRACE_S, 5 s by default): 1 s here, in
+# the owner process and in this one, so that the stand-in's child that ignores SIGTERM is killed 4 s sooner (its
+# SIGKILL after the grace is what is checked, not the grace's length; tests/test_vllm_faults.py does the same)
+GRACE_S = 1.0
 
 OWNER = """
 import sys, time
 from pathlib import Path
+import harness.vllm.launcher
 from harness.vllm.launcher import InstanceSpec, Launcher
+harness.vllm.launcher.GUARD_GRACE_S = {grace!r}
 
 class Fake(InstanceSpec):
     def command(self):
@@ -51,7 +57,7 @@ def start_owner(tmp_path: Path, port: int, tag: str = "a") -> tuple[subprocess.P
     """A harness process (the owner) launching one stand-in server on ``port``; returns it, its guard's pid
     and the file the stand-in writes its tree's pids to."""
     pids = tmp_path / f"{tag}.pids"
-    code = OWNER.format(fake=str(FAKE), pids=str(pids), port=port, logs=str(tmp_path / f"logs_{tag}"))
+    code = OWNER.format(fake=str(FAKE), pids=str(pids), port=port, logs=str(tmp_path / f"logs_{tag}"), grace=GRACE_S)
     env = {**os.environ, "HARNESS_STATE_DIR": str(tmp_path / "state"),
            "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     owner = subprocess.Popen([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE,
@@ -92,6 +98,7 @@ def state(tmp_path, monkeypatch):
     d = tmp_path / "state"
     d.mkdir()
     monkeypatch.setattr(L, "STATE_DIR", d)
+    monkeypatch.setattr(L, "GUARD_GRACE_S", GRACE_S)
     return d
 
 
