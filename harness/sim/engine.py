@@ -77,8 +77,8 @@ priority's after it, as one event per step orders them (``_paced_begun``). Obser
 ``observe_at`` reads several at once (the observer's ticks before the next event, folded into one:
 ``SimBackend.drive``). Not with async scheduling, a step log (``logger.steps``), ``max_coalesce_s <= 0``, or a
 first token owed; a run ends by ``SimBackend.max_sim_time_s`` (``horizon_s``) as one event per step would stop
-there. A run that stops at ``backend.max_events`` stops at another point (fewer events). ``tests/test_wait_speed.py`` checks the frames
-against the runs with the statement left out.
+there. A run that stops at ``backend.max_events`` stops at another point (fewer events).
+``tests/test_wait_speed.py`` checks the frames against the runs with the statement left out.
 
 Several timers with different phases (``StepPlan.timer_groups``: WAIT as written, each type's residents on the
 timeout of its own oldest, interleaved). The rule states the residents' timer groups and when each is ready; the
