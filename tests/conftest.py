@@ -116,20 +116,28 @@ def conversation(cid: str, turns: list[tuple[int, int, int, float]]) -> Conversa
 # Session and module fixtures are per worker: a real server (or a local Ray / Slurm cluster), a tiny-model build
 # or a simulated run that a module fixture makes is made again on every worker that runs one of its tests, and
 # a module's heavy imports (vLLM and torch, seaborn) are paid by each. So a test file is one work unit (xdist's
-# `loadfile`), and the files that share the session's real servers form one unit together (the value names it),
-# so their servers start once. Done here because pytest-xdist's own `--dist loadgroup` stopped grouping under
+# `loadfile`), the files that share the session's real servers form one unit together (the value names it),
+# so their servers start once, and so do the files whose tests import vLLM (and with it torch) into the test
+# process, so that one worker imports them (~7.5 CPU s: `from vllm.config import VllmConfig` in a fresh process,
+# 2026-12-06), not both. Done here because pytest-xdist's own `--dist loadgroup` stopped grouping under
 # pytest 9.2 (it renames `item._nodeid`, which pytest 9.2 no longer reads: `Node.nodeid` is `str(self._id)`),
 # and it would group by marker only, while the sharing follows the fixtures.
+VLLM_IN_PROCESS_UNIT = "vLLM and torch imported in the test process"
 SHARED_SERVER_UNITS = {
     "tests/test_vllm_real.py": "real vLLM: the session's P/D pair + the module's collocated server",
     "tests/test_twin.py": "real vLLM: the session's P/D pair + the module's collocated server",
     "tests/test_clusters.py": "local Ray and Slurm clusters (module fixtures)",
+    # vLLM's scheduler classes, its ExampleConnector's ReqMeta, vLLM's sweep plot
+    "tests/test_step_times_scheduler.py": VLLM_IN_PROCESS_UNIT,
+    "tests/test_kv_connector.py": VLLM_IN_PROCESS_UNIT,
+    "tests/test_export.py": VLLM_IN_PROCESS_UNIT,
 }
 # The units handed out first, in this order: the longest, so that no long unit starts last and holds one worker
 # while the other is idle: the real-server units, then the fast tier's slowest files (their wall times in one
 # serial run beside other jobs, load ~20, 2026-12-06: sim_speed benchmark 612 s, the wheel install 290 s, the
-# step-time scheduler on vLLM's classes 170 s, the tiny model's builds 166 s, the launcher guard 140 s, the
-# ExampleConnector in-process 137 s, the nested two-worker run 113 s), with the two files of the costliest
+# files importing vLLM into the test process (the step-time scheduler on vLLM's classes 170 s and the
+# ExampleConnector 137 s, with test_export.py), the tiny model's builds 166 s, the launcher guard 140 s, the
+# nested two-worker run 113 s), with the two files of the costliest
 # ``slow`` tests (:data:`SLOW`, costs from a lighter load) placed among them by cost: the reduced preset sweeps
 # (171 s, the dearest unit after the real servers, and 11 tests, so 50th of the suite's 101 units in the
 # most-tests order below) and the sweeps of test_provenance.py (100 s; 40th); every other unit follows, most tests
@@ -145,10 +153,9 @@ FIRST_UNITS = (
     "tests/test_sim_speed_benchmark.py",
     "tests/test_provenance.py",
     "tests/test_install.py",
-    "tests/test_step_times_scheduler.py",
+    VLLM_IN_PROCESS_UNIT,
     "tests/test_tiny_model_build.py",
     "tests/test_launcher_guard.py",
-    "tests/test_kv_connector.py",
     "tests/test_xdist_units.py",
     "tests/test_cli_contract.py",
     # the fast tier's long files of few tests, which the most-tests order would hand out last (their wall times in
