@@ -329,8 +329,8 @@ def main(argv: Optional[list] = None) -> dict:
             # writes the bytecode, so that no measured run compiles)
             main_warm = {}
             for k, root in checkouts.items():
-                if curve:
-                    main_warm[k] = str(tmp / f"main_cache_{k}")
+                if curve:   # an empty directory, as a cold run's below
+                    main_warm[k] = tempfile.mkdtemp(prefix=f"main_cache_{k}_", dir=tmp)
                 else:
                     runpy(root, pin, warm[k], size)   # fills (or keeps) the warm cache of this checkout
                     main_warm[k] = warm[k]
