@@ -145,15 +145,19 @@ def worker(root: Path, pin: bool, env: dict, overrides: list) -> dict:
 
 
 def _bytecode_env(root: Path) -> dict:
-    """The environment of a ``python run.py`` measurement: this one, but with compiled bytecode kept (in a
-    private ``PYTHONPYCACHEPREFIX`` per checkout), as on a user's machine after the first run. A machine that
-    sets ``PYTHONDONTWRITEBYTECODE=1`` (this project's CI machine does) would otherwise recompile every
-    imported module of the checkout in every run (~0.3 s CPU of run.py's ~7 s), which no user pays twice.
-    The first run of each checkout (the one that fills the warm cache) writes the bytecode."""
-    import hashlib
+    """The environment of a ``python run.py`` measurement of checkout ``root``: this one, but with compiled
+    bytecode kept (under ``PYTHONPYCACHEPREFIX`` = ``$TMPDIR/simspeed_pyc``), as on a user's machine after the
+    first run. A machine that sets ``PYTHONDONTWRITEBYTECODE=1`` (this project's CI machine does) would
+    otherwise recompile every imported module of the checkout in every run (~0.3 s CPU of run.py's ~7 s), which
+    no user pays twice. The first run of each checkout (the one that fills the warm cache) writes the bytecode.
+
+    One prefix for every checkout: Python keeps a module's bytecode there under the source's absolute path, so two
+    checkouts never share their modules' bytecode, and the site-packages' (which a prefix also moves there: Python
+    then reads no ``__pycache__``) is compiled once per machine. (A prefix per checkout, as until 2026-12-06,
+    compiled all of NumPy, pandas, pyarrow and Hydra again for every ``--base`` worktree, whose path is new on each
+    run: its first run.py cost 7.1 instead of 2.9 CPU s, load ~8.)"""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    tag = hashlib.sha1(str(Path(root).resolve()).encode()).hexdigest()[:12]
-    env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / "simspeed_pyc" / tag)
+    env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / "simspeed_pyc")
     return env
 
 
@@ -319,15 +323,26 @@ def main(argv: Optional[list] = None) -> dict:
         if "runpy" not in skip:
             print(f"\n## python run.py (the main job{f', {n_main} conversations' if n_main else ''}) as a whole "
                   f"process: CPU s and wall s, peak RSS")
+            # the warm cache of the main job: where the cost-vs-conversations curve ran (its run.py processes have
+            # compiled the checkout's bytecode), the first cold run fills an empty cache of its own (a run into an
+            # empty cache is what filling one is) and the warm runs read it; else a run first fills warm[k] (and
+            # writes the bytecode, so that no measured run compiles)
+            main_warm = {}
             for k, root in checkouts.items():
-                runpy(root, pin, warm[k], size)   # fills (or keeps) the warm cache of this checkout
+                if curve:   # an empty directory, as a cold run's below
+                    main_warm[k] = tempfile.mkdtemp(prefix=f"main_cache_{k}_", dir=tmp)
+                else:
+                    runpy(root, pin, warm[k], size)   # fills (or keeps) the warm cache of this checkout
+                    main_warm[k] = warm[k]
             m = {f"{k} {c}": [] for k in checkouts for c in ("cold", "warm")}
-            for _ in range(runpy_repeat):
+            for i in range(runpy_repeat):
                 for k, root in checkouts.items():
-                    cold = tempfile.mkdtemp(prefix="cold_", dir=tmp)
+                    fills = i == 0 and main_warm[k] != warm[k]
+                    cold = main_warm[k] if fills else tempfile.mkdtemp(prefix="cold_", dir=tmp)
                     m[f"{k} cold"].append(runpy(root, pin, cold, size))
-                    shutil.rmtree(cold, ignore_errors=True)
-                    m[f"{k} warm"].append(runpy(root, pin, warm[k], size))
+                    if not fills:
+                        shutil.rmtree(cold, ignore_errors=True)
+                    m[f"{k} warm"].append(runpy(root, pin, main_warm[k], size))
             print("| checkout, cache | calls | CPU s | wall s | peak RSS MiB |")
             print("|---|---|---|---|---|")
             for k, xs in m.items():

@@ -116,25 +116,32 @@ def conversation(cid: str, turns: list[tuple[int, int, int, float]]) -> Conversa
 # Session and module fixtures are per worker: a real server (or a local Ray / Slurm cluster), a tiny-model build
 # or a simulated run that a module fixture makes is made again on every worker that runs one of its tests, and
 # a module's heavy imports (vLLM and torch, seaborn) are paid by each. So a test file is one work unit (xdist's
-# `loadfile`), and the files that share the session's real servers form one unit together (the value names it),
-# so their servers start once. Done here because pytest-xdist's own `--dist loadgroup` stopped grouping under
+# `loadfile`), the files that share the session's real servers form one unit together (the value names it),
+# so their servers start once, and so do the files whose tests import vLLM (and with it torch) into the test
+# process, so that one worker imports them (~7.5 CPU s: `from vllm.config import VllmConfig` in a fresh process,
+# 2026-12-06), not both. Done here because pytest-xdist's own `--dist loadgroup` stopped grouping under
 # pytest 9.2 (it renames `item._nodeid`, which pytest 9.2 no longer reads: `Node.nodeid` is `str(self._id)`),
 # and it would group by marker only, while the sharing follows the fixtures.
+VLLM_IN_PROCESS_UNIT = "vLLM and torch imported in the test process"
 SHARED_SERVER_UNITS = {
     "tests/test_vllm_real.py": "real vLLM: the session's P/D pair + the module's collocated server",
     "tests/test_twin.py": "real vLLM: the session's P/D pair + the module's collocated server",
     "tests/test_clusters.py": "local Ray and Slurm clusters (module fixtures)",
+    # vLLM's scheduler classes, its ExampleConnector's ReqMeta, vLLM's sweep plot
+    "tests/test_step_times_scheduler.py": VLLM_IN_PROCESS_UNIT,
+    "tests/test_kv_connector.py": VLLM_IN_PROCESS_UNIT,
+    "tests/test_export.py": VLLM_IN_PROCESS_UNIT,
 }
 # The units handed out first, in this order: the longest, so that no long unit starts last and holds one worker
 # while the other is idle: the real-server units, then the fast tier's slowest files (their wall times in one
 # serial run beside other jobs, load ~20, 2026-12-06: sim_speed benchmark 612 s, the wheel install 290 s, the
-# step-time scheduler on vLLM's classes 170 s, the tiny model's builds 166 s, the launcher guard 140 s, the
-# ExampleConnector in-process 137 s, the nested two-worker run 113 s), with the two files of the costliest
-# ``slow`` tests (:data:`SLOW`, costs from a lighter load) placed among them by cost: the reduced preset sweeps
-# (171 s, the dearest unit after the real servers, and 11 tests, so 50th of the suite's 101 units in the
-# most-tests order below) and the sweeps of test_provenance.py (100 s; 40th); every other unit follows, most tests
-# first (xdist's --loadscope-reorder order; a tie keeps the collection order). A unit not collected
-# (``-m "not real_server"``, a file selection) is skipped.
+# files importing vLLM into the test process (the step-time scheduler on vLLM's classes 170 s and the
+# ExampleConnector 137 s, with test_export.py), the tiny model's builds 166 s, the launcher guard 140 s, the
+# nested two-worker run 113 s), with the two files of the costliest ``slow`` tests (:data:`SLOW`, costs from a
+# lighter load) placed among them by cost: the reduced preset sweeps (171 s, the dearest unit after the real
+# servers, and 11 tests, so about 50th of the suite's 99 units in the most-tests order below) and the sweeps of
+# test_provenance.py (84 s; 40th); every other unit follows, most tests first (xdist's --loadscope-reorder order;
+# a tie keeps the collection order). A unit not collected (``-m "not real_server"``, a file selection) is skipped.
 FIRST_UNITS = (
     SHARED_SERVER_UNITS["tests/test_vllm_real.py"],
     SHARED_SERVER_UNITS["tests/test_clusters.py"],
@@ -145,10 +152,9 @@ FIRST_UNITS = (
     "tests/test_sim_speed_benchmark.py",
     "tests/test_provenance.py",
     "tests/test_install.py",
-    "tests/test_step_times_scheduler.py",
+    VLLM_IN_PROCESS_UNIT,
     "tests/test_tiny_model_build.py",
     "tests/test_launcher_guard.py",
-    "tests/test_kv_connector.py",
     "tests/test_xdist_units.py",
     "tests/test_cli_contract.py",
     # the fast tier's long files of few tests, which the most-tests order would hand out last (their wall times in
@@ -219,20 +225,26 @@ SLOW: dict[str, tuple[float, str]] = {
               "16-42 s each for 9 of them (215 s until 2026-12-06, scaled by its CPU: 79.0 -> 62.8 s, -n 0, "
               "the file alone)"),
     "tests/test_sim_speed_benchmark.py::test_quick_with_a_base_prints_the_ratios":
-        (60, "benchmarks/sim_speed.py --quick against a git worktree of HEAD: 8 python processes"),
+        (50, "benchmarks/sim_speed.py --quick against a git worktree of HEAD: 8 python processes (60 s until "
+             "2026-12-06, when the worktree's first run.py compiled the site-packages' bytecode again; scaled by "
+             "its CPU: 27.6 -> 23.1 s, -n 0, load ~11)"),
     "tests/test_sim_speed_benchmark.py::test_quick_without_base_prints_every_part_and_every_target":
-        (51, "benchmarks/sim_speed.py --quick: 10 python processes (run.py and simulation workers)"),
+        (47, "benchmarks/sim_speed.py --quick: 9 python processes, run.py and simulation workers (10 and 51 s "
+             "until 2026-12-06, when the run.py part filled its warm cache in a run of its own; scaled by its CPU: "
+             "28.0 -> 25.6 s, -n 0, load ~11)"),
     "tests/test_install.py::test_the_wheel_installed_outside_the_checkout_runs_the_main_job":
         (66, "builds the wheel, a venv, installs it, runs the whole main job from it"),
     "tests/test_wait_speed.py::test_rotate_first_opening_equals_trying_every_offset":
         (33, "2 Nested WAIT simulations, every plan's first opening checked by planning each offset (55 s until "
              "2026-12-06, 8 turns a conversation; scaled by its CPU: 23.8 -> 14.3 s, -n 0)"),
     "tests/test_provenance.py::test_a_trace_rewritten_in_place_recomputes_the_job_and_says_why":
-        (52, "4 python run.py sweeps and 3 report processes"),
+        (45, "4 python run.py sweeps and 3 reports (in process since 2026-12-06: 52 s with 3 report processes; "
+             "scaled by its CPU: 21.4 -> 18.6 s, -n 0, load ~11)"),
     "tests/test_provenance.py::test_an_interrupt_during_a_sweep_jobs_baseline_stops_the_sweep_and_marks_the_job":
         (30, "2 python run.py sweeps"),
     "tests/test_provenance.py::test_a_sweep_with_an_emptied_workload_or_a_scheduler_cluster_mismatch_fails_before_any_job":
-        (18, "2 python run.py sweeps"),
+        (9, "a python run.py sweep of 4 jobs refused (18 s until 2026-12-06, two sweeps; scaled by its CPU: "
+            "5.7 -> 3.0 s, -n 0, load ~11)"),
     "tests/test_presets.py::test_wait_paper_variants_are_the_papers_baselines":
         (37, "21 Hydra compositions of the wait_paper preset"),
     "tests/test_tiny_model_build.py::test_a_killed_build_leaves_nothing_trusted_and_of_two_concurrent_builds_one_wins":
@@ -243,9 +255,11 @@ SLOW: dict[str, tuple[float, str]] = {
         (31, "a pytest -n 2 run: 3 pytest processes collecting"),
     "tests/test_kv_connector.py":
         (17, "imports vLLM and torch in the test process (14 CPU s in a serial run, 2026-12-06) for 3 tests of "
-             "harness.vllm.kv_connector's store filter on vLLM's own ReqMeta; the real P/D tests run the connector"),
+             "harness.vllm.kv_connector's store filter on vLLM's own ReqMeta; the real P/D tests run the connector "
+             "(one xdist unit with the other files importing vLLM, VLLM_IN_PROCESS_UNIT: one worker imports it)"),
     "tests/test_step_times_scheduler.py":
-        (26, "imports vLLM and torch in the test process (the module's VllmConfig, set up by its first test)"),
+        (26, "imports vLLM and torch in the test process (the module's VllmConfig, set up by its first test; "
+             "VLLM_IN_PROCESS_UNIT)"),
     "tests/test_secrets.py::test_a_sweep_given_credentials_writes_none_and_resumes":
         (25, "2 python run.py sweeps"),
     "tests/test_trust.py::test_a_sweep_rerun_skips_complete_jobs_and_an_invalid_job_stops_it_before_anything_runs":
@@ -253,7 +267,7 @@ SLOW: dict[str, tuple[float, str]] = {
     "tests/test_report.py::test_rate_sweep_figures":
         (22, "renders every figure of a report to PNG and PDF"),
     "tests/test_export.py::test_vllm_sweep_plot_reads_the_export":
-        (20, "imports vLLM (torch) in the test process for its sweep plot"),
+        (20, "imports vLLM (torch) in the test process for its sweep plot (VLLM_IN_PROCESS_UNIT)"),
     "tests/test_cost.py::test_a_sweep_prints_its_expected_cost_first_and_marks_cost_and_flags_in_comparison_md":
         (16, "python run.py sweeps"),
     "tests/test_launcher_guard.py::test_a_second_run_on_the_same_port_refuses_and_the_first_is_unharmed":

@@ -126,7 +126,7 @@ def test_dir_lock_in_process(tmp_path):
 
 # ---- fingerprints ------------------------------------------------------------------------------------
 
-def test_a_trace_rewritten_in_place_recomputes_the_job_and_says_why(tmp_path):
+def test_a_trace_rewritten_in_place_recomputes_the_job_and_says_why(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     convs = load_trace(SHIPPED)[:6]
     write_trace(trace, convs)
@@ -150,10 +150,10 @@ def test_a_trace_rewritten_in_place_recomputes_the_job_and_says_why(tmp_path):
     after = {p.parent.name: json.loads(p.read_text()) for p in sweep.rglob("summary.json")}
     for job in before:  # recomputed on the new trace: twice the output tokens (the run served all of them)
         assert after[job]["output_tokens"] == 2 * before[job]["output_tokens"] > 0, job
-    # the report sees one code and one trace content: nothing mixed, exit 0
-    rep = subprocess.run([sys.executable, "-m", "harness.analysis.report", str(sweep), "--no-figures"], cwd=PROJECT_ROOT,
-                         capture_output=True, text=True, env=_env(), timeout=300)
-    assert rep.returncode == 0, rep.stderr[-2000:]
+    # the report sees one code and one trace content: nothing mixed, exit 0 (run in this process: its command line
+    # is tests/test_report.py's; a process of its own cost ~2.5 CPU s of imports each time)
+    from harness.analysis import report
+    assert report.main([str(sweep), "--no-figures"]) == 0, capsys.readouterr().err[-2000:]
     runs = pd.read_csv(sweep / "report" / "runs.csv")
     assert not runs["mixed"].any() and runs["trace_fingerprint"].nunique() == 1
 
@@ -162,16 +162,14 @@ def test_a_trace_rewritten_in_place_recomputes_the_job_and_says_why(tmp_path):
     meta = json.loads(meta_p.read_text())
     meta["fingerprint"]["components"]["code"] = "0" * 32
     meta_p.write_text(json.dumps(meta))
-    rep = subprocess.run([sys.executable, "-m", "harness.analysis.report", str(sweep), "--no-figures"], cwd=PROJECT_ROOT,
-                         capture_output=True, text=True, env=_env(), timeout=300)
-    assert rep.returncode == 3 and "2 different code versions" in rep.stderr, rep.stderr[-2000:]
+    capsys.readouterr()
+    rc, err = report.main([str(sweep), "--no-figures"]), capsys.readouterr().err
+    assert rc == 3 and "2 different code versions" in err, err[-2000:]
     md = (sweep / "report" / "report.md").read_text()
     assert md.startswith("> **WARNING: this sweep mixes results that are not comparable")
     runs = pd.read_csv(sweep / "report" / "runs.csv").set_index("run")
     assert bool(runs.loc["1_conserve", "mixed"]) != bool(runs.loc["0_collocated", "mixed"])
-    rep = subprocess.run([sys.executable, "-m", "harness.analysis.report", str(sweep), "--no-figures", "--allow-mixed"],
-                         cwd=PROJECT_ROOT, capture_output=True, text=True, env=_env(), timeout=300)
-    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert report.main([str(sweep), "--no-figures", "--allow-mixed"]) == 0, capsys.readouterr().err[-2000:]
     # and a resume recomputes that job, naming the code
     r4 = run_cli(*args)
     assert r4.returncode == 0 and r4.stdout.count("already complete") == 1, r4.stdout[-2000:]
@@ -238,15 +236,20 @@ def test_a_workload_emptied_by_context_drops_fails_before_work_naming_the_keys(t
 
 
 def test_a_sweep_with_an_emptied_workload_or_a_scheduler_cluster_mismatch_fails_before_any_job(tmp_path):
+    """One sweep (one run.py: the two cases were two sweeps until 2026-12-06, ~2.9 CPU s each) of four jobs on
+    a40_4x (collocated instances only): job 0 (collocated, 1 conversation) has only an emptied workload (the
+    shipped trace's first conversation needs more than the model's context), job 3 (conserve, 4 conversations)
+    only a scheduler / cluster mismatch (ConServe needs a prefiller), job 1 (collocated, 4) is valid, job 2 has
+    both; each invalid job is named with its own error, and the valid job is not run either."""
     sweep = tmp_path / "sweep"
-    r = run_cli("-m", "scheduler=collocated,conserve", "cluster=a40_4x", *TINY, "slo=absolute",
-                f"hydra.sweep.dir={sweep}")
-    assert r.returncode == 2 and "1 of 2 sweep jobs are invalid" in r.stderr, r.stderr[-2000:]
-    assert "needs at least one instance with role 'prefiller'" in r.stderr and not (sweep / "0_collocated").exists()
-    r = run_cli("-m", "workload.num_conversations=1,4", "logger.progress=false", "slo=absolute",
-                f"hydra.sweep.dir={sweep}")
-    assert r.returncode == 2 and "1 of 2 sweep jobs are invalid" in r.stderr, r.stderr[-2000:]
-    assert "workload.token_scale" in r.stderr and not (sweep / "1_conserve").exists()
+    r = run_cli("-m", "scheduler=collocated,conserve", "workload.num_conversations=1,4", "cluster=a40_4x",
+                "logger.progress=false", "slo=absolute", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 2 and "3 of 4 sweep jobs are invalid" in r.stderr, r.stderr[-2000:]
+    job = {ln.split(" (", 1)[0].strip(): ln for ln in r.stderr.splitlines() if ln.startswith("  job ")}
+    assert sorted(job) == ["job 0", "job 2", "job 3"], r.stderr[-2000:]
+    assert "workload.token_scale" in job["job 0"] and "workload.context_overflow=drop" in job["job 0"]
+    assert "needs at least one instance with role 'prefiller'" in job["job 3"]
+    assert not (sweep / "0_collocated").exists() and not (sweep / "1_collocated").exists()
 
 
 def test_the_sweeps_comparison_table_is_headed_by_a_warning_when_code_versions_mix(tmp_path):

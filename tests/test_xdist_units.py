@@ -1,7 +1,7 @@
 """The suite's own xdist work units (tests/conftest.py ``SHARED_SERVER_UNITS``, ``FIRST_UNITS``,
 ``pytest_xdist_make_scheduler``): a test file is a unit, every test file that uses a shared real-server fixture is
-in the one unit that starts it, the long units are handed out first, and a ``-n 2`` run really keeps a unit's
-tests on one worker."""
+in the one unit that starts it, the files importing vLLM into the test process are one unit, the long units are
+handed out first, and a ``-n 2`` run really keeps a unit's tests on one worker."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIRST_UNITS, SHARED_SERVER_UNITS, unit_order, work_unit
+from tests.conftest import FIRST_UNITS, SHARED_SERVER_UNITS, VLLM_IN_PROCESS_UNIT, unit_order, work_unit
 
 TESTS = Path(__file__).resolve().parent
 
@@ -58,6 +58,21 @@ def test_a_two_worker_run_keeps_a_unit_on_one_worker():
     workers = re.findall(r"^\[(gw\d)\] .*PASSED tests/test_clusters\.py", r.stdout, re.M)
     assert len(workers) == 12, r.stdout[-2000:]   # 11 key cases + the placement test
     assert len(set(workers)) == 1, workers
+
+
+# test files that name vLLM or torch in an import but do not import them into the test process (why)
+VLLM_ELSEWHERE = {"tests/test_tiny_model_build.py": "torch is imported by its builds' parent process"}
+
+
+def test_every_file_importing_vllm_in_the_test_process_is_in_one_unit():
+    """A file whose tests import vLLM or torch (an import statement or ``pytest.importorskip``) is in the unit of
+    VLLM_IN_PROCESS_UNIT, so one worker pays that import (a new such file would otherwise quietly add one)."""
+    pat = re.compile(r"^\s*(from (vllm|torch)\b|import (vllm|torch)\b)|importorskip\([\"'](vllm|torch)\b", re.M)
+    files = {f"tests/{p.name}" for p in TESTS.glob("test_*.py") if pat.search(p.read_text())}
+    importing = files - set(VLLM_ELSEWHERE) - {f for f, u in SHARED_SERVER_UNITS.items() if u != VLLM_IN_PROCESS_UNIT}
+    assert importing == {f for f, u in SHARED_SERVER_UNITS.items() if u == VLLM_IN_PROCESS_UNIT}
+    assert {"tests/test_export.py", "tests/test_kv_connector.py", "tests/test_step_times_scheduler.py"} <= importing
+    assert set(VLLM_ELSEWHERE) <= files
 
 
 def test_every_listed_long_unit_is_a_test_file_or_a_shared_unit():
