@@ -398,7 +398,7 @@ def targets(data: dict, main_job: dict, curve: dict, rp: dict, base: str, quick:
     pts = curve.get("this", [])
     per = lin = None
     if len(pts) >= 2:
-        (n0, c0, r0), (n1, c1, r1) = pts[0][:3], pts[-1][:3]
+        (n0, _, r0), (n1, _, r1) = pts[0][:3], pts[-1][:3]
         per = (r1 - r0) * 1.048576 / (n1 - n0)   # MiB -> MB
         mc = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(pts, pts[1:])]
         mm = [(b[2] - a[2]) / (b[0] - a[0]) for a, b in zip(pts, pts[1:])]
