@@ -65,7 +65,7 @@ def _grid_run(fold: bool, until: float = math.inf):
             samples.append((clock.now(), state[0], be.observe()[0].energy_j))
             return
         sizes.append(len(times))
-        samples.extend((t, state[0], v[0][3]) for t, v in zip(times, be.observe_at(times)))
+        samples.extend((t, state[0], e) for t, e in zip(times, be.observe_at(times)[0][3], strict=True))
 
     def start():
         for t, s in ((3.0, 1), (4.5, 2), (6.0, 3)):

@@ -538,10 +538,10 @@ def test_a_sample_reads_the_loads_the_controller_reads_and_the_energy_to_its_ins
         return states
 
     def observe_at(self, times):
-        values = own_at(self, times)
+        columns = own_at(self, times)
         assert times[0] == self.clock.now()
-        check(self, values[0])
-        return values
+        check(self, [(kv[0], running, waiting, energy[0]) for kv, running, waiting, energy in columns])
+        return columns
     monkeypatch.setattr(SimBackend, "observe", observe)
     monkeypatch.setattr(SimBackend, "observe_at", observe_at)
     monkeypatch.setattr(SimBackend, "fold_ticks", fold)

@@ -151,9 +151,10 @@ class ClusterBase:
         raise NotImplementedError(f"{type(self).__name__}.drive")
 
     def observe_at(self, times: Sequence[float]) -> Sequence[tuple]:
-        """Per time of ``times`` (s, ascending, none before now), per instance ``(kv_used_tokens, num_running,
-        num_waiting, energy_j)`` as :meth:`observe` would give them then: only a backend whose :meth:`drive` calls
-        ``on_tick(times)`` needs it.
+        """Per instance ``(kv_used_tokens, num_running, num_waiting, energy_j)`` at each of ``times`` (s,
+        ascending, none before now) as :meth:`observe` would give them then, as columns: ``kv_used_tokens``
+        (tokens) and ``energy_j`` (J) one value per time, the two counts (requests) the same at all of them
+        (``Recorder.sample_at``): only a backend whose :meth:`drive` calls ``on_tick(times)`` needs it.
 
         Raises:
             NotImplementedError: by default (a backend that never calls ``on_tick(times)``).

@@ -513,20 +513,26 @@ class Recorder:
         if len(rows) >= SAMPLE_BATCH:
             self._flush_samples()
 
-    def sample_at(self, times: Sequence[float], infos, values, power_w: Sequence[float]) -> None:
-        """:meth:`sample` at each of ``times`` (s, in order): ``values[k]`` holds per instance
-        ``(kv_used_tokens, num_running, num_waiting, energy_j)`` at ``times[k]`` (tokens, requests, requests, J;
-        ``harness.sim.backend.SimBackend.observe_at``), ``power_w`` per instance (W) at every one of them. The
-        same rows as one :meth:`sample` per time with those values.
+    def sample_at(self, times: Sequence[float], infos, columns, power_w: Sequence[float]) -> None:
+        """:meth:`sample` at each of ``times`` (s, in order): ``columns`` holds per instance ``(kv_used_tokens,
+        num_running, num_waiting, energy_j)``, ``kv_used_tokens`` and ``energy_j`` one value per time (tokens, J;
+        lists), the two counts the same at all of them (requests; ``harness.sim.backend.SimBackend.observe_at``),
+        ``power_w`` per instance (W) at every one of them. The same rows as one :meth:`sample` per time with those
+        values (:func:`_instance_values`' columns and division, in that order: per time, the instances in
+        index order), built in one comprehension.
 
         Raises:
-            ValueError: ``values`` does not hold one entry per time."""
-        if len(values) != len(times):
-            raise ValueError(f"sample_at: {len(values)} observations for {len(times)} times")
+            ValueError: a column does not hold one value per time."""
+        n = len(times)
+        for info, (kv, _, _, energy) in zip(infos, columns):
+            if len(kv) != n or len(energy) != n:
+                raise ValueError(f"sample_at: {len(kv)} KV and {len(energy)} energy values of instance "
+                                 f"{info.name} for {n} times")
+        consts = [(info.name, info.role, info.hardware, info.kv_capacity_tokens) for info in infos]
         rows = self._sample_rows
-        for t, vals in zip(times, values):
-            for info, v, p in zip(infos, vals, power_w):
-                rows.append(_instance_values(t, info, *v, p))
+        rows.extend([(t, name, role, hw, kv[k], cap, kv[k] / cap, running, waiting, energy[k], p)
+                     for k, t in enumerate(times)
+                     for (name, role, hw, cap), (kv, running, waiting, energy), p in zip(consts, columns, power_w)])
         if len(rows) >= SAMPLE_BATCH:
             self._flush_samples()
 

@@ -135,19 +135,21 @@ class SimBackend(ClusterBase):
         now, energy = self.clock.now(), self._energy_j
         return tuple([InstanceState(*_load(e), energy(e, now)) for e in self.engines])
 
-    def observe_at(self, times: Sequence[float]) -> list[tuple[tuple[int, int, int, float], ...]]:
+    def observe_at(self, times: Sequence[float]) -> list[tuple[list[int], int, int, list[float]]]:
         """What :meth:`observe` would give at each of ``times`` (s, ascending, none before now and each before
         the clock's next event: nothing can change an engine by then but its own run, read at that instant),
-        without moving the clock: per time, per engine ``(kv_used_tokens, num_running, num_waiting, energy_j)``
-        (tokens, requests, requests, J; the values and float operations of an ``InstanceState`` of
-        :meth:`observe` there). ``drive`` calls it for the samples of the grid points before the next event
-        (``fold_ticks``)."""
+        without moving the clock, as columns: per engine ``(kv_used_tokens, num_running, num_waiting,
+        energy_j)``, ``kv_used_tokens`` (tokens) and ``energy_j`` (J) lists of one value per time, the two counts
+        (requests) the same at all of them (nothing but the engine's own run changes before the next event)
+        -- the values and float operations of an ``InstanceState`` of :meth:`observe` there. ``drive`` calls it
+        for the samples of the grid points before the next event (``fold_ticks``; ``Recorder.sample_at``)."""
         cols = []
         for e in self.engines:
-            bs, running, waiting, idle_w = e.bs, len(e.running), len(e.waiting) + e.loading, e.perf.hw.idle_w
-            cols.append([(u * bs, running, waiting, _energy(busy_s, busy_j, idle_w, t))
-                         for t, (u, busy_s, busy_j) in zip(times, e.observe_at(times))])
-        return list(zip(*cols))
+            bs, idle_w = e.bs, e.perf.hw.idle_w
+            used, busy, busy_j = e.observe_cols(times)
+            cols.append(([u * bs for u in used], len(e.running), len(e.waiting) + e.loading,
+                         [_energy(b, j, idle_w, t) for t, b, j in zip(times, busy, busy_j)]))
+        return cols
 
     def observe_load(self) -> tuple[tuple[int, int, int], ...]:
         """``(kv_used_tokens, num_running, num_waiting)`` of each engine now: ``observe`` without the

@@ -333,7 +333,6 @@ class Engine:
         self._end_s = -math.inf         # when the last step ended, s (after-idle term, async overlap)
         # the after-idle term (HardwareConfig.after_idle_s, harness.sim.perf.PerfModel.after_idle), where priced
         self._after_idle = perf.after_idle if any(perf.after_idle_s) else None
-        self._decode_one = perf.decode_one      # a paced step's price: decode_run_total of one step, in one call
         # async scheduling (engine.async_scheduling, "Async scheduling" in the module docstring)
         hw = perf.hw    # (a stand-in step model may have no profile, StepModel.hw None: then the knob alone)
         self.async_scheduling = cfg.runs_async(hw) if hw is not None else bool(cfg.async_scheduling)
@@ -455,17 +454,25 @@ class Engine:
         """``(used_blocks_now(t), *busy_energy_now(t))`` at each of ``times`` (blocks, s, J; ``times`` in s,
         ascending, each a ``now`` those two allow: no event of the clock before it), read in one pass: the same
         values (the same integer counts, the same running sums), at a fraction of the cost of one call each
-        inside a timeout-paced run (``SimBackend.observe_at``, the observer's folded ticks)."""
+        inside a timeout-paced run (``SimBackend.observe_at``, the observer's folded ticks): :meth:`observe_cols`
+        per time."""
+        return list(zip(*self.observe_cols(times)))
+
+    def observe_cols(self, times: Sequence[float]) -> tuple[list[int], list[float], list[float]]:
+        """:meth:`observe_at` as three columns, one value per time each: used blocks (blocks), busy time (s)
+        and busy energy (J) (``SimBackend.observe_at`` reads them so)."""
         kv = self.kv
         used = kv.capacity_blocks - kv.free - kv.cached     # kv.used, inline
+        n = len(times)
         if not self._run_coalesced:         # nothing moves before the next event
-            return [(used, self.busy_s, self.energy_busy_j)] * len(times)
+            return [used] * n, [self.busy_s] * n, [self.energy_busy_j] * n
         begins = self._paced_begins
-        if begins is None or not self._run_exact or len(times) == 1:
-            return [(self.used_blocks_now(t), *self.busy_energy_now(t)) for t in times]
+        if begins is None or not self._run_exact or n == 1:
+            reads = [self.busy_energy_now(t) for t in times]
+            return [self.used_blocks_now(t) for t in times], [b for b, _ in reads], [e for _, e in reads]
         bs = self.bs
         js = [bisect_right(begins, t) - 1 for t in times]      # the steps begun by each time
-        us = [used] * len(times)
+        us = [used] * n
         for reqs, steps in zip(self._paced_groups, self._paced_steps_of):
             cs = [bisect_right(steps, j) for j in js]       # the steps begun that run the group
             for r in reqs:
@@ -478,8 +485,10 @@ class Engine:
         ends = self._run_ends
         ks = [bisect_right(ends, t) for t in times]          # the steps ended by each time
         cb, ce = self._busy_sums(ks[-1])
+        if ks[0]:
+            return us, [cb[k - 1] for k in ks], [ce[k - 1] for k in ks]
         busy, ej = self.busy_s, self.energy_busy_j
-        return [(u, cb[k - 1], ce[k - 1]) if k else (u, busy, ej) for u, k in zip(us, ks)]
+        return us, [cb[k - 1] if k else busy for k in ks], [ce[k - 1] if k else ej for k in ks]
 
     # ---- KV blocks ------------------------------------------------------------------------------
     def _release(self, req: Request) -> None:
@@ -1112,25 +1121,33 @@ class Engine:
         end (the steps :meth:`_paced_group_steps` gives one group: it is ready at each previous end + ``mw``, the
         next ready time inf). Appends each step's begin, end (s), time (s), energy (J), groups run ``(0,)``, wake
         time (inf), batch size and index to the lists given; a generator that pauses once ``lim[0]`` steps are
-        kept and more may follow (:meth:`_paced_extend`)."""
-        price = self._price_paced_step
+        kept and more may follow (:meth:`_paced_extend`). Each step priced as one event per step prices it: the
+        step model's ``decode_one`` (its :meth:`~harness.sim.step_model.StepModel.decode_pricer` of the batch)
+        plus the after-idle term of the gap since the previous end."""
+        price, after = self.perf.decode_pricer(b), self._after_idle
         horizon = self.horizon_s
         inf = math.inf
         one = (0,)
         t, prev = now, self._end_s
+        add_b, add_e, add_d, add_j = begins.append, ends.append, durs.append, energy.append
+        add_s, add_w, add_z, add_k = served_l.append, wakes.append, size_l.append, steps.append
         for j in range(k):
-            d, ej = price(b, ctx, t - prev)
+            d, ej = price(ctx)
+            if after is not None:
+                extra = after(t - prev)
+                if extra:
+                    d = d + extra
             end = t + d
             if j and end > horizon:
                 return
-            begins.append(t)
-            ends.append(end)
-            durs.append(d)
-            energy.append(ej)
-            served_l.append(one)
-            wakes.append(inf)
-            size_l.append(b)
-            steps.append(j)
+            add_b(t)
+            add_e(end)
+            add_d(d)
+            add_j(ej)
+            add_s(one)
+            add_w(inf)
+            add_z(b)
+            add_k(j)
             ctx += b
             prev = end
             t = end + mw
@@ -1183,19 +1200,6 @@ class Engine:
                 finished.append(req)
         self.decode_tokens += c * len(reqs)
 
-    def _price_paced_step(self, b: int, ctx: int, gap: float) -> tuple[float, float]:
-        """One decode step of a timeout-paced run priced as one event per step prices it (``decode_run_total`` of
-        one step, through the step model's ``decode_one``): ``b`` requests at summed context ``ctx`` (tokens),
-        ``gap`` s after the previous step's end (``after_idle``'s extra time). Returns (the step's time, s; its
-        energy, J)."""
-        d, ej = self._decode_one(b, ctx)
-        after = self._after_idle
-        if after is not None:
-            extra = after(gap)
-            if extra:
-                d = d + extra
-        return d, ej
-
     def _paced_growth_fits(self, requests: int, avail: int) -> bool:
         """Whether ``requests`` requests' KV growth over the longest timeout-paced run of timer groups fits the
         ``avail`` blocks available, whatever the steps (then no step of the run is checked): a request needs at
@@ -1213,7 +1217,8 @@ class Engine:
         the idle time after a group's step, s. Appends per step the groups it runs (``served_l``), the rule's wake
         time at its plan (``wakes``, s; inf: none) and its batch size (``size_l``), and per group the steps that
         run it (``steps_of``). A generator that pauses once ``lim[0]`` steps are kept and more may follow
-        (:meth:`_paced_extend`)."""
+        (:meth:`_paced_extend`). Each step priced as :meth:`_paced_one_steps` prices one (the batch's
+        ``decode_pricer``, taken once per batch size)."""
         horizon, bs = self.horizon_s, self.bs
         n = len(reqs_of)
         rng = range(n)
@@ -1223,7 +1228,9 @@ class Engine:
         inf = math.inf
         check = not self._paced_growth_fits(sum(sizes), avail)
         t, prev, end = now, self._end_s, now
-        price = self._price_paced_step
+        pricer, after, prices = self.perf.decode_pricer, self._after_idle, {}
+        add_b, add_e, add_d, add_j = begins.append, ends.append, durs.append, energy.append
+        add_s, add_w, add_z = served_l.append, wakes.append, size_l.append
         for j in range(PACED_GROUP_STEPS):
             if j:
                 m = min(ready)
@@ -1255,7 +1262,14 @@ class Engine:
                     add += x - need[g]
                 if total_need + add > avail:
                     break
-            d, ej = price(b, ctx, t - prev)
+            price = prices.get(b)
+            if price is None:
+                price = prices[b] = pricer(b)
+            d, ej = price(ctx)
+            if after is not None:
+                extra = after(t - prev)
+                if extra:
+                    d = d + extra
             end = t + d
             if j and end > horizon:
                 break
@@ -1263,13 +1277,13 @@ class Engine:
                 for g, x in zip(served, grown):
                     total_need += x - need[g]
                     need[g] = x
-            begins.append(t)
-            ends.append(end)
-            durs.append(d)
-            energy.append(ej)
-            served_l.append(served)
-            wakes.append(w)
-            size_l.append(b)
+            add_b(t)
+            add_e(end)
+            add_d(d)
+            add_j(ej)
+            add_s(served)
+            add_w(w)
+            add_z(b)
             done = False
             nxt = end + mw
             for g in served:
@@ -1370,20 +1384,22 @@ class Engine:
         self.steps += k
         exact = self._run_exact
         paced = None
-        if exact:                       # step by step, as one event per step adds them
-            busy, ej = self.busy_s, self.energy_busy_j
-            for d in self._run_durs:
+        if exact:                       # step by step, as one event per step adds them (from the running sums
+            cum = self._busy_cum        # an observer's reads kept, _busy_sums: the same additions)
+            i = min(len(cum[1]), k) if cum[0] == self._version else 0
+            busy, ej = (cum[1][i - 1], cum[2][i - 1]) if i else (self.busy_s, self.energy_busy_j)
+            for d in self._run_durs[i:]:
                 busy += d
-            for e in self._run_energy:
+            for e in self._run_energy[i:]:
                 ej += e
             self.busy_s, self.energy_busy_j = busy, ej
             if self._paced_begins is not None:      # a timeout-paced run: the stated empty plans after its
                 if self._paced_own_timers:          # steps but the last, not computed; its timers
                     self._paced_timer_state(now)
                 paced = self._paced_groups if k > 1 else None
-                running = self._run_paused + self._paced_sizes[0]      # the residents at the run's start
-                for b in self._paced_sizes[1:]:
-                    self.paused_steps += running - b
+                steps_of = self._paced_steps_of     # per group: the steps that ran it (the kept ones)
+                sizes = self._paced_sizes   # each step after the first pauses the residents at the run's start
+                self.paused_steps += (self._run_paused + sizes[0]) * (len(sizes) - 1) - sum(sizes[1:])  # but its own
                 self._paced_begins = self._paced_groups = self._paced_more = None
                 self._paced_wake_sorted = None
                 self.plans_skipped += k - 1
@@ -1423,12 +1439,10 @@ class Engine:
             # requests advance by that many tokens, idle since the last); the groups in the rule's order, so a
             # request that finishes (in the run's last step) is listed in that step's order
             ends = self._run_ends
-            times = [array("d") for _ in paced]
-            for e, served in zip(ends, self._paced_served):
-                for g in served:
-                    times[g].append(e)
-            for reqs, tt in zip(paced, times):
-                if tt:
+            for reqs, steps in zip(paced, steps_of):
+                n = bisect_left(steps, k)       # the kept steps (a _truncate after a cut may drop the last begun)
+                if n:
+                    tt = array("d", [ends[j] for j in steps[:n]])
                     self._advance_decoded(reqs, tt, tt[-1], finished)
         elif decode:
             # a run's token times, shared by the batch: run start + step-end offsets (one vector addition

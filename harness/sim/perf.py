@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -125,6 +126,7 @@ class PerfModel(StepModel):
         self._opf = hw.overhead_power_frac
         self._cap_dyn_w = hw.cap_w - hw.idle_w
         self._batch_memo: dict[int, tuple[float, float, float, bool]] = {}   # decode_run_total's, per batch
+        self._pricers: dict[int, Callable[[int], tuple[float, float]]] = {}  # decode_pricer's, per batch
 
     def _lin(self, c: float, m: float) -> float:
         """The linear operators' time, s: ``(c**k + m**k)**(1/k)`` (``max(c, m)`` when k is None)."""
@@ -231,20 +233,38 @@ class PerfModel(StepModel):
 
     def decode_one(self, decode_seqs: int, ctx_tokens: int) -> tuple[float, float]:
         """One decode-only step as a run of one step: ``(time s, energy J)``, bit for bit ``(ends[0], energy)`` of
-        ``decode_run_total(decode_seqs, ctx_tokens, 1, limit)`` (``StepModel.decode_one``) at the cost of one call:
-        where the batch's run is plain (``_run_terms``), :meth:`_decode_run_plain`'s float operations for its one
-        step, inline (``0.0 + step`` and ``0.0 + energy``: its sums from 0); otherwise ``decode_run_total``."""
+        ``decode_run_total(decode_seqs, ctx_tokens, 1, limit)`` (``StepModel.decode_one``): :meth:`decode_pricer`
+        of the batch, at ``ctx_tokens``."""
+        return self.decode_pricer(decode_seqs)(ctx_tokens)
+
+    def decode_pricer(self, decode_seqs: int) -> Callable[[int], tuple[float, float]]:
+        """:meth:`decode_one` of ``decode_seqs`` sequences as a function of the summed context (tokens ->
+        ``(time s, energy J)``; ``StepModel.decode_pricer``), memoised per batch: where the batch's run is plain
+        (``_run_terms``), :meth:`_decode_run_plain`'s float operations for its one step, with the batch's terms
+        bound (``kv_m = kv_s * (ctx + b)``, ``step = base_s + kv_m``, then ``0.0 + step`` and ``0.0 + (idle *
+        step + dyn_w * (busy0 + mpf * kv_m))``: its sums from 0); otherwise ``decode_run_total`` of one step.
+        A timeout-paced run prices each of its steps with it (``harness.sim.engine``: one call a step)."""
+        price = self._pricers.get(decode_seqs)
+        if price is not None:
+            return price
         b = decode_seqs
         terms = self._batch_memo.get(b)
         if terms is None:
             terms = self._batch_memo[b] = self._run_terms(b)
-        if not terms[3]:
-            ends, energy = self.decode_run_total(b, ctx_tokens, 1, math.inf)
-            return ends[0], energy
-        kv_m = self._kv_s_per_token * (ctx_tokens + b)
-        step_s = terms[1] + kv_m
-        hw = self.hw
-        return 0.0 + step_s, 0.0 + (hw.idle_w * step_s + self._dyn_w * (terms[2] + hw.memory_power_frac * kv_m))
+        if terms[3]:
+            _, base_s, busy0, _ = terms
+            kv_s, dyn_w, idle, mpf = self._kv_s_per_token, self._dyn_w, self.hw.idle_w, self.hw.memory_power_frac
+
+            def price(ctx_tokens: int) -> tuple[float, float]:
+                kv_m = kv_s * (ctx_tokens + b)
+                step_s = base_s + kv_m
+                return 0.0 + step_s, 0.0 + (idle * step_s + dyn_w * (busy0 + mpf * kv_m))
+        else:
+            def price(ctx_tokens: int) -> tuple[float, float]:
+                ends, energy = self.decode_run_total(b, ctx_tokens, 1, math.inf)
+                return ends[0], energy
+        self._pricers[b] = price
+        return price
 
     def _run_terms(self, b: int) -> tuple[float, float, float, bool]:
         """A decode run's terms that depend on its batch ``b`` alone (memoised per ``b`` in ``_batch_memo``):

@@ -12,9 +12,10 @@ price nothing unless a model declares them (the class attributes below). The bui
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 if TYPE_CHECKING:
     from harness.core.profiles import HardwareConfig, ModelConfig
@@ -145,6 +146,12 @@ class StepModel:
         runs price each step with it. Default: :meth:`decode_run_total`."""
         ends, energy = self.decode_run_total(decode_seqs, ctx_tokens, 1, math.inf)
         return ends[0], energy
+
+    def decode_pricer(self, decode_seqs: int) -> Callable[[int], tuple[float, float]]:
+        """:meth:`decode_one` of ``decode_seqs`` sequences as a function of the summed context (tokens -> ``(time
+        s, energy J)``, the same values): the engine's timeout-paced runs take it once per batch size and call it
+        once per step. Default: :meth:`decode_one` with the batch bound."""
+        return functools.partial(self.decode_one, decode_seqs)
 
     def decode_steps(self, decode_seqs: int, ctx_tokens: int, max_steps: int, start_s: float, limit_s: float
                      ) -> tuple[list[float], list[float], list[float]]:

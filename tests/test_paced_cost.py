@@ -1,0 +1,136 @@
+"""WAIT's cost per call, sixth round (issue 54): a timeout-paced step priced through a per-batch pricer
+(``StepModel.decode_pricer``), the observer's folded ticks read as columns (``Engine.observe_cols``,
+``SimBackend.observe_at``) and written in one comprehension (``Recorder.sample_at``), and a paced run's end adding
+only the steps no observer summed (``Engine._step_end`` from ``_busy_sums``). Each must give what the path it
+replaces gave: checked here against values worked out by hand and against one event per step (the rule's
+``timer_groups`` stripped); ``tests/test_fold_ticks.py`` and ``tests/test_wait_speed.py`` check the whole runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness.core.backend import InstanceInfo, InstanceState
+from harness.core.profiles import HardwareConfig, ModelConfig
+from harness.core.recorder import Recorder
+from harness.sim.perf import PerfModel
+from harness.sim.step_model import StepCost
+from tests.test_batching import StubPerf
+from tests.test_wait_speed import _three_types
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(cls, path: Path):
+    raw = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path)).items() if k != "defaults"}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), raw))
+
+
+@pytest.mark.parametrize("cap_w", [None, 150.0])
+def test_the_pricer_prices_a_step_as_decode_one_by_hand(cap_w):
+    """``PerfModel.decode_pricer(b)(ctx)`` is ``decode_run_total(b, ctx, 1, inf)`` of one step bit for bit, with the
+    power cap free (the plain step, bound per batch) and binding (150 W under the A40's 300 W TDP: the general
+    loop); where plain, by hand: time ``base_s + kv_s * (ctx + b)``, energy ``idle_w * time + (tdp - idle) *
+    (busy0 + memory_power_frac * kv_s * (ctx + b))``. One pricer per batch size (memoised)."""
+    a40 = _load(HardwareConfig, ROOT / "conf" / "hardware" / "a40.yaml")
+    llama = _load(ModelConfig, ROOT / "conf" / "model" / "llama2_7b.yaml")
+    perf = PerfModel(dataclasses.replace(a40, power_cap_w=cap_w), llama)
+    for b, ctx in [(1, 0), (1, 10), (3, 4000), (64, 123_457)]:
+        price = perf.decode_pricer(b)
+        assert perf.decode_pricer(b) is price
+        ends, energy = perf.decode_run_total(b, ctx, 1, math.inf)
+        assert price(ctx) == (ends[0], energy) == perf.decode_one(b, ctx)
+        _, base_s, busy0, plain = perf._run_terms(b)
+        assert plain == (cap_w is None)
+        if plain:
+            hw = perf.hw
+            kv_m = perf._kv_s_per_token * (ctx + b)
+            step = base_s + kv_m
+            assert price(ctx) == (step, hw.idle_w * step + (hw.tdp_w - hw.idle_w) * (busy0 + hw.memory_power_frac * kv_m))
+
+
+def test_a_step_model_without_a_pricer_prices_through_decode_one():
+    """``StepModel.decode_pricer`` by default: ``decode_one`` with the batch bound; a stand-in step model of step
+    time ``0.25 + 0.01 * context`` (s, no energy) gives (0.25 + 0.01 * 40, 0) for 3 requests at 40 tokens."""
+    price = StubPerf(0.25, 0.01).decode_pricer(3)
+    assert price(40) == (0.25 + 0.01 * 40, 0.0)
+
+
+def _infos():
+    return (InstanceInfo(0, "e0", "collocated", "a40", 1000), InstanceInfo(1, "e1", "collocated", "a40", 2000))
+
+
+def test_the_folded_samples_are_rows_by_hand():
+    """``Recorder.sample_at`` of two instances at 1, 2, 3 s from columns (KV tokens and energy per time, the counts
+    once): per time, e0's row then e1's, KV as a fraction of capacity (100 / 1000 = 0.1, ...), the power given; the
+    same ``instances.parquet`` bytes as one ``Recorder.sample`` per time of those states; a column that does not
+    hold one value per time is refused (ValueError naming the instance)."""
+    times = [1.0, 2.0, 3.0]
+    cols = [([100, 200, 300], 2, 1, [10.0, 20.0, 30.0]), ([0, 500, 0], 0, 3, [5.0, 5.5, 6.0])]
+    folded, flat = Recorder(lambda c, t: True), Recorder(lambda c, t: True)
+    folded.sample_at(times, _infos(), cols, [math.nan, 7.0])
+    for k, t in enumerate(times):
+        flat.sample(t, _infos(), [InstanceState(kv[k], r, w, e[k]) for kv, r, w, e in cols], [math.nan, 7.0])
+    rows = folded.samples
+    assert [(r["t_s"], r["instance"], r["kv_used_tokens"], r["kv_capacity_tokens"], r["kv_used_frac"],
+             r["num_running"], r["num_waiting"], r["energy_j"], r["role"], r["hardware"]) for r in rows] == [
+        (1.0, "e0", 100, 1000, 0.1, 2, 1, 10.0, "collocated", "a40"), (1.0, "e1", 0, 2000, 0.0, 0, 3, 5.0, "collocated", "a40"),
+        (2.0, "e0", 200, 1000, 0.2, 2, 1, 20.0, "collocated", "a40"), (2.0, "e1", 500, 2000, 0.25, 0, 3, 5.5, "collocated", "a40"),
+        (3.0, "e0", 300, 1000, 0.3, 2, 1, 30.0, "collocated", "a40"), (3.0, "e1", 0, 2000, 0.0, 0, 3, 6.0, "collocated", "a40")]
+    assert [math.isnan(r["power_w"]) for r in rows] == [True, False] * 3 and rows[1]["power_w"] == 7.0
+    out = []
+    for rec in (folded, flat):
+        buf = io.BytesIO()
+        rec.instances_frame().to_parquet(buf, index=False)
+        out.append(buf.getvalue())
+    assert out[0] == out[1]
+    with pytest.raises(ValueError, match="instance e1"):
+        folded.sample_at(times, _infos(), [cols[0], ([0, 500], 0, 3, [5.0, 5.5, 6.0])], [math.nan, 7.0])
+
+
+class _Joules(StubPerf):
+    """``StubPerf`` with energy: every decode step 0.1 s and 0.3 J (neither a binary fraction: a sum's rounding
+    depends on its order)."""
+
+    def __init__(self):
+        super().__init__(0.1)
+
+    def decode_run(self, b, ctx, kmax, limit_s):
+        ends, _ = super().decode_run(b, ctx, kmax, limit_s)
+        e, energy = 0.0, []
+        for _ in ends:
+            e += 0.3
+            energy.append(e)
+        return ends, energy
+
+    def step(self, *a, **k):
+        c = super().step(*a, **k)
+        return StepCost(c.time_s, 0.3, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("looks", [(), (0.55, 0.65, 0.9, 1.35, 1.6, 2.05)])
+def test_a_paced_run_ends_with_the_counters_of_one_event_per_step(monkeypatch, looks):
+    """``tests/test_wait_speed.py``'s three types (0.1-s, 0.3-J steps here), the timer groups' run against the run
+    with them stripped (one event per step), read by observers mid-run or not (their running sums then reused at
+    the run's end): the same steps, and busy time and energy the sums of 0.1 s and 0.3 J added one step at a time
+    from 0 (by hand: a loop of float additions), bit for bit. With 0.1-s steps no two types share a step: A 0.5 ->
+    0.6, B 0.6 -> 0.7, C 0.7 -> 0.8, A 1.1 -> 1.2, ..., B's last 1.8 -> 1.9, C 1.9 -> 2.0, A's last 2.3 -> 2.4, C 2.5 ->
+    2.6 and 3.1 -> 3.2: 12 steps; paused steps (the residents each step leaves out) 8 x 2 + 1 + 1 + 0 + 0 = 18 either
+    way; the run with the timer groups in fewer events."""
+    import tests.test_wait_speed as tw
+    monkeypatch.setattr(tw, "StubPerf", lambda a: _Joules())
+    on, _, tokens_on, seen_on = _three_types(True, looks=looks)
+    off, _, tokens_off, seen_off = _three_types(False, looks=looks)
+    assert tokens_on == tokens_off and seen_on == seen_off
+    busy = energy = 0.0
+    for _ in range(on.steps):
+        busy += 0.1
+        energy += 0.3
+    assert on.steps == off.steps and (on.busy_s, on.energy_busy_j) == (off.busy_s, off.energy_busy_j) == (busy, energy)
+    assert on.steps == 12 and on.paused_steps == off.paused_steps == 18 and on.clock.events < off.clock.events
