@@ -478,7 +478,7 @@ def pd_pair(tmp_path_factory):
     """One launched prefiller + decoder pair (``cluster=cpu_1p1d``, cores 0 and 1) per test session and
     xdist worker, shared by every real-vLLM test that only needs *a* pair (tests/test_vllm_real.py,
     tests/test_twin.py: the same work unit of :data:`SHARED_SERVER_UNITS`, so one worker and one start-up,
-    about 76 CPU s of the suite's work saved per sharer: two start-ups of ~38 CPU s, docs/vllm_cpu.md). Tests that kill or reconfigure a server launch their own.
+    about 46 CPU s of the suite's work saved per sharer: two start-ups of ~23 CPU s, docs/vllm_cpu.md). Tests that kill or reconfigure a server launch their own.
     Yields ``([prefiller_url, decoder_url], launcher)``."""
     skip_without_vllm()   # not importorskip: importing vLLM (torch) here would cost this process ~7 CPU s
     specs, launcher = launched("cpu_1p1d", tmp_path_factory.mktemp("pd_pair"))
