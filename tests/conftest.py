@@ -410,8 +410,9 @@ _handed_out: set[int] = set()
 
 def free_port_base(instances: int = 2) -> int:
     """A ``backend.port_base`` for a test that starts servers: its ports (``+ k``, ``+ 250 + k``,
-    ``+ 500 + k`` for ``k < instances``, at most 10) are free now (bind check on 127.0.0.1) and were handed
-    to no other test of this process. Each xdist worker takes its bases from a region of its own
+    ``+ 500 + k`` for ``k < instances``, at most 10) are free now (a strict bind check on 127.0.0.1,
+    ``harness.vllm.launcher.port_free(strict=True)``: a port another session's vLLM server has bound but does not
+    listen on yet, during its start-up, is taken) and were handed to no other test of this process. Each xdist worker takes its bases from a region of its own
     (``gw<i>``: 20000 + 750 (i mod 16) onwards; no xdist: region 0), so tests on different workers never
     share a port whatever the distribution (``--dist load``, ``loadgroup``, ``worksteal``); the first slot
     tried is rotated by the test run's id, so that two test sessions on one machine rarely meet, and a
@@ -435,7 +436,7 @@ def free_port_base(instances: int = 2) -> int:
         if base in _handed_out:
             continue
         ports = [base + off + k for off in (0, 250, 500) for k in range(instances)]
-        if all(port_free(p) for p in ports):
+        if all(port_free(p, strict=True) for p in ports):
             _handed_out.add(base)
             return base
     raise RuntimeError(f"no free port_base left in {worker}'s region {region}..{region + PORT_REGION - 1}")
