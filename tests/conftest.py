@@ -126,7 +126,9 @@ SHARED_SERVER_UNITS = {
     "tests/test_clusters.py": "local Ray and Slurm clusters (module fixtures)",
 }
 # The units handed out first, in this order: the longest, so that no long unit starts last and holds one worker
-# while the other is idle: the real-server units, then the fast tier's slowest files (their wall times in one
+# while the other is idle: the real-server units (their wall times in a `-n 2 -m real_server` run with forked vLLM
+# workers, load 8-11, 2026-12-06: test_vllm_real + test_twin 635 s, test_clusters 455 s, test_calibrate_real 127 s,
+# test_vllm_wait_real 74 s, test_vllm_wait_cp_real 56 s), then the fast tier's slowest files (their wall times in one
 # serial run beside other jobs, load ~20, 2026-12-06: sim_speed benchmark 612 s, the wheel install 290 s, the
 # step-time scheduler on vLLM's classes 170 s, the tiny model's builds 166 s, the launcher guard 140 s, the
 # ExampleConnector in-process 137 s, the nested two-worker run 113 s), with the two files of the costliest
