@@ -18,7 +18,8 @@ when it is loaded: in a forked worker it was loaded by the API server, unbound, 
 variables did nothing, and the worker served ~2.4-4.5x as dear (two OpenMP threads spinning over both cores instead
 of one bound to its core; 15 requests of 512 + 32 tokens, 16.7 against 7.0 CPU s, 2026-12-06). The forked worker
 therefore binds itself as the environment would have (:func:`bind_forked_worker`: its CPU affinity, torch's
-thread count), and serves as the spawned one does (7.0 against 7.0 CPU s for the same 15). That is exact where each
+thread count), and serves as the spawned one does (7.0 against 7.0 CPU s for the same 15; 30 requests in 5
+alternated pairs, medians 16.4 against 16.6 CPU s, within the pairs' spread). That is exact where each
 worker's OpenMP binding is one CPU (``VLLM_CPU_OMP_THREADS_BIND`` naming one CPU per rank, as
 ``harness.vllm.cluster.instance_specs`` sets it: the worker runs one thread, on that core) and vLLM's
 ``--numa-bind`` (a ``numactl`` wrapper of the spawned command) is off; elsewhere the worker is spawned
