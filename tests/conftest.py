@@ -133,7 +133,9 @@ SHARED_SERVER_UNITS = {
     "tests/test_export.py": VLLM_IN_PROCESS_UNIT,
 }
 # The units handed out first, in this order: the longest, so that no long unit starts last and holds one worker
-# while the other is idle: the real-server units, then the fast tier's slowest files (their wall times in one
+# while the other is idle: the real-server units (their wall times in a `-n 2 -m real_server` run with forked vLLM
+# workers, load 8-11, 2026-12-06: test_vllm_real + test_twin 635 s, test_clusters 455 s, test_calibrate_real 127 s,
+# test_vllm_wait_real 74 s, test_vllm_wait_cp_real 56 s), then the fast tier's slowest files (their wall times in one
 # serial run beside other jobs, load ~20, 2026-12-06: sim_speed benchmark 612 s, the wheel install 290 s, the
 # files importing vLLM into the test process (the step-time scheduler on vLLM's classes 170 s and the
 # ExampleConnector 137 s, with test_export.py), the tiny model's builds 166 s, the launcher guard 140 s, the
@@ -424,8 +426,9 @@ _handed_out: set[int] = set()
 
 def free_port_base(instances: int = 2) -> int:
     """A ``backend.port_base`` for a test that starts servers: its ports (``+ k``, ``+ 250 + k``,
-    ``+ 500 + k`` for ``k < instances``, at most 10) are free now (bind check on 127.0.0.1) and were handed
-    to no other test of this process. Each xdist worker takes its bases from a region of its own
+    ``+ 500 + k`` for ``k < instances``, at most 10) are free now (a strict bind check on 127.0.0.1,
+    ``harness.vllm.launcher.port_free(strict=True)``: a port another session's vLLM server has bound but does not
+    listen on yet, during its start-up, is taken) and were handed to no other test of this process. Each xdist worker takes its bases from a region of its own
     (``gw<i>``: 20000 + 750 (i mod 16) onwards; no xdist: region 0), so tests on different workers never
     share a port whatever the distribution (``--dist load``, ``loadgroup``, ``worksteal``); the first slot
     tried is rotated by the test run's id, so that two test sessions on one machine rarely meet, and a
@@ -449,7 +452,7 @@ def free_port_base(instances: int = 2) -> int:
         if base in _handed_out:
             continue
         ports = [base + off + k for off in (0, 250, 500) for k in range(instances)]
-        if all(port_free(p) for p in ports):
+        if all(port_free(p, strict=True) for p in ports):
             _handed_out.add(base)
             return base
     raise RuntimeError(f"no free port_base left in {worker}'s region {region}..{region + PORT_REGION - 1}")
@@ -492,7 +495,7 @@ def pd_pair(tmp_path_factory):
     """One launched prefiller + decoder pair (``cluster=cpu_1p1d``, cores 0 and 1) per test session and
     xdist worker, shared by every real-vLLM test that only needs *a* pair (tests/test_vllm_real.py,
     tests/test_twin.py: the same work unit of :data:`SHARED_SERVER_UNITS`, so one worker and one start-up,
-    about 76 CPU s of the suite's work saved per sharer: two start-ups of ~38 CPU s, docs/vllm_cpu.md). Tests that kill or reconfigure a server launch their own.
+    about 46 CPU s of the suite's work saved per sharer: two start-ups of ~23 CPU s, docs/vllm_cpu.md). Tests that kill or reconfigure a server launch their own.
     Yields ``([prefiller_url, decoder_url], launcher)``."""
     skip_without_vllm()   # not importorskip: importing vLLM (torch) here would cost this process ~7 CPU s
     specs, launcher = launched("cpu_1p1d", tmp_path_factory.mktemp("pd_pair"))

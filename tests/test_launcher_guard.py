@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -198,3 +199,112 @@ def test_a_dead_runs_leftovers_are_killed_by_the_next_launch_and_nothing_else(tm
         for p in (left, other):
             p.kill()
             p.wait()
+
+
+# ---- a server another process put on the port while the launched one started (issue 54) -------------------------
+# vLLM's API server binds its port at once and listens only when healthy (vllm/entrypoints/launchers/launcher.py,
+# setup_server); Linux lets a second socket with SO_REUSEADDR bind the same port meanwhile, and the first to listen
+# wins. BINDER does what vLLM does (bound, then listening once told, exit 3 if it cannot); INTRUDER is another
+# session's stand-in answering /health on that port.
+BINDER = """
+import os, socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", {port}))
+open({bound!r}, "w").close()
+while not os.path.exists({go!r}):
+    time.sleep(0.05)
+try:
+    s.listen()
+except OSError as e:
+    print("listen:", e, flush=True)
+    sys.exit(3)
+sys.exit(4)
+"""
+INTRUDER = """
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", {port}), H).serve_forever()
+"""
+
+
+def wait_for(pred, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if pred():
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def test_a_port_bound_but_not_listening_is_free_only_to_the_lenient_check_and_listeners_are_told_apart():
+    """``port_free`` (``SO_REUSEADDR``) does not see a socket bound without listening, the strict check does;
+    ``foreign_listener`` names a listener outside the given process tree and accepts one inside it."""
+    port = free_port_base(1)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        assert L.port_free(port) and not L.port_free(port, strict=True)
+        assert L.foreign_listener(port, os.getpid()) == ""          # nobody listens yet: nothing to tell
+        s.listen()
+        assert not L.port_free(port)
+        assert L.listening_inodes(port) and L.socket_holders(L.listening_inodes(port)) == [os.getpid()]
+        assert L.foreign_listener(port, os.getpid()) == ""          # this process (the tree's root) listens
+        msg = L.foreign_listener(port, child.pid)                    # the child's tree does not
+        assert msg.startswith(f"port {port} is answered by a process not of this launch: pid {os.getpid()} ("), msg
+    finally:
+        s.close()
+        child.kill()
+        child.wait()
+    assert L.port_free(port, strict=True)
+
+
+def test_a_server_another_process_put_on_the_port_meanwhile_is_not_taken_for_the_launched_one(tmp_path, state):
+    """The launched stand-in binds its port as vLLM does; another process then listens there and answers
+    ``/health`` 200 for 1.5 s (three of the launcher's polls) before the stand-in tries to listen and fails:
+    the launcher does not call the stand-in healthy on the intruder's answers (until 2026-12-06 it did, and the
+    run's requests then went to the intruder or nowhere), and its error names the intruder's pid."""
+    import threading
+    port = free_port_base(1)
+    bound, go = tmp_path / "bound", tmp_path / "go"
+
+    class Binder(L.InstanceSpec):
+        def command(self):
+            return [sys.executable, "-c", BINDER.format(port=self.port, bound=str(bound), go=str(go))]
+    launcher = L.Launcher([Binder("fake0", "collocated", port, "none")], tmp_path / "logs_d", 60)
+    intruder: list = []
+
+    def intrude():
+        try:
+            if wait_for(bound.exists):
+                intruder.append(subprocess.Popen([sys.executable, "-c", INTRUDER.format(port=port)]))
+                wait_for(lambda: healthy(port))
+                time.sleep(1.5)
+        finally:
+            go.touch()
+    t = threading.Thread(target=intrude)
+    t.start()
+    try:
+        with pytest.raises(RuntimeError) as e:
+            launcher.start()
+        t.join()
+        assert intruder, "the intruder never started"
+        assert (f"exited with code 3 before becoming healthy (port {port} is answered by a process not of this "
+                f"launch: pid {intruder[0].pid} (") in str(e.value), str(e.value)[:600]
+        assert "backend.port_base" in str(e.value)
+    finally:
+        t.join()
+        for p in intruder:
+            p.kill()
+            p.wait()
+    assert launcher.exited() == {"fake0": "exited with code 3"}

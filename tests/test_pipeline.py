@@ -226,33 +226,52 @@ def test_engine_knobs_reach_vllm_serve_as_flags(tmp_path):
 
 
 def test_a_cpu_server_runs_vllms_server_with_its_engine_processes_forked(tmp_path):
-    """``backend.device=cpu`` (default ``cpu_start_method=fork``): the launcher runs ``python -m
+    """``backend.device=cpu`` (default ``cpu_start_method=fork``, and ``fork_engine``): the launcher runs ``python -m
     harness.vllm.api_server`` with this checkout first on the server's ``PYTHONPATH`` (it must import this
-    ``harness``); ``cpu_start_method=spawn`` and ``device=gpu`` run vLLM's own module; another value is refused
-    naming the key."""
+    ``harness``) and the method in its environment; ``cpu_start_method=spawn`` and ``device=gpu`` run vLLM's own
+    module; another value is refused naming the key."""
+    from harness.vllm.api_server import START_METHOD_ENV
     from harness.vllm.cluster import instance_specs
     base = ["backend=vllm", "model=tiny", "slo=absolute", "cluster=cpu_1p1d", "scheduler=conserve",
             "engine.block_size=128"]
-    for extra, module in (([], "harness.vllm.api_server"),
-                          (["backend.cpu_start_method=spawn"], "vllm.entrypoints.openai.api_server"),
-                          (["backend.device=gpu", "backend.kv_connector=NixlConnector"],
-                           "vllm.entrypoints.openai.api_server")):
+    for extra, module, method in (([], "harness.vllm.api_server", "fork"),
+                                  (["backend.cpu_start_method=fork_engine"], "harness.vllm.api_server", "fork_engine"),
+                                  (["backend.cpu_start_method=spawn"], "vllm.entrypoints.openai.api_server", None),
+                                  (["backend.device=gpu", "backend.kv_connector=NixlConnector"],
+                                   "vllm.entrypoints.openai.api_server", None)):
         run = compose_run(base + extra)
         for s in instance_specs(session_input(run), run.backend, "m", tmp_path):
             assert s.command()[1:4] == ["-m", module, "--model"], (extra, s.command()[:4])
+            assert s.env.get(START_METHOD_ENV) == method, extra
             if module == "harness.vllm.api_server":
                 assert s.env["PYTHONPATH"].split(":")[0] == str(PROJECT_ROOT)
-    with pytest.raises(ConfigError, match=r"backend\.cpu_start_method must be 'fork' or 'spawn'"):
+    with pytest.raises(ConfigError, match=r"backend\.cpu_start_method must be 'fork', 'fork_engine' or 'spawn'"):
         compose_run(base + ["backend.cpu_start_method=forkserver"])
 
 
-def test_the_fork_wrapper_leaves_fork_after_the_cpu_platforms_check_and_says_so(monkeypatch, capsys):
-    """``harness.vllm.api_server.fork_engine_processes`` on a stand-in of vLLM 0.32's CPU platform (a class whose
-    ``check_and_update_config`` sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``, as ``vllm/platforms/cpu.py`` does;
-    stand-in modules, so no vLLM or torch import): after the check the variable is ``fork`` (the engine core is
-    forked), the check's own work still done, the server's log told once per replaced value; a process forked
-    afterwards (the engine core) sets ``spawn`` again (its worker is spawned); applied twice it wraps and registers
-    once. (The real servers' logs carry the line: tests/test_vllm_real.py.)"""
+@pytest.mark.parametrize(("requested", "bind", "numa", "method"), [
+    ("fork", "1", False, "fork"), ("fork", "0|1", False, "fork"),           # one CPU per rank: bound by hand
+    ("fork", None, False, "spawn"), ("fork", "auto", False, "spawn"), ("fork", "nobind", False, "spawn"),
+    ("fork", "0-1", False, "spawn"), ("fork", "0,1", False, "spawn"), ("fork", "0|1,2", False, "spawn"),
+    ("fork", "1", True, "spawn"),                                           # --numa-bind: numactl wraps a spawn
+    ("fork_engine", "1", False, "spawn")])
+def test_the_worker_is_forked_only_where_its_binding_is_one_cpu(requested, bind, numa, method):
+    from harness.vllm.api_server import worker_start_method
+    got, why = worker_start_method(requested, bind, numa)
+    assert got == method and why
+
+
+def test_the_fork_wrapper_forks_the_engine_core_and_a_one_cpu_worker_and_says_so(monkeypatch, capsys):
+    """``harness.vllm.api_server.fork_engine_processes`` on stand-ins of vLLM 0.32's CPU platform (a class whose
+    ``check_and_update_config`` sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``, as ``vllm/platforms/cpu.py`` does)
+    and of its ``OMPProcessManager`` (``configure_omp_envs``: the context the engine core starts worker
+    ``local_rank`` in; stand-in modules, so no vLLM or torch import): after the check the variable is ``fork``
+    (the engine core is forked), the check's own work still done, the server's log told once per replaced value
+    and once of the worker's method; in a process forked afterwards (the engine core) the variable is the worker's
+    method, ``fork`` for ``VLLM_CPU_OMP_THREADS_BIND=1`` and ``spawn`` for ``fork_engine``; a process forked inside
+    ``configure_omp_envs`` (the worker) is bound to that worker's CPUs, once; applied twice it wraps and registers
+    once. (The real servers' logs carry the lines: tests/test_vllm_real.py.)"""
+    import contextlib
     import os
     import types
     from harness.vllm import api_server
@@ -263,24 +282,103 @@ def test_the_fork_wrapper_leaves_fork_after_the_cpu_platforms_check_and_says_so(
         def check_and_update_config(cls, vllm_config):
             seen.append(vllm_config)
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+
+    class OMPProcessManager:
+        def __init__(self, cpu_lists, skip_setup=False):
+            self.cpu_lists, self.skip_setup = cpu_lists, skip_setup
+
+        @contextlib.contextmanager
+        def configure_omp_envs(self, rank, local_rank):
+            os.environ["OMP_NUM_THREADS"] = str(len(self.cpu_lists[local_rank]))
+            yield
     cpu = types.ModuleType("vllm.platforms.cpu")
     cpu.CpuPlatform = CpuPlatform
     platforms = types.ModuleType("vllm.platforms")
     platforms.cpu = cpu
-    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
-    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
-    monkeypatch.setitem(sys.modules, "vllm.platforms.cpu", cpu)
-    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    omp = types.ModuleType("vllm.utils.ompmultiprocessing")
+    omp.OMPProcessManager = OMPProcessManager
+    utils = types.ModuleType("vllm.utils")
+    utils.ompmultiprocessing = omp
+    for name, mod in (("vllm", types.ModuleType("vllm")), ("vllm.platforms", platforms), ("vllm.platforms.cpu", cpu),
+                      ("vllm.utils", utils), ("vllm.utils.ompmultiprocessing", omp)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    for var in ("VLLM_WORKER_MULTIPROC_METHOD", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")
+    monkeypatch.setattr(api_server, "_worker_method", ["spawn"])
+    monkeypatch.setattr(api_server, "_worker_cpus", [])
+    monkeypatch.setattr(api_server, "_worker_said", [])
+    bound = []
+    monkeypatch.setattr(api_server, "bind_forked_worker", bound.append)
     at_fork = []   # (not os.register_at_fork itself: a handler cannot be removed from this test process)
     monkeypatch.setattr(os, "register_at_fork", lambda **kw: at_fork.append(kw))
-    api_server.fork_engine_processes()
-    api_server.fork_engine_processes()
-    CpuPlatform.check_and_update_config("cfg")
-    assert seen == ["cfg"] and os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
-    assert capsys.readouterr().err.count(api_server.FORKED_LINE + " (the CPU platform set spawn)") == 1
-    assert at_fork == [{"after_in_child": api_server.spawn_in_forked_children}]
-    at_fork[0]["after_in_child"]()                     # in the forked engine core
+    config = types.SimpleNamespace(parallel_config=types.SimpleNamespace(numa_bind=False))
+    api_server.fork_engine_processes("fork")
+    api_server.fork_engine_processes("fork")
+    CpuPlatform.check_and_update_config(config)
+    assert seen == [config] and os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    err = capsys.readouterr().err
+    assert err.count(api_server.FORKED_LINE + " (the CPU platform set spawn)") == 1
+    assert err.count(api_server.WORKER_LINE + "fork (VLLM_CPU_OMP_THREADS_BIND=1: one CPU per worker)") == 1
+    assert at_fork == [{"after_in_child": api_server.in_forked_child}]
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"   # (what the CPU platform's check leaves in a fresh process)
+    at_fork[0]["after_in_child"]()                         # in the forked engine core: its worker forked, nothing bound
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork" and bound == []
+    with OMPProcessManager([[3], [5]]).configure_omp_envs(rank=1, local_rank=1):
+        assert os.environ["OMP_NUM_THREADS"] == "1"        # vLLM's own context still runs
+        at_fork[0]["after_in_child"]()                     # in the forked worker of local rank 1
+        at_fork[0]["after_in_child"]()                     # in a process that worker forks: bound once only
+    assert bound == [[5]] and api_server._worker_cpus == []
+    with OMPProcessManager([[3]], skip_setup=True).configure_omp_envs(rank=0, local_rank=0):
+        at_fork[0]["after_in_child"]()                     # VLLM_CPU_OMP_THREADS_BIND=nobind: nothing to bind
+    assert bound == [[5]]
+    # fork_engine: the engine core is forked, its worker spawned (the check runs again: the wrapper is installed)
+    monkeypatch.setattr(cpu, "CpuPlatform", type("CpuPlatform", (), {
+        "check_and_update_config": classmethod(lambda cls, c: os.environ.__setitem__("VLLM_WORKER_MULTIPROC_METHOD",
+                                                                                       "spawn"))}))
+    api_server.fork_engine_processes("fork_engine")
+    monkeypatch.setattr(api_server, "_worker_said", [])            # (a fresh server's log)
+    cpu.CpuPlatform.check_and_update_config(config)
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    assert api_server.WORKER_LINE + "spawn (backend.cpu_start_method=fork_engine)" in capsys.readouterr().err
+    at_fork[-1]["after_in_child"]()
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    with pytest.raises(ValueError, match="HARNESS_CPU_START_METHOD must be one of fork, fork_engine, got 'spawn'"):
+        api_server.fork_engine_processes("spawn")
+
+
+def test_a_forked_worker_binds_itself_as_its_openmp_environment_would():
+    """``bind_forked_worker`` in a real forked child, with a stand-in torch (its ``set_num_threads`` recorded):
+    the child's CPU affinity becomes the one CPU given, torch's thread count 1, and the log says so."""
+    import json
+    import os
+    import types
+    cpu = min(os.sched_getaffinity(0))
+    fake_torch = types.SimpleNamespace(threads=[], get_num_threads=lambda: fake_torch.threads[-1])
+    fake_torch.set_num_threads = fake_torch.threads.append
+    r, w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: report, then leave at once (no pytest teardown in it)
+        try:
+            sys.stderr = open(err_w, "w", closefd=False)   # (pytest's capture object otherwise)
+            sys.modules["torch"] = fake_torch
+            from harness.vllm.api_server import bind_forked_worker
+            bind_forked_worker([cpu])
+            sys.stderr.flush()
+            os.write(w, json.dumps([sorted(os.sched_getaffinity(0)), fake_torch.threads]).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.close(err_w)
+    got = json.loads(os.read(r, 4096))
+    log = os.read(err_r, 4096).decode()
+    os.waitpid(pid, 0)
+    os.close(r)
+    os.close(err_r)
+    assert got == [[cpu], [1]]
+    from harness.vllm.api_server import BOUND_LINE
+    assert f"{BOUND_LINE} [{cpu}] (torch threads 1)" in log
 
 
 def test_every_engine_knob_has_a_vllm_flag_or_a_reason_it_has_none():

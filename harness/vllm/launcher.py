@@ -79,15 +79,88 @@ class InstanceSpec:
         return cmd
 
 
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True if nothing listens on ``host``:``port`` (of this machine)."""
+def port_free(port: int, host: str = "127.0.0.1", strict: bool = False) -> bool:
+    """True if nothing listens on ``host``:``port`` (of this machine). ``strict``: nothing holds the port at all,
+    also a socket bound but not listening yet -- as vLLM's API server holds its port from its start until it is
+    healthy (``vllm/entrypoints/launchers/launcher.py``, ``setup_server`` binds before the engine starts and
+    uvicorn listens ~20-90 s later), which a bind with ``SO_REUSEADDR`` (the default check) does not see: Linux
+    lets two such sockets bind while neither listens, and the first to listen wins. A strict check also counts a
+    port with connections in ``TIME_WAIT`` (a server closed within the last minute) as taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if not strict:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
             return True
         except OSError:
             return False
+
+
+def listening_inodes(port: int) -> Optional[set[int]]:
+    """Socket inodes of the TCP sockets listening on ``port`` of this machine, any address (``/proc/net/tcp`` and
+    ``tcp6``: state ``0A``, local port in hex); None where ``/proc/net/tcp`` cannot be read (not Linux)."""
+    out: set[int] = set()
+    found = False
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        found = True
+        for ln in lines:
+            f = ln.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                out.add(int(f[9]))
+    return out if found else None
+
+
+def socket_holders(inodes: set[int], pids: Optional[Sequence[int]] = None) -> list[int]:
+    """Those of ``pids`` (default: every process readable in ``/proc``) that hold an open file descriptor on one
+    of the sockets ``inodes`` (``/proc/<pid>/fd/*`` links ``socket:[inode]``)."""
+    names = {f"socket:[{i}]" for i in inodes}
+    if pids is None:
+        pids = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()]
+    out = []
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in names:
+                    out.append(pid)
+                    break
+            except OSError:
+                continue
+    return out
+
+
+def tree_of(pid: int) -> list[int]:
+    """``pid`` and its live descendants (:func:`child_pids`, recursively)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += child_pids(p)
+    return out
+
+
+def foreign_listener(port: int, root_pid: int) -> str:
+    """Who answers on ``port`` of this machine, where it is not the process tree of ``root_pid`` (a launched
+    server's guard): ``""`` when a process of that tree holds a socket listening on the port, or when this cannot
+    be told (no ``/proc``; no listening socket seen); else a description naming the holders' pids and command
+    lines (a search of all of ``/proc``, made only then). Used by :meth:`Launcher.start` so that a server that
+    another process put on the port in the launched one's start-up window (another test session handed the same
+    port, issue 54) is not taken for the launched server."""
+    inodes = listening_inodes(port)
+    if not inodes:
+        return ""
+    if socket_holders(inodes, tree_of(root_pid)):
+        return ""
+    others = socket_holders(inodes)
+    who = ", ".join(f"pid {p} ({_cmdline(p)[:120].strip() or '?'})" for p in others) or "a process not visible here"
+    return f"port {port} is answered by a process not of this launch: {who}"
 
 
 def load_factor() -> float:
@@ -99,41 +172,57 @@ def load_factor() -> float:
         return 1.0
 
 
-def wait_http_healthy(url: str, timeout_s: float, exited: Callable[[], str], log_path: Optional[Path]) -> float:
+def wait_http_healthy(url: str, timeout_s: float, exited: Callable[[], str], log_path: Optional[Path],
+                      foreign: Optional[Callable[[], str]] = None) -> float:
     """Poll ``url/health`` until HTTP 200; ``exited()`` returns a reason string once the server is gone
-    (``""`` while it runs). ``timeout_s`` is stretched by :func:`load_factor` at the start. Returns seconds
-    waited. Used by every launcher (local, Ray, Slurm).
+    (``""`` while it runs). ``foreign()`` (where given), asked after each 200, returns ``""`` when the answering
+    server is the launched one, else why not (:func:`foreign_listener`): such an answer does not count, and the
+    reason is added to the error if the server then exits or times out. ``timeout_s`` is stretched by
+    :func:`load_factor` at the start. Returns seconds waited. Used by every launcher (local, Ray, Slurm; only the
+    local one can tell whose server answers, from ``/proc``).
 
     Raises:
         RuntimeError: the server exited first, or the timeout passed (with its log's tail).
     """
     timeout_s = timeout_s * load_factor()
     t0 = time.monotonic()
+    other = ""
     while True:
         why = exited()
         if why:
-            raise RuntimeError(f"vLLM server at {url} {why} before becoming healthy{_tail(log_path)}")
+            raise RuntimeError(f"vLLM server at {url} {why} before becoming healthy{_also(other)}{_tail(log_path)}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
                 if r.status == 200:
-                    return time.monotonic() - t0
+                    other = foreign() if foreign is not None else ""
+                    if not other:
+                        return time.monotonic() - t0
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             pass
         if time.monotonic() - t0 > timeout_s:
-            raise RuntimeError(f"vLLM server at {url} not healthy after {timeout_s:.0f} s{_tail(log_path)}")
+            raise RuntimeError(f"vLLM server at {url} not healthy after {timeout_s:.0f} s{_also(other)}"
+                               f"{_tail(log_path)}")
         time.sleep(0.5)
 
 
+def _also(other: str) -> str:
+    return f" ({other}; give this run another backend.port_base)" if other else ""
+
+
 def wait_healthy(url: str, timeout_s: float, proc: Optional[subprocess.Popen] = None,
-                 log_path: Optional[Path] = None) -> float:
-    """:func:`wait_http_healthy` for a local server process ``proc`` (it has exited when ``poll()`` says so).
+                 log_path: Optional[Path] = None, port: Optional[int] = None) -> float:
+    """:func:`wait_http_healthy` for a local server process ``proc`` (it has exited when ``poll()`` says so); with
+    ``port`` (and ``proc``), a 200 counts only where a process of ``proc``'s tree listens on ``port``
+    (:func:`foreign_listener`).
 
     Raises:
-        RuntimeError: the process exited first, or the timeout passed (with the log's tail).
+        RuntimeError: the process exited first, or the timeout passed (with the log's tail, and who answered
+            instead where another process did).
     """
     def exited() -> str:
         return f"exited with code {proc.returncode}" if proc is not None and proc.poll() is not None else ""
-    return wait_http_healthy(url, timeout_s, exited, log_path)
+    foreign = None if proc is None or port is None else (lambda: foreign_listener(port, proc.pid))
+    return wait_http_healthy(url, timeout_s, exited, log_path, foreign)
 
 
 def wait_all(procs, grace_s: float) -> None:
@@ -312,7 +401,9 @@ class Launcher(StartStop):
     machine two starting together starve each other), each under a guard (``harness/vllm/guard.py``) in a
     process group of its own. Before any server starts, every port is checked: one held by a server of a
     live run (this one included) is refused (:class:`PortOwned`), what is left of a dead run's server is
-    killed (:func:`stop_stale`), and a port in use by anything else is refused.
+    killed (:func:`stop_stale`), and a port in use by anything else is refused. A server is healthy when
+    ``/health`` answers 200 *and* a process of its own tree listens on its port (:func:`foreign_listener`: a
+    server another process started on the port meanwhile is not taken for it).
     """
 
     def __init__(self, specs: Sequence[InstanceSpec], log_dir: Path, startup_timeout_s: float = 300.0,
@@ -373,7 +464,7 @@ class Launcher(StartStop):
                 tmp.write_text(json.dumps(rec))
                 os.replace(tmp, STATE_DIR / f"{s.port}.json")
                 left = max(1.0, self.startup_timeout_s - (time.monotonic() - t0))
-                wait_healthy(s.url, left, proc, self.log_dir / f"{s.name}.log")
+                wait_healthy(s.url, left, proc, self.log_dir / f"{s.name}.log", port=s.port)
                 self.startup_s[s.name] = time.monotonic() - t0
                 kids = child_pids(proc.pid)   # the guard starts one child, the API server
                 if len(kids) == 1:
