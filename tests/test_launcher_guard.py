@@ -174,6 +174,45 @@ def test_stop_leaves_no_process_of_the_tree(tmp_path, state):
     assert launcher.exited() == {"fake0": "exited with code 143 (the server got signal 15)"}
 
 
+def test_a_dead_runs_retitled_leftovers_are_found_by_the_guards_group(tmp_path, state):
+    """vLLM's engine core and worker retitle themselves, which hides the token in their environment: a member of
+    the dead server's process group without the token is killed too, once the record holds the group leader's
+    start time; a record whose group leader's pid now names another process (start time differs) kills nothing
+    by group."""
+    port = free_port_base(1)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    token = "g" * 32
+    # the guard (token in its environment, a session and group of its own) and a child in its group without it
+    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
+            "time.sleep(600)'], env={}); print(c.pid, flush=True); time.sleep(600)")
+    guard = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, L.TOKEN_ENV: token})
+    hidden = int(guard.stdout.readline())
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        assert L.token_pids(token) == [guard.pid]            # the token finds the guard, not the child
+        assert sorted(L.group_pids(guard.pid, L.start_ticks(guard.pid))) == sorted([guard.pid, hidden])
+        assert L.group_pids(other.pid, L.start_ticks(other.pid) + 1) == []   # a reused pid: not that group
+        rec = {"owner_pid": dead.pid, "owner_start": 0, "pgid": other.pid,
+               "pgid_start": L.start_ticks(other.pid) + 1, "token": "y" * 32, "name": "fake0"}
+        (state / f"{port}.json").write_text(json.dumps(rec))
+        assert L.stop_stale(port, "fake0") is False and pid_alive(other.pid)
+        rec.update(pgid=guard.pid, pgid_start=L.start_ticks(guard.pid), token=token)
+        (state / f"{port}.json").write_text(json.dumps(rec))
+        assert L.stop_stale(port, "fake0") is True
+        guard.wait(timeout=10)
+        assert wait_gone([hidden], 10.0) == [] and pid_alive(other.pid)
+    finally:
+        for p in (guard, other):
+            p.kill()
+            p.wait(timeout=10)
+        try:
+            os.kill(hidden, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_a_dead_runs_leftovers_are_killed_by_the_next_launch_and_nothing_else(tmp_path, state):
     port = free_port_base(1)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -339,6 +339,31 @@ def token_pids(token: str) -> list[int]:
     return out
 
 
+def group_pids(pgid: int, leader_start: Optional[int]) -> list[int]:
+    """Live processes of process group ``pgid`` (``/proc/<pid>/stat`` field 5), or none where the group's id
+    may name another group: its leader (pid ``pgid``) lives with a start time other than ``leader_start`` (the
+    pid was reused). A dead leader's number is not reused while its group has members (POSIX.1-2017, Base
+    Definitions, "Process ID Reuse"; Linux keeps such a pid allocated), so the members found then are the
+    group's. This finds what :func:`token_pids` misses: vLLM
+    retitles its engine-core and worker processes (``VLLM::EngineCore``, ``VLLM::Worker``), which overwrites
+    the environment ``/proc/<pid>/environ`` shows."""
+    now = start_ticks(pgid)
+    if now is not None and now != leader_start:
+        return []
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            text = (d / "stat").read_text(errors="replace")
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(d.name))
+    return out
+
+
 def read_record(port: int) -> Optional[dict]:
     """The record of the server launched on ``port`` (None if none or unreadable)."""
     try:
@@ -350,9 +375,9 @@ def read_record(port: int) -> Optional[dict]:
 
 def stop_stale(port: int, name: str = "", timeout_s: float = 10.0) -> bool:
     """Make ``port`` usable if a dead run's server held it: when its record names an owner that is no
-    longer alive, SIGKILL every process left of that server's tree (found by its token, see
-    :func:`token_pids`), wait up to ``timeout_s`` for them to go, and remove the record. Returns whether
-    a process was stopped.
+    longer alive, SIGKILL every process left of that server's tree (found by its token, :func:`token_pids`,
+    and, where the record holds its guard's start time, by the guard's process group, :func:`group_pids`),
+    wait up to ``timeout_s`` for them to go, and remove the record. Returns whether a process was stopped.
 
     Raises:
         PortOwned: the record's owner is alive (this process included): that server is never stopped.
@@ -367,6 +392,11 @@ def stop_stale(port: int, name: str = "", timeout_s: float = 10.0) -> bool:
                         f"{who}, whose harness (owner pid {rec['owner_pid']}) is alive; it is not stopped. Give this "
                         f"run another backend.port_base (or stop pid {rec['owner_pid']} first)")
     pids = token_pids(str(rec.get("token", ""))) if rec.get("token") else []
+    if rec.get("pgid_start") is not None:
+        try:
+            pids = sorted(set(pids) | set(group_pids(int(rec["pgid"]), int(rec["pgid_start"]))))
+        except (KeyError, TypeError, ValueError):
+            pass
     for p in pids:
         try:
             os.kill(p, signal.SIGKILL)
@@ -458,8 +488,9 @@ class Launcher(StartStop):
                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
                 self.procs[s.name] = proc
                 self._tokens[s.port] = token
-                rec = {"owner_pid": me, "owner_start": start_ticks(me), "pgid": proc.pid, "token": token,
-                       "name": s.name, "port": s.port, "command": s.command()}
+                rec = {"owner_pid": me, "owner_start": start_ticks(me), "pgid": proc.pid,
+                       "pgid_start": start_ticks(proc.pid), "token": token, "name": s.name, "port": s.port,
+                       "command": s.command()}
                 tmp = STATE_DIR / f".{s.port}.{me}.tmp"
                 tmp.write_text(json.dumps(rec))
                 os.replace(tmp, STATE_DIR / f"{s.port}.json")
