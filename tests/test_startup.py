@@ -174,11 +174,13 @@ def test_a_lazy_module_imports_on_first_use_and_then_leaves_its_place_to_the_mod
         LazyModule(name, key="m")
 
 
-def test_help_and_a_config_typo_import_neither_numpy_nor_pandas_nor_the_simulator():
+def test_help_and_a_config_typo_import_neither_numpy_nor_pandas_nor_the_simulator(tmp_path):
     """``run.py --help`` then ``run.py workload.bogus=1`` in one fresh interpreter (status 0, then 2): afterwards
     neither numpy, pandas, pyarrow nor the simulator's engine (``harness.sim.engine``, ``harness.sim.backend``) is
     in ``sys.modules``; the scheduler registry is (the help lists its names), and a module that binds numpy lazily
-    still holds its ``LazyModule``."""
+    still holds its ``LazyModule``. Then the harness's own config error (``workload.rate_per_s=-1``, refused by
+    ``resolve`` inside the job, after the Hydra files were written): status 2, and still no pandas or pyarrow (the
+    early files are written by ``harness.core.atomic``; through ``harness.core.recorder`` they imported both)."""
     import json
     import subprocess
     import sys
@@ -186,24 +188,30 @@ def test_help_and_a_config_typo_import_neither_numpy_nor_pandas_nor_the_simulato
     code = (
         "import json, sys\n"
         "import harness.run.cli as cli\n"
-        "codes = []\n"
-        "for argv in (['--help'], ['workload.bogus=1']):\n"
+        "codes, modules = [], []\n"
+        "for argv in (['--help'], ['workload.bogus=1'], ['workload.rate_per_s=-1', 'hydra.run.dir=' + sys.argv[1]]):\n"
         "    sys.argv = ['run.py', *argv]\n"
         "    try:\n"
         "        cli.main()\n"
         "    except SystemExit as e:\n"
         "        codes.append(e.code)\n"
-        "import harness.core.policy as p\n"
-        "print(json.dumps({'codes': codes, 'modules': sorted(sys.modules), 'np': type(p.np).__name__}))\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+        "    modules.append(sorted(sys.modules))\n"
+        "    if len(codes) == 2:\n"
+        "        import harness.core.policy as p\n"
+        "        np = type(p.np).__name__\n"
+        "print(json.dumps({'codes': codes, 'modules': modules[1], 'after': modules[2], 'np': np}))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], cwd=PROJECT_ROOT, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got["codes"] == [0, 2], r.stderr[-2000:]
+    assert got["codes"] == [0, 2, 2], r.stderr[-2000:]
+    assert "workload.rate_per_s" in r.stderr and not (tmp_path / "run").exists()
     assert "scheduler: " in r.stdout and "conserve" in r.stdout     # the help's list of config groups
     modules = set(got["modules"])
     assert {"hydra", "harness.core.schedulers", "baselines.wait.fluid_admission"} <= modules
     assert not {"numpy", "pandas", "pyarrow", "scipy", "harness.sim.engine", "harness.sim.backend"} & modules
     assert got["np"] == "LazyModule"
+    assert not {"pandas", "pyarrow", "harness.core.recorder"} & set(got["after"])
 
 
 def test_hydras_sweeper_validation_composes_into_the_memo_without_a_copy(monkeypatch):
