@@ -6,6 +6,8 @@ refused by Hydra's own code with its config files from the cache. Each check com
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from harness.run.config import PROJECT_ROOT
@@ -340,3 +342,60 @@ def test_help_lists_the_config_groups_only_where_its_template_asks_and_prints_hy
     hydras = {flag: text(flag) for flag in ("--help", "--hydra-help")}
     assert len(listings) == 4 and ours == hydras
     assert "scheduler: " in ours["--help"] and "hydra/launcher: " in ours["--hydra-help"]
+
+
+def test_config_files_read_on_libyaml_are_the_objects_omegaconfs_loader_reads(tmp_path):
+    """``harness.run.executor._load_on_libyaml`` (how ``ComposeCache`` reads each config file once per process): every
+    YAML file of conf/ and of Hydra's own configs parses, on libyaml, to the objects OmegaConf's own loader makes
+    (types and key order included; among them floats such as ``1e-3``, ``.inf``, dates left as strings); YAML edge
+    cases by hand too; a duplicate key is refused as OmegaConf refuses it; a malformed file's error is PyYAML's own
+    message, word for word (the file is read again without libyaml); OmegaConf's ``get_yaml_loader`` is restored."""
+    import io
+    import math
+
+    import hydra
+    import omegaconf._utils as omegaconf_utils
+    import yaml
+    from hydra._internal.core_plugins.file_config_source import FileConfigSource
+
+    from harness.run.executor import _libyaml_loader, _load_on_libyaml
+
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML built without libyaml")
+    fast, own = _libyaml_loader(), omegaconf_utils.get_yaml_loader()
+    assert fast is not None
+
+    def same(a, b):
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, dict):
+            return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, list):
+            return len(a) == len(b) and all(map(same, a, b))
+        if isinstance(a, float) and math.isnan(a):
+            return math.isnan(b)
+        return a == b
+    files = [*(PROJECT_ROOT / "conf").rglob("*.yaml"), *(Path(hydra.__file__).parent / "conf").rglob("*.yaml")]
+    assert len(files) > 500
+    for f in files:
+        text = f.read_text()
+        assert same(yaml.load(io.StringIO(text), Loader=fast), yaml.load(io.StringIO(text), Loader=own)), f
+    edge = ("a: 1e3\nb: .inf\nc: 2001-12-14\nd: 1_000\ne: 0x1F\nf: -.5e-3\ng: ~\nh: yes\nj: 1:20\nk: '3'\n"
+            "l: !!python/object/apply:pathlib.Path [x, y]\nm: [1, {n: .nan}]\n")
+    got = yaml.load(edge, Loader=fast)
+    assert same(got, yaml.load(edge, Loader=own))
+    assert got["a"] == 1000.0 and got["c"] == "2001-12-14" and got["j"] == 80 and got["l"] == Path("x/y")
+    with pytest.raises(yaml.constructor.ConstructorError, match="found duplicate key a"):
+        yaml.load("a: 1\na: 2\n", Loader=fast)
+
+    source = FileConfigSource(provider="test", path=str(tmp_path))
+    (tmp_path / "good.yaml").write_text("x: 1e-3\ny: [a, b]\n")
+    assert _load_on_libyaml(source.load_config, "good.yaml").config == {"x": 0.001, "y": ["a", "b"]}
+    (tmp_path / "bad.yaml").write_text("a:\n  - b\n c: 1\n")
+    errors = []
+    for load in (lambda: _load_on_libyaml(source.load_config, "bad.yaml"), lambda: source.load_config("bad.yaml")):
+        with pytest.raises(yaml.YAMLError) as e:
+            load()
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "expected <block end>" in errors[0]   # PyYAML's wording, not libyaml's
+    assert omegaconf_utils.get_yaml_loader is not None and omegaconf_utils.get_yaml_loader() is not fast
