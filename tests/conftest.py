@@ -120,9 +120,10 @@ def run_py_in_process(args, monkeypatch, capsys):
     Hydra's logging configuration (``_logging_as_it_was``), the SIGTERM handler ``_main`` installs, Hydra's
     ``HydraConfig`` of the job, and the garbage collector's freeze (``main`` freezes the heap: docs/speed.md).
     ``HYDRA_FULL_ERROR`` is unset, so Hydra's errors are printed as a user sees them. A real ``python run.py``
-    pays an interpreter start-up and the command line's imports (~1.3 of a config error's ~1.7 CPU s, measured
-    2026-12-06): a test that checks what ``main`` does (its exit status, its stderr, the files a run writes) runs it
-    here; those that check the process (a signal, a resource limit, the interpreter's exit) start one.
+    pays an interpreter start-up and the command line's imports: a test of a config error or a tiny run took
+    2.3-2.8 CPU s with its process, 0.9-1.4 s with this (the fast tier, 2026-12-06, load ~4-11). A test that checks
+    what ``main`` does (its exit status, its stderr, the files a run writes) runs it here; those that check the
+    process (a signal, a resource limit, the command line others can read, the interpreter's exit) start one.
 
     Returns:
         ``subprocess.CompletedProcess(["run.py", *args], status, stdout, stderr)``, as :func:`subprocess.run`
