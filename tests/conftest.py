@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from pathlib import Path
 
@@ -110,6 +111,78 @@ def conversation(cid: str, turns: list[tuple[int, int, int, float]]) -> Conversa
                                tool_time_s=tool if k < len(turns) - 1 else 0.0,
                                visible=k == len(turns) - 1, output_tokens_raw=out))
     return ConversationRecord(cid, tuple(recs), "synthetic")
+
+
+def run_py_in_process(args, monkeypatch, capsys):
+    """``python run.py <args>`` from the project root, run in this process: ``harness.run.cli.main`` (all that
+    ``run.py`` runs) with ``sys.argv`` set and stdout / stderr captured; ``SystemExit`` becomes the exit status as
+    the interpreter makes it (0 when ``main`` returns). What the run sets up for its process is undone afterwards:
+    Hydra's logging configuration (``_logging_as_it_was``), the SIGTERM handler ``_main`` installs, Hydra's
+    ``HydraConfig`` of the job, and the garbage collector's freeze (``main`` freezes the heap: docs/speed.md).
+    ``HYDRA_FULL_ERROR`` is unset, so Hydra's errors are printed as a user sees them. A real ``python run.py``
+    pays an interpreter start-up and the command line's imports: a test of a config error or a tiny run took
+    2.3-2.8 CPU s with its process, 0.9-1.4 s with this (the fast tier, 2026-12-06, load ~4-11). A test that checks
+    what ``main`` does (its exit status, its stderr, the files a run writes) runs it here; those that check the
+    process (a signal, a resource limit, the command line others can read, the interpreter's exit) start one.
+
+    Returns:
+        ``subprocess.CompletedProcess(["run.py", *args], status, stdout, stderr)``, as :func:`subprocess.run`
+        with ``capture_output=True, text=True`` returns it.
+    """
+    import gc
+    import signal
+    import subprocess
+    import sys
+
+    import harness.run.cli as cli
+    from hydra.core.hydra_config import HydraConfig
+    args = [str(a) for a in args]
+    monkeypatch.chdir(PROJECT_ROOT)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setattr(sys, "argv", ["run.py", *args])
+    sigterm, hydra_cfg = signal.getsignal(signal.SIGTERM), HydraConfig.instance().cfg
+    capsys.readouterr()
+    try:
+        with _logging_as_it_was():
+            try:
+                cli.main()
+                status = 0
+            except SystemExit as e:
+                status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+        HydraConfig.instance().cfg = hydra_cfg
+        gc.unfreeze()
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["run.py", *args], status, out, err)
+
+
+@contextlib.contextmanager
+def _logging_as_it_was():
+    """Within it, a run may configure logging as Hydra does (``logging.config.dictConfig`` of ``hydra.job_logging``:
+    the root logger's handlers replaced, its level set, ``run.log`` opened); afterwards every logger's handlers,
+    level, filters and flags are what they were before, and the handlers opened within are closed."""
+    import logging
+
+    def loggers():
+        return [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger))]
+    saved = [(lg, lg.level, list(lg.handlers), list(lg.filters), lg.propagate, lg.disabled) for lg in loggers()]
+    try:
+        yield
+    finally:
+        before = {id(h) for s in saved for h in s[2]}
+        now = loggers()
+        for h in {id(h): h for lg in now for h in lg.handlers if id(h) not in before}.values():
+            h.close()
+        for lg, level, handlers, filters, propagate, disabled in saved:
+            lg.level, lg.handlers[:], lg.filters[:], lg.propagate, lg.disabled = \
+                level, handlers, filters, propagate, disabled
+        kept = {id(s[0]) for s in saved}
+        for lg in now:
+            if id(lg) not in kept:   # a logger made within: none of the run's handlers left on it
+                lg.handlers[:] = [h for h in lg.handlers if id(h) in before]
+        logging.Logger.manager._clear_cache()
 
 
 # ---- which tests run on one xdist worker ---------------------------------------------------------------------

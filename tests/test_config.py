@@ -32,7 +32,7 @@ from harness.core.profiles import kv_capacity_blocks
 from harness.sim.backend import SimBackend
 from harness.core.trace import TraceError
 from harness.workload.workload import WorkloadConfig, build_workload
-from tests.conftest import NEEDS_PD, compose_cfg, compose_run, conversation
+from tests.conftest import NEEDS_PD, compose_cfg, compose_run, conversation, run_py_in_process
 
 CONF = PROJECT_ROOT / "conf"
 # What compose_run / execute may raise for a bad input (anything else, e.g. a bare ValueError or KeyError,
@@ -475,8 +475,9 @@ def test_added_hardware_profile_is_named_by_its_key():
 
 
 # ---- through the real CLI -----------------------------------------------------------------------------
-# The CLI cases are independent processes: they are all started with the module's first test and run in
-# parallel with each other and with the in-process tests; each CLI test then waits for its own.
+# The CLI cases run run.py's main (harness.run.cli.main) on a command line; the SUBPROCESS ones as independent
+# processes, all started with the module's first test (without xdist) and run in parallel with each other and with
+# the in-process tests; each CLI test then waits for its own.
 
 BAD_TRACE, GOOD_TRACE = "<bad-trace>", "<good-trace>"
 CLI_BAD = [
@@ -497,9 +498,16 @@ CLI_BAD = [
 CLI_GOOD = {"tiny-run": [f"workload.trace={GOOD_TRACE}", "cluster=a40_1p3d"]}
 
 
+# the cases run through a real `python run.py` process (its interpreter, __main__ block and exit status): a Hydra
+# refusal and a harness one; the others run run.py's main in this process (run_py_in_process: the same code from
+# cli.main on, without a Python start-up and the command line's imports each)
+SUBPROCESS = ("misspelt-key", "negative-rate")
+
+
 class CliRuns:
-    """Every CLI case; ``start()`` launches them all at once, ``get(case)`` (starting it if needed) waits
-    for one: ``(run_dir, CompletedProcess)``."""
+    """Every CLI case. ``start()`` launches the :data:`SUBPROCESS` cases at once, ``get(case, ...)`` returns
+    ``(run_dir, CompletedProcess)``: a subprocess case's (started if needed, then waited for), or the case run in
+    this process (:func:`tests.conftest.run_py_in_process`)."""
 
     def __init__(self, base: Path):
         self.base = base
@@ -513,19 +521,28 @@ class CliRuns:
             text = text.replace(k, v)
         return text
 
+    def args(self, case: str) -> tuple[Path, list[str]]:
+        """The case's run directory and command-line arguments (after ``run.py``)."""
+        args = ({p.id: p.values[0] for p in CLI_BAD} | CLI_GOOD)[case]
+        run_dir = self.base / case / "run"
+        return run_dir, [*(self.subst(a) for a in args), "logger.progress=false", f"hydra.run.dir={run_dir}",
+                         f"hydra.sweep.dir={self.base / case / 'sweep'}"]
+
     def start(self, only: str | None = None) -> None:
-        """Launch every case not yet started (or just ``only``)."""
+        """Launch every :data:`SUBPROCESS` case not yet started (or just ``only``)."""
         env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-        for case, args in ({p.id: p.values[0] for p in CLI_BAD} | CLI_GOOD).items():
+        for case in SUBPROCESS:
             if case in self.procs or (only is not None and case != only):
                 continue
-            run_dir = self.base / case / "run"
-            cmd = [sys.executable, "run.py", *(self.subst(a) for a in args), "logger.progress=false",
-                   f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={self.base / case / 'sweep'}"]
-            self.procs[case] = (run_dir, subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, text=True,
-                                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            run_dir, args = self.args(case)
+            self.procs[case] = (run_dir, subprocess.Popen([sys.executable, "run.py", *args], cwd=PROJECT_ROOT,
+                                                          env=env, text=True, stdout=subprocess.PIPE,
+                                                          stderr=subprocess.PIPE))
 
-    def get(self, case: str) -> tuple[Path, subprocess.CompletedProcess]:
+    def get(self, case: str, monkeypatch, capsys) -> tuple[Path, subprocess.CompletedProcess]:
+        if case not in SUBPROCESS:
+            run_dir, args = self.args(case)
+            return run_dir, run_py_in_process(args, monkeypatch, capsys)
         self.start(only=case)
         if case not in self.done:
             run_dir, p = self.procs[case]
@@ -542,7 +559,7 @@ class CliRuns:
 
 @pytest.fixture(scope="module", autouse=True)
 def cli_runs(tmp_path_factory):
-    """Module-wide: without xdist the CLI runs all start with the module's first test and run on the spare
+    """Module-wide: without xdist the subprocess cases start with the module's first test and run on the spare
     core while the in-process tests run; under xdist each worker starts a case only when it reaches it."""
     runs = CliRuns(tmp_path_factory.mktemp("cli"))
     if "PYTEST_XDIST_WORKER" not in os.environ:
@@ -552,8 +569,8 @@ def cli_runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize(("args", "needles", "one_line"), CLI_BAD)
-def test_cli_bad_input(args, needles, one_line, request, cli_runs):
-    run_dir, p = cli_runs.get(request.node.callspec.id)
+def test_cli_bad_input(args, needles, one_line, request, cli_runs, monkeypatch, capsys):
+    run_dir, p = cli_runs.get(request.node.callspec.id, monkeypatch, capsys)
     needles = [cli_runs.subst(n) for n in needles]
     assert p.returncode != 0, p.stdout + p.stderr
     assert "Traceback" not in p.stderr, p.stderr
@@ -582,9 +599,9 @@ def test_sweep_key_hint_only_for_a_key_of_a_swept_group():
     assert "++backend.x=..." in sweep_key_hint(["--multirun", "backend=sim,vllm", "backend.x=1"])
 
 
-def test_cli_tiny_run_writes_results(cli_runs):
+def test_cli_tiny_run_writes_results(cli_runs, monkeypatch, capsys):
     """Positive control for the CLI checks above: a valid run exits 0 and writes turns.parquet."""
-    run_dir, p = cli_runs.get("tiny-run")
+    run_dir, p = cli_runs.get("tiny-run", monkeypatch, capsys)
     assert p.returncode == 0, p.stderr
     assert (run_dir / "turns.parquet").is_file()
     summary = json.loads((run_dir / "summary.json").read_text())

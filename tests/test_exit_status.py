@@ -20,6 +20,7 @@ import sys
 import pytest
 
 from harness.run.config import PROJECT_ROOT
+from tests.conftest import run_py_in_process
 
 SHIPPED = PROJECT_ROOT / "traces" / "swebench_verified_mini_gemini3pro.jsonl.gz"
 HUGE = 10**20
@@ -36,6 +37,14 @@ def run_cli(*args, fsize: int | None = None):
     env.pop("HARNESS_TEST_INTERRUPT", None)
     return subprocess.run([sys.executable, "run.py", *args, "logger.progress=false"], cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=300, env=env, preexec_fn=limits)
+
+
+def run_in_process(monkeypatch, capsys, *args):
+    """:func:`run_cli` without a file-size limit, ``run.py``'s main run in this process
+    (:func:`tests.conftest.run_py_in_process`), in :func:`run_cli`'s environment."""
+    monkeypatch.setenv("HARNESS_CACHE_DIR", "off")
+    monkeypatch.delenv("HARNESS_TEST_INTERRUPT", raising=False)
+    return run_py_in_process([*args, "logger.progress=false"], monkeypatch, capsys)
 
 
 def one_error_line(stderr: str) -> str:
@@ -85,10 +94,11 @@ def test_tracestats_names_a_huge_token_count_and_exits_2(tmp_path, capsys):
         assert f"{path}:1: {field} must be <= 2147483647 (tokens), got {HUGE}" in line, line
 
 
-def test_run_names_a_huge_token_count_and_exits_2_without_a_run_directory(tmp_path):
+def test_run_names_a_huge_token_count_and_exits_2_without_a_run_directory(tmp_path, monkeypatch, capsys):
     path = _huge_traces(tmp_path)["output_length"]
     out = tmp_path / "run"
-    r = run_cli(f"workload.trace={path}", "workload.context_overflow=fail", f"hydra.run.dir={out}")
+    r = run_in_process(monkeypatch, capsys, f"workload.trace={path}", "workload.context_overflow=fail",
+                       f"hydra.run.dir={out}")
     assert r.returncode == 2, r.stderr[-3000:]
     assert f"{path}:1: output_length must be <= 2147483647" in one_error_line(r.stderr)
     assert not out.exists()
@@ -97,12 +107,14 @@ def test_run_names_a_huge_token_count_and_exits_2_without_a_run_directory(tmp_pa
 # ---- a directory or a file that cannot be written ------------------------------------------------------
 
 @pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
-def test_an_unwritable_run_or_sweep_directory_is_one_line_and_exit_2(tmp_path, sweep):
+def test_an_unwritable_run_or_sweep_directory_is_one_line_and_exit_2(tmp_path, sweep, monkeypatch, capsys):
+    """A run in this process (the directory is refused before any job runs), a sweep in its own (the contract of
+    a real process: its exit status and its one line)."""
     blocker = tmp_path / "a_file"
     blocker.write_text("")   # mkdir under a regular file fails, for root too (ENOTDIR)
     args = (["-m", "workload.num_conversations=2,3", f"hydra.sweep.dir={blocker / 'sweep'}"] if sweep
             else ["workload.num_conversations=2", f"hydra.run.dir={blocker / 'run'}"])
-    r = run_cli(*args)
+    r = run_cli(*args) if sweep else run_in_process(monkeypatch, capsys, *args)
     assert r.returncode == 2, r.stderr[-3000:]
     line = one_error_line(r.stderr)
     assert str(blocker / ("sweep" if sweep else "run")) in line and "Not a directory" in line, line

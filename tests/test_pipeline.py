@@ -18,7 +18,6 @@ import ast
 import contextlib
 import json
 import math
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from harness.run.config import PROJECT_ROOT, ConfigError
 from harness.run.runner import execute
 from harness.core.schedulers import registered
 from harness.run.session import estimated_capacities, session_input
-from tests.conftest import BATCH_FORMING, NEEDS_PD, compose_run
+from tests.conftest import BATCH_FORMING, NEEDS_PD, compose_run, run_py_in_process
 
 SMALL = ["workload.num_conversations=6", "workload.max_turns=4", "workload.rate_per_s=0.5", "logger.progress=false"]
 
@@ -196,16 +195,15 @@ def test_policy_error_ends_the_run_at_once_with_partial_results(backend, monkeyp
     assert (tmp_path / "conversations.parquet").is_file() and (tmp_path / "instances.parquet").is_file()
 
 
-def test_cli_exits_nonzero_on_a_policy_error(tmp_path):
+def test_cli_exits_nonzero_on_a_policy_error(tmp_path, monkeypatch, capsys):
+    from baselines.collocated import Collocated
+
+    def boom(self, turn, view, now):
+        raise ZeroDivisionError("policy bug on purpose")
+    monkeypatch.setattr(Collocated, "place", boom)
     out = tmp_path / "run"
-    code = ("import sys; sys.argv = ['run.py', *sys.argv[1:]]\n"
-            "from baselines.collocated import Collocated\n"
-            "def boom(self, turn, view, now): raise ZeroDivisionError('policy bug on purpose')\n"
-            "Collocated.place = boom\n"
-            "import runpy; runpy.run_path('run.py', run_name='__main__')\n")
-    r = subprocess.run([sys.executable, "-c", code, *SMALL, "scheduler=collocated", "cluster=a40_4x",
-                        "slo=absolute", f"hydra.run.dir={out}"], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                       timeout=300)
+    r = run_py_in_process([*SMALL, "scheduler=collocated", "cluster=a40_4x", "slo=absolute", f"hydra.run.dir={out}"],
+                          monkeypatch, capsys)
     assert r.returncode != 0
     assert "policy bug on purpose" in r.stderr
     assert json.loads((out / "summary.json").read_text())["partial"] is True

@@ -20,6 +20,7 @@ import pytest
 from harness.run.config import PROJECT_ROOT
 from harness.analysis.provenance import SWEEP_LOCK, DirLock, LockHeld, changed_components, mixed_components
 from harness.core.trace import load_trace, write_trace
+from tests.conftest import run_py_in_process
 
 TINY = ["workload.num_conversations=4", "workload.max_turns=3", "logger.progress=false"]
 SHIPPED = PROJECT_ROOT / "traces" / "swebench_verified_mini_gemini3pro.jsonl.gz"
@@ -227,9 +228,10 @@ def test_an_interrupt_during_a_sweep_jobs_baseline_stops_the_sweep_and_marks_the
 
 @pytest.mark.parametrize("extra", [["workload.num_conversations=1"],
                                    ["model=tiny", "workload.num_conversations=2", "slo=absolute"]])
-def test_a_workload_emptied_by_context_drops_fails_before_work_naming_the_keys(tmp_path, extra):
+def test_a_workload_emptied_by_context_drops_fails_before_work_naming_the_keys(tmp_path, extra, monkeypatch, capsys):
     out = tmp_path / "run"
-    r = run_cli("logger.progress=false", *extra, f"hydra.run.dir={out}")
+    monkeypatch.setenv("HARNESS_CACHE_DIR", "off")
+    r = run_py_in_process(["logger.progress=false", *extra, f"hydra.run.dir={out}"], monkeypatch, capsys)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "workload.token_scale" in r.stderr and "workload.context_overflow=drop" in r.stderr
     assert "Traceback" not in r.stderr and not out.exists()

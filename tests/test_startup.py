@@ -6,6 +6,8 @@ refused by Hydra's own code with its config files from the cache. Each check com
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from harness.run.config import PROJECT_ROOT
@@ -174,11 +176,13 @@ def test_a_lazy_module_imports_on_first_use_and_then_leaves_its_place_to_the_mod
         LazyModule(name, key="m")
 
 
-def test_help_and_a_config_typo_import_neither_numpy_nor_pandas_nor_the_simulator():
+def test_help_and_a_config_typo_import_neither_numpy_nor_pandas_nor_the_simulator(tmp_path):
     """``run.py --help`` then ``run.py workload.bogus=1`` in one fresh interpreter (status 0, then 2): afterwards
     neither numpy, pandas, pyarrow nor the simulator's engine (``harness.sim.engine``, ``harness.sim.backend``) is
     in ``sys.modules``; the scheduler registry is (the help lists its names), and a module that binds numpy lazily
-    still holds its ``LazyModule``."""
+    still holds its ``LazyModule``. Then the harness's own config error (``workload.rate_per_s=-1``, refused by
+    ``resolve`` inside the job, after the Hydra files were written): status 2, and still no pandas or pyarrow (the
+    early files are written by ``harness.core.atomic``; through ``harness.core.recorder`` they imported both)."""
     import json
     import subprocess
     import sys
@@ -186,24 +190,30 @@ def test_help_and_a_config_typo_import_neither_numpy_nor_pandas_nor_the_simulato
     code = (
         "import json, sys\n"
         "import harness.run.cli as cli\n"
-        "codes = []\n"
-        "for argv in (['--help'], ['workload.bogus=1']):\n"
+        "codes, modules = [], []\n"
+        "for argv in (['--help'], ['workload.bogus=1'], ['workload.rate_per_s=-1', 'hydra.run.dir=' + sys.argv[1]]):\n"
         "    sys.argv = ['run.py', *argv]\n"
         "    try:\n"
         "        cli.main()\n"
         "    except SystemExit as e:\n"
         "        codes.append(e.code)\n"
-        "import harness.core.policy as p\n"
-        "print(json.dumps({'codes': codes, 'modules': sorted(sys.modules), 'np': type(p.np).__name__}))\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+        "    modules.append(sorted(sys.modules))\n"
+        "    if len(codes) == 2:\n"
+        "        import harness.core.policy as p\n"
+        "        np = type(p.np).__name__\n"
+        "print(json.dumps({'codes': codes, 'modules': modules[1], 'after': modules[2], 'np': np}))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], cwd=PROJECT_ROOT, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got["codes"] == [0, 2], r.stderr[-2000:]
+    assert got["codes"] == [0, 2, 2], r.stderr[-2000:]
+    assert "workload.rate_per_s" in r.stderr and not (tmp_path / "run").exists()
     assert "scheduler: " in r.stdout and "conserve" in r.stdout     # the help's list of config groups
     modules = set(got["modules"])
     assert {"hydra", "harness.core.schedulers", "baselines.wait.fluid_admission"} <= modules
     assert not {"numpy", "pandas", "pyarrow", "scipy", "harness.sim.engine", "harness.sim.backend"} & modules
     assert got["np"] == "LazyModule"
+    assert not {"pandas", "pyarrow", "harness.core.recorder"} & set(got["after"])
 
 
 def test_hydras_sweeper_validation_composes_into_the_memo_without_a_copy(monkeypatch):
@@ -332,3 +342,60 @@ def test_help_lists_the_config_groups_only_where_its_template_asks_and_prints_hy
     hydras = {flag: text(flag) for flag in ("--help", "--hydra-help")}
     assert len(listings) == 4 and ours == hydras
     assert "scheduler: " in ours["--help"] and "hydra/launcher: " in ours["--hydra-help"]
+
+
+def test_config_files_read_on_libyaml_are_the_objects_omegaconfs_loader_reads(tmp_path):
+    """``harness.run.executor._load_on_libyaml`` (how ``ComposeCache`` reads each config file once per process): every
+    YAML file of conf/ and of Hydra's own configs parses, on libyaml, to the objects OmegaConf's own loader makes
+    (types and key order included; among them floats such as ``1e-3``, ``.inf``, dates left as strings); YAML edge
+    cases by hand too; a duplicate key is refused as OmegaConf refuses it; a malformed file's error is PyYAML's own
+    message, word for word (the file is read again without libyaml); OmegaConf's ``get_yaml_loader`` is restored."""
+    import io
+    import math
+
+    import hydra
+    import omegaconf._utils as omegaconf_utils
+    import yaml
+    from hydra._internal.core_plugins.file_config_source import FileConfigSource
+
+    from harness.run.executor import _libyaml_loader, _load_on_libyaml
+
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML built without libyaml")
+    fast, own = _libyaml_loader(), omegaconf_utils.get_yaml_loader()
+    assert fast is not None
+
+    def same(a, b):
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, dict):
+            return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, list):
+            return len(a) == len(b) and all(map(same, a, b))
+        if isinstance(a, float) and math.isnan(a):
+            return math.isnan(b)
+        return a == b
+    files = [*(PROJECT_ROOT / "conf").rglob("*.yaml"), *(Path(hydra.__file__).parent / "conf").rglob("*.yaml")]
+    assert len(files) > 500
+    for f in files:
+        text = f.read_text()
+        assert same(yaml.load(io.StringIO(text), Loader=fast), yaml.load(io.StringIO(text), Loader=own)), f
+    edge = ("a: 1e3\nb: .inf\nc: 2001-12-14\nd: 1_000\ne: 0x1F\nf: -.5e-3\ng: ~\nh: yes\nj: 1:20\nk: '3'\n"
+            "l: !!python/object/apply:pathlib.Path [x, y]\nm: [1, {n: .nan}]\n")
+    got = yaml.load(edge, Loader=fast)
+    assert same(got, yaml.load(edge, Loader=own))
+    assert got["a"] == 1000.0 and got["c"] == "2001-12-14" and got["j"] == 80 and got["l"] == Path("x/y")
+    with pytest.raises(yaml.constructor.ConstructorError, match="found duplicate key a"):
+        yaml.load("a: 1\na: 2\n", Loader=fast)
+
+    source = FileConfigSource(provider="test", path=str(tmp_path))
+    (tmp_path / "good.yaml").write_text("x: 1e-3\ny: [a, b]\n")
+    assert _load_on_libyaml(source.load_config, "good.yaml").config == {"x": 0.001, "y": ["a", "b"]}
+    (tmp_path / "bad.yaml").write_text("a:\n  - b\n c: 1\n")
+    errors = []
+    for load in (lambda: _load_on_libyaml(source.load_config, "bad.yaml"), lambda: source.load_config("bad.yaml")):
+        with pytest.raises(yaml.YAMLError) as e:
+            load()
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "expected <block end>" in errors[0]   # PyYAML's wording, not libyaml's
+    assert omegaconf_utils.get_yaml_loader is not None and omegaconf_utils.get_yaml_loader() is not fast

@@ -22,7 +22,7 @@ import pytest
 from harness.run.config import PROJECT_ROOT, ConfigError
 from harness.run.runner import completed_run, execute
 from harness.workload.workload import WorkloadConfig, build_workload
-from tests.conftest import compose_run, conversation, pid_alive
+from tests.conftest import compose_run, conversation, pid_alive, run_py_in_process
 
 TINY = ["workload.num_conversations=4", "workload.max_turns=3", "logger.progress=false", "slo=absolute"]
 
@@ -293,9 +293,9 @@ def test_a_launched_server_dies_when_the_harness_is_killed_with_sigkill(tmp_path
 # A server left behind on a port, and one of a live run: tests/test_launcher_guard.py
 
 
-def test_a_config_error_leaves_no_run_directory(tmp_path):
+def test_a_config_error_leaves_no_run_directory(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    r = run_cli("workload.rate_per_s=-1", f"hydra.run.dir={out}")
+    r = run_py_in_process(["workload.rate_per_s=-1", f"hydra.run.dir={out}"], monkeypatch, capsys)
     assert r.returncode == 2 and "workload.rate_per_s" in r.stderr
     assert not out.exists()
 

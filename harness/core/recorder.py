@@ -11,11 +11,8 @@ leaves a truncated file.
 
 from __future__ import annotations
 
-import json
 import math
 import operator
-import os
-import tempfile
 from array import array
 from collections import deque
 from dataclasses import dataclass
@@ -24,6 +21,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+
+from harness.core.atomic import (atomic_write as _atomic, process_umask, strict_json,  # noqa: F401 -- re-exported
+                                 write_json, write_text)
 
 TURN_COLUMNS = ["conversation_id", "turn", "submit_s", "admit_s", "start_s", "prefill_done_s", "first_token_s",
                 "finish_s", "prompt_tokens", "cached_tokens", "prefill_computed_tokens", "output_tokens",
@@ -571,86 +571,11 @@ class Recorder:
         return decisions_frame(self.decisions, self.names)
 
 
-# ---- atomic files ----------------------------------------------------------------------------------
-
-def process_umask() -> int:
-    """The process's file-mode creation mask, read without changing it where Linux shows it
-    (``/proc/self/status``, ``Umask:``), else by setting and restoring it (``os.umask``)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    old = os.umask(0o022)
-    os.umask(old)
-    return old
-
-
-def _atomic(path: Path, write: Callable[[str], None]) -> None:
-    """Write through a temporary file in the same directory, then rename it into place. The file gets the
-    mode a plain ``open(path, "w")`` would give it (``0o666`` less the process umask), not ``mkstemp``'s
-    private ``0o600``.
-
-    Raises:
-        OSError: the file cannot be written (a full disk, a file-size limit, a read-only directory), its
-            ``filename`` the path (not the temporary file's: pyarrow's errors name no file at all).
-    """
-    path = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
-    try:
-        os.fchmod(fd, 0o666 & ~process_umask())
-    finally:
-        os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError) and e.filename != str(path):
-            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
-        raise
-
+# ---- atomic files (harness.core.atomic: without numpy and pandas, for the command line's early writes) ----
 
 def write_parquet(df: pd.DataFrame, path: Path) -> None:
     """``df`` to ``path`` as parquet (pyarrow), atomically."""
     _atomic(path, lambda tmp: df.to_parquet(tmp, index=False, engine="pyarrow"))
-
-
-def strict_json(obj: Any) -> Any:
-    """``obj`` with every non-finite float (NaN, inf) replaced by ``None``, so the JSON is strict (RFC 8259
-    has no NaN; strict parsers reject it): a missing value stays missing, never 0."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: strict_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict_json(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return strict_json(obj.item())
-    return obj
-
-
-def write_json(obj: Any, path: Path) -> None:
-    """``obj`` to ``path`` as indented strict JSON (non-finite numbers as ``null``), atomically."""
-    def w(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            f.write(json.dumps(strict_json(obj), indent=2, allow_nan=False))
-    _atomic(path, w)
-
-
-def write_text(text: str, path: Path) -> None:
-    """``text`` to ``path``, atomically."""
-    def w(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            f.write(text)
-    _atomic(path, w)
 
 
 WRITING_RESULTS = "the run stopped while its results files were being written"

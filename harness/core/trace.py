@@ -653,7 +653,7 @@ def write_trace(path: str | os.PathLike, conversations: Iterable[ConversationRec
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
-        from harness.core.recorder import process_umask
+        from harness.core.atomic import process_umask
         os.chmod(tmp, 0o666 & ~process_umask())  # as open(name, "w") would, not mkstemp's 0o600
         os.replace(tmp, name)
     except BaseException:

@@ -74,7 +74,7 @@ def _mark_interrupted(out: Path, why: str, multirun: bool, phase: Optional[str] 
     import datetime
     import os
 
-    from harness.core.recorder import write_json
+    from harness.core.atomic import write_json
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_json({"interrupted": True, "error": why, "phase": phase, "complete": complete, "pid": os.getpid(),
@@ -100,7 +100,7 @@ def _redact_hydra_files(out: Path, hc, given: bool, multirun: bool) -> Optional[
     import logging
     import os
 
-    from harness.core.recorder import write_text
+    from harness.core.atomic import write_text
     from harness.run.loggers import ScrubFilter, scrub_yaml
     files = [out / hc.output_subdir / n for n in ("config.yaml", "hydra.yaml", "overrides.yaml")] \
         if hc.output_subdir else []
@@ -137,7 +137,7 @@ def _redact_hydra_files(out: Path, hc, given: bool, multirun: bool) -> Optional[
     return config_text
 
 
-_JOBS_ENTERED = [0]   # the jobs whose body (_main) began in this process: before the first, an exit is Hydra's
+_JOBS_ENTERED = [0]   # the jobs whose body (_main) began in this process: before main's first, an exit is Hydra's
 
 
 def _main(cfg: DictConfig) -> dict:
@@ -255,6 +255,7 @@ def main() -> None:
     began: an unknown key such as ``workload.bogus=1``, a missing option) or a file that cannot be written (a
     full disk, an unwritable directory), 130 interrupted (every results file written first; docs/outputs.md)."""
     gc.freeze()  # the modules imported so far stay out of the collections while Hydra composes (docs/speed.md)
+    entered = _JOBS_ENTERED[0]   # (a process may call main more than once: the tests run it in theirs)
     try:
         with _compose_cache_from_the_start():
             hydra.main(config_path=config_path(), config_name="config", version_base="1.3")(_main)()
@@ -263,7 +264,7 @@ def main() -> None:
             hint = sweep_key_hint(sys.argv[1:])
             if hint:
                 print(hint, file=sys.stderr)
-        if e.code == 1 and not _JOBS_ENTERED[0]:
+        if e.code == 1 and _JOBS_ENTERED[0] == entered:
             # Hydra rejected the command line or the config (an unknown key, a bad override or option) before
             # any job began: bad input, exit status 2 like the harness's own config errors (its status 1 means
             # a run that failed). Hydra composes only configs here: nothing heavy (pandas) is imported yet.

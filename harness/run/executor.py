@@ -387,12 +387,14 @@ class ComposeCache:
         """``CachingConfigRepository.load_config`` with the files read once per process (per primary config
         name: the search path is the same): each compose gets its own copy of a file's ``ConfigResult`` (its
         config by :func:`fresh_copy`, its defaults list and header copied), since Hydra's merge moves a loaded
-        file's nodes into the config it composes and annotates its defaults list."""
+        file's nodes into the config it composes and annotates its defaults list. A file's first read parses its
+        YAML on libyaml (:func:`_load_on_libyaml`: the same objects, ~8x less CPU for the parse; a ``python run.py``
+        reads ~22 files)."""
         import copy
         key = f"config_path={config_path}"
         if key not in repo.cache:
             if key not in files:
-                files[key] = repo.delegate.load_config(config_path=config_path)
+                files[key] = _load_on_libyaml(repo.delegate.load_config, config_path)
             ret = files[key]
             if ret is not None:
                 ret = copy.copy(ret)
@@ -638,6 +640,54 @@ def interpolation_map_when_used():
         yield
     finally:
         dl._create_interpolation_map = original
+
+
+@functools.lru_cache(maxsize=None)
+def _libyaml_loader() -> Any:
+    """OmegaConf's YAML loader class (``omegaconf._utils.get_yaml_loader()``: PyYAML's ``SafeLoader`` with its float
+    resolver, no timestamps, the ``pathlib.Path`` constructors and duplicate keys refused) on libyaml's parser
+    (``yaml._yaml.CParser``, as PyYAML's own ``CSafeLoader`` puts it under ``SafeLoader``'s constructor and resolver):
+    the same objects from the same text, its resolving and constructing being OmegaConf's own code, about 8x less CPU
+    (every config file of conf/ and Hydra's, 1,067 files: 2.09 -> 0.26 CPU s, 2026-12-06). None where PyYAML has no
+    libyaml or OmegaConf's loader is not a ``SafeLoader`` without an ``__init__`` of its own."""
+    import yaml
+    from omegaconf._utils import get_yaml_loader
+    omegaconf_loader = get_yaml_loader()
+    if not getattr(yaml, "__with_libyaml__", False) or not issubclass(omegaconf_loader, yaml.SafeLoader) \
+            or "__init__" in vars(omegaconf_loader):
+        return None
+    from yaml._yaml import CParser
+    from yaml.constructor import SafeConstructor
+    from yaml.resolver import Resolver
+
+    class LibyamlOmegaConfLoader(CParser, omegaconf_loader):
+        def __init__(self, stream: Any) -> None:
+            CParser.__init__(self, stream)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+    return LibyamlOmegaConfLoader
+
+
+def _load_on_libyaml(load: Any, config_path: str) -> Any:
+    """``load(config_path=config_path)`` (a config source's ``load_config``, which reads the file with
+    ``OmegaConf.load``) with OmegaConf's YAML loader on libyaml's parser (:func:`_libyaml_loader`); a file libyaml
+    refuses is read again with OmegaConf's own loader, so a malformed file's error is PyYAML's own message, as
+    without this. ``omegaconf._utils.get_yaml_loader`` (``OmegaConf.load`` looks it up on each call) is restored on
+    return; where there is no such loader the file is read as Hydra reads it."""
+    import omegaconf._utils as omegaconf_utils
+    import yaml
+    fast = _libyaml_loader()
+    if fast is None:
+        return load(config_path=config_path)
+    original = omegaconf_utils.get_yaml_loader
+    omegaconf_utils.get_yaml_loader = lambda: fast
+    try:
+        return load(config_path=config_path)
+    except yaml.YAMLError:
+        pass
+    finally:
+        omegaconf_utils.get_yaml_loader = original
+    return load(config_path=config_path)
 
 
 _SWEEP = object()   # ComposeCache._compose: overrides that sweep (a sweep's primary config), composed by Hydra
