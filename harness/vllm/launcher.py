@@ -297,9 +297,9 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def child_pids(pid: int) -> list[int]:
-    """Live (not zombie) children of process ``pid``, read from ``/proc`` (``/proc/<pid>/stat`` field 4 is the
-    parent)."""
+def _live_with(field: int, value: int) -> list[int]:
+    """Live (not zombie) processes whose ``/proc/<pid>/stat`` field ``field`` (1-based, as ``man 5 proc``
+    numbers them: 4 the parent, 5 the process group) equals ``value``."""
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -308,10 +308,16 @@ def child_pids(pid: int) -> list[int]:
             text = (d / "stat").read_text(errors="replace")
         except OSError:
             continue
-        fields = text[text.rindex(")") + 2:].split()
-        if fields[0] != "Z" and int(fields[1]) == pid:
+        fields = text[text.rindex(")") + 2:].split()      # fields from 3 on; the name (field 2) may hold spaces
+        if fields[0] != "Z" and int(fields[field - 3]) == value:
             out.append(int(d.name))
     return out
+
+
+def child_pids(pid: int) -> list[int]:
+    """Live (not zombie) children of process ``pid``, read from ``/proc`` (``/proc/<pid>/stat`` field 4 is the
+    parent)."""
+    return _live_with(4, pid)
 
 
 def owner_alive(rec: dict) -> bool:
@@ -350,18 +356,7 @@ def group_pids(pgid: int, leader_start: Optional[int]) -> list[int]:
     now = start_ticks(pgid)
     if now is not None and now != leader_start:
         return []
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            text = (d / "stat").read_text(errors="replace")
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(d.name))
-    return out
+    return _live_with(5, pgid)
 
 
 def read_record(port: int) -> Optional[dict]:
