@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence
 
 from harness.core.children import die_with_parent
+from harness.vllm.guard import tree as guard_tree
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"   # what ``python -m`` runs for a server (vLLM 0.32)
 
@@ -136,27 +137,18 @@ def socket_holders(inodes: set[int], pids: Optional[Sequence[int]] = None) -> li
     return out
 
 
-def tree_of(pid: int) -> list[int]:
-    """``pid`` and its live descendants (:func:`child_pids`, recursively)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += child_pids(p)
-    return out
-
-
 def foreign_listener(port: int, root_pid: int) -> str:
     """Who answers on ``port`` of this machine, where it is not the process tree of ``root_pid`` (a launched
-    server's guard): ``""`` when a process of that tree holds a socket listening on the port, or when this cannot
-    be told (no ``/proc``; no listening socket seen); else a description naming the holders' pids and command
-    lines (a search of all of ``/proc``, made only then). Used by :meth:`Launcher.start` so that a server that
+    server's guard; the tree as the guard stops it, ``harness.vllm.guard.tree``: its group and descendants):
+    ``""`` when a process of that tree holds a socket listening on the port, or when this cannot be told (no
+    ``/proc``; no listening socket seen); else a description naming the holders' pids and command lines (a
+    search of all of ``/proc``, made only then). Used by :meth:`Launcher.start` so that a server that
     another process put on the port in the launched one's start-up window (another test session handed the same
     port, issue 54) is not taken for the launched server."""
     inodes = listening_inodes(port)
     if not inodes:
         return ""
-    if socket_holders(inodes, tree_of(root_pid)):
+    if socket_holders(inodes, [root_pid, *guard_tree(root_pid)]):
         return ""
     others = socket_holders(inodes)
     who = ", ".join(f"pid {p} ({_cmdline(p)[:120].strip() or '?'})" for p in others) or "a process not visible here"
@@ -297,9 +289,9 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _live_with(field: int, value: int) -> list[int]:
-    """Live (not zombie) processes whose ``/proc/<pid>/stat`` field ``field`` (1-based, as ``man 5 proc``
-    numbers them: 4 the parent, 5 the process group) equals ``value``."""
+def child_pids(pid: int) -> list[int]:
+    """Live (not zombie) children of process ``pid``, read from ``/proc`` (``/proc/<pid>/stat`` field 4 is the
+    parent)."""
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -308,16 +300,10 @@ def _live_with(field: int, value: int) -> list[int]:
             text = (d / "stat").read_text(errors="replace")
         except OSError:
             continue
-        fields = text[text.rindex(")") + 2:].split()      # fields from 3 on; the name (field 2) may hold spaces
-        if fields[0] != "Z" and int(fields[field - 3]) == value:
+        fields = text[text.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[1]) == pid:
             out.append(int(d.name))
     return out
-
-
-def child_pids(pid: int) -> list[int]:
-    """Live (not zombie) children of process ``pid``, read from ``/proc`` (``/proc/<pid>/stat`` field 4 is the
-    parent)."""
-    return _live_with(4, pid)
 
 
 def owner_alive(rec: dict) -> bool:
@@ -346,16 +332,16 @@ def token_pids(token: str) -> list[int]:
 
 
 def group_pids(pgid: int, leader_start: Optional[int]) -> list[int]:
-    """Live processes of process group ``pgid`` (``/proc/<pid>/stat`` field 5), or none where the group's id
-    may name another group: its leader (pid ``pgid``) lives with a start time other than ``leader_start`` (the
-    pid was reused). A dead leader's number is not reused while its group has members (POSIX.1-2017, Base
-    Definitions, "Process ID Reuse"; Linux keeps such a pid allocated), so the members found then are the
-    group's. This finds what :func:`token_pids` misses: vLLM retitles its engine-core and worker processes
+    """The live processes of a guard's tree (``harness.vllm.guard.tree``: process group ``pgid`` and every
+    descendant; the leader first where it lives), or none where the group's id may name another group: its
+    leader (pid ``pgid``) lives with a start time other than ``leader_start`` (the pid was reused). A dead
+    leader's number is not reused while its group has members (POSIX.1-2017, Base Definitions, "Process ID
+    Reuse"; Linux keeps such a pid allocated), so the members found then are the group's. This finds what :func:`token_pids` misses: vLLM retitles its engine-core and worker processes
     (``VLLM::EngineCore``, ``VLLM::Worker``), which overwrites the environment ``/proc/<pid>/environ`` shows."""
     now = start_ticks(pgid)
     if now is not None and now != leader_start:
         return []
-    return _live_with(5, pgid)
+    return ([pgid] if now is not None else []) + sorted(guard_tree(pgid))
 
 
 def read_record(port: int) -> Optional[dict]:
