@@ -135,7 +135,7 @@ def instance_specs(inp: "SessionInput", b: "VllmBackendConfig", model: str, run_
             env.update(CPU_ENV)
             env["VLLM_CPU_OMP_THREADS_BIND"] = str((b.cpu_bind_offset + i) % ncpu)
             args += ["--kv-cache-memory-bytes", str(b.kv_cache_bytes)]
-            if b.cpu_start_method in FORK_START_METHODS:   # forked: ~21 CPU s a start-up (fork), ~38 (fork_engine), not ~50
+            if b.cpu_start_method in FORK_START_METHODS:   # ~21 CPU s a start-up (fork), ~38 (fork_engine), ~50 spawned
                 module = FORK_SERVER_MODULE
                 env["PYTHONPATH"] = _pythonpath()
                 env[START_METHOD_ENV] = b.cpu_start_method

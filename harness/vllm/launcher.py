@@ -336,8 +336,9 @@ def group_pids(pgid: int, leader_start: Optional[int]) -> list[int]:
     descendant; the leader first where it lives), or none where the group's id may name another group: its
     leader (pid ``pgid``) lives with a start time other than ``leader_start`` (the pid was reused). A dead
     leader's number is not reused while its group has members (POSIX.1-2017, Base Definitions, "Process ID
-    Reuse"; Linux keeps such a pid allocated), so the members found then are the group's. This finds what :func:`token_pids` misses: vLLM retitles its engine-core and worker processes
-    (``VLLM::EngineCore``, ``VLLM::Worker``), which overwrites the environment ``/proc/<pid>/environ`` shows."""
+    Reuse"; Linux keeps such a pid allocated), so the members found then are the group's. This finds what
+    :func:`token_pids` misses: vLLM retitles its engine-core and worker processes (``VLLM::EngineCore``,
+    ``VLLM::Worker``), which overwrites the environment ``/proc/<pid>/environ`` shows."""
     now = start_ticks(pgid)
     if now is not None and now != leader_start:
         return []
