@@ -184,6 +184,16 @@ def test_column_store_extend_is_append_row_by_row(chunk):
     pd.testing.assert_frame_equal(got.frame(), one.frame())
     assert got.frame()["f"].dtype == np.float64 and got.frame()["i"].dtype == np.int64
     assert type(got.column("f_then_int")[6]) is int and got.column("big")[6] == 2 ** 70   # kept as given
+    # extend_columns (the recorder's buffered samples, 2026-12-07): the same rows given column by column
+    by_col = ColumnStore(cols)
+    for k in range(0, len(rows), chunk):
+        by_col.extend_columns([list(c) for c in zip(*rows[k:k + chunk])])
+    by_col.extend_columns([[] for _ in cols])
+    assert len(by_col) == 8
+    pd.testing.assert_frame_equal(by_col.frame(), want)
+    assert [by_col.column(c) for c in cols] == [one.column(c) for c in cols]
+    assert [type(v) for v in by_col.column("f_then_int")] == [type(v) for v in one.column("f_then_int")]
+    assert _parquet(by_col.frame()[["f", "i", "s"]]) == _parquet(want[["f", "i", "s"]])
     plain = ["f", "i", "s"]
     assert _parquet(got.frame()[plain]) == _parquet(want[plain])
     # typed all the way in one chunk of three: one C-level extend per column, the same values
@@ -217,3 +227,52 @@ def test_recorder_samples_buffered_across_a_flush(monkeypatch):
     assert list(df.kv_used_frac) == [0.0, 0.0, 0.1, 0.1, 0.2, 0.2, 0.3, 0.3]
     assert list(df.energy_j) == [0.0, 0.0, 1.5, 2.5, 3.0, 5.0, 4.5, 7.5] and df.kv_used_frac.dtype == np.float64
     assert list(df.num_waiting) == [0, 0, 0, 1, 0, 2, 0, 3] and df.power_w.isna().all()
+
+
+def test_column_store_extend_columns_refuses_ragged_columns():
+    """``ColumnStore.extend_columns`` takes one list per column, all of one length: a missing column or a short one
+    is refused (nothing added)."""
+    store = ColumnStore(["a", "b"])
+    with pytest.raises(ValueError):
+        store.extend_columns([[1, 2]])
+    with pytest.raises(ValueError):
+        store.extend_columns([[1, 2], [0.5]])
+    assert len(store) == 0
+
+
+def test_recorder_samples_by_column_are_the_instance_rows(monkeypatch):
+    """The recorder buffers its instance samples column by column (2026-12-07: no row tuple per instance): ticks
+    through ``sample`` and folded ticks through ``sample_at`` in one run, across a flush (``SAMPLE_BATCH`` 5), give
+    the frame of the row dicts ``instance_row`` makes of the same states (the oracle: pandas' own inference; values
+    by hand: 2 instances of 100 and 200 tokens, KV 10 and 30 tokens at t = 0 and 0.25, 20 and 40 at 0.5:
+    kv_used_frac 0.1 and 0.15, then 0.2 and 0.2), parquet bytes equal; a new tuple of infos (another name) is read afresh."""
+    from harness.core import recorder as R
+    from harness.core.backend import InstanceInfo, InstanceState
+    monkeypatch.setattr(R, "SAMPLE_BATCH", 5)
+    infos = (InstanceInfo(0, "p0", "prefill", "a40", 100), InstanceInfo(1, "d0", "decode", "h100", 200))
+    rec = R.Recorder(lambda c, k: True)
+    rec.bind(["p0", "d0"])
+    want = []
+
+    def sample(t, states):
+        rec.sample(t, infos, states, [math.nan, 7.5])
+        want.extend(R.instance_row(t, i, st, p) for i, st, p in zip(infos, states, [math.nan, 7.5]))
+
+    sample(0.0, (InstanceState(10, 1, 0, 1.0), InstanceState(30, 2, 1, 2.0)))
+    times = [0.25, 0.5]
+    cols = [([10, 20], 1, 0, [1.25, 1.5]), ([30, 40], 2, 1, [2.25, 2.5])]
+    rec.sample_at(times, infos, cols, [math.nan, 7.5])
+    for k, t in enumerate(times):
+        want.extend(R.instance_row(t, i, InstanceState(kv[k], run, wait, e[k]), p)
+                    for i, (kv, run, wait, e), p in zip(infos, cols, [math.nan, 7.5]))
+    sample(1.0, (InstanceState(0, 0, 0, 3.0), InstanceState(50, 1, 0, 4.0)))
+    other = (InstanceInfo(0, "p1", "prefill", "a40", 100), infos[1])
+    rec.sample(2.0, other, (InstanceState(0, 0, 0, 3.0), InstanceState(50, 1, 0, 4.0)), [math.nan, 7.5])
+    want.extend(R.instance_row(2.0, i, st, p) for i, st, p in zip(
+        other, (InstanceState(0, 0, 0, 3.0), InstanceState(50, 1, 0, 4.0)), [math.nan, 7.5]))
+    df = rec.instances_frame()
+    ref = pd.DataFrame(want, columns=R.INSTANCE_COLUMNS)
+    pd.testing.assert_frame_equal(df, ref)
+    assert _parquet(df) == _parquet(ref)
+    assert list(df.t_s) == [0.0, 0.0, 0.25, 0.25, 0.5, 0.5, 1.0, 1.0, 2.0, 2.0]
+    assert list(df.kv_used_frac[:6]) == [0.1, 0.15, 0.1, 0.15, 0.2, 0.2] and list(df.instance[-2:]) == ["p1", "d0"]

@@ -121,6 +121,41 @@ class ColumnStore:
         for r in rows:
             self.append(r)
 
+    def extend_columns(self, cols: Sequence[list]) -> None:
+        """:meth:`extend` of the rows ``zip(*cols)`` without building them: ``cols`` holds one list per column, all
+        of one length (the rows' values column by column, in order). The same store as :meth:`extend` of those
+        rows (same columns, types, values): an empty store takes its first row through :meth:`append` (the first
+        row decides the types), then one C-level ``extend`` per column where each typed column's values are all
+        of its type; otherwise, or where an int does not fit int64, row by row.
+
+        Raises:
+            ValueError: ``cols`` does not hold one list per column, or the lists differ in length."""
+        if len(cols) != len(self.columns) or len(set(map(len, cols))) > 1:
+            raise ValueError(f"extend_columns: {len(cols)} columns of lengths {sorted(set(map(len, cols)))} "
+                             f"for {len(self.columns)} columns")
+        if not cols[0]:
+            return
+        if not self.n:
+            self.append([c[0] for c in cols])
+            cols = [c[1:] for c in cols]
+            if not cols[0]:
+                return
+        data, types = self._data, self._types
+        typed = [isinstance(d, array) for d in data]
+        if all(set(map(type, c)) == {t} for c, t, a in zip(cols, types, typed) if a):
+            try:
+                new = [array(d.typecode, c) if a else c for d, c, a in zip(data, cols, typed)]
+            except OverflowError:   # an int beyond int64 for an array('q') column: row by row
+                pass
+            else:
+                for i, (d, c) in enumerate(zip(data, new)):
+                    d.extend(c)
+                    types[i] = type(c[-1])
+                self.n += len(cols[0])
+                return
+        for r in zip(*cols):
+            self.append(r)
+
     def _append_slow(self, values: Sequence[Any]) -> None:
         """Append the values of this row not appended yet (a column holds ``n + 1`` values once done),
         turning a typed column into a list when a value does not fit it."""
@@ -460,7 +495,9 @@ class Recorder:
         self._turns = ColumnStore(TURN_COLUMNS)
         self.decisions: list[Any] = []
         self._samples = ColumnStore(INSTANCE_COLUMNS)
-        self._sample_rows: list[tuple] = []     # instance rows not yet in _samples (moved in by _flush_samples)
+        self._scols: list[list] = [[] for _ in INSTANCE_COLUMNS]  # instance rows not yet in _samples, by column
+        self._sn = 0                            # their number (moved in by _flush_samples)
+        self._consts_of, self._consts = None, None  # _instance_consts' last infos and their values
         self.itl = ItlPool()   # every completed turn's inter-token gaps, s (pooled ITL mean and percentiles)
 
     @property
@@ -504,13 +541,31 @@ class Recorder:
 
     def sample(self, now_s: float, infos, states, power_w: Sequence[float]) -> None:
         """One ``instances.parquet`` row per instance at ``now_s`` (s): ``infos`` (``InstanceInfo``), ``states``
-        (``InstanceState``) and ``power_w`` (W) per instance, in index order. The rows are buffered and moved
-        into the column store ``SAMPLE_BATCH`` rows at a time (:meth:`ColumnStore.extend`: the same columns
-        as one :meth:`ColumnStore.append` per row, at a fraction of its cost per row)."""
-        rows = self._sample_rows
-        for info, st, p in zip(infos, states, power_w):
-            rows.append(instance_values(now_s, info, st, p))
-        if len(rows) >= SAMPLE_BATCH:
+        (``InstanceState``) and ``power_w`` (W) per instance, in index order (as many rows as the shortest of the
+        three). The rows are buffered column by column (no row object: the values :func:`instance_values` gives
+        each row, the same division) and moved into the column store ``SAMPLE_BATCH`` rows at a time
+        (:meth:`ColumnStore.extend_columns`: the same columns as one :meth:`ColumnStore.append` per row, at a
+        fraction of its cost per row)."""
+        names, roles, hws, caps = self._instance_consts(infos)
+        m = min(len(names), len(states), len(power_w))
+        if m < len(names):
+            names, roles, hws, caps = names[:m], roles[:m], hws[:m], caps[:m]
+            states = states[:m]
+        kv = [st.kv_used_tokens for st in states]
+        c = self._scols
+        c[0].extend([now_s] * m)
+        c[1].extend(names)
+        c[2].extend(roles)
+        c[3].extend(hws)
+        c[4].extend(kv)
+        c[5].extend(caps)
+        c[6].extend([k / cap for k, cap in zip(kv, caps)])
+        c[7].extend([st.num_running for st in states])
+        c[8].extend([st.num_waiting for st in states])
+        c[9].extend([st.energy_j for st in states])
+        c[10].extend(power_w[:m] if m < len(power_w) else power_w)
+        self._sn += m
+        if self._sn >= SAMPLE_BATCH:
             self._flush_samples()
 
     def sample_at(self, times: Sequence[float], infos, columns, power_w: Sequence[float]) -> None:
@@ -519,7 +574,7 @@ class Recorder:
         lists), the two counts the same at all of them (requests; ``harness.sim.backend.SimBackend.observe_at``),
         ``power_w`` per instance (W) at every one of them. The same rows as one :meth:`sample` per time with those
         values (:func:`_instance_values`' columns and division, in that order: per time, the instances in
-        index order), built in one comprehension.
+        index order), buffered column by column.
 
         Raises:
             ValueError: a column does not hold one value per time."""
@@ -528,19 +583,48 @@ class Recorder:
             if len(kv) != n or len(energy) != n:
                 raise ValueError(f"sample_at: {len(kv)} KV and {len(energy)} energy values of instance "
                                  f"{info.name} for {n} times")
-        consts = [(info.name, info.role, info.hardware, info.kv_capacity_tokens) for info in infos]
-        rows = self._sample_rows
-        rows.extend([(t, name, role, hw, kv[k], cap, kv[k] / cap, running, waiting, energy[k], p)
-                     for k, t in enumerate(times)
-                     for (name, role, hw, cap), (kv, running, waiting, energy), p in zip(consts, columns, power_w)])
-        if len(rows) >= SAMPLE_BATCH:
+        names, roles, hws, caps = self._instance_consts(infos)
+        m = min(len(names), len(columns), len(power_w))
+        if m < len(names):
+            names, roles, hws, caps = names[:m], roles[:m], hws[:m], caps[:m]
+        columns = columns[:m] if m < len(columns) else columns
+        power = list(power_w[:m])
+        kvs = [col[0] for col in columns]
+        ens = [col[3] for col in columns]
+        rk = range(n)
+        c = self._scols
+        c[0].extend([t for t in times for _ in names])
+        c[1].extend(names * n)
+        c[2].extend(roles * n)
+        c[3].extend(hws * n)
+        c[4].extend([kv[k] for k in rk for kv in kvs])
+        c[5].extend(caps * n)
+        c[6].extend([kv[k] / cap for k in rk for kv, cap in zip(kvs, caps)])
+        c[7].extend([col[1] for col in columns] * n)
+        c[8].extend([col[2] for col in columns] * n)
+        c[9].extend([e[k] for k in rk for e in ens])
+        c[10].extend(power * n)
+        self._sn += m * n
+        if self._sn >= SAMPLE_BATCH:
             self._flush_samples()
+
+    def _instance_consts(self, infos) -> tuple[list, list, list, list]:
+        """Per instance of ``infos`` (``InstanceInfo``, index order): names, roles, hardware names and KV
+        capacities (tokens), kept for the last tuple of infos seen (frozen records: the same values)."""
+        if infos is not self._consts_of:
+            consts = ([i.name for i in infos], [i.role for i in infos], [i.hardware for i in infos],
+                      [i.kv_capacity_tokens for i in infos])
+            if not isinstance(infos, tuple):
+                return consts
+            self._consts_of, self._consts = infos, consts
+        return self._consts
 
     def _flush_samples(self) -> None:
         """Move the buffered instance rows into the column store."""
-        if self._sample_rows:
-            self._samples.extend(self._sample_rows)
-            self._sample_rows = []
+        if self._sn:
+            self._samples.extend_columns(self._scols)
+            self._scols = [[] for _ in INSTANCE_COLUMNS]
+            self._sn = 0
 
     # ---- frames --------------------------------------------------------------------------------
     def turns_frame(self) -> pd.DataFrame:

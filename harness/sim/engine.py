@@ -297,12 +297,11 @@ class Engine:
         #                                 a rule's timer): the step it starts may run inline
         self._run_idle = None           # the rule's "idle after this step" (StepPlan.idle_after), while it holds
         self._paced_begins: Optional[list[float]] = None  # a timeout-paced run in flight: its steps' begins, s
-        # and, while one is in flight: its timer groups (request lists), per step the groups it runs (indices),
-        # the rule's wake time at its plan (s; inf: none) and its batch size; per group the steps that run it;
-        # the groups' idle time max_wait_s (s); _timer_at after its first plan; whether its steps' timers are
-        # still simulated (_paced_timers, _timer_fire ignores the clock's timer events meanwhile)
+        # and, while one is in flight: its timer groups (request lists), per step the rule's wake time at its
+        # plan (s; inf: none) and its batch size; per group the steps that run it; the groups' idle time
+        # max_wait_s (s); _timer_at after its first plan; whether its steps' timers are still simulated
+        # (_paced_timers, _timer_fire ignores the clock's timer events meanwhile)
         self._paced_groups: Optional[list] = None
-        self._paced_served: list[Sequence[int]] = []
         self._paced_wakes: list[float] = []
         self._paced_sizes: list[int] = []
         self._paced_steps_of: list[list[int]] = []
@@ -653,7 +652,7 @@ class Engine:
 
     def _paced_truncate(self, n: int) -> None:
         """Keep the first ``n`` steps of the timeout-paced run in flight (its per-step lists)."""
-        del self._paced_served[n:], self._paced_wakes[n:], self._paced_sizes[n:]
+        del self._paced_wakes[n:], self._paced_sizes[n:]
         for steps in self._paced_steps_of:
             del steps[bisect_left(steps, n):]
         self._paced_wake_sorted = None
@@ -1083,17 +1082,16 @@ class Engine:
         ends: list[float] = []
         durs: list[float] = []
         energy: list[float] = []
-        served_l: list[Sequence[int]] = []
         wakes: list[float] = []
         size_l: list[int] = []
         steps_of: list[list[int]] = [[] for _ in range(n)]
         lim = [PACED_FIRST_STEPS]
         if n == 1 and (avail < 0 or self._paced_growth_fits(sizes[0], avail)):
-            gen = self._paced_one_steps(sizes[0], ctxs[0], left[0], mw, now, begins, ends, durs, energy, served_l,
-                                        wakes, size_l, steps_of[0], lim)
+            gen = self._paced_one_steps(sizes[0], ctxs[0], left[0], mw, now, begins, ends, durs, energy, wakes,
+                                        size_l, steps_of[0], lim)
         else:
             gen = self._paced_group_steps(reqs_of, ready, ctxs, left, sizes, avail, mw, now, begins, ends, durs,
-                                          energy, served_l, wakes, size_l, steps_of, lim)
+                                          energy, wakes, size_l, steps_of, lim)
         more = gen
         for _ in gen:       # its first PACED_FIRST_STEPS steps (or all, where it stops before)
             break
@@ -1104,7 +1102,7 @@ class Engine:
         if len(ends) > 1:
             self._paced_begins = begins
             self._paced_groups = [list(q) for q in reqs_of]
-            self._paced_served, self._paced_wakes, self._paced_sizes = served_l, wakes, size_l
+            self._paced_wakes, self._paced_sizes = wakes, size_l
             self._paced_steps_of = steps_of
             self._paced_mw = mw
             self._paced_ta0 = self._timer_at
@@ -1114,23 +1112,21 @@ class Engine:
         return ends
 
     def _paced_one_steps(self, b: int, ctx: int, k: int, mw: float, now: float, begins: list, ends: list,
-                         durs: list, energy: list, served_l: list, wakes: list, size_l: list, steps: list,
-                         lim: list):
+                         durs: list, energy: list, wakes: list, size_l: list, steps: list, lim: list):
         """The steps of a timeout-paced run of one group of ``b`` requests at summed context ``ctx`` (tokens), at
         most ``k`` (:meth:`_plan_paced_run`; no KV check due): every step runs it, ``mw`` s after the previous
         end (the steps :meth:`_paced_group_steps` gives one group: it is ready at each previous end + ``mw``, the
-        next ready time inf). Appends each step's begin, end (s), time (s), energy (J), groups run ``(0,)``, wake
-        time (inf), batch size and index to the lists given; a generator that pauses once ``lim[0]`` steps are
+        next ready time inf). Appends each step's begin, end (s), time (s), energy (J), wake time (inf), batch
+        size and index to the lists given; a generator that pauses once ``lim[0]`` steps are
         kept and more may follow (:meth:`_paced_extend`). Each step priced as one event per step prices it: the
         step model's ``decode_one`` (its :meth:`~harness.sim.step_model.StepModel.decode_pricer` of the batch)
         plus the after-idle term of the gap since the previous end."""
         price, after = self.perf.decode_pricer(b), self._after_idle
         horizon = self.horizon_s
         inf = math.inf
-        one = (0,)
         t, prev = now, self._end_s
         add_b, add_e, add_d, add_j = begins.append, ends.append, durs.append, energy.append
-        add_s, add_w, add_z, add_k = served_l.append, wakes.append, size_l.append, steps.append
+        add_w, add_z, add_k = wakes.append, size_l.append, steps.append
         for j in range(k):
             d, ej = price(ctx)
             if after is not None:
@@ -1144,7 +1140,6 @@ class Engine:
             add_e(end)
             add_d(d)
             add_j(ej)
-            add_s(one)
             add_w(inf)
             add_z(b)
             add_k(j)
@@ -1209,13 +1204,12 @@ class Engine:
 
     def _paced_group_steps(self, reqs_of: list, ready: list, ctxs: list, left: list, sizes: list, avail: int,
                            mw: float, now: float, begins: list, ends: list, durs: list, energy: list,
-                           served_l: list, wakes: list, size_l: list, steps_of: list, lim: list):
+                           wakes: list, size_l: list, steps_of: list, lim: list):
         """The steps of a timeout-paced run of timer groups from ``now`` (s; :meth:`_plan_paced_run`): appends
         each step's begin, end (s), time (s) and energy (J) to the lists given; ``reqs_of``, ``ready`` (s),
         ``ctxs`` (summed context, tokens), ``left`` (steps before a request finishes), ``sizes``: per group
         (``ready``, ``ctxs`` updated in place); ``avail``: KV blocks available for the run's growth; ``mw``:
-        the idle time after a group's step, s. Appends per step the groups it runs (``served_l``), the rule's wake
-        time at its plan (``wakes``, s; inf: none) and its batch size (``size_l``), and per group the steps that
+        the idle time after a group's step, s. Appends per step the rule's wake time at its plan (``wakes``, s; inf: none) and its batch size (``size_l``), and per group the steps that
         run it (``steps_of``). A generator that pauses once ``lim[0]`` steps are kept and more may follow
         (:meth:`_paced_extend`). Each step priced as :meth:`_paced_one_steps` prices one (the batch's
         ``decode_pricer``, taken once per batch size)."""
@@ -1230,7 +1224,7 @@ class Engine:
         t, prev, end = now, self._end_s, now
         pricer, after, prices = self.perf.decode_pricer, self._after_idle, {}
         add_b, add_e, add_d, add_j = begins.append, ends.append, durs.append, energy.append
-        add_s, add_w, add_z = served_l.append, wakes.append, size_l.append
+        add_w, add_z = wakes.append, size_l.append
         for j in range(PACED_GROUP_STEPS):
             if j:
                 m = min(ready)
@@ -1281,7 +1275,6 @@ class Engine:
             add_e(end)
             add_d(d)
             add_j(ej)
-            add_s(served)
             add_w(w)
             add_z(b)
             done = False
