@@ -134,3 +134,40 @@ def test_a_paced_run_ends_with_the_counters_of_one_event_per_step(monkeypatch, l
         energy += 0.3
     assert on.steps == off.steps and (on.busy_s, on.energy_busy_j) == (off.busy_s, off.energy_busy_j) == (busy, energy)
     assert on.steps == 12 and on.paused_steps == off.paused_steps == 18 and on.clock.events < off.clock.events
+
+
+def test_the_blocks_a_paced_run_takes_as_steps_by_hand():
+    """``Engine._paced_kv_steps`` (seventh round, 2026-12-07: one bisect per read instead of a division per request and
+    read): block size 4; group 0 = r0 (5 tokens in 2 blocks) run by steps 0, 2, 4, 6; group 1 = r1 (8 tokens in 2
+    blocks) and r2 (3 tokens in 2 blocks) run by steps 1, 3, 5. By hand: r0 holds ceil((5 + c) / 4) blocks after c
+    of its steps, a third at c = 4 (step 6); r1 a third at c = 1 (step 1); r2 none within 3 steps (ceil(6 / 4) = 2);
+    so the entries [1, 6], and ``used_blocks_now``'s count at step j is ``bisect_right([1, 6], j)``: the same as
+    adding ``max(0, ceil((computed + c) / 4) - blocks)`` per request at every j (the read it replaces). A request
+    holding fewer blocks than its tokens (10 tokens in 1 block) counts its two missing blocks at its group's first
+    step and a third at its third (ceil(13 / 4) = 4)."""
+    import types
+    from bisect import bisect_right
+    from harness.sim.engine import Engine
+
+    def req(computed, blocks):
+        return types.SimpleNamespace(computed=computed, kv=types.SimpleNamespace(blocks=blocks))
+
+    def per_read(groups, steps_of, j, bs):
+        used = 0
+        for reqs, steps in zip(groups, steps_of):
+            c = bisect_right(steps, j)
+            if c:
+                for r in reqs:
+                    used += max(0, -(-(r.computed + c) // bs) - r.kv.blocks)
+        return used
+
+    groups = [[req(5, 2)], [req(8, 2), req(3, 2)]]
+    steps_of = [[0, 2, 4, 6], [1, 3, 5]]
+    eng = types.SimpleNamespace(bs=4, _paced_groups=groups, _paced_steps_of=steps_of, _paced_kv=None)
+    assert Engine._paced_kv_steps(eng) == [1, 6] and eng._paced_kv == [1, 6]
+    assert [bisect_right([1, 6], j) for j in range(8)] == [0, 1, 1, 1, 1, 1, 2, 2] == \
+        [per_read(groups, steps_of, j, 4) for j in range(8)]
+    short = types.SimpleNamespace(bs=4, _paced_groups=[[req(10, 1)], [req(1, 1)]], _paced_steps_of=[[0, 1, 2], []],
+                                  _paced_kv=None)
+    assert Engine._paced_kv_steps(short) == [0, 0, 2]
+    assert [per_read(short._paced_groups, short._paced_steps_of, j, 4) for j in range(3)] == [2, 2, 3]

@@ -147,8 +147,9 @@ class SimBackend(ClusterBase):
         for e in self.engines:
             bs, idle_w = e.bs, e.perf.hw.idle_w
             used, busy, busy_j = e.observe_cols(times)
-            cols.append(([u * bs for u in used], len(e.running), len(e.waiting) + e.loading,
-                         [_energy(b, j, idle_w, t) for t, b, j in zip(times, busy, busy_j)]))
+            cols.append(([u * bs for u in used], len(e.running), len(e.waiting) + e.loading,    # _energy, inline:
+                         [j + idle_w * (x if (x := t - b) > 0.0 else 0.0)     # max(0.0, x) is x if x > 0.0
+                          for t, b, j in zip(times, busy, busy_j)]))
         return cols
 
     def observe_load(self) -> tuple[tuple[int, int, int], ...]:

@@ -305,6 +305,7 @@ class Engine:
         self._paced_wakes: list[float] = []
         self._paced_sizes: list[int] = []
         self._paced_steps_of: list[list[int]] = []
+        self._paced_kv: Optional[list[int]] = None  # _paced_kv_steps (None: not built for the steps priced)
         self._paced_mw = 0.0
         self._paced_ta0: Optional[float] = None
         self._paced_own_timers = False
@@ -397,14 +398,9 @@ class Engine:
         if self._used_now_key == key:
             return self._used_now
         bs = self.bs
-        if self._paced_begins is not None:      # each timer group: the steps begun by now that run it
-            for reqs, steps in zip(self._paced_groups, self._paced_steps_of):
-                c = bisect_right(steps, j)
-                if c:
-                    for r in reqs:
-                        extra = -(-(r.computed + c) // bs) - r.kv.blocks
-                        if extra > 0:
-                            used += extra
+        if self._paced_begins is not None:      # the blocks the steps begun by now took (_paced_kv_steps)
+            kv = self._paced_kv
+            used += bisect_right(self._paced_kv_steps() if kv is None else kv, j)
             self._used_now_key, self._used_now = key, used
             return used
         for r in self._run_decode:
@@ -429,6 +425,32 @@ class Engine:
             cb, ce = self._busy_sums(j)
             return cb[j - 1], ce[j - 1]
         return busy, ej
+
+    def _paced_kv_steps(self) -> list[int]:
+        """The KV blocks the timeout-paced run in flight takes, as the steps that take them: one entry per block,
+        the index of the step at whose begin a request of its timer groups takes it (ascending; the steps priced
+        so far), so that ``used_blocks_now`` at step ``j`` is the blocks held at the run's start plus
+        ``bisect_right(entries, j)``. A request of ``computed`` tokens holding ``blocks`` blocks holds
+        ``ceil((computed + c) / bs)`` once ``c`` steps of its group have begun (its tokens so far and the one each
+        allocates), ``max(0, ceil((computed + c) / bs) - blocks)`` more than at the start: its ``m``-th block more
+        from the ``c_m``-th step of its group on, ``c_m = (blocks + m - 1) * bs - computed + 1`` (at least the
+        first), for every ``m`` with ``c_m`` within the group's priced steps: the same integer counts as adding
+        each request's blocks at each read. Kept in ``_paced_kv`` until the run's priced steps change (an
+        extension, a cut, a new run)."""
+        bs = self.bs
+        kv: list[int] = []
+        for reqs, steps in zip(self._paced_groups, self._paced_steps_of):
+            n = len(steps)
+            if not n:
+                continue
+            for r in reqs:
+                c = r.kv.blocks * bs - r.computed + 1
+                while c <= n:
+                    kv.append(steps[c - 1] if c > 1 else steps[0])
+                    c += bs
+        kv.sort()
+        self._paced_kv = kv
+        return kv
 
     def _busy_sums(self, j: int) -> tuple[list[float], list[float]]:
         """The running sums of the run in flight (one with a rule-declared horizon), kept per run
@@ -469,18 +491,10 @@ class Engine:
         if begins is None or not self._run_exact or n == 1:
             reads = [self.busy_energy_now(t) for t in times]
             return [self.used_blocks_now(t) for t in times], [b for b, _ in reads], [e for _, e in reads]
-        bs = self.bs
-        js = [bisect_right(begins, t) - 1 for t in times]      # the steps begun by each time
-        us = [used] * n
-        for reqs, steps in zip(self._paced_groups, self._paced_steps_of):
-            cs = [bisect_right(steps, j) for j in js]       # the steps begun that run the group
-            for r in reqs:
-                base, blocks = r.computed, r.kv.blocks
-                for i, c in enumerate(cs):
-                    if c:
-                        extra = -(-(base + c) // bs) - blocks
-                        if extra > 0:
-                            us[i] += extra
+        kv = self._paced_kv             # the blocks taken by the steps begun by each time (_paced_kv_steps)
+        if kv is None:
+            kv = self._paced_kv_steps()
+        us = [used + bisect_right(kv, bisect_right(begins, t) - 1) for t in times]
         ends = self._run_ends
         ks = [bisect_right(ends, t) for t in times]          # the steps ended by each time
         cb, ce = self._busy_sums(ks[-1])
@@ -656,6 +670,7 @@ class Engine:
         for steps in self._paced_steps_of:
             del steps[bisect_left(steps, n):]
         self._paced_wake_sorted = None
+        self._paced_kv = None
 
     def _paced_timer_state(self, now: float) -> None:
         """The rule's timers as one event per step leaves them at ``now`` (s), the end of the timeout-paced
@@ -1104,6 +1119,7 @@ class Engine:
             self._paced_groups = [list(q) for q in reqs_of]
             self._paced_wakes, self._paced_sizes = wakes, size_l
             self._paced_steps_of = steps_of
+            self._paced_kv = None
             self._paced_mw = mw
             self._paced_ta0 = self._timer_at
             self._paced_own_timers = True
@@ -1170,6 +1186,7 @@ class Engine:
             self._paced_more = None
         if len(ends) > n0:
             self._paced_wake_sorted = None
+            self._paced_kv = None
             if self._run_idle is not None:
                 self._run_idle = (self._paced_wakes[-1], self._paced_mw)
         if self._paced_more is not None:
