@@ -171,3 +171,57 @@ def test_the_blocks_a_paced_run_takes_as_steps_by_hand():
                                   _paced_kv=None)
     assert Engine._paced_kv_steps(short) == [0, 0, 2]
     assert [per_read(short._paced_groups, short._paced_steps_of, j, 4) for j in range(3)] == [2, 2, 3]
+
+
+@pytest.mark.parametrize("cap_w", [None, 150.0])
+def test_the_affine_terms_are_the_pricers_by_hand(cap_w):
+    """``PerfModel.decode_affine(b)`` (seventh round: a paced step priced inline) states the plain step's terms
+    ``(kv_s, base_s, busy0, tdp - idle, idle, memory_power_frac)``; the pricer's values are those terms' formula
+    (``0.0 + (base_s + kv_s * (ctx + b))`` s, ``0.0 + (idle * step + dyn_w * (busy0 + mpf * kv_m))`` J) bit for bit;
+    where the power cap can bind (150 W on the A40) there are none (``None``: the engine calls the pricer). A step
+    model without them (a stand-in) states none."""
+    a40 = _load(HardwareConfig, ROOT / "conf" / "hardware" / "a40.yaml")
+    llama = _load(ModelConfig, ROOT / "conf" / "model" / "llama2_7b.yaml")
+    perf = PerfModel(dataclasses.replace(a40, power_cap_w=cap_w), llama)
+    for b, ctx in [(1, 0), (2, 3001), (3, 4000), (64, 123_457)]:
+        aff = perf.decode_affine(b)
+        if cap_w is not None:
+            assert aff is None
+            continue
+        kv_s, base_s, busy0, dyn_w, idle, mpf = aff
+        assert (kv_s, dyn_w, idle, mpf) == (perf._kv_s_per_token, a40.tdp_w - a40.idle_w, a40.idle_w,
+                                            a40.memory_power_frac)
+        assert (base_s, busy0) == perf._run_terms(b)[1:3]
+        kv_m = kv_s * (ctx + b)
+        step = base_s + kv_m
+        assert perf.decode_pricer(b)(ctx) == (0.0 + step, 0.0 + (idle * step + dyn_w * (busy0 + mpf * kv_m)))
+    assert StubPerf(0.25, 0.01).decode_affine(3) is None
+
+
+@pytest.mark.parametrize("sched", ["wait", "nested_wait"])
+def test_paced_steps_priced_inline_are_the_pricers_steps(monkeypatch, sched):
+    """A small WAIT / Nested WAIT run (8 conversations, 5 turns each, 1-s samples) on the A40 roofline model, whose
+    paced steps are priced inline from ``decode_affine``, against the same run with ``decode_affine`` stating
+    nothing (every step through ``decode_pricer``, the sixth round's path): the turns, ``instances.parquet``'s
+    bytes and the events the same (checked: a step time off by one part in 1e9 in either inline loop,
+    ``_paced_free_steps`` or ``_paced_one_steps``, fails it for WAIT; in the one-group loop for both)."""
+    from harness.run.session import session_input, simulate
+    from tests.conftest import compose_run
+    from tests.test_invariants import workload
+    cfg = compose_run([f"scheduler={sched}", "engine.activation_reserve_bytes=268435456"])
+    convs, stats = workload(cfg, n=8, rate=0.05, max_turns=5, max_context=20000)
+    own, asked = PerfModel.decode_affine, []
+
+    def affine(self, b):
+        asked.append(b)
+        return own(self, b)
+    out = {}
+    for inline in (True, False):
+        monkeypatch.setattr(PerfModel, "decode_affine", affine if inline else (lambda self, b: None))
+        res = simulate(session_input(cfg), convs, stats, sched, cfg.scheduler, sample_interval_s=1.0)
+        assert not res.error
+        buf = io.BytesIO()
+        res.recorder.instances_frame().to_parquet(buf, index=False)
+        out[inline] = (buf.getvalue(), res.recorder.turns_frame(), res.events)
+    assert asked and out[True][0] == out[False][0] and out[True][1].equals(out[False][1])
+    assert out[True][2] == out[False][2]

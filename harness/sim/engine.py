@@ -1135,16 +1135,26 @@ class Engine:
         next ready time inf). Appends each step's begin, end (s), time (s), energy (J), wake time (inf), batch
         size and index to the lists given; a generator that pauses once ``lim[0]`` steps are
         kept and more may follow (:meth:`_paced_extend`). Each step priced as one event per step prices it: the
-        step model's ``decode_one`` (its :meth:`~harness.sim.step_model.StepModel.decode_pricer` of the batch)
-        plus the after-idle term of the gap since the previous end."""
+        step model's ``decode_one`` (its :meth:`~harness.sim.step_model.StepModel.decode_pricer` of the batch, or
+        that pricer's operations inline where ``StepModel.decode_affine`` states them) plus the after-idle term of
+        the gap since the previous end."""
         price, after = self.perf.decode_pricer(b), self._after_idle
+        affine = self.perf.decode_affine(b)     # the plain step's terms: priced inline (StepModel.decode_affine)
+        if affine is not None:
+            kv_s, base_s, busy0, dyn_w, idle, mpf = affine
         horizon = self.horizon_s
         inf = math.inf
         t, prev = now, self._end_s
         add_b, add_e, add_d, add_j = begins.append, ends.append, durs.append, energy.append
         add_w, add_z, add_k = wakes.append, size_l.append, steps.append
         for j in range(k):
-            d, ej = price(ctx)
+            if affine is not None:      # decode_pricer's operations, inline
+                kv_m = kv_s * (ctx + b)
+                step = base_s + kv_m
+                d = 0.0 + step
+                ej = 0.0 + (idle * step + dyn_w * (busy0 + mpf * kv_m))
+            else:
+                d, ej = price(ctx)
             if after is not None:
                 extra = after(t - prev)
                 if extra:
@@ -1226,10 +1236,11 @@ class Engine:
         each step's begin, end (s), time (s) and energy (J) to the lists given; ``reqs_of``, ``ready`` (s),
         ``ctxs`` (summed context, tokens), ``left`` (steps before a request finishes), ``sizes``: per group
         (``ready``, ``ctxs`` updated in place); ``avail``: KV blocks available for the run's growth; ``mw``:
-        the idle time after a group's step, s. Appends per step the rule's wake time at its plan (``wakes``, s; inf: none) and its batch size (``size_l``), and per group the steps that
-        run it (``steps_of``). A generator that pauses once ``lim[0]`` steps are kept and more may follow
+        the idle time after a group's step, s. Appends per step the rule's wake time at its plan (``wakes``, s;
+        inf: none) and its batch size (``size_l``), and per group the steps that run it (``steps_of``). A generator that pauses once ``lim[0]`` steps are kept and more may follow
         (:meth:`_paced_extend`). Each step priced as :meth:`_paced_one_steps` prices one (the batch's
-        ``decode_pricer``, taken once per batch size)."""
+        ``decode_pricer``, taken once per batch size). Where no step checks its blocks and no after-idle term is
+        priced, :meth:`_paced_free_steps` runs the same loop without those branches."""
         horizon, bs = self.horizon_s, self.bs
         n = len(reqs_of)
         rng = range(n)
@@ -1240,6 +1251,10 @@ class Engine:
         check = not self._paced_growth_fits(sum(sizes), avail)
         t, prev, end = now, self._end_s, now
         pricer, after, prices = self.perf.decode_pricer, self._after_idle, {}
+        if not check and after is None:     # the common case: no step checks its blocks, no after-idle term
+            yield from self._paced_free_steps(ready, ctxs, left, sizes, mw, now, begins, ends, durs, energy, wakes,
+                                              size_l, steps_of, lim)
+            return
         add_b, add_e, add_d, add_j = begins.append, ends.append, durs.append, energy.append
         add_w, add_z = wakes.append, size_l.append
         for j in range(PACED_GROUP_STEPS):
@@ -1304,6 +1319,78 @@ class Engine:
                 if count[g] >= left[g]:
                     done = True
             prev = end
+            if done:
+                return
+            if j + 1 >= lim[0] and j + 1 < PACED_GROUP_STEPS:
+                yield
+
+    def _paced_free_steps(self, ready: list, ctxs: list, left: list, sizes: list, mw: float, now: float,
+                          begins: list, ends: list, durs: list, energy: list, wakes: list, size_l: list,
+                          steps_of: list, lim: list):
+        """:meth:`_paced_group_steps` where no step checks its KV blocks (the run's growth fits whatever its steps)
+        and no after-idle term is priced: the same steps, appended to the same lists, with the same generator
+        pauses. A batch whose step model states its plain step's terms (``StepModel.decode_affine``) is priced
+        inline with them (the float operations of its ``decode_pricer``, without a call a step); any other
+        through its pricer."""
+        horizon = self.horizon_s
+        n = len(ready)
+        rng = range(n)
+        count = [0] * n                     # steps that ran each group
+        inf = math.inf
+        t = end = now
+        perf = self.perf
+        affine_of, terms, prices = perf.decode_affine, {}, {}
+        add_b, add_e, add_d, add_j = begins.append, ends.append, durs.append, energy.append
+        add_w, add_z = wakes.append, size_l.append
+        add_k = [steps.append for steps in steps_of]
+        for j in range(PACED_GROUP_STEPS):
+            if j:
+                m = min(ready)
+                t = end if m <= end else m
+            # the groups ready at t (in order), their batch and summed context, and the next ready time after t
+            served = []
+            b = ctx = 0
+            w = inf
+            for g in rng:
+                r = ready[g]
+                if r <= t:
+                    served.append(g)
+                    b += sizes[g]
+                    ctx += ctxs[g]
+                elif r < w:
+                    w = r
+            x = terms.get(b)
+            if x is None:
+                x = terms[b] = affine_of(b) or ()
+            if x:           # the plain step (PerfModel.decode_pricer's operations, inline)
+                kv_s, base_s, busy0, dyn_w, idle, mpf = x
+                kv_m = kv_s * (ctx + b)
+                step = base_s + kv_m
+                d = 0.0 + step
+                ej = 0.0 + (idle * step + dyn_w * (busy0 + mpf * kv_m))
+            else:
+                price = prices.get(b)
+                if price is None:
+                    price = prices[b] = perf.decode_pricer(b)
+                d, ej = price(ctx)
+            end = t + d
+            if j and end > horizon:
+                return
+            add_b(t)
+            add_e(end)
+            add_d(d)
+            add_j(ej)
+            add_w(w)
+            add_z(b)
+            done = False
+            nxt = end + mw
+            for g in served:
+                count[g] += 1
+                ctxs[g] += sizes[g]
+                ready[g] = nxt
+                add_k[g](j)
+                if count[g] >= left[g]:
+                    done = True
             if done:
                 return
             if j + 1 >= lim[0] and j + 1 < PACED_GROUP_STEPS:

@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -248,12 +248,9 @@ class PerfModel(StepModel):
         if price is not None:
             return price
         b = decode_seqs
-        terms = self._batch_memo.get(b)
-        if terms is None:
-            terms = self._batch_memo[b] = self._run_terms(b)
-        if terms[3]:
-            _, base_s, busy0, _ = terms
-            kv_s, dyn_w, idle, mpf = self._kv_s_per_token, self._dyn_w, self.hw.idle_w, self.hw.memory_power_frac
+        affine = self.decode_affine(b)
+        if affine is not None:
+            kv_s, base_s, busy0, dyn_w, idle, mpf = affine
 
             def price(ctx_tokens: int) -> tuple[float, float]:
                 kv_m = kv_s * (ctx_tokens + b)
@@ -265,6 +262,18 @@ class PerfModel(StepModel):
                 return ends[0], energy
         self._pricers[b] = price
         return price
+
+    def decode_affine(self, decode_seqs: int) -> Optional[tuple[float, float, float, float, float, float]]:
+        """``StepModel.decode_affine``: where the batch's run is plain (``_run_terms``), the terms
+        :meth:`decode_pricer` binds, ``(kv_s, base_s, busy0, dyn_w, idle_w, memory_power_frac)`` (s per token, s, s,
+        W, W, fraction); else ``None``."""
+        b = decode_seqs
+        terms = self._batch_memo.get(b)
+        if terms is None:
+            terms = self._batch_memo[b] = self._run_terms(b)
+        if not terms[3]:
+            return None
+        return self._kv_s_per_token, terms[1], terms[2], self._dyn_w, self.hw.idle_w, self.hw.memory_power_frac
 
     def _run_terms(self, b: int) -> tuple[float, float, float, bool]:
         """A decode run's terms that depend on its batch ``b`` alone (memoised per ``b`` in ``_batch_memo``):

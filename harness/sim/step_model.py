@@ -153,6 +153,14 @@ class StepModel:
         once per step. Default: :meth:`decode_one` with the batch bound."""
         return functools.partial(self.decode_one, decode_seqs)
 
+    def decode_affine(self, decode_seqs: int) -> Optional[tuple[float, float, float, float, float, float]]:
+        """Where :meth:`decode_pricer` of ``decode_seqs`` sequences is the plain step (a time affine in the context),
+        its terms ``(kv_s, base_s, busy0, dyn_w, idle_w, mpf)`` such that at summed context ``ctx`` (tokens)
+        ``kv_m = kv_s * (ctx + decode_seqs)``, ``step = base_s + kv_m`` and the pricer returns ``(0.0 + step, 0.0 +
+        (idle_w * step + dyn_w * (busy0 + mpf * kv_m)))`` bit for bit (s, J; the engine's timeout-paced runs then
+        price a step inline, without a call). ``None``: no such terms (the default; the pricer is called)."""
+        return None
+
     def decode_steps(self, decode_seqs: int, ctx_tokens: int, max_steps: int, start_s: float, limit_s: float
                      ) -> tuple[list[float], list[float], list[float]]:
         """Up to ``max_steps`` consecutive decode-only steps as one event per step would simulate them:
