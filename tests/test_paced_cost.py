@@ -225,3 +225,66 @@ def test_paced_steps_priced_inline_are_the_pricers_steps(monkeypatch, sched):
         out[inline] = (buf.getvalue(), res.recorder.turns_frame(), res.events)
     assert asked and out[True][0] == out[False][0] and out[True][1].equals(out[False][1])
     assert out[True][2] == out[False][2]
+
+
+def _timer_state_stepwise(begins, ends, wakes, ta, now):
+    """The rule's timers after a paced run, stated step by step (the sixth round's loop, kept as the oracle): at an
+    idle gap a timer due by the previous end fired, the stated empty plan arms the next begin unless a timer
+    already falls in the gap, a timer due by a step's begin fires, and a step's plan arms its wake time unless a
+    timer already falls before it. Returns the final timer (None: none) and the times armed, in order."""
+    armed = []
+    for k in range(1, len(ends)):
+        e, b = ends[k - 1], begins[k]
+        if b > e:
+            if ta is not None and ta <= e:
+                ta = None
+            if not (ta is not None and e < ta <= b):
+                ta = b
+                armed.append(b)
+        if ta is not None and ta <= b:
+            ta = None
+        w = wakes[k]
+        if w != math.inf and not (ta is not None and b < ta <= w):
+            ta = w
+            armed.append(w)
+    return (None if ta is not None and ta <= now else ta), armed
+
+
+def test_the_timers_a_paced_run_leaves_are_those_stated_step_by_step():
+    """``Engine._paced_timer_state`` (seventh round: one pass over the steps with no per-step ``None`` tests) against
+    the step-by-step statement on 400 random runs whose times fall on a 0.25-s grid (so that ties occur: a begin at
+    the previous end, a wake time at a begin or at the armed timer, a timer at the run's end): the same
+    ``_timer_at`` and the same timers queued (those armed after ``now``, in order, each firing ``_timer_fire`` at its
+    time); a cut between steps keeps one begin more than the ends. Some runs leave a timer, some queue several."""
+    import random
+    import types
+    from harness.sim.engine import Engine
+    left = several = 0
+    for seed in range(400):
+        rng = random.Random(seed)
+        n = rng.randint(2, 12)
+        begins, ends, wakes = [], [], []
+        t = 0.0
+        for _ in range(n):
+            b = t + rng.choice([0.0, 0.0, 0.25, 0.5, 1.0])
+            e = b + rng.choice([0.25, 0.5])
+            begins.append(b)
+            ends.append(e)
+            wakes.append(rng.choice([math.inf, b + 0.25, b + 0.5, b + 0.75, b + 1.0, b + 3.0]))
+            t = e
+        if seed % 3 == 0:
+            begins.append(t + 0.5)
+        ta0 = rng.choice([None, 0.0, 0.25, begins[1], ends[-1] + 0.25, 100.0])
+        now = ends[-1]
+        queued = []
+        clock = types.SimpleNamespace(call_at=lambda t, fn, arg, priority: queued.append((t, arg)))
+        eng = types.SimpleNamespace(_paced_begins=begins, _run_ends=ends, _paced_wakes=wakes, _paced_ta0=ta0,
+                                    _paced_own_timers=True, _paced_groups=[[1], [2]], clock=clock,
+                                    _timer_fire=None, _timer_at="unset")
+        Engine._paced_timer_state(eng, now)
+        want, armed = _timer_state_stepwise(begins, ends, wakes, ta0, now)
+        assert eng._timer_at == want and not eng._paced_own_timers, seed
+        assert queued == [(t, t) for t in armed if t > now], seed
+        left += want is not None
+        several += len(queued) > 1
+    assert left > 50 and several > 20

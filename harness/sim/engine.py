@@ -690,23 +690,21 @@ class Engine:
             return
         armed: list[float] = []
         inf = math.inf
-        for k in range(1, len(ends)):         # (the steps kept: a cut between steps keeps the begins)
-            e, b = ends[k - 1], begins[k]
-            if b > e:                       # idle after step k - 1: the stated empty plan arms b
-                if ta is not None and ta <= e:
-                    ta = None
-                if not (ta is not None and e < ta <= b):
-                    ta = b
-                    armed.append(b)
-            if ta is not None and ta <= b:
-                ta = None
-            w = wakes[k]
-            if w != inf and not (ta is not None and b < ta <= w):
+        arm = armed.append
+        ta = -inf if ta is None else ta     # -inf: no timer (every test below reads it as None would)
+        # step k >= 1 after step k - 1 ending at e (the steps kept: a cut between steps keeps the begins)
+        n = len(ends)
+        for e, b, w in zip(ends, begins[1:n], wakes[1:n]):
+            if b > e:       # idle after step k - 1: the stated empty plan arms b (a timer due by e fired), and
+                if not (e < ta <= b):       # the timer armed fires at b, before the step's plan (either way
+                    arm(b)                  # none is left after it)
+                ta = -inf
+            elif ta <= b:                   # the step begins at e = b: a timer due by then fired
+                ta = -inf
+            if w != inf and not (b < ta <= w):
                 ta = w
-                armed.append(w)
-        if ta is not None and ta <= now:
-            ta = None
-        self._timer_at = ta
+                arm(w)
+        self._timer_at = ta if ta > now else None
         for t in armed:
             if t > now:
                 self.clock.call_at(t, self._timer_fire, t, priority=_ENGINE)
