@@ -288,3 +288,23 @@ def test_the_timers_a_paced_run_leaves_are_those_stated_step_by_step():
         left += want is not None
         several += len(queued) > 1
     assert left > 50 and several > 20
+
+
+def test_the_samples_columns_are_the_reads_in_tokens_and_joules_by_hand():
+    """``Engine.sample_cols(times, idle_w)`` (seventh round: one loop per engine for the folded samples) is
+    ``observe_cols`` in tokens and ``harness.sim.backend._energy`` at each time: ``tests/test_wait_speed.py``'s
+    three-type run read at 0.6 for 0.6, 0.8, 1.2, 1.5, 2.4 (block size 1: 13, 15, 15, 18, 21 tokens; busy 0, 0.25,
+    0.5, 0.75, 1.25 s, no step energy: 7 W x (t - busy) J at 7 W idle), at 0.6 for 0.6 alone, and idle at 5.0 for
+    5.0, 6.0, 9.5 (2.25 s busy)."""
+    from harness.sim.backend import _energy
+    times = [0.6, 0.8, 1.2, 1.5, 2.4]
+    got = []
+
+    def read(ts):
+        return lambda e: got.append((ts, e.sample_cols(ts, 7.0), e.observe_cols(ts)))
+    _three_types(True, looks=times, calls=[(0.6, read(times)), (0.6, read(times[:1])), (5.0, read([5.0, 6.0, 9.5]))])
+    busy = [0.0, 0.25, 0.5, 0.75, 1.25]
+    assert got[0][1] == ([13, 15, 15, 18, 21], [7.0 * (t - b) for t, b in zip(times, busy)])
+    assert got[1][1] == ([13], [7.0 * 0.6]) and got[2][1] == ([0] * 3, [7.0 * (t - 2.25) for t in (5.0, 6.0, 9.5)])
+    for ts, (toks, energy), (used, bb, ee) in got:
+        assert toks == used and energy == [_energy(b, j, 7.0, t) for t, b, j in zip(ts, bb, ee)]

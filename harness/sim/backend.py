@@ -144,12 +144,9 @@ class SimBackend(ClusterBase):
         -- the values and float operations of an ``InstanceState`` of :meth:`observe` there. ``drive`` calls it
         for the samples of the grid points before the next event (``fold_ticks``; ``Recorder.sample_at``)."""
         cols = []
-        for e in self.engines:
-            bs, idle_w = e.bs, e.perf.hw.idle_w
-            used, busy, busy_j = e.observe_cols(times)
-            cols.append(([u * bs for u in used], len(e.running), len(e.waiting) + e.loading,    # _energy, inline:
-                         [j + idle_w * (x if (x := t - b) > 0.0 else 0.0)     # max(0.0, x) is x if x > 0.0
-                          for t, b, j in zip(times, busy, busy_j)]))
+        for e in self.engines:      # (Engine.sample_cols: observe_cols' values in tokens and _energy's J, one pass)
+            toks, energy = e.sample_cols(times, e.perf.hw.idle_w)
+            cols.append((toks, len(e.running), len(e.waiting) + e.loading, energy))
         return cols
 
     def observe_load(self) -> tuple[tuple[int, int, int], ...]:

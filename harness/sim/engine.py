@@ -503,6 +503,42 @@ class Engine:
         busy, ej = self.busy_s, self.energy_busy_j
         return us, [cb[k - 1] if k else busy for k in ks], [ce[k - 1] if k else ej for k in ks]
 
+    def sample_cols(self, times: Sequence[float], idle_w: float) -> tuple[list[int], list[float]]:
+        """What the observer's samples take of :meth:`observe_cols` at ``times`` (s, as there), in one pass: KV in use
+        in tokens (``used blocks * bs``) and the energy to each time at idle power ``idle_w`` (W) outside the busy
+        time (``harness.sim.backend._energy``: ``busy_j + idle_w * max(0.0, t - busy_s)``, J), the same integers
+        and float operations; inside a timeout-paced run one loop over the times instead of a list per column
+        (``SimBackend.observe_at``)."""
+        kv = self.kv
+        used = kv.capacity_blocks - kv.free - kv.cached     # kv.used, inline
+        bs = self.bs
+        begins = self._paced_begins
+        if not self._run_coalesced:         # nothing moves before the next event
+            busy, ej = self.busy_s, self.energy_busy_j
+            return [used * bs] * len(times), [ej + idle_w * (x if (x := t - busy) > 0.0 else 0.0) for t in times]
+        if begins is None or not self._run_exact or len(times) == 1:
+            us, bb, ee = self.observe_cols(times)
+            return [u * bs for u in us], [j + idle_w * (x if (x := t - b) > 0.0 else 0.0)
+                                          for t, b, j in zip(times, bb, ee)]
+        took = self._paced_kv           # the blocks taken by the steps begun by each time (_paced_kv_steps)
+        if took is None:
+            took = self._paced_kv_steps()
+        ends = self._run_ends
+        cb, ce = self._busy_sums(bisect_right(ends, times[-1]))
+        busy0, ej0 = self.busy_s, self.energy_busy_j
+        toks: list[int] = []
+        energy: list[float] = []
+        for t in times:
+            toks.append((used + bisect_right(took, bisect_right(begins, t) - 1)) * bs)
+            k = bisect_right(ends, t)       # the steps ended by t
+            if k:
+                b, j = cb[k - 1], ce[k - 1]
+            else:
+                b, j = busy0, ej0
+            x = t - b
+            energy.append(j + idle_w * (x if x > 0.0 else 0.0))    # max(0.0, x) is x if x > 0.0
+        return toks, energy
+
     # ---- KV blocks ------------------------------------------------------------------------------
     def _release(self, req: Request) -> None:
         """Return ``req``'s blocks to the pool (hashed ones stay cached, LRU)."""
