@@ -1,9 +1,13 @@
 """WAIT's cost per call, sixth round (issue 54): a timeout-paced step priced through a per-batch pricer
 (``StepModel.decode_pricer``), the observer's folded ticks read as columns (``Engine.observe_cols``,
 ``SimBackend.observe_at``) and written in one comprehension (``Recorder.sample_at``), and a paced run's end adding
-only the steps no observer summed (``Engine._step_end`` from ``_busy_sums``). Each must give what the path it
-replaces gave: checked here against values worked out by hand and against one event per step (the rule's
-``timer_groups`` stripped); ``tests/test_fold_ticks.py`` and ``tests/test_wait_speed.py`` check the whole runs.
+only the steps no observer summed (``Engine._step_end`` from ``_busy_sums``). Seventh round (2026-12-07): a paced
+step priced inline from ``StepModel.decode_affine`` (``_paced_one_steps``, ``_paced_free_steps``,
+``_paced_two_steps``), a read's KV blocks from ``_paced_kv_steps``, the folded samples from ``Engine.sample_cols``,
+the rule's timers at a run's end in one pass (``_paced_timer_state``). Each must give what the path it replaces
+gave: checked here against values worked out by hand, against the path it replaces (kept in a test where it is
+gone) and against one event per step (the rule's ``timer_groups`` stripped); ``tests/test_fold_ticks.py`` and
+``tests/test_wait_speed.py`` check the whole runs.
 """
 
 from __future__ import annotations
