@@ -157,7 +157,8 @@ def test_a_server_whose_import_time_environment_differs_is_started_as_always(tmp
     assert import_env_mismatch({}, {"VLLM_CPU_OMP_THREADS_BIND": "1", "HARNESS_SERVER_TOKEN": "t",
                                     "VLLM_LOGGING_LEVEL": "DEBUG"}) == ["VLLM_LOGGING_LEVEL"]
     port = free_port_base(1)
-    spec = Fake("fake0", "collocated", port, "none", env={"PYTHONPATH": ENV["PYTHONPATH"], "VLLM_LOGGING_LEVEL": "DEBUG"})
+    spec = Fake("fake0", "collocated", port, "none",
+                env={"PYTHONPATH": ENV["PYTHONPATH"], "VLLM_LOGGING_LEVEL": "DEBUG"})
     spec.pids = str(tmp_path / "d.pids")
     with L.Launcher([spec], tmp_path / "logs_d", 60, zygote=zygote) as launcher:
         assert launcher.started_by == {"fake0": "exec"} and healthy(port)
