@@ -18,8 +18,8 @@ whose owner is dead is cleaned up: whatever is left of its tree is killed first 
 Given a zygote (``Launcher(..., zygote=)``, or its socket in ``HARNESS_VLLM_ZYGOTE``: ``harness.vllm.zygote``, a
 process that has imported vLLM's API server), a CPU server is forked from it instead of exec'd: the same command
 (module, arguments, environment) under a guard the zygote forks, leader of its own session and group, that stops
-the tree on the same three conditions, the owner watched by its pid and start time; ~4 instead of ~21 CPU s a
-start-up of the tiny model (docs/vllm_cpu.md). A server the zygote cannot fork is exec'd as always.
+the tree on the same three conditions, the owner watched by its pid and start time; ~3.4 instead of ~13 CPU s a
+start-up of the tiny model (docs/vllm_cpu.md, 2026-12-07). A server the zygote cannot fork is exec'd as always.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A pre-imported vLLM server "zygote": one process that has imported vLLM's OpenAI API server (vLLM, torch,
-transformers, FastAPI: ~9-17 CPU s, most of a CPU start-up of the tiny model) and forks a server on request, so
-each server it starts skips those imports. The server is the same vLLM code: the forked child runs the very module a
+transformers, FastAPI: ~8-10 CPU s, most of a CPU start-up of the tiny model) and forks a server on request, so
+each server it starts skips those imports (a start-up of the tiny model ~3.4 instead of ~13 CPU s of the server's
+process tree, docs/vllm_cpu.md, 2026-12-07). The server is the same vLLM code: the forked child runs the very module a
 launch would run with ``python -m`` (``harness.vllm.api_server`` or ``vllm.entrypoints.openai.api_server``) with the
 same arguments and environment, through ``runpy`` as ``python -m`` does; only its imports are already done.
 
