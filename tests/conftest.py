@@ -568,8 +568,8 @@ def launched(cluster: str, workdir: Path, cpu_bind_offset: int = 0, startup_s: f
 def vllm_zygote(tmp_path_factory):
     """One vLLM zygote per test session and xdist worker (``harness.vllm.zygote``: a process that has imported
     vLLM's API server and forks each server the tests launch through it, the same vLLM code, under a guard of its
-    own): a start-up of the tiny model costs ~4 CPU s of the server's tree instead of ~21 (docs/vllm_cpu.md), the
-    zygote's imports (~8-17 CPU s) paid once. Its environment is the servers': this process's with
+    own): a start-up of the tiny model costs ~3.4 CPU s of the server's tree instead of ~13 (docs/vllm_cpu.md,
+    2026-12-07), the zygote's imports (~9-10 CPU s) paid once. Its environment is the servers': this process's with
     ``harness.vllm.cluster.CPU_ENV`` and ``PYTHONPATH`` led by this checkout (a server whose import-time
     variables differ is started as always). Yields the ``Zygote``; a test whose run launches its servers itself
     (``execute``) gives it by ``HARNESS_VLLM_ZYGOTE`` (:func:`zygote_env`)."""
