@@ -130,6 +130,8 @@ def test_stop_leaves_no_process_of_a_forked_tree_and_reports_the_servers_status(
         assert set(pids) <= set(L.group_pids(rec["pgid"], rec["pgid_start"]))
         title = Path(f"/proc/{pids[0]}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
         assert title == " ".join(spec.command())     # what ps and pgrep -f show, as for an exec'd server
+        zygote_title = Path(f"/proc/{zygote.proc.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        assert f"-m harness.vllm.zygote --socket {zygote.path} " in zygote_title   # pgrep -f finds the zygote
     assert wait_gone(pids + launcher.pids(), 1.0) == []
     assert L.port_free(port) and not (state / f"{port}.json").exists()
     assert launcher.exited() == {"fake0": "exited with code 143 (the server got signal 15)"}

@@ -58,6 +58,7 @@ VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"   # vLLM 0.32's server
 # API server's config check imports Ray, the engine core its executor and the CPU worker: py-spy over a forked
 # start-up, 2026-12-07, 42 % of its samples in these imports); a start-up of the tiny model, CPU s of the server's
 # tree, 3 alternated pairs at load 5.7-6.3: the server alone preloaded 4.54 / 3.90 / 4.54, with these 3.14 / 3.47 / 3.42
+ZYGOTE_MODULE = "harness.vllm.zygote"   # what ``python -m`` runs (``__name__`` is ``__main__`` there)
 MODULES = (VLLM_SERVER_MODULE, "ray", "vllm.v1.engine.async_llm", "vllm.v1.engine.core", "vllm.v1.executor",
            "vllm.v1.worker.cpu_worker", "vllm.v1.sample.rejection_sampler")
 
@@ -177,7 +178,7 @@ class Zygote:
         log = open(work / "zygote.log", "w")
         me = os.getpid()
         try:
-            proc = subprocess.Popen([sys.executable, "-m", __name__, "--socket", str(path), "--owner", str(me),
+            proc = subprocess.Popen([sys.executable, "-m", ZYGOTE_MODULE, "--socket", str(path), "--owner", str(me),
                                      *(f"--preload={m}" for m in preload)],
                                     env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     preexec_fn=lambda: die_with_parent(signal.SIGKILL, me))
@@ -323,7 +324,7 @@ def _guard(req: dict, log_fd: int) -> int:
         now = _start_ticks(owner)
         return now is not None and (owner_start is None or now == owner_start)
     argv = [str(a) for a in req["argv"]]
-    _title([argv[0], "-m", "harness.vllm.zygote", "guard", "--owner", str(owner), "--", *argv])
+    _title([argv[0], "-m", ZYGOTE_MODULE, "guard", "--owner", str(owner), "--", *argv])
     if not owner_alive():      # the owner died before this guard ran: start nothing
         return 1
     guard._prctl(guard.PR_SET_CHILD_SUBREAPER, 1)
@@ -414,7 +415,7 @@ def serve(path: str, owner: int, preload: Sequence[str] = MODULES) -> int:
     import importlib
     # setproctitle's first call takes the memory of argv and the environment for titles, which it cannot once
     # the environment was rewritten (a guard replaces it): done here, so guards and servers can show theirs
-    _title([sys.executable, "-m", __name__, *sys.argv[1:]])
+    _title([sys.executable, "-m", ZYGOTE_MODULE, *sys.argv[1:]])
     _before_imports.update(os.environ)
     for m in preload:
         try:
