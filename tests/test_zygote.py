@@ -30,7 +30,13 @@ from harness.vllm.zygote import ZYGOTE_ENV, Zygote, import_env_mismatch
 from tests.conftest import free_port_base, pid_alive
 from tests.test_launcher_guard import GRACE_S, healthy, tree_pids, wait_gone
 
-ENV = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+PYTHONPATH = str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+
+def env_now() -> dict:
+    """This process's environment now, ``PYTHONPATH`` led by the checkout (a launch's environment is the launching
+    process's at the launch: another test of this worker may have changed it since collection)."""
+    return {**os.environ, "PYTHONPATH": PYTHONPATH}
 
 OWNER = """
 import sys, time
@@ -60,7 +66,7 @@ class Fake(L.InstanceSpec):
 @pytest.fixture(scope="module")
 def zygote(tmp_path_factory):
     """A zygote that imports ``http.server`` (the stand-in's) instead of vLLM: ~0.1 CPU s."""
-    z = Zygote.spawn(ENV, tmp_path_factory.mktemp("zygote"), 60, preload=("http.server",))
+    z = Zygote.spawn(env_now(), tmp_path_factory.mktemp("zygote"), 60, preload=("http.server",))
     yield z
     z.close()
     assert z.proc.returncode == 0
@@ -81,7 +87,7 @@ def start_owner(tmp_path: Path, port: int, zygote: Zygote) -> tuple[subprocess.P
     pids = tmp_path / "a.pids"
     code = OWNER.format(pids=str(pids), port=port, logs=str(tmp_path / "logs_a"), grace=GRACE_S)
     owner = subprocess.Popen([sys.executable, "-c", code], cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True,
-                             env={**ENV, "HARNESS_STATE_DIR": str(tmp_path / "state"), ZYGOTE_ENV: zygote.path})
+                             env={**env_now(), "HARNESS_STATE_DIR": str(tmp_path / "state"), ZYGOTE_ENV: zygote.path})
     line = owner.stdout.readline().split()
     assert line[:1] == ["READY"] and line[2] == "zygote", (line, owner.poll())
     for _ in range(100):
@@ -113,7 +119,7 @@ def test_kill9_of_the_harness_leaves_no_process_of_a_forked_tree(tmp_path, state
 
 def test_stop_leaves_no_process_of_a_forked_tree_and_reports_the_servers_status(tmp_path, state, zygote):
     port = free_port_base(1)
-    spec = Fake("fake0", "collocated", port, "none", env={"PYTHONPATH": ENV["PYTHONPATH"]})   # the zygote's
+    spec = Fake("fake0", "collocated", port, "none", env={"PYTHONPATH": PYTHONPATH})   # the zygote's
     spec.pids = str(tmp_path / "c.pids")
     launcher = L.Launcher([spec], tmp_path / "logs_c", 60, zygote=zygote)
     with launcher:
@@ -160,7 +166,7 @@ def test_a_server_whose_import_time_environment_differs_is_started_as_always(tmp
                                     "VLLM_LOGGING_LEVEL": "DEBUG"}) == ["VLLM_LOGGING_LEVEL"]
     port = free_port_base(1)
     spec = Fake("fake0", "collocated", port, "none",
-                env={"PYTHONPATH": ENV["PYTHONPATH"], "VLLM_LOGGING_LEVEL": "DEBUG"})
+                env={"PYTHONPATH": PYTHONPATH, "VLLM_LOGGING_LEVEL": "DEBUG"})
     spec.pids = str(tmp_path / "d.pids")
     with L.Launcher([spec], tmp_path / "logs_d", 60, zygote=zygote) as launcher:
         assert launcher.started_by == {"fake0": "exec"} and healthy(port)

@@ -47,8 +47,10 @@ from typing import Mapping, Optional, Sequence
 ZYGOTE_ENV = "HARNESS_VLLM_ZYGOTE"   # the socket of a running zygote the launcher forks its CPU servers from
 ZYGOTE_LINE = "harness.vllm.zygote: forked from the zygote"        # in a forked server's log (+ socket)
 # the variables a forked server may have other than the zygote's: read at run time, not at import
+# (VLLM_WORKER_MULTIPROC_METHOD: read when a process is started, and set by harness.vllm.api_server for its own)
 RUNTIME_KEYS = frozenset({"HARNESS_SERVER_TOKEN", "HARNESS_CPU_START_METHOD", "VLLM_CPU_OMP_THREADS_BIND",
-                          "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_API_KEY"})
+                          "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_API_KEY",
+                          "VLLM_WORKER_MULTIPROC_METHOD"})
 # the variables that imports may read (compared between the zygote and a request, except RUNTIME_KEYS)
 IMPORT_PREFIXES = ("VLLM_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "KMP_", "GOMP_",
                    "MKL_", "OPENBLAS_", "LD_", "PYTHON", "TOKENIZERS_", "CUDA_", "TRITON_", "XDG_", "HOME")
