@@ -173,3 +173,19 @@ def test_a_server_whose_import_time_environment_differs_is_started_as_always(tmp
     log = (tmp_path / "logs_d" / "fake0.log").read_text()
     assert f"not forked from the vLLM zygote {zygote.path}: its environment differs from the zygote's in " \
            f"VLLM_LOGGING_LEVEL" in log
+
+
+def test_a_guard_whose_owner_is_already_gone_starts_nothing_and_reports_1(tmp_path, monkeypatch, zygote):
+    """A launch whose owner died before the forked guard ran (as ``guard.py`` does: exit 1, nothing started); its
+    status reaches the launcher even where it comes with the guard's pid."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    argv = [sys.executable, "-m", "tests.fake_server", "--port", "1", "--pids", str(tmp_path / "e.pids")]
+    with open(tmp_path / "e.log", "w") as log:
+        monkeypatch.setattr(os, "getpid", lambda: dead.pid)   # the request names the dead process as the owner
+        try:
+            guard = zygote.launch(argv, env_now(), log.fileno(), GRACE_S)
+        finally:
+            monkeypatch.undo()
+    assert guard.wait(timeout=10) == 1 and guard.poll() == 1
+    assert not (tmp_path / "e.pids").exists() and not pid_alive(guard.pid)

@@ -110,6 +110,10 @@ class ForkedGuard:
     def _read(self, timeout: float) -> None:
         if self.returncode is not None:
             return
+        if b"\n" in self._buf:
+            self.returncode = int(json.loads(self._buf.split(b"\n", 1)[0])["exit"])
+            self.conn.close()
+            return
         if not self._lost:
             self.conn.settimeout(max(0.0, timeout))
             try:
@@ -211,19 +215,21 @@ class Zygote:
         return s
 
     @staticmethod
-    def _line(s: socket.socket) -> dict:
+    def _line(s: socket.socket) -> tuple[dict, bytes]:
+        """The first JSON line read from ``s``, and what was read after it."""
         buf = b""
         while b"\n" not in buf:
             data = s.recv(65536)
             if not data:
                 raise ConnectionError("the zygote closed the connection")
             buf += data
-        return json.loads(buf.split(b"\n", 1)[0])
+        line, rest = buf.split(b"\n", 1)
+        return json.loads(line), rest
 
     def _ask(self, req: dict) -> dict:
         with self._connect() as s:
             s.sendall(json.dumps(req).encode() + b"\n")
-            return self._line(s)
+            return self._line(s)[0]
 
     @property
     def env(self) -> dict:
@@ -262,14 +268,16 @@ class Zygote:
         s = self._connect()
         try:
             socket.send_fds(s, [json.dumps(req).encode() + b"\n"], [log_fd])
-            rep = self._line(s)
+            rep, rest = self._line(s)
         except BaseException:
             s.close()
             raise
         if "error" in rep:
             s.close()
             raise OSError(f"the zygote refused: {rep['error']}")
-        return ForkedGuard(s, int(rep["pid"]), rep.get("start"), argv)
+        proc = ForkedGuard(s, int(rep["pid"]), rep.get("start"), argv)
+        proc._buf = rest   # the exit status too, where the guard exited at once
+        return proc
 
     def close(self) -> None:
         """Stop a zygote this process spawned (SIGTERM, then SIGKILL after 10 s); servers it forked are not touched
