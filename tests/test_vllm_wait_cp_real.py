@@ -37,7 +37,7 @@ RUN = ["backend=vllm", "model=tiny", "slo=absolute", "logger.progress=false", "e
 BUCKETS = [k + 0.5 for k in range(0, 3 * (PROMPT + 1) + 64)]
 
 
-def test_wait_cp_forms_batches_inside_vllm_within_budget_and_chunk(tmp_path, monkeypatch):
+def test_wait_cp_forms_batches_inside_vllm_within_budget_and_chunk(tmp_path, monkeypatch, zygote_env):
     summary, t, final_metrics = run_with_step_histogram(RUN, BUCKETS, N_PROMPTS, tmp_path, monkeypatch)
     assert f"batch_est={BATCH_EST}" in summary["policy_plan"] and "K=[4]" in summary["policy_plan"]
 

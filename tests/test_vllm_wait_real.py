@@ -89,7 +89,7 @@ def run_with_step_histogram(overrides, buckets, n_prompts, tmp_path, monkeypatch
     return summary, t, final_metrics
 
 
-def test_wait_forms_batches_inside_vllm_within_the_caps(tmp_path, monkeypatch):
+def test_wait_forms_batches_inside_vllm_within_the_caps(tmp_path, monkeypatch, zygote_env):
     summary, t, final_metrics = run_with_step_histogram(RUN, BUCKETS, N_PROMPTS, tmp_path, monkeypatch)
     assert (t.output_tokens == OUTPUT).all() and (t.prompt_tokens == PROMPT).all()
     assert summary["policy_plan"].startswith("tl=8; n=[2]")
