@@ -14,7 +14,12 @@ keeps, across jobs, what the process-wide caches hold, each keyed by what determ
   ``$HARNESS_CACHE_DIR`` shared by every worker);
 * with the ``fork`` start method (the default where the OS has it), everything the parent holds before the
   pool starts: the sweep's validation (``harness.run.callbacks.ValidateSweepCallback``) has composed every job
-  and parsed every trace there, so the workers start with them.
+  (kept pickled: :class:`ComposedConfigs`) and parsed every trace there, so the workers start with them, and
+  Hydra's singletons as they are (set again, ``Singleton.set_state``, only in a spawned worker: :func:`_init`).
+
+Around each job the process's heap is frozen and the job's own garbage collected after it (:func:`job_heap`), and
+a job's ``JobReturn`` keeps neither of its configs (they are in its ``.hydra/`` files), so a long sweep's process
+neither grows nor walks an ever larger heap.
 
 Each job's config is composed in the worker from the sweep's config and the job's overrides
 (``ConfigLoader.load_sweep_config``, as Hydra's basic launcher does in its process; Hydra's defaults list and
