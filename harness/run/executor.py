@@ -160,7 +160,8 @@ def copy_as_deepcopy(node: Any) -> Any:
     from omegaconf import DictConfig
     d = getattr(node, "__dict__", {})
     if not isinstance(node, DictConfig) or not isinstance(d.get("_content"), dict):
-        return fresh_copy(node) if d.get("_parent") is None else __import__("copy").deepcopy(node)
+        import copy
+        return copy.deepcopy(node)   # (run_job copies DictConfigs only)
     parent = d["_parent"]
     kids = [(v, v.__dict__["_parent"]) for v in d["_content"].values()]
     try:
@@ -1013,8 +1014,8 @@ def job_heap():
     ``gc.freeze``); the job's own objects are collected as usual meanwhile, and after the job one
     ``gc.collect()`` frees its cyclic garbage (its configs, the simulation's state), walking only objects made
     during the job. Without it, each full collection in a job walked the whole process (~130,000 objects a
-    warm sweep process: ~60 ms of CPU each quiet, ~0.2-0.3 of them a job, docs/speed.md) and every few jobs the
-    previous jobs' garbage was found only by those. Objects frozen before a job that become garbage later (a
+    warm sweep process: ~60-150 ms of CPU each at loads 5-13, ~0.2-0.3 of them a job, docs/speed.md) and the
+    earlier jobs' garbage was found only by those. Objects frozen before a job that become garbage later (a
     cache's evicted entry, the previous job's logging handlers) are collected by a full collection (the heap
     unfrozen and collected whole) once the permanent generation has grown by a quarter since the last one (the
     interpreter's own rule for full collections) or every :data:`FULL_GC_EVERY` jobs. ``harness.run.runner``
