@@ -374,3 +374,177 @@ def test_the_command_line_gives_hydras_loader_its_compose_cache_from_the_start()
         assert "_load_configuration_impl" not in plain.config_loader.__dict__
     finally:
         GlobalHydra.instance().clear()
+
+
+def test_fresh_copy_keeps_a_class_its_module_no_longer_names(monkeypatch):
+    """Hydra's plug-in scan executes a plug-in module again where it is imported already
+    (``Singleton.set_state``), so its dataclasses become new classes and a config built on the first ones cannot
+    be pickled ("not the same object"); ``fresh_copy`` then keeps the classes by reference, as ``copy.deepcopy``
+    does: the same values, node types and object type as the deep copy, nothing shared with the source."""
+    import copy
+    import dataclasses
+    import pickle
+    import types
+
+    from omegaconf import OmegaConf
+
+    from harness.run import executor
+
+    monkeypatch.setattr(executor, "_PLAIN_PICKLE_FAILED", [])
+    mod = types.ModuleType("h3_rescanned_plugin")
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+
+    def define():
+        @dataclasses.dataclass
+        class LauncherConf:
+            n_jobs: int = 1
+            start_method: str = "fork"
+        LauncherConf.__module__, LauncherConf.__qualname__ = mod.__name__, "LauncherConf"
+        mod.LauncherConf = LauncherConf
+        return LauncherConf
+
+    first = define()
+    cfg = OmegaConf.create({"hydra": {"launcher": OmegaConf.structured(first)}, "seed": 3})
+    pickle.dumps(cfg)          # (the module names the class: plain pickle works, and is what fresh_copy uses)
+    assert not executor._PLAIN_PICKLE_FAILED and _launcher_type(executor.fresh_copy(cfg)) is first
+    define()                   # the module executed again: a new class of the same name
+    with pytest.raises(pickle.PicklingError, match="not the same object"):
+        pickle.dumps(cfg)
+    c, d = executor.fresh_copy(cfg), copy.deepcopy(cfg)
+    assert executor._PLAIN_PICKLE_FAILED   # (later copies in this process skip the plain attempt)
+    assert _launcher_type(c) is first is _launcher_type(d)
+    assert OmegaConf.to_yaml(c) == OmegaConf.to_yaml(d) == "hydra:\n  launcher:\n    n_jobs: 1\n    start_method: fork\nseed: 3\n"
+    c.hydra.launcher.n_jobs = 4
+    assert cfg.hydra.launcher.n_jobs == 1 and c.hydra.launcher is not cfg.hydra.launcher
+    with pytest.raises(Exception):   # the node's type is still the schema: a str is not an int
+        c.hydra.launcher.n_jobs = "many"
+
+
+def _launcher_type(cfg):
+    """The object type of ``cfg.hydra.launcher`` (the class its structured config was built from)."""
+    from omegaconf import OmegaConf
+    return OmegaConf.get_type(cfg.hydra, "launcher")
+
+
+def test_the_pool_launchers_schema_survives_hydras_plugin_rescan():
+    """In a fresh interpreter: a config holding the pool launcher's schema, built before Hydra's plug-in scan
+    runs again (``Singleton.set_state``: a spawned worker, a Slurm / Ray task), still pickles afterwards, and
+    the plug-in module's ``PoolLauncherConf`` is the one of ``_conf`` (a module the scan does not execute
+    again); Hydra's own ``BasicSweeperConf``, defined in a module the scan does execute again, does not pickle
+    afterwards (why ``fresh_copy`` keeps classes by reference, and why the executor skips ``set_state``
+    where the process already holds Hydra's state)."""
+    code = """
+import pickle
+from omegaconf import OmegaConf
+from hydra.core.plugins import Plugins
+from hydra.core.singleton import Singleton
+Plugins.instance()
+from hydra_plugins.harness_launcher import _conf, pool_launcher
+from hydra._internal.core_plugins import basic_sweeper
+pool = OmegaConf.structured(pool_launcher.PoolLauncherConf)
+sweeper = OmegaConf.structured(basic_sweeper.BasicSweeperConf)
+Singleton.set_state(Singleton.get_state())
+pickle.dumps(pool)
+assert pool_launcher.PoolLauncherConf is _conf.PoolLauncherConf
+try:
+    pickle.dumps(sweeper)
+except pickle.PicklingError as e:
+    print("sweeper:", e)
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[-1] == "ok" and "sweeper: Can't pickle" in r.stdout
+
+
+def test_copy_as_deepcopy_keeps_deepcopys_parents():
+    """``copy_as_deepcopy`` (``run_job``'s ``copy.deepcopy``) on ``HydraConfig``'s node -- a root with one child,
+    ``hydra``, whose parent is the whole job config -- equals ``copy.deepcopy``: the same text, the copy's
+    ``hydra`` node has the copy as its parent (an interpolation into the job's keys fails in both, as in Hydra's
+    own), and the source keeps its parent; a plain pickle round trip would have copied the whole config with it."""
+    import copy
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationKeyError
+
+    from harness.run.executor import copy_as_deepcopy, fresh_copy
+
+    full = OmegaConf.create({"hydra": {"job": {"num": 3}, "seed_env": "${workload.seed}", "n": "${hydra.job.num}"},
+                             "workload": {"seed": 7}})
+    masked = OmegaConf.masked_copy(full, "hydra")
+    masked.hydra._set_parent(full)
+    assert masked.hydra.seed_env == 7     # (HydraConfig's node sees the whole config)
+    c, d = copy_as_deepcopy(masked), copy.deepcopy(masked)
+    assert OmegaConf.to_yaml(c) == OmegaConf.to_yaml(d) == OmegaConf.to_yaml(masked)
+    assert c.hydra._get_parent() is c and d.hydra._get_parent() is d and c._get_parent() is None
+    assert masked.hydra._get_parent() is full and masked._get_parent() is None
+    assert c.hydra.n == d.hydra.n == 3
+    for x in (c, d):
+        with pytest.raises(InterpolationKeyError):
+            x.hydra.seed_env
+    assert fresh_copy(masked).hydra.seed_env == 7   # (pickled as it is: the whole config came along)
+
+
+def test_parse_overrides_equals_hydras_parser_and_keeps_no_sweep():
+    """``parse_overrides``: the same ``Override`` values as Hydra's parser for groups, values, dicts, lists,
+    additions, deletions and quoted strings, each call its own objects; a sweep override is parsed again each
+    time (not kept); a bad override raises Hydra's own error."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    from harness.run import executor
+
+    args = ["scheduler=wait", "workload.rate_per_s=0.1", "+x.y={a: 1, b: [2, 3]}", "~model", "s='quoted, string'",
+            "l=[1,2]", "++k=null", "workload.seed=0"]
+    want = OverridesParser.create().parse_overrides(args)
+    for _ in range(2):
+        got = executor.parse_overrides(args)
+        assert got == want and all(g is not w for g, w in zip(got, want))
+        assert [g.input_line for g in got] == args
+    assert all(a in executor._PARSED for a in args)
+    sweep = executor.parse_overrides(["workload.seed=0,1"])
+    assert sweep[0].is_sweep_override() and "workload.seed=0,1" not in executor._PARSED
+    with pytest.raises(OverrideParseException) as mine:
+        executor.parse_overrides(["scheduler=wait", "bad=[1,"])
+    with pytest.raises(OverrideParseException) as theirs:
+        OverridesParser.create().parse_overrides(["scheduler=wait", "bad=[1,"])
+    assert str(mine.value) == str(theirs.value)
+
+
+def test_job_heap_collects_the_jobs_garbage_and_freezes_the_rest_meanwhile(monkeypatch):
+    """``job_heap``: during a job the process's earlier objects are frozen (``gc.get_freeze_count``) and
+    ``harness.run.runner`` is told not to freeze and unfreeze itself; after the job nothing is frozen, the
+    job's own cyclic garbage is gone, and garbage made before the job (frozen through it) is collected by the
+    full collection every ``FULL_GC_EVERY`` jobs. Automatic collections are off meanwhile, so only job_heap's
+    own collect."""
+    import gc
+    import weakref
+
+    from harness.run import executor
+
+    class Node:
+        pass
+
+    def cycle():
+        n = Node()
+        n.me = n
+        return weakref.ref(n)
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        monkeypatch.setattr(executor, "_FULL_GC", [10 ** 9, 0])   # (no full collection due)
+        old = cycle()
+        with executor.job_heap():
+            assert executor.JOB_HEAP_FROZEN[0] and gc.get_freeze_count() > 0
+            mine = cycle()
+        assert not executor.JOB_HEAP_FROZEN[0] and gc.get_freeze_count() == 0
+        assert mine() is None and old() is not None   # (the earlier garbage was frozen through the job)
+        monkeypatch.setattr(executor, "_FULL_GC", [10 ** 9, executor.FULL_GC_EVERY - 1])
+        with executor.job_heap():
+            pass
+        assert old() is None and executor._FULL_GC[1] == 0 and gc.get_freeze_count() == 0
+    finally:
+        if was:
+            gc.enable()

@@ -164,10 +164,14 @@ def test_the_interpolation_map_is_built_only_where_an_interpolated_default_reads
         GlobalHydra.instance().clear()
 
 
-def test_the_launch_takes_a_memoised_job_config_without_a_copy():
-    """``ComposedConfigs.take_sweep_config``: the launch gets the memoised config itself (the validation's and
-    the sweeper's loads got copies of it) and it leaves the memo; a second launch of the same overrides, or a
-    job never composed, composes anew and gets its own config."""
+def test_the_launch_takes_a_memoised_job_config_out_of_the_memo():
+    """``ComposedConfigs.take_sweep_config``: the memo keeps a job's composed config pickled (bytes, not config
+    objects: nothing for the cyclic collector to walk, ~60 kB a job), the launch gets a copy equal to it (the
+    validation's and the sweeper's loads got copies too: three distinct objects, one compose) and the job leaves
+    the memo; a second launch of the same overrides, or a job never composed, composes anew. A config that
+    cannot be pickled is kept as it is and handed to the launch itself (no copy)."""
+    import threading
+
     from harness.run.executor import ComposedConfigs
 
     class Loader:
@@ -175,15 +179,31 @@ def test_the_launch_takes_a_memoised_job_config_without_a_copy():
 
         def load_sweep_config(self, master, overrides):
             self.calls.append(list(overrides))
-            return OmegaConf.create({"overrides": list(overrides)})
+            return OmegaConf.create({"overrides": list(overrides), "job": {"num": 0}})
 
     memo = ComposedConfigs(Loader())
     master = OmegaConf.create({})
     copies = [memo.load_sweep_config(master, ["a=1"]) for _ in range(2)]
-    stored = memo._memo[(id(master), ("a=1",))][1]
+    copies[0].job.num = 7    # (a caller's change reaches neither the memo nor the other copies)
+    entry = memo._memo[(id(master), ("a=1",))]
+    assert isinstance(entry[1][0], bytes) and entry[2] is True
     taken = memo.take_sweep_config(master, ["a=1"])
-    assert taken is stored and all(c is not taken for c in copies) and Loader.calls == [["a=1"]]
+    assert taken == {"overrides": ["a=1"], "job": {"num": 0}} and copies[1] == taken
+    assert taken is not copies[0] and taken is not copies[1] and Loader.calls == [["a=1"]]
+    assert (id(master), ("a=1",)) not in memo._memo
     again = memo.take_sweep_config(master, ["a=1"])
     assert again is not taken and list(again.overrides) == ["a=1"] and Loader.calls == [["a=1"], ["a=1"]]
     other = memo.take_sweep_config(master, ["b=2"])
     assert list(other.overrides) == ["b=2"] and len(Loader.calls) == 3 and not memo._memo
+
+    class Unpicklable(Loader):
+        def load_sweep_config(self, master, overrides):
+            cfg = OmegaConf.create({"overrides": list(overrides)}, flags={"allow_objects": True})
+            cfg.lock = threading.Lock()   # (pickle refuses a lock)
+            return cfg
+
+    memo = ComposedConfigs(Unpicklable())
+    copy = memo.load_sweep_config(master, ["c=3"])
+    stored = memo._memo[(id(master), ("c=3",))][1]
+    taken = memo.take_sweep_config(master, ["c=3"])
+    assert taken is stored and copy is not taken and list(copy.overrides) == ["c=3"]

@@ -182,3 +182,25 @@ def test_secrets_are_scrubbed_by_value_whatever_the_key():
                                             "--hf-token=<redacted>"]
     assert "abcdef123456" not in out["note"]
     assert out["model"] == cfg["model"] and out["path"] == cfg["path"]
+
+
+def test_the_config_is_made_only_for_a_logger_that_records_it(monkeypatch, tmp_path: Path):
+    """``start_logger``'s ``config`` may be a function (run.py passes the resolved container so): not called for a
+    logger that records no config (``parquet``; W&B ``disabled``), called once for W&B, whose logger gets its dict."""
+    from harness.run import loggers
+
+    calls: list = []
+
+    def make():
+        calls.append(1)
+        return {"scheduler": {"name": "conserve"}}
+
+    offline_env(monkeypatch, tmp_path)
+    assert isinstance(start_logger(compose_run(tiny_overrides("logger=parquet")).cfg.logger, tmp_path, make), NullLogger)
+    lc = compose_run(tiny_overrides("logger=wandb", "logger.mode=disabled")).cfg.logger
+    assert isinstance(start_logger(lc, tmp_path, make), NullLogger) and calls == []
+    got: list = []
+    monkeypatch.setitem(sys.modules, "wandb", sys.modules.get("wandb") or type(sys)("wandb"))
+    monkeypatch.setattr(loggers, "WandbLogger", lambda lc, out, config: got.append(config) or NullLogger())
+    start_logger(compose_run(tiny_overrides("logger=wandb")).cfg.logger, tmp_path, make)
+    assert calls == [1] and got == [{"scheduler": {"name": "conserve"}}]

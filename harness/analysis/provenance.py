@@ -289,3 +289,4 @@ class DirLock:
         os.close(self.fd)
         self.fd = None
         DirLock._held.pop(getattr(self, "_key", ""), None)
+        atexit.unregister(self.release)   # (a sweep's process takes a lock per job: none kept past its release)

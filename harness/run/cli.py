@@ -172,7 +172,9 @@ def _main(cfg: DictConfig) -> dict:
             print(f"{out}: already complete with this config, trace, code and profiles (fingerprint "
                   f"{fp['digest'][:12]}); skipped (delete it to run again)")
             return done
-        with logged_run(run.cfg.logger, out, OmegaConf.to_container(cfg, resolve=True)):
+        # (the resolved container only where a logger records it: resolve has read every value, so it cannot fail
+        # here where it did not there)
+        with logged_run(run.cfg.logger, out, lambda: OmegaConf.to_container(cfg, resolve=True)):
             summary = execute(run, out, resolved_yaml, fp=fp, job=job)
     except (ConfigError, TraceError, LockHeld) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -360,8 +360,13 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
     # The start-up heap (modules, config, the trace's records) is kept out of the cyclic collector's walks
     # during the replays and the run: gc.freeze moves it to the permanent generation, which later collections
     # skip (Python docs), as the vLLM backend's drive and vLLM's engine core do; objects made meanwhile are
-    # still collected, and the heap is given back to the collector (gc.unfreeze) once the run is over.
-    gc.freeze()
+    # still collected, and the heap is given back to the collector (gc.unfreeze) once the run is over. A job of
+    # the sweep executor leaves this to the executor (it froze the process's heap before the job and collects the
+    # job's own objects after it: harness.run.executor.job_heap).
+    from harness.run.executor import JOB_HEAP_FROZEN
+    own_freeze = not JOB_HEAP_FROZEN[0]
+    if own_freeze:
+        gc.freeze()
     baseline_error = intr.not_started()   # a signal held during the start-up: nothing is measured
     unloaded = {} if baseline_error and cfg.slo.needs_unloaded() else None
     if cfg.slo.needs_unloaded() and not baseline_error:
@@ -421,7 +426,8 @@ def _execute(run: Resolved, out_dir: Path, resolved_yaml: str, *, open_kwargs: O
             if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
                 disk_error = e
     finally:
-        gc.unfreeze()
+        if own_freeze:
+            gc.unfreeze()
         if bar:
             bar.close()
     intr.enter("results")

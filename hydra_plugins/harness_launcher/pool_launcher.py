@@ -6,38 +6,18 @@ process across its chunk's jobs (``harness.run.cluster_sweep``). Hydra finds the
 ``hydra_plugins`` namespace package); their configs are registered here, so the module stays light (Hydra imports
 every plugin module at start-up; the cluster code is imported when a sweep launches)."""
 
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
 
-
-@dataclass
-class PoolLauncherConf:
-    """``hydra.launcher`` of the pool launcher. ``n_jobs``: worker processes (null or <= 0: the cores this
-    process may use; 1: the jobs run in the launching process, one after another); ``start_method``:
-    ``fork`` | ``forkserver`` | ``spawn`` | null (``fork`` where the OS has it)."""
-    _target_: str = "hydra_plugins.harness_launcher.pool_launcher.PoolLauncher"
-    n_jobs: Optional[int] = None
-    start_method: Optional[str] = None
-
+# the schemas live in a module Hydra's plug-in scan does not execute again (see there: a config must name the same
+# class objects as this process's modules, or it cannot be pickled)
+from hydra_plugins.harness_launcher._conf import PoolLauncherConf, SlurmPoolLauncherConf
 
 ConfigStore.instance().store(group="hydra/launcher", name="pool", node=PoolLauncherConf, provider="harness")
-
-try:   # the schema of pool_slurm: Hydra's submitit launcher's Slurm keys and jobs_per_task ('.[slurm]' installed)
-    from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
-except ImportError:   # conf/hydra/launcher/pool_slurm.yaml then fails to compose, naming pool_slurm_schema
-    SlurmQueueConf = None
-
-if SlurmQueueConf is not None:
-    @dataclass
-    class SlurmPoolLauncherConf(SlurmQueueConf):
-        """``hydra.launcher`` of ``pool_slurm``: the keys of Hydra's submitit Slurm launcher (``SlurmQueueConf``)
-        and ``jobs_per_task`` (jobs per Slurm task; null: ``ceil(jobs / array_parallelism)``)."""
-        _target_: str = "hydra_plugins.harness_launcher.pool_launcher.SlurmPoolLauncher"
-        jobs_per_task: Optional[int] = None
-
+if SlurmPoolLauncherConf is not None:   # Hydra's submitit launcher installed ('.[slurm]'); else
+    # conf/hydra/launcher/pool_slurm.yaml fails to compose, naming pool_slurm_schema
     ConfigStore.instance().store(group="hydra/launcher", name="pool_slurm_schema", node=SlurmPoolLauncherConf,
                                  provider="harness")
 
