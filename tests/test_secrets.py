@@ -2,8 +2,11 @@
 that held one are mode 0600 (harness.run.cli, harness.run.runner, harness.run.loggers: one scrubbing rule,
 the one W&B's config goes through).
 
-The end-to-end tests run the real command line (``python run.py``) in a subprocess and then read every file
-under the directory, parquet included, byte by byte, for the secret (as ``grep -r`` would)."""
+The end-to-end tests run the real command line and then read every file under the directory, parquet included,
+byte by byte, for the secret (as ``grep -r`` would): the sweep in a ``python run.py`` process (its jobs run in
+the sweep executor's worker processes), the single runs through ``run.py``'s main in the test process
+(:func:`tests.conftest.run_py_in_process`: what is checked is the files main writes and their modes, the same
+code with the same umask; 0.8-1.4 CPU s each as a process, 2026-12-07)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import yaml
 
 from harness.core.paths import PROJECT_ROOT
 from harness.run.loggers import REDACTED, is_secret_key, scrub, scrub_yaml, secret_values
+from tests.conftest import run_py_in_process
 
 SECRET = "s3cr3t-Value-9d2c7e"
 TINY = ["workload.num_conversations=3", "workload.max_turns=2", "logger.progress=false", "slo=absolute"]
@@ -27,6 +31,12 @@ def _run(args, tmp_path):
     env = {**os.environ, "HARNESS_CACHE_DIR": str(tmp_path / "cache")}
     return subprocess.run([sys.executable, "run.py", *args], cwd=PROJECT_ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
+
+
+def _run_here(args, tmp_path, monkeypatch, capsys):
+    """:func:`_run`'s run of ``run.py``'s main in this process (:func:`tests.conftest.run_py_in_process`)."""
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
+    return run_py_in_process(args, monkeypatch, capsys)
 
 
 def _holding(root: Path, needle: str) -> list[str]:
@@ -100,9 +110,9 @@ def test_a_sweep_given_credentials_writes_none_and_resumes(tmp_path):
     assert _holding(sweep, SECRET) == []
 
 
-def test_a_run_without_credentials_keeps_the_umask_mode(tmp_path):
+def test_a_run_without_credentials_keeps_the_umask_mode(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    r = _run([*TINY, f"hydra.run.dir={out}"], tmp_path)
+    r = _run_here([*TINY, f"hydra.run.dir={out}"], tmp_path, monkeypatch, capsys)
     assert r.returncode == 0, r.stderr[-3000:]
     umask = os.umask(0)
     os.umask(umask)
@@ -111,17 +121,17 @@ def test_a_run_without_credentials_keeps_the_umask_mode(tmp_path):
     assert REDACTED not in (out / "config.yaml").read_text()
 
 
-def test_a_failed_real_backend_run_given_an_api_key_writes_none(tmp_path):
+def test_a_failed_real_backend_run_given_an_api_key_writes_none(tmp_path, monkeypatch, capsys):
     """``backend=vllm`` against no server (``launch=false``, an endpoint nobody answers): the API key in the
     servers' flags and the endpoint URL's password are in no file, though the run fails (exit 1) with an error
     that quotes the endpoint."""
     pytest.importorskip("aiohttp")
     out = tmp_path / "run"
-    r = _run(["backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "engine.block_size=128",
+    r = _run_here(["backend=vllm", "model=tiny", "cluster=cpu_1x", "scheduler=collocated", "engine.block_size=128",
               "workload.token_scale=0.05", "workload.num_conversations=2", "workload.max_turns=2",
               "logger.progress=false", "slo=absolute", "backend.launch=false", "backend.startup_timeout_s=2",
               f"backend.endpoints=[http://bob:{SECRET}@127.0.0.1:9]", f"backend.extra_args=[--api-key,{SECRET}K]",
-              f"hydra.run.dir={out}"], tmp_path)
+              f"hydra.run.dir={out}"], tmp_path, monkeypatch, capsys)
     assert r.returncode == 1, r.stderr[-3000:]
     assert (out / "summary.json").is_file() and "127.0.0.1:9" in (out / "summary.json").read_text()
     assert _holding(out, SECRET) == []
@@ -129,13 +139,13 @@ def test_a_failed_real_backend_run_given_an_api_key_writes_none(tmp_path):
         assert _mode(out / name) == 0o600, name
 
 
-def test_a_refused_credential_override_leaves_no_copy(tmp_path):
+def test_a_refused_credential_override_leaves_no_copy(tmp_path, monkeypatch, capsys):
     """``+wandb.api_key=...`` is no key of the config (exit 2, the key named); the directory it named, which
     held a file of the user's (so it is not removed as empty), keeps no copy of the value in Hydra's files."""
     out = tmp_path / "run"
     out.mkdir()
     (out / "notes.txt").write_text("mine\n")
-    r = _run([*TINY, f"+wandb.api_key={SECRET}", f"hydra.run.dir={out}"], tmp_path)
+    r = _run_here([*TINY, f"+wandb.api_key={SECRET}", f"hydra.run.dir={out}"], tmp_path, monkeypatch, capsys)
     assert r.returncode == 2 and "wandb" in r.stderr, r.stderr[-3000:]
     assert (out / "notes.txt").is_file() and _holding(out, SECRET) == []
     assert _mode(out / ".hydra" / "overrides.yaml") == 0o600

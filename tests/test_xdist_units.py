@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIRST_UNITS, SHARED_SERVER_UNITS, VLLM_IN_PROCESS_UNIT, unit_order, work_unit
+from tests.conftest import (COMPOSE_UNIT, FIRST_UNITS, SHARED_SERVER_UNITS, VLLM_IN_PROCESS_UNIT, unit_order,
+                            work_unit)
 
 TESTS = Path(__file__).resolve().parent
 
@@ -31,12 +32,18 @@ def test_every_user_of_the_session_p_d_pair_is_in_one_unit():
 
 
 def test_a_file_outside_the_table_is_a_unit_of_its_own_and_xdist_group_suffixes_are_dropped():
-    assert work_unit("tests/test_config.py::test_a[x]") == "tests/test_config.py"
-    assert work_unit("tests/test_config.py::test_a[a@b]") == "tests/test_config.py"
-    assert work_unit("tests/test_config.py::test_b") == work_unit("tests/test_config.py::test_a[x]")
-    assert work_unit("tests/test_trace.py::test_a") != work_unit("tests/test_config.py::test_a")
+    assert work_unit("tests/test_pipeline.py::test_a[x]") == "tests/test_pipeline.py"
+    assert work_unit("tests/test_pipeline.py::test_a[a@b]") == "tests/test_pipeline.py"
+    assert work_unit("tests/test_pipeline.py::test_b") == work_unit("tests/test_pipeline.py::test_a[x]")
+    assert work_unit("tests/test_trace.py::test_a") != work_unit("tests/test_pipeline.py::test_a")
     assert work_unit("tests/test_vllm_real.py::test_a@vllm") == SHARED_SERVER_UNITS["tests/test_vllm_real.py"]
     assert work_unit("tests/test_clusters.py::test_b[p]") != work_unit("tests/test_twin.py::test_c")
+
+
+def test_the_files_composing_every_option_and_preset_are_one_unit():
+    """test_config.py and test_presets.py share one worker's compose memo (tests/conftest.py ``COMPOSE_UNIT``)."""
+    assert work_unit("tests/test_config.py::test_a[x]") == work_unit("tests/test_presets.py::test_b") == COMPOSE_UNIT
+    assert COMPOSE_UNIT in FIRST_UNITS
 
 
 def test_the_listed_long_units_go_first_in_their_order_then_the_most_tests():
