@@ -102,22 +102,8 @@ class ColumnStore:
             rows = rows[1:]
             if not rows:
                 return
-        k = len(self.columns)
-        if set(map(len, rows)) == {k}:
-            cols = list(zip(*rows))
-            data, types = self._data, self._types
-            typed = [isinstance(d, array) for d in data]
-            if all(set(map(type, c)) == {t} for c, t, a in zip(cols, types, typed) if a):
-                try:
-                    new = [array(d.typecode, c) if a else c for d, c, a in zip(data, cols, typed)]
-                except OverflowError:   # an int beyond int64 for an array('q') column: row by row
-                    pass
-                else:
-                    for i, (d, c) in enumerate(zip(data, new)):
-                        d.extend(c)
-                        types[i] = type(c[-1])
-                    self.n += len(rows)
-                    return
+        if set(map(len, rows)) == {len(self.columns)} and self._extend_typed(list(zip(*rows))):
+            return
         for r in rows:
             self.append(r)
 
@@ -140,21 +126,30 @@ class ColumnStore:
             cols = [c[1:] for c in cols]
             if not cols[0]:
                 return
-        data, types = self._data, self._types
-        typed = [isinstance(d, array) for d in data]
-        if all(set(map(type, c)) == {t} for c, t, a in zip(cols, types, typed) if a):
-            try:
-                new = [array(d.typecode, c) if a else c for d, c, a in zip(data, cols, typed)]
-            except OverflowError:   # an int beyond int64 for an array('q') column: row by row
-                pass
-            else:
-                for i, (d, c) in enumerate(zip(data, new)):
-                    d.extend(c)
-                    types[i] = type(c[-1])
-                self.n += len(cols[0])
-                return
+        if self._extend_typed(cols):
+            return
         for r in zip(*cols):
             self.append(r)
+
+    def _extend_typed(self, cols: Sequence[Sequence[Any]]) -> bool:
+        """The fast path of :meth:`extend` and :meth:`extend_columns` on a store holding at least one row:
+        ``cols``, one sequence per column, all of one non-zero length, appended by one C-level ``extend`` per
+        column where each typed column's values are all of its type (a list column takes any values, its last
+        type that of its last value). False, the store unchanged, where a value's type differs or an int does not
+        fit int64 (the caller then appends row by row)."""
+        data, types = self._data, self._types
+        typed = [isinstance(d, array) for d in data]
+        if not all(set(map(type, c)) == {t} for c, t, a in zip(cols, types, typed) if a):
+            return False
+        try:
+            new = [array(d.typecode, c) if a else c for d, c, a in zip(data, cols, typed)]
+        except OverflowError:   # an int beyond int64 for an array('q') column: row by row
+            return False
+        for i, (d, c) in enumerate(zip(data, new)):
+            d.extend(c)
+            types[i] = type(c[-1])
+        self.n += len(cols[0])
+        return True
 
     def _append_slow(self, values: Sequence[Any]) -> None:
         """Append the values of this row not appended yet (a column holds ``n + 1`` values once done),
