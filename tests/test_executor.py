@@ -73,6 +73,45 @@ def test_a_pooled_sweep_equals_one_process_per_run_byte_for_byte(tmp_path):
         assert not a.get("partial") and a["num_conversations"] == 4
 
 
+def test_a_spawned_pool_runs_the_sweep_as_the_forked_pool_does(tmp_path):
+    """``hydra.launcher.start_method=spawn``: each worker gets Hydra's singleton state by pickle, its OmegaConf
+    resolvers by name (``picklable_singleton_state``; a resolver is a function pickle cannot name) and the Hydra
+    object with its on-demand help (a partial, not a bound method). Until 2026-12-07 such a sweep died before
+    its first job (``Can't pickle local object ... resolver_wrapper``, then ``'Hydra' object has no attribute
+    '_get_help_on_demand'``). Two seeds on two spawned workers and on two forked ones: every table byte for
+    byte."""
+    outs = {}
+    for method in ("spawn", "fork"):
+        sweep = tmp_path / method
+        r = subprocess.run([sys.executable, "run.py", "-m", "seed=0,1", *TINY, "hydra.launcher.n_jobs=2",
+                            f"hydra.launcher.start_method={method}", f"hydra.sweep.dir={sweep}"], cwd=PROJECT_ROOT,
+                           env=_env(), capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"sweep executor: 2 jobs on 2 worker processes ({method})" in r.stdout
+        outs[method] = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [d.name for d in outs["spawn"]] == [d.name for d in outs["fork"]] and len(outs["fork"]) == 2
+    for a, b in zip(outs["spawn"], outs["fork"]):
+        assert (a / "turns.parquet").stat().st_size > 0
+        for t in TABLES:
+            assert (a / t).exists() == (b / t).exists(), t
+            if (a / t).exists():
+                assert (a / t).read_bytes() == (b / t).read_bytes(), f"{a.name}: {t} differs"
+
+
+def test_a_spawned_worker_names_a_resolver_it_lacks():
+    """A resolver the launching process registered but a spawned worker's imports did not: the worker's error
+    names it (``_with_resolvers``), where ``Singleton.set_state`` would have run the jobs without it."""
+    from harness.run.executor import _with_resolvers, picklable_singleton_state
+    state = picklable_singleton_state({"instances": {}, "omegaconf_resolvers": {"harness_no_such": None,
+                                                                                "pid": None}})
+    assert state["omegaconf_resolvers"] == ["harness_no_such", "pid"]
+    with pytest.raises(RuntimeError, match="harness_no_such"):
+        _with_resolvers(state)
+    from omegaconf.basecontainer import BaseContainer
+    have = _with_resolvers({"instances": {}, "omegaconf_resolvers": ["pid"]})["omegaconf_resolvers"]
+    assert list(have) == ["pid"] and have["pid"] is BaseContainer._resolvers["pid"]
+
+
 def _overrides(run_dir) -> list[str]:
     import yaml
     return list(yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()))

@@ -914,12 +914,14 @@ def help_on_demand(hydra_obj: Any) -> bool:
     """Give the Hydra instance ``hydra_obj`` (``hydra._internal.hydra.Hydra``) :func:`_get_help_on_demand` as its
     ``get_help`` (on this instance only), where the installed Hydra's ``get_help`` is the code it repeats
     (:data:`HYDRA_HELP_SHA256`); returns whether it did (else nothing changes). ``--help`` prints the same text."""
-    import types
+    import functools
 
     from hydra._internal.hydra import Hydra
     if not _known_source({"get_help": Hydra.__dict__.get("get_help")}, HYDRA_HELP_SHA256):
         return False
-    hydra_obj.get_help = types.MethodType(_get_help_on_demand, hydra_obj)
+    # (a partial of the module's function, not a bound method: an object holding it still pickles, as a worker
+    # of hydra.launcher.start_method=spawn receives it)
+    hydra_obj.get_help = functools.partial(_get_help_on_demand, hydra_obj)
     return True
 
 
@@ -1058,10 +1060,45 @@ def _init(hydra_context: Any, config: Any, task_function: Any, singleton_state: 
     from hydra.core.utils import setup_globals
     setup_globals()
     if singleton_state is not None:
-        Singleton.set_state(singleton_state)
+        Singleton.set_state(_with_resolvers(singleton_state))
     _WORKER.update(hydra_context=hydra_context, config=config, task_function=task_function, pooled=pooled)
     if pooled:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def picklable_singleton_state(state: dict) -> dict:
+    """Hydra's ``Singleton.get_state()`` ``state`` for a worker started by pickling its arguments
+    (``hydra.launcher.start_method=spawn`` / ``forkserver``): the OmegaConf resolvers it holds (a function
+    ``OmegaConf.register_new_resolver`` made, which ``pickle`` cannot name) replaced by their names; the worker
+    takes the functions its own imports registered under those names (:func:`_with_resolvers`). Hydra's own
+    launchers send the state by ``cloudpickle`` (submitit, Ray), which pickles such functions by value."""
+    return {**state, "omegaconf_resolvers": sorted(state.get("omegaconf_resolvers", {}))}
+
+
+def _with_resolvers(state: dict) -> dict:
+    """``state`` as ``Singleton.set_state`` takes it: where :func:`picklable_singleton_state` left the resolvers'
+    names, the resolvers this process registered under them (Hydra's, by ``setup_globals``; the harness's, by
+    ``harness.run.config.register_configs``; a plug-in's, by Hydra's plug-in scan, which ``set_state`` runs first and
+    which is run here before the check); else ``state`` as it is.
+
+    Raises:
+        RuntimeError: a resolver of the launching process is not registered in this one (naming it)."""
+    names = state.get("omegaconf_resolvers")
+    if not isinstance(names, list):
+        return state
+    from hydra.core.plugins import Plugins
+    from omegaconf.basecontainer import BaseContainer
+    from harness.run.config import register_configs
+    register_configs()   # the harness's resolvers (idempotent; set_state then replaces the ConfigStore it fills)
+    Plugins.instance()   # (the plug-ins' resolvers; set_state calls it too)
+    have = BaseContainer._resolvers
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise RuntimeError(f"sweep worker: OmegaConf resolver(s) {', '.join(missing)} of the launching process are "
+                           f"not registered in this worker (hydra.launcher.start_method spawn / forkserver: a "
+                           f"resolver is registered where its module is imported; import it in the task's module, "
+                           f"or use fork)")
+    return {**state, "omegaconf_resolvers": {n: have[n] for n in names}}
 
 
 def _run_job(idx: int, overrides: Sequence[str], sweep_config: Any = None) -> Any:
@@ -1138,7 +1175,7 @@ def launch(hydra_context: Any, config: Any, task_function: Any, job_overrides: S
                 configure_log(config.hydra.hydra_logging, config.hydra.verbose)
             return runs
         # a forked worker starts with this process's singletons; a spawned one gets them (Singleton.set_state)
-        state = None if method == "fork" else Singleton.get_state()
+        state = None if method == "fork" else picklable_singleton_state(Singleton.get_state())
         return _launch_pool(jobs, workers, mp.get_context(method), (hydra_context, config, task_function, state, True))
     finally:
         if isinstance(hydra_context.config_loader, ComposedConfigs):
