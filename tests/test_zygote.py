@@ -164,6 +164,9 @@ def test_a_server_whose_import_time_environment_differs_is_started_as_always(tmp
         == ["HF_HUB_OFFLINE"]
     assert import_env_mismatch({}, {"VLLM_CPU_OMP_THREADS_BIND": "1", "HARNESS_SERVER_TOKEN": "t",
                                     "VLLM_LOGGING_LEVEL": "DEBUG"}) == ["VLLM_LOGGING_LEVEL"]
+    # a compile's cache directories, set in a process that imported vLLM and compiled (read when compiling)
+    assert import_env_mismatch({"TORCHINDUCTOR_CACHE_DIR": "/a"}, {"TRITON_CACHE_DIR": "/t",
+                                                                  "TORCH_HOME": "/h"}) == ["TORCH_HOME"]
     port = free_port_base(1)
     spec = Fake("fake0", "collocated", port, "none",
                 env={"PYTHONPATH": PYTHONPATH, "VLLM_LOGGING_LEVEL": "DEBUG"})

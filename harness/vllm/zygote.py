@@ -47,10 +47,14 @@ from typing import Mapping, Optional, Sequence
 ZYGOTE_ENV = "HARNESS_VLLM_ZYGOTE"   # the socket of a running zygote the launcher forks its CPU servers from
 ZYGOTE_LINE = "harness.vllm.zygote: forked from the zygote"        # in a forked server's log (+ socket)
 # the variables a forked server may have other than the zygote's: read at run time, not at import
-# (VLLM_WORKER_MULTIPROC_METHOD: read when a process is started, and set by harness.vllm.api_server for its own)
+# (VLLM_WORKER_MULTIPROC_METHOD: read when a process is started, and set by harness.vllm.api_server for its own;
+# TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR: read, and set, when a compile asks for its cache directory: torch
+# 2.13's torch/_inductor/runtime/cache_dir_utils.py cache_dir(), vLLM 0.32's compilation/compiler_interface.py
+# initialize_cache; a test process of the in-process vLLM unit carried one, and its servers were exec'd for it in
+# a CI run of 2026-12-07)
 RUNTIME_KEYS = frozenset({"HARNESS_SERVER_TOKEN", "HARNESS_CPU_START_METHOD", "VLLM_CPU_OMP_THREADS_BIND",
                           "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_API_KEY",
-                          "VLLM_WORKER_MULTIPROC_METHOD"})
+                          "VLLM_WORKER_MULTIPROC_METHOD", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"})
 # the variables that imports may read (compared between the zygote and a request, except RUNTIME_KEYS)
 IMPORT_PREFIXES = ("VLLM_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "KMP_", "GOMP_",
                    "MKL_", "OPENBLAS_", "LD_", "PYTHON", "TOKENIZERS_", "CUDA_", "TRITON_", "XDG_", "HOME")
