@@ -14,7 +14,10 @@ Honest by construction:
   ``harness.run.runner.prepare`` (trace, sampling, arrivals **and the model's context limit**), or, in a checkout
   without it, ``build_workload(records, cfg.workload, context_limit(run))`` -- the same thing; the session is
   the main job's (instance samples every ``logger.metrics_interval_s``, decisions logged as ``logger``
-  says); a consistency line compares the worker's LLM calls with ``run.py``'s ``summary.json``;
+  says); a consistency line compares the worker's LLM calls with ``run.py``'s ``summary.json``; the worker
+  freezes its start-up heap before the loop as ``run.py`` does (``gc.freeze``: until 2026-12-07 it did not, and a
+  full collection walking the modules and the trace could fall inside a short run: ~55 ms of WAIT's ~0.5-s loop at
+  20 conversations, docs/speed.md "seventh round");
 * ``python run.py`` always writes into a fresh temporary directory (``run.py`` skips a run whose directory
   is complete, so a loop into one fixed directory would time nothing); a run that prints "skipped" is an
   error here;
@@ -98,6 +101,8 @@ else:
     convs, stats = mod("harness.workload.workload", "harness.workload").build_workload(
         mod("harness.core.trace", "harness.trace").load_trace(run.trace_path), run.cfg.workload, limit)
 lg = run.cfg.logger
+import gc
+gc.freeze()   # the start-up heap out of the collector's walks, as run.py's run does (harness.run.runner._execute)
 w0, c0 = time.perf_counter(), time.process_time()
 res = simulate(session_input(run), convs, stats, run.scheduler_name, run.scheduler, sample_interval_s=lg.metrics_interval_s,
                log_decisions=lg.log_decisions)
