@@ -438,6 +438,7 @@ def serve(path: str, owner: int, preload: Sequence[str] = MODULES) -> int:
             print(f"harness.vllm.zygote: {m} not preloaded: {e}", flush=True)
     for m in ("harness.vllm.api_server", "harness.vllm.guard"):   # what a fork-mode server and its guard run
         importlib.import_module(m)
+    from harness.vllm import guard   # (imported just above) its _reap collects the exited guards
     _zygote_pid[0] = os.getpid()
     stopping: list = []
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -466,17 +467,13 @@ def serve(path: str, owner: int, preload: Sequence[str] = MODULES) -> int:
                 except OSError:
                     pass
                 conn.close()
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        guard._reap()   # the exited guards' statuses (guard.REAPED), each told to its launcher and dropped
+        for pid in list(guard.REAPED):
+            code = guard.REAPED.pop(pid)
             conn = guards.pop(pid, None)
             if conn is not None:
                 try:
-                    conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+                    conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
                 except OSError:
                     pass
                 conn.close()
