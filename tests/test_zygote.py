@@ -28,7 +28,7 @@ from harness.run.config import PROJECT_ROOT
 from harness.vllm import launcher as L
 from harness.vllm.zygote import ZYGOTE_ENV, Zygote, import_env_mismatch
 from tests.conftest import free_port_base, pid_alive
-from tests.test_launcher_guard import GRACE_S, healthy, tree_pids, wait_gone
+from tests.test_launcher_guard import GRACE_S, healthy, state, tree_pids, wait_gone  # noqa: F401 (state: a fixture)
 
 PYTHONPATH = str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
 
@@ -70,15 +70,6 @@ def zygote(tmp_path_factory):
     yield z
     z.close()
     assert z.proc.returncode == 0
-
-
-@pytest.fixture
-def state(tmp_path, monkeypatch):
-    d = tmp_path / "state"
-    d.mkdir()
-    monkeypatch.setattr(L, "STATE_DIR", d)
-    monkeypatch.setattr(L, "GUARD_GRACE_S", GRACE_S)
-    return d
 
 
 def start_owner(tmp_path: Path, port: int, zygote: Zygote) -> tuple[subprocess.Popen, int, list[int]]:
