@@ -321,16 +321,11 @@ def token_times(job) -> np.ndarray:
 def instance_values(now_s: float, info, state, power_w: float = math.nan) -> tuple:
     """One ``instances.parquet`` row (``INSTANCE_COLUMNS`` order): instance ``info`` (``InstanceInfo``) in
     ``state`` (``InstanceState``) at ``now_s`` (s); KV in tokens and as a fraction of capacity, cumulative
-    energy in J, power in W (NaN where the backend does not observe it)."""
-    return _instance_values(now_s, info, state.kv_used_tokens, state.num_running, state.num_waiting, state.energy_j,
-                            power_w)
-
-
-def _instance_values(now_s: float, info, kv_used_tokens: int, num_running: int, num_waiting: int, energy_j: float,
-                     power_w: float) -> tuple:
-    """:func:`instance_values` of the state's values (tokens, requests, requests, J; W)."""
-    return (now_s, info.name, info.role, info.hardware, kv_used_tokens, info.kv_capacity_tokens,
-            kv_used_tokens / info.kv_capacity_tokens, num_running, num_waiting, energy_j, power_w)
+    energy in J, power in W (NaN where the backend does not observe it). The definition :meth:`Recorder.sample`
+    and :meth:`Recorder.sample_at` buffer column by column (the same values and division; the tests compare them)."""
+    kv = state.kv_used_tokens
+    return (now_s, info.name, info.role, info.hardware, kv, info.kv_capacity_tokens, kv / info.kv_capacity_tokens,
+            state.num_running, state.num_waiting, state.energy_j, power_w)
 
 
 def instance_row(now_s: float, info, state, power_w: float = math.nan) -> dict:
@@ -568,7 +563,7 @@ class Recorder:
         num_running, num_waiting, energy_j)``, ``kv_used_tokens`` and ``energy_j`` one value per time (tokens, J;
         lists), the two counts the same at all of them (requests; ``harness.sim.backend.SimBackend.observe_at``),
         ``power_w`` per instance (W) at every one of them. The same rows as one :meth:`sample` per time with those
-        values (:func:`_instance_values`' columns and division, in that order: per time, the instances in
+        values (:func:`instance_values`' columns and division, in that order: per time, the instances in
         index order), buffered column by column.
 
         Raises:
